@@ -1,0 +1,3 @@
+from heterps_cli.cli import main
+
+main()

@@ -1,0 +1,223 @@
+"""The HeterPS cost model (SPEC section 1), vectorised over batches of schedules.
+
+A *schedule* is an int array ``[n_layers]`` of resource-type indices; a batch
+is ``[B, n_layers]``. Stages are maximal runs of one type. For a stage,
+
+    CT(k) = sc + pc / k      DT(k) = sd + pd / k      ET(k) = max(CT, DT)
+
+where ``sc, pc, sd, pd`` are the summed serial/parallel halves of its layers'
+OCT and ODT (``Problem.parts``); this is SPEC's per-layer Amdahl sum, regrouped.
+
+Exact provisioning rests on one fact: an optimal plan's bottleneck throughput
+``X`` equals ``thr_s(k)`` for some stage ``s`` and count ``k``, and once ``X`` is
+fixed every stage's cheapest sufficient ``k`` is independent of the others
+(:func:`min_replicas`, a closed form). Cost ``= W * rate(X) / X`` with ``rate`` a
+non-decreasing step function of ``X``, so on each step the right end is best.
+:func:`provision` walks those right ends upwards: evaluate at ``X``, jump to just
+above the plan's actual throughput, stop when the limits break (feasibility only
+shrinks as ``X`` grows) or when a lower bound on every later cost exceeds the
+best found. Each jump adds at least one replica, so the walk is finite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.problem import Problem
+
+# Relative slack for constraint checks, so a plan that meets a limit to the last
+# bit in one summation order is not declared infeasible in another.
+REL_TOL = 1e-12
+
+
+def stage_throughput(sc, pc, sd, pd, batch_size, k):
+    """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return batch_size / np.maximum(sc + pc / k, sd + pd / k)
+
+
+def _need(serial, parallel, tau):
+    """Smallest real k with ``serial + parallel / k <= tau`` (inf when no k can)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        gap = tau - serial
+        k = np.ceil(parallel / gap)
+    return np.where(parallel > 0, np.where(gap > 0, k, np.inf), np.where(serial <= tau, 1.0, np.inf))
+
+
+def min_replicas(sc, pc, sd, pd, batch_size, target):
+    """The smallest integer ``k >= 1`` with ``stage_throughput(k) >= target`` (inf if none).
+
+    Closed form from the Amdahl terms, then corrected by one step either way so
+    the answer agrees bit for bit with :func:`stage_throughput`.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = np.divide(batch_size, np.asarray(target, dtype=float))
+    k = np.maximum(np.maximum(_need(sc, pc, tau), _need(sd, pd, tau)), 1.0)
+    finite = np.isfinite(k)
+    safe = np.where(finite, k, 1.0)
+    k = np.where(finite & (stage_throughput(sc, pc, sd, pd, batch_size, safe) < target), k + 1, k)
+    safe = np.where(finite, k, 2.0)
+    lower = finite & (k > 1) & (stage_throughput(sc, pc, sd, pd, batch_size, np.maximum(safe - 1, 1)) >= target)
+    k = np.where(lower, k - 1, k)
+    safe = np.where(np.isfinite(k), k, 1.0)
+    return np.where(stage_throughput(sc, pc, sd, pd, batch_size, safe) >= target, k, np.inf)
+
+
+@dataclass
+class Stages:
+    """A batch of schedules split into stages, padded to ``S`` columns (``valid`` marks real ones)."""
+
+    schedules: np.ndarray  # [B, n]
+    sc: np.ndarray  # [B, S]
+    pc: np.ndarray
+    sd: np.ndarray
+    pd: np.ndarray
+    type: np.ndarray  # [B, S] type index, 0 in padding
+    first: np.ndarray  # [B, S] first layer index
+    last: np.ndarray  # [B, S] last layer index
+    valid: np.ndarray  # [B, S]
+    runnable: np.ndarray  # [B] every layer is on a type that can run it
+
+    def take(self, rows) -> "Stages":
+        return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+
+
+def split_stages(problem: Problem, schedules) -> Stages:
+    """Group each schedule's layers into stages and sum their cost terms, all in numpy."""
+    sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
+    B, n = sched.shape
+    if n != problem.n_layers:
+        raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
+    starts = np.ones((B, n), dtype=bool)
+    starts[:, 1:] = sched[:, 1:] != sched[:, :-1]
+    sid = np.cumsum(starts, axis=1) - 1
+    S = int(sid.max()) + 1
+    flat = (np.arange(B)[:, None] * S + sid).ravel()
+    layers = np.arange(n)[None, :]
+    sums = [
+        np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S)
+        for part in problem.parts
+    ]
+    rows = np.broadcast_to(np.arange(B)[:, None], (B, n))
+    stype = np.zeros((B, S), dtype=np.int64)
+    stype[rows, sid] = sched
+    first = np.zeros((B, S), dtype=np.int64)
+    first[rows[starts], sid[starts]] = np.broadcast_to(layers, (B, n))[starts]
+    last = np.zeros((B, S), dtype=np.int64)
+    last[rows, sid] = np.broadcast_to(layers, (B, n))  # later layers overwrite earlier ones
+    valid = np.arange(S)[None, :] <= sid[:, -1:]
+    runnable = problem.runnable[layers, sched].all(axis=1)
+    return Stages(sched, *sums, stype, first, last, valid, runnable)
+
+
+@dataclass
+class Scores:
+    """Every figure of SPEC section 1 for a batch of provisioned schedules."""
+
+    replicas: np.ndarray  # [B, S] (0 in padding)
+    stage_throughput: np.ndarray  # [B, S] (inf in padding)
+    throughput: np.ndarray  # [B]
+    bottleneck: np.ndarray  # [B] stage index
+    used: np.ndarray  # [B, T] units of each type
+    rate: np.ndarray  # [B] USD per hour
+    time_s: np.ndarray  # [B]
+    cost: np.ndarray  # [B] USD
+    within_limits: np.ndarray  # [B]
+    feasible: np.ndarray  # [B] every constraint of the problem holds
+
+
+def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
+    onehot = stages.type[:, :, None] == np.arange(problem.n_types)[None, None, :]
+    return np.where(onehot & stages.valid[:, :, None], replicas[:, :, None], 0.0).sum(axis=1)
+
+
+def score(problem: Problem, stages: Stages, replicas) -> Scores:
+    """Throughput, time, cost and feasibility of schedules with the given replica counts."""
+    k = np.where(stages.valid, np.asarray(replicas, dtype=float), 0.0)
+    thr_s = np.where(
+        stages.valid,
+        stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, np.where(stages.valid, k, 1.0)),
+        np.inf,
+    )
+    bottleneck = np.argmin(thr_s, axis=1)
+    thr = thr_s[np.arange(len(k)), bottleneck]
+    used = used_per_type(problem, stages, k)
+    rate = used @ problem.prices
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time_s = problem.work / thr
+    cost = time_s / 3600.0 * rate
+    within = (used <= problem.limits[None, :]).all(axis=1) & np.where(stages.valid, k >= 1, True).all(axis=1)
+    feasible = stages.runnable & within & meets_targets(problem, thr, cost)
+    return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible)
+
+
+def meets_targets(problem: Problem, throughput, cost):
+    ok = np.asarray(throughput) >= problem.min_throughput * (1 - REL_TOL)
+    if problem.max_cost is not None:
+        ok &= np.asarray(cost) <= problem.max_cost * (1 + REL_TOL)
+    return ok
+
+
+def cost_lower_bound(problem: Problem, sc, pc, sd, pd, price, target):
+    """A lower bound on ``price * k / X'`` for every ``X' >= target`` (per stage, USD/h per sample/s).
+
+    From ``sc + pc/k <= B0/X'``: ``k/X' >= pc / (B0 - X' sc)``, which grows with
+    ``X'``; likewise for communication. Used to stop the upward walk early.
+    """
+    B0 = problem.batch_size
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gc, gd = B0 - target * sc, B0 - target * sd
+        bc = np.where(pc > 0, np.where(gc > 0, pc / gc, np.inf), np.where(gc >= 0, 0.0, np.inf))
+        bd = np.where(pd > 0, np.where(gd > 0, pd / gd, np.inf), np.where(gd >= 0, 0.0, np.inf))
+        return np.where(price > 0, price * np.maximum(bc, bd), 0.0)
+
+
+def better(problem: Problem, cost, thr, best_cost, best_thr):
+    """Is (cost, thr) a better plan than (best_cost, best_thr) under the problem's objective?"""
+    if problem.objective == "time":
+        return (thr > best_thr) | ((thr == best_thr) & (cost < best_cost))
+    return (cost < best_cost) | ((cost == best_cost) & (thr > best_thr))
+
+
+def provision(problem: Problem, stages: Stages) -> Scores:
+    """Exact replica counts for each schedule of the batch, under the problem's objective.
+
+    Infeasible schedules get the fastest replica counts the limits allow (so a
+    caller can see how far they miss); their ``feasible`` flag is False.
+    """
+    B = stages.type.shape[0]
+    limit = problem.limits[stages.type].astype(float)
+    price = np.where(stages.valid, problem.prices[stages.type], 0.0)
+    args = (stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size)
+    best_k = np.where(stages.valid, 1.0, 0.0)
+    best_cost = np.full(B, np.inf)
+    best_thr = np.zeros(B)
+    target = np.full(B, problem.min_throughput)
+    active = stages.runnable.copy()
+    for _ in range(int(problem.limits.sum()) + 2):
+        if not active.any():
+            break
+        k = min_replicas(*args, target[:, None])
+        k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
+        active &= np.isfinite(k).all(axis=1)
+        k = np.where(np.isfinite(k), k, 0.0)
+        active &= (used_per_type(problem, stages, k) <= problem.limits).all(axis=1)
+        if not active.any():
+            break
+        thr_s = np.where(stages.valid, stage_throughput(*args, np.maximum(k, 1.0)), np.inf)
+        thr = thr_s.min(axis=1)
+        cost = problem.work / thr / 3600.0 * (price * k).sum(axis=1)
+        take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost, best_thr)
+        best_k[take], best_cost[take], best_thr[take] = k[take], cost[take], thr[take]
+        target = np.where(active, np.nextafter(thr, np.inf), target)
+        if problem.objective == "cost":
+            lb = cost_lower_bound(problem, stages.sc, stages.pc, stages.sd, stages.pd, price, target[:, None])
+            bound = problem.work / 3600.0 * np.where(stages.valid, lb, 0.0).sum(axis=1)
+            active &= bound < best_cost * (1 - REL_TOL)
+    missed = ~np.isfinite(best_cost)
+    if missed.any() and (problem.objective == "cost" or problem.min_throughput > 0 or problem.max_cost is not None):
+        fastest = problem.replace(objective="time", min_throughput=0.0, max_cost=None)
+        best_k[missed] = provision(fastest, stages.take(missed)).replicas
+    return score(problem, stages, best_k)

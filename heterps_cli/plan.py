@@ -1,0 +1,157 @@
+"""The plan every scheduler returns (SPEC section 4), built from a schedule and replica counts.
+
+A plan's figures are never taken from a scheduler: :func:`make_plan` recomputes
+them with the cost model from the stages, so every scheduler's plan is
+checkable in the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.costmodel import score, split_stages
+from heterps_cli.problem import Problem
+
+
+@dataclass(frozen=True)
+class Stage:
+    first: int
+    last: int
+    layers: tuple[str, ...]
+    resource: str
+    replicas: int
+    compute_s: float
+    comm_s: float
+    throughput: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    cluster: str
+    objective: str
+    scheduler: str
+    seed: int
+    batch_size: int
+    samples: float
+    epochs: float
+    min_throughput: float
+    max_cost: float | None
+    stages: tuple[Stage, ...]
+    resources: dict[str, int]
+    limits: dict[str, int]
+    throughput: float
+    bottleneck: int
+    time_s: float
+    cost_usd: float
+    feasible: bool
+    solve_s: float
+    optimal: bool | None = None  # True only when a scheduler proves it (exact)
+
+    @property
+    def schedule(self) -> list[str]:
+        return [s.resource for s in self.stages for _ in range(s.first, s.last + 1)]
+
+    def to_dict(self) -> dict:
+        """The SPEC section 4 mapping (plus ``max_cost``, ``limits``, ``optimal``)."""
+        return {
+            "model": self.model,
+            "cluster": self.cluster,
+            "objective": self.objective,
+            "scheduler": self.scheduler,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "samples": _number(self.samples),
+            "epochs": _number(self.epochs),
+            "min_throughput": _number(self.min_throughput),
+            "max_cost": self.max_cost,
+            "stages": [
+                {
+                    "first": s.first,
+                    "last": s.last,
+                    "layers": list(s.layers),
+                    "resource": s.resource,
+                    "replicas": s.replicas,
+                    "compute_s": s.compute_s,
+                    "comm_s": s.comm_s,
+                    "throughput": s.throughput,
+                }
+                for s in self.stages
+            ],
+            "resources": dict(self.resources),
+            "limits": dict(self.limits),
+            "throughput": self.throughput,
+            "bottleneck": self.bottleneck,
+            "time_s": self.time_s,
+            "cost_usd": self.cost_usd,
+            "feasible": self.feasible,
+            "optimal": self.optimal,
+            "solve_s": round(self.solve_s, 6),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _number(x: float):
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def make_plan(
+    problem: Problem,
+    schedule,
+    replicas,
+    *,
+    scheduler: str,
+    seed: int = 0,
+    solve_s: float = 0.0,
+    optimal: bool | None = None,
+) -> Plan:
+    """Build a :class:`Plan` for one schedule (type per layer) and its per-stage replica counts."""
+    stages = split_stages(problem, np.asarray(schedule)[None, :])
+    S = int(stages.valid.sum())
+    k = np.zeros(stages.valid.shape)
+    k[0, :S] = np.asarray(replicas, dtype=float)
+    sc = score(problem, stages, k)
+    tau_c = stages.sc + stages.pc / np.maximum(k, 1)
+    tau_d = stages.sd + stages.pd / np.maximum(k, 1)
+    out = []
+    for s in range(S):
+        a, b = int(stages.first[0, s]), int(stages.last[0, s])
+        out.append(
+            Stage(
+                first=a,
+                last=b,
+                layers=problem.layer_names[a : b + 1],
+                resource=problem.types[int(stages.type[0, s])],
+                replicas=int(k[0, s]),
+                compute_s=float(tau_c[0, s]),
+                comm_s=float(tau_d[0, s]),
+                throughput=float(sc.stage_throughput[0, s]),
+            )
+        )
+    return Plan(
+        model=problem.model,
+        cluster=problem.cluster,
+        objective=problem.objective,
+        scheduler=scheduler,
+        seed=seed,
+        batch_size=problem.batch_size,
+        samples=problem.samples,
+        epochs=problem.epochs,
+        min_throughput=problem.min_throughput,
+        max_cost=problem.max_cost,
+        stages=tuple(out),
+        resources={t: int(u) for t, u in zip(problem.types, sc.used[0])},
+        limits={t: int(n) for t, n in zip(problem.types, problem.limits)},
+        throughput=float(sc.throughput[0]),
+        bottleneck=int(sc.bottleneck[0]),
+        time_s=float(sc.time_s[0]),
+        cost_usd=float(sc.cost[0]),
+        feasible=bool(sc.feasible[0]),
+        solve_s=solve_s,
+        optimal=optimal,
+    )

@@ -1,0 +1,147 @@
+"""The validated planning problem: a profile and a cluster joined into numpy arrays.
+
+Every scheduler takes a :class:`Problem` and nothing else, so they are
+interchangeable. Only the cluster's resource types that the profile times are
+kept (a type that runs no layer can never be part of a plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.formats import Cluster, Profile, load_cluster, load_profile
+from heterps_cli.yamlio import Document
+
+OBJECTIVES = ("cost", "time")
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    model: str
+    cluster: str
+    layer_names: tuple[str, ...]
+    layer_kinds: tuple[str, ...]
+    input_size: np.ndarray  # [n] bytes per sample
+    weight_size: np.ndarray  # [n] bytes
+    types: tuple[str, ...]
+    units: tuple[str, ...]
+    prices: np.ndarray  # [T] USD per unit-hour
+    limits: np.ndarray  # [T] units available
+    oct: np.ndarray  # [n, T] seconds per batch on one unit; 0 where the layer cannot run
+    odt: np.ndarray  # [n, T]
+    alpha: np.ndarray  # [n, T]
+    beta: np.ndarray  # [n, T]
+    runnable: np.ndarray  # [n, T] bool
+    batch_size: int
+    samples: float
+    epochs: float
+    min_throughput: float = 0.0
+    max_cost: float | None = None
+    objective: str = "cost"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_names)
+
+    @property
+    def n_types(self) -> int:
+        return len(self.types)
+
+    @property
+    def work(self) -> float:
+        """Samples to process over the whole run: epochs * samples per epoch."""
+        return self.epochs * self.samples
+
+    @property
+    def parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer and type: serial and parallel compute, serial and parallel communication.
+
+        ``CT(k) = serial + parallel / k`` is SPEC section 1's Amdahl term summed
+        over a stage's layers; keeping the two halves apart lets a whole stage be
+        summed once and evaluated for any replica count.
+        """
+        return (
+            self.oct * (1.0 - self.alpha),
+            self.oct * self.alpha,
+            self.odt * (1.0 - self.beta),
+            self.odt * self.beta,
+        )
+
+    def replace(self, **changes) -> "Problem":
+        return dataclasses.replace(self, **changes)
+
+
+def build_problem(
+    profile: Profile,
+    pdoc: Document,
+    cluster: Cluster,
+    cdoc: Document,
+    *,
+    objective: str = "cost",
+    samples: float | None = None,
+    epochs: float | None = None,
+    min_throughput: float | None = None,
+    max_cost: float | None = None,
+) -> Problem:
+    """Join a profile and a cluster; command-line values override the profile's ``job``."""
+    types = tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
+    if not types:
+        profiled = sorted({t for layer in profile.layers for t in layer.times})
+        raise pdoc.error(
+            ("layers",),
+            f"no resource type in common with cluster file {cdoc.path} "
+            f"(profile times: {', '.join(profiled)}; cluster offers: {', '.join(cluster.resources)})",
+        )
+    for i, layer in enumerate(profile.layers):
+        if not any(t in layer.times for t in types):
+            raise pdoc.error(
+                ("layers", i, "times"),
+                f"layer '{layer.name}' can run on none of the resource types in {cdoc.path} "
+                f"(it is timed on: {', '.join(layer.times)}; the cluster offers: {', '.join(cluster.resources)})",
+            )
+    samples = samples if samples is not None else profile.job.samples
+    if samples is None:
+        raise pdoc.error(("job", "samples"), "samples per epoch are not given: set job.samples in the profile or pass --samples")
+    n, T = len(profile.layers), len(types)
+    oct_, odt, alpha, beta = (np.zeros((n, T)) for _ in range(4))
+    runnable = np.zeros((n, T), dtype=bool)
+    for i, layer in enumerate(profile.layers):
+        for j, t in enumerate(types):
+            if t in layer.times:
+                entry = layer.times[t]
+                oct_[i, j], odt[i, j] = entry.oct, entry.odt
+                alpha[i, j], beta[i, j] = layer.fractions(t)
+                runnable[i, j] = True
+    res = [cluster.resources[t] for t in types]
+    return Problem(
+        model=profile.model,
+        cluster=cluster.cluster,
+        layer_names=tuple(layer.name for layer in profile.layers),
+        layer_kinds=tuple(layer.type for layer in profile.layers),
+        input_size=np.array([layer.input_size for layer in profile.layers], dtype=float),
+        weight_size=np.array([layer.weight_size for layer in profile.layers], dtype=float),
+        types=types,
+        units=tuple(r.unit or t for r, t in zip(res, types)),
+        prices=np.array([r.price for r in res], dtype=float),
+        limits=np.array([r.limit for r in res], dtype=np.int64),
+        oct=oct_,
+        odt=odt,
+        alpha=alpha,
+        beta=beta,
+        runnable=runnable,
+        batch_size=profile.batch_size,
+        samples=float(samples),
+        epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
+        min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
+        max_cost=max_cost,
+        objective=objective,
+    )
+
+
+def load_problem(profile_path: str, cluster_path: str, **options) -> Problem:
+    profile, pdoc = load_profile(profile_path)
+    cluster, cdoc = load_cluster(cluster_path)
+    return build_problem(profile, pdoc, cluster, cdoc, **options)

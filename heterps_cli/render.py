@@ -1,0 +1,124 @@
+"""Human output: rich tables for plans and profile summaries. No logic, only presentation."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from heterps_cli.formats import Cluster, Profile
+from heterps_cli.plan import Plan
+
+
+def duration(seconds: float) -> str:
+    """4710.1 -> '1 h 18 min'; short times keep seconds."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes = seconds / 60
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    hours, minutes = divmod(round(minutes), 60)
+    if hours < 48:
+        return f"{hours} h {minutes:02d} min"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _layers(names: tuple[str, ...], first: int, last: int) -> str:
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{names[0]} … {names[-1]} ({last - first + 1} layers)"
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out, start = [], None
+    for a, b in zip(indices, indices[1:] + [None]):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out) or "none"
+
+
+def plan_view(plan: Plan) -> Group:
+    title = f"[bold]{plan.model}[/] on [bold]{plan.cluster}[/] · objective {plan.objective} · scheduler {plan.scheduler}"
+    table = Table(title=title, title_justify="left", header_style="bold", show_lines=False)
+    table.add_column("stage", justify="right")
+    table.add_column("layers")
+    table.add_column("resource")
+    table.add_column("replicas", justify="right")
+    table.add_column("CT s/batch", justify="right")
+    table.add_column("DT s/batch", justify="right")
+    table.add_column("samples/s", justify="right")
+    for i, s in enumerate(plan.stages):
+        bottleneck = i == plan.bottleneck
+        table.add_row(
+            str(i),
+            f"{s.first}-{s.last}: {_layers(s.layers, s.first, s.last)}" if s.first != s.last else f"{s.first}: {s.layers[0]}",
+            s.resource,
+            str(s.replicas),
+            f"{s.compute_s:.4g}",
+            f"{s.comm_s:.4g}",
+            f"{s.throughput:,.0f}" + (" ◀ bottleneck" if bottleneck else ""),
+            style="bold yellow" if bottleneck else None,
+        )
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    need = f" (required ≥ {plan.min_throughput:,.0f})" if plan.min_throughput > 0 else ""
+    summary.add_row("throughput", f"{plan.throughput:,.1f} samples/s{need}")
+    epochs = f"{plan.epochs:g} epoch{'s' if plan.epochs != 1 else ''}"
+    summary.add_row("training time", f"{duration(plan.time_s)} ({plan.time_s:,.0f} s) for {epochs} × {plan.samples:,.0f} samples")
+    used = ", ".join(f"{t} {plan.resources[t]}/{plan.limits[t]}" for t in plan.resources)
+    summary.add_row("resources", used)
+    budget = f" (budget ${plan.max_cost:,.2f})" if plan.max_cost is not None else ""
+    summary.add_row("cost", Text.from_markup(f"[bold green]${plan.cost_usd:,.2f}[/]{budget}"))
+    verdict = "optimal (certified by the exact solver)" if plan.optimal else "heuristic"
+    summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}")
+    return Group(table, summary)
+
+
+def print_plan(console: Console, plan: Plan) -> None:
+    console.print(plan_view(plan))
+
+
+def print_summary(console: Console, profile: Profile, path: str, cluster: Cluster | None, cluster_path: str | None) -> None:
+    job = profile.job
+    console.print(f"[bold green]✓[/] {path}: model [bold]{profile.model}[/], {len(profile.layers)} layers, batch size {profile.batch_size}")
+    if job.samples or job.epochs or job.min_throughput:
+        parts = [f"{name} {getattr(job, name):,g}" for name in ("samples", "epochs", "min_throughput") if getattr(job, name) is not None]
+        console.print(f"  job: {', '.join(parts)}")
+    kinds: dict[str, int] = {}
+    for layer in profile.layers:
+        kinds[layer.type] = kinds.get(layer.type, 0) + 1
+    console.print("  layer kinds: " + ", ".join(f"{k} ×{n}" for k, n in kinds.items()))
+    types = list(dict.fromkeys(t for layer in profile.layers for t in layer.times))
+    table = Table(header_style="bold")
+    table.add_column("resource")
+    table.add_column("runs layers")
+    table.add_column("total OCT s/batch", justify="right")
+    table.add_column("total ODT s/batch", justify="right")
+    if cluster is not None:
+        table.add_column("price $/h", justify="right")
+        table.add_column("limit", justify="right")
+    for t in types:
+        idx = [i for i, layer in enumerate(profile.layers) if t in layer.times]
+        row = [
+            t,
+            f"{len(idx)}/{len(profile.layers)}: {_ranges(idx)}",
+            f"{sum(profile.layers[i].times[t].oct for i in idx):.4g}",
+            f"{sum(profile.layers[i].times[t].odt for i in idx):.4g}",
+        ]
+        if cluster is not None:
+            res = cluster.resources.get(t)
+            row += [f"{res.price:g}", str(res.limit)] if res else ["[dim]not in cluster[/]", ""]
+        table.add_row(*row)
+    console.print(table)
+    if cluster is not None:
+        unused = [t for t in cluster.resources if t not in types]
+        ignored = [t for t in types if t not in cluster.resources]
+        console.print(f"[bold green]✓[/] {cluster_path}: cluster [bold]{cluster.cluster}[/], {len(cluster.resources)} resource types")
+        if ignored:
+            console.print(f"  [yellow]note:[/] profiled types not in the cluster are ignored when planning: {', '.join(ignored)}")
+        if unused:
+            console.print(f"  [yellow]note:[/] cluster types the profile never times cannot be used: {', '.join(unused)}")

@@ -1,0 +1,342 @@
+"""The exact optimum over all schedules and replica counts (``--scheduler exact``).
+
+For a fixed bottleneck throughput ``X`` every stage's cheapest replica count is
+known in closed form, so the cheapest schedule reaching ``X`` is a shortest path
+over stage boundaries: ``f[i, t]`` = cheapest way to run layers ``0..i-1`` with
+the last stage on type ``t`` (the next stage must change type, SPEC section 1).
+
+Type limits couple the stages. When the unconstrained path breaks a limit, the
+DP is re-run with the units of each type whose limit can bind at ``X`` as part
+of the state (a dense array per boundary and type), which is exact; a type
+whose most greedy possible use still fits its limit needs no tracking.
+
+Over ``X`` (see costmodel's docstring): objective ``cost`` walks the right ends of
+the price-rate steps upwards from ``min_throughput`` and stops at the first ``X``
+no plan reaches or where a lower bound (a DP over the continuous relaxation)
+exceeds the best cost. Objective ``time`` bisects for the largest reachable
+``X`` (reachability only shrinks as ``X`` grows), then finishes by exact jumps;
+the cheapest plan at that ``X`` breaks ties. With ``max_cost`` it walks every
+step instead, since the budget is not monotone in ``X``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.costmodel import REL_TOL, cost_lower_bound, meets_targets, min_replicas, stage_throughput
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+
+Progress = Callable[[str], None]
+
+# Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
+MAX_STATE_CELLS = 40_000_000
+
+
+@dataclass
+class _Table:
+    """Cost terms of every contiguous stage: index ``[j, i, t]`` = layers ``j..i-1`` on type ``t``."""
+
+    sc: np.ndarray
+    pc: np.ndarray
+    sd: np.ndarray
+    pd: np.ndarray
+    ok: np.ndarray  # j < i and every layer of the stage can run on t
+
+
+def _table(problem: Problem) -> _Table:
+    def spans(per_layer):
+        prefix = np.vstack([np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)])
+        return prefix[None, :, :] - prefix[:, None, :]
+
+    n = problem.n_layers
+    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)[:, :, None]
+    ok = upper & (spans((~problem.runnable).astype(float)) == 0)
+    return _Table(*(spans(part) for part in problem.parts), ok)
+
+
+@dataclass
+class _Candidate:
+    stages: list[tuple[int, int, int]]  # (first layer, end layer exclusive, type)
+    replicas: list[int]
+    throughput: float
+    cost: float
+
+
+def _chain_dp(C: np.ndarray):
+    """Cheapest chain of stages covering all layers; ``C[j, i, t]`` prices stage ``j..i-1`` on ``t``.
+
+    Returns (value, [(j, i, t), ...]) or (inf, None).
+    """
+    n1, _, T = C.shape
+    f = np.full((n1, T), np.inf)
+    g = np.full((n1, T), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
+    g[0] = 0.0
+    arg_j = np.zeros((n1, T), dtype=np.int64)
+    prev_t = np.zeros((n1, T), dtype=np.int64)
+    others = ~np.eye(T, dtype=bool)
+    cols = np.arange(T)
+    for i in range(1, n1):
+        total = g[:i] + C[:i, i]
+        j = total.argmin(axis=0)
+        arg_j[i], f[i] = j, total[j, cols]
+        choice = np.where(others, f[i][None, :], np.inf)
+        prev_t[i], g[i] = choice.argmin(axis=1), choice.min(axis=1)
+    t = int(f[-1].argmin())
+    value = float(f[-1, t])
+    if not np.isfinite(value):
+        return np.inf, None
+    stages, i = [], n1 - 1
+    while i > 0:
+        j = int(arg_j[i, t])
+        stages.append((j, i, t))
+        t, i = int(prev_t[j, t]), j
+    return value, stages[::-1]
+
+
+def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tracked: list[int], capped: int | None):
+    """Cheapest chain whose units per type respect ``limits``.
+
+    The units of each ``tracked`` type are part of the state; the value is the
+    price rate of the other types. ``capped`` is an untracked type whose limit is
+    checked from the value at the end (valid when it is the only untracked one).
+    """
+    n1, _, T = K.shape
+    dims = tuple(int(limits[t]) + 1 for t in tracked)
+    cells = int(np.prod(dims)) if dims else 1
+    if n1 * T * cells > MAX_STATE_CELLS:
+        raise InfeasibleError(
+            f"the exact solver would need {n1 * T * cells:,} states to honour the binding limits of "
+            f"{len(tracked)} resource types; that is more than it may use ({MAX_STATE_CELLS:,})"
+        )
+    axis = {t: a for a, t in enumerate(tracked)}
+    shape = (n1, T) + dims
+    f = np.full(shape, np.inf)
+    g = np.full(shape, np.inf)
+    g[(0, slice(None)) + (0,) * len(dims)] = 0.0
+    arg_j = np.zeros(shape, dtype=np.int32)
+    prev_t = np.zeros(shape, dtype=np.int8)
+    for i in range(1, n1):
+        for t in range(T):
+            js = np.flatnonzero(np.isfinite(K[:i, i, t]))
+            if js.size == 0:
+                continue
+            ks = K[js, i, t].astype(np.int64)
+            base = g[js, t]  # [m, *dims]
+            if t in axis:
+                a = axis[t]
+                idx = np.arange(dims[a])[None, :] - ks[:, None]  # source unit count along axis a
+                view = [1] * (1 + len(dims))
+                view[0], view[1 + a] = len(js), dims[a]
+                idx = np.broadcast_to(idx.reshape(view), base.shape)
+                val = np.take_along_axis(base, np.maximum(idx, 0), axis=1 + a)
+                val = np.where(idx >= 0, val, np.inf)
+            else:
+                val = base + (prices[t] * ks).reshape((-1,) + (1,) * len(dims))
+            best = val.argmin(axis=0)
+            f[i, t] = np.take_along_axis(val, best[None], axis=0)[0]
+            arg_j[i, t] = js[best]
+        for t in range(T):
+            choice = f[i].copy()
+            choice[t] = np.inf
+            prev_t[i, t] = choice.argmin(axis=0)
+            g[i, t] = choice.min(axis=0)
+    grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
+    extra = sum((prices[t] * grids[a] for t, a in axis.items()), np.zeros(dims))
+    total = f[-1] + extra[None]
+    if capped is not None:
+        total = np.where(f[-1] <= prices[capped] * limits[capped] * (1 + REL_TOL), total, np.inf)
+    flat = int(total.argmin())
+    if not np.isfinite(total.flat[flat]):
+        return None
+    t, *cell = np.unravel_index(flat, total.shape)
+    t, cell = int(t), [int(c) for c in cell]
+    stages, i = [], n1 - 1
+    while i > 0:
+        j = int(arg_j[(i, t, *cell)])
+        stages.append((j, i, t))
+        if t in axis:
+            cell[axis[t]] -= int(K[j, i, t])
+        if j > 0:
+            t = int(prev_t[(j, t, *cell)])
+        i = j
+    return stages[::-1]
+
+
+class _Solver:
+    """Cheapest plan at a given bottleneck throughput, over all schedules, within the limits."""
+
+    def __init__(self, problem: Problem, progress: Progress | None):
+        self.p = problem
+        self.tab = _table(problem)
+        self.progress = progress
+        self.evaluations = 0
+        self.type_index = np.arange(problem.n_types)[None, None, :]
+
+    def replicas(self, target: float) -> np.ndarray:
+        t = self.tab
+        K = min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target)
+        return np.where(t.ok & (K <= self.p.limits[None, None, :]), K, np.inf)
+
+    def lower_bound(self, target: float, K: np.ndarray) -> float:
+        """Lower bound on the cost of every plan with throughput >= target."""
+        t = self.tab
+        lb = cost_lower_bound(self.p, t.sc, t.pc, t.sd, t.pd, self.p.prices[None, None, :], target)
+        value, _ = _chain_dp(np.where(np.isfinite(K), lb, np.inf))
+        return self.p.work / 3600.0 * value
+
+    def cheapest(self, target: float, K: np.ndarray | None = None) -> _Candidate | None:
+        self.evaluations += 1
+        if self.progress:
+            self.progress(f"exact: DP {self.evaluations} at throughput {target:,.6g} samples/s")
+        p = self.p
+        K = self.replicas(target) if K is None else K
+        with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
+            _, stages = _chain_dp(np.where(np.isfinite(K), p.prices[None, None, :] * K, np.inf))
+        if stages is None:
+            return None
+        if not self._within(stages, K):
+            binding = [
+                t for t in range(p.n_types)
+                if -_chain_dp(np.where(np.isfinite(K), np.where(self.type_index == t, -K, 0.0), np.inf))[0] > p.limits[t]
+            ]
+            tracked, capped = binding, None
+            if len(binding) == p.n_types:
+                # Every type binds: leave the one with the most units out of the state and check
+                # its limit from the price rate, which is then its price times its units.
+                priced = [t for t in binding if p.prices[t] > 0]
+                if priced:
+                    capped = max(priced, key=lambda t: p.limits[t])
+                    tracked = [t for t in binding if t != capped]
+            stages = _chain_dp_limited(K, p.prices, p.limits, tracked, capped)
+            if stages is None:
+                return None
+        k = [int(K[j, i, t]) for j, i, t in stages]
+        tb = self.tab
+        thr = min(
+            float(stage_throughput(tb.sc[j, i, t], tb.pc[j, i, t], tb.sd[j, i, t], tb.pd[j, i, t], p.batch_size, kk))
+            for (j, i, t), kk in zip(stages, k)
+        )
+        rate = sum(p.prices[t] * kk for (_, _, t), kk in zip(stages, k))
+        return _Candidate(stages, k, thr, p.work / thr / 3600.0 * rate)
+
+    def _within(self, stages, K) -> bool:
+        used = np.zeros(self.p.n_types)
+        for j, i, t in stages:
+            used[t] += K[j, i, t]
+        return bool((used <= self.p.limits).all())
+
+    # -- the two objectives -------------------------------------------------
+
+    def min_cost(self) -> _Candidate | None:
+        best, target = None, self.p.min_throughput
+        while True:
+            K = self.replicas(target)
+            if best is not None and self.lower_bound(target, K) >= best.cost * (1 - REL_TOL):
+                return best
+            cand = self.cheapest(target, K)
+            if cand is None:
+                return best
+            if best is None or cand.cost < best.cost or (cand.cost == best.cost and cand.throughput > best.throughput):
+                best = cand
+            target = float(np.nextafter(cand.throughput, np.inf))
+
+    def max_throughput(self) -> _Candidate | None:
+        """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost."""
+        lo = self.cheapest(0.0)
+        if lo is None:
+            return None
+        p, tb = self.p, self.tab
+        first = [
+            stage_throughput(tb.sc[0, 1, t], tb.pc[0, 1, t], tb.sd[0, 1, t], tb.pd[0, 1, t], p.batch_size, p.limits[t])
+            for t in range(p.n_types) if tb.ok[0, 1, t]
+        ]
+        hi = float(max(first))  # no plan is faster than its first layer alone on all units allowed
+        while hi > lo.throughput * (1 + 1e-9):
+            mid = float(np.sqrt(lo.throughput * hi))
+            cand = self.cheapest(mid)
+            if cand is None:
+                hi = mid
+            else:
+                lo = cand
+        while (cand := self.cheapest(float(np.nextafter(lo.throughput, np.inf)))) is not None:
+            lo = cand
+        return lo
+
+    def max_throughput_within_budget(self) -> _Candidate | None:
+        best, target = None, 0.0
+        while (cand := self.cheapest(target)) is not None:
+            if cand.cost <= self.p.max_cost * (1 + REL_TOL):
+                if best is None or cand.throughput > best.throughput:
+                    best = cand
+            target = float(np.nextafter(cand.throughput, np.inf))
+        return best
+
+
+def _schedule(problem: Problem, stages) -> np.ndarray:
+    sched = np.zeros(problem.n_layers, dtype=np.int64)
+    for j, i, t in stages:
+        sched[j:i] = t
+    return sched
+
+
+def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
+    """Explain why no plan meets the constraints, with the best figure that can be reached."""
+    fastest = solver.max_throughput()
+    if fastest is None:
+        return InfeasibleError(
+            "no plan fits the cluster's limits even with one replica per stage: "
+            f"the limits ({_limits(problem)}) are too small for this model"
+        )
+    if fastest.throughput < problem.min_throughput * (1 - REL_TOL):
+        return InfeasibleError(
+            f"no plan reaches the required {problem.min_throughput:,.6g} samples/s within the limits "
+            f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.6g} samples/s "
+            f"(costing ${fastest.cost:,.2f}). Lower --min-throughput or raise the limits."
+        )
+    cheapest = _Solver(problem.replace(objective="cost", max_cost=None), None).min_cost()
+    return InfeasibleError(
+        f"no plan costs at most ${problem.max_cost:,.2f}: the cheapest plan that reaches "
+        f"{problem.min_throughput:,.6g} samples/s costs ${cheapest.cost:,.2f} "
+        f"({cheapest.throughput:,.6g} samples/s). Raise --max-cost."
+    )
+
+
+def _limits(problem: Problem) -> str:
+    return ", ".join(f"{t} <= {n}" for t, n in zip(problem.types, problem.limits))
+
+
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None) -> Plan:
+    """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none."""
+    start = time.perf_counter()
+    solver = _Solver(problem, progress)
+    if problem.objective == "cost":
+        best = solver.min_cost()
+        if best is not None and not meets_targets(problem, best.throughput, best.cost):
+            best = None
+    elif problem.max_cost is None:
+        best = solver.max_throughput()
+        if best is not None and best.throughput < problem.min_throughput * (1 - REL_TOL):
+            best = None
+    else:
+        best = solver.max_throughput_within_budget()
+        if best is not None and best.throughput < problem.min_throughput * (1 - REL_TOL):
+            best = None
+    if best is None:
+        raise _infeasible(problem, solver)
+    plan = make_plan(
+        problem,
+        _schedule(problem, best.stages),
+        best.replicas,
+        scheduler="exact",
+        seed=seed,
+        solve_s=time.perf_counter() - start,
+        optimal=True,
+    )
+    assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
+    return plan

@@ -1,0 +1,88 @@
+"""Independent reference implementations for the tests, written from SPEC section 1 only.
+
+Nothing here imports the package's cost model or solvers: figures are recomputed
+layer by layer exactly as SPEC words them, and optima come from enumeration.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+
+def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
+    """Recompute every figure of a plan from the raw profile and cluster mappings (SPEC section 1)."""
+    layers = profile["layers"]
+    B0 = profile["batch_size"]
+    stage_thr, ct, dt = [], [], []
+    k_t = {t: 0 for t in cluster["resources"]}
+    for s in plan["stages"]:
+        t, k = s["resource"], s["replicas"]
+        c = d = 0.0
+        for layer in layers[s["first"] : s["last"] + 1]:
+            e = layer["times"][t]
+            a = e.get("alpha", layer.get("alpha"))
+            b = e.get("beta", layer.get("beta"))
+            c += e["oct"] * (1 - a + a / k)
+            d += e["odt"] * (1 - b + b / k)
+        ct.append(c)
+        dt.append(d)
+        stage_thr.append(B0 / max(c, d))
+        k_t[t] += k
+    thr = min(stage_thr)
+    time_s = plan["epochs"] * plan["samples"] / thr
+    cost = time_s / 3600 * sum(cluster["resources"][t]["price"] * k for t, k in k_t.items())
+    return {"compute_s": ct, "comm_s": dt, "stage_throughput": stage_thr, "throughput": thr,
+            "resources": k_t, "time_s": time_s, "cost_usd": cost}
+
+
+def brute_force(oct_, odt, alpha, beta, runnable, prices, limits, B0, work,
+                min_throughput=0.0, max_cost=None, objective="cost"):
+    """The optimum by enumerating every schedule and every replica vector within the limits.
+
+    Returns (cost, throughput) of the best plan, or None when no plan is feasible.
+    """
+    n, T = oct_.shape
+    best = None
+    for sched in itertools.product(range(T), repeat=n):
+        if not all(runnable[l, t] for l, t in enumerate(sched)):
+            continue
+        stages = []  # (type, [layers])
+        for l, t in enumerate(sched):
+            if stages and stages[-1][0] == t:
+                stages[-1][1].append(l)
+            else:
+                stages.append((t, [l]))
+        ranges = [range(1, limits[t] + 1) for t, _ in stages]
+        ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
+        types = np.array([t for t, _ in stages])
+        used = np.stack([ks[:, types == t].sum(axis=1) for t in range(T)], axis=1)
+        ks = ks[(used <= limits).all(axis=1)]
+        if len(ks) == 0:
+            continue
+        et = []
+        for s, (t, ls) in enumerate(stages):
+            k = ks[:, s]
+            c = sum(oct_[l, t] * (1 - alpha[l, t] + alpha[l, t] / k) for l in ls)
+            d = sum(odt[l, t] * (1 - beta[l, t] + beta[l, t] / k) for l in ls)
+            et.append(np.maximum(c, d))
+        thr = B0 / np.max(np.stack(et, axis=1), axis=1)
+        rate = (ks * prices[types][None, :]).sum(axis=1)
+        cost = work / thr / 3600 * rate
+        ok = thr >= min_throughput * (1 - 1e-9)
+        if max_cost is not None:
+            ok &= cost <= max_cost * (1 + 1e-9)
+        for c, x in zip(cost[ok], thr[ok]):
+            if best is None or _better(objective, c, x, *best):
+                best = (float(c), float(x))
+    return best
+
+
+def _better(objective, cost, thr, best_cost, best_thr):
+    if objective == "time":
+        if not math.isclose(thr, best_thr, rel_tol=1e-12):
+            return thr > best_thr
+        return cost < best_cost
+    return cost < best_cost

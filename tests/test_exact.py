@@ -1,0 +1,122 @@
+"""The exact scheduler against brute-force enumeration on many small random instances."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.schedulers import exact
+from tests.helpers import instance_dicts, problem_from_dicts, random_instance
+from tests.oracle import brute_force, spec_figures
+
+SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def instances(draw):
+    T = draw(st.integers(2, 3))
+    n = draw(st.integers(1, 8 if T == 2 else 6))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    arrays = random_instance(rng, n, T, max_limit=draw(st.sampled_from([2, 3, 5])))
+    oct_, B0 = arrays[0], 32
+    # A throughput target between "anything goes" and "beyond reach", so limits bind sometimes.
+    reference = B0 / oct_.min(axis=1).sum()
+    min_throughput = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0, 2.0, 4.0])) * reference
+    return arrays, B0, min_throughput
+
+
+def _solve_both(arrays, B0, min_throughput, objective, max_cost=None):
+    profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput)
+    problem = problem_from_dicts(profile, cluster, objective=objective, max_cost=max_cost)
+    expected = brute_force(*arrays, B0, problem.work, min_throughput=min_throughput,
+                           max_cost=max_cost, objective=objective)
+    try:
+        plan = exact.solve(problem)
+    except InfeasibleError:
+        plan = None
+    return profile, cluster, plan, expected
+
+
+def _check_plan(profile, cluster, plan):
+    """The plan is feasible and its figures are SPEC's, recomputed independently."""
+    d = plan.to_dict()
+    ref = spec_figures(profile, cluster, d)
+    assert math.isclose(d["throughput"], ref["throughput"], rel_tol=1e-9)
+    assert math.isclose(d["cost_usd"], ref["cost_usd"], rel_tol=1e-9, abs_tol=1e-12)
+    for t, k in ref["resources"].items():
+        assert k <= cluster["resources"][t]["limit"]
+    assert ref["throughput"] >= profile["job"]["min_throughput"] * (1 - 1e-9)
+    assert plan.optimal is True and plan.feasible
+
+
+@settings(max_examples=220, **SETTINGS)
+@given(instances())
+def test_min_cost_matches_brute_force(inst):
+    arrays, B0, min_throughput = inst
+    profile, cluster, plan, expected = _solve_both(arrays, B0, min_throughput, "cost")
+    if expected is None:
+        assert plan is None, "exact found a plan where enumeration finds none"
+        return
+    assert plan is not None, f"exact found no plan; brute force found cost {expected[0]}"
+    _check_plan(profile, cluster, plan)
+    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(instances())
+def test_max_throughput_matches_brute_force(inst):
+    arrays, B0, min_throughput = inst
+    profile, cluster, plan, expected = _solve_both(arrays, B0, min_throughput, "time")
+    if expected is None:
+        assert plan is None
+        return
+    assert plan is not None
+    _check_plan(profile, cluster, plan)
+    assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12), "ties go to the cheaper plan"
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(instances(), st.sampled_from([0.5, 1.0, 2.0]))
+def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
+    arrays, B0, min_throughput = inst
+    cheapest = brute_force(*arrays, B0, 1e6, min_throughput=min_throughput, objective="cost")
+    if cheapest is None:
+        return
+    max_cost = cheapest[0] * budget_scale
+    profile, cluster, plan, expected = _solve_both(arrays, B0, min_throughput, "time", max_cost=max_cost)
+    if expected is None:
+        assert plan is None
+        return
+    _check_plan(profile, cluster, plan)
+    assert plan.cost_usd <= max_cost * (1 + 1e-9)
+    assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+
+
+def test_binding_limits_change_the_answer():
+    """A case built so the unconstrained optimum needs more GPUs than the cluster has."""
+    oct_ = np.array([[1.0, 0.01], [1.0, 0.01], [1.0, 0.01]])
+    odt = np.zeros((3, 2))
+    ones = np.ones((3, 2))
+    runnable = np.ones((3, 2), dtype=bool)
+    prices, B0 = np.array([0.04, 2.42]), 32
+    for limits in ([20, 1], [20, 4]):
+        arrays = (oct_, odt, ones * 0.95, ones, runnable, prices, np.array(limits))
+        profile, cluster, plan, expected = _solve_both(arrays, B0, 150.0, "cost")
+        assert plan is not None and expected is not None
+        assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
+        assert plan.resources["r1"] <= limits[1]
+
+
+def test_infeasible_reports_the_best_reachable_throughput():
+    arrays = random_instance(np.random.default_rng(7), 4, 2)
+    profile, cluster = instance_dicts(*arrays, min_throughput=1e12)
+    problem = problem_from_dicts(profile, cluster)
+    with pytest.raises(InfeasibleError, match=r"fastest possible plan reaches [\d,.]+ samples/s"):
+        exact.solve(problem)
