@@ -160,18 +160,17 @@ def meets_targets(problem: Problem, throughput, cost):
     return ok
 
 
-def cost_lower_bound(problem: Problem, sc, pc, sd, pd, price, target):
-    """A lower bound on ``price * k / X'`` for every ``X' >= target`` (per stage, USD/h per sample/s).
+def cost_lower_bound(price, replicas, throughput):
+    """Per stage, a lower bound on ``price * k' / X'`` for every target ``X' >= X``.
 
-    From ``sc + pc/k <= B0/X'``: ``k/X' >= pc / (B0 - X' sc)``, which grows with
-    ``X'``; likewise for communication. Used to stop the upward walk early.
+    ``replicas`` are the fewest reaching ``X`` and ``throughput`` what they give.
+    Any ``X' >= X`` needs ``k' >= replicas`` with ``thr(k') >= X'``, so
+    ``k'/X' >= k'/thr(k') = k' ET(k') / B0 >= replicas / throughput`` because
+    ``k ET(k) = max(k sc + pc, k sd + pd)`` never falls as ``k`` grows. Summed
+    over a plan's stages this bounds the cost of every faster plan (times W/3600).
     """
-    B0 = problem.batch_size
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gc, gd = B0 - target * sc, B0 - target * sd
-        bc = np.where(pc > 0, np.where(gc > 0, pc / gc, np.inf), np.where(gc >= 0, 0.0, np.inf))
-        bd = np.where(pd > 0, np.where(gd > 0, pd / gd, np.inf), np.where(gd >= 0, 0.0, np.inf))
-        return np.where(price > 0, price * np.maximum(bc, bd), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(price > 0, price * replicas / throughput, 0.0)
 
 
 def better(problem: Problem, cost, thr, best_cost, best_thr):
@@ -207,15 +206,22 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         if not active.any():
             break
         thr_s = np.where(stages.valid, stage_throughput(*args, np.maximum(k, 1.0)), np.inf)
+        rate = (price * k).sum(axis=1)
+        if problem.objective == "cost":
+            # No plan at least as fast as the target can cost less than this bound.
+            bound = problem.work / 3600.0 * cost_lower_bound(price, k, thr_s).sum(axis=1)
+            active &= bound < best_cost * (1 - REL_TOL)
         thr = thr_s.min(axis=1)
-        cost = problem.work / thr / 3600.0 * (price * k).sum(axis=1)
+        cost = problem.work / thr / 3600.0 * rate
         take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost, best_thr)
         best_k[take], best_cost[take], best_thr[take] = k[take], cost[take], thr[take]
         target = np.where(active, np.nextafter(thr, np.inf), target)
         if problem.objective == "cost":
-            lb = cost_lower_bound(problem, stages.sc, stages.pc, stages.sd, stages.pd, price, target[:, None])
-            bound = problem.work / 3600.0 * np.where(stages.valid, lb, 0.0).sum(axis=1)
-            active &= bound < best_cost * (1 - REL_TOL)
+            # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
+            # this rate), so targets below W * rate / best_cost cannot win: skip them.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                skip = problem.work / 3600.0 * rate / best_cost * (1 - REL_TOL)
+            target = np.where(active & np.isfinite(skip), np.maximum(target, skip), target)
     missed = ~np.isfinite(best_cost)
     if missed.any() and (problem.objective == "cost" or problem.min_throughput > 0 or problem.max_cost is not None):
         fastest = problem.replace(objective="time", min_throughput=0.0, max_cost=None)

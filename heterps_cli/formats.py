@@ -91,7 +91,7 @@ def _describe(error: dict[str, Any]) -> str:
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
         (limit,) = ctx.values()
-        return f"must be {bounds[kind]} {limit} (got {got!r})"
+        return f"must be {bounds[kind]} {limit:g} (got {got!r})"
     if kind == "finite_number":
         return f"must be a finite number (got {got!r})"
     if kind in ("float_type", "int_type", "string_type", "dict_type", "list_type", "model_type"):
@@ -107,7 +107,9 @@ def _validate(model: type[_Strict], doc: Document) -> Any:
     try:
         return model.model_validate(doc.data)
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        # A typo shows up as an unknown key *and* a missing one; the unknown key is the useful half.
+        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(error["loc"])
         if loc and loc[-1] == "[key]":
             raise doc.error(loc[:-1], f"a name must be a non-empty string (got {loc[-2]!r})") from None

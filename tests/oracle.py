@@ -39,14 +39,15 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
 
 
 def brute_force(oct_, odt, alpha, beta, runnable, prices, limits, B0, work,
-                min_throughput=0.0, max_cost=None, objective="cost"):
-    """The optimum by enumerating every schedule and every replica vector within the limits.
+                min_throughput=0.0, max_cost=None, objective="cost", schedules=None):
+    """The optimum by enumerating every schedule (or only ``schedules``) and every replica
+    vector within the limits.
 
     Returns (cost, throughput) of the best plan, or None when no plan is feasible.
     """
     n, T = oct_.shape
     best = None
-    for sched in itertools.product(range(T), repeat=n):
+    for sched in schedules if schedules is not None else itertools.product(range(T), repeat=n):
         if not all(runnable[l, t] for l, t in enumerate(sched)):
             continue
         stages = []  # (type, [layers])
@@ -86,3 +87,58 @@ def _better(objective, cost, thr, best_cost, best_thr):
             return thr > best_thr
         return cost < best_cost
     return cost < best_cost
+
+
+def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, work: float):
+    """Cheapest plan over every schedule, for limits too large to enumerate replica vectors.
+
+    Uses only SPEC's own remark that an optimal bottleneck throughput is some
+    stage's ``thr_s(k)``: for every schedule, every stage and every ``k`` up to its
+    limit, give each other stage the fewest replicas reaching that throughput
+    (a search in its tabulated, monotone throughput curve). Returns (cost, thr, schedule).
+    """
+    types = list(cluster["resources"])
+    layers = profile["layers"]
+    B0 = profile["batch_size"]
+    best = None
+    for sched in itertools.product(types, repeat=len(layers)):
+        if not all(t in layer["times"] for t, layer in zip(sched, layers)):
+            continue
+        stages = []
+        for l, t in enumerate(sched):
+            if stages and stages[-1][0] == t:
+                stages[-1][1].append(l)
+            else:
+                stages.append((t, [l]))
+        curves = []
+        for t, ls in stages:
+            k = np.arange(1, cluster["resources"][t]["limit"] + 1, dtype=float)
+            c = d = 0.0
+            for l in ls:
+                e = layers[l]["times"][t]
+                a = e.get("alpha", layers[l].get("alpha"))
+                b = e.get("beta", layers[l].get("beta"))
+                c = c + e["oct"] * (1 - a + a / k)
+                d = d + e["odt"] * (1 - b + b / k)
+            curves.append(B0 / np.maximum(c, d))
+        candidates = np.unique(np.concatenate(curves))
+        candidates = candidates[candidates >= min_throughput * (1 - 1e-12)]
+        if candidates.size == 0:
+            continue
+        reps = np.stack([np.searchsorted(curve, candidates, side="left") + 1 for curve in curves])  # [S, C]
+        reachable = np.stack([candidates <= curve[-1] for curve in curves]).all(axis=0)
+        used_ok = np.ones(candidates.size, dtype=bool)
+        rate = np.zeros(candidates.size)
+        for t in types:
+            rows = [s for s, (tt, _) in enumerate(stages) if tt == t]
+            if rows:
+                used_ok &= reps[rows].sum(axis=0) <= cluster["resources"][t]["limit"]
+                rate += cluster["resources"][t]["price"] * reps[rows].sum(axis=0)
+        ok = reachable & used_ok
+        if not ok.any():
+            continue
+        cost = work / candidates[ok] / 3600 * rate[ok]
+        i = int(np.argmin(cost))
+        if best is None or cost[i] < best[0]:
+            best = (float(cost[i]), float(candidates[ok][i]), sched)
+    return best

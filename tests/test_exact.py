@@ -55,7 +55,7 @@ def _check_plan(profile, cluster, plan):
     assert plan.optimal is True and plan.feasible
 
 
-@settings(max_examples=220, **SETTINGS)
+@settings(max_examples=400, **SETTINGS)
 @given(instances())
 def test_min_cost_matches_brute_force(inst):
     arrays, B0, min_throughput = inst
@@ -68,7 +68,7 @@ def test_min_cost_matches_brute_force(inst):
     assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
 
 
-@settings(max_examples=120, **SETTINGS)
+@settings(max_examples=200, **SETTINGS)
 @given(instances())
 def test_max_throughput_matches_brute_force(inst):
     arrays, B0, min_throughput = inst
@@ -82,7 +82,7 @@ def test_max_throughput_matches_brute_force(inst):
     assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12), "ties go to the cheaper plan"
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(instances(), st.sampled_from([0.5, 1.0, 2.0]))
 def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
     arrays, B0, min_throughput = inst

@@ -100,11 +100,17 @@ def _chain_dp(C: np.ndarray):
 
 
 def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tracked: list[int], capped: int | None):
-    """Cheapest chain whose units per type respect ``limits``.
+    """Cheapest chain whose units per type respect ``limits``; a list of (j, i, t) or None.
 
-    The units of each ``tracked`` type are part of the state; the value is the
-    price rate of the other types. ``capped`` is an untracked type whose limit is
-    checked from the value at the end (valid when it is the only untracked one).
+    The units of each ``tracked`` type are part of the state (a dense array per
+    boundary and last type); the value is the price rate of the other types.
+    ``capped``, when given, is the only untracked type: the value then counts its
+    units, and its limit is checked at the end.
+
+    For a fixed end ``i`` and type ``t``, the stage ``j..i-1`` needs fewer replicas
+    the shorter it is, so the feasible ``j`` form a range in which equal replica
+    counts are contiguous: each such group is reduced with one ``min`` over a
+    slice and shifted once.
     """
     n1, _, T = K.shape
     dims = tuple(int(limits[t]) + 1 for t in tracked)
@@ -115,56 +121,74 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
             f"{len(tracked)} resource types; that is more than it may use ({MAX_STATE_CELLS:,})"
         )
     axis = {t: a for a, t in enumerate(tracked)}
+    weight = prices.astype(float).copy()
+    if capped is not None:
+        weight[capped] = 1.0  # count units: exact integers, compared with the limit at the end
     shape = (n1, T) + dims
     f = np.full(shape, np.inf)
-    g = np.full(shape, np.inf)
+    g = np.full(shape, np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
     g[(0, slice(None)) + (0,) * len(dims)] = 0.0
-    arg_j = np.zeros(shape, dtype=np.int32)
-    prev_t = np.zeros(shape, dtype=np.int8)
+
+    def shifted(a: int, k: int):
+        """Index pairs (destination, source) that add k units along tracked axis a."""
+        dst = [slice(None)] * len(dims)
+        src = [slice(None)] * len(dims)
+        dst[a], src[a] = slice(k, None), slice(0, dims[a] - k)
+        return tuple(dst), tuple(src)
+
     for i in range(1, n1):
         for t in range(T):
             js = np.flatnonzero(np.isfinite(K[:i, i, t]))
             if js.size == 0:
                 continue
             ks = K[js, i, t].astype(np.int64)
-            base = g[js, t]  # [m, *dims]
+            out = f[i, t]
             if t in axis:
                 a = axis[t]
-                idx = np.arange(dims[a])[None, :] - ks[:, None]  # source unit count along axis a
-                view = [1] * (1 + len(dims))
-                view[0], view[1 + a] = len(js), dims[a]
-                idx = np.broadcast_to(idx.reshape(view), base.shape)
-                val = np.take_along_axis(base, np.maximum(idx, 0), axis=1 + a)
-                val = np.where(idx >= 0, val, np.inf)
+                bounds = np.flatnonzero(np.diff(ks)) + 1
+                for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(js)]):
+                    k = int(ks[lo])
+                    if k >= dims[a]:
+                        continue
+                    group = g[js[lo:hi], t].min(axis=0) if hi - lo > 1 else g[js[lo], t]
+                    dst, src = shifted(a, k)
+                    np.minimum(out[dst], group[src], out=out[dst])
             else:
-                val = base + (prices[t] * ks).reshape((-1,) + (1,) * len(dims))
-            best = val.argmin(axis=0)
-            f[i, t] = np.take_along_axis(val, best[None], axis=0)[0]
-            arg_j[i, t] = js[best]
+                add = (weight[t] * ks).reshape((-1,) + (1,) * len(dims))
+                np.minimum(out, (g[js, t] + add).min(axis=0), out=out)
         for t in range(T):
-            choice = f[i].copy()
-            choice[t] = np.inf
-            prev_t[i, t] = choice.argmin(axis=0)
-            g[i, t] = choice.min(axis=0)
+            g[i, t] = f[i, [u for u in range(T) if u != t]].min(axis=0) if T > 1 else np.inf
+
     grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
     extra = sum((prices[t] * grids[a] for t, a in axis.items()), np.zeros(dims))
-    total = f[-1] + extra[None]
-    if capped is not None:
-        total = np.where(f[-1] <= prices[capped] * limits[capped] * (1 + REL_TOL), total, np.inf)
+    if capped is None:
+        total = f[-1] + extra[None]
+    else:
+        total = np.where(f[-1] <= limits[capped], f[-1] * prices[capped] + extra[None], np.inf)
     flat = int(total.argmin())
     if not np.isfinite(total.flat[flat]):
         return None
-    t, *cell = np.unravel_index(flat, total.shape)
-    t, cell = int(t), [int(c) for c in cell]
+    # Walk back, finding at each boundary the predecessor that produced the stored value.
+    t, *cell = (int(c) for c in np.unravel_index(flat, total.shape))
     stages, i = [], n1 - 1
     while i > 0:
-        j = int(arg_j[(i, t, *cell)])
-        stages.append((j, i, t))
-        if t in axis:
-            cell[axis[t]] -= int(K[j, i, t])
-        if j > 0:
-            t = int(prev_t[(j, t, *cell)])
-        i = j
+        value = f[(i, t, *cell)]
+        for j in np.flatnonzero(np.isfinite(K[:i, i, t])):
+            k = int(K[j, i, t])
+            src = list(cell)
+            if t in axis:
+                src[axis[t]] -= k
+                if src[axis[t]] < 0 or g[(j, t, *src)] != value:
+                    continue
+            elif g[(j, t, *src)] + weight[t] * k != value:
+                continue
+            break
+        else:  # pragma: no cover - the forward pass guarantees a predecessor
+            raise AssertionError("limited DP backtrack lost its predecessor")
+        stages.append((int(j), i, t))
+        cell, i = src, int(j)
+        if i > 0:
+            t = next(u for u in range(T) if u != t and f[(i, u, *cell)] == g[(i, t, *cell)])
     return stages[::-1]
 
 
@@ -183,17 +207,19 @@ class _Solver:
         K = min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target)
         return np.where(t.ok & (K <= self.p.limits[None, None, :]), K, np.inf)
 
-    def lower_bound(self, target: float, K: np.ndarray) -> float:
-        """Lower bound on the cost of every plan with throughput >= target."""
+    def lower_bound(self, K: np.ndarray) -> float:
+        """No plan reaching the throughput ``K`` was computed for costs less than this."""
         t = self.tab
-        lb = cost_lower_bound(self.p, t.sc, t.pc, t.sd, t.pd, self.p.prices[None, None, :], target)
+        with np.errstate(invalid="ignore"):
+            thr = stage_throughput(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, np.where(np.isfinite(K), K, 1.0))
+        lb = cost_lower_bound(self.p.prices[None, None, :], K, thr)
         value, _ = _chain_dp(np.where(np.isfinite(K), lb, np.inf))
         return self.p.work / 3600.0 * value
 
     def cheapest(self, target: float, K: np.ndarray | None = None) -> _Candidate | None:
         self.evaluations += 1
         if self.progress:
-            self.progress(f"exact: DP {self.evaluations} at throughput {target:,.6g} samples/s")
+            self.progress(f"exact: DP {self.evaluations} at {target:,.1f} samples/s")
         p = self.p
         K = self.replicas(target) if K is None else K
         with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
@@ -225,11 +251,14 @@ class _Solver:
         rate = sum(p.prices[t] * kk for (_, _, t), kk in zip(stages, k))
         return _Candidate(stages, k, thr, p.work / thr / 3600.0 * rate)
 
-    def _within(self, stages, K) -> bool:
+    def _used(self, stages, K) -> np.ndarray:
         used = np.zeros(self.p.n_types)
         for j, i, t in stages:
             used[t] += K[j, i, t]
-        return bool((used <= self.p.limits).all())
+        return used
+
+    def _within(self, stages, K) -> bool:
+        return bool((self._used(stages, K) <= self.p.limits).all())
 
     # -- the two objectives -------------------------------------------------
 
@@ -237,36 +266,65 @@ class _Solver:
         best, target = None, self.p.min_throughput
         while True:
             K = self.replicas(target)
-            if best is not None and self.lower_bound(target, K) >= best.cost * (1 - REL_TOL):
+            if best is not None and self.lower_bound(K) >= best.cost * (1 - REL_TOL):
                 return best
             cand = self.cheapest(target, K)
             if cand is None:
                 return best
             if best is None or cand.cost < best.cost or (cand.cost == best.cost and cand.throughput > best.throughput):
                 best = cand
-            target = float(np.nextafter(cand.throughput, np.inf))
+            if best.cost <= 0:
+                return best  # free: nothing is cheaper
+            # cand's price rate is the least any plan this fast can have, so a plan with
+            # throughput X costs at least W * rate / X: below the skip point none can win.
+            skip = cand.cost * cand.throughput / best.cost * (1 - REL_TOL)
+            target = max(float(np.nextafter(cand.throughput, np.inf)), skip)
+
+    def reachable(self, target: float) -> bool:
+        """Does some plan reach ``target`` within the limits?
+
+        First a few Lagrangian rounds, each one cheap DP over weighted units
+        ``sum_t w_t k_t``: a plan that fits proves "yes"; a weighted minimum above
+        ``sum_t w_t N_t`` proves "no" (every plan within the limits would be below
+        it). Weights of overused types double each round. Undecided: the exact DP.
+        """
+        p = self.p
+        K = self.replicas(target)
+        finite = np.isfinite(K)
+        w = 1.0 / p.limits.astype(float)
+        for _ in range(8):
+            value, stages = _chain_dp(np.where(finite, K * w[None, None, :], np.inf))
+            if stages is None or value > float(w @ p.limits) * (1 + REL_TOL):
+                return False
+            used = self._used(stages, K)
+            if (used <= p.limits).all():
+                return True
+            w = np.where(used > p.limits, 2 * w, w)
+        return self.cheapest(target, K) is not None
 
     def max_throughput(self) -> _Candidate | None:
         """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost."""
         lo = self.cheapest(0.0)
         if lo is None:
             return None
-        p, tb = self.p, self.tab
-        first = [
-            stage_throughput(tb.sc[0, 1, t], tb.pc[0, 1, t], tb.sd[0, 1, t], tb.pd[0, 1, t], p.batch_size, p.limits[t])
-            for t in range(p.n_types) if tb.ok[0, 1, t]
-        ]
-        hi = float(max(first))  # no plan is faster than its first layer alone on all units allowed
-        while hi > lo.throughput * (1 + 1e-9):
-            mid = float(np.sqrt(lo.throughput * hi))
-            cand = self.cheapest(mid)
-            if cand is None:
-                hi = mid
+        # No plan is faster than its slowest layer alone on all the units of its best type.
+        p = self.p
+        sc, pc, sd, pd = p.parts
+        alone = stage_throughput(sc, pc, sd, pd, p.batch_size, p.limits[None, :].astype(float))
+        hi = float(np.where(p.runnable, alone, 0.0).max(axis=1).min())
+        floor = lo.throughput
+        while hi > floor * (1 + 1e-7):
+            mid = float(np.sqrt(floor * hi))
+            if self.reachable(mid):
+                floor = mid
             else:
-                lo = cand
-        while (cand := self.cheapest(float(np.nextafter(lo.throughput, np.inf)))) is not None:
-            lo = cand
-        return lo
+                hi = mid
+        # Exact finish: the cheapest plan at the bracket's floor, then jump past each
+        # plan's own throughput while some plan still reaches it.
+        best = self.cheapest(floor) or lo
+        while (cand := self.cheapest(float(np.nextafter(best.throughput, np.inf)))) is not None:
+            best = cand
+        return best
 
     def max_throughput_within_budget(self) -> _Candidate | None:
         best, target = None, 0.0
@@ -295,15 +353,15 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
         )
     if fastest.throughput < problem.min_throughput * (1 - REL_TOL):
         return InfeasibleError(
-            f"no plan reaches the required {problem.min_throughput:,.6g} samples/s within the limits "
-            f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.6g} samples/s "
+            f"no plan reaches the required {problem.min_throughput:,.1f} samples/s within the limits "
+            f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.1f} samples/s "
             f"(costing ${fastest.cost:,.2f}). Lower --min-throughput or raise the limits."
         )
     cheapest = _Solver(problem.replace(objective="cost", max_cost=None), None).min_cost()
     return InfeasibleError(
         f"no plan costs at most ${problem.max_cost:,.2f}: the cheapest plan that reaches "
-        f"{problem.min_throughput:,.6g} samples/s costs ${cheapest.cost:,.2f} "
-        f"({cheapest.throughput:,.6g} samples/s). Raise --max-cost."
+        f"{problem.min_throughput:,.1f} samples/s costs ${cheapest.cost:,.2f} "
+        f"({cheapest.throughput:,.1f} samples/s). Raise --max-cost."
     )
 
 

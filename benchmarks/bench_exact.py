@@ -1,0 +1,71 @@
+"""Time the exact solver on generated chains and print a markdown table.
+
+    python benchmarks/bench_exact.py            # 16, 64, 256 layers x 2-4 types
+    python benchmarks/bench_exact.py --quick    # 16 and 64 layers only
+
+Targets (issue 2): 64 layers x 3 types under 1 s; 256 layers under 30 s, on 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.generate import chain  # noqa: E402
+from heterps_cli.errors import InfeasibleError  # noqa: E402
+from heterps_cli.formats import Cluster, Profile  # noqa: E402
+from heterps_cli.problem import build_problem  # noqa: E402
+from heterps_cli.schedulers import exact  # noqa: E402
+from heterps_cli.yamlio import Document  # noqa: E402
+
+
+def problem_for(profile: dict, cluster: dict, objective: str):
+    return build_problem(Profile.model_validate(profile), Document("<generated>", profile, {}),
+                         Cluster.model_validate(cluster), Document("<generated>", cluster, {}), objective=objective)
+
+
+def run(sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3) -> list[dict]:
+    rows = []
+    for n in sizes:
+        for T in types:
+            for tight in (False, True):
+                for objective in ("cost", "time"):
+                    profile, cluster = chain(n, T, seed=0, tight=tight)
+                    problem = problem_for(profile, cluster, objective)
+                    times, plan, dps = [], None, 0
+                    for _ in range(repeats if n < 256 else 1):
+                        calls = []
+                        start = time.perf_counter()
+                        try:
+                            plan = exact.solve(problem, progress=calls.append)
+                        except InfeasibleError:
+                            plan = None
+                        times.append(time.perf_counter() - start)
+                        dps = len(calls)
+                    binding = plan is not None and any(plan.resources[t] == plan.limits[t] for t in plan.resources)
+                    rows.append({"layers": n, "types": T, "limits": "tight" if tight else "loose",
+                                 "objective": objective, "seconds": min(times), "dps": dps,
+                                 "stages": len(plan.stages) if plan else 0, "binding": binding,
+                                 "cost": plan.cost_usd if plan else None})
+                    r = rows[-1]
+                    print(f"  {n:>4} layers x {T} types, {r['limits']:5} limits, {objective}: {r['seconds']:.3f} s",
+                          file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| layers | types | limits | objective | exact s | DP calls | stages | a limit binds | cost $ |",
+           "|---:|---:|---|---|---:|---:|---:|---|---:|"]
+    for r in rows:
+        cost = f"{r['cost']:.2f}" if r["cost"] is not None else "infeasible"
+        out.append(f"| {r['layers']} | {r['types']} | {r['limits']} | {r['objective']} | {r['seconds']:.3f} | "
+                   f"{r['dps']} | {r['stages']} | {'yes' if r['binding'] else 'no'} | {cost} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sizes = (16, 64) if "--quick" in sys.argv else (16, 64, 256)
+    print(table(run(sizes)))

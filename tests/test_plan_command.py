@@ -1,0 +1,126 @@
+"""`heterps plan` end to end: real files, the real CLI, figures recomputed independently."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from heterps_cli.cli import app
+from heterps_cli.yamlio import load_yaml
+from tests.oracle import optimum_by_bottleneck, spec_figures
+
+ROOT = Path(__file__).resolve().parents[1]
+CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
+runner = CliRunner()
+
+
+def _plan_json(*args) -> dict:
+    result = runner.invoke(app, ["plan", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)  # nothing but JSON on stdout
+
+
+def _check_against_spec(plan: dict, profile_path: str, cluster_path: str) -> dict:
+    profile, cluster = load_yaml(profile_path).data, load_yaml(cluster_path).data
+    ref = spec_figures(profile, cluster, plan)
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-9)
+    assert close(plan["throughput"], ref["throughput"])
+    assert close(plan["time_s"], ref["time_s"])
+    assert close(plan["cost_usd"], ref["cost_usd"])
+    for s, c, d, x in zip(plan["stages"], ref["compute_s"], ref["comm_s"], ref["stage_throughput"]):
+        assert close(s["compute_s"], c) and close(s["comm_s"], d) and close(s["throughput"], x)
+        assert s["layers"] == [layer["name"] for layer in profile["layers"][s["first"] : s["last"] + 1]]
+    assert plan["stages"][0]["first"] == 0 and plan["stages"][-1]["last"] == len(profile["layers"]) - 1
+    for a, b in zip(plan["stages"], plan["stages"][1:]):
+        assert b["first"] == a["last"] + 1 and b["resource"] != a["resource"], "stages are maximal runs"
+    assert plan["bottleneck"] == min(range(len(ref["stage_throughput"])), key=ref["stage_throughput"].__getitem__)
+    assert {t: k for t, k in plan["resources"].items()} == {t: ref["resources"].get(t, 0) for t in plan["resources"]}
+    for t, k in plan["resources"].items():
+        assert k <= cluster["resources"][t]["limit"]
+    assert plan["throughput"] >= plan["min_throughput"] * (1 - 1e-9)
+    assert plan["feasible"] is True
+    return ref
+
+
+def test_ctr_exact_plan_is_checkable_and_optimal():
+    plan = _plan_json(CTR, PAPER, "--scheduler", "exact")
+    _check_against_spec(plan, CTR, PAPER)
+    assert plan["optimal"] is True and plan["scheduler"] == "exact"
+    profile, cluster = load_yaml(CTR).data, load_yaml(PAPER).data
+    best = optimum_by_bottleneck(profile, cluster, plan["min_throughput"], plan["samples"] * plan["epochs"])
+    assert math.isclose(plan["cost_usd"], best[0], rel_tol=1e-9), (plan["cost_usd"], best)
+
+
+@pytest.mark.parametrize("model", ["ctr", "vgg16", "transformer"])
+@pytest.mark.parametrize("cluster", ["paper", "three-type"])
+@pytest.mark.parametrize("objective", ["cost", "time"])
+def test_bundled_examples_plan_feasibly(model, cluster, objective):
+    p, c = str(ROOT / f"profiles/{model}.yaml"), str(ROOT / f"clusters/{cluster}.yaml")
+    plan = _plan_json(p, c, "--objective", objective)
+    _check_against_spec(plan, p, c)
+
+
+def test_out_writes_the_same_plan_as_json(tmp_path):
+    target = tmp_path / "plans" / "plan.yaml"
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(target), "--json"])
+    assert result.exit_code == 0
+    printed, written = json.loads(result.stdout), yaml.safe_load(target.read_text())
+    printed.pop("solve_s"), written.pop("solve_s")
+    assert printed == written
+    assert [p.name for p in target.parent.iterdir()] == ["plan.yaml"], "no temporary files left behind"
+
+
+def test_same_seed_same_plan():
+    a, b = _plan_json(CTR, PAPER, "--seed", "3"), _plan_json(CTR, PAPER, "--seed", "3")
+    a.pop("solve_s"), b.pop("solve_s")
+    assert a == b
+
+
+def test_options_override_the_profile_job():
+    plan = _plan_json(CTR, PAPER, "--min-throughput", "500000", "--samples", "2e8", "--epochs", "3")
+    assert plan["min_throughput"] == 500000 and plan["samples"] == 200000000 and plan["epochs"] == 3
+    assert plan["throughput"] >= 500000
+    _check_against_spec(plan, CTR, PAPER)
+
+
+def test_time_objective_respects_the_budget():
+    fastest = _plan_json(CTR, PAPER, "--objective", "time")
+    budget = fastest["cost_usd"] * 0.9
+    plan = _plan_json(CTR, PAPER, "--objective", "time", "--max-cost", str(budget))
+    assert plan["cost_usd"] <= budget and plan["throughput"] <= fastest["throughput"]
+    _check_against_spec(plan, CTR, PAPER)
+
+
+def test_infeasible_exits_3_with_the_best_reachable_figure():
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--min-throughput", "1e9", "--json"])
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert "fastest possible plan reaches" in result.stderr and "samples/s" in result.stderr
+
+
+def test_infeasible_budget_reports_the_cheapest_cost():
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--max-cost", "0.01"])
+    assert result.exit_code == 3
+    assert "the cheapest plan that reaches 150,000.0 samples/s costs $" in result.stderr
+
+
+def test_human_output_shows_stages_bottleneck_and_cost(tmp_path):
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml")], env={"COLUMNS": "160"})
+    assert result.exit_code == 0
+    text = result.stdout
+    for needle in ("stage", "replicas", "◀ bottleneck", "throughput", "training time", "cpu 35/480", "$0.80", "optimal", "wrote"):
+        assert needle in text, needle
+
+
+def test_python_m_works():
+    proc = subprocess.run([sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["feasible"] is True
