@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -23,10 +24,13 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _layers(names: tuple[str, ...], first: int, last: int) -> str:
-    if len(names) <= 3:
-        return ", ".join(names)
-    return f"{names[0]} … {names[-1]} ({last - first + 1} layers)"
+def _layers(stage) -> str:
+    """'2-7 fc1 … relu3': the index range and the first and last layer names."""
+    names = stage.layers
+    if len(names) == 1:
+        return f"{stage.first} {names[0]}"
+    joiner = ", " if len(names) == 2 else " … "
+    return f"{stage.first}-{stage.last} {names[0]}{joiner}{names[-1]}"
 
 
 def _ranges(indices: list[int]) -> str:
@@ -42,24 +46,27 @@ def _ranges(indices: list[int]) -> str:
 
 def plan_view(plan: Plan) -> Group:
     title = f"[bold]{plan.model}[/] on [bold]{plan.cluster}[/] · objective {plan.objective} · scheduler {plan.scheduler}"
-    table = Table(title=title, title_justify="left", header_style="bold", show_lines=False)
-    table.add_column("stage", justify="right")
-    table.add_column("layers")
-    table.add_column("resource")
-    table.add_column("replicas", justify="right")
-    table.add_column("CT s/batch", justify="right")
-    table.add_column("DT s/batch", justify="right")
-    table.add_column("samples/s", justify="right")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                  caption="◀ the bottleneck stage, which sets the throughput", caption_justify="left")
+    # Numbers keep their width; only the layer names give way on a narrow terminal.
+    number = dict(justify="right", no_wrap=True)
+    table.add_column("stage", **number)
+    table.add_column("layers", max_width=36)  # the only column that may wrap
+    table.add_column("on", no_wrap=True)
+    table.add_column("replicas", **number)
+    table.add_column("CT s", **number)
+    table.add_column("DT s", **number)
+    table.add_column("samples/s", **number)
     for i, s in enumerate(plan.stages):
         bottleneck = i == plan.bottleneck
         table.add_row(
             str(i),
-            f"{s.first}-{s.last}: {_layers(s.layers, s.first, s.last)}" if s.first != s.last else f"{s.first}: {s.layers[0]}",
+            _layers(s),
             s.resource,
             str(s.replicas),
-            f"{s.compute_s:.4g}",
-            f"{s.comm_s:.4g}",
-            f"{s.throughput:,.0f}" + (" ◀ bottleneck" if bottleneck else ""),
+            f"{s.compute_s:.3g}",
+            f"{s.comm_s:.3g}",
+            f"{s.throughput:,.0f}" + (" ◀" if bottleneck else "  "),
             style="bold yellow" if bottleneck else None,
         )
     summary = Table.grid(padding=(0, 2))

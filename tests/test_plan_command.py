@@ -115,7 +115,7 @@ def test_human_output_shows_stages_bottleneck_and_cost(tmp_path):
     result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml")], env={"COLUMNS": "160"})
     assert result.exit_code == 0
     text = result.stdout
-    for needle in ("stage", "replicas", "◀ bottleneck", "throughput", "training time", "cpu 35/480", "$0.80", "optimal", "wrote"):
+    for needle in ("stage", "replicas", "1,326,103 ◀", "◀ the bottleneck stage", "throughput", "training time", "cpu 35/480", "$0.80", "optimal", "wrote"):
         assert needle in text, needle
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.costmodel import REL_TOL, cost_lower_bound, meets_targets, min_replicas, stage_throughput
-from heterps_cli.errors import InfeasibleError
+from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 
@@ -116,9 +116,11 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
     dims = tuple(int(limits[t]) + 1 for t in tracked)
     cells = int(np.prod(dims)) if dims else 1
     if n1 * T * cells > MAX_STATE_CELLS:
-        raise InfeasibleError(
+        raise InputError(
+            None, None, "--scheduler exact",
             f"the exact solver would need {n1 * T * cells:,} states to honour the binding limits of "
-            f"{len(tracked)} resource types; that is more than it may use ({MAX_STATE_CELLS:,})"
+            f"{len(tracked)} resource types, more than it may use ({MAX_STATE_CELLS:,}); "
+            "lower the limits of the scarce types or use another scheduler",
         )
     axis = {t: a for a, t in enumerate(tracked)}
     weight = prices.astype(float).copy()

@@ -1,0 +1,68 @@
+"""The README's promises, checked: its commands run, its tables match the code and CI."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from heterps_cli import errors
+from heterps_cli.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+runner = CliRunner()
+
+
+def _code_blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
+    quick = README.split("## Quick start", 1)[1].split("##", 1)[0]
+    commands = [line for line in _code_blocks(quick, "bash")[0].splitlines() if line.strip()]
+    assert len(commands) == 2
+    install, test = commands
+    assert install.startswith("pip install torch==2.13.0 ") and "heterps plan profiles/" in install
+    ci = (ROOT / ".ci/run").read_text()
+    assert "set -euo pipefail" in ci and "torch==2.13.0" in ci
+    assert ci.strip().splitlines()[-1] == test
+
+
+COMMANDS = [line for block in _code_blocks(README, "bash") for line in block.splitlines()
+            if line.startswith("heterps ")]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_commands_run(command, tmp_path, monkeypatch):
+    for folder in ("profiles", "clusters"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, shlex.split(command)[1:])
+    assert result.exit_code == 0, result.output
+
+
+def test_exit_code_table_matches_the_code():
+    table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", README, flags=re.M))
+    assert {int(k) for k in table} == {errors.EXIT_OK, errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT,
+                                      errors.EXIT_INFEASIBLE}
+
+
+def test_readme_error_examples_are_what_the_tool_prints(tmp_path, monkeypatch):
+    profile = (ROOT / "profiles/ctr.yaml").read_text().replace("    weight_size: 1024000000", "    weight_sise: 1024000000")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles/mine.yaml").write_text(profile)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["validate", "profiles/mine.yaml"])
+    shown = next(line for line in README.splitlines() if "weight_sise" in line)
+    assert shown.rstrip("…").split(": ", 1)[1].strip() in result.stderr
+
+
+def test_every_module_the_readme_lists_exists():
+    layout = README.split("## Development", 1)[1]
+    for name in re.findall(r"^  (\S+\.py|\S+/)", layout, flags=re.M):
+        assert (ROOT / "heterps_cli" / name).exists(), name
