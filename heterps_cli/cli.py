@@ -14,7 +14,7 @@ from rich.text import Text
 from heterps_cli import __version__
 from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, InfeasibleError, InputError
 from heterps_cli.formats import load_cluster, load_profile
-from heterps_cli.problem import build_problem
+from heterps_cli.problem import build_problem, usable_types
 from heterps_cli.render import print_plan, print_summary
 from heterps_cli.schedulers import DESCRIPTIONS, solve
 from heterps_cli.yamlio import dump_yaml, write_atomic
@@ -119,8 +119,8 @@ def plan(
         name = scheduler.value
         with err.status(f"planning with {name}…") as status:
             result = solve(name, problem, seed=seed, progress=lambda msg: status.update(msg))
-    if out_file is not None:
-        write_atomic(out_file, dump_yaml(result.to_dict()))
+        if out_file is not None:
+            write_atomic(out_file, dump_yaml(result.to_dict()))
     if as_json:
         print(result.to_json())
         return
@@ -140,7 +140,7 @@ def validate(
         clus = None
         if cluster is not None:
             clus, cdoc = load_cluster(str(cluster))
-            build_problem(prof, pdoc, clus, cdoc, samples=prof.job.samples or 1.0)
+            usable_types(prof, pdoc, clus, cdoc)
     print_summary(out, prof, str(profile), clus, str(cluster) if cluster else None)
 
 

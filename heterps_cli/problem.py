@@ -74,19 +74,8 @@ class Problem:
         return dataclasses.replace(self, **changes)
 
 
-def build_problem(
-    profile: Profile,
-    pdoc: Document,
-    cluster: Cluster,
-    cdoc: Document,
-    *,
-    objective: str = "cost",
-    samples: float | None = None,
-    epochs: float | None = None,
-    min_throughput: float | None = None,
-    max_cost: float | None = None,
-) -> Problem:
-    """Join a profile and a cluster; command-line values override the profile's ``job``."""
+def usable_types(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> tuple[str, ...]:
+    """The cluster's types that the profile times, in cluster order; an error if some layer has none."""
     types = tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
     if not types:
         profiled = sorted({t for layer in profile.layers for t in layer.times})
@@ -102,6 +91,23 @@ def build_problem(
                 f"layer '{layer.name}' can run on none of the resource types in {cdoc.path} "
                 f"(it is timed on: {', '.join(layer.times)}; the cluster offers: {', '.join(cluster.resources)})",
             )
+    return types
+
+
+def build_problem(
+    profile: Profile,
+    pdoc: Document,
+    cluster: Cluster,
+    cdoc: Document,
+    *,
+    objective: str = "cost",
+    samples: float | None = None,
+    epochs: float | None = None,
+    min_throughput: float | None = None,
+    max_cost: float | None = None,
+) -> Problem:
+    """Join a profile and a cluster; command-line values override the profile's ``job``."""
+    types = usable_types(profile, pdoc, cluster, cdoc)
     samples = samples if samples is not None else profile.job.samples
     if samples is None:
         raise pdoc.error(("job", "samples"), "samples per epoch are not given: set job.samples in the profile or pass --samples")

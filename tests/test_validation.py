@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -146,3 +148,27 @@ def test_validate_reports_the_same_errors(tmp_path):
     result = runner.invoke(app, ["validate", str(tmp_path / "p.yaml")])
     assert result.exit_code == 2
     assert "p.yaml:14: layers[0].times.cpu.odt: must be >= 0" in result.stderr
+
+
+def test_unreadable_inputs_and_unwritable_output(tmp_path):
+    (tmp_path / "bin.yaml").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    for args, text in [
+        ([str(tmp_path / "bin.yaml"), str(tmp_path / "c.yaml")], "not UTF-8 text"),
+        ([str(tmp_path), str(tmp_path / "c.yaml")], "is a directory"),
+    ]:
+        result = runner.invoke(app, ["plan", *args])
+        assert result.exit_code == 2 and text in result.stderr, result.output
+    (tmp_path / "p.yaml").write_text(PROFILE)
+    result = runner.invoke(app, ["plan", str(tmp_path / "p.yaml"), str(tmp_path / "c.yaml"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "cannot write" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.yaml", "c.yaml", "p.yaml"], "no temporary file left"
+
+
+def test_one_layer_on_a_one_type_cluster(tmp_path):
+    profile = PROFILE[: PROFILE.index("  - name: fc1")]
+    cluster = "cluster: one\nresources:\n  cpu: {price: 0.04, limit: 8}\n"
+    result = _run(tmp_path, profile, cluster, "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert [s["resource"] for s in plan["stages"]] == ["cpu"] and plan["resources"] == {"cpu": plan["stages"][0]["replicas"]}
