@@ -153,8 +153,18 @@ def score(problem: Problem, stages: Stages, replicas) -> Scores:
     return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible)
 
 
+def throughput_floor(problem: Problem) -> float:
+    """The least throughput that meets ``min_throughput``, with :data:`REL_TOL` slack.
+
+    The slack matters when the target equals a plan's throughput in exact
+    arithmetic (say, the throughput of one replica per stage) and the float sums
+    land one ulp below it.
+    """
+    return problem.min_throughput * (1 - REL_TOL)
+
+
 def meets_targets(problem: Problem, throughput, cost):
-    ok = np.asarray(throughput) >= problem.min_throughput * (1 - REL_TOL)
+    ok = np.asarray(throughput) >= throughput_floor(problem)
     if problem.max_cost is not None:
         ok &= np.asarray(cost) <= problem.max_cost * (1 + REL_TOL)
     return ok
@@ -193,7 +203,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
     best_k = np.where(stages.valid, 1.0, 0.0)
     best_cost = np.full(B, np.inf)
     best_thr = np.zeros(B)
-    target = np.full(B, problem.min_throughput)
+    target = np.full(B, throughput_floor(problem))
     active = stages.runnable.copy()
     for _ in range(int(problem.limits.sum()) + 2):
         if not active.any():

@@ -51,6 +51,7 @@ def random_instance(rng: np.random.Generator, n: int, T: int, max_limit: int = 5
     alpha, beta = fraction(), fraction()
     runnable = rng.random((n, T)) < 0.8
     runnable[np.arange(n), rng.integers(0, T, n)] = True
+    runnable[rng.integers(0, n, T), np.arange(T)] = True  # every type runs something (none is dropped)
     prices = np.where(rng.random(T) < 0.1, 0.0, rng.uniform(0.01, 5.0, T)).round(4)
     limits = rng.integers(1, max_limit + 1, T)
     return oct_, odt, alpha, beta, runnable, prices, limits

@@ -72,9 +72,9 @@ def brute_force(oct_, odt, alpha, beta, runnable, prices, limits, B0, work,
         thr = B0 / np.max(np.stack(et, axis=1), axis=1)
         rate = (ks * prices[types][None, :]).sum(axis=1)
         cost = work / thr / 3600 * rate
-        ok = thr >= min_throughput * (1 - 1e-9)
+        ok = thr >= min_throughput * (1 - 1e-12)
         if max_cost is not None:
-            ok &= cost <= max_cost * (1 + 1e-9)
+            ok &= cost <= max_cost * (1 + 1e-12)
         for c, x in zip(cost[ok], thr[ok]):
             if best is None or _better(objective, c, x, *best):
                 best = (float(c), float(x))

@@ -40,7 +40,11 @@ def _solve_both(arrays, B0, min_throughput, objective, max_cost=None):
         plan = exact.solve(problem)
     except InfeasibleError:
         plan = None
-    return profile, cluster, plan, expected
+    # Both find no plan, or both find one; then the plan must check out against SPEC.
+    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
+    if plan is not None:
+        _check_plan(profile, cluster, plan)
+    return plan, expected
 
 
 def _check_plan(profile, cluster, plan):
@@ -58,28 +62,18 @@ def _check_plan(profile, cluster, plan):
 @settings(max_examples=400, **SETTINGS)
 @given(instances())
 def test_min_cost_matches_brute_force(inst):
-    arrays, B0, min_throughput = inst
-    profile, cluster, plan, expected = _solve_both(arrays, B0, min_throughput, "cost")
-    if expected is None:
-        assert plan is None, "exact found a plan where enumeration finds none"
-        return
-    assert plan is not None, f"exact found no plan; brute force found cost {expected[0]}"
-    _check_plan(profile, cluster, plan)
-    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
+    plan, expected = _solve_both(*inst, "cost")
+    if plan is not None:
+        assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
 
 
 @settings(max_examples=200, **SETTINGS)
 @given(instances())
 def test_max_throughput_matches_brute_force(inst):
-    arrays, B0, min_throughput = inst
-    profile, cluster, plan, expected = _solve_both(arrays, B0, min_throughput, "time")
-    if expected is None:
-        assert plan is None
-        return
-    assert plan is not None
-    _check_plan(profile, cluster, plan)
-    assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
-    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12), "ties go to the cheaper plan"
+    plan, expected = _solve_both(*inst, "time")
+    if plan is not None:
+        assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+        assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12), "ties go to the cheaper plan"
 
 
 @settings(max_examples=100, **SETTINGS)
@@ -90,11 +84,9 @@ def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
     if cheapest is None:
         return
     max_cost = cheapest[0] * budget_scale
-    profile, cluster, plan, expected = _solve_both(arrays, B0, min_throughput, "time", max_cost=max_cost)
-    if expected is None:
-        assert plan is None
+    plan, expected = _solve_both(arrays, B0, min_throughput, "time", max_cost=max_cost)
+    if plan is None:
         return
-    _check_plan(profile, cluster, plan)
     assert plan.cost_usd <= max_cost * (1 + 1e-9)
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
 
@@ -108,8 +100,8 @@ def test_binding_limits_change_the_answer():
     prices, B0 = np.array([0.04, 2.42]), 32
     for limits in ([20, 1], [20, 4]):
         arrays = (oct_, odt, ones * 0.95, ones, runnable, prices, np.array(limits))
-        profile, cluster, plan, expected = _solve_both(arrays, B0, 150.0, "cost")
-        assert plan is not None and expected is not None
+        plan, expected = _solve_both(arrays, B0, 150.0, "cost")
+        assert plan is not None
         assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
         assert plan.resources["r1"] <= limits[1]
 

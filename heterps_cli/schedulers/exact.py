@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import REL_TOL, cost_lower_bound, meets_targets, min_replicas, stage_throughput
+from heterps_cli.costmodel import (
+    REL_TOL,
+    cost_lower_bound,
+    meets_targets,
+    min_replicas,
+    stage_throughput,
+    throughput_floor,
+)
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -265,7 +272,7 @@ class _Solver:
     # -- the two objectives -------------------------------------------------
 
     def min_cost(self) -> _Candidate | None:
-        best, target = None, self.p.min_throughput
+        best, target = None, throughput_floor(self.p)
         while True:
             K = self.replicas(target)
             if best is not None and self.lower_bound(K) >= best.cost * (1 - REL_TOL):
@@ -353,7 +360,7 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
             "no plan fits the cluster's limits even with one replica per stage: "
             f"the limits ({_limits(problem)}) are too small for this model"
         )
-    if fastest.throughput < problem.min_throughput * (1 - REL_TOL):
+    if fastest.throughput < throughput_floor(problem):
         return InfeasibleError(
             f"no plan reaches the required {problem.min_throughput:,.1f} samples/s within the limits "
             f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.1f} samples/s "
@@ -381,11 +388,11 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None) 
             best = None
     elif problem.max_cost is None:
         best = solver.max_throughput()
-        if best is not None and best.throughput < problem.min_throughput * (1 - REL_TOL):
+        if best is not None and best.throughput < throughput_floor(problem):
             best = None
     else:
         best = solver.max_throughput_within_budget()
-        if best is not None and best.throughput < problem.min_throughput * (1 - REL_TOL):
+        if best is not None and best.throughput < throughput_floor(problem):
             best = None
     if best is None:
         raise _infeasible(problem, solver)
