@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from heterps_cli import __version__
@@ -16,7 +17,7 @@ from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, InfeasibleError,
 from heterps_cli.formats import load_cluster, load_profile
 from heterps_cli.problem import build_problem, usable_types
 from heterps_cli.render import print_plan, print_summary
-from heterps_cli.schedulers import DESCRIPTIONS, solve
+from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
 from heterps_cli.yamlio import dump_yaml, write_atomic
 
 app = typer.Typer(
@@ -32,7 +33,7 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
-SchedulerName = enum.Enum("SchedulerName", {name: name for name in DESCRIPTIONS}, type=str)
+SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)
 
 
 class Objective(str, enum.Enum):
@@ -72,6 +73,22 @@ def _exit_codes():
     except InfeasibleError as exc:
         err.print(Text("infeasible: ", style="bold red") + Text(str(exc)))
         raise typer.Exit(EXIT_INFEASIBLE) from None
+    except KeyboardInterrupt:
+        err.print(Text("interrupted", style="bold red"))
+        raise typer.Exit(130) from None
+
+
+@contextmanager
+def _progress_bar():
+    """A transient progress bar on stderr; yields the callback schedulers report to."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("starting…", total=None)
+
+        def report(description: str, completed: float | None = None, total: float | None = None) -> None:
+            bar.update(task, description=description, completed=completed, total=total)
+
+        yield report
 
 
 ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (SPEC section 2).", show_default=False)]
@@ -84,8 +101,8 @@ def plan(
     cluster: ClusterArg,
     scheduler: Annotated[
         SchedulerName,
-        typer.Option("--scheduler", "-s", help="How to search: " + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items())),
-    ] = "exact",
+        typer.Option("--scheduler", "-s", help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items())),
+    ] = "rl",
     objective: Annotated[
         Objective, typer.Option(help="cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost).")
     ] = Objective.cost,
@@ -106,6 +123,21 @@ def plan(
         Optional[Path], typer.Option("--out", "-o", help="Write the plan as YAML (SPEC section 4), atomically.", show_default=False)
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout, and nothing else.")] = False,
+    steps: Annotated[
+        Optional[int], typer.Option(min=0, help="rl: training steps (default 200).", show_default=False, rich_help_panel="Learning")
+    ] = None,
+    batch: Annotated[
+        Optional[int], typer.Option(min=1, help="rl: schedules sampled per step (default 64).", show_default=False, rich_help_panel="Learning")
+    ] = None,
+    time_limit: Annotated[
+        Optional[float], typer.Option(callback=_positive, help="rl: stop training after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Learning")
+    ] = None,
+    policy_in: Annotated[
+        Optional[Path], typer.Option(help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).", show_default=False, rich_help_panel="Learning")
+    ] = None,
+    policy_out: Annotated[
+        Optional[Path], typer.Option(help="rl: save the trained policy to this file.", show_default=False, rich_help_panel="Learning")
+    ] = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with _exit_codes():
@@ -116,9 +148,9 @@ def plan(
             objective=objective.value, samples=samples, epochs=epochs,
             min_throughput=min_throughput, max_cost=max_cost,
         )
-        name = scheduler.value
-        with err.status(f"planning with {name}…") as status:
-            result = solve(name, problem, seed=seed, progress=lambda msg: status.update(msg))
+        options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in, policy_out=policy_out)
+        with _progress_bar() as report:
+            result = solve(scheduler.value, problem, seed=seed, progress=report, options=options)
         if out_file is not None:
             write_atomic(out_file, dump_yaml(result.to_dict()))
     if as_json:

@@ -129,8 +129,11 @@ class Scores:
 
 
 def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
-    onehot = stages.type[:, :, None] == np.arange(problem.n_types)[None, None, :]
-    return np.where(onehot & stages.valid[:, :, None], replicas[:, :, None], 0.0).sum(axis=1)
+    """Units of each type per schedule: ``[B, T]``."""
+    B, T = stages.type.shape[0], problem.n_types
+    index = (np.arange(B)[:, None] * T + stages.type).ravel()
+    weights = np.where(stages.valid, replicas, 0.0).ravel()
+    return np.bincount(index, weights=weights, minlength=B * T).reshape(B, T)
 
 
 def score(problem: Problem, stages: Stages, replicas) -> Scores:
@@ -190,32 +193,78 @@ def better(problem: Problem, cost, thr, best_cost, best_thr):
     return (cost < best_cost) | ((cost == best_cost) & (thr > best_thr))
 
 
+def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, np.ndarray]:
+    """Fewest replicas per stage reaching ``target`` (per row), 0 in padding; and whether they fit the limits."""
+    limit = problem.limits[stages.type].astype(float)
+    k = min_replicas(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, np.asarray(target)[:, None])
+    k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
+    ok = stages.runnable & np.isfinite(k).all(axis=1)
+    k = np.where(np.isfinite(k), k, 0.0)
+    ok &= (used_per_type(problem, stages, k) <= problem.limits).all(axis=1)
+    return k, ok
+
+
+def _throughput(problem: Problem, stages: Stages, k: np.ndarray) -> np.ndarray:
+    args = (stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size)
+    return np.where(stages.valid, stage_throughput(*args, np.maximum(k, 1.0)), np.inf).min(axis=1)
+
+
+def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
+    """Per schedule, the replicas of its fastest plan within the limits, cheapest among the fastest.
+
+    Reaching a throughput only gets harder as it grows, so every row bisects
+    (geometrically, all rows at once) between one replica per stage and every
+    stage on all its type's units; then it takes the fewest replicas reaching the
+    bracket's floor and jumps past that plan's own throughput while it can. Rows
+    where one replica per stage already breaks a limit keep one per stage.
+    """
+    B = stages.type.shape[0]
+    ones = np.where(stages.valid, 1.0, 0.0)
+    k, fits = _replicas_at(problem, stages, np.zeros(B))
+    lo = _throughput(problem, stages, k)
+    hi = _throughput(problem, stages, np.where(stages.valid, problem.limits[stages.type].astype(float), 0.0))
+    hi = np.maximum(hi, lo)
+    for _ in range(80):
+        open_ = fits & (hi > lo * (1 + 1e-13))
+        if not open_.any():
+            break
+        mid = np.sqrt(lo * hi)
+        _, ok = _replicas_at(problem, stages, mid)
+        lo = np.where(open_ & ok, mid, lo)
+        hi = np.where(open_ & ~ok, mid, hi)
+    k, ok = _replicas_at(problem, stages, lo)
+    k = np.where((fits & ok)[:, None], k, ones)
+    for _ in range(int(problem.limits.sum()) + 1):  # exact finish: a handful of jumps at most
+        ahead, ok = _replicas_at(problem, stages, np.nextafter(_throughput(problem, stages, k), np.inf))
+        ok &= fits
+        if not ok.any():
+            break
+        k = np.where(ok[:, None], ahead, k)
+    return k
+
+
 def provision(problem: Problem, stages: Stages) -> Scores:
     """Exact replica counts for each schedule of the batch, under the problem's objective.
 
     Infeasible schedules get the fastest replica counts the limits allow (so a
     caller can see how far they miss); their ``feasible`` flag is False.
     """
+    if problem.objective == "time" and problem.max_cost is None:
+        return score(problem, stages, fastest_replicas(problem, stages))
     B = stages.type.shape[0]
-    limit = problem.limits[stages.type].astype(float)
     price = np.where(stages.valid, problem.prices[stages.type], 0.0)
-    args = (stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size)
     best_k = np.where(stages.valid, 1.0, 0.0)
     best_cost = np.full(B, np.inf)
     best_thr = np.zeros(B)
     target = np.full(B, throughput_floor(problem))
     active = stages.runnable.copy()
     for _ in range(int(problem.limits.sum()) + 2):
+        k, ok = _replicas_at(problem, stages, target)
+        active &= ok
         if not active.any():
             break
-        k = min_replicas(*args, target[:, None])
-        k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
-        active &= np.isfinite(k).all(axis=1)
-        k = np.where(np.isfinite(k), k, 0.0)
-        active &= (used_per_type(problem, stages, k) <= problem.limits).all(axis=1)
-        if not active.any():
-            break
-        thr_s = np.where(stages.valid, stage_throughput(*args, np.maximum(k, 1.0)), np.inf)
+        thr_s = np.where(stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd,
+                                                        problem.batch_size, np.maximum(k, 1.0)), np.inf)
         rate = (price * k).sum(axis=1)
         if problem.objective == "cost":
             # No plan at least as fast as the target can cost less than this bound.
@@ -233,7 +282,6 @@ def provision(problem: Problem, stages: Stages) -> Scores:
                 skip = problem.work / 3600.0 * rate / best_cost * (1 - REL_TOL)
             target = np.where(active & np.isfinite(skip), np.maximum(target, skip), target)
     missed = ~np.isfinite(best_cost)
-    if missed.any() and (problem.objective == "cost" or problem.min_throughput > 0 or problem.max_cost is not None):
-        fastest = problem.replace(objective="time", min_throughput=0.0, max_cost=None)
-        best_k[missed] = provision(fastest, stages.take(missed)).replicas
+    if missed.any():
+        best_k[missed] = fastest_replicas(problem, stages.take(missed))
     return score(problem, stages, best_k)

@@ -50,13 +50,15 @@ class Plan:
     feasible: bool
     solve_s: float
     optimal: bool | None = None  # True only when a scheduler proves it (exact)
+    evaluations: int | None = None  # schedules the scheduler scored with the cost model
+    notes: tuple[str, ...] = ()  # what a reader should know about how the plan was found
 
     @property
     def schedule(self) -> list[str]:
         return [s.resource for s in self.stages for _ in range(s.first, s.last + 1)]
 
     def to_dict(self) -> dict:
-        """The SPEC section 4 mapping (plus ``max_cost``, ``limits``, ``optimal``)."""
+        """The SPEC section 4 mapping (plus ``max_cost``, ``limits``, ``optimal``, ``evaluations``, ``notes``)."""
         return {
             "model": self.model,
             "cluster": self.cluster,
@@ -89,6 +91,8 @@ class Plan:
             "cost_usd": self.cost_usd,
             "feasible": self.feasible,
             "optimal": self.optimal,
+            "evaluations": self.evaluations,
+            "notes": list(self.notes),
             "solve_s": round(self.solve_s, 6),
         }
 
@@ -109,6 +113,8 @@ def make_plan(
     seed: int = 0,
     solve_s: float = 0.0,
     optimal: bool | None = None,
+    evaluations: int | None = None,
+    notes: tuple[str, ...] = (),
 ) -> Plan:
     """Build a :class:`Plan` for one schedule (type per layer) and its per-stage replica counts."""
     stages = split_stages(problem, np.asarray(schedule)[None, :])
@@ -154,4 +160,6 @@ def make_plan(
         feasible=bool(sc.feasible[0]),
         solve_s=solve_s,
         optimal=optimal,
+        evaluations=evaluations,
+        notes=notes,
     )

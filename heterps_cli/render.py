@@ -80,8 +80,11 @@ def plan_view(plan: Plan) -> Group:
     summary.add_row("resources", used)
     budget = f" (budget ${plan.max_cost:,.2f})" if plan.max_cost is not None else ""
     summary.add_row("cost", Text.from_markup(f"[bold green]${plan.cost_usd:,.2f}[/]{budget}"))
-    verdict = "optimal (certified by the exact solver)" if plan.optimal else "heuristic"
-    summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}")
+    verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
+    scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
+    summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
+    for note in plan.notes:
+        summary.add_row("note", note)
     return Group(table, summary)
 
 

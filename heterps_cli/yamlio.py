@@ -127,8 +127,8 @@ def load_yaml(path: str | os.PathLike) -> Document:
     return Document(shown, data, lines)
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never half of it."""
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` so that readers see the old file or the new one, never half of it."""
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -136,8 +136,8 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot write here: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

@@ -22,7 +22,9 @@ runner = CliRunner()
 
 
 def _plan_json(*args) -> dict:
-    result = runner.invoke(app, ["plan", *args, "--json"])
+    """Plan with the exact scheduler unless told otherwise: these tests are about the command."""
+    scheduler = [] if "--scheduler" in args else ["--scheduler", "exact"]
+    result = runner.invoke(app, ["plan", *args, *scheduler, "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)  # nothing but JSON on stdout
 
@@ -69,7 +71,7 @@ def test_bundled_examples_plan_feasibly(model, cluster, objective):
 
 def test_out_writes_the_same_plan_as_json(tmp_path):
     target = tmp_path / "plans" / "plan.yaml"
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(target), "--json"])
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(target), "--json", "-s", "exact"])
     assert result.exit_code == 0
     printed, written = json.loads(result.stdout), yaml.safe_load(target.read_text())
     printed.pop("solve_s"), written.pop("solve_s")
@@ -99,20 +101,21 @@ def test_time_objective_respects_the_budget():
 
 
 def test_infeasible_exits_3_with_the_best_reachable_figure():
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--min-throughput", "1e9", "--json"])
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--min-throughput", "1e9", "--json", "-s", "exact"])
     assert result.exit_code == 3
     assert result.stdout == ""
     assert "fastest possible plan reaches" in result.stderr and "samples/s" in result.stderr
 
 
 def test_infeasible_budget_reports_the_cheapest_cost():
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--max-cost", "0.01"])
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--max-cost", "0.01", "-s", "exact"])
     assert result.exit_code == 3
     assert "the cheapest plan that reaches 150,000.0 samples/s costs $" in result.stderr
 
 
 def test_human_output_shows_stages_bottleneck_and_cost(tmp_path):
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml")], env={"COLUMNS": "160"})
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml"), "-s", "exact"],
+                           env={"COLUMNS": "160"})
     assert result.exit_code == 0
     text = result.stdout
     for needle in ("stage", "replicas", "1,326,103 ◀", "◀ the bottleneck stage", "throughput", "training time", "cpu 35/480", "$0.80", "optimal", "wrote"):
@@ -120,7 +123,7 @@ def test_human_output_shows_stages_bottleneck_and_cost(tmp_path):
 
 
 def test_python_m_works():
-    proc = subprocess.run([sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "--json"],
+    proc = subprocess.run([sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "--json", "-s", "exact"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["feasible"] is True

@@ -1,27 +1,51 @@
 """Schedulers: each maps a :class:`~heterps_cli.problem.Problem` to a :class:`~heterps_cli.plan.Plan`.
 
-They share one signature, ``solve(problem, *, seed, progress) -> Plan``, so a
-command can run any of them, or all of them in a loop.
+They share one signature, ``solve(problem, *, seed, progress, options) -> Plan``,
+so a command can run any of them, or all of them in a loop. A scheduler that
+finds no feasible plan raises :class:`~heterps_cli.errors.InfeasibleError`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers import exact
+
+
+class Progress(Protocol):
+    def __call__(self, description: str, completed: float | None = None, total: float | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Budget and learning options; schedulers ignore what does not apply to them."""
+
+    steps: int | None = None  # training steps (None: the scheduler's default)
+    batch: int | None = None  # schedules sampled per step
+    time_limit: float | None = None  # seconds of training at most
+    policy_in: Path | None = None  # warm-start from this saved policy
+    policy_out: Path | None = None  # save the trained policy here
+
 
 Solver = Callable[..., Plan]
 
-SCHEDULERS: dict[str, Solver] = {
-    "exact": exact.solve,
-}
 
-DESCRIPTIONS: dict[str, str] = {
-    "exact": "provably optimal: a DP over stage boundaries per bottleneck throughput, limit-aware",
-}
+def _registry() -> dict[str, tuple[Solver, str]]:
+    from heterps_cli.schedulers import exact, rl
+
+    return {
+        "rl": (rl.solve, "HeterPS: an LSTM policy trained by REINFORCE picks a type per layer; exact replicas"),
+        "exact": (exact.solve, "provably optimal: a DP over stage boundaries per bottleneck throughput, limit-aware"),
+    }
 
 
-def solve(name: str, problem: Problem, *, seed: int = 0, progress=None) -> Plan:
-    return SCHEDULERS[name](problem, seed=seed, progress=progress)
+SCHEDULERS = _registry()
+
+
+def solve(name: str, problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+          options: SolveOptions | None = None) -> Plan:
+    return SCHEDULERS[name][0](problem, seed=seed, progress=progress, options=options or SolveOptions())

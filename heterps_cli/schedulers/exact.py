@@ -39,7 +39,7 @@ from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 
-Progress = Callable[[str], None]
+Progress = Callable[..., None]
 
 # Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
 MAX_STATE_CELLS = 40_000_000
@@ -374,11 +374,24 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
     )
 
 
+def diagnose(problem: Problem, failure: str) -> InfeasibleError:
+    """The error for a heuristic that found no feasible plan: the true reason if there is none,
+    else the heuristic's failure and the optimum it missed."""
+    try:
+        found = solve(problem)
+    except InfeasibleError as exc:
+        return exc
+    return InfeasibleError(
+        f"{failure}, but a feasible plan exists (the exact solver finds one costing ${found.cost_usd:,.2f} "
+        f"at {found.throughput:,.1f} samples/s): give it more --steps, or use --scheduler exact"
+    )
+
+
 def _limits(problem: Problem) -> str:
     return ", ".join(f"{t} <= {n}" for t, n in zip(problem.types, problem.limits))
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None) -> Plan:
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None, options=None) -> Plan:
     """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none."""
     start = time.perf_counter()
     solver = _Solver(problem, progress)

@@ -1,0 +1,115 @@
+"""Local improvement of schedules: the neighbourhood every heuristic polishes its answer in.
+
+Four kinds of move, all scored in one vectorised call per round:
+
+* put one layer on another type;
+* put a whole stage on another type (which may merge it with a neighbour);
+* move a boundary between two stages to any layer between their outer ends;
+* slide a stage's window along the chain, its neighbours taking up the slack.
+
+The last two move many layers at once: shifting a stage by several layers one
+layer at a time often passes through worse plans, so a one-layer search stalls
+in front of the better placement. When none of these improves, a wider move is
+tried: put any run of up to :data:`SEGMENT` layers on another type (a new stage
+inside another, or one stage grown over its neighbours); any improvement sends
+the search back to the cheap moves (variable neighbourhood descent).
+
+The search climbs a score that ranks feasible plans by the objective and
+infeasible plans below them by how far they miss, so a walk can also climb
+into feasibility.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from heterps_cli.problem import Problem
+
+SEGMENT = 12  # longest run of layers the wide move recolours
+
+
+def _stages(schedule: np.ndarray) -> list[tuple[int, int]]:
+    bounds = [0, *(np.flatnonzero(np.diff(schedule)) + 1).tolist(), len(schedule)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
+    """Every distinct schedule one move away that runs each layer on a type it can run on."""
+    n, T = problem.n_layers, problem.n_types
+    out = []
+
+    def add(row: np.ndarray) -> None:
+        if problem.runnable[np.arange(n), row].all():
+            out.append(row)
+
+    for layer in range(n):
+        for t in range(T):
+            if t != schedule[layer]:
+                row = schedule.copy()
+                row[layer] = t
+                add(row)
+    stages = _stages(schedule)
+    for a, z in stages:
+        for t in range(T):
+            if t != schedule[a] and z - a > 1:
+                row = schedule.copy()
+                row[a:z] = t
+                add(row)
+    for (a, m), (_, z) in zip(stages, stages[1:]):
+        left, right = schedule[a], schedule[m]
+        for moved in range(a + 1, z):
+            if moved != m:
+                row = schedule.copy()
+                row[a:moved], row[moved:z] = left, right
+                add(row)
+    for (p, a), (_, z), (_, q) in zip(stages, stages[1:], stages[2:]):
+        left, mine, right = schedule[p], schedule[a], schedule[z]
+        for shift in range(p + 1 - a, q - z):
+            if shift != 0:
+                row = schedule.copy()
+                row[p:q] = right
+                row[p : a + shift], row[a + shift : z + shift] = left, mine
+                add(row)
+    return _distinct(out, n)
+
+
+def wide_neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
+    """Every schedule with one run of 2..SEGMENT layers put on another (runnable) type."""
+    n, T = problem.n_layers, problem.n_types
+    out = []
+    for a in range(n):
+        for z in range(a + 2, min(n, a + SEGMENT) + 1):
+            for t in range(T):
+                if problem.runnable[a:z, t].all() and (schedule[a:z] != t).any():
+                    row = schedule.copy()
+                    row[a:z] = t
+                    out.append(row)
+    return _distinct(out, n)
+
+
+def _distinct(rows: list[np.ndarray], n: int) -> np.ndarray:
+    if not rows:
+        return np.zeros((0, n), dtype=np.int64)
+    return np.unique(np.array(rows, dtype=np.int64), axis=0)
+
+
+def improve(problem: Problem, schedule: np.ndarray, score: Callable[[np.ndarray], np.ndarray],
+            max_rounds: int = 200) -> tuple[np.ndarray, float]:
+    """Steepest ascent from ``schedule`` under ``score`` (higher is better); (schedule, score)."""
+    current = np.asarray(schedule, dtype=np.int64)
+    value = float(score(current[None])[0])
+    for _ in range(max_rounds):
+        for moves in (neighbours, wide_neighbours):
+            candidates = moves(problem, current)
+            if len(candidates) == 0:
+                continue
+            values = score(candidates)
+            i = int(values.argmax())
+            if values[i] > value + 1e-12 * abs(value):
+                current, value = candidates[i], float(values[i])
+                break
+        else:
+            break
+    return current, value

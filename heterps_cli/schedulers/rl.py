@@ -1,0 +1,486 @@
+"""The HeterPS scheduler (Liu et al., FGCS 2023): an LSTM policy picks a resource type per layer.
+
+Read top to bottom: features, policy, reward, the two training phases, solve.
+
+* **Features** have a fixed width for any number of layers, so a saved policy
+  warm-starts a changed model. The layer's index is a sinusoidal encoding of its
+  relative position, not a one-hot: a one-hot is as wide as the model is deep,
+  which would tie a policy to one model. Then the layer kind (one-hot over
+  :data:`KINDS` and "other"), log input size, log weight size, and per resource
+  type the log OCT, the log ODT (the paper's "data communication time"), the log
+  of price x OCT and a can-run flag. The paper's five features say nothing about
+  what a layer costs on each type, and without that the policy must learn it
+  from rewards alone. Logs are standardised over the model.
+* **Policy**: a bidirectional LSTM reads the features. An autoregressive LSTM
+  decoder then emits, per layer, a softmax over the types it can run on, fed the
+  previous layer's choice so that it can learn to keep a stage together.
+* **Reward**: every sampled schedule gets exact replica counts
+  (:func:`~heterps_cli.costmodel.provision`) and a reward of ``-cost / reference``
+  (``-reference / throughput`` for objective ``time``), capped below at
+  ``-CAP``. An infeasible schedule gets less than any feasible one, graded by how
+  far it misses (throughput shortfall, limit excess, budget excess), so the
+  policy learns its way back.
+* **Training**: REINFORCE with a batch-mean baseline and normalised advantages,
+  an entropy bonus that decays linearly to zero, and gradient clipping; each
+  batch is scored in one vectorised call. Phase 1 (the paper's pre-training)
+  fits the policy to the best of a pool of randomly generated schedules and
+  simple heuristics, scored the same way. Phase 2 samples from the policy
+  itself, and also imitates the best schedule found so far (self-imitation),
+  which keeps what was learned from being lost to noise. The best feasible
+  plan ever sampled is kept, the greedy decode is tried at the end, and the
+  better of the two is returned.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from heterps_cli.costmodel import provision, split_stages
+from heterps_cli.errors import InputError
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.exact import diagnose
+from heterps_cli.schedulers.local import improve
+from heterps_cli.yamlio import write_atomic
+
+KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
+POSITION_FREQUENCIES = 4  # sin/cos pairs of the relative position
+CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
+POLICY_FORMAT = "heterps-policy/1"
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 150
+    batch: int = 64
+    hidden: int = 64
+    lr: float = 3e-3
+    entropy_start: float = 0.1  # decays linearly to entropy_end over the steps
+    entropy_end: float = 0.01
+    grad_clip: float = 1.0
+    imitation: float = 0.05  # weight of the self-imitation term in phase 2
+    pool: int = 1024  # random schedules scored for pre-training
+    pretrain_steps: int = 20
+    time_limit: float | None = None
+    polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
+
+
+# -- features -------------------------------------------------------------------
+
+
+def n_features(n_types: int) -> int:
+    return 2 * POSITION_FREQUENCIES + 2 + len(KINDS) + 1 + 2 + 4 * n_types
+
+
+def _standardise(x: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+    values = x[where] if where is not None else x.ravel()
+    mean, std = (values.mean(), values.std()) if values.size else (0.0, 1.0)
+    out = (x - mean) / (std if std > 1e-9 else 1.0)
+    return np.where(where, out, 0.0) if where is not None else out
+
+
+def layer_features(problem: Problem) -> np.ndarray:
+    """``[n_layers, n_features(T)]`` float32 features of each layer (see the module docstring)."""
+    n, T = problem.n_layers, problem.n_types
+    pos = np.arange(n) / max(n - 1, 1)
+    freqs = np.pi * 2.0 ** np.arange(POSITION_FREQUENCIES)
+    position = np.concatenate([np.sin(pos[:, None] * freqs), np.cos(pos[:, None] * freqs),
+                               (np.arange(n) == 0)[:, None], (np.arange(n) == n - 1)[:, None]], axis=1)
+    kind = np.zeros((n, len(KINDS) + 1))
+    kind[np.arange(n), [KINDS.index(k) if k in KINDS else len(KINDS) for k in problem.layer_kinds]] = 1.0
+    sizes = _standardise(np.log1p(np.stack([problem.input_size, problem.weight_size], axis=1)))
+    can = problem.runnable
+    tiny = 1e-12
+    per_type = [
+        _standardise(np.log(np.maximum(problem.oct, tiny)), can),
+        _standardise(np.log(np.maximum(problem.odt, tiny)), can),
+        _standardise(np.log(np.maximum(problem.oct * problem.prices[None, :], tiny)), can),
+        can.astype(float),
+    ]
+    return np.concatenate([position, kind, sizes, *per_type], axis=1).astype(np.float32)
+
+
+# -- policy ---------------------------------------------------------------------
+
+
+class Policy(nn.Module):
+    """Bidirectional LSTM encoder over layer features; autoregressive LSTM decoder over types."""
+
+    def __init__(self, features: int, n_types: int, hidden: int = 64):
+        super().__init__()
+        self.n_types = n_types
+        self.encoder = nn.LSTM(features, hidden, batch_first=True, bidirectional=True)
+        self.decoder = nn.LSTM(2 * hidden + n_types + 1, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, n_types)
+        # Optimal plans have few stages: start out preferring to stay on the previous layer's type.
+        self.stay = nn.Parameter(torch.tensor(2.0))
+
+    def _previous(self, actions: torch.Tensor) -> torch.Tensor:
+        """One-hot of the previous layer's type, with a start symbol before the first layer."""
+        B, n = actions.shape
+        prev = torch.zeros(B, n, self.n_types + 1)
+        prev[:, 0, self.n_types] = 1.0
+        if n > 1:
+            prev[:, 1:, : self.n_types] = nn.functional.one_hot(actions[:, :-1], self.n_types).float()
+        return prev
+
+    def log_prob(self, feats: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor):
+        """Log-probability and entropy (summed over layers) of given schedules, teacher-forced."""
+        B, n = actions.shape
+        enc = self.encoder(feats[None])[0].expand(B, n, -1)
+        prev = self._previous(actions)
+        out, _ = self.decoder(torch.cat([enc, prev], dim=2))
+        logits = (self.head(out) + self.stay * prev[:, :, : self.n_types]).masked_fill(~mask[None], -1e9)
+        logp = torch.log_softmax(logits, dim=2)
+        chosen = logp.gather(2, actions[:, :, None])[:, :, 0].sum(dim=1)
+        entropy = -(logp.exp() * logp).masked_fill(~mask[None], 0.0).sum(dim=(1, 2))
+        return chosen, entropy
+
+    @torch.no_grad()
+    def sample(self, feats: torch.Tensor, mask: torch.Tensor, batch: int, generator: torch.Generator,
+               greedy: bool = False) -> torch.Tensor:
+        """Sample ``batch`` schedules layer by layer.
+
+        The decoder step is written out (the four LSTM gates, on the decoder's own
+        weights) because one ``nn.LSTM`` call per layer costs more in overhead than
+        in arithmetic; the encoder's share of the input projection is computed once.
+        """
+        n, T = feats.shape[0], self.n_types
+        enc = self.encoder(feats[None])[0][0]
+        d = self.decoder
+        w_enc, w_prev = d.weight_ih_l0[:, : enc.shape[1]], d.weight_ih_l0[:, enc.shape[1]:]
+        from_enc = enc @ w_enc.T + d.bias_ih_l0 + d.bias_hh_l0  # [n, 4H]
+        h = torch.zeros(batch, d.hidden_size)
+        c = torch.zeros(batch, d.hidden_size)
+        prev = torch.full((batch,), T, dtype=torch.long)  # the start symbol
+        actions = torch.zeros(batch, n, dtype=torch.long)
+        for layer in range(n):
+            gates = from_enc[layer] + w_prev.T[prev] + h @ d.weight_hh_l0.T
+            i, f, g, o = gates.chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            logits = self.head(h) + self.stay * nn.functional.one_hot(prev, T + 1)[:, :T]
+            logits = logits.masked_fill(~mask[layer][None], -1e9)
+            if greedy:
+                prev = logits.argmax(dim=1)
+            else:
+                prev = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0]
+            actions[:, layer] = prev
+        return actions
+
+
+def save_policy(policy: Policy, problem: Problem, path: Path) -> None:
+    buffer = io.BytesIO()
+    torch.save({"format": POLICY_FORMAT, "types": list(problem.types), "hidden": policy.head.in_features,
+                "features": policy.encoder.input_size, "state": policy.state_dict()}, buffer)
+    write_atomic(path, buffer.getvalue())
+
+
+def load_policy(path: Path, problem: Problem) -> Policy:
+    try:
+        saved = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise InputError(str(path), None, None, "file not found") from None
+    except Exception as exc:  # torch raises many kinds for a file that is not a policy
+        raise InputError(str(path), None, None, f"not a heterps policy file ({type(exc).__name__})") from None
+    if not isinstance(saved, dict) or saved.get("format") != POLICY_FORMAT:
+        raise InputError(str(path), None, None, f"not a heterps policy file (expected format {POLICY_FORMAT})")
+    if saved["types"] != list(problem.types):
+        raise InputError(
+            str(path), None, "types",
+            f"the policy was trained for resource types {saved['types']}, this plan uses {list(problem.types)}; "
+            "a policy warm-starts only plans on the same cluster types",
+        )
+    policy = Policy(saved["features"], len(saved["types"]), saved["hidden"])
+    policy.load_state_dict(saved["state"])
+    return policy
+
+
+# -- reward ---------------------------------------------------------------------
+
+
+def shortfall(problem: Problem, scores: Scored) -> np.ndarray:
+    """How far each plan misses its constraints, as a sum of relative excesses (0 when it meets them)."""
+    miss = np.zeros(len(scores.cost))
+    if problem.min_throughput > 0:
+        miss += np.maximum(0.0, 1.0 - scores.throughput / problem.min_throughput)
+    miss += (np.maximum(0.0, scores.used - problem.limits[None, :]) / problem.limits[None, :]).sum(axis=1)
+    if problem.max_cost is not None:
+        miss += np.maximum(0.0, scores.cost / problem.max_cost - 1.0)
+    return miss
+
+
+def rewards(problem: Problem, scores: Scored, reference: float, soft: bool = False) -> np.ndarray:
+    """Higher is better: cheaper feasible > dearer feasible > infeasible, graded by the miss.
+
+    ``soft`` trades objective against miss instead (``-ratio - 3 * miss`` for
+    every plan), which lets a local search cross mildly infeasible plans when
+    limits bind; only feasible plans are ever kept.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if problem.objective == "time":
+            ratio = reference / scores.throughput
+        else:
+            ratio = scores.cost / reference if reference > 0 else scores.cost
+    quality = -np.minimum(np.nan_to_num(ratio, nan=CAP, posinf=CAP), CAP)
+    if soft:
+        return quality - 3.0 * shortfall(problem, scores)
+    return np.where(scores.feasible, quality, -CAP - 1.0 - shortfall(problem, scores))
+
+
+def _rank_advantage(r: np.ndarray) -> np.ndarray:
+    """Centred, scaled ranks of the rewards (ties share a rank).
+
+    Ranks rather than raw rewards: the gap between feasible and infeasible
+    samples would otherwise drown the 1-5% cost differences among feasible ones.
+    """
+    if len(r) < 2:
+        return np.zeros_like(r)
+    ranks = np.searchsorted(np.sort(r), r, side="left") + np.searchsorted(np.sort(r), r, side="right")
+    ranks = ranks / 2.0
+    return (ranks - ranks.mean()) / (ranks.std() + 1e-8)
+
+
+def _key(problem: Problem, scores: Scored) -> np.ndarray:
+    """Sort key (lower is better) among feasible plans."""
+    if problem.objective == "time":
+        return -scores.throughput + 1e-12 * scores.cost
+    return scores.cost
+
+
+# -- phase 1: random schedules ----------------------------------------------------
+
+
+def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Schedules of 1..max(8, n/3) contiguous segments on random types (so that deep pipelines, which
+    fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on."""
+    n, T = problem.n_layers, problem.n_types
+    out = np.zeros((count, n), dtype=np.int64)
+    most = min(n, max(8, n // 3))
+    for b in range(count):
+        segments = int(rng.integers(1, most + 1))
+        cuts = sorted(int(c) for c in rng.choice(np.arange(1, n), size=segments - 1, replace=False))
+        for a, z in zip([0, *cuts], [*cuts, n]):
+            out[b, a:z] = rng.integers(0, T)
+    bad = ~problem.runnable[np.arange(n)[None, :], out]
+    if bad.any():
+        fallback = _per_layer_best(problem, problem.oct * np.maximum(problem.prices, 1e-9)[None, :])
+        out = np.where(bad, fallback[None, :], out)
+    return out
+
+
+def _per_layer_best(problem: Problem, score: np.ndarray) -> np.ndarray:
+    return np.where(problem.runnable, score, np.inf).argmin(axis=1)
+
+
+def heuristic_schedules(problem: Problem) -> np.ndarray:
+    """Each layer on its cheapest-to-compute, cheapest-overall and fastest type, and each type for all."""
+    price = np.maximum(problem.prices, 1e-9)[None, :]
+    rows = [
+        _per_layer_best(problem, problem.oct * price),
+        _per_layer_best(problem, np.maximum(problem.oct, problem.odt) * price),
+        _per_layer_best(problem, np.maximum(problem.oct, problem.odt)),
+    ]
+    for t in range(problem.n_types):
+        rows.append(np.where(problem.runnable[:, t], t, rows[0]))
+    return np.array(rows, dtype=np.int64)
+
+
+# -- solve ----------------------------------------------------------------------
+
+
+@dataclass
+class Scored:
+    """What training needs of a batch of scored schedules (replicas padded to one per layer)."""
+
+    feasible: np.ndarray
+    cost: np.ndarray
+    throughput: np.ndarray
+    used: np.ndarray
+    replicas: np.ndarray
+
+
+class Evaluator:
+    """Exact provisioning of schedules, each distinct schedule scored once per run.
+
+    Samples repeat more and more as the policy sharpens, so most of a late batch
+    is a cache hit; ``evaluations`` counts the schedules actually scored.
+    """
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.cache: dict[bytes, tuple] = {}
+        self.evaluations = 0
+
+    def __call__(self, schedules: np.ndarray) -> Scored:
+        keys = [row.tobytes() for row in schedules]
+        new = {k: i for i, k in enumerate(keys) if k not in self.cache}
+        if new:
+            rows = schedules[list(new.values())]
+            scores = provision(self.problem, split_stages(self.problem, rows))
+            self.evaluations += len(rows)
+            n = self.problem.n_layers
+            for j, key in enumerate(new):
+                replicas = np.zeros(n)
+                replicas[: scores.replicas.shape[1]] = scores.replicas[j]
+                self.cache[key] = (bool(scores.feasible[j]), float(scores.cost[j]), float(scores.throughput[j]),
+                                   scores.used[j].copy(), replicas)
+        feasible, cost, thr, used, replicas = zip(*(self.cache[k] for k in keys))
+        return Scored(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
+
+
+@dataclass
+class _Best:
+    schedule: np.ndarray | None = None
+    replicas: np.ndarray | None = None
+    key: float = math.inf
+
+    def offer(self, problem: Problem, schedules: np.ndarray, scored: Scored) -> None:
+        if not scored.feasible.any():
+            return
+        keys = np.where(scored.feasible, _key(problem, scored), np.inf)
+        i = int(keys.argmin())
+        if keys[i] < self.key:
+            stages = int((np.diff(schedules[i]) != 0).sum()) + 1
+            self.schedule, self.replicas, self.key = schedules[i].copy(), scored.replicas[i, :stages].copy(), float(keys[i])
+
+
+def _signature(schedule: np.ndarray) -> tuple[int, ...]:
+    """The sequence of stage types, e.g. (cpu, v100, cpu) as type indices."""
+    return tuple(schedule[np.r_[0, np.flatnonzero(np.diff(schedule)) + 1]].tolist())
+
+
+def _polish_starts(problem: Problem, evaluate: "Evaluator", reference: float, count: int) -> list[np.ndarray]:
+    """The best-rewarded schedule of each of the ``count`` best stage-type sequences scored so far,
+    then the heuristic schedules whose sequences are not among them.
+
+    A local search cannot turn a cpu|a100|cpu plan into a cpu|v100|cpu one when
+    every step in between is worse; starting one search per sequence can.
+    """
+    keys = list(evaluate.cache)
+    rows = np.stack([np.frombuffer(k, dtype=np.int64) for k in keys])
+    order = np.argsort(-rewards(problem, evaluate(rows), reference), kind="stable")
+    chosen, seen = [], set()
+    for row in rows[order]:
+        if len(chosen) == count:
+            break
+        if _signature(row) not in seen:
+            seen.add(_signature(row))
+            chosen.append(row.copy())
+    for row in heuristic_schedules(problem):
+        if _signature(row) not in seen:
+            seen.add(_signature(row))
+            chosen.append(row.copy())
+    return chosen
+
+
+def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+    """Train the policy on this problem and return the best feasible plan it found."""
+    start = time.perf_counter()
+    cfg = Config()
+    if options is not None:
+        cfg = Config(steps=options.steps if options.steps is not None else cfg.steps,
+                     batch=options.batch if options.batch is not None else cfg.batch,
+                     time_limit=options.time_limit)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small nets: one thread is as fast, and results do not depend on the core count
+    try:
+        return _train(problem, cfg, seed, progress, options, start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: float) -> Plan:
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    feats = torch.from_numpy(layer_features(problem))
+    mask = torch.from_numpy(problem.runnable)
+    if options is not None and options.policy_in is not None:
+        policy = load_policy(options.policy_in, problem)
+    else:
+        policy = Policy(feats.shape[1], problem.n_types, cfg.hidden)
+    optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    best, evaluate, notes = _Best(), Evaluator(problem), []
+    report = progress or (lambda *a, **k: None)
+
+    # Phase 1: pre-train on random schedules and their costs (the best of them, by likelihood).
+    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
+    pool_scores = evaluate(pool)
+    best.offer(problem, pool, pool_scores)
+    if pool_scores.feasible.any():
+        reference = float(pool_scores.throughput[pool_scores.feasible].max() if problem.objective == "time"
+                           else pool_scores.cost[pool_scores.feasible].min())
+    else:
+        reference = float(pool_scores.throughput.max() if problem.objective == "time" else pool_scores.cost.min())
+    pool_rewards = rewards(problem, pool_scores, reference)
+    elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
+    interrupted = False
+    try:
+        for step in range(cfg.pretrain_steps if options is None or options.policy_in is None else 0):
+            logp, _ = policy.log_prob(feats, mask, elite)
+            loss = -logp.mean() / problem.n_layers
+            optimiser.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            optimiser.step()
+            report(f"rl: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
+
+        # Phase 2: REINFORCE on the policy's own samples.
+        for step in range(cfg.steps):
+            if cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit:
+                notes.append(f"stopped at the time limit after {step} of {cfg.steps} steps")
+                break
+            actions = policy.sample(feats, mask, cfg.batch, generator)
+            schedules = actions.numpy()
+            scores = evaluate(schedules)
+            best.offer(problem, schedules, scores)
+            advantage = torch.from_numpy(_rank_advantage(rewards(problem, scores, reference))).float()
+            logp, entropy = policy.log_prob(feats, mask, actions)
+            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
+            loss = -(advantage * logp).mean() - beta * entropy.mean()
+            if best.schedule is not None and cfg.imitation > 0:
+                imitate, _ = policy.log_prob(feats, mask, torch.from_numpy(best.schedule)[None])
+                loss = loss - cfg.imitation * imitate.mean()
+            optimiser.zero_grad()
+            (loss / problem.n_layers).backward()
+            nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            optimiser.step()
+            shown = "none yet" if best.schedule is None else (
+                f"{-best.key:,.1f} samples/s" if problem.objective == "time" else f"${best.key:,.2f}")
+            report(f"rl: step {step + 1}/{cfg.steps} · best {shown} · {scores.feasible.mean():.0%} feasible",
+                   completed=step + 1, total=cfg.steps)
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append("training interrupted (Ctrl-C): the best plan found so far")
+
+    greedy = policy.sample(feats, mask, 1, generator, greedy=True).numpy()
+    best.offer(problem, greedy, evaluate(greedy))
+    # Polish: a local search from the best schedule of each of the most promising stage sequences.
+    report("rl: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
+    def scorer(soft: bool):
+        def score(rows: np.ndarray) -> np.ndarray:
+            scored = evaluate(rows)
+            best.offer(problem, rows, scored)
+            return rewards(problem, scored, reference, soft=soft)
+        return score
+
+    for begin in _polish_starts(problem, evaluate, reference, cfg.polish_starts):
+        found, _ = improve(problem, begin, scorer(soft=False))
+        found, _ = improve(problem, found, scorer(soft=True))
+        if best.schedule is not None:
+            improve(problem, best.schedule, scorer(soft=False))
+    if options is not None and options.policy_out is not None and not interrupted:
+        save_policy(policy, problem, options.policy_out)
+    if best.schedule is None:
+        raise diagnose(problem, f"the rl scheduler found no feasible plan in {evaluate.evaluations:,} evaluations")
+    return make_plan(problem, best.schedule, best.replicas, scheduler="rl", seed=seed,
+                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))

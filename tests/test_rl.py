@@ -1,0 +1,154 @@
+"""The rl scheduler: its parts, and plans checked against brute force and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from heterps_cli.cli import app
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.schedulers import SolveOptions, rl
+from tests.helpers import instance_dicts, problem_from_dicts, random_instance, write_yaml
+from tests.oracle import brute_force
+
+ROOT = Path(__file__).resolve().parents[1]
+CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
+runner = CliRunner()
+QUICK = ["--steps", "15", "--batch", "16"]
+
+
+def _problem(seed=0, n=6, T=3, **options):
+    arrays = random_instance(np.random.default_rng(seed), n, T)
+    return arrays, problem_from_dicts(*instance_dicts(*arrays), **options)
+
+
+def test_features_have_a_fixed_width_for_any_depth():
+    for n in (1, 5, 40):
+        _, problem = _problem(n=n)
+        feats = rl.layer_features(problem)
+        assert feats.shape == (n, rl.n_features(problem.n_types)) and feats.dtype == np.float32
+        assert np.isfinite(feats).all()
+
+
+def test_sampling_respects_the_mask():
+    arrays, problem = _problem(seed=3, n=12, T=3)
+    policy = rl.Policy(rl.n_features(3), 3)
+    feats, mask = torch.from_numpy(rl.layer_features(problem)), torch.from_numpy(problem.runnable)
+    actions = policy.sample(feats, mask, 256, torch.Generator().manual_seed(0)).numpy()
+    assert problem.runnable[np.arange(12)[None, :], actions].all()
+    greedy = policy.sample(feats, mask, 1, torch.Generator(), greedy=True).numpy()
+    assert problem.runnable[np.arange(12), greedy[0]].all()
+    # a forbidden action has (numerically) no probability under the teacher-forced policy too
+    bad_layer, bad_type = np.argwhere(~problem.runnable)[0]
+    forced = torch.from_numpy(actions[:1].copy())
+    forced[0, bad_layer] = int(bad_type)
+    logp, _ = policy.log_prob(feats, mask, forced)
+    assert logp.item() < -1e6
+
+
+def test_rewards_order_cheaper_feasible_dearer_feasible_infeasible():
+    _, problem = _problem(min_throughput=100.0)
+    scored = rl.Scored(
+        feasible=np.array([True, True, False, False]),
+        cost=np.array([10.0, 12.0, 5.0, 5.0]),
+        throughput=np.array([150.0, 120.0, 90.0, 50.0]),
+        used=np.zeros((4, problem.n_types)),
+        replicas=np.ones((4, problem.n_layers)),
+    )
+    r = rl.rewards(problem, scored, reference=10.0)
+    assert r[0] > r[1] > r[2] > r[3], r  # and the infeasible one that misses more is worse
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rl_finds_the_brute_force_optimum_on_small_instances(seed):
+    arrays, _ = _problem(seed=seed, n=5, T=2)
+    profile, cluster = instance_dicts(*arrays, min_throughput=32 / arrays[0].min(axis=1).sum() * 0.5)
+    problem = problem_from_dicts(profile, cluster)
+    expected = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
+    plan = rl.solve(problem, seed=seed, options=SolveOptions(steps=30, batch=16))
+    assert expected is not None and plan.feasible
+    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
+
+
+def test_same_seed_same_plan():
+    def run():
+        result = runner.invoke(app, ["plan", CTR, PAPER, "--seed", "7", "--json", *QUICK])
+        assert result.exit_code == 0, result.output
+        plan = json.loads(result.stdout)
+        plan.pop("solve_s")
+        return plan
+
+    assert run() == run()
+
+
+def test_rl_is_the_default_and_its_plan_checks_out():
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--json", *QUICK])
+    plan = json.loads(result.stdout)
+    assert plan["scheduler"] == "rl" and plan["feasible"] and plan["optimal"] is None
+    assert plan["evaluations"] > 0
+
+
+def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path):
+    policy = tmp_path / "policy.pt"
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), "--json", *QUICK])
+    assert result.exit_code == 0 and policy.exists()
+    # the same model with one more dense layer: the policy still applies (same cluster types)
+    text = Path(CTR).read_text().replace("  - name: fc4\n", "  - name: fc3b\n    type: fc\n    input_size: 1024\n"
+                                          "    weight_size: 263168\n    times:\n"
+                                          "      cpu: {oct: 0.0132, odt: 0.0004, alpha: 0.99, beta: 0.0}\n"
+                                          "      v100: {oct: 8e-05, odt: 5e-05, alpha: 0.6, beta: 0.0}\n"
+                                          "  - name: fc4\n", 1)
+    deeper = tmp_path / "ctr-deeper.yaml"
+    deeper.write_text(text)
+    result = runner.invoke(app, ["plan", str(deeper), PAPER, "--policy-in", str(policy), "--json", *QUICK])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["stages"][-1]["layers"]) >= 1
+
+
+def test_policy_for_other_types_is_refused(tmp_path):
+    policy = tmp_path / "policy.pt"
+    runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), *QUICK])
+    result = runner.invoke(app, ["plan", CTR, str(ROOT / "clusters/three-type.yaml"), "--policy-in", str(policy), *QUICK])
+    assert result.exit_code == 2
+    assert "trained for resource types ['cpu', 'v100']" in result.stderr
+    (tmp_path / "junk.pt").write_bytes(b"not a policy")
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-in", str(tmp_path / "junk.pt"), *QUICK])
+    assert result.exit_code == 2 and "not a heterps policy file" in result.stderr
+
+
+def test_ctrl_c_returns_the_best_plan_so_far(monkeypatch):
+    _, problem = _problem(seed=4, n=8, T=2)
+    calls = {"n": 0}
+    original = rl.Evaluator.__call__
+
+    def interrupting(self, rows):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the pool, then a few training batches
+            raise KeyboardInterrupt
+        return original(self, rows)
+
+    monkeypatch.setattr(rl.Evaluator, "__call__", interrupting)
+    plan = rl.solve(problem, options=SolveOptions(steps=50, batch=8))
+    assert plan.feasible and any("interrupted" in note for note in plan.notes)
+
+
+def test_time_limit_stops_training():
+    _, problem = _problem(seed=5, n=8, T=2)
+    plan = rl.solve(problem, options=SolveOptions(steps=10_000, batch=8, time_limit=0.5))
+    assert plan.feasible and any("time limit" in note for note in plan.notes)
+
+
+def test_no_feasible_plan_exits_3_with_the_reachable_figure(tmp_path):
+    arrays = random_instance(np.random.default_rng(6), 4, 2)
+    profile, cluster = instance_dicts(*arrays, min_throughput=1e12)
+    p, c = write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)
+    result = runner.invoke(app, ["plan", p, c, *QUICK])
+    assert result.exit_code == 3 and "fastest possible plan reaches" in result.stderr
+    with pytest.raises(InfeasibleError):
+        rl.solve(problem_from_dicts(profile, cluster), options=SolveOptions(steps=5, batch=4))
