@@ -20,15 +20,19 @@ Read top to bottom: features, policy, reward, the two training phases, solve.
   ``-CAP``. An infeasible schedule gets less than any feasible one, graded by how
   far it misses (throughput shortfall, limit excess, budget excess), so the
   policy learns its way back.
-* **Training**: REINFORCE with a batch-mean baseline and normalised advantages,
-  an entropy bonus that decays linearly to zero, and gradient clipping; each
-  batch is scored in one vectorised call. Phase 1 (the paper's pre-training)
-  fits the policy to the best of a pool of randomly generated schedules and
-  simple heuristics, scored the same way. Phase 2 samples from the policy
-  itself, and also imitates the best schedule found so far (self-imitation),
-  which keeps what was learned from being lost to noise. The best feasible
-  plan ever sampled is kept, the greedy decode is tried at the end, and the
-  better of the two is returned.
+* **Training**: REINFORCE with rank-normalised advantages (the batch's own
+  ranking is the baseline), an entropy bonus that decays linearly, and gradient
+  clipping; each batch is scored in one vectorised call, each distinct schedule
+  once. Phase 1 (the paper's pre-training) fits the policy to the best of a
+  pool of randomly generated schedules and simple heuristics, scored the same
+  way. Phase 2 samples from the policy itself, and also imitates the best
+  schedule found so far (self-imitation), which keeps what was learned from
+  being lost to noise. The best feasible plan ever sampled is kept, and the
+  greedy decode is tried at the end.
+* **Polish**: a local search (:mod:`heterps_cli.schedulers.local`) from the best
+  schedule of each of the few best stage-type sequences seen, and from the
+  heuristics. On tight instances it does much of the work; the benchmark shows
+  both the sampled and the polished gaps.
 """
 
 from __future__ import annotations
@@ -382,8 +386,13 @@ def _polish_starts(problem: Problem, evaluate: "Evaluator", reference: float, co
     return chosen
 
 
-def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
-    """Train the policy on this problem and return the best feasible plan it found."""
+def solve(problem: Problem, *, seed: int = 0, progress=None, options=None, on_step=None) -> Plan:
+    """Train the policy on this problem and return the best feasible plan it found.
+
+    ``on_step(step, best)``, if given, is called after every training step with
+    the best objective key so far (cost, or minus throughput; inf when none is
+    feasible): the learning curve, before the final polish.
+    """
     start = time.perf_counter()
     cfg = Config()
     if options is not None:
@@ -393,12 +402,12 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small nets: one thread is as fast, and results do not depend on the core count
     try:
-        return _train(problem, cfg, seed, progress, options, start)
+        return _train(problem, cfg, seed, progress, options, start, on_step)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: float) -> Plan:
+def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: float, on_step) -> Plan:
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -425,7 +434,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
     interrupted = False
     try:
-        for step in range(cfg.pretrain_steps if options is None or options.policy_in is None else 0):
+        for step in range(cfg.pretrain_steps):
             logp, _ = policy.log_prob(feats, mask, elite)
             loss = -logp.mean() / problem.n_layers
             optimiser.zero_grad()
@@ -458,6 +467,8 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
                 f"{-best.key:,.1f} samples/s" if problem.objective == "time" else f"${best.key:,.2f}")
             report(f"rl: step {step + 1}/{cfg.steps} · best {shown} · {scores.feasible.mean():.0%} feasible",
                    completed=step + 1, total=cfg.steps)
+            if on_step is not None:
+                on_step(step + 1, best.key)
     except KeyboardInterrupt:
         interrupted = True
         notes.append("training interrupted (Ctrl-C): the best plan found so far")
@@ -466,6 +477,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     best.offer(problem, greedy, evaluate(greedy))
     # Polish: a local search from the best schedule of each of the most promising stage sequences.
     report("rl: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
+
     def scorer(soft: bool):
         def score(rows: np.ndarray) -> np.ndarray:
             scored = evaluate(rows)
@@ -473,11 +485,15 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             return rewards(problem, scored, reference, soft=soft)
         return score
 
-    for begin in _polish_starts(problem, evaluate, reference, cfg.polish_starts):
-        found, _ = improve(problem, begin, scorer(soft=False))
-        found, _ = improve(problem, found, scorer(soft=True))
-        if best.schedule is not None:
-            improve(problem, best.schedule, scorer(soft=False))
+    try:
+        for begin in _polish_starts(problem, evaluate, reference, cfg.polish_starts):
+            found, _ = improve(problem, begin, scorer(soft=False))
+            found, _ = improve(problem, found, scorer(soft=True))
+            if best.schedule is not None:
+                improve(problem, best.schedule, scorer(soft=False))
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append("polish interrupted (Ctrl-C): the best plan found so far")
     if options is not None and options.policy_out is not None and not interrupted:
         save_policy(policy, problem, options.policy_out)
     if best.schedule is None:
