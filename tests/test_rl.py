@@ -152,3 +152,17 @@ def test_no_feasible_plan_exits_3_with_the_reachable_figure(tmp_path):
     assert result.exit_code == 3 and "fastest possible plan reaches" in result.stderr
     with pytest.raises(InfeasibleError):
         rl.solve(problem_from_dicts(profile, cluster), options=SolveOptions(steps=5, batch=4))
+
+
+def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
+    from heterps_cli.schedulers.local import kick, neighbours, wide_neighbours
+
+    _, problem = _problem(seed=8, n=10, T=3)
+    rng = np.random.default_rng(0)
+    schedule = rl.heuristic_schedules(problem)[0]
+    for rows in (neighbours(problem, schedule), wide_neighbours(problem, schedule),
+                 np.stack([kick(problem, schedule, rng) for _ in range(50)])):
+        assert len(rows) > 0
+        assert problem.runnable[np.arange(10)[None, :], rows].all()
+    moved = neighbours(problem, schedule)
+    assert not (moved == schedule).all(axis=1).any(), "every neighbour differs from the schedule"

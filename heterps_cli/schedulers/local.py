@@ -16,7 +16,7 @@ the search back to the cheap moves (variable neighbourhood descent).
 
 The search climbs a score that ranks feasible plans by the objective and
 infeasible plans below them by how far they miss, so a walk can also climb
-into feasibility.
+into feasibility. :func:`kick` perturbs a schedule for iterated local search.
 """
 
 from __future__ import annotations
@@ -113,3 +113,18 @@ def improve(problem: Problem, schedule: np.ndarray, score: Callable[[np.ndarray]
         else:
             break
     return current, value
+
+
+def kick(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random jump out of a local optimum: one run of 2..8 layers put on another runnable type."""
+    n = problem.n_layers
+    row = schedule.copy()
+    for _ in range(20):
+        length = int(rng.integers(2, min(8, n) + 1)) if n > 1 else 1
+        a = int(rng.integers(0, n - length + 1))
+        types = np.flatnonzero(problem.runnable[a : a + length].all(axis=0))
+        types = types[types != row[a]]
+        if types.size:
+            row[a : a + length] = rng.choice(types)
+            return row
+    return row

@@ -31,8 +31,10 @@ Read top to bottom: features, policy, reward, the two training phases, solve.
   greedy decode is tried at the end.
 * **Polish**: a local search (:mod:`heterps_cli.schedulers.local`) from the best
   schedule of each of the few best stage-type sequences seen, and from the
-  heuristics. On tight instances it does much of the work; the benchmark shows
-  both the sampled and the polished gaps.
+  heuristics; then iterated local search, kicking the best plan out of its local
+  optimum and descending again (more kicks when no feasible plan was sampled).
+  On tight instances it does much of the work; the benchmark shows both the
+  sampled and the polished gaps.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.local import improve
+from heterps_cli.schedulers.local import improve, kick
 from heterps_cli.yamlio import write_atomic
 
 KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
@@ -63,7 +65,7 @@ POLICY_FORMAT = "heterps-policy/1"
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 150
+    steps: int = 120
     batch: int = 64
     hidden: int = 64
     lr: float = 3e-3
@@ -75,6 +77,8 @@ class Config:
     pretrain_steps: int = 20
     time_limit: float | None = None
     polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
+    kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
+    extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
 
 
 # -- features -------------------------------------------------------------------
@@ -473,6 +477,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
         interrupted = True
         notes.append("training interrupted (Ctrl-C): the best plan found so far")
 
+    sampled_feasible = best.schedule is not None  # before the polish: the pool or the policy found one
     greedy = policy.sample(feats, mask, 1, generator, greedy=True).numpy()
     best.offer(problem, greedy, evaluate(greedy))
     # Polish: a local search from the best schedule of each of the most promising stage sequences.
@@ -485,12 +490,20 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             return rewards(problem, scored, reference, soft=soft)
         return score
 
+    def descend(begin: np.ndarray) -> None:
+        found, _ = improve(problem, begin, scorer(soft=False))
+        found, _ = improve(problem, found, scorer(soft=True))
+        if best.schedule is not None:
+            improve(problem, best.schedule, scorer(soft=False))
+
     try:
         for begin in _polish_starts(problem, evaluate, reference, cfg.polish_starts):
-            found, _ = improve(problem, begin, scorer(soft=False))
-            found, _ = improve(problem, found, scorer(soft=True))
-            if best.schedule is not None:
-                improve(problem, best.schedule, scorer(soft=False))
+            descend(begin)
+        # Iterated local search: kick the best plan (or, while none is feasible, the least
+        # infeasible schedule) out of its local optimum and descend again.
+        for _ in range(cfg.kicks + (0 if sampled_feasible else cfg.extra_kicks)):
+            anchor = best.schedule if best.schedule is not None else _polish_starts(problem, evaluate, reference, 1)[0]
+            descend(kick(problem, anchor, rng))
     except KeyboardInterrupt:
         interrupted = True
         notes.append("polish interrupted (Ctrl-C): the best plan found so far")
