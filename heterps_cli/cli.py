@@ -18,6 +18,7 @@ from heterps_cli.formats import load_cluster, load_profile
 from heterps_cli.problem import build_problem, usable_types
 from heterps_cli.render import print_plan, print_summary
 from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
+from heterps_cli.schedulers.rl import Config as RLConfig
 from heterps_cli.yamlio import dump_yaml, write_atomic
 
 app = typer.Typer(
@@ -124,10 +125,10 @@ def plan(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout, and nothing else.")] = False,
     steps: Annotated[
-        Optional[int], typer.Option(min=0, help="rl: training steps (default 200).", show_default=False, rich_help_panel="Learning")
+        Optional[int], typer.Option(min=0, help=f"rl: training steps (default {RLConfig.steps}).", show_default=False, rich_help_panel="Learning")
     ] = None,
     batch: Annotated[
-        Optional[int], typer.Option(min=1, help="rl: schedules sampled per step (default 64).", show_default=False, rich_help_panel="Learning")
+        Optional[int], typer.Option(min=1, help=f"rl: schedules sampled per step (default {RLConfig.batch}).", show_default=False, rich_help_panel="Learning")
     ] = None,
     time_limit: Annotated[
         Optional[float], typer.Option(callback=_positive, help="rl: stop training after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Learning")

@@ -38,8 +38,10 @@ def _registry() -> dict[str, tuple[Solver, str]]:
     from heterps_cli.schedulers import exact, rl
 
     return {
-        "rl": (rl.solve, "HeterPS: an LSTM policy trained by REINFORCE picks a type per layer; exact replicas"),
-        "exact": (exact.solve, "provably optimal: a DP over stage boundaries per bottleneck throughput, limit-aware"),
+        "rl": (rl.solve, "the HeterPS method, an LSTM policy trained by REINFORCE that picks each layer's type "
+                         "(replicas exact, then a local search polishes)"),
+        "exact": (exact.solve, "the provable optimum (a DP over stage boundaries per bottleneck throughput, "
+                               "limit-aware)"),
     }
 
 
