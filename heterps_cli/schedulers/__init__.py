@@ -33,19 +33,15 @@ class SolveOptions:
 
 Solver = Callable[..., Plan]
 
+# Imported here, after SolveOptions, so that schedulers may import it from this package.
+from heterps_cli.schedulers import exact, rl  # noqa: E402
 
-def _registry() -> dict[str, tuple[Solver, str]]:
-    from heterps_cli.schedulers import exact, rl
-
-    return {
-        "rl": (rl.solve, "the HeterPS method, an LSTM policy trained by REINFORCE that picks each layer's type "
-                         "(replicas exact, then a local search polishes)"),
-        "exact": (exact.solve, "the provable optimum (a DP over stage boundaries per bottleneck throughput, "
-                               "limit-aware)"),
-    }
-
-
-SCHEDULERS = _registry()
+SCHEDULERS: dict[str, tuple[Solver, str]] = {
+    "rl": (rl.solve, "the HeterPS method, an LSTM policy trained by REINFORCE that picks each layer's type "
+                     "(replicas exact, then a local search polishes)"),
+    "exact": (exact.solve, "the provable optimum (a DP over stage boundaries per bottleneck throughput, "
+                           "limit-aware)"),
+}
 
 
 def solve(name: str, problem: Problem, *, seed: int = 0, progress: Progress | None = None,
