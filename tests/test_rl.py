@@ -61,8 +61,24 @@ def test_rewards_order_cheaper_feasible_dearer_feasible_infeasible():
         used=np.zeros((4, problem.n_types)),
         replicas=np.ones((4, problem.n_layers)),
     )
-    r = rl.rewards(problem, scored, reference=10.0)
+    r = rl.rewards(problem, scored, rl.Reference(cost=10.0, throughput=150.0))
     assert r[0] > r[1] > r[2] > r[3], r  # and the infeasible one that misses more is worse
+
+
+def test_time_rewards_prefer_faster_then_cheaper():
+    _, problem = _problem(objective="time")
+    scored = rl.Scored(
+        feasible=np.array([True, True, True, False]),
+        cost=np.array([10.0, 9.0, 1.0, 1.0]),
+        throughput=np.array([200.0, 200.0, 199.0, 500.0]),
+        used=np.zeros((4, problem.n_types)),
+        replicas=np.ones((4, problem.n_layers)),
+    )
+    used_over = scored.used.copy()
+    used_over[3] = problem.limits + 1  # the fastest one breaks a limit
+    scored = rl.Scored(scored.feasible, scored.cost, scored.throughput, used_over, scored.replicas)
+    r = rl.rewards(problem, scored, rl.Reference(cost=5.0, throughput=200.0))
+    assert r[1] > r[0] > r[2] > r[3], r
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

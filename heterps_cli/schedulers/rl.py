@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from heterps_cli.costmodel import provision, split_stages
+from heterps_cli.costmodel import better, provision, split_stages
 from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -226,18 +226,38 @@ def shortfall(problem: Problem, scores: Scored) -> np.ndarray:
     return miss
 
 
-def rewards(problem: Problem, scores: Scored, reference: float, soft: bool = False) -> np.ndarray:
+@dataclass(frozen=True)
+class Reference:
+    """Scales for the reward: the best cost and throughput of the pre-training pool's plans."""
+
+    cost: float
+    throughput: float
+
+    @classmethod
+    def of(cls, scores: Scored) -> "Reference":
+        chosen = scores.feasible if scores.feasible.any() else np.ones_like(scores.feasible)
+        cost = float(scores.cost[chosen].min())
+        return cls(cost=cost if cost > 0 else 1.0, throughput=float(scores.throughput[chosen].max()))
+
+
+# Under objective time, cost only breaks ties: 1% dearer weighs as much as 0.001% slower.
+TIE_BREAK = 1e-3
+
+
+def rewards(problem: Problem, scores: Scored, reference: Reference, soft: bool = False) -> np.ndarray:
     """Higher is better: cheaper feasible > dearer feasible > infeasible, graded by the miss.
 
-    ``soft`` trades objective against miss instead (``-ratio - 3 * miss`` for
-    every plan), which lets a local search cross mildly infeasible plans when
-    limits bind; only feasible plans are ever kept.
+    Objective ``time`` ranks by ``reference / throughput`` and, among equally
+    fast plans, by cost (SPEC: ties go to the cheaper plan). ``soft`` trades
+    objective against miss instead (``-ratio - 3 * miss`` for every plan), which
+    lets a local search cross mildly infeasible plans when limits bind; only
+    feasible plans are ever kept.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         if problem.objective == "time":
-            ratio = reference / scores.throughput
+            ratio = reference.throughput / scores.throughput + TIE_BREAK * scores.cost / reference.cost
         else:
-            ratio = scores.cost / reference if reference > 0 else scores.cost
+            ratio = scores.cost / reference.cost
     quality = -np.minimum(np.nan_to_num(ratio, nan=CAP, posinf=CAP), CAP)
     if soft:
         return quality - 3.0 * shortfall(problem, scores)
@@ -255,13 +275,6 @@ def _rank_advantage(r: np.ndarray) -> np.ndarray:
     ranks = np.searchsorted(np.sort(r), r, side="left") + np.searchsorted(np.sort(r), r, side="right")
     ranks = ranks / 2.0
     return (ranks - ranks.mean()) / (ranks.std() + 1e-8)
-
-
-def _key(problem: Problem, scores: Scored) -> np.ndarray:
-    """Sort key (lower is better) among feasible plans."""
-    if problem.objective == "time":
-        return -scores.throughput + 1e-12 * scores.cost
-    return scores.cost
 
 
 # -- phase 1: random schedules ----------------------------------------------------
@@ -347,18 +360,32 @@ class Evaluator:
 
 @dataclass
 class _Best:
+    """The best feasible plan seen: by the objective, ties to the faster (cost) or cheaper (time) plan."""
+
+    objective: str = "cost"
     schedule: np.ndarray | None = None
     replicas: np.ndarray | None = None
-    key: float = math.inf
+    cost: float = math.inf
+    throughput: float = 0.0
+
+    @property
+    def key(self) -> float:
+        """Lower is better: the cost, or minus the throughput (inf while none is feasible)."""
+        if self.schedule is None:
+            return math.inf
+        return -self.throughput if self.objective == "time" else self.cost
 
     def offer(self, problem: Problem, schedules: np.ndarray, scored: Scored) -> None:
-        if not scored.feasible.any():
+        rows = np.flatnonzero(scored.feasible)
+        if rows.size == 0:
             return
-        keys = np.where(scored.feasible, _key(problem, scored), np.inf)
-        i = int(keys.argmin())
-        if keys[i] < self.key:
+        cost, thr = scored.cost[rows], scored.throughput[rows]
+        order = np.lexsort((cost, -thr)) if self.objective == "time" else np.lexsort((-thr, cost))
+        i = int(rows[order[0]])
+        if better(problem, scored.cost[i], scored.throughput[i], self.cost, self.throughput):
             stages = int((np.diff(schedules[i]) != 0).sum()) + 1
-            self.schedule, self.replicas, self.key = schedules[i].copy(), scored.replicas[i, :stages].copy(), float(keys[i])
+            self.schedule, self.replicas = schedules[i].copy(), scored.replicas[i, :stages].copy()
+            self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
 
 
 def _signature(schedule: np.ndarray) -> tuple[int, ...]:
@@ -366,7 +393,7 @@ def _signature(schedule: np.ndarray) -> tuple[int, ...]:
     return tuple(schedule[np.r_[0, np.flatnonzero(np.diff(schedule)) + 1]].tolist())
 
 
-def _polish_starts(problem: Problem, evaluate: "Evaluator", reference: float, count: int) -> list[np.ndarray]:
+def _polish_starts(problem: Problem, evaluate: "Evaluator", reference: Reference, count: int) -> list[np.ndarray]:
     """The best-rewarded schedule of each of the ``count`` best stage-type sequences scored so far,
     then the heuristic schedules whose sequences are not among them.
 
@@ -422,18 +449,17 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     else:
         policy = Policy(feats.shape[1], problem.n_types, cfg.hidden)
     optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    best, evaluate, notes = _Best(), Evaluator(problem), []
+    best, evaluate, notes = _Best(problem.objective), Evaluator(problem), []
+
+    def out_of_time() -> bool:
+        return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
     report = progress or (lambda *a, **k: None)
 
     # Phase 1: pre-train on random schedules and their costs (the best of them, by likelihood).
     pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
     pool_scores = evaluate(pool)
     best.offer(problem, pool, pool_scores)
-    if pool_scores.feasible.any():
-        reference = float(pool_scores.throughput[pool_scores.feasible].max() if problem.objective == "time"
-                           else pool_scores.cost[pool_scores.feasible].min())
-    else:
-        reference = float(pool_scores.throughput.max() if problem.objective == "time" else pool_scores.cost.min())
+    reference = Reference.of(pool_scores)
     pool_rewards = rewards(problem, pool_scores, reference)
     elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
     interrupted = False
@@ -449,8 +475,8 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
 
         # Phase 2: REINFORCE on the policy's own samples.
         for step in range(cfg.steps):
-            if cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit:
-                notes.append(f"stopped at the time limit after {step} of {cfg.steps} steps")
+            if out_of_time():
+                notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
                 break
             actions = policy.sample(feats, mask, cfg.batch, generator)
             schedules = actions.numpy()
@@ -468,7 +494,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             optimiser.step()
             shown = "none yet" if best.schedule is None else (
-                f"{-best.key:,.1f} samples/s" if problem.objective == "time" else f"${best.key:,.2f}")
+                f"{best.throughput:,.1f} samples/s" if problem.objective == "time" else f"${best.cost:,.2f}")
             report(f"rl: step {step + 1}/{cfg.steps} · best {shown} · {scores.feasible.mean():.0%} feasible",
                    completed=step + 1, total=cfg.steps)
             if on_step is not None:
@@ -498,10 +524,14 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
 
     try:
         for begin in _polish_starts(problem, evaluate, reference, cfg.polish_starts):
+            if out_of_time() and best.schedule is not None:
+                break
             descend(begin)
         # Iterated local search: kick the best plan (or, while none is feasible, the least
         # infeasible schedule) out of its local optimum and descend again.
         for _ in range(cfg.kicks + (0 if sampled_feasible else cfg.extra_kicks)):
+            if out_of_time():
+                break
             anchor = best.schedule if best.schedule is not None else _polish_starts(problem, evaluate, reference, 1)[0]
             descend(kick(problem, anchor, rng))
     except KeyboardInterrupt:
