@@ -5,8 +5,9 @@
 For each instance: train a policy on the model and save it; then change the
 model slightly (one more layer, and 10% slower compute on a few layers) and
 plan it twice, cold and warm-started from the saved policy, with the same seed.
-The table gives the steps each needed for its best sampled plan (before the
-final polish) to come within the gap the cold run ends with, and both gaps.
+The table gives the steps each needed for the best plan its policy sampled
+(not the pre-training pool, not the final polish) to come within the gap the
+cold run's policy ends with, and both gaps.
 """
 
 from __future__ import annotations

@@ -421,8 +421,9 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None, on_st
     """Train the policy on this problem and return the best feasible plan it found.
 
     ``on_step(step, best)``, if given, is called after every training step with
-    the best objective key so far (cost, or minus throughput; inf when none is
-    feasible): the learning curve, before the final polish.
+    the best objective key among the plans the policy itself has sampled (cost,
+    or minus throughput; inf while none is feasible): the learning curve,
+    without the pre-training pool and before the final polish.
     """
     start = time.perf_counter()
     cfg = Config()
@@ -450,6 +451,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
         policy = Policy(feats.shape[1], problem.n_types, cfg.hidden)
     optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     best, evaluate, notes = _Best(problem.objective), Evaluator(problem), []
+    learned = _Best(problem.objective)  # the policy's own samples only: the learning curve
 
     def out_of_time() -> bool:
         return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
@@ -464,6 +466,8 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
     interrupted = False
     try:
+        # A warm-started policy is pre-trained too: measured, skipping it (or softening the
+        # loaded policy) made warm starts slower, not faster (benchmarks/bench_warmstart.py).
         for step in range(cfg.pretrain_steps):
             logp, _ = policy.log_prob(feats, mask, elite)
             loss = -logp.mean() / problem.n_layers
@@ -482,6 +486,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             schedules = actions.numpy()
             scores = evaluate(schedules)
             best.offer(problem, schedules, scores)
+            learned.offer(problem, schedules, scores)
             advantage = torch.from_numpy(_rank_advantage(rewards(problem, scores, reference))).float()
             logp, entropy = policy.log_prob(feats, mask, actions)
             beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
@@ -498,7 +503,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             report(f"rl: step {step + 1}/{cfg.steps} · best {shown} · {scores.feasible.mean():.0%} feasible",
                    completed=step + 1, total=cfg.steps)
             if on_step is not None:
-                on_step(step + 1, best.key)
+                on_step(step + 1, learned.key)
     except KeyboardInterrupt:
         interrupted = True
         notes.append("training interrupted (Ctrl-C): the best plan found so far")
