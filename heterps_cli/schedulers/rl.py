@@ -455,6 +455,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
 
     def out_of_time() -> bool:
         return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
+
     report = progress or (lambda *a, **k: None)
 
     # Phase 1: pre-train on random schedules and their costs (the best of them, by likelihood).
