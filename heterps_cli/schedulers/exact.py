@@ -22,7 +22,6 @@ step instead, since the budget is not monotone in ``X``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,8 +37,7 @@ from heterps_cli.costmodel import (
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-
-Progress = Callable[..., None]
+from heterps_cli.schedulers import Progress
 
 # Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
 MAX_STATE_CELLS = 40_000_000
