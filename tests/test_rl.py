@@ -52,31 +52,23 @@ def test_sampling_respects_the_mask():
     assert logp.item() < -1e6
 
 
+def _scored(problem, feasible, cost, throughput) -> rl.Scored:
+    B = len(feasible)
+    return rl.Scored(np.array(feasible), np.array(cost), np.array(throughput),
+                     np.zeros((B, problem.n_types)), np.ones((B, problem.n_layers)))
+
+
 def test_rewards_order_cheaper_feasible_dearer_feasible_infeasible():
     _, problem = _problem(min_throughput=100.0)
-    scored = rl.Scored(
-        feasible=np.array([True, True, False, False]),
-        cost=np.array([10.0, 12.0, 5.0, 5.0]),
-        throughput=np.array([150.0, 120.0, 90.0, 50.0]),
-        used=np.zeros((4, problem.n_types)),
-        replicas=np.ones((4, problem.n_layers)),
-    )
+    scored = _scored(problem, [True, True, False, False], [10.0, 12.0, 5.0, 5.0], [150.0, 120.0, 90.0, 50.0])
     r = rl.rewards(problem, scored, rl.Reference(cost=10.0, throughput=150.0))
     assert r[0] > r[1] > r[2] > r[3], r  # and the infeasible one that misses more is worse
 
 
 def test_time_rewards_prefer_faster_then_cheaper():
     _, problem = _problem(objective="time")
-    scored = rl.Scored(
-        feasible=np.array([True, True, True, False]),
-        cost=np.array([10.0, 9.0, 1.0, 1.0]),
-        throughput=np.array([200.0, 200.0, 199.0, 500.0]),
-        used=np.zeros((4, problem.n_types)),
-        replicas=np.ones((4, problem.n_layers)),
-    )
-    used_over = scored.used.copy()
-    used_over[3] = problem.limits + 1  # the fastest one breaks a limit
-    scored = rl.Scored(scored.feasible, scored.cost, scored.throughput, used_over, scored.replicas)
+    scored = _scored(problem, [True, True, True, False], [10.0, 9.0, 1.0, 1.0], [200.0, 200.0, 199.0, 500.0])
+    scored.used[3] = problem.limits + 1  # the fastest one breaks a limit
     r = rl.rewards(problem, scored, rl.Reference(cost=5.0, throughput=200.0))
     assert r[1] > r[0] > r[2] > r[3], r
 
