@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from heterps_cli.errors import InputError
 from heterps_cli.yamlio import Document, load_yaml
 
 Name = Annotated[str, StringConstraints(min_length=1)]

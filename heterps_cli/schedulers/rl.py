@@ -97,7 +97,7 @@ def _standardise(x: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
 
 def layer_features(problem: Problem) -> np.ndarray:
     """``[n_layers, n_features(T)]`` float32 features of each layer (see the module docstring)."""
-    n, T = problem.n_layers, problem.n_types
+    n = problem.n_layers
     pos = np.arange(n) / max(n - 1, 1)
     freqs = np.pi * 2.0 ** np.arange(POSITION_FREQUENCIES)
     position = np.concatenate([np.sin(pos[:, None] * freqs), np.cos(pos[:, None] * freqs),
