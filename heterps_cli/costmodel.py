@@ -136,14 +136,17 @@ def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
     return np.bincount(index, weights=weights, minlength=B * T).reshape(B, T)
 
 
+def stage_throughputs(problem: Problem, stages: Stages, replicas) -> np.ndarray:
+    """``[B, S]`` samples/s of every stage with the given replica counts (inf in padding)."""
+    k = np.where(stages.valid, replicas, 1.0)
+    return np.where(stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, k),
+                    np.inf)
+
+
 def score(problem: Problem, stages: Stages, replicas) -> Scores:
     """Throughput, time, cost and feasibility of schedules with the given replica counts."""
     k = np.where(stages.valid, np.asarray(replicas, dtype=float), 0.0)
-    thr_s = np.where(
-        stages.valid,
-        stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, np.where(stages.valid, k, 1.0)),
-        np.inf,
-    )
+    thr_s = stage_throughputs(problem, stages, k)
     bottleneck = np.argmin(thr_s, axis=1)
     thr = thr_s[np.arange(len(k)), bottleneck]
     used = used_per_type(problem, stages, k)
@@ -204,11 +207,6 @@ def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, 
     return k, ok
 
 
-def _throughput(problem: Problem, stages: Stages, k: np.ndarray) -> np.ndarray:
-    args = (stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size)
-    return np.where(stages.valid, stage_throughput(*args, np.maximum(k, 1.0)), np.inf).min(axis=1)
-
-
 def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     """Per schedule, the replicas of its fastest plan within the limits, cheapest among the fastest.
 
@@ -221,8 +219,8 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     B = stages.type.shape[0]
     ones = np.where(stages.valid, 1.0, 0.0)
     k, fits = _replicas_at(problem, stages, np.zeros(B))
-    lo = _throughput(problem, stages, k)
-    hi = _throughput(problem, stages, np.where(stages.valid, problem.limits[stages.type].astype(float), 0.0))
+    lo = stage_throughputs(problem, stages, np.maximum(k, 1.0)).min(axis=1)
+    hi = stage_throughputs(problem, stages, problem.limits[stages.type].astype(float)).min(axis=1)
     hi = np.maximum(hi, lo)
     for _ in range(80):
         open_ = fits & (hi > lo * (1 + 1e-13))
@@ -235,7 +233,8 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     k, ok = _replicas_at(problem, stages, lo)
     k = np.where((fits & ok)[:, None], k, ones)
     for _ in range(int(problem.limits.sum()) + 1):  # exact finish: a handful of jumps at most
-        ahead, ok = _replicas_at(problem, stages, np.nextafter(_throughput(problem, stages, k), np.inf))
+        thr = stage_throughputs(problem, stages, np.maximum(k, 1.0)).min(axis=1)
+        ahead, ok = _replicas_at(problem, stages, np.nextafter(thr, np.inf))
         ok &= fits
         if not ok.any():
             break
@@ -263,8 +262,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         active &= ok
         if not active.any():
             break
-        thr_s = np.where(stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd,
-                                                        problem.batch_size, np.maximum(k, 1.0)), np.inf)
+        thr_s = stage_throughputs(problem, stages, np.maximum(k, 1.0))
         rate = (price * k).sum(axis=1)
         if problem.objective == "cost":
             # No plan at least as fast as the target can cost less than this bound.
