@@ -515,10 +515,19 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     # Polish: a local search from the best schedule of each of the most promising stage sequences.
     report("rl: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
 
+    # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
+    # it is kept up to date here rather than found again in the whole cache for every kick.
+    least_bad: list = []  # [reward, schedule] once the kicks need it
+
     def scorer(soft: bool):
         def score(rows: np.ndarray) -> np.ndarray:
             scored = evaluate(rows)
             best.offer(problem, rows, scored)
+            if least_bad and best.schedule is None:
+                hard = rewards(problem, scored, reference)
+                i = int(hard.argmax())
+                if hard[i] > least_bad[0]:
+                    least_bad[:] = [float(hard[i]), rows[i].copy()]
             return rewards(problem, scored, reference, soft=soft)
         return score
 
@@ -535,10 +544,13 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             descend(begin)
         # Iterated local search: kick the best plan (or, while none is feasible, the least
         # infeasible schedule) out of its local optimum and descend again.
+        if best.schedule is None:
+            row = _polish_starts(problem, evaluate, reference, 1)[0]
+            least_bad[:] = [float(rewards(problem, evaluate(row[None]), reference)[0]), row]
         for _ in range(cfg.kicks + (0 if sampled_feasible else cfg.extra_kicks)):
             if out_of_time():
                 break
-            anchor = best.schedule if best.schedule is not None else _polish_starts(problem, evaluate, reference, 1)[0]
+            anchor = best.schedule if best.schedule is not None else least_bad[1]
             descend(kick(problem, anchor, rng))
     except KeyboardInterrupt:
         interrupted = True
