@@ -12,6 +12,7 @@ cold run's policy ends with, and both gaps.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 import tempfile
@@ -44,35 +45,47 @@ def changed(profile_path: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def curve(problem, options) -> list[float]:
+def curve(problem, options, seed: int) -> list[float]:
     best: list[float] = []
-    rl.solve(problem, seed=0, options=options, on_step=lambda step, key: best.append(key))
+    rl.solve(problem, seed=seed, options=options, on_step=lambda step, key: best.append(key))
     return best
 
 
+def steps_to(curve_: list[float], goal: float) -> int | None:
+    return next((i + 1 for i, v in enumerate(curve_) if v <= goal * (1 + 1e-9)), None)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=3, help="plan each changed model with this many seeds")
+    parser.add_argument("--only", help="run the instances whose name contains this")
+    args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in INSTANCES:
+        for name in [n for n in INSTANCES if not args.only or args.only in n]:
             profile, cluster = paths(name)
             policy = Path(tmp) / f"{name}.pt"
             rl.solve(load_problem(str(profile), str(cluster)), seed=0,
                      options=SolveOptions(steps=STEPS, policy_out=policy))
             new = load_problem(str(changed(profile, Path(tmp) / f"{name}.yaml")), str(cluster))
             optimum = exact.solve(new).cost_usd
-            cold = curve(new, SolveOptions(steps=STEPS))
-            warm = curve(new, SolveOptions(steps=STEPS, policy_in=policy))
-            goal = cold[-1]
-
-            def steps_to(c):
-                return next((i + 1 for i, v in enumerate(c) if v <= goal * (1 + 1e-9)), None)
-
-            rows.append((name, optimum, cold[-1] / optimum - 1, warm[-1] / optimum - 1, steps_to(cold), steps_to(warm)))
-            print(f"  {name}: cold {steps_to(cold)} steps, warm {steps_to(warm)}", file=sys.stderr, flush=True)
-    print("| changed model | optimum $ | cold gap | warm gap | cold steps to cold's final gap | warm steps to it |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, opt, gc, gw, sc, sw in rows:
-        print(f"| {name} +1 layer | {opt:.2f} | {100 * gc:.2f}% | {100 * gw:.2f}% | {sc} | {sw if sw is not None else 'not reached'} |")
+            for seed in range(args.seeds):
+                cold = curve(new, SolveOptions(steps=STEPS), seed)
+                warm = curve(new, SolveOptions(steps=STEPS, policy_in=policy), seed)
+                goal = cold[-1]
+                row = (name, seed, optimum, cold[-1] / optimum - 1, warm[-1] / optimum - 1,
+                       steps_to(cold, goal), steps_to(warm, goal))
+                rows.append(row)
+                print(f"  {name} seed {seed}: cold {row[5]} steps, warm {row[6]}", file=sys.stderr, flush=True)
+    print("| changed model | seed | optimum $ | cold gap | warm gap | cold steps to cold's final gap | warm steps to it |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, seed, opt, gc, gw, sc, sw in rows:
+        print(f"| {name} +1 layer | {seed} | {opt:.2f} | {100 * gc:.2f}% | {100 * gw:.2f}% | {sc} | "
+              f"{sw if sw is not None else 'not reached'} |")
+    fewer = sum(sw is not None and sw < sc for *_, sc, sw in rows)
+    print(f"\nwarm reached the cold run's final gap in fewer steps on {fewer}/{len(rows)} runs; "
+          f"median steps cold {np.median([r[5] for r in rows]):.0f}, "
+          f"warm {np.median([r[6] if r[6] is not None else STEPS + 1 for r in rows]):.0f}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,9 +16,12 @@ from rich.text import Text
 from heterps_cli import __version__
 from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, InfeasibleError, InputError
 from heterps_cli.formats import load_cluster, load_profile
-from heterps_cli.problem import build_problem, usable_types
-from heterps_cli.render import print_plan, print_summary
+from heterps_cli.compare import plot_png
+from heterps_cli.compare import run as compare_run
+from heterps_cli.problem import Problem, build_problem, usable_types
+from heterps_cli.render import compare_view, print_plan, print_summary
 from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
+from heterps_cli.schedulers.scoring import DEFAULT_EVALUATIONS
 from heterps_cli.schedulers.rl import Config as RLConfig
 from heterps_cli.yamlio import dump_yaml, write_atomic
 
@@ -96,6 +100,40 @@ ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (SPEC secti
 ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (SPEC section 3).", show_default=False)]
 
 
+ObjectiveOpt = Annotated[
+    Objective, typer.Option(help="cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost).")
+]
+MinThroughputOpt = Annotated[
+    Optional[float], typer.Option(min=0, help="Required samples/s. Default: the profile's job.min_throughput, else 0.", show_default=False)
+]
+SamplesOpt = Annotated[
+    Optional[float], typer.Option(callback=_positive, help="Samples per epoch. Default: the profile's job.samples.", show_default=False)
+]
+EpochsOpt = Annotated[
+    Optional[float], typer.Option(callback=_positive, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False)
+]
+MaxCostOpt = Annotated[
+    Optional[float], typer.Option(callback=_positive, help="Budget in USD a plan must not exceed (mostly for --objective time).", show_default=False)
+]
+SeedOpt = Annotated[int, typer.Option(help="Random seed; the same inputs and seed give the same plan.")]
+StepsOpt = Annotated[
+    Optional[int], typer.Option(min=0, help=f"rl: training steps (default {RLConfig.steps}).", show_default=False, rich_help_panel="Search budget")
+]
+BatchOpt = Annotated[
+    Optional[int], typer.Option(min=1, help=f"rl: schedules sampled per step (default {RLConfig.batch}).", show_default=False, rich_help_panel="Search budget")
+]
+TimeLimitOpt = Annotated[
+    Optional[float], typer.Option(callback=_positive, help="rl, genetic, random: stop searching after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Search budget")
+]
+
+
+def _load(profile: Path, cluster: Path, objective: Objective, samples, epochs, min_throughput, max_cost) -> Problem:
+    prof, pdoc = load_profile(str(profile))
+    clus, cdoc = load_cluster(str(cluster))
+    return build_problem(prof, pdoc, clus, cdoc, objective=objective.value, samples=samples, epochs=epochs,
+                         min_throughput=min_throughput, max_cost=max_cost)
+
+
 @app.command()
 def plan(
     profile: ProfileArg,
@@ -104,52 +142,34 @@ def plan(
         SchedulerName,
         typer.Option("--scheduler", "-s", help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items())),
     ] = "rl",
-    objective: Annotated[
-        Objective, typer.Option(help="cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost).")
-    ] = Objective.cost,
-    min_throughput: Annotated[
-        Optional[float], typer.Option(min=0, help="Required samples/s. Default: the profile's job.min_throughput, else 0.", show_default=False)
-    ] = None,
-    samples: Annotated[
-        Optional[float], typer.Option(callback=_positive, help="Samples per epoch. Default: the profile's job.samples.", show_default=False)
-    ] = None,
-    epochs: Annotated[
-        Optional[float], typer.Option(callback=_positive, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False)
-    ] = None,
-    max_cost: Annotated[
-        Optional[float], typer.Option(callback=_positive, help="Budget in USD a plan must not exceed (mostly for --objective time).", show_default=False)
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Random seed; the same inputs and seed give the same plan.")] = 0,
+    objective: ObjectiveOpt = Objective.cost,
+    min_throughput: MinThroughputOpt = None,
+    samples: SamplesOpt = None,
+    epochs: EpochsOpt = None,
+    max_cost: MaxCostOpt = None,
+    seed: SeedOpt = 0,
     out_file: Annotated[
         Optional[Path], typer.Option("--out", "-o", help="Write the plan as YAML (SPEC section 4), atomically.", show_default=False)
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout, and nothing else.")] = False,
-    steps: Annotated[
-        Optional[int], typer.Option(min=0, help=f"rl: training steps (default {RLConfig.steps}).", show_default=False, rich_help_panel="Learning")
-    ] = None,
-    batch: Annotated[
-        Optional[int], typer.Option(min=1, help=f"rl: schedules sampled per step (default {RLConfig.batch}).", show_default=False, rich_help_panel="Learning")
-    ] = None,
-    time_limit: Annotated[
-        Optional[float], typer.Option(callback=_positive, help="rl: stop training after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Learning")
+    steps: StepsOpt = None,
+    batch: BatchOpt = None,
+    time_limit: TimeLimitOpt = None,
+    evaluations: Annotated[
+        Optional[int], typer.Option(min=1, help=f"genetic, random: cost-model evaluations (default {DEFAULT_EVALUATIONS:,}).", show_default=False, rich_help_panel="Search budget")
     ] = None,
     policy_in: Annotated[
-        Optional[Path], typer.Option(help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).", show_default=False, rich_help_panel="Learning")
+        Optional[Path], typer.Option(help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).", show_default=False, rich_help_panel="Search budget")
     ] = None,
     policy_out: Annotated[
-        Optional[Path], typer.Option(help="rl: save the trained policy to this file.", show_default=False, rich_help_panel="Learning")
+        Optional[Path], typer.Option(help="rl: save the trained policy to this file.", show_default=False, rich_help_panel="Search budget")
     ] = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with _exit_codes():
-        prof, pdoc = load_profile(str(profile))
-        clus, cdoc = load_cluster(str(cluster))
-        problem = build_problem(
-            prof, pdoc, clus, cdoc,
-            objective=objective.value, samples=samples, epochs=epochs,
-            min_throughput=min_throughput, max_cost=max_cost,
-        )
-        options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in, policy_out=policy_out)
+        problem = _load(profile, cluster, objective, samples, epochs, min_throughput, max_cost)
+        options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in,
+                               policy_out=policy_out, evaluations=evaluations)
         with _progress_bar() as report:
             result = solve(scheduler.value, problem, seed=seed, progress=report, options=options)
         if out_file is not None:
@@ -160,6 +180,62 @@ def plan(
     print_plan(out, result)
     if out_file is not None:
         out.print(f"wrote {out_file}")
+
+
+def _scheduler_list(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCHEDULERS]
+    if unknown or not names:
+        raise typer.BadParameter(f"unknown scheduler {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCHEDULERS)}")
+    return list(dict.fromkeys(names))
+
+
+@app.command()
+def compare(
+    profile: ProfileArg,
+    cluster: ClusterArg,
+    schedulers: Annotated[
+        str, typer.Option(help="Comma-separated schedulers to run, in table order.", callback=_scheduler_list)
+    ] = ",".join(SCHEDULERS),
+    objective: ObjectiveOpt = Objective.cost,
+    min_throughput: MinThroughputOpt = None,
+    samples: SamplesOpt = None,
+    epochs: EpochsOpt = None,
+    max_cost: MaxCostOpt = None,
+    seed: SeedOpt = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout, and nothing else.")] = False,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="Draw cost (throughput for --objective time) against solve time to this PNG.", show_default=False)
+    ] = None,
+    steps: StepsOpt = None,
+    batch: BatchOpt = None,
+    time_limit: TimeLimitOpt = None,
+    evaluations: Annotated[
+        Optional[int], typer.Option(min=1, help="genetic, random: cost-model evaluations. Default: as many as rl used (when rl runs), "
+                                    f"else {DEFAULT_EVALUATIONS:,}.", show_default=False, rich_help_panel="Search budget")
+    ] = None,
+) -> None:
+    """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
+    with _exit_codes():
+        problem = _load(profile, cluster, objective, samples, epochs, min_throughput, max_cost)
+        options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
+
+        def done(entry) -> None:
+            figure = "no feasible plan" if entry.plan is None else (
+                f"{entry.plan.throughput:,.1f} samples/s" if objective == Objective.time else f"${entry.plan.cost_usd:,.2f}")
+            err.print(f"[bold]{entry.scheduler}[/]: {figure} in {entry.solve_s:.2f} s")
+
+        with _progress_bar() as report:
+            entries = compare_run(problem, schedulers, seed=seed, options=options, progress=report, on_done=done)
+        if plot is not None:
+            write_atomic(plot, plot_png(problem, entries))
+    if as_json:
+        print(json.dumps({"model": problem.model, "cluster": problem.cluster, "objective": problem.objective,
+                          "seed": seed, "results": [e.to_dict() for e in entries]}, indent=2))
+        return
+    out.print(compare_view(entries, problem.objective))
+    if plot is not None:
+        out.print(f"wrote {plot}")
 
 
 @app.command()

@@ -132,3 +132,36 @@ def print_summary(console: Console, profile: Profile, path: str, cluster: Cluste
             console.print(f"  [yellow]note:[/] profiled types not in the cluster are ignored when planning: {', '.join(ignored)}")
         if unused:
             console.print(f"  [yellow]note:[/] cluster types the profile never times cannot be used: {', '.join(unused)}")
+
+
+def compare_view(entries, objective: str) -> Group:
+    """One row per scheduler: feasible, cost, throughput, resources, evaluations, seconds, gap."""
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    number = dict(justify="right", no_wrap=True)
+    table.add_column("scheduler", no_wrap=True)
+    table.add_column("feasible", no_wrap=True)
+    table.add_column("cost $", **number)
+    table.add_column("samples/s", **number)
+    table.add_column("resources", min_width=9)
+    table.add_column("evals", **number)
+    table.add_column("solve s", **number)
+    table.add_column("gap", **number)
+    failures = []
+    for e in entries:
+        p = e.plan
+        if p is None:
+            table.add_row(e.scheduler, "[red]no[/]", "—", "—", "—", "—", f"{e.solve_s:.2f}", "—")
+            failures.append(Text(f"{e.scheduler}: ", style="bold") + Text(e.failure or ""))
+            continue
+        gap = "" if e.gap is None else f"{100 * e.gap:.2f}%"
+        table.add_row(
+            e.scheduler, "yes", f"{p.cost_usd:,.2f}", f"{p.throughput:,.0f}",
+            ", ".join(f"{t} {n}" for t, n in p.resources.items() if n),
+            "—" if p.evaluations is None else f"{p.evaluations:,}", f"{e.solve_s:.2f}", gap,
+            style="bold green" if e.gap is not None and e.gap <= 1e-9 else None,
+        )
+    if any(e.gap is not None for e in entries):
+        what = "lost throughput" if objective == "time" else "extra cost"
+        table.caption = f"gap: {what} relative to the exact optimum · evals: schedules scored by the cost model"
+        table.caption_justify = "left"
+    return Group(table, *failures)

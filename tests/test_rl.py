@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli import app
 from heterps_cli.errors import InfeasibleError
-from heterps_cli.schedulers import SolveOptions, rl
+from heterps_cli.schedulers import SolveOptions, rl, scoring
 from tests.helpers import instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
@@ -52,16 +52,16 @@ def test_sampling_respects_the_mask():
     assert logp.item() < -1e6
 
 
-def _scored(problem, feasible, cost, throughput) -> rl.Scored:
+def _scored(problem, feasible, cost, throughput) -> scoring.Scored:
     B = len(feasible)
-    return rl.Scored(np.array(feasible), np.array(cost), np.array(throughput),
+    return scoring.Scored(np.array(feasible), np.array(cost), np.array(throughput),
                      np.zeros((B, problem.n_types)), np.ones((B, problem.n_layers)))
 
 
 def test_rewards_order_cheaper_feasible_dearer_feasible_infeasible():
     _, problem = _problem(min_throughput=100.0)
     scored = _scored(problem, [True, True, False, False], [10.0, 12.0, 5.0, 5.0], [150.0, 120.0, 90.0, 50.0])
-    r = rl.rewards(problem, scored, rl.Reference(cost=10.0, throughput=150.0))
+    r = scoring.rewards(problem, scored, scoring.Reference(cost=10.0, throughput=150.0))
     assert r[0] > r[1] > r[2] > r[3], r  # and the infeasible one that misses more is worse
 
 
@@ -69,7 +69,7 @@ def test_time_rewards_prefer_faster_then_cheaper():
     _, problem = _problem(objective="time")
     scored = _scored(problem, [True, True, True, False], [10.0, 9.0, 1.0, 1.0], [200.0, 200.0, 199.0, 500.0])
     scored.used[3] = problem.limits + 1  # the fastest one breaks a limit
-    r = rl.rewards(problem, scored, rl.Reference(cost=5.0, throughput=200.0))
+    r = scoring.rewards(problem, scored, scoring.Reference(cost=5.0, throughput=200.0))
     assert r[1] > r[0] > r[2] > r[3], r
 
 
@@ -133,7 +133,7 @@ def test_policy_for_other_types_is_refused(tmp_path):
 def test_ctrl_c_returns_the_best_plan_so_far(monkeypatch):
     _, problem = _problem(seed=4, n=8, T=2)
     calls = {"n": 0}
-    original = rl.Evaluator.__call__
+    original = scoring.Evaluator.__call__
 
     def interrupting(self, rows):
         calls["n"] += 1
@@ -141,7 +141,7 @@ def test_ctrl_c_returns_the_best_plan_so_far(monkeypatch):
             raise KeyboardInterrupt
         return original(self, rows)
 
-    monkeypatch.setattr(rl.Evaluator, "__call__", interrupting)
+    monkeypatch.setattr(scoring.Evaluator, "__call__", interrupting)
     plan = rl.solve(problem, options=SolveOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 
@@ -167,7 +167,7 @@ def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
 
     _, problem = _problem(seed=8, n=10, T=3)
     rng = np.random.default_rng(0)
-    schedule = rl.heuristic_schedules(problem)[0]
+    schedule = scoring.heuristic_schedules(problem)[0]
     for rows in (neighbours(problem, schedule), wide_neighbours(problem, schedule),
                  np.stack([kick(problem, schedule, rng) for _ in range(50)])):
         assert len(rows) > 0

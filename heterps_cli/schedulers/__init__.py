@@ -29,16 +29,21 @@ class SolveOptions:
     time_limit: float | None = None  # seconds of training at most
     policy_in: Path | None = None  # warm-start from this saved policy
     policy_out: Path | None = None  # save the trained policy here
+    evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)
 
 
 Solver = Callable[..., Plan]
 
 # Imported here, after SolveOptions, so that schedulers may import it from this package.
-from heterps_cli.schedulers import exact, rl  # noqa: E402
+from heterps_cli.schedulers import exact, genetic, greedy, random_search, rl  # noqa: E402
 
 SCHEDULERS: dict[str, tuple[Solver, str]] = {
     "rl": (rl.solve, "the HeterPS method, an LSTM policy trained by REINFORCE that picks each layer's type "
                      "(replicas exact, then a local search polishes)"),
+    "genetic": (genetic.solve, "a genetic algorithm over schedules (tournament selection, two-point crossover, "
+                               "flip/shift mutation, elitism) for --evaluations cost-model evaluations"),
+    "greedy": (greedy.solve, greedy.RULE),
+    "random": (random_search.solve, "the best of --evaluations random valid schedules"),
     "exact": (exact.solve, "the provable optimum (a DP over stage boundaries per bottleneck throughput, "
                            "limit-aware)"),
 }

@@ -372,16 +372,16 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
     )
 
 
-def diagnose(problem: Problem, failure: str) -> InfeasibleError:
+def diagnose(problem: Problem, failure: str, hint: str) -> InfeasibleError:
     """The error for a heuristic that found no feasible plan: the true reason if there is none,
-    else the heuristic's failure and the optimum it missed."""
+    else the heuristic's failure, the optimum it missed and ``hint`` (what to try)."""
     try:
         found = solve(problem)
     except InfeasibleError as exc:
         return exc
     return InfeasibleError(
         f"{failure}, but a feasible plan exists (the exact solver finds one costing ${found.cost_usd:,.2f} "
-        f"at {found.throughput:,.1f} samples/s): give it more --steps, or use --scheduler exact"
+        f"at {found.throughput:,.1f} samples/s): {hint}"
     )
 
 

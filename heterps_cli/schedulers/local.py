@@ -16,7 +16,9 @@ the search back to the cheap moves (variable neighbourhood descent).
 
 The search climbs a score that ranks feasible plans by the objective and
 infeasible plans below them by how far they miss, so a walk can also climb
-into feasibility. :func:`kick` perturbs a schedule for iterated local search.
+into feasibility. :func:`kick` perturbs a schedule for iterated local search,
+and :func:`polish` runs the whole thing: a descent from each promising start,
+then kicks and descents from the best plan.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from heterps_cli.problem import Problem
+from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, rewards, signature
 
 SEGMENT = 12  # longest run of layers the wide move recolours
 
@@ -128,3 +131,77 @@ def kick(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> np
             row[a : a + length] = rng.choice(types)
             return row
     return row
+
+
+def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, count: int) -> list[np.ndarray]:
+    """The best-rewarded schedule of each of the ``count`` best stage-type sequences scored so far,
+    then the heuristic schedules whose sequences are not among them.
+
+    A local search cannot turn a cpu|a100|cpu plan into a cpu|v100|cpu one when
+    every step in between is worse; starting one search per sequence can.
+    """
+    keys = list(evaluate.cache)
+    rows = np.stack([np.frombuffer(k, dtype=np.int64) for k in keys])
+    order = np.argsort(-rewards(problem, evaluate(rows), reference), kind="stable")
+    chosen, seen = [], set()
+    for row in rows[order]:
+        if len(chosen) == count:
+            break
+        if signature(row) not in seen:
+            seen.add(signature(row))
+            chosen.append(row.copy())
+    for row in heuristic_schedules(problem):
+        if signature(row) not in seen:
+            seen.add(signature(row))
+            chosen.append(row.copy())
+    return chosen
+
+
+def polish(problem: Problem, evaluate: Evaluator, best: Best, reference: Reference, rng: np.random.Generator, *,
+           starts: list[np.ndarray], kicks: int = 0, extra_kicks: int = 0,
+           out_of_time: Callable[[], bool] = lambda: False) -> None:
+    """Local search from each of ``starts``, then iterated local search; improves ``best`` in place.
+
+    Each descent climbs the hard reward, then the soft one (which may cross
+    mildly infeasible plans), then the hard one again from the best plan. The
+    kicks perturb the best plan (while none is feasible, the least infeasible
+    schedule) and descend again: ``kicks`` of them once a plan is feasible, and up
+    to ``extra_kicks`` more while none is, so that a search that found nothing
+    keeps looking but one that did stops as soon as usual.
+    """
+    # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
+    # it is kept up to date here rather than found again in the whole cache for every kick.
+    least_bad: list = []  # [reward, schedule] once the kicks need it
+
+    def scorer(soft: bool):
+        def score(rows: np.ndarray) -> np.ndarray:
+            scored = evaluate(rows)
+            best.offer(problem, rows, scored)
+            if least_bad and best.schedule is None:
+                hard = rewards(problem, scored, reference)
+                i = int(hard.argmax())
+                if hard[i] > least_bad[0]:
+                    least_bad[:] = [float(hard[i]), rows[i].copy()]
+            return rewards(problem, scored, reference, soft=soft)
+        return score
+
+    def descend(begin: np.ndarray) -> None:
+        found, _ = improve(problem, begin, scorer(soft=False))
+        improve(problem, found, scorer(soft=True))
+        if best.schedule is not None:
+            improve(problem, best.schedule, scorer(soft=False))
+
+    for begin in starts:
+        if out_of_time() and best.schedule is not None:
+            break
+        descend(begin)
+    if best.schedule is None:
+        row = polish_starts(problem, evaluate, reference, 1)[0]
+        least_bad[:] = [float(rewards(problem, evaluate(row[None]), reference)[0]), row]
+    since_feasible = 0
+    for _ in range(kicks + extra_kicks):
+        if out_of_time() or since_feasible >= kicks:
+            break
+        anchor = best.schedule if best.schedule is not None else least_bad[1]
+        descend(kick(problem, anchor, rng))
+        since_feasible += best.schedule is not None

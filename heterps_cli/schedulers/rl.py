@@ -14,7 +14,8 @@ Read top to bottom: features, policy, reward, the two training phases, solve.
 * **Policy**: a bidirectional LSTM reads the features. An autoregressive LSTM
   decoder then emits, per layer, a softmax over the types it can run on, fed the
   previous layer's choice so that it can learn to keep a stage together.
-* **Reward**: every sampled schedule gets exact replica counts
+* **Reward** (:mod:`heterps_cli.schedulers.scoring`, shared with genetic and
+  random): every sampled schedule gets exact replica counts
   (:func:`~heterps_cli.costmodel.provision`) and a reward of ``-cost / reference``
   (``-reference / throughput`` for objective ``time``), capped below at
   ``-CAP``. An infeasible schedule gets less than any feasible one, graded by how
@@ -40,7 +41,6 @@ Read top to bottom: features, policy, reward, the two training phases, solve.
 from __future__ import annotations
 
 import io
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,17 +49,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from heterps_cli.costmodel import better, provision, split_stages
 from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.local import improve, kick
+from heterps_cli.schedulers.local import polish, polish_starts
+from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, random_schedules, rewards
 from heterps_cli.yamlio import write_atomic
 
 KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
 POSITION_FREQUENCIES = 4  # sin/cos pairs of the relative position
-CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
 POLICY_FORMAT = "heterps-policy/1"
 
 
@@ -215,55 +214,6 @@ def load_policy(path: Path, problem: Problem) -> Policy:
 # -- reward ---------------------------------------------------------------------
 
 
-def shortfall(problem: Problem, scores: Scored) -> np.ndarray:
-    """How far each plan misses its constraints, as a sum of relative excesses (0 when it meets them)."""
-    miss = np.zeros(len(scores.cost))
-    if problem.min_throughput > 0:
-        miss += np.maximum(0.0, 1.0 - scores.throughput / problem.min_throughput)
-    miss += (np.maximum(0.0, scores.used - problem.limits[None, :]) / problem.limits[None, :]).sum(axis=1)
-    if problem.max_cost is not None:
-        miss += np.maximum(0.0, scores.cost / problem.max_cost - 1.0)
-    return miss
-
-
-@dataclass(frozen=True)
-class Reference:
-    """Scales for the reward: the best cost and throughput of the pre-training pool's plans."""
-
-    cost: float
-    throughput: float
-
-    @classmethod
-    def of(cls, scores: Scored) -> "Reference":
-        chosen = scores.feasible if scores.feasible.any() else np.ones_like(scores.feasible)
-        cost = float(scores.cost[chosen].min())
-        return cls(cost=cost if cost > 0 else 1.0, throughput=float(scores.throughput[chosen].max()))
-
-
-# Under objective time, cost only breaks ties: 1% dearer weighs as much as 0.001% slower.
-TIE_BREAK = 1e-3
-
-
-def rewards(problem: Problem, scores: Scored, reference: Reference, soft: bool = False) -> np.ndarray:
-    """Higher is better: cheaper feasible > dearer feasible > infeasible, graded by the miss.
-
-    Objective ``time`` ranks by ``reference / throughput`` and, among equally
-    fast plans, by cost (SPEC: ties go to the cheaper plan). ``soft`` trades
-    objective against miss instead (``-ratio - 3 * miss`` for every plan), which
-    lets a local search cross mildly infeasible plans when limits bind; only
-    feasible plans are ever kept.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if problem.objective == "time":
-            ratio = reference.throughput / scores.throughput + TIE_BREAK * scores.cost / reference.cost
-        else:
-            ratio = scores.cost / reference.cost
-    quality = -np.minimum(np.nan_to_num(ratio, nan=CAP, posinf=CAP), CAP)
-    if soft:
-        return quality - 3.0 * shortfall(problem, scores)
-    return np.where(scores.feasible, quality, -CAP - 1.0 - shortfall(problem, scores))
-
-
 def _rank_advantage(r: np.ndarray) -> np.ndarray:
     """Centred, scaled ranks of the rewards (ties share a rank).
 
@@ -277,144 +227,7 @@ def _rank_advantage(r: np.ndarray) -> np.ndarray:
     return (ranks - ranks.mean()) / (ranks.std() + 1e-8)
 
 
-# -- phase 1: random schedules ----------------------------------------------------
-
-
-def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
-    """Schedules of 1..max(8, n/3) contiguous segments on random types (so that deep pipelines, which
-    fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on."""
-    n, T = problem.n_layers, problem.n_types
-    out = np.zeros((count, n), dtype=np.int64)
-    most = min(n, max(8, n // 3))
-    for b in range(count):
-        segments = int(rng.integers(1, most + 1))
-        cuts = sorted(int(c) for c in rng.choice(np.arange(1, n), size=segments - 1, replace=False))
-        for a, z in zip([0, *cuts], [*cuts, n]):
-            out[b, a:z] = rng.integers(0, T)
-    bad = ~problem.runnable[np.arange(n)[None, :], out]
-    if bad.any():
-        fallback = _per_layer_best(problem, problem.oct * np.maximum(problem.prices, 1e-9)[None, :])
-        out = np.where(bad, fallback[None, :], out)
-    return out
-
-
-def _per_layer_best(problem: Problem, score: np.ndarray) -> np.ndarray:
-    return np.where(problem.runnable, score, np.inf).argmin(axis=1)
-
-
-def heuristic_schedules(problem: Problem) -> np.ndarray:
-    """Each layer on its cheapest-to-compute, cheapest-overall and fastest type, and each type for all."""
-    price = np.maximum(problem.prices, 1e-9)[None, :]
-    rows = [
-        _per_layer_best(problem, problem.oct * price),
-        _per_layer_best(problem, np.maximum(problem.oct, problem.odt) * price),
-        _per_layer_best(problem, np.maximum(problem.oct, problem.odt)),
-    ]
-    for t in range(problem.n_types):
-        rows.append(np.where(problem.runnable[:, t], t, rows[0]))
-    return np.array(rows, dtype=np.int64)
-
-
 # -- solve ----------------------------------------------------------------------
-
-
-@dataclass
-class Scored:
-    """What training needs of a batch of scored schedules (replicas padded to one per layer)."""
-
-    feasible: np.ndarray
-    cost: np.ndarray
-    throughput: np.ndarray
-    used: np.ndarray
-    replicas: np.ndarray
-
-
-class Evaluator:
-    """Exact provisioning of schedules, each distinct schedule scored once per run.
-
-    Samples repeat more and more as the policy sharpens, so most of a late batch
-    is a cache hit; ``evaluations`` counts the schedules actually scored.
-    """
-
-    def __init__(self, problem: Problem):
-        self.problem = problem
-        self.cache: dict[bytes, tuple] = {}
-        self.evaluations = 0
-
-    def __call__(self, schedules: np.ndarray) -> Scored:
-        keys = [row.tobytes() for row in schedules]
-        new = {k: i for i, k in enumerate(keys) if k not in self.cache}
-        if new:
-            rows = schedules[list(new.values())]
-            scores = provision(self.problem, split_stages(self.problem, rows))
-            self.evaluations += len(rows)
-            n = self.problem.n_layers
-            for j, key in enumerate(new):
-                replicas = np.zeros(n)
-                replicas[: scores.replicas.shape[1]] = scores.replicas[j]
-                self.cache[key] = (bool(scores.feasible[j]), float(scores.cost[j]), float(scores.throughput[j]),
-                                   scores.used[j].copy(), replicas)
-        feasible, cost, thr, used, replicas = zip(*(self.cache[k] for k in keys))
-        return Scored(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
-
-
-@dataclass
-class _Best:
-    """The best feasible plan seen: by the objective, ties to the faster (cost) or cheaper (time) plan."""
-
-    objective: str = "cost"
-    schedule: np.ndarray | None = None
-    replicas: np.ndarray | None = None
-    cost: float = math.inf
-    throughput: float = 0.0
-
-    @property
-    def key(self) -> float:
-        """Lower is better: the cost, or minus the throughput (inf while none is feasible)."""
-        if self.schedule is None:
-            return math.inf
-        return -self.throughput if self.objective == "time" else self.cost
-
-    def offer(self, problem: Problem, schedules: np.ndarray, scored: Scored) -> None:
-        rows = np.flatnonzero(scored.feasible)
-        if rows.size == 0:
-            return
-        cost, thr = scored.cost[rows], scored.throughput[rows]
-        order = np.lexsort((cost, -thr)) if self.objective == "time" else np.lexsort((-thr, cost))
-        i = int(rows[order[0]])
-        if better(problem, scored.cost[i], scored.throughput[i], self.cost, self.throughput):
-            stages = int((np.diff(schedules[i]) != 0).sum()) + 1
-            self.schedule, self.replicas = schedules[i].copy(), scored.replicas[i, :stages].copy()
-            self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
-
-
-def _signature(schedule: np.ndarray) -> tuple[int, ...]:
-    """The sequence of stage types, e.g. (cpu, v100, cpu) as type indices."""
-    return tuple(schedule[np.r_[0, np.flatnonzero(np.diff(schedule)) + 1]].tolist())
-
-
-def _polish_starts(problem: Problem, evaluate: "Evaluator", reference: Reference, count: int) -> list[np.ndarray]:
-    """The best-rewarded schedule of each of the ``count`` best stage-type sequences scored so far,
-    then the heuristic schedules whose sequences are not among them.
-
-    A local search cannot turn a cpu|a100|cpu plan into a cpu|v100|cpu one when
-    every step in between is worse; starting one search per sequence can.
-    """
-    keys = list(evaluate.cache)
-    rows = np.stack([np.frombuffer(k, dtype=np.int64) for k in keys])
-    order = np.argsort(-rewards(problem, evaluate(rows), reference), kind="stable")
-    chosen, seen = [], set()
-    for row in rows[order]:
-        if len(chosen) == count:
-            break
-        if _signature(row) not in seen:
-            seen.add(_signature(row))
-            chosen.append(row.copy())
-    for row in heuristic_schedules(problem):
-        if _signature(row) not in seen:
-            seen.add(_signature(row))
-            chosen.append(row.copy())
-    return chosen
 
 
 def solve(problem: Problem, *, seed: int = 0, progress=None, options=None, on_step=None) -> Plan:
@@ -450,8 +263,8 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     else:
         policy = Policy(feats.shape[1], problem.n_types, cfg.hidden)
     optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    best, evaluate, notes = _Best(problem.objective), Evaluator(problem), []
-    learned = _Best(problem.objective)  # the policy's own samples only: the learning curve
+    best, evaluate, notes = Best(problem.objective), Evaluator(problem), []
+    learned = Best(problem.objective)  # the policy's own samples only: the learning curve
 
     def out_of_time() -> bool:
         return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
@@ -515,49 +328,17 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     # Polish: a local search from the best schedule of each of the most promising stage sequences.
     report("rl: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
 
-    # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
-    # it is kept up to date here rather than found again in the whole cache for every kick.
-    least_bad: list = []  # [reward, schedule] once the kicks need it
-
-    def scorer(soft: bool):
-        def score(rows: np.ndarray) -> np.ndarray:
-            scored = evaluate(rows)
-            best.offer(problem, rows, scored)
-            if least_bad and best.schedule is None:
-                hard = rewards(problem, scored, reference)
-                i = int(hard.argmax())
-                if hard[i] > least_bad[0]:
-                    least_bad[:] = [float(hard[i]), rows[i].copy()]
-            return rewards(problem, scored, reference, soft=soft)
-        return score
-
-    def descend(begin: np.ndarray) -> None:
-        found, _ = improve(problem, begin, scorer(soft=False))
-        found, _ = improve(problem, found, scorer(soft=True))
-        if best.schedule is not None:
-            improve(problem, best.schedule, scorer(soft=False))
-
     try:
-        for begin in _polish_starts(problem, evaluate, reference, cfg.polish_starts):
-            if out_of_time() and best.schedule is not None:
-                break
-            descend(begin)
-        # Iterated local search: kick the best plan (or, while none is feasible, the least
-        # infeasible schedule) out of its local optimum and descend again.
-        if best.schedule is None:
-            row = _polish_starts(problem, evaluate, reference, 1)[0]
-            least_bad[:] = [float(rewards(problem, evaluate(row[None]), reference)[0]), row]
-        for _ in range(cfg.kicks + (0 if sampled_feasible else cfg.extra_kicks)):
-            if out_of_time():
-                break
-            anchor = best.schedule if best.schedule is not None else least_bad[1]
-            descend(kick(problem, anchor, rng))
+        polish(problem, evaluate, best, reference, rng,
+               starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
+               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
     except KeyboardInterrupt:
         interrupted = True
         notes.append("polish interrupted (Ctrl-C): the best plan found so far")
     if options is not None and options.policy_out is not None and not interrupted:
         save_policy(policy, problem, options.policy_out)
     if best.schedule is None:
-        raise diagnose(problem, f"the rl scheduler found no feasible plan in {evaluate.evaluations:,} evaluations")
+        raise diagnose(problem, f"the rl scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
+                       "give it more --steps, or use --scheduler exact")
     return make_plan(problem, best.schedule, best.replicas, scheduler="rl", seed=seed,
                      solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))

@@ -1,0 +1,119 @@
+"""Run several schedulers on one problem with one budget and seed, and measure them against the optimum.
+
+rl runs first: unless a budget is given, genetic and random then get exactly
+the number of cost-model evaluations rl used, so the comparison is fair.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass, replace
+
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.plan import Plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
+
+BUDGETED = ("genetic", "random")  # the schedulers whose budget is a number of evaluations
+
+
+@dataclass(frozen=True)
+class Entry:
+    scheduler: str
+    plan: Plan | None  # None when the scheduler found no feasible plan
+    failure: str | None  # why not
+    solve_s: float
+    gap: float | None = None  # to the exact optimum: cost / optimum - 1, or 1 - throughput / optimum (time)
+
+    def to_dict(self) -> dict:
+        plan = self.plan
+        return {
+            "scheduler": self.scheduler,
+            "feasible": plan is not None,
+            "cost_usd": plan.cost_usd if plan else None,
+            "throughput": plan.throughput if plan else None,
+            "resources": plan.resources if plan else None,
+            "evaluations": plan.evaluations if plan else None,
+            "solve_s": self.solve_s,
+            "gap": self.gap,
+            "error": self.failure,
+            "plan": plan.to_dict() if plan else None,
+        }
+
+
+def run(problem: Problem, names: list[str], *, seed: int = 0, options: SolveOptions = SolveOptions(),
+        progress=None, on_done=None) -> list[Entry]:
+    """Each scheduler in ``names`` on ``problem``; entries in the order of ``names``, gaps filled in.
+
+    ``progress`` is passed to each scheduler with its position prefixed;
+    ``on_done(entry)`` is called as each one finishes.
+    """
+    unknown = [n for n in names if n not in SCHEDULERS]
+    if unknown:
+        raise ValueError(f"unknown schedulers {unknown}")
+    order = sorted(names, key=lambda n: n != "rl")  # stable: rl first, the rest as given
+    done: dict[str, Entry] = {}
+    for position, name in enumerate(order, 1):
+        own = options
+        if name in BUDGETED and options.evaluations is None and "rl" in done and done["rl"].plan is not None:
+            own = replace(options, evaluations=done["rl"].plan.evaluations)
+
+        def report(description, completed=None, total=None, _prefix=f"[{position}/{len(order)}] "):
+            if progress is not None:
+                progress(_prefix + description, completed=completed, total=total)
+
+        start = time.perf_counter()
+        try:
+            found, failure = solve(name, problem, seed=seed, progress=report, options=own), None
+        except InfeasibleError as exc:
+            found, failure = None, str(exc)
+        done[name] = Entry(name, found, failure, found.solve_s if found else time.perf_counter() - start)
+        if on_done is not None:
+            on_done(done[name])
+    entries = [done[n] for n in names]
+    optimum = done.get("exact")
+    if optimum is None or optimum.plan is None:
+        if all(e.plan is None for e in entries):
+            raise InfeasibleError((optimum or entries[0]).failure)
+        return entries
+    return [replace(e, gap=gap(problem, e.plan, optimum.plan)) if e.plan else e for e in entries]
+
+
+def gap(problem: Problem, plan: Plan, optimum: Plan) -> float:
+    """How much worse than the optimum: relative extra cost, or relative lost throughput (time)."""
+    if problem.objective == "time":
+        return 1.0 - plan.throughput / optimum.throughput
+    return plan.cost_usd / optimum.cost_usd - 1.0 if optimum.cost_usd > 0 else 0.0
+
+
+def plot_png(problem: Problem, entries: list[Entry]) -> bytes:
+    """Cost (or throughput) against solve time, one point per scheduler that found a plan, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a CI machine
+    from matplotlib import pyplot as plt
+
+    time_objective = problem.objective == "time"
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    try:
+        for entry in entries:
+            if entry.plan is None:
+                continue
+            y = entry.plan.throughput if time_objective else entry.plan.cost_usd
+            ax.scatter([max(entry.solve_s, 1e-3)], [y], s=50, zorder=3)
+            ax.annotate(entry.scheduler, (max(entry.solve_s, 1e-3), y), textcoords="offset points", xytext=(6, 4))
+            if entry.scheduler == "exact":
+                ax.axhline(y, linestyle="--", linewidth=0.8, color="grey", zorder=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("solve time (s, log scale)")
+        ax.set_ylabel("throughput (samples/s), higher is better" if time_objective else "cost (USD), lower is better")
+        ax.set_title(f"{problem.model} on {problem.cluster}: {'throughput' if time_objective else 'cost'} "
+                     "against solve time")
+        ax.grid(True, which="both", linewidth=0.3)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        return buffer.getvalue()
+    finally:
+        plt.close(fig)

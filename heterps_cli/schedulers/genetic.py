@@ -1,0 +1,132 @@
+"""The genetic scheduler: a genetic algorithm over schedules (a resource type per layer).
+
+* **Population** of :data:`POPULATION` schedules, started from the simple
+  heuristics and random segment schedules; each generation is scored in one
+  vectorised exact-provisioning call (each distinct schedule once per run) and
+  ranked by the same reward as the rl scheduler (cheaper feasible > dearer
+  feasible > infeasible, graded by the miss).
+* **Selection**: tournaments of :data:`TOURNAMENT`; the :data:`ELITE` best
+  schedules pass unchanged (elitism).
+* **Crossover** respects the chain: two-point, the child takes one parent's
+  layers outside ``[a, b)`` and the other's inside, so stages of both parents
+  survive as contiguous runs.
+* **Mutation** flips one layer to another type it can run on, or shifts a
+  stage boundary by 1-3 layers (the neighbouring stage grows over it).
+* **Budget**: cost-model evaluations (``SolveOptions.evaluations``; ``compare``
+  gives it what rl used) and a time limit; it also stops when :data:`PATIENCE`
+  generations in a row find no better plan (converged).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.exact import diagnose
+from heterps_cli.schedulers.scoring import (DEFAULT_EVALUATIONS, Best, Evaluator, Reference, heuristic_schedules,
+                                            random_schedules, rewards)
+
+POPULATION = 64
+ELITE = 4
+TOURNAMENT = 3
+CROSSOVER = 0.9  # probability that a child is a crossover rather than a copy of one parent
+PATIENCE = 50
+
+
+def crossover(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Two-point crossover of rows of ``a`` and ``b``: ``a`` outside a random window, ``b`` inside it."""
+    n = a.shape[1]
+    ends = np.sort(rng.integers(0, n + 1, size=(len(a), 2)), axis=1)
+    layer = np.arange(n)[None, :]
+    return np.where((layer >= ends[:, :1]) & (layer < ends[:, 1:]), b, a)
+
+
+def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Flip one layer's type, or shift one stage boundary by 1-3 layers; stays runnable."""
+    row = schedule.copy()
+    bounds = np.flatnonzero(np.diff(row)) + 1
+    if bounds.size and rng.random() < 0.5:
+        m = int(rng.choice(bounds))
+        shift = int(rng.integers(1, 4))
+        if rng.random() < 0.5:  # the left stage grows rightwards
+            span = slice(m, min(m + shift, len(row)))
+            row[span] = row[m - 1]
+        else:
+            span = slice(max(m - shift, 0), m)
+            row[span] = row[m]
+        if problem.runnable[np.arange(len(row)), row].all():
+            return row
+        row = schedule.copy()
+    layer = int(rng.integers(0, len(row)))
+    types = np.flatnonzero(problem.runnable[layer])
+    types = types[types != row[layer]]
+    if types.size:
+        row[layer] = rng.choice(types)
+    return row
+
+
+def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+    start = time.perf_counter()
+    report = progress or (lambda *a, **k: None)
+    budget = options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
+    time_limit = options.time_limit if options is not None else None
+    rng = np.random.default_rng(seed)
+    evaluate, best = Evaluator(problem), Best(problem.objective)
+    heuristics = heuristic_schedules(problem)
+    population = np.concatenate([heuristics, random_schedules(problem, max(POPULATION - len(heuristics), 0), rng)])
+    population = population[:POPULATION] if budget >= POPULATION else population[:max(budget, 1)]
+    scored = evaluate(population)
+    reference = Reference.of(scored)
+    notes, generation, stale = [], 0, 0
+    while evaluate.evaluations < budget and stale < PATIENCE:
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            notes.append(f"stopped at the time limit after {generation} generations")
+            break
+        key = best.key
+        best.offer(problem, population, scored)
+        stale = stale + 1 if best.schedule is not None and best.key >= key else 0
+        fitness = rewards(problem, scored, reference)
+        elite = population[np.argsort(-fitness, kind="stable")[:ELITE]]
+        count = len(population) - len(elite)
+        mothers, fathers = population[_tournament(fitness, count, rng)], population[_tournament(fitness, count, rng)]
+        crossed = np.where((rng.random(count) < CROSSOVER)[:, None], crossover(mothers, fathers, rng), mothers)
+        children = np.stack([mutate(problem, row, rng) for row in crossed])
+        population = _within_budget(np.concatenate([elite, children]), evaluate, budget, len(elite))
+        scored = evaluate(population)
+        generation += 1
+        shown = "none yet" if best.schedule is None else (
+            f"{best.throughput:,.1f} samples/s" if problem.objective == "time" else f"${best.cost:,.2f}")
+        report(f"genetic: generation {generation} · best {shown}", completed=min(evaluate.evaluations, budget),
+               total=budget)
+    best.offer(problem, population, scored)
+    if stale >= PATIENCE:
+        notes.append(f"converged: no better plan in the last {PATIENCE} generations")
+    if best.schedule is None:
+        raise diagnose(problem, f"the genetic scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
+                       "give it more --evaluations, or use --scheduler exact")
+    return make_plan(problem, best.schedule, best.replicas, scheduler="genetic", seed=seed,
+                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+
+
+def _tournament(fitness: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``count`` tournament winners, each the fittest of TOURNAMENT random entrants."""
+    entrants = rng.integers(0, len(fitness), size=(count, TOURNAMENT))
+    return entrants[np.arange(count), np.argmax(fitness[entrants], axis=1)]
+
+
+def _within_budget(children: np.ndarray, evaluate: Evaluator, budget: int, keep: int) -> np.ndarray:
+    """Replace the new schedules past the budget by copies of the elite, so the count is exact."""
+    left = budget - evaluate.evaluations
+    seen: set[bytes] = set()
+    for i in range(keep, len(children)):
+        key = children[i].tobytes()
+        if key in evaluate.cache or key in seen:
+            continue
+        if len(seen) >= left:
+            children[i] = children[i % keep]
+        else:
+            seen.add(key)
+    return children

@@ -1,0 +1,62 @@
+"""The random scheduler: the best of N random valid schedules, the floor any method must beat.
+
+Schedules are drawn as 1 to max(8, n/3) contiguous segments on random types
+(:func:`~heterps_cli.schedulers.scoring.random_schedules`), each layer on a
+type it can run on, and provisioned exactly. N is the evaluation budget
+(``SolveOptions.evaluations``: ``compare`` gives it what rl used): distinct
+schedules scored, drawn in batches until N are scored or three batches in a
+row find no new one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.exact import diagnose
+from heterps_cli.schedulers.scoring import DEFAULT_EVALUATIONS, Best, Evaluator, random_schedules
+
+CHUNK = 1024
+
+
+def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+    start = time.perf_counter()
+    report = progress or (lambda *a, **k: None)
+    budget = options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
+    time_limit = options.time_limit if options is not None else None
+    rng = np.random.default_rng(seed)
+    evaluate, best = Evaluator(problem), Best(problem.objective)
+    notes, drawn, dry = [], 0, 0
+    while evaluate.evaluations < budget:
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            notes.append(f"stopped at the time limit after {evaluate.evaluations:,} schedules")
+            break
+        if dry >= 3:  # a small model has fewer distinct schedules than the budget
+            notes.append(f"only {evaluate.evaluations:,} distinct schedules found in {drawn:,} draws")
+            break
+        schedules = random_schedules(problem, CHUNK, rng)
+        drawn += CHUNK
+        fresh = _new_rows(schedules, evaluate.cache)[: budget - evaluate.evaluations]
+        if len(fresh):
+            best.offer(problem, fresh, evaluate(fresh))
+        dry = 0 if len(fresh) else dry + 1
+        report(f"random: {evaluate.evaluations:,}/{budget:,} schedules", completed=evaluate.evaluations, total=budget)
+    if best.schedule is None:
+        raise diagnose(problem, f"the random scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
+                       "give it more --evaluations, or use --scheduler exact")
+    return make_plan(problem, best.schedule, best.replicas, scheduler="random", seed=seed,
+                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+
+
+def _new_rows(schedules: np.ndarray, seen) -> np.ndarray:
+    """The distinct rows of ``schedules`` not in ``seen``, in the order drawn (so the budget is exact)."""
+    keep, keys = [], set()
+    for i, row in enumerate(schedules):
+        key = row.tobytes()
+        if key not in seen and key not in keys:
+            keys.add(key)
+            keep.append(i)
+    return schedules[keep]

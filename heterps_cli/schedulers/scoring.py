@@ -1,0 +1,185 @@
+"""What every search-based scheduler shares: scoring schedules, ranking them, and where to start.
+
+* :class:`Evaluator` provisions schedules exactly (:func:`~heterps_cli.costmodel.provision`),
+  each distinct schedule once per run, in one vectorised call per batch, and
+  counts the evaluations (so ``compare`` can give every scheduler the same budget).
+* :func:`rewards` ranks scored schedules: cheaper feasible > dearer feasible >
+  infeasible, graded by how far each misses its constraints.
+* :class:`Best` keeps the best feasible plan seen.
+* :func:`random_schedules` and :func:`heuristic_schedules` are starting points.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.costmodel import better, provision, split_stages
+from heterps_cli.problem import Problem
+
+CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
+# Under objective time, cost only breaks ties: 1% dearer weighs as much as 0.001% slower.
+TIE_BREAK = 1e-3
+# Evaluations genetic and random get when no rl run sets the budget: about what rl uses on a
+# 32-64 layer model with default settings (``compare`` passes rl's own count instead).
+DEFAULT_EVALUATIONS = 6000
+
+
+@dataclass
+class Scored:
+    """What training needs of a batch of scored schedules (replicas padded to one per layer)."""
+
+    feasible: np.ndarray
+    cost: np.ndarray
+    throughput: np.ndarray
+    used: np.ndarray
+    replicas: np.ndarray
+
+
+class Evaluator:
+    """Exact provisioning of schedules, each distinct schedule scored once per run.
+
+    Samples repeat more and more as the policy sharpens, so most of a late batch
+    is a cache hit; ``evaluations`` counts the schedules actually scored.
+    """
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.cache: dict[bytes, tuple] = {}
+        self.evaluations = 0
+
+    def __call__(self, schedules: np.ndarray) -> Scored:
+        keys = [row.tobytes() for row in schedules]
+        new = {k: i for i, k in enumerate(keys) if k not in self.cache}
+        if new:
+            rows = schedules[list(new.values())]
+            scores = provision(self.problem, split_stages(self.problem, rows))
+            self.evaluations += len(rows)
+            n = self.problem.n_layers
+            for j, key in enumerate(new):
+                replicas = np.zeros(n)
+                replicas[: scores.replicas.shape[1]] = scores.replicas[j]
+                self.cache[key] = (bool(scores.feasible[j]), float(scores.cost[j]), float(scores.throughput[j]),
+                                   scores.used[j].copy(), replicas)
+        feasible, cost, thr, used, replicas = zip(*(self.cache[k] for k in keys))
+        return Scored(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
+
+
+@dataclass
+class Best:
+    """The best feasible plan seen: by the objective, ties to the faster (cost) or cheaper (time) plan."""
+
+    objective: str = "cost"
+    schedule: np.ndarray | None = None
+    replicas: np.ndarray | None = None
+    cost: float = math.inf
+    throughput: float = 0.0
+
+    @property
+    def key(self) -> float:
+        """Lower is better: the cost, or minus the throughput (inf while none is feasible)."""
+        if self.schedule is None:
+            return math.inf
+        return -self.throughput if self.objective == "time" else self.cost
+
+    def offer(self, problem: Problem, schedules: np.ndarray, scored: Scored) -> None:
+        rows = np.flatnonzero(scored.feasible)
+        if rows.size == 0:
+            return
+        cost, thr = scored.cost[rows], scored.throughput[rows]
+        order = np.lexsort((cost, -thr)) if self.objective == "time" else np.lexsort((-thr, cost))
+        i = int(rows[order[0]])
+        if better(problem, scored.cost[i], scored.throughput[i], self.cost, self.throughput):
+            stages = int((np.diff(schedules[i]) != 0).sum()) + 1
+            self.schedule, self.replicas = schedules[i].copy(), scored.replicas[i, :stages].copy()
+            self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
+
+
+def signature(schedule: np.ndarray) -> tuple[int, ...]:
+    """The sequence of stage types, e.g. (cpu, v100, cpu) as type indices."""
+    return tuple(schedule[np.r_[0, np.flatnonzero(np.diff(schedule)) + 1]].tolist())
+
+
+def shortfall(problem: Problem, scores: Scored) -> np.ndarray:
+    """How far each plan misses its constraints, as a sum of relative excesses (0 when it meets them)."""
+    miss = np.zeros(len(scores.cost))
+    if problem.min_throughput > 0:
+        miss += np.maximum(0.0, 1.0 - scores.throughput / problem.min_throughput)
+    miss += (np.maximum(0.0, scores.used - problem.limits[None, :]) / problem.limits[None, :]).sum(axis=1)
+    if problem.max_cost is not None:
+        miss += np.maximum(0.0, scores.cost / problem.max_cost - 1.0)
+    return miss
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Scales for the reward: the best cost and throughput of the pre-training pool's plans."""
+
+    cost: float
+    throughput: float
+
+    @classmethod
+    def of(cls, scores: Scored) -> "Reference":
+        chosen = scores.feasible if scores.feasible.any() else np.ones_like(scores.feasible)
+        cost = float(scores.cost[chosen].min())
+        return cls(cost=cost if cost > 0 else 1.0, throughput=float(scores.throughput[chosen].max()))
+
+
+def rewards(problem: Problem, scores: Scored, reference: Reference, soft: bool = False) -> np.ndarray:
+    """Higher is better: cheaper feasible > dearer feasible > infeasible, graded by the miss.
+
+    Objective ``time`` ranks by ``reference / throughput`` and, among equally
+    fast plans, by cost (SPEC: ties go to the cheaper plan). ``soft`` trades
+    objective against miss instead (``-ratio - 3 * miss`` for every plan), which
+    lets a local search cross mildly infeasible plans when limits bind; only
+    feasible plans are ever kept.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if problem.objective == "time":
+            ratio = reference.throughput / scores.throughput + TIE_BREAK * scores.cost / reference.cost
+        else:
+            ratio = scores.cost / reference.cost
+    quality = -np.minimum(np.nan_to_num(ratio, nan=CAP, posinf=CAP), CAP)
+    if soft:
+        return quality - 3.0 * shortfall(problem, scores)
+    return np.where(scores.feasible, quality, -CAP - 1.0 - shortfall(problem, scores))
+
+
+def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Schedules of 1..max(8, n/3) contiguous segments on random types (so that deep pipelines, which
+    fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on."""
+    n, T = problem.n_layers, problem.n_types
+    most = min(n, max(8, n // 3))
+    segments = rng.integers(1, most + 1, size=count)
+    # The segments - 1 layers with the smallest random keys start a new segment (never layer 0).
+    keys = rng.random((count, n))
+    keys[:, 0] = np.inf
+    rank = np.argsort(np.argsort(keys, axis=1), axis=1)
+    segment = np.cumsum(rank < (segments - 1)[:, None], axis=1)
+    types = rng.integers(0, T, size=(count, most))
+    out = np.take_along_axis(types, segment, axis=1)
+    bad = ~problem.runnable[np.arange(n)[None, :], out]
+    if bad.any():
+        fallback = _per_layer_best(problem, problem.oct * np.maximum(problem.prices, 1e-9)[None, :])
+        out = np.where(bad, fallback[None, :], out)
+    return out
+
+
+def _per_layer_best(problem: Problem, score: np.ndarray) -> np.ndarray:
+    return np.where(problem.runnable, score, np.inf).argmin(axis=1)
+
+
+def heuristic_schedules(problem: Problem) -> np.ndarray:
+    """Each layer on its cheapest-to-compute, cheapest-overall and fastest type, and each type for all."""
+    price = np.maximum(problem.prices, 1e-9)[None, :]
+    rows = [
+        _per_layer_best(problem, problem.oct * price),
+        _per_layer_best(problem, np.maximum(problem.oct, problem.odt) * price),
+        _per_layer_best(problem, np.maximum(problem.oct, problem.odt)),
+    ]
+    for t in range(problem.n_types):
+        rows.append(np.where(problem.runnable[:, t], t, rows[0]))
+    return np.array(rows, dtype=np.int64)
+

@@ -1,0 +1,99 @@
+"""greedy, genetic and random: operators, budgets, constraints, determinism, against brute force."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.schedulers import SolveOptions, genetic, greedy, random_search, solve
+from tests.helpers import instance_dicts, problem_from_dicts, random_instance
+from tests.oracle import brute_force, spec_figures
+
+
+def _instance(seed=0, n=6, T=3, share=0.5):
+    arrays = random_instance(np.random.default_rng(seed), n, T)
+    profile, cluster = instance_dicts(*arrays, min_throughput=32 / arrays[0].min(axis=1).sum() * share)
+    return arrays, profile, cluster, problem_from_dicts(profile, cluster)
+
+
+def test_crossover_takes_one_window_from_the_second_parent():
+    rng = np.random.default_rng(0)
+    a, b = np.zeros((500, 12), dtype=np.int64), np.ones((500, 12), dtype=np.int64)
+    children = genetic.crossover(a, b, rng)
+    for child in children:
+        inside = np.flatnonzero(child == 1)
+        assert inside.size == 0 or (np.diff(inside) == 1).all()  # one contiguous window
+    assert 0 < children.mean() < 1
+
+
+def test_mutation_keeps_every_layer_runnable_and_changes_little():
+    _, _, _, problem = _instance(seed=4, n=10, T=3)
+    rng = np.random.default_rng(1)
+    schedule = greedy.rule_schedule(problem)
+    for _ in range(300):
+        child = genetic.mutate(problem, schedule, rng)
+        assert problem.runnable[np.arange(10), child].all()
+        assert (child != schedule).sum() <= 3
+
+
+def test_greedy_rule_is_the_cheapest_compute_per_layer():
+    arrays, _, _, problem = _instance(seed=2, n=8, T=3)
+    oct_, runnable, prices = arrays[0], arrays[4], arrays[5]
+    for layer, t in enumerate(greedy.rule_schedule(problem)):
+        options = [oct_[layer, u] * max(prices[u], 1e-12) for u in range(3) if runnable[layer, u]]
+        assert runnable[layer, t] and math.isclose(oct_[layer, t] * max(prices[t], 1e-12), min(options))
+
+
+@pytest.mark.parametrize("name", ["greedy", "genetic", "random"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_plans_are_feasible_and_never_beat_brute_force(name, seed):
+    arrays, profile, cluster, problem = _instance(seed=seed, n=5, T=2)
+    expected = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
+    assert expected is not None
+    try:
+        plan = solve(name, problem, seed=seed, options=SolveOptions(evaluations=64))
+    except InfeasibleError:
+        assert name == "greedy"  # a rule may miss; the searches over 32 schedules may not
+        return
+    figures = spec_figures(profile, cluster, plan.to_dict())
+    assert plan.feasible and figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
+    assert all(figures["resources"][t] <= cluster["resources"][t]["limit"] for t in figures["resources"])
+    assert math.isclose(figures["cost_usd"], plan.cost_usd, rel_tol=1e-9)
+    assert plan.cost_usd >= expected[0] * (1 - 1e-9)
+    if name != "greedy":  # 64 evaluations cover all 32 schedules of 5 layers on 2 types
+        assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["genetic", "random"])
+def test_the_budget_is_a_number_of_evaluations(name):
+    _, _, _, problem = _instance(seed=5, n=24, T=3, share=0.05)
+    plan = solve(name, problem, seed=0, options=SolveOptions(evaluations=300))
+    assert plan.evaluations <= 300
+    if name == "random":
+        assert plan.evaluations == 300
+
+
+@pytest.mark.parametrize("name", ["genetic", "random"])
+def test_same_seed_same_plan(name):
+    _, _, _, problem = _instance(seed=6, n=20, T=3, share=0.05)
+    runs = [solve(name, problem, seed=s, options=SolveOptions(evaluations=400)) for s in (3, 3)]
+    assert runs[0].schedule == runs[1].schedule and runs[0].stages == runs[1].stages
+
+
+@pytest.mark.parametrize("module", [genetic, random_search])
+def test_time_objective_returns_a_fast_plan(module):
+    arrays, profile, cluster, _ = _instance(seed=7, n=5, T=2, share=0.0)
+    problem = problem_from_dicts(profile, cluster, objective="time")
+    expected = brute_force(*arrays, 32, problem.work, objective="time")
+    plan = module.solve(problem, seed=0, options=SolveOptions(evaluations=64))
+    assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+
+
+def test_infeasible_reports_the_reason():
+    _, _, _, problem = _instance(seed=8, n=6, T=2, share=1e6)
+    for name in ("greedy", "genetic", "random"):
+        with pytest.raises(InfeasibleError, match="no plan reaches"):
+            solve(name, problem, options=SolveOptions(evaluations=50))
