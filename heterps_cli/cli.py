@@ -19,11 +19,16 @@ from heterps_cli.formats import load_cluster, load_profile
 from heterps_cli.compare import plot_png
 from heterps_cli.compare import run as compare_run
 from heterps_cli.problem import Problem, build_problem, usable_types
-from heterps_cli.render import compare_view, print_plan, print_summary
+from heterps_cli.profile_io import measured_text
+from heterps_cli.profile_io import merge as merge_profiles
+from heterps_cli.profiler import NOISY_CV, load_model, python_path_note
+from heterps_cli.profiler import profile as measure
+from heterps_cli.render import compare_view, print_plan, print_summary, profile_view
 from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
 from heterps_cli.schedulers.scoring import DEFAULT_EVALUATIONS
 from heterps_cli.schedulers.rl import Config as RLConfig
 from heterps_cli.yamlio import dump_yaml, write_atomic
+from heterps_cli.zoo import MODELS as ZOO
 
 app = typer.Typer(
     name="heterps",
@@ -236,6 +241,63 @@ def compare(
     out.print(compare_view(entries, problem.objective))
     if plot is not None:
         out.print(f"wrote {plot}")
+
+
+class Device(str, enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def _shape(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        shape = tuple(int(v) for v in value.replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise typer.BadParameter(f"expected sizes like 3,32,32 (got {value!r})")
+    return shape
+
+
+@app.command(name="profile")
+def profile_command(
+    model: Annotated[str, typer.Argument(
+        help=f"A built-in model ({', '.join(ZOO)}), FILE.py:FACTORY or package.module:FACTORY; or [bold]merge[/] "
+        "followed by profiles to join.", show_default=False)],
+    files: Annotated[Optional[list[Path]], typer.Argument(help="merge: the profiles to join, one per resource type.", show_default=False)] = None,
+    as_type: Annotated[Optional[str], typer.Option("--as", help="The resource type name this machine is in the cluster file (e.g. cpu, v100).", show_default=False)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)] = None,
+    device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
+    out_file: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the profile YAML here, atomically.", show_default=False)] = None,
+    input_shape: Annotated[Optional[str], typer.Option(help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), 4 (ctr: ids per bag).", callback=_shape, show_default=False)] = None,
+    repetitions: Annotated[int, typer.Option(min=20, help="Timed runs per layer (after warm-up); oct is their median.")] = 20,
+    link_gbps: Annotated[Optional[float], typer.Option(callback=_positive, help="Link bandwidth in Gbit/s for odt, instead of measuring it.", show_default=False)] = None,
+) -> None:
+    """Measure a PyTorch model's layers on this machine and write a profile; or merge profiles.
+
+    [bold]heterps profile MODEL --as TYPE --batch-size B0 --out P.yaml[/] measures;
+    [bold]heterps profile merge A.yaml B.yaml -o OUT.yaml[/] joins profiles of one model from several machines.
+    """
+    with _exit_codes():
+        if model == "merge":
+            if out_file is None:
+                raise InputError(None, None, "--out", "merge needs --out FILE for the merged profile")
+            write_atomic(out_file, merge_profiles([str(f) for f in files or []]))
+            out.print(f"wrote {out_file} ({len(files)} profiles merged)")
+            return
+        if files:
+            raise InputError(None, None, "MODEL", f"unexpected extra arguments {[str(f) for f in files]} (only merge takes files)")
+        missing = [flag for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file)) if value is None]
+        if missing:
+            raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
+        with _progress_bar() as report:
+            report(f"loading {model}")
+            loaded = load_model(model, batch_size, input_shape)
+            measured = measure(loaded, as_type, device=device.value, repetitions=repetitions, link_gbps=link_gbps, progress=report)
+        write_atomic(out_file, measured_text(measured, python_path_note()))
+    out.print(profile_view(measured, NOISY_CV))
+    out.print(f"wrote {out_file}")
 
 
 @app.command()

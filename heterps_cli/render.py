@@ -165,3 +165,33 @@ def compare_view(entries, objective: str) -> Group:
         table.caption = f"gap: {what} relative to the exact optimum · evals: schedules scored by the cost model"
         table.caption_justify = "left"
     return Group(table, *failures)
+
+
+def _seconds(x: float) -> str:
+    return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
+
+
+def profile_view(measured, noisy_cv: float) -> Group:
+    """Per layer: type, oct, odt, alpha, the spread of the repetitions; noisy layers flagged."""
+    table = Table(title=f"[bold]{measured.model}[/] as [bold]{measured.resource}[/] on {measured.device}, "
+                  f"batch {measured.batch_size}", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    number = dict(justify="right", no_wrap=True)
+    table.add_column("layer", max_width=28)
+    table.add_column("type", no_wrap=True)
+    for name in ("oct", "odt", "alpha", "spread"):
+        table.add_column(name, **number)
+    noisy = 0
+    for layer in measured.layers:
+        flag = layer.cv > noisy_cv
+        noisy += flag
+        alpha = f"{layer.alpha:.2f}" + ("*" if "alpha" in layer.estimated else " ")
+        table.add_row(layer.name, layer.kind, _seconds(layer.oct), _seconds(layer.odt), alpha,
+                      f"{100 * layer.cv:.0f}%" + (" noisy" if flag else ""), style="yellow" if flag else None)
+    total = sum(layer.oct for layer in measured.layers)
+    lines = [Text(f"sum of oct {_seconds(total)} per batch · link {measured.bandwidth_how}")]
+    lines.append(Text("* alpha estimated (see the comment in the file); spread: coefficient of variation of the runs"))
+    if noisy:
+        lines.append(Text(f"{noisy} noisy layer{'s' if noisy > 1 else ''} (spread > {100 * noisy_cv:.0f}%): "
+                          "profile on an idle machine or raise --repetitions", style="yellow"))
+    lines += [Text(f"note: {n}") for n in measured.notes]
+    return Group(table, *lines)

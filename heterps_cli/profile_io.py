@@ -1,0 +1,121 @@
+"""Writing measured profiles (SPEC section 2) and merging profiles of one model from several machines.
+
+A written profile says how every number was obtained: a header comment for the
+run, and on each ``times`` entry a ``# estimated: ...`` comment naming the
+fields that were not measured and why. Comments keep the file a plain SPEC
+profile; ``merge`` reads them back from the source lines so they survive it.
+Each type's alpha and beta go on its ``times`` entry (SPEC's per-type
+override), so that merging is a union of entries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from heterps_cli.errors import InputError
+from heterps_cli.formats import load_profile
+from heterps_cli.profiler import Profiled
+
+
+@dataclass
+class Entry:
+    oct: float
+    odt: float
+    alpha: float
+    beta: float
+    comment: str = ""  # "estimated: ..." or empty
+
+
+@dataclass
+class LayerRow:
+    name: str
+    kind: str
+    input_size: float
+    weight_size: float
+    times: dict[str, Entry]
+
+
+def _number(x: float) -> str:
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.6g}"
+
+
+def render(model: str, batch_size: int, layers: list[LayerRow], header: list[str]) -> str:
+    lines = [f"# {h}" for h in header]
+    lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}", "layers:"]
+    for row in layers:
+        lines += [f"  - name: {json.dumps(row.name)}", f"    type: {json.dumps(row.kind)}",
+                  f"    input_size: {_number(row.input_size)}", f"    weight_size: {_number(row.weight_size)}",
+                  "    times:"]
+        for t, e in row.times.items():
+            entry = (f"      {json.dumps(t)}: {{oct: {_number(e.oct)}, odt: {_number(e.odt)}, "
+                     f"alpha: {e.alpha:.4g}, beta: {e.beta:.4g}}}")
+            lines.append(entry + (f"  # {e.comment}" if e.comment else ""))
+    return "\n".join(lines) + "\n"
+
+
+def measured_text(p: Profiled, note: str) -> str:
+    """The profile file of one measurement run."""
+    header = [
+        f"measured by heterps profile: model {p.model} as resource type {p.resource!r} on {p.device} ({note})",
+        f"oct: median of {p.repetitions} forward+backward runs of each layer alone, batch {p.batch_size}"
+        + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", device synchronised"),
+        f"odt: (input activations + gradients) bytes per batch / link bandwidth; bandwidth {p.bandwidth_how}",
+        "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
+        *p.notes,
+    ]
+    rows = []
+    for layer in p.layers:
+        why = "; ".join(f"{f}: {r}" for f, r in layer.estimated.items())
+        rows.append(LayerRow(layer.name, layer.kind, layer.input_size, layer.weight_size,
+                             {p.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta,
+                                                f"estimated: {why}" if why else "")}))
+    return render(p.model, p.batch_size, rows, header)
+
+
+def merge(paths: list[str]) -> str:
+    """One multi-type profile from profiles of the same model measured as different types."""
+    if len(paths) < 2:
+        raise InputError(None, None, "merge", "give at least two profiles to merge")
+    loaded = [load_profile(path) for path in paths]
+    (first, fdoc) = loaded[0]
+    text_lines = {path: Path(path).read_text(encoding="utf-8").splitlines() for path in paths}
+    rows = [LayerRow(l.name, l.type, l.input_size, l.weight_size, {}) for l in first.layers]
+    owner: dict[str, str] = {}
+    header = [f"merged by heterps profile merge from {', '.join(paths)}"]
+    for (prof, doc), path in zip(loaded, paths):
+        header += [f"{Path(path).name}: {line[2:]}" for line in text_lines[path] if line.startswith("# ")
+                   and not line.startswith("# merged by")]
+        if prof.model != first.model:
+            raise doc.error(("model",), f"model {prof.model!r} is not {first.model!r} of {paths[0]}: "
+                            "only profiles of the same model can be merged")
+        if prof.batch_size != first.batch_size:
+            raise doc.error(("batch_size",), f"batch size {prof.batch_size} differs from {first.batch_size} in "
+                            f"{paths[0]}: measure every machine at the same --batch-size")
+        if [l.name for l in prof.layers] != [l.name for l in first.layers]:
+            raise doc.error(("layers",), f"the layers ({len(prof.layers)}) differ from those of {paths[0]} "
+                            f"({len(first.layers)}) in number, names or order: not the same model")
+        for i, (layer, row) in enumerate(zip(prof.layers, rows)):
+            if layer.type != row.kind or not _close(layer.input_size, row.input_size) \
+                    or not _close(layer.weight_size, row.weight_size):
+                raise doc.error(("layers", i), f"layer {layer.name!r} has another type or size than in {paths[0]}: "
+                                "not the same model")
+            for t, e in layer.times.items():
+                if t in row.times:
+                    raise doc.error(("layers", i, "times", t), f"type {t!r} is measured in {owner[t]} too: "
+                                    "merge one profile per resource type")
+                alpha, beta = layer.fractions(t)
+                line = text_lines[path][doc.line(("layers", i, "times", t)) - 1]
+                found = re.search(r"#\s*(estimated:.*)$", line)
+                row.times[t] = Entry(e.oct, e.odt, alpha, beta, found.group(1).strip() if found else "")
+                owner[t] = path
+    return render(first.model, first.batch_size, rows, header)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)

@@ -1,0 +1,502 @@
+"""Measure a PyTorch model's layers: the numbers of a SPEC profile, from the machine it runs on.
+
+* **Layers** are the modules a forward pass calls, in the order it calls them:
+  the leaf modules (``nn.MultiheadAttention`` counts as one), or the factory's
+  own list of blocks. A forward pre-hook records each layer's inputs.
+* **oct**: each layer alone, on copies of its recorded inputs, forward then
+  backward (ones as the output gradient, parameter gradients reset between
+  runs, as ``zero_grad(set_to_none=True)`` does): warm-up runs, then at least
+  20 timed ones; the median. On cpu one unit is one core, so it runs on one
+  thread; on cuda the device is synchronised around each run.
+* **odt**: the bytes a layer moves per batch (its input activations, and its
+  gradients for the all-reduce, which are as big as its weights) over the link
+  bandwidth: measured (cpu: an all-reduce between two processes over loopback
+  gloo; cuda: a pinned host-to-device copy) or given (``--link-gbps``).
+* **alpha** on cpu: a least-squares fit of T(k) = T1 (1 - a + a/k) to the best
+  of 5 runs at k = 1..K threads (K: the cores this process may use). When
+  K < 2, the times are too short to fit (< 50 us), or the fit misses its points
+  by more than 10%, the layer gets :data:`ALPHA_DEFAULTS` for its kind, marked
+  estimated. On cuda alpha is not measured (one device cannot show scaling
+  across devices): the default, marked estimated.
+* **beta** is derived, not measured: the activations are split between replicas
+  and the gradient all-reduce per replica is not, so beta is the activations'
+  share of the bytes moved; marked estimated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from heterps_cli.errors import InputError
+from heterps_cli.zoo import MODELS
+
+WARMUP = 3
+FIT_TRIALS = 5  # runs per thread count for the alpha fit; the minimum is kept
+SHORTEST_FIT = 50e-6  # s: below this, thread scaling is noise
+ALPHA_DEFAULTS = {"fc": 0.9, "conv": 0.9, "attention": 0.9, "embedding": 0.5, "norm": 0.7, "activation": 0.8,
+                  "pool": 0.8, "dropout": 0.8}
+ALPHA_OTHER = 0.8
+NOISY_CV = 0.10
+
+
+# -- loading a model -------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    name: str
+    module: nn.Module
+    inputs: tuple  # positional inputs of one batch
+    blocks: list[nn.Module] | None = None  # the factory's own layers, if it gave them
+
+
+def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None) -> Model:
+    """A zoo name, ``path/to/file.py:factory`` or ``package.module:factory``; errors are exit-2 InputErrors."""
+    if spec in MODELS:
+        module, example = MODELS[spec](batch_size, input_shape)
+        return Model(spec, module, example if isinstance(example, tuple) else (example,))
+    if ":" not in spec:
+        raise InputError(None, None, "MODEL", f"{spec!r} is neither a built-in model ({', '.join(MODELS)}) "
+                         "nor FILE.py:FACTORY / package.module:FACTORY")
+    where, name = spec.rsplit(":", 1)
+    factory = _factory(where, name)
+    kwargs = {}
+    accepted = inspect.signature(factory).parameters
+    if "batch_size" in accepted:
+        kwargs["batch_size"] = batch_size
+    if "input_shape" in accepted:
+        kwargs["input_shape"] = input_shape
+    try:
+        made = factory(**kwargs)
+    except Exception as exc:
+        raise _user_error(where, name, exc, "raised") from None
+    return _model_from(made, where, name, batch_size, input_shape)
+
+
+def _factory(where: str, name: str) -> Callable:
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.is_file():
+                raise InputError(where, None, None, "file not found")
+            spec = importlib.util.spec_from_file_location(f"heterps_user_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise _user_error(where, None, exc, "could not be loaded:") from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise InputError(where, None, name, "no such function in this module")
+    return factory
+
+
+def _user_error(where: str, name: str | None, exc: BaseException, what: str) -> InputError:
+    """The user's code failed: name their file and the line that raised."""
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if where.endswith(".py") and Path(frame.filename).resolve() == Path(where).resolve():
+            line = frame.lineno
+    subject = f"factory {name}()" if name else "the module"
+    return InputError(where, line, name, f"{subject} {what} {type(exc).__name__}: {exc}")
+
+
+def _model_from(made, where: str, name: str, batch_size: int, input_shape) -> Model:
+    blocks = None
+    if isinstance(made, nn.Module):
+        module, example = made, None
+    elif isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
+        module, example = made[0], made[1]
+        blocks = list(made[2]) if len(made) == 3 else None
+        if blocks is not None and not all(isinstance(b, nn.Module) for b in blocks):
+            raise InputError(where, None, name, "the third item the factory returns must be a list of modules")
+    else:
+        raise InputError(where, None, name, "the factory must return a torch.nn.Module, or (module, example "
+                         f"input batch[, list of blocks]); it returned {type(made).__name__}")
+    if example is None:
+        if not input_shape:
+            raise InputError(where, None, name, "the factory returned no example input: give --input-shape")
+        example = torch.randn(batch_size, *input_shape, generator=torch.Generator().manual_seed(0))
+    inputs = example if isinstance(example, tuple) else (example,)
+    if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
+        raise InputError(where, None, name, "the example input must be a tensor or a tuple of tensors")
+    # The example's first dimension is the batch: resize it to --batch-size by repeating rows.
+    inputs = tuple(x[torch.arange(batch_size) % x.shape[0]] for x in inputs)
+    return Model(f"{Path(where).stem}:{name}" if where.endswith(".py") else f"{where}:{name}", module, inputs, blocks)
+
+
+# -- finding the layers ------------------------------------------------------------
+
+KIND_OF = [  # (class-name test, kind), first match wins
+    (lambda c: c == "Linear" or c.endswith("Linear"), "fc"),
+    (lambda c: c.startswith("Conv"), "conv"),
+    (lambda c: c.startswith("Embedding"), "embedding"),
+    (lambda c: "Pool" in c, "pool"),
+    (lambda c: "Norm" in c, "norm"),
+    (lambda c: "Attention" in c, "attention"),
+    (lambda c: c.startswith("Dropout") or c.endswith("Dropout"), "dropout"),
+    (lambda c: c.endswith("Loss"), "loss"),
+    (lambda c: c in {"ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "LeakyReLU", "ELU", "Softmax",
+                     "LogSoftmax", "Mish", "Hardswish", "PReLU", "Softplus", "GLU"}, "activation"),
+]
+
+
+def kind(module: nn.Module) -> str:
+    """The SPEC layer type of a module: Linear -> fc, Conv* -> conv, ..., else its class name, lower-cased."""
+    name = type(module).__name__
+    return next((k for test, k in KIND_OF if test(name)), name.lower())
+
+
+@dataclass
+class Call:
+    name: str
+    module: nn.Module
+    args: tuple
+    kwargs: dict
+
+
+def _layers(model: Model) -> dict[nn.Module, str]:
+    named = {m: n for n, m in model.module.named_modules()}
+    if model.blocks is not None:
+        return {b: named.get(b, f"block{i}") for i, b in enumerate(model.blocks)}
+    out, inside = {}, set()
+    for n, m in model.module.named_modules():
+        if m in inside:
+            continue
+        if isinstance(m, nn.MultiheadAttention):
+            inside.update(m.modules())
+            out[m] = n
+        elif not list(m.children()):
+            out[m] = n
+    return out
+
+
+def trace(model: Model) -> list[Call]:
+    """The layers in the order one forward pass calls them, each with a copy of its inputs."""
+    layers, calls, handles = _layers(model), [], []
+    seen: dict[str, int] = {}
+
+    def record(module, args, kwargs):
+        name = layers[module] or type(module).__name__.lower()
+        seen[name] = seen.get(name, 0) + 1
+        unique = name if seen[name] == 1 else f"{name}#{seen[name]}"
+        calls.append(Call(unique, module, _detached(args), _detached(kwargs)))
+
+    for module in layers:
+        handles.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model.module(*model.inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple):
+        return tuple(_detached(v) for v in value)
+    if isinstance(value, list):
+        return [_detached(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _fresh(value, device):
+    """A new copy of recorded inputs on ``device``; float tensors require grad, as activations do."""
+    if isinstance(value, torch.Tensor):
+        copy = value.to(device, copy=True)
+        return copy.requires_grad_(True) if copy.is_floating_point() else copy
+    if isinstance(value, tuple):
+        return tuple(_fresh(v, device) for v in value)
+    if isinstance(value, list):
+        return [_fresh(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _fresh(v, device) for k, v in value.items()}
+    return value
+
+
+# -- timing ------------------------------------------------------------------------
+
+
+def _synchronise(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
+    """Seconds of forward + backward of one layer on one batch, ``repetitions`` times after ``warmup``."""
+    params = list(call.module.parameters())
+    times = []
+    for i in range(warmup + repetitions):
+        args, kwargs = _fresh(call.args, device), _fresh(call.kwargs, device)
+        for p in params:
+            p.grad = None
+        _synchronise(device)
+        start = time.perf_counter()
+        out = call.module(*args, **kwargs)
+        outs = [o for o in _tensors(out) if o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        _synchronise(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def step_times(model: Model, device: str, repetitions: int) -> list[float]:
+    """Seconds of forward + backward of the whole model on one batch (what the layer times should add up to)."""
+    inputs = tuple(x.to(device) for x in model.inputs)
+    params = list(model.module.parameters())
+    times = []
+    for i in range(WARMUP + repetitions):
+        for p in params:
+            p.grad = None
+        _synchronise(device)
+        start = time.perf_counter()
+        out = model.module(*inputs)
+        outs = [o for o in _tensors(out) if o.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        _synchronise(device)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def fit_alpha(threads: list[int], seconds: list[float]) -> tuple[float, float] | None:
+    """(alpha, relative rms residual) of T(k) = T1 (1 - a + a/k) by least squares, or None if unusable."""
+    if len(threads) < 2 or min(seconds) < SHORTEST_FIT:
+        return None
+    k, t = np.asarray(threads, dtype=float), np.asarray(seconds)
+    design = np.stack([np.ones_like(k), 1.0 / k], axis=1)  # T = c0 + c1 / k, c0 = T1 (1 - a), c1 = T1 a
+    (c0, c1), *_ = np.linalg.lstsq(design, t, rcond=None)
+    if c0 + c1 <= 0:
+        return None
+    residual = float(np.sqrt(np.mean((design @ [c0, c1] - t) ** 2)) / t.mean())
+    alpha = c1 / (c0 + c1)
+    if not -0.05 <= alpha <= 1.05 or residual > 0.10:
+        return None
+    return float(min(max(alpha, 0.0), 1.0)), residual
+
+
+# -- bandwidth ---------------------------------------------------------------------
+
+
+def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tensor = torch.ones(size // 4)
+    for _ in range(2):
+        dist.all_reduce(tensor)
+    times = []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(str(statistics.median(times)))
+
+
+def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout: float = 60.0) -> float | None:
+    """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "median")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True)
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if not Path(out).exists():
+            return None
+        return size / float(Path(out).read_text())
+
+
+def host_to_device_bandwidth(size: int = 64 << 20, rounds: int = 10) -> float:
+    """Bytes/s of a pinned host-to-device copy of ``size`` bytes (median of ``rounds``)."""
+    host = torch.empty(size, dtype=torch.uint8).pin_memory()
+    device = torch.empty(size, dtype=torch.uint8, device="cuda")
+    times = []
+    for i in range(rounds + 2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return size / statistics.median(times)
+
+
+# -- the whole profile -------------------------------------------------------------
+
+
+@dataclass
+class LayerProfile:
+    name: str
+    kind: str
+    input_size: float  # bytes per sample
+    weight_size: float  # bytes
+    oct: float
+    odt: float
+    alpha: float
+    beta: float
+    cv: float  # coefficient of variation of the oct repetitions
+    estimated: dict[str, str] = field(default_factory=dict)  # field -> why it is not measured
+    fit_residual: float | None = None
+
+
+@dataclass
+class Profiled:
+    model: str
+    resource: str
+    device: str
+    batch_size: int
+    bandwidth: float  # bytes/s
+    bandwidth_how: str
+    repetitions: int
+    layers: list[LayerProfile]
+    notes: list[str] = field(default_factory=list)
+
+
+def bytes_of(tensors) -> float:
+    return float(sum(t.numel() * t.element_size() for t in _tensors(tensors)))
+
+
+def profile(model: Model, resource: str, *, device: str = "cpu", repetitions: int = 20,
+            link_gbps: float | None = None, progress=None) -> Profiled:
+    """Measure every layer of ``model`` (see the module docstring)."""
+    report = progress or (lambda *a, **k: None)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError(None, None, "--device", "cuda was asked for, but torch sees no CUDA device here")
+    B0 = len(model.inputs[0])
+    notes: list[str] = []
+    report("tracing the model")
+    try:
+        calls = trace(model)
+    except Exception as exc:
+        raise InputError(None, None, "MODEL", f"the model's forward pass failed: {type(exc).__name__}: {exc}") from None
+    if not calls:
+        raise InputError(None, None, "MODEL", "the forward pass called no layer module")
+    if link_gbps is not None:
+        bandwidth, how = link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}"
+    elif device == "cuda":
+        report("measuring host-to-device bandwidth")
+        bandwidth = host_to_device_bandwidth()
+        how = f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s"
+    else:
+        report("measuring loopback all-reduce bandwidth (gloo, 2 processes)")
+        bandwidth = loopback_allreduce_bandwidth()
+        if bandwidth is None:
+            bandwidth, how = 1.25e9, "estimated: the loopback all-reduce failed, so 10 Gbit/s is assumed"
+            notes.append(how)
+        else:
+            how = f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s"
+    model.module.to(device)
+    threads = torch.get_num_threads()
+    cores = usable_cores()
+    layers = []
+    try:
+        for i, call in enumerate(calls):
+            report(f"layer {i + 1}/{len(calls)}: {call.name}", completed=i, total=len(calls))
+            if device == "cpu":
+                torch.set_num_threads(1)  # one unit of cpu is one core
+            times = run_times(call, device, repetitions)
+            layers.append(_layer(call, B0, times, bandwidth, device, cores))
+            report(f"layer {i + 1}/{len(calls)}: {call.name}", completed=i + 1, total=len(calls))
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(None, None, "MODEL", f"layer {call.name} failed when run alone: "
+                         f"{type(exc).__name__}: {exc}") from None
+    finally:
+        torch.set_num_threads(threads)
+    if device == "cpu" and cores < 2:
+        notes.append("one usable core: alpha could not be fitted and is estimated for every layer")
+    return Profiled(model.name, resource, device, B0, bandwidth, how, repetitions, layers, notes)
+
+
+def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str, cores: int) -> LayerProfile:
+    k = kind(call.module)
+    act = bytes_of((call.args, call.kwargs))
+    weights = float(sum(p.numel() * p.element_size() for p in call.module.parameters()))
+    oct_ = statistics.median(times)
+    cv = statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
+    estimated = {}
+    alpha, residual = None, None
+    if device == "cpu" and cores >= 2:
+        counts = list(range(1, cores + 1))
+        best = []
+        for n in counts:
+            torch.set_num_threads(n)
+            best.append(min(run_times(call, device, FIT_TRIALS, warmup=1)))
+        torch.set_num_threads(1)
+        fitted = fit_alpha(counts, best)
+        if fitted is not None:
+            alpha, residual = fitted
+        else:
+            estimated["alpha"] = (f"the fit over 1..{cores} threads was unusable "
+                                  f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}")
+    elif device == "cpu":
+        estimated["alpha"] = f"one usable core, nothing to fit: default for {k}"
+    else:
+        estimated["alpha"] = f"not measurable on one {device} device: default for {k}"
+    if alpha is None:
+        alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
+    moved = act + weights
+    beta = act / moved if moved > 0 else 0.0
+    estimated["beta"] = "derived: the activations' share of the bytes moved (split between replicas; the gradient all-reduce is not)"
+    return LayerProfile(call.name, k, act / B0, weights, oct_, moved / bandwidth, alpha, beta, cv, estimated, residual)
+
+
+def python_path_note() -> str:
+    return f"torch {torch.__version__}, python {sys.version.split()[0]}"

@@ -1,0 +1,171 @@
+"""`heterps profile`: real measurements of small models, merge, and the errors a user's factory can cause."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from heterps_cli import profiler
+from heterps_cli.cli import app
+from heterps_cli.formats import load_profile
+
+runner = CliRunner()
+
+FACTORY = '''
+import torch
+from torch import nn
+
+def small(batch_size=32):
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
+    return model, torch.randn(batch_size, 64)
+
+def module_only():
+    return nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+
+def raises(batch_size):
+    x = 1
+    raise ValueError("no weights here")
+
+def wrong():
+    return "a string"
+'''
+
+
+@pytest.fixture()
+def factory(tmp_path) -> Path:
+    path = tmp_path / "models.py"
+    path.write_text(FACTORY)
+    return path
+
+
+def _profile(args, expect=0):
+    result = runner.invoke(app, ["profile", *args])
+    assert result.exit_code == expect, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_measure_two_types_merge_and_plan(factory, tmp_path):
+    cpu, gpu, merged = tmp_path / "cpu.yaml", tmp_path / "gpu.yaml", tmp_path / "merged.yaml"
+    # the cpu run measures its link (loopback gloo); the second run is given one
+    shown = _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "64", "--out", str(cpu)]).stdout
+    assert "oct" in shown and "alpha" in shown and f"wrote {cpu}" in shown
+    _profile([f"{factory}:small", "--as", "fast", "--batch-size", "64", "--out", str(gpu), "--link-gbps", "100"])
+    _profile(["merge", str(cpu), str(gpu), "-o", str(merged)])
+    prof, _ = load_profile(str(merged))
+    assert [l.name for l in prof.layers] == ["0", "1", "2", "3", "4"]
+    assert [l.type for l in prof.layers] == ["fc", "activation", "fc", "activation", "fc"]
+    assert all(set(l.times) == {"cpu", "fast"} for l in prof.layers)
+    assert prof.layers[0].input_size == 64 * 4 and prof.layers[0].weight_size == (64 * 256 + 256) * 4
+    # every times entry says what is estimated, also after the merge
+    entries = [line for line in merged.read_text().splitlines() if line.strip().startswith(('"cpu"', '"fast"'))]
+    assert len(entries) == 10 and all("estimated:" in line and "beta" in line for line in entries)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("cluster: two\nresources:\n  cpu: {price: 0.04, limit: 16}\n  fast: {price: 1.0, limit: 4}\n")
+    result = runner.invoke(app, ["plan", str(merged), str(cluster), "--samples", "1e6", "-s", "exact", "--json"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["plan", str(merged), str(cluster), "--samples", "1e6", "--steps", "5", "--json"])
+    assert result.exit_code == 0, result.output
+
+
+def test_zoo_ctr_profiles(tmp_path):
+    out = tmp_path / "ctr-cpu.yaml"
+    _profile(["ctr", "--as", "cpu", "--batch-size", "64", "--out", str(out), "--link-gbps", "10"])
+    prof, _ = load_profile(str(out))
+    kinds = [l.type for l in prof.layers]
+    assert kinds.count("embedding") == 8 and "fc" in kinds
+    assert prof.layers[0].weight_size == 100_000 * 16 * 4
+    # odt = (activations + gradients) / 10 Gbit/s
+    first = prof.layers[0]
+    assert first.times["cpu"].odt == pytest.approx((first.input_size * 64 + first.weight_size) / 1.25e9, rel=1e-4)
+
+
+def test_sum_of_layer_times_matches_a_full_step():
+    model = profiler.load_model("mlp", 256)
+    calls = profiler.trace(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layers = sum(statistics.median(profiler.run_times(c, "cpu", 20)) for c in calls)
+        step = statistics.median(profiler.step_times(model, "cpu", 20))
+    finally:
+        torch.set_num_threads(threads)
+    assert 0.75 <= layers / step <= 1.25, (layers, step)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("{factory}:raises", r"models\.py:14: raises: factory raises\(\) raised ValueError: no weights here"),
+    ("{factory}:wrong", r"must return a torch\.nn\.Module.*returned str"),
+    ("{factory}:absent", r"absent: no such function"),
+    ("{factory}:module_only", r"give --input-shape"),
+    ("{tmp}/missing.py:small", r"missing\.py: file not found"),
+    ("no_such_package_xyz:make", r"could not be loaded: ModuleNotFoundError"),
+    ("resnet9000", r"neither a built-in model"),
+])
+def test_bad_factories_exit_2_with_the_cause(factory, tmp_path, target, message):
+    spec = target.format(factory=factory, tmp=tmp_path)
+    result = _profile([spec, "--as", "cpu", "--batch-size", "4", "--out", str(tmp_path / "p.yaml")], expect=2)
+    assert re.search(message, " ".join(result.output.split())), result.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_module_only_factory_with_input_shape(factory, tmp_path):
+    out = tmp_path / "p.yaml"
+    _profile([f"{factory}:module_only", "--input-shape", "16", "--as", "cpu", "--batch-size", "8",
+              "--out", str(out), "--link-gbps", "10"])
+    assert len(load_profile(str(out))[0].layers) == 2
+
+
+def test_merge_refuses_other_models_batch_sizes_and_repeated_types(factory, tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(a), "--link-gbps", "10"])
+    _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(b), "--link-gbps", "10"])
+    result = _profile(["merge", str(a), str(b), "-o", str(tmp_path / "m.yaml")], expect=2)
+    assert "type 'cpu' is measured in" in result.output
+    data = yaml.safe_load(b.read_text())
+    for change, words in [({"batch_size": 32}, "batch size 32 differs"), ({"model": "other"}, "same model"),
+                          ({"layers": data["layers"][:3]}, "not the same model")]:
+        c = tmp_path / "c.yaml"
+        c.write_text(yaml.safe_dump({**data, **change, "layers": [
+            {**l, "times": {"gpu": l["times"]["cpu"]}} for l in change.get("layers", data["layers"])]}))
+        result = _profile(["merge", str(a), str(c), "-o", str(tmp_path / "m.yaml")], expect=2)
+        assert words in " ".join(result.output.split()), result.output
+
+
+def test_profiling_needs_its_options(tmp_path):
+    result = _profile(["mlp", "--batch-size", "8"], expect=2)
+    assert "--as" in result.output
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = _profile(["mlp", "--as", "gpu", "--batch-size", "8", "--device", "cuda", "--out", str(tmp_path / "p.yaml"),
+                       "--link-gbps", "10"], expect=2)
+    assert "no CUDA device" in result.output
+
+
+def test_layer_kinds_from_module_classes():
+    from torch import nn
+    cases = {nn.Linear(2, 2): "fc", nn.Conv2d(1, 1, 1): "conv", nn.EmbeddingBag(4, 2): "embedding",
+             nn.MaxPool2d(2): "pool", nn.ReLU(): "activation", nn.LayerNorm(2): "norm",
+             nn.MultiheadAttention(4, 1): "attention", nn.Dropout(): "dropout", nn.MSELoss(): "loss",
+             nn.Flatten(): "flatten"}
+    assert {profiler.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
+
+
+def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
+    for alpha in (0.0, 0.3, 0.9):
+        threads = [1, 2, 3, 4]
+        times = [0.01 * (1 - alpha + alpha / k) for k in threads]
+        fitted, residual = profiler.fit_alpha(threads, times)
+        assert fitted == pytest.approx(alpha, abs=1e-9) and residual < 1e-9
+    assert profiler.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
+    assert profiler.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
+    assert profiler.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
