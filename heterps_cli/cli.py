@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,8 +15,12 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.text import Text
 
 from heterps_cli import __version__
-from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, InfeasibleError, InputError
-from heterps_cli.formats import load_cluster, load_profile
+from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INFEASIBLE, InfeasibleError, InputError
+from heterps_cli.formats import load_cluster, load_plan, load_profile
+from heterps_cli.check import Increase
+from heterps_cli.check import check as run_check
+from heterps_cli.check import diff as plan_diff
+from heterps_cli.ci_report import diff_json, diff_markdown, findings_json, findings_markdown, github_annotations
 from heterps_cli.compare import plot_png
 from heterps_cli.compare import run as compare_run
 from heterps_cli.problem import Problem, build_problem, usable_types
@@ -23,7 +28,7 @@ from heterps_cli.profile_io import measured_text
 from heterps_cli.profile_io import merge as merge_profiles
 from heterps_cli.profiler import NOISY_CV, load_model, python_path_note
 from heterps_cli.profiler import profile as measure
-from heterps_cli.render import compare_view, print_plan, print_summary, profile_view
+from heterps_cli.render import compare_view, diff_view, findings_view, print_plan, print_summary, profile_view
 from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
 from heterps_cli.schedulers.scoring import DEFAULT_EVALUATIONS
 from heterps_cli.schedulers.rl import Config as RLConfig
@@ -298,6 +303,83 @@ def profile_command(
         write_atomic(out_file, measured_text(measured, python_path_note()))
     out.print(profile_view(measured, NOISY_CV))
     out.print(f"wrote {out_file}")
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    github = "github"
+
+
+def _emit_report(fmt: Format, markdown: str, json_text: str, annotations: str = "") -> bool:
+    """Print a json/markdown/github report; False for the table format, which the caller renders."""
+    if fmt == Format.json:
+        print(json_text)
+    elif fmt == Format.markdown:
+        print(markdown, end="")
+    elif fmt == Format.github:
+        print(annotations + markdown, end="")
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            try:
+                with open(summary, "a", encoding="utf-8") as fh:
+                    fh.write(markdown + "\n")
+            except OSError as exc:
+                raise InputError(summary, None, "GITHUB_STEP_SUMMARY", f"cannot append the summary: {exc.strerror}") from None
+    return fmt != Format.table
+
+
+@app.command()
+def check(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="The committed plan (YAML written by heterps plan --out).", show_default=False)],
+    profile: Annotated[Path, typer.Option(help="The current model profile.", show_default=False)],
+    cluster: Annotated[Path, typer.Option(help="The current cluster.", show_default=False)],
+    max_cost: Annotated[Optional[float], typer.Option(callback=_positive, help="Fail when the plan costs more (USD).", show_default=False)] = None,
+    min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Fail when the plan is slower (samples/s).", show_default=False)] = None,
+    baseline: Annotated[Optional[Path], typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False)] = None,
+    max_increase: Annotated[str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")] = "0%",
+    replan: Annotated[Optional[SchedulerName], typer.Option(help="Fail when this scheduler finds a plan cheaper by more than --tolerance.", show_default=False)] = None,
+    tolerance: Annotated[float, typer.Option(min=0, help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.")] = 1.0,
+    seed: SeedOpt = 0,
+    fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, appended to $GITHUB_STEP_SUMMARY when set).")] = Format.table,
+) -> None:
+    """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds."""
+    with _exit_codes():
+        committed, _ = load_plan(str(plan_file))
+        old = load_plan(str(baseline))[0] if baseline is not None else None
+        increase = Increase.parse(max_increase)
+        prof, pdoc = load_profile(str(profile))
+        clus, cdoc = load_cluster(str(cluster))
+        problem = build_problem(prof, pdoc, clus, cdoc, objective=committed.objective, samples=committed.samples,
+                                epochs=committed.epochs, min_throughput=committed.min_throughput, max_cost=committed.max_cost)
+        with _progress_bar() as report:
+            findings = run_check(problem, committed, str(plan_file), profile_path=str(profile), cluster_path=str(cluster),
+                                 max_cost=max_cost, min_throughput=min_throughput, baseline=old,
+                                 baseline_path=str(baseline), max_increase=increase,
+                                 replan=replan.value if replan else None, tolerance=tolerance, seed=seed, progress=report)
+    shown = str(plan_file)
+    if not _emit_report(fmt, findings_markdown(shown, findings), findings_json(shown, findings), github_annotations(shown, findings)):
+        out.print(findings_view(shown, findings))
+    if not all(f.ok for f in findings):
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+def diff(
+    old_plan: Annotated[Path, typer.Argument(metavar="OLD_PLAN", help="The plan before.", show_default=False)],
+    new_plan: Annotated[Path, typer.Argument(metavar="NEW_PLAN", help="The plan after.", show_default=False)],
+    fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown, or github (the markdown, also appended to $GITHUB_STEP_SUMMARY).")] = Format.table,
+) -> None:
+    """Two plans side by side: stages, resources, throughput, time and cost, with the changes."""
+    with _exit_codes():
+        old, _ = load_plan(str(old_plan))
+        new, _ = load_plan(str(new_plan))
+        changes = plan_diff(old, new)
+        a, b = str(old_plan), str(new_plan)
+        if _emit_report(fmt, diff_markdown(a, b, changes), diff_json(a, b, changes)):
+            return
+    out.print(diff_view(a, b, changes))
 
 
 @app.command()

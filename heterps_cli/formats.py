@@ -73,8 +73,47 @@ class Cluster(_Strict):
     resources: Annotated[dict[Name, Resource], Field(min_length=1)]
 
 
+class PlanStage(_Strict):
+    first: Annotated[int, Field(ge=0)]
+    last: Annotated[int, Field(ge=0)]
+    layers: list[Name]
+    resource: Name
+    replicas: Annotated[int, Field(ge=1)]
+    compute_s: NonNegative
+    comm_s: NonNegative
+    throughput: NonNegative
+
+
+class PlanFile(_Strict):
+    """A plan as ``heterps plan --out`` writes it (SPEC section 4, plus heterps' own extra fields)."""
+
+    model: Name
+    cluster: Name
+    objective: Name
+    scheduler: Name
+    seed: int
+    batch_size: Annotated[int, Field(ge=1)]
+    samples: Positive
+    epochs: Positive
+    min_throughput: NonNegative
+    stages: Annotated[list[PlanStage], Field(min_length=1)]
+    resources: dict[Name, Annotated[int, Field(ge=0)]]
+    throughput: NonNegative
+    bottleneck: Annotated[int, Field(ge=0)]
+    time_s: NonNegative
+    cost_usd: NonNegative
+    feasible: bool
+    solve_s: NonNegative
+    max_cost: Positive | None = None
+    limits: dict[Name, int] | None = None
+    optimal: bool | None = None
+    evaluations: int | None = None
+    notes: list[str] = []
+
+
 _KNOWN_FIELDS = sorted(
-    {name for model in (TimeEntry, Layer, Job, Profile, Resource, Cluster) for name in model.model_fields}
+    {name for model in (TimeEntry, Layer, Job, Profile, Resource, Cluster, PlanStage, PlanFile)
+     for name in model.model_fields}
 )
 
 
@@ -138,3 +177,8 @@ def load_profile(path: str) -> tuple[Profile, Document]:
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
     return _validate(Cluster, doc), doc
+
+
+def load_plan(path: str) -> tuple[PlanFile, Document]:
+    doc = load_yaml(path)
+    return _validate(PlanFile, doc), doc

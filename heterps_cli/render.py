@@ -195,3 +195,35 @@ def profile_view(measured, noisy_cv: float) -> Group:
                           "profile on an idle machine or raise --repetitions", style="yellow"))
     lines += [Text(f"note: {n}") for n in measured.notes]
     return Group(table, *lines)
+
+
+def findings_view(plan_path: str, findings) -> Group:
+    marks = {"pass": "[green]✓ pass[/]", "warn": "[yellow]! warn[/]", "fail": "[bold red]✗ FAIL[/]"}
+    table = Table(title=f"heterps check [bold]{plan_path}[/]", title_justify="left", box=box.SIMPLE_HEAD,
+                  header_style="bold", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for f in findings:
+        table.add_row(marks[f.status], f.gate, f.message + (f"\n[dim]fix:[/] {f.fix}" if f.fix else ""))
+    failed = sum(not f.ok for f in findings)
+    verdict = Text(f"{failed} check{'s' if failed > 1 else ''} failed", style="bold red") if failed else \
+        Text("all checks passed", style="bold green")
+    return Group(table, verdict)
+
+
+def diff_view(old_path: str, new_path: str, changes) -> Table:
+    from heterps_cli.ci_report import change, value
+
+    table = Table(title=f"{old_path} → {new_path}", title_justify="left", box=box.SIMPLE_HEAD, header_style="bold")
+    table.add_column("")
+    table.add_column("old", justify="right")
+    table.add_column("new", justify="right")
+    table.add_column("change", justify="right")
+    for c in changes:
+        style = None
+        if c.delta and c.what.startswith(("cost", "training time", "throughput")):
+            worse = c.delta < 0 if c.what.startswith("throughput") else c.delta > 0
+            style = "red" if worse else "green"
+        table.add_row(c.what, value(c.old, c.what), value(c.new, c.what), change(c), style=style)
+    return table

@@ -1,0 +1,234 @@
+"""The CI cost gate: recompute a committed plan from the current files and judge it; diff two plans.
+
+:func:`check` returns findings, one per gate, each passed or failed with one
+line saying what, by how much, and what to run to fix it. Failing a gate is
+exit 1; a file that cannot be read or validated is exit 2 (an InputError), as
+everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.errors import InfeasibleError, InputError
+from heterps_cli.formats import PlanFile
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers import SolveOptions, solve
+
+REL_TOL = 1e-6  # written figures are rounded by no writer of ours; 1e-6 forgives a hand-copied file
+
+
+@dataclass(frozen=True)
+class Finding:
+    gate: str  # fits, fresh, limits, plan-throughput, max-cost, min-throughput, baseline, replan
+    ok: bool
+    message: str
+    fix: str = ""  # what to run when it failed
+    warn: bool = False  # passed, but worth a look (cost rose within the allowance, a cheaper plan within tolerance)
+
+    @property
+    def status(self) -> str:
+        return "fail" if not self.ok else "warn" if self.warn else "pass"
+
+
+@dataclass(frozen=True)
+class Increase:
+    """``--max-increase``: "10%" (relative) or "25" (USD)."""
+
+    value: float
+    percent: bool
+
+    @classmethod
+    def parse(cls, text: str) -> "Increase":
+        raw = text.strip()
+        percent = raw.endswith("%")
+        try:
+            value = float(raw.rstrip("%").lstrip("$"))
+        except ValueError:
+            value = -1.0
+        if not value >= 0 or not math.isfinite(value):
+            raise InputError(None, None, "--max-increase", f"expected a percentage like 10% or dollars like 25 (got {text!r})")
+        return cls(value, percent)
+
+    def allows(self, old: float, new: float) -> bool:
+        limit = old * self.value / 100 if self.percent else self.value
+        return new - old <= limit * (1 + REL_TOL) + 1e-12
+
+    def __str__(self) -> str:
+        return f"{self.value:g}%" if self.percent else f"${self.value:,.2f}"
+
+
+def schedule_of(problem: Problem, plan: PlanFile) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The plan's type per layer and replicas per stage, and what no longer fits the files (empty if all fits)."""
+    problems: list[str] = []
+    n = problem.n_layers
+    schedule = np.full(n, -1, dtype=np.int64)
+    expected_first = 0
+    for i, stage in enumerate(plan.stages):
+        where = f"stage {i}"
+        if stage.first != expected_first or stage.last < stage.first:
+            problems.append(f"{where} covers layers {stage.first}-{stage.last}, expected to start at {expected_first}")
+        expected_first = stage.last + 1
+        if stage.resource not in problem.types:
+            problems.append(f"{where} runs on {stage.resource!r}, which the cluster or profile no longer offers "
+                            f"(types: {', '.join(problem.types)})")
+            continue
+        t = problem.types.index(stage.resource)
+        names = list(problem.layer_names[stage.first : stage.last + 1])
+        if names != list(stage.layers):
+            i_diff = next((j for j, (a, b) in enumerate(zip(stage.layers, names)) if a != b), min(len(names), len(stage.layers)))
+            mine = stage.layers[i_diff] if i_diff < len(stage.layers) else "nothing"
+            theirs = names[i_diff] if i_diff < len(names) else "nothing"
+            problems.append(f"{where}: layer {stage.first + i_diff} is {mine} in the plan, {theirs} in the profile")
+        for layer in range(stage.first, min(stage.last, n - 1) + 1):
+            if not problem.runnable[layer, t]:
+                problems.append(f"layer {problem.layer_names[layer]} cannot run on {stage.resource} any more")
+            schedule[layer] = t
+    if expected_first != n:
+        problems.append(f"the plan covers {expected_first} layers, the profile has {n}")
+    return schedule, np.array([s.replicas for s in plan.stages], dtype=float), problems
+
+
+def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]:
+    schedule, replicas, problems = schedule_of(problem, plan)
+    if problems:
+        return None, problems
+    # Consecutive plan stages on one type would be one stage by SPEC's maximal-run rule.
+    merged = [i for i in range(1, len(plan.stages)) if plan.stages[i].resource == plan.stages[i - 1].resource]
+    if merged:
+        return None, [f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: SPEC makes them one stage"
+                      for i in merged]
+    return make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed), []
+
+
+def _differs(a: float, b: float) -> bool:
+    return not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+
+
+def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
+    """Each figure the plan file states that the files no longer give, as 'field: written -> recomputed'."""
+    out = []
+    for name in ("throughput", "time_s", "cost_usd"):
+        if _differs(getattr(written, name), getattr(fresh, name)):
+            out.append(f"{name} {getattr(written, name):,.6g} -> {getattr(fresh, name):,.6g}")
+    if written.bottleneck != fresh.bottleneck:
+        out.append(f"bottleneck {written.bottleneck} -> {fresh.bottleneck}")
+    for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):
+        for name in ("compute_s", "comm_s", "throughput"):
+            if _differs(getattr(w, name), getattr(f, name)):
+                out.append(f"stages[{i}].{name} {getattr(w, name):.6g} -> {getattr(f, name):.6g}")
+    used = {t: u for t, u in fresh.resources.items() if u}
+    if {t: u for t, u in written.resources.items() if u} != used:
+        out.append(f"resources {dict(written.resources)} -> {used}")
+    return out
+
+
+def plan_command(profile: str, cluster: str, plan: PlanFile, plan_path: str, scheduler: str | None = None) -> str:
+    """The ``heterps plan`` command that re-plans this plan's job into its file."""
+    job = f" --samples {plan.samples:g} --epochs {plan.epochs:g}"
+    if plan.min_throughput > 0:
+        job += f" --min-throughput {plan.min_throughput:g}"
+    if plan.max_cost is not None:
+        job += f" --max-cost {plan.max_cost:g}"
+    objective = f" --objective {plan.objective}" if plan.objective != "cost" else ""
+    return f"heterps plan {profile} {cluster} --scheduler {scheduler or plan.scheduler}{objective}{job} --out {plan_path}"
+
+
+def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str, cluster_path: str, max_cost: float | None = None,
+          min_throughput: float | None = None, baseline: PlanFile | None = None, baseline_path: str = "BASELINE", max_increase: Increase | None = None,
+          replan: str | None = None, tolerance: float = 1.0, seed: int = 0, progress=None) -> list[Finding]:
+    """Every gate, in order; a plan that no longer fits the files stops after that finding."""
+    replan_command = plan_command(profile_path, cluster_path, plan, plan_path)
+    fresh, problems = recompute(problem, plan)
+    if fresh is None:
+        return [Finding("fits", False, f"{plan_path} no longer fits the profile and cluster: {'; '.join(problems)}",
+                        f"re-plan: {replan_command}")]
+    findings = [Finding("fits", True, f"{plan_path} fits the profile and cluster ({len(plan.stages)} stages)")]
+    stale = stale_fields(plan, fresh)
+    findings.append(Finding("fresh", not stale,
+                            f"the plan's figures are stale: {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}"
+                            if stale else "every figure in the plan matches a recomputation from the files",
+                            f"refresh it: {replan_command}" if stale else ""))
+    over = [f"{t} {u} > limit {problem.limits[problem.types.index(t)]}" for t, u in fresh.resources.items()
+            if u > problem.limits[problem.types.index(t)]]
+    findings.append(Finding("limits", not over, f"resource limits exceeded: {', '.join(over)}" if over
+                            else "within every resource limit", f"re-plan within the limits: {replan_command}" if over else ""))
+    if plan.min_throughput > 0 and fresh.throughput < plan.min_throughput * (1 - 1e-12):
+        findings.append(Finding("plan-throughput", False,
+                                f"throughput {fresh.throughput:,.1f} samples/s is under the plan's own requirement "
+                                f"{plan.min_throughput:,.1f}", f"re-plan: {replan_command}"))
+    if max_cost is not None:
+        ok = fresh.cost_usd <= max_cost * (1 + 1e-12)
+        findings.append(Finding("max-cost", ok, f"cost ${fresh.cost_usd:,.2f} {'within' if ok else 'exceeds'} the "
+                                f"--max-cost ${max_cost:,.2f}" + ("" if ok else f" by ${fresh.cost_usd - max_cost:,.2f} "
+                                f"({100 * (fresh.cost_usd / max_cost - 1):.1f}%)"),
+                                "" if ok else f"find a cheaper plan: {replan_command}, or raise the budget"))
+    if min_throughput is not None:
+        ok = fresh.throughput >= min_throughput * (1 - 1e-12)
+        findings.append(Finding("min-throughput", ok, f"throughput {fresh.throughput:,.1f} samples/s "
+                                f"{'meets' if ok else 'is under'} --min-throughput {min_throughput:,.1f}"
+                                + ("" if ok else f" by {100 * (1 - fresh.throughput / min_throughput):.1f}%"),
+                                "" if ok else f"re-plan with --min-throughput {min_throughput:g}: {replan_command}"))
+    if baseline is not None:
+        old, new = baseline.cost_usd, fresh.cost_usd
+        rule = max_increase or Increase(0.0, True)
+        ok = rule.allows(old, new)
+        change = f"${new - old:+,.2f} ({100 * (new / old - 1):+.1f}%)" if old > 0 else f"${new - old:+,.2f}"
+        findings.append(Finding("baseline", ok, f"cost ${old:,.2f} -> ${new:,.2f}, {change}; allowed increase {rule}",
+                                "" if ok else f"see where the cost rose: heterps diff {baseline_path} {plan_path}",
+                                warn=new > old * (1 + REL_TOL)))
+    if replan is not None:
+        try:
+            better = solve(replan, problem.replace(min_throughput=plan.min_throughput), seed=seed, progress=progress,
+                           options=SolveOptions())
+        except InfeasibleError as exc:
+            findings.append(Finding("replan", True, f"{replan} finds no feasible plan ({exc}); the committed plan stands"))
+        else:
+            saving = 1 - better.cost_usd / fresh.cost_usd if fresh.cost_usd > 0 else 0.0
+            ok = saving <= tolerance / 100 + 1e-12
+            findings.append(Finding("replan", ok, f"{replan} finds ${better.cost_usd:,.2f} against the plan's "
+                                    f"${fresh.cost_usd:,.2f} ({100 * saving:.1f}% cheaper; tolerance {tolerance:g}%)",
+                                    "" if ok else f"adopt it: {plan_command(profile_path, cluster_path, plan, plan_path, replan)}",
+                                    warn=saving > 1e-9))
+    return findings
+
+
+@dataclass(frozen=True)
+class Change:
+    what: str
+    old: float | str
+    new: float | str
+
+    @property
+    def delta(self) -> float | None:
+        if isinstance(self.old, (int, float)) and isinstance(self.new, (int, float)):
+            return self.new - self.old
+        return None
+
+    @property
+    def percent(self) -> float | None:
+        d = self.delta
+        return None if d is None or self.old == 0 else 100 * d / self.old
+
+
+def stage_label(stage) -> str:
+    return f"{stage.first}-{stage.last} on {stage.resource} x{stage.replicas}"
+
+
+def diff(old: PlanFile, new: PlanFile) -> list[Change]:
+    """Stages, resources, throughput, time and cost of two plans, side by side."""
+    out = []
+    for i in range(max(len(old.stages), len(new.stages))):
+        a = stage_label(old.stages[i]) if i < len(old.stages) else "—"
+        b = stage_label(new.stages[i]) if i < len(new.stages) else "—"
+        out.append(Change(f"stage {i}", a, b))
+    for t in dict.fromkeys([*old.resources, *new.resources]):
+        out.append(Change(f"{t} units", old.resources.get(t, 0), new.resources.get(t, 0)))
+    out += [Change("throughput samples/s", old.throughput, new.throughput),
+            Change("training time s", old.time_s, new.time_s),
+            Change("cost USD", old.cost_usd, new.cost_usd)]
+    return out

@@ -1,0 +1,78 @@
+"""Machine and pull-request formats of ``check`` and ``diff``: JSON, markdown, GitHub workflow commands."""
+
+from __future__ import annotations
+
+import json
+
+from heterps_cli.check import Change, Finding
+
+ICON = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
+
+
+def findings_json(plan_path: str, findings: list[Finding]) -> str:
+    return json.dumps({"plan": plan_path, "passed": all(f.ok for f in findings),
+                       "findings": [{"gate": f.gate, "status": f.status, "message": f.message, "fix": f.fix or None}
+                                    for f in findings]}, indent=2)
+
+
+def findings_markdown(plan_path: str, findings: list[Finding]) -> str:
+    failed = sum(not f.ok for f in findings)
+    verdict = f"❌ {failed} check{'s' if failed > 1 else ''} failed" if failed else "✅ all checks passed"
+    lines = [f"### heterps check: `{plan_path}` — {verdict}", "", "| | check | result | fix |", "|---|---|---|---|"]
+    for f in findings:
+        lines.append(f"| {ICON[f.status]} | {f.gate} | {_cell(f.message)} | {_cell(f'`{f.fix}`') if f.fix else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def github_annotations(plan_path: str, findings: list[Finding]) -> str:
+    """``::error``/``::warning`` workflow commands, one per failed or noteworthy gate."""
+    out = []
+    for f in findings:
+        if f.status == "pass":
+            continue
+        level = "error" if f.status == "fail" else "warning"
+        text = f.message + (f" — fix: {f.fix}" if f.fix else "")
+        out.append(f"::{level} file={plan_path},title=heterps check {f.gate}::{_escape(text)}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def diff_json(old_path: str, new_path: str, changes: list[Change]) -> str:
+    return json.dumps({"old": old_path, "new": new_path,
+                       "changes": [{"what": c.what, "old": c.old, "new": c.new, "delta": c.delta, "percent": c.percent}
+                                   for c in changes]}, indent=2)
+
+
+def diff_markdown(old_path: str, new_path: str, changes: list[Change]) -> str:
+    lines = [f"### heterps diff: `{old_path}` → `{new_path}`", "", "| | old | new | change |", "|---|---:|---:|---:|"]
+    for c in changes:
+        lines.append(f"| {c.what} | {value(c.old, c.what)} | {value(c.new, c.what)} | {change(c)} |")
+    return "\n".join(lines) + "\n"
+
+
+def value(x, what: str) -> str:
+    if isinstance(x, str):
+        return x
+    if what.startswith("cost"):
+        return f"${x:,.2f}"
+    return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:,.4g}"
+
+
+def change(c: Change) -> str:
+    if c.delta is None:
+        return "changed" if c.old != c.new else ""
+    if c.delta == 0:
+        return "—"
+    if c.what.startswith("cost"):
+        amount = f"{'+' if c.delta > 0 else '-'}${abs(c.delta):,.2f}"
+    else:
+        amount = f"{c.delta:+,.0f}" if abs(c.delta) >= 100 or float(c.delta).is_integer() else f"{c.delta:+,.4g}"
+    return amount + (f" ({c.percent:+.1f}%)" if c.percent is not None else "")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _escape(text: str) -> str:
+    # GitHub workflow command data: %, CR and LF must be escaped
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")

@@ -1,0 +1,147 @@
+"""`heterps check` (the CI cost gate) and `heterps diff`, on the bundled plans and changed copies of the files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from heterps_cli.cli import app
+from heterps_cli.plan import make_plan
+from heterps_cli.problem import load_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch):
+    for folder in ("profiles", "clusters"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    shutil.copytree(ROOT / "docs/plans", tmp_path / "plans")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _check(*extra, plan="plans/ctr.yaml", expect=0, profile="profiles/ctr.yaml", cluster="clusters/paper.yaml"):
+    result = runner.invoke(app, ["check", plan, "--profile", profile, "--cluster", cluster, *extra])
+    assert result.exit_code == expect, result.output
+    assert "Traceback" not in result.output
+    return " ".join(result.output.split())
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_fresh_plan_passes(files):
+    shown = _check("--max-cost", "1", "--min-throughput", "150000", "--replan", "exact")
+    assert "all checks passed" in shown
+
+
+def test_renamed_layer_no_longer_fits(files):
+    _edit(files / "profiles/ctr.yaml", "name: fc2", "name: fc2_wide")
+    shown = _check(expect=1)
+    assert "no longer fits" in shown and "fc2_wide" in shown and "heterps plan profiles/ctr.yaml" in shown
+
+
+def test_removed_type_no_longer_fits(files):
+    _edit(files / "clusters/paper.yaml", "v100:", "h100:")
+    assert "'v100', which the cluster or profile no longer offers" in _check(expect=1)
+
+
+def test_changed_timings_make_the_plan_stale(files):
+    profile = yaml.safe_load((files / "profiles/ctr.yaml").read_text())
+    profile["layers"][3]["times"]["v100"]["oct"] *= 1.5
+    (files / "profiles/ctr.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    shown = _check(expect=1)
+    assert "figures are stale" in shown and "cost_usd" in shown and "refresh it: heterps plan" in shown
+
+
+def test_a_lowered_limit_is_exceeded(files):
+    _edit(files / "clusters/paper.yaml", "limit: 480", "limit: 20")
+    assert "resource limits exceeded: cpu 35 > limit 20" in _check(expect=1)
+
+
+def test_budget_and_throughput_gates(files):
+    assert "exceeds the --max-cost $0.50 by $0.30 (60.0%)" in _check("--max-cost", "0.5", expect=1)
+    assert "is under --min-throughput 2,000,000.0" in _check("--min-throughput", "2e6", expect=1)
+
+
+def test_baseline_gate(files):
+    shown = _check("--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", expect=1)
+    assert "$0.80 -> $0.85, $+0.05 (+6.6%); allowed increase 5%" in shown
+    assert "heterps diff plans/ctr.yaml plans/ctr-3m.yaml" in shown
+    _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml")
+    _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.10", plan="plans/ctr-3m.yaml")
+    assert "allowed increase $0.01" in _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.01",
+                                             plan="plans/ctr-3m.yaml", expect=1)
+
+
+def test_replan_finds_a_wasteful_plan(files):
+    problem = load_problem("profiles/ctr.yaml", "clusters/paper.yaml")
+    plan = yaml.safe_load((files / "plans/ctr.yaml").read_text())
+    schedule = [s["resource"] for s in plan["stages"] for _ in range(s["first"], s["last"] + 1)]
+    replicas = [s["replicas"] + 4 for s in plan["stages"]]  # more than the throughput needs
+    wasteful = make_plan(problem, [problem.types.index(t) for t in schedule], replicas, scheduler="manual")
+    (files / "plans/wasteful.yaml").write_text(yaml.safe_dump(wasteful.to_dict(), sort_keys=False))
+    shown = _check("--replan", "exact", "--tolerance", "1", plan="plans/wasteful.yaml", expect=1)
+    assert "exact finds $0.80 against the plan's" in shown and "adopt it: heterps plan" in shown
+    _check("--replan", "exact", "--tolerance", "99", plan="plans/wasteful.yaml")
+
+
+def test_bad_files_exit_2(files):
+    assert "plans/nope.yaml: file not found" in _check(plan="plans/nope.yaml", expect=2)
+    _edit(files / "plans/ctr.yaml", "cost_usd:", "cost_usdd:")
+    shown = _check(expect=2)
+    assert "plans/ctr.yaml:" in shown and "cost_usdd" in shown
+    assert "--max-increase" in _check("--baseline", "plans/ctr-3m.yaml", "--max-increase", "lots", plan="plans/ctr-3m.yaml",
+                                      expect=2)
+
+
+def test_markdown_report(files):
+    result = runner.invoke(app, ["check", "plans/ctr.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
+                                 "clusters/paper.yaml", "--max-cost", "0.5", "--format", "markdown"])
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == "### heterps check: `plans/ctr.yaml` — ❌ 1 check failed"
+    assert "| | check | result | fix |" in lines
+    assert any(line.startswith("| ❌ | max-cost | cost $0.80 exceeds") for line in lines)
+    assert any(line.startswith("| ✅ | fresh |") for line in lines)
+
+
+def test_github_annotations_and_step_summary(files, monkeypatch):
+    summary = files / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = runner.invoke(app, ["check", "plans/ctr-3m.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
+                                 "clusters/paper.yaml", "--baseline", "plans/ctr.yaml", "--max-increase", "1%",
+                                 "--format", "github"])
+    assert result.exit_code == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("::error file=plans/ctr-3m.yaml,title=heterps check baseline::cost $0.80 -> $0.85")
+    assert "(+6.6%25)" in first  # GitHub's escaping of %
+    assert "### heterps check" in summary.read_text()
+
+
+def test_json_report(files):
+    result = runner.invoke(app, ["check", "plans/ctr.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
+                                 "clusters/paper.yaml", "--format", "json"])
+    report = json.loads(result.stdout)
+    assert report["passed"] and {f["gate"] for f in report["findings"]} == {"fits", "fresh", "limits"}
+
+
+def test_diff_of_the_bundled_plans_shows_the_cost_change(files):
+    result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "+$0.05 (+6.6%)" in result.stdout and "cost USD" in result.stdout
+    result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "markdown"])
+    assert "| cost USD | $0.80 | $0.85 | +$0.05 (+6.6%) |" in result.stdout
+    changes = {c["what"]: c for c in json.loads(runner.invoke(
+        app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "json"]).stdout)["changes"]}
+    assert changes["v100 units"]["delta"] == 2
