@@ -39,7 +39,7 @@ COMMANDS = [line for block in _code_blocks(README, "bash") for line in block.spl
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_commands_run(command, tmp_path, monkeypatch):
-    for folder in ("profiles", "clusters"):
+    for folder in ("profiles", "clusters", "docs/plans"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, shlex.split(command)[1:])
