@@ -137,10 +137,10 @@ TimeLimitOpt = Annotated[
 ]
 
 
-def _load(profile: Path, cluster: Path, objective: Objective, samples, epochs, min_throughput, max_cost) -> Problem:
+def _load(profile: Path, cluster: Path, objective: str, samples, epochs, min_throughput, max_cost) -> Problem:
     prof, pdoc = load_profile(str(profile))
     clus, cdoc = load_cluster(str(cluster))
-    return build_problem(prof, pdoc, clus, cdoc, objective=objective.value, samples=samples, epochs=epochs,
+    return build_problem(prof, pdoc, clus, cdoc, objective=objective, samples=samples, epochs=epochs,
                          min_throughput=min_throughput, max_cost=max_cost)
 
 
@@ -177,7 +177,7 @@ def plan(
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with _exit_codes():
-        problem = _load(profile, cluster, objective, samples, epochs, min_throughput, max_cost)
+        problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in,
                                policy_out=policy_out, evaluations=evaluations)
         with _progress_bar() as report:
@@ -227,7 +227,7 @@ def compare(
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
     with _exit_codes():
-        problem = _load(profile, cluster, objective, samples, epochs, min_throughput, max_cost)
+        problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
 
         def done(entry) -> None:
@@ -349,10 +349,8 @@ def check(
         committed, _ = load_plan(str(plan_file))
         old = load_plan(str(baseline))[0] if baseline is not None else None
         increase = Increase.parse(max_increase)
-        prof, pdoc = load_profile(str(profile))
-        clus, cdoc = load_cluster(str(cluster))
-        problem = build_problem(prof, pdoc, clus, cdoc, objective=committed.objective, samples=committed.samples,
-                                epochs=committed.epochs, min_throughput=committed.min_throughput, max_cost=committed.max_cost)
+        problem = _load(profile, cluster, committed.objective, committed.samples, committed.epochs,
+                        committed.min_throughput, committed.max_cost)
         with _progress_bar() as report:
             findings = run_check(problem, committed, str(plan_file), profile_path=str(profile), cluster_path=str(cluster),
                                  max_cost=max_cost, min_throughput=min_throughput, baseline=old,

@@ -26,8 +26,8 @@ import numpy as np
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.scoring import (DEFAULT_EVALUATIONS, Best, Evaluator, Reference, heuristic_schedules,
-                                            random_schedules, rewards)
+from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, evaluation_budget,
+                                            heuristic_schedules, random_schedules, rewards)
 
 POPULATION = 64
 ELITE = 4
@@ -71,7 +71,7 @@ def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> 
 def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
     start = time.perf_counter()
     report = progress or (lambda *a, **k: None)
-    budget = options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
+    budget = evaluation_budget(options)
     time_limit = options.time_limit if options is not None else None
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
@@ -97,9 +97,7 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
         population = _within_budget(np.concatenate([elite, children]), evaluate, budget, len(elite))
         scored = evaluate(population)
         generation += 1
-        shown = "none yet" if best.schedule is None else (
-            f"{best.throughput:,.1f} samples/s" if problem.objective == "time" else f"${best.cost:,.2f}")
-        report(f"genetic: generation {generation} · best {shown}", completed=min(evaluate.evaluations, budget),
+        report(f"genetic: generation {generation} · best {best.shown}", completed=min(evaluate.evaluations, budget),
                total=budget)
     best.offer(problem, population, scored)
     if stale >= PATIENCE:

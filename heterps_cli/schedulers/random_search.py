@@ -17,7 +17,7 @@ import numpy as np
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.scoring import DEFAULT_EVALUATIONS, Best, Evaluator, random_schedules
+from heterps_cli.schedulers.scoring import Best, Evaluator, evaluation_budget, random_schedules
 
 CHUNK = 1024
 
@@ -25,7 +25,7 @@ CHUNK = 1024
 def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
     start = time.perf_counter()
     report = progress or (lambda *a, **k: None)
-    budget = options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
+    budget = evaluation_budget(options)
     time_limit = options.time_limit if options is not None else None
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)

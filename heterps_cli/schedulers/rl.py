@@ -312,9 +312,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             (loss / problem.n_layers).backward()
             nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             optimiser.step()
-            shown = "none yet" if best.schedule is None else (
-                f"{best.throughput:,.1f} samples/s" if problem.objective == "time" else f"${best.cost:,.2f}")
-            report(f"rl: step {step + 1}/{cfg.steps} · best {shown} · {scores.feasible.mean():.0%} feasible",
+            report(f"rl: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
                    completed=step + 1, total=cfg.steps)
             if on_step is not None:
                 on_step(step + 1, learned.key)

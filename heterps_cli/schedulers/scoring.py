@@ -78,6 +78,13 @@ class Best:
     throughput: float = 0.0
 
     @property
+    def shown(self) -> str:
+        """The best figure so far, for a progress line."""
+        if self.schedule is None:
+            return "none yet"
+        return f"{self.throughput:,.1f} samples/s" if self.objective == "time" else f"${self.cost:,.2f}"
+
+    @property
     def key(self) -> float:
         """Lower is better: the cost, or minus the throughput (inf while none is feasible)."""
         if self.schedule is None:
@@ -95,6 +102,11 @@ class Best:
             stages = int((np.diff(schedules[i]) != 0).sum()) + 1
             self.schedule, self.replicas = schedules[i].copy(), scored.replicas[i, :stages].copy()
             self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
+
+
+def evaluation_budget(options) -> int:
+    """The cost-model evaluations genetic and random may spend: the option, else :data:`DEFAULT_EVALUATIONS`."""
+    return options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
 
 
 def signature(schedule: np.ndarray) -> tuple[int, ...]:
