@@ -119,6 +119,32 @@ def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path):
     assert len(json.loads(result.stdout)["stages"][-1]["layers"]) >= 1
 
 
+def test_saving_the_policy_does_not_change_the_plan(tmp_path):
+    _, problem = _problem(seed=3, n=8)
+    quick = dict(steps=15, batch=16)
+    plain = rl.solve(problem, seed=1, options=SolveOptions(**quick))
+    saved = rl.solve(problem, seed=1, options=SolveOptions(**quick, policy_out=tmp_path / "p.pt"))
+    assert (tmp_path / "p.pt").exists()
+    assert [(s.first, s.last, s.resource, s.replicas) for s in saved.stages] == \
+        [(s.first, s.last, s.resource, s.replicas) for s in plain.stages]
+
+
+def test_nearby_models_differ_by_one_layer_and_bounded_times():
+    _, problem = _problem(seed=4, n=10)
+    rng = np.random.default_rng(0)
+    depths = set()
+    for _ in range(20):
+        variant, index = rl.nearby(problem, rng, 0.1)
+        depths.add(variant.n_layers)
+        assert abs(variant.n_layers - problem.n_layers) == 1 and len(index) == variant.n_layers
+        assert np.all(np.diff(index) >= 0)  # the chain keeps its order
+        assert (variant.runnable == problem.runnable[index]).all()
+        ratio = variant.oct[variant.runnable] / problem.oct[index][variant.runnable]
+        assert ratio.min() >= 1 / 1.1 - 1e-12 and ratio.max() <= 1.1 + 1e-12
+        assert variant.layer_kinds == tuple(problem.layer_kinds[i] for i in index)
+    assert depths == {9, 11}
+
+
 def test_policy_for_other_types_is_refused(tmp_path):
     policy = tmp_path / "policy.pt"
     runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), *QUICK])

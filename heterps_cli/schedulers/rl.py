@@ -1,6 +1,6 @@
 """The HeterPS scheduler (Liu et al., FGCS 2023): an LSTM policy picks a resource type per layer.
 
-Read top to bottom: features, policy, reward, the two training phases, solve.
+Read top to bottom: features, policy, generalising a saved policy, the two training phases, solve.
 
 * **Features** have a fixed width for any number of layers, so a saved policy
   warm-starts a changed model. The layer's index is a sinusoidal encoding of its
@@ -30,6 +30,10 @@ Read top to bottom: features, policy, reward, the two training phases, solve.
   schedule found so far (self-imitation), which keeps what was learned from
   being lost to noise. The best feasible plan ever sampled is kept, and the
   greedy decode is tried at the end.
+* **Warm start**: before ``--policy-out`` saves the policy, :func:`generalise`
+  fits it to locally optimised plans of nearby models, so that it has learned
+  to plan this model's neighbours rather than memorised this model's plan; a
+  ``--policy-in`` run then skips pre-training and starts from it.
 * **Polish**: a local search (:mod:`heterps_cli.schedulers.local`) from the best
   schedule of each of the few best stage-type sequences seen, and from the
   heuristics; then iterated local search, kicking the best plan out of its local
@@ -53,8 +57,9 @@ from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.local import polish, polish_starts
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, random_schedules, rewards
+from heterps_cli.schedulers.local import improve, polish, polish_starts
+from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, heuristic_schedules, random_schedules,
+                                            rank_advantage, rewards)
 from heterps_cli.yamlio import write_atomic
 
 KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
@@ -78,9 +83,15 @@ class Config:
     polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
     kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
     extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
+    variants: int = 16  # --policy-out: nearby models whose locally optimised plans the saved policy learns
+    variant_spread: float = 0.1  # their per-layer times differ by up to this factor (log-uniform)
+    generalise_epochs: int = 150
 
 
 # -- features -------------------------------------------------------------------
+
+
+KIND_COLUMNS = slice(2 * POSITION_FREQUENCIES + 2, 2 * POSITION_FREQUENCIES + 2 + len(KINDS) + 1)
 
 
 def n_features(n_types: int) -> int:
@@ -140,15 +151,23 @@ class Policy(nn.Module):
         return prev
 
     def log_prob(self, feats: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor):
-        """Log-probability and entropy (summed over layers) of given schedules, teacher-forced."""
+        """Log-probability and entropy (summed over layers) of given schedules, teacher-forced.
+
+        ``feats`` ``[n, F]`` and ``mask`` ``[n, T]`` are one model's; ``[B, n, F]`` and
+        ``[B, n, T]`` give each schedule its own model (of the same depth).
+        """
         B, n = actions.shape
-        enc = self.encoder(feats[None])[0].expand(B, n, -1)
+        if feats.dim() == 2:
+            enc = self.encoder(feats[None])[0].expand(B, n, -1)
+            mask = mask[None]
+        else:
+            enc = self.encoder(feats)[0]
         prev = self._previous(actions)
         out, _ = self.decoder(torch.cat([enc, prev], dim=2))
-        logits = (self.head(out) + self.stay * prev[:, :, : self.n_types]).masked_fill(~mask[None], -1e9)
+        logits = (self.head(out) + self.stay * prev[:, :, : self.n_types]).masked_fill(~mask, -1e9)
         logp = torch.log_softmax(logits, dim=2)
         chosen = logp.gather(2, actions[:, :, None])[:, :, 0].sum(dim=1)
-        entropy = -(logp.exp() * logp).masked_fill(~mask[None], 0.0).sum(dim=(1, 2))
+        entropy = -(logp.exp() * logp).masked_fill(~mask, 0.0).sum(dim=(1, 2))
         return chosen, entropy
 
     @torch.no_grad()
@@ -211,20 +230,66 @@ def load_policy(path: Path, problem: Problem) -> Policy:
     return policy
 
 
-# -- reward ---------------------------------------------------------------------
+# -- generalising a saved policy -----------------------------------------------
 
 
-def _rank_advantage(r: np.ndarray) -> np.ndarray:
-    """Centred, scaled ranks of the rewards (ties share a rank).
+def nearby(problem: Problem, rng: np.random.Generator, spread: float) -> tuple[Problem, np.ndarray]:
+    """The model as a team might change it before re-planning: every layer's times scaled by
+    up to ``1 ± spread``, and one random layer duplicated or dropped; and which old layer each new one is."""
+    n = problem.n_layers
+    index = np.arange(n)
+    at = int(rng.integers(n))
+    if rng.random() < 0.5 or n < 3:
+        index = np.insert(index, at, at)
+    else:
+        index = np.delete(index, at)
+    scale = np.exp(rng.uniform(-np.log1p(spread), np.log1p(spread), size=(len(index), 1)))
+    return problem.replace(
+        layer_names=tuple(problem.layer_names[i] for i in index),
+        layer_kinds=tuple(problem.layer_kinds[i] for i in index),
+        input_size=problem.input_size[index], weight_size=problem.weight_size[index],
+        oct=problem.oct[index] * scale, odt=problem.odt[index] * scale,
+        alpha=problem.alpha[index], beta=problem.beta[index], runnable=problem.runnable[index],
+    ), index
 
-    Ranks rather than raw rewards: the gap between feasible and infeasible
-    samples would otherwise drown the 1-5% cost differences among feasible ones.
+
+def generalise(policy: Policy, problem: Problem, schedule: np.ndarray, cfg: Config, rng: np.random.Generator,
+               generator: torch.Generator, report) -> None:
+    """Teach the policy to plan nearby models, not only this one (run before saving it).
+
+    Trained on one model, the policy memorises that model's stage boundaries, and
+    a warm start on a changed model reproduces them even where the optimum has
+    moved (measured: 3-5 layers on a 32-layer model with one layer added). So,
+    as in expert iteration, it is fitted to the plans a local search finds
+    for :data:`Config.variants` nearby models (:func:`nearby`), each searched from
+    this model's best plan carried over and from the policy's own greedy decode,
+    and to this model's best plan; it then maps features to plans.
     """
-    if len(r) < 2:
-        return np.zeros_like(r)
-    ranks = np.searchsorted(np.sort(r), r, side="left") + np.searchsorted(np.sort(r), r, side="right")
-    ranks = ranks / 2.0
-    return (ranks - ranks.mean()) / (ranks.std() + 1e-8)
+    examples = [(torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.runnable),
+                 torch.from_numpy(schedule))]
+    for v in range(cfg.variants):
+        report(f"rl: generalising the saved policy, nearby model {v + 1}/{cfg.variants}")
+        variant, index = nearby(problem, rng, cfg.variant_spread)
+        feats, mask = torch.from_numpy(layer_features(variant)), torch.from_numpy(variant.runnable)
+        evaluate = Evaluator(variant)
+        starts = np.stack([schedule[index], policy.sample(feats, mask, 1, generator, greedy=True)[0].numpy()])
+        reference = Reference.of(evaluate(np.concatenate([starts, heuristic_schedules(variant)])))
+
+        def score(rows: np.ndarray, variant=variant, evaluate=evaluate, reference=reference) -> np.ndarray:
+            return rewards(variant, evaluate(rows), reference)
+
+        found = [improve(variant, start, score) for start in starts]
+        examples.append((feats, mask, torch.from_numpy(max(found, key=lambda f: f[1])[0])))
+    # One teacher-forced call per depth (the nearby models have n - 1, n or n + 1 layers).
+    batches = [[torch.stack(part) for part in zip(*(e for e in examples if len(e[2]) == depth))]
+               for depth in sorted({len(e[2]) for e in examples})]
+    optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    for _ in range(cfg.generalise_epochs):
+        loss = sum(-policy.log_prob(f, m, a)[0].sum() / a.shape[1] for f, m, a in batches) / len(examples)
+        optimiser.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+        optimiser.step()
 
 
 # -- solve ----------------------------------------------------------------------
@@ -258,7 +323,8 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     generator = torch.Generator().manual_seed(seed)
     feats = torch.from_numpy(layer_features(problem))
     mask = torch.from_numpy(problem.runnable)
-    if options is not None and options.policy_in is not None:
+    warm = options is not None and options.policy_in is not None
+    if warm:
         policy = load_policy(options.policy_in, problem)
     else:
         policy = Policy(feats.shape[1], problem.n_types, cfg.hidden)
@@ -280,9 +346,9 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
     interrupted = False
     try:
-        # A warm-started policy is pre-trained too: measured, skipping it (or softening the
-        # loaded policy) made warm starts slower, not faster (benchmarks/bench_warmstart.py).
-        for step in range(cfg.pretrain_steps):
+        # A warm-started policy skips it: fitting the pool's elite would overwrite what the saved
+        # policy learned about nearby models (measured in benchmarks/bench_warmstart.py).
+        for step in range(0 if warm else cfg.pretrain_steps):
             logp, _ = policy.log_prob(feats, mask, elite)
             loss = -logp.mean() / problem.n_layers
             optimiser.zero_grad()
@@ -301,7 +367,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             scores = evaluate(schedules)
             best.offer(problem, schedules, scores)
             learned.offer(problem, schedules, scores)
-            advantage = torch.from_numpy(_rank_advantage(rewards(problem, scores, reference))).float()
+            advantage = torch.from_numpy(rank_advantage(rewards(problem, scores, reference))).float()
             logp, entropy = policy.log_prob(feats, mask, actions)
             beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
             loss = -(advantage * logp).mean() - beta * entropy.mean()
@@ -333,10 +399,11 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     except KeyboardInterrupt:
         interrupted = True
         notes.append("polish interrupted (Ctrl-C): the best plan found so far")
-    if options is not None and options.policy_out is not None and not interrupted:
-        save_policy(policy, problem, options.policy_out)
     if best.schedule is None:
         raise diagnose(problem, f"the rl scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
                        "give it more --steps, or use --scheduler exact")
+    if options is not None and options.policy_out is not None and not interrupted:
+        generalise(policy, problem, best.schedule, cfg, rng, generator, report)
+        save_policy(policy, problem, options.policy_out)
     return make_plan(problem, best.schedule, best.replicas, scheduler="rl", seed=seed,
                      solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))

@@ -159,6 +159,19 @@ def rewards(problem: Problem, scores: Scored, reference: Reference, soft: bool =
     return np.where(scores.feasible, quality, -CAP - 1.0 - shortfall(problem, scores))
 
 
+def rank_advantage(r: np.ndarray) -> np.ndarray:
+    """Centred, scaled ranks of the rewards (ties share a rank).
+
+    Ranks rather than raw rewards: the gap between feasible and infeasible
+    samples would otherwise drown the 1-5% cost differences among feasible ones.
+    """
+    if len(r) < 2:
+        return np.zeros_like(r)
+    ranks = np.searchsorted(np.sort(r), r, side="left") + np.searchsorted(np.sort(r), r, side="right")
+    ranks = ranks / 2.0
+    return (ranks - ranks.mean()) / (ranks.std() + 1e-8)
+
+
 def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
     """Schedules of 1..max(8, n/3) contiguous segments on random types (so that deep pipelines, which
     fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on."""
