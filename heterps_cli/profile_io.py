@@ -18,7 +18,7 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profiler import Profiled
+from heterps_cli.profiler import MAX_RUNS, MIN_SECONDS, Profiled
 
 
 @dataclass
@@ -63,10 +63,13 @@ def measured_text(p: Profiled, note: str) -> str:
     """The profile file of one measurement run."""
     header = [
         f"measured by heterps profile: model {p.model} as resource type {p.resource!r} on {p.device} ({note})",
-        f"oct: median of {p.repetitions} forward+backward runs of each layer alone, batch {p.batch_size}"
+        f"oct: median of {p.repetitions} or more forward+backward runs of each layer alone (at least "
+        f"{MIN_SECONDS:g} s of them, up to {MAX_RUNS}), batch {p.batch_size}"
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", device synchronised"),
         f"odt: (input activations + gradients) bytes per batch / link bandwidth; bandwidth {p.bandwidth_how}",
         "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
+        f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
+        f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only)",
         *p.notes,
     ]
     rows = []

@@ -5,9 +5,18 @@
   own list of blocks. A forward pre-hook records each layer's inputs.
 * **oct**: each layer alone, on copies of its recorded inputs, forward then
   backward (ones as the output gradient, parameter gradients reset between
-  runs, as ``zero_grad(set_to_none=True)`` does): warm-up runs, then at least
-  20 timed ones; the median. On cpu one unit is one core, so it runs on one
-  thread; on cuda the device is synchronised around each run.
+  runs, as ``zero_grad(set_to_none=True)`` does); the median of at least 20
+  timed runs. On cpu one unit is one core, so it runs on one thread; on cuda
+  the device is synchronised around each run. Two things keep a second
+  profile close to the first (``benchmarks/bench_profile.py`` measures it):
+  a few whole-model steps first, so that the allocator, the kernels and the
+  caches are warm before any layer is timed (their median is also reported,
+  beside the sum of the layers), and the runs are taken in
+  :data:`ROUNDS` interleaved rounds over all layers, so that a slow spell of
+  the machine is spread over every layer rather than landing on one. A short
+  layer gets more runs (up to :data:`MAX_RUNS`), until they add up to
+  :data:`MIN_SECONDS`: a 1 ms layer's median over 20 runs moved by up to 16%
+  between two profiles, more than the 15% the profiles should agree within.
 * **odt**: the bytes a layer moves per batch (its input activations, and its
   gradients for the all-reduce, which are as big as its weights) over the link
   bandwidth: measured (cpu: an all-reduce between two processes over loopback
@@ -25,6 +34,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib
 import importlib.util
 import inspect
@@ -47,6 +58,10 @@ from heterps_cli.errors import InputError
 from heterps_cli.zoo import MODELS
 
 WARMUP = 3
+WARMUP_STEPS = 3  # whole-model forward+backward steps before any layer is timed
+ROUNDS = 4  # the timed runs of every layer are split over this many interleaved rounds
+MIN_SECONDS = 0.25  # short layers get more runs, up to MAX_RUNS, until their runs add up to this
+MAX_RUNS = 200
 FIT_TRIALS = 5  # runs per thread count for the alpha fit; the minimum is kept
 SHORTEST_FIT = 50e-6  # s: below this, thread scaling is noise
 ALPHA_DEFAULTS = {"fc": 0.9, "conv": 0.9, "attention": 0.9, "embedding": 0.5, "norm": 0.7, "activation": 0.8,
@@ -250,23 +265,46 @@ def _fresh(value, device):
 
 # -- timing ------------------------------------------------------------------------
 
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+
+
+def steady_allocator() -> bool:
+    """Make glibc's malloc reuse freed memory instead of returning it to the system.
+
+    By default a large tensor is either fresh memory from ``mmap`` (page faults:
+    a 2 ms ReLU took 6.5 ms) or reused heap memory, depending on the process's
+    history of allocations, so two profiles of one model disagreed by up to 3x
+    on a layer, and ctr's layers summed to a quarter of its whole step. With mmap
+    off and trimming off, every run after the warm-up reuses memory, as a steady
+    training loop with a caching allocator does (CUDA's caches by design).
+    False where the C library is not glibc; the profile then says so.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
 
 def _synchronise(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
-    """Seconds of forward + backward of one layer on one batch, ``repetitions`` times after ``warmup``."""
-    params = list(call.module.parameters())
+def _timed(module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int,
+           warmup: int) -> list[float]:
+    """Seconds of ``module``'s forward on ``inputs()`` then the backward of its outputs (ones as their
+    gradient), parameter gradients reset before each run; ``repetitions`` runs after ``warmup``."""
+    params = list(module.parameters())
     times = []
     for i in range(warmup + repetitions):
-        args, kwargs = _fresh(call.args, device), _fresh(call.kwargs, device)
+        args, kwargs = inputs()
         for p in params:
             p.grad = None
         _synchronise(device)
         start = time.perf_counter()
-        out = call.module(*args, **kwargs)
+        out = module(*args, **kwargs)
         outs = [o for o in _tensors(out) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -276,23 +314,16 @@ def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -
     return times
 
 
-def step_times(model: Model, device: str, repetitions: int) -> list[float]:
-    """Seconds of forward + backward of the whole model on one batch (what the layer times should add up to)."""
+def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
+    """One layer alone, on fresh copies of its recorded inputs (which need their gradients, as activations do)."""
+    return _timed(call.module, lambda: (_fresh(call.args, device), _fresh(call.kwargs, device)), device,
+                  repetitions, warmup)
+
+
+def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
+    """The whole model on one batch: what the layer times should add up to."""
     inputs = tuple(x.to(device) for x in model.inputs)
-    params = list(model.module.parameters())
-    times = []
-    for i in range(WARMUP + repetitions):
-        for p in params:
-            p.grad = None
-        _synchronise(device)
-        start = time.perf_counter()
-        out = model.module(*inputs)
-        outs = [o for o in _tensors(out) if o.requires_grad]
-        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-        _synchronise(device)
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return times
+    return _timed(model.module, lambda: (inputs, {}), device, repetitions, warmup)
 
 
 def usable_cores() -> int:
@@ -405,7 +436,12 @@ class Profiled:
     bandwidth_how: str
     repetitions: int
     layers: list[LayerProfile]
+    step: float  # seconds of one whole-model forward+backward step (the median of the warm-up steps)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_oct(self) -> float:
+        return sum(layer.oct for layer in self.layers)
 
 
 def bytes_of(tensors) -> float:
@@ -441,28 +477,52 @@ def profile(model: Model, resource: str, *, device: str = "cpu", repetitions: in
             notes.append(how)
         else:
             how = f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s"
+    if not steady_allocator():
+        notes.append("the C library is not glibc: the allocator could not be kept from returning memory "
+                     "to the system, so repeat profiles may differ more on layers with large tensors")
     model.module.to(device)
     threads = torch.get_num_threads()
     cores = usable_cores()
+    fits = len(calls) if device == "cpu" and cores >= 2 else 0
+    total = ROUNDS * len(calls) + fits
+    per_round = -(-repetitions // ROUNDS)
+    times: list[list[float]] = [[] for _ in calls]
     layers = []
+    call = None
     try:
+        if device == "cpu":
+            torch.set_num_threads(1)  # one unit of cpu is one core
+        report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
+        try:
+            step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
+        except Exception as exc:
+            raise InputError(None, None, "MODEL", "the model's forward and backward pass failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+        for r in range(ROUNDS):
+            for i, call in enumerate(calls):
+                report(f"round {r + 1}/{ROUNDS}, layer {i + 1}/{len(calls)}: {call.name}",
+                       completed=r * len(calls) + i, total=total)
+                runs = per_round
+                if r:  # the first round's median says how many runs add up to MIN_SECONDS
+                    wanted = MIN_SECONDS / max(statistics.median(times[i]), 1e-9)
+                    runs = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
+                times[i] += run_times(call, device, runs, warmup=WARMUP if r == 0 else 1)
         for i, call in enumerate(calls):
-            report(f"layer {i + 1}/{len(calls)}: {call.name}", completed=i, total=len(calls))
-            if device == "cpu":
-                torch.set_num_threads(1)  # one unit of cpu is one core
-            times = run_times(call, device, repetitions)
-            layers.append(_layer(call, B0, times, bandwidth, device, cores))
-            report(f"layer {i + 1}/{len(calls)}: {call.name}", completed=i + 1, total=len(calls))
+            if fits:
+                report(f"alpha fit, layer {i + 1}/{len(calls)}: {call.name}",
+                       completed=ROUNDS * len(calls) + i, total=total)
+            layers.append(_layer(call, B0, times[i], bandwidth, device, cores))
+        report("done", completed=total, total=total)
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(None, None, "MODEL", f"layer {call.name} failed when run alone: "
+        raise InputError(None, None, "MODEL", f"layer {call.name if call else '?'} failed when run alone: "
                          f"{type(exc).__name__}: {exc}") from None
     finally:
         torch.set_num_threads(threads)
     if device == "cpu" and cores < 2:
         notes.append("one usable core: alpha could not be fitted and is estimated for every layer")
-    return Profiled(model.name, resource, device, B0, bandwidth, how, repetitions, layers, notes)
+    return Profiled(model.name, resource, device, B0, bandwidth, how, ROUNDS * per_round, layers, step, notes)
 
 
 def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str, cores: int) -> LayerProfile:

@@ -187,8 +187,13 @@ def profile_view(measured, noisy_cv: float) -> Group:
         alpha = f"{layer.alpha:.2f}" + ("*" if "alpha" in layer.estimated else " ")
         table.add_row(layer.name, layer.kind, _seconds(layer.oct), _seconds(layer.odt), alpha,
                       f"{100 * layer.cv:.0f}%" + (" noisy" if flag else ""), style="yellow" if flag else None)
-    total = sum(layer.oct for layer in measured.layers)
-    lines = [Text(f"sum of oct {_seconds(total)} per batch · link {measured.bandwidth_how}")]
+    total = measured.total_oct
+    lines = [Text(f"sum of oct {_seconds(total)} per batch, {total / measured.step:.0%} of a whole-model step "
+                  f"({_seconds(measured.step)}) · link {measured.bandwidth_how}")]
+    if abs(total / measured.step - 1) > 0.25:
+        lines.append(Text("the layers' sum is far from a whole step: code between modules (e.g. torch.cat, "
+                          "indexing, residual adds) is not in any layer; a factory can return its own list of "
+                          "blocks to profile instead", style="yellow"))
     lines.append(Text("* alpha estimated (see the comment in the file); spread: coefficient of variation of the runs"))
     if noisy:
         lines.append(Text(f"{noisy} noisy layer{'s' if noisy > 1 else ''} (spread > {100 * noisy_cv:.0f}%): "
