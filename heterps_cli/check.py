@@ -105,6 +105,11 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
     return make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed), []
 
 
+def signed_usd(amount: float) -> str:
+    """+$0.05 or -$1.20: the sign before the dollar sign, as a cost diff reads."""
+    return f"{'+' if amount >= 0 else '-'}${abs(amount):,.2f}"
+
+
 def _differs(a: float, b: float) -> bool:
     return not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
@@ -150,7 +155,7 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
     findings = [Finding("fits", True, f"{plan_path} fits the profile and cluster ({len(plan.stages)} stages)")]
     stale = stale_fields(plan, fresh)
     findings.append(Finding("fresh", not stale,
-                            f"the plan's figures are stale: {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}"
+                            f"the plan's figures are stale (written -> recomputed): {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}"
                             if stale else "every figure in the plan matches a recomputation from the files",
                             f"refresh it: {replan_command}" if stale else ""))
     over = [f"{t} {u} > limit {problem.limits[problem.types.index(t)]}" for t, u in fresh.resources.items()
@@ -177,10 +182,12 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
         old, new = baseline.cost_usd, fresh.cost_usd
         rule = max_increase or Increase(0.0, True)
         ok = rule.allows(old, new)
-        change = f"${new - old:+,.2f} ({100 * (new / old - 1):+.1f}%)" if old > 0 else f"${new - old:+,.2f}"
+        change = signed_usd(new - old) + (f" ({100 * (new / old - 1):+.1f}%)" if old > 0 else "")
+        where = f"see where the cost rose: heterps diff {baseline_path} {plan_path}"
+        if stale:  # the diff reads the written figures, so they must be the recomputed ones first
+            where = f"refresh {plan_path} ({replan_command}), then {where}"
         findings.append(Finding("baseline", ok, f"cost ${old:,.2f} -> ${new:,.2f}, {change}; allowed increase {rule}",
-                                "" if ok else f"see where the cost rose: heterps diff {baseline_path} {plan_path}",
-                                warn=new > old * (1 + REL_TOL)))
+                                "" if ok else where, warn=new > old * (1 + REL_TOL)))
     if replan is not None:
         try:
             better = solve(replan, problem.replace(min_throughput=plan.min_throughput), seed=seed, progress=progress,
@@ -219,13 +226,48 @@ def stage_label(stage) -> str:
     return f"{stage.first}-{stage.last} on {stage.resource} x{stage.replicas}"
 
 
+def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
+    """Old and new stages paired in chain order, most shared layers first (then the same type).
+
+    An alignment, not pairing by index: with a stage inserted in the middle, the
+    stages after it pair with themselves and only the new one shows as new.
+    """
+    def score(a, b) -> float:
+        return len(set(a.layers) & set(b.layers)) + 0.5 * (a.resource == b.resource)
+
+    n, m = len(old), len(new)
+    best = np.zeros((n + 1, m + 1))
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            s = score(old[i - 1], new[j - 1])
+            best[i, j] = max(best[i - 1, j], best[i, j - 1], best[i - 1, j - 1] + s if s > 0 else -1.0)
+    pairs: list[tuple[int | None, int | None]] = []
+    i, j = n, m
+    while i or j:
+        if i and j and score(old[i - 1], new[j - 1]) > 0 and \
+                best[i, j] == best[i - 1, j - 1] + score(old[i - 1], new[j - 1]):
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif i and (not j or best[i, j] == best[i - 1, j]):
+            pairs.append((i - 1, None))
+            i -= 1
+        else:
+            pairs.append((None, j - 1))
+            j -= 1
+    return pairs[::-1]
+
+
 def diff(old: PlanFile, new: PlanFile) -> list[Change]:
     """Stages, resources, throughput, time and cost of two plans, side by side."""
     out = []
-    for i in range(max(len(old.stages), len(new.stages))):
-        a = stage_label(old.stages[i]) if i < len(old.stages) else "—"
-        b = stage_label(new.stages[i]) if i < len(new.stages) else "—"
-        out.append(Change(f"stage {i}", a, b))
+    for i, j in pair_stages(old.stages, new.stages):
+        a = stage_label(old.stages[i]) if i is not None else "—"
+        b = stage_label(new.stages[j]) if j is not None else "—"
+        if i is not None and j is not None:
+            what = f"stage {i}" if i == j else f"stage {i} → {j}"
+        else:
+            what = f"stage {i} (removed)" if i is not None else f"stage {j} (new)"
+        out.append(Change(what, a, b))
     for t in dict.fromkeys([*old.resources, *new.resources]):
         out.append(Change(f"{t} units", old.resources.get(t, 0), new.resources.get(t, 0)))
     out += [Change("throughput samples/s", old.throughput, new.throughput),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from heterps_cli.check import Change, Finding
+from heterps_cli.check import Change, Finding, signed_usd
 
 ICON = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
 
@@ -63,7 +63,7 @@ def change(c: Change) -> str:
     if c.delta == 0:
         return "—"
     if c.what.startswith("cost"):
-        amount = f"{'+' if c.delta > 0 else '-'}${abs(c.delta):,.2f}"
+        amount = signed_usd(c.delta)
     else:
         amount = f"{c.delta:+,.0f}" if abs(c.delta) >= 100 or float(c.delta).is_integer() else f"{c.delta:+,.4g}"
     return amount + (f" ({c.percent:+.1f}%)" if c.percent is not None else "")

@@ -74,9 +74,17 @@ def test_budget_and_throughput_gates(files):
     assert "is under --min-throughput 2,000,000.0" in _check("--min-throughput", "2e6", expect=1)
 
 
+def test_baseline_gate_on_a_stale_plan_says_to_refresh_before_the_diff(files):
+    _edit(Path("clusters/paper.yaml"), "price: 2.42", "price: 3.10")
+    shown = _check("--baseline", "plans/ctr.yaml", "--max-increase", "5%", expect=1)
+    assert "$0.80 -> $0.94, +$0.14 (+17.8%)" in shown
+    assert "refresh plans/ctr.yaml (heterps plan profiles/ctr.yaml clusters/paper.yaml --scheduler exact" in shown
+    assert "then see where the cost rose: heterps diff plans/ctr.yaml plans/ctr.yaml" in shown
+
+
 def test_baseline_gate(files):
     shown = _check("--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", expect=1)
-    assert "$0.80 -> $0.85, $+0.05 (+6.6%); allowed increase 5%" in shown
+    assert "$0.80 -> $0.85, +$0.05 (+6.6%); allowed increase 5%" in shown
     assert "heterps diff plans/ctr.yaml plans/ctr-3m.yaml" in shown
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml")
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.10", plan="plans/ctr-3m.yaml")
@@ -145,3 +153,24 @@ def test_diff_of_the_bundled_plans_shows_the_cost_change(files):
     changes = {c["what"]: c for c in json.loads(runner.invoke(
         app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "json"]).stdout)["changes"]}
     assert changes["v100 units"]["delta"] == 2
+
+
+def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(files):
+    plan = yaml.safe_load(Path("plans/ctr.yaml").read_text())
+    gpu = plan["stages"][1]
+    split = [dict(gpu, last=4, layers=gpu["layers"][:3]),
+             dict(gpu, first=5, last=5, layers=gpu["layers"][3:4], resource="cpu"),
+             dict(gpu, first=6, layers=gpu["layers"][4:])]
+    plan["stages"][1:2] = split
+    plan["resources"]["cpu"] += 1
+    Path("plans/split.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/split.yaml", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = [(c["what"], c["old"], c["new"]) for c in json.loads(result.stdout)["changes"] if c["what"].startswith("stage")]
+    assert rows == [
+        ("stage 0", "0-1 on cpu x34", "0-1 on cpu x34"),
+        ("stage 1", "2-7 on v100 x1", "2-4 on v100 x1"),
+        ("stage 2 (new)", "—", "5-5 on cpu x1"),
+        ("stage 3 (new)", "—", "6-7 on v100 x1"),
+        ("stage 2 → 4", "8-9 on cpu x1", "8-9 on cpu x1"),
+    ]
