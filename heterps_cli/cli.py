@@ -110,8 +110,11 @@ ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (SPEC secti
 ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (SPEC section 3).", show_default=False)]
 
 
-ObjectiveOpt = Annotated[
-    Objective, typer.Option(help="cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost).")
+OBJECTIVE_HELP = "cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost)."
+ObjectiveOpt = Annotated[Objective, typer.Option(help=OBJECTIVE_HELP)]
+PlanObjectiveOpt = Annotated[
+    Optional[Objective], typer.Option(help=OBJECTIVE_HELP + " Default: time for --scheduler tapp (TAPP's own objective), "
+                                      "else cost.", show_default=False)
 ]
 MinThroughputOpt = Annotated[
     Optional[float], typer.Option(min=0, help="Required samples/s. Default: the profile's job.min_throughput, else 0.", show_default=False)
@@ -127,13 +130,13 @@ MaxCostOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option(help="Random seed; the same inputs and seed give the same plan.")]
 StepsOpt = Annotated[
-    Optional[int], typer.Option(min=0, help=f"rl: training steps (default {RLConfig.steps}).", show_default=False, rich_help_panel="Search budget")
+    Optional[int], typer.Option(min=0, help=f"rl, tapp: training steps (default {RLConfig.steps}).", show_default=False, rich_help_panel="Search budget")
 ]
 BatchOpt = Annotated[
-    Optional[int], typer.Option(min=1, help=f"rl: schedules sampled per step (default {RLConfig.batch}).", show_default=False, rich_help_panel="Search budget")
+    Optional[int], typer.Option(min=1, help=f"rl, tapp: schedules sampled per step (default {RLConfig.batch}).", show_default=False, rich_help_panel="Search budget")
 ]
 TimeLimitOpt = Annotated[
-    Optional[float], typer.Option(callback=_positive, help="rl, genetic, random: stop searching after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Search budget")
+    Optional[float], typer.Option(callback=_positive, help="rl, tapp, genetic, random: stop searching after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Search budget")
 ]
 
 
@@ -152,7 +155,7 @@ def plan(
         SchedulerName,
         typer.Option("--scheduler", "-s", help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items())),
     ] = "rl",
-    objective: ObjectiveOpt = Objective.cost,
+    objective: PlanObjectiveOpt = None,
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
@@ -172,11 +175,13 @@ def plan(
         Optional[Path], typer.Option(help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).", show_default=False, rich_help_panel="Search budget")
     ] = None,
     policy_out: Annotated[
-        Optional[Path], typer.Option(help="rl: save the trained policy to this file.", show_default=False, rich_help_panel="Search budget")
+        Optional[Path], typer.Option(help=f"rl: save the trained policy to this file, first fitted to plans of {RLConfig.variants} nearby models (a few seconds more) so that it warm-starts a changed model well.", show_default=False, rich_help_panel="Search budget")
     ] = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with _exit_codes():
+        if objective is None:
+            objective = Objective.time if scheduler.value == "tapp" else Objective.cost
         problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in,
                                policy_out=policy_out, evaluations=evaluations)
@@ -276,7 +281,7 @@ def profile_command(
     device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
     out_file: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the profile YAML here, atomically.", show_default=False)] = None,
     input_shape: Annotated[Optional[str], typer.Option(help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), 4 (ctr: ids per bag).", callback=_shape, show_default=False)] = None,
-    repetitions: Annotated[int, typer.Option(min=20, help="Timed runs per layer (after warm-up); oct is their median.")] = 20,
+    repetitions: Annotated[int, typer.Option(min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median.")] = 20,
     link_gbps: Annotated[Optional[float], typer.Option(callback=_positive, help="Link bandwidth in Gbit/s for odt, instead of measuring it.", show_default=False)] = None,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile; or merge profiles.

@@ -14,13 +14,13 @@ CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 runner = CliRunner()
 
 
-def test_ctr_prints_all_five_rows_and_nothing_beats_exact(tmp_path):
+def test_ctr_prints_all_six_rows_and_nothing_beats_exact(tmp_path):
     plot = tmp_path / "trade-off.png"
     result = runner.invoke(app, ["compare", CTR, PAPER, "--json", "--plot", str(plot), "--steps", "20"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     rows = {r["scheduler"]: r for r in report["results"]}
-    assert list(rows) == ["rl", "genetic", "greedy", "random", "exact"]
+    assert list(rows) == ["rl", "tapp", "genetic", "greedy", "random", "exact"]
     assert all(r["feasible"] for r in rows.values())
     exact = rows["exact"]
     assert exact["gap"] == 0 and exact["plan"]["optimal"] is True

@@ -35,11 +35,14 @@ class SolveOptions:
 Solver = Callable[..., Plan]
 
 # Imported here, after SolveOptions, so that schedulers may import it from this package.
-from heterps_cli.schedulers import exact, genetic, greedy, random_search, rl  # noqa: E402
+from heterps_cli.schedulers import exact, genetic, greedy, random_search, rl, tapp  # noqa: E402
 
 SCHEDULERS: dict[str, tuple[Solver, str]] = {
     "rl": (rl.solve, "the HeterPS method, an LSTM policy trained by REINFORCE that picks each layer's type "
                      "(replicas exact, then a local search polishes)"),
+    "tapp": (tapp.solve, "the TAPP method, a partition network that groups contiguous layers and an attention "
+                         "network that puts each group on a type, trained jointly by policy gradient "
+                         "(objective time by default; replicas exact, then the local search polishes)"),
     "genetic": (genetic.solve, "a genetic algorithm over schedules (tournament selection, two-point crossover, "
                                "flip/shift mutation, elitism) for --evaluations cost-model evaluations"),
     "greedy": (greedy.solve, greedy.RULE),

@@ -1,0 +1,301 @@
+"""The TAPP scheduler (Mao et al., Appl. Sci. 2021): a partition network groups layers, an
+attention network allocates groups to resource types; both trained jointly by policy gradient.
+
+Read top to bottom: encoding, the two networks, sampling, training, solve.
+
+* **Encoding** of a layer: its kind as a learned word vector (a dictionary of the
+  known kinds, :data:`~heterps_cli.schedulers.rl.KINDS`, and "unknown"); the
+  numbers the rl scheduler reads (relative position, log input and weight
+  sizes, per type log OCT, log ODT, log price x OCT, can-run: the paper's
+  "parameter metrics", with OCT standing in for GFLOPs); and the relative index
+  of the next connected layer (in a chain, the next one; none after the last).
+* **Partition network** (feed-forward): per layer, the probability that a new
+  group *starts* at that layer. A layer's group is the number of starts up to
+  it, so the group sequence is non-decreasing and every group is contiguous by
+  construction, as a pipeline needs. Layer 0 always starts group 0. Two rules
+  keep every sample valid and are applied while sampling (a forced choice
+  carries no log-probability): a layer that shares no resource type with its
+  group so far starts a new group, and once :attr:`Config.groups` groups are
+  open no unforced new one starts.
+* **Allocation network**: each group's vector is the mean of its layers'
+  encodings plus a one-hot of the group it feeds (the next; the last feeds
+  none). One multi-head self-attention layer over all groups of the sample,
+  then a softmax over the types every layer of the group can run on.
+  Consecutive groups on the same type form one stage (SPEC section 1);
+  replicas come from exact provisioning.
+* **Training** shares the rl scheduler's loop pieces: rank-normalised
+  REINFORCE on the *sum* of both networks' log-probabilities, a decaying
+  entropy bonus, gradient clipping, pre-training on the best of a random pool,
+  self-imitation of the best plan found, the best feasible plan ever sampled
+  kept, and the same local-search polish at the end. TAPP's own objective is
+  the time of one batch, so ``--objective time`` is this scheduler's default.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.exact import diagnose
+from heterps_cli.schedulers.local import polish, polish_starts
+from heterps_cli.schedulers.rl import KIND_COLUMNS, KINDS, layer_features
+from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, heuristic_schedules, random_schedules,
+                                            rank_advantage, rewards)
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 120
+    batch: int = 64
+    groups: int = 12  # G: the most groups the partition network opens by choice
+    hidden: int = 64
+    word: int = 8  # width of the learned kind vectors
+    heads: int = 2
+    lr: float = 3e-3
+    entropy_start: float = 0.1
+    entropy_end: float = 0.01
+    grad_clip: float = 1.0
+    imitation: float = 0.05
+    pool: int = 1024
+    pretrain_steps: int = 20
+    time_limit: float | None = None
+    polish_starts: int = 5
+    kicks: int = 20
+    extra_kicks: int = 60
+
+
+# -- encoding -------------------------------------------------------------------
+
+
+def encoding(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kind index per layer ``[n]``, numbers per layer ``[n, F]``); see the module docstring."""
+    kinds = torch.tensor([KINDS.index(k) if k in KINDS else len(KINDS) for k in problem.layer_kinds])
+    n = problem.n_layers
+    numbers = np.delete(layer_features(problem), np.r_[KIND_COLUMNS], axis=1)  # the word vector replaces it
+    following = np.where(np.arange(n) + 1 < n, (np.arange(n) + 1) / max(n - 1, 1), -1.0)[:, None]
+    return kinds, torch.from_numpy(np.concatenate([numbers, following], axis=1).astype(np.float32))
+
+
+# -- the two networks -------------------------------------------------------------
+
+
+class Networks(nn.Module):
+    def __init__(self, numbers: int, n_types: int, cfg: Config):
+        super().__init__()
+        self.groups = cfg.groups
+        self.words = nn.Embedding(len(KINDS) + 1, cfg.word)
+        width = cfg.word + numbers
+        self.partition = nn.Sequential(nn.Linear(width, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, cfg.hidden),
+                                       nn.Tanh(), nn.Linear(cfg.hidden, 1))
+        # Optimal plans have few stages: start out rarely opening a new group.
+        nn.init.constant_(self.partition[-1].bias, -2.0)
+        self.embed = nn.Linear(width + cfg.groups, cfg.hidden)
+        self.attention = nn.MultiheadAttention(cfg.hidden, cfg.heads, batch_first=True)
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.allocate = nn.Linear(cfg.hidden, n_types)
+
+    def layers(self, kinds: torch.Tensor, numbers: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.words(kinds), numbers], dim=1)
+
+    def start_logits(self, encoded: torch.Tensor) -> torch.Tensor:
+        return self.partition(encoded)[:, 0]
+
+    def type_logits(self, encoded: torch.Tensor, group: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, G', T]`` over types for the groups ``group`` ``[B, n]`` defines (padded to G')."""
+        B, n = group.shape
+        width = int(group.max()) + 1
+        member = nn.functional.one_hot(group, width).float()  # [B, n, G']
+        sizes = member.sum(dim=1)  # [B, G']
+        vectors = member.transpose(1, 2) @ encoded / sizes.clamp(min=1)[:, :, None]
+        count = group[:, -1] + 1  # groups in each sample
+        index = torch.arange(width)
+        feeds = torch.where(index[None, :] + 1 < count[:, None], index[None, :] + 1, -1).clamp(max=self.groups - 1)
+        feeds_one_hot = nn.functional.one_hot(feeds.clamp(min=0), self.groups).float() * (feeds >= 0)[:, :, None]
+        x = torch.tanh(self.embed(torch.cat([vectors, feeds_one_hot], dim=2)))
+        padding = index[None, :] >= count[:, None]
+        attended, _ = self.attention(x, x, x, key_padding_mask=padding, need_weights=False)
+        logits = self.allocate(self.norm(x + attended))
+        return logits.masked_fill(~allowed, -1e9)
+
+
+# -- sampling and scoring schedules ------------------------------------------------
+
+
+def _partition(p_start: torch.Tensor, runnable: torch.Tensor, groups: int, batch: int,
+               generator: torch.Generator | None, given: torch.Tensor | None = None, greedy: bool = False):
+    """Group starts ``[B, n]`` and whether each was the network's choice (not forced), by walking the chain.
+
+    Samples the starts, or follows ``given`` ones (to score a known schedule);
+    either way the two rules of the module docstring decide the forced layers.
+    """
+    n, T = runnable.shape
+    B = batch if given is None else given.shape[0]
+    starts = torch.zeros(B, n, dtype=torch.bool)
+    free = torch.zeros(B, n, dtype=torch.bool)
+    common = torch.ones(B, T, dtype=torch.bool)
+    opened = torch.zeros(B, dtype=torch.long)
+    uniform = None if given is not None or greedy else torch.rand(B, n, generator=generator)
+    for i in range(n):
+        forced = ~(common & runnable[i][None]).any(dim=1) | (i == 0)
+        capped = opened >= groups
+        if given is not None:
+            choice = given[:, i]
+        elif greedy:
+            choice = (p_start[i] > 0.5).expand(B)
+        else:
+            choice = uniform[:, i] < p_start[i]
+        starts[:, i] = forced | (choice & ~capped)
+        free[:, i] = ~forced & ~capped
+        common = torch.where(starts[:, i, None], runnable[i][None], common & runnable[i][None])
+        opened += starts[:, i].long()
+    return starts, free
+
+
+def _groups_of(starts: torch.Tensor) -> torch.Tensor:
+    return starts.long().cumsum(dim=1) - 1
+
+
+def _allowed(group: torch.Tensor, runnable: torch.Tensor) -> torch.Tensor:
+    """``[B, G', T]``: the types every layer of each group can run on (all True for padding groups)."""
+    width = int(group.max()) + 1
+    member = nn.functional.one_hot(group, width).float()
+    blocked = member.transpose(1, 2) @ (~runnable).float()[None]
+    return blocked == 0
+
+
+def _log_prob(nets: Networks, kinds, numbers, runnable, cfg: Config, *, generator=None, batch: int = 0,
+              schedules: torch.Tensor | None = None, greedy: bool = False):
+    """Sample ``batch`` schedules (or score the given ``schedules``): (schedules, log-prob, entropy).
+
+    Log-probability and entropy are the sums over both networks' choices, so one
+    policy-gradient step trains the two jointly.
+    """
+    encoded = nets.layers(kinds, numbers)
+    start_logit = nets.start_logits(encoded)
+    p_start = torch.sigmoid(start_logit)
+    given = None
+    if schedules is not None:
+        given = torch.ones_like(schedules, dtype=torch.bool)
+        given[:, 1:] = schedules[:, 1:] != schedules[:, :-1]
+    with torch.no_grad():
+        starts, free = _partition(p_start, runnable, cfg.groups, batch, generator, given, greedy)
+    log_p = nn.functional.logsigmoid(start_logit)[None]
+    log_q = nn.functional.logsigmoid(-start_logit)[None]
+    part_logp = torch.where(starts, log_p, log_q).masked_fill(~free, 0.0).sum(dim=1)
+    part_entropy = -(p_start * log_p[0] + (1 - p_start) * log_q[0])[None].masked_fill(~free, 0.0).sum(dim=1)
+
+    group = _groups_of(starts)
+    logits = nets.type_logits(encoded, group, _allowed(group, runnable))
+    logp = torch.log_softmax(logits, dim=2)
+    valid = torch.arange(logits.shape[1])[None, :] <= group[:, -1:]  # [B, G']
+    if schedules is not None:
+        types = torch.zeros_like(logits[:, :, 0], dtype=torch.long)  # each group's type: its first layer's
+        b, i = torch.nonzero(starts, as_tuple=True)
+        types[b, group[b, i]] = schedules[b, i]
+    elif greedy:
+        types = logits.argmax(dim=2)
+    else:
+        types = torch.multinomial(logp.detach().exp().flatten(0, 1), 1, generator=generator).view(logits.shape[:2])
+    alloc_logp = logp.gather(2, types[:, :, None])[:, :, 0].masked_fill(~valid, 0.0).sum(dim=1)
+    alloc_entropy = -(logp.exp() * logp).masked_fill(logits < -1e8, 0.0).sum(dim=2).masked_fill(~valid, 0.0).sum(1)
+    chosen = types.gather(1, group)
+    return chosen, part_logp + alloc_logp, part_entropy + alloc_entropy
+
+
+# -- solve ----------------------------------------------------------------------
+
+
+def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+    """Train both networks on this problem and return the best feasible plan found."""
+    start = time.perf_counter()
+    cfg = Config()
+    if options is not None:
+        cfg = Config(steps=options.steps if options.steps is not None else cfg.steps,
+                     batch=options.batch if options.batch is not None else cfg.batch,
+                     time_limit=options.time_limit)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small nets: one thread is as fast, and results do not depend on the core count
+    try:
+        return _train(problem, cfg, seed, progress, start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> Plan:
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    kinds, numbers = encoding(problem)
+    runnable = torch.from_numpy(problem.runnable)
+    nets = Networks(numbers.shape[1], problem.n_types, cfg)
+    optimiser = torch.optim.Adam(nets.parameters(), lr=cfg.lr)
+    best, evaluate, notes = Best(problem.objective), Evaluator(problem), []
+    report = progress or (lambda *a, **k: None)
+
+    def out_of_time() -> bool:
+        return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
+
+    def step_on(loss: torch.Tensor) -> None:
+        optimiser.zero_grad()
+        (loss / problem.n_layers).backward()
+        nn.utils.clip_grad_norm_(nets.parameters(), cfg.grad_clip)
+        optimiser.step()
+
+    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
+    pool_scores = evaluate(pool)
+    best.offer(problem, pool, pool_scores)
+    reference = Reference.of(pool_scores)
+    pool_rewards = rewards(problem, pool_scores, reference)
+    elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
+    interrupted = False
+    try:
+        for step in range(cfg.pretrain_steps):
+            _, logp, _ = _log_prob(nets, kinds, numbers, runnable, cfg, schedules=elite)
+            step_on(-logp.mean())
+            report(f"tapp: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
+        for step in range(cfg.steps):
+            if out_of_time():
+                notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
+                break
+            actions, logp, entropy = _log_prob(nets, kinds, numbers, runnable, cfg, generator=generator,
+                                               batch=cfg.batch)
+            schedules = actions.numpy()
+            scores = evaluate(schedules)
+            best.offer(problem, schedules, scores)
+            advantage = torch.from_numpy(rank_advantage(rewards(problem, scores, reference))).float()
+            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
+            loss = -(advantage * logp).mean() - beta * entropy.mean()
+            if best.schedule is not None and cfg.imitation > 0:
+                _, imitate, _ = _log_prob(nets, kinds, numbers, runnable, cfg,
+                                          schedules=torch.from_numpy(best.schedule)[None])
+                loss = loss - cfg.imitation * imitate.mean()
+            step_on(loss)
+            report(f"tapp: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
+                   completed=step + 1, total=cfg.steps)
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append("training interrupted (Ctrl-C): the best plan found so far")
+
+    sampled_feasible = best.schedule is not None
+    with torch.no_grad():
+        greedy, _, _ = _log_prob(nets, kinds, numbers, runnable, cfg, batch=1, greedy=True)
+    best.offer(problem, greedy.numpy(), evaluate(greedy.numpy()))
+    report("tapp: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
+    if not interrupted:
+        try:
+            polish(problem, evaluate, best, reference, rng,
+                   starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
+                   kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
+        except KeyboardInterrupt:
+            notes.append("polish interrupted (Ctrl-C): the best plan found so far")
+    if best.schedule is None:
+        raise diagnose(problem, f"the tapp scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
+                       "give it more --steps, or use --scheduler exact")
+    return make_plan(problem, best.schedule, best.replicas, scheduler="tapp", seed=seed,
+                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
