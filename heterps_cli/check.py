@@ -195,10 +195,16 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
         except InfeasibleError as exc:
             findings.append(Finding("replan", True, f"{replan} finds no feasible plan ({exc}); the committed plan stands"))
         else:
-            saving = 1 - better.cost_usd / fresh.cost_usd if fresh.cost_usd > 0 else 0.0
+            if problem.objective == "time":  # the plan's own objective decides what wasteful means
+                saving = 1 - fresh.throughput / better.throughput if better.throughput > 0 else 0.0
+                found = (f"{replan} finds {better.throughput:,.1f} samples/s against the plan's "
+                         f"{fresh.throughput:,.1f} ({100 * saving:.1f}% faster; tolerance {tolerance:g}%)")
+            else:
+                saving = 1 - better.cost_usd / fresh.cost_usd if fresh.cost_usd > 0 else 0.0
+                found = (f"{replan} finds ${better.cost_usd:,.2f} against the plan's ${fresh.cost_usd:,.2f} "
+                         f"({100 * saving:.1f}% cheaper; tolerance {tolerance:g}%)")
             ok = saving <= tolerance / 100 + 1e-12
-            findings.append(Finding("replan", ok, f"{replan} finds ${better.cost_usd:,.2f} against the plan's "
-                                    f"${fresh.cost_usd:,.2f} ({100 * saving:.1f}% cheaper; tolerance {tolerance:g}%)",
+            findings.append(Finding("replan", ok, found,
                                     "" if ok else f"adopt it: {plan_command(profile_path, cluster_path, plan, plan_path, replan)}",
                                     warn=saving > 1e-9))
     return findings

@@ -104,6 +104,18 @@ def test_replan_finds_a_wasteful_plan(files):
     _check("--replan", "exact", "--tolerance", "99", plan="plans/wasteful.yaml")
 
 
+def test_replan_of_a_time_plan_looks_for_a_faster_one(files):
+    problem = load_problem("profiles/ctr.yaml", "clusters/paper.yaml", objective="time")
+    plan = yaml.safe_load((files / "plans/ctr.yaml").read_text())
+    schedule = [s["resource"] for s in plan["stages"] for _ in range(s["first"], s["last"] + 1)]
+    slow = make_plan(problem, [problem.types.index(t) for t in schedule], [s["replicas"] for s in plan["stages"]],
+                     scheduler="manual")
+    (files / "plans/slow.yaml").write_text(yaml.safe_dump(slow.to_dict(), sort_keys=False))
+    shown = _check("--replan", "exact", plan="plans/slow.yaml", expect=1)
+    assert "exact finds" in shown and "samples/s against the plan's 1,326,102.8" in shown and "faster" in shown
+    assert "--objective time" in shown  # the fix re-plans with the plan's own objective
+
+
 def test_bad_files_exit_2(files):
     assert "plans/nope.yaml: file not found" in _check(plan="plans/nope.yaml", expect=2)
     _edit(files / "plans/ctr.yaml", "cost_usd:", "cost_usdd:")
