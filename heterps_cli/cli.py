@@ -344,7 +344,7 @@ def check(
     min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Fail when the plan is slower (samples/s).", show_default=False)] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False)] = None,
     max_increase: Annotated[str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")] = "0%",
-    replan: Annotated[Optional[SchedulerName], typer.Option(help="Fail when this scheduler finds a plan cheaper by more than --tolerance.", show_default=False)] = None,
+    replan: Annotated[Optional[SchedulerName], typer.Option(help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) by more than --tolerance.", show_default=False)] = None,
     tolerance: Annotated[float, typer.Option(min=0, help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.")] = 1.0,
     seed: SeedOpt = 0,
     fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, appended to $GITHUB_STEP_SUMMARY when set).")] = Format.table,
