@@ -15,8 +15,8 @@
   :data:`ROUNDS` interleaved rounds over all layers, so that a slow spell of
   the machine is spread over every layer rather than landing on one. A short
   layer gets more runs (up to :data:`MAX_RUNS`), until they add up to
-  :data:`MIN_SECONDS`: a 1 ms layer's median over 20 runs moved by up to 16%
-  between two profiles, more than the 15% the profiles should agree within.
+  :data:`MIN_SECONDS`, so that its median rests on more than a few
+  milliseconds of the machine's time.
 * **odt**: the bytes a layer moves per batch (its input activations, and its
   gradients for the all-reduce, which are as big as its weights) over the link
   bandwidth: measured (cpu: an all-reduce between two processes over loopback
@@ -284,7 +284,6 @@ def steady_allocator() -> bool:
         return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):
         return False
-
 
 
 def _synchronise(device: str) -> None:

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from heterps_cli.cli import app
-from heterps_cli.schedulers import SolveOptions, tapp
+from heterps_cli.schedulers import SolveOptions, scoring, tapp
 from tests.helpers import instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force
 
@@ -108,3 +108,24 @@ def test_same_seed_same_plan():
         return plan
 
     assert run() == run()
+
+
+def test_ctrl_c_stops_training_and_still_returns_the_best_plan(monkeypatch):
+    problem = problem_from_dicts(*instance_dicts(*random_instance(np.random.default_rng(5), 8, 2)), objective="time")
+    original, calls = scoring.Evaluator.__call__, {"n": 0}
+
+    def interrupting(self, rows):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the pool, then a few training batches
+            raise KeyboardInterrupt
+        return original(self, rows)
+
+    monkeypatch.setattr(scoring.Evaluator, "__call__", interrupting)
+    plan = tapp.solve(problem, options=SolveOptions(steps=50, batch=8))
+    assert plan.feasible and any("interrupted" in note for note in plan.notes)
+
+
+def test_time_limit_stops_training():
+    problem = problem_from_dicts(*instance_dicts(*random_instance(np.random.default_rng(5), 8, 2)))
+    plan = tapp.solve(problem, options=SolveOptions(steps=10_000, batch=8, time_limit=0.5))
+    assert plan.feasible and any("time limit" in note for note in plan.notes)

@@ -403,7 +403,10 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
         raise diagnose(problem, f"the rl scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
                        "give it more --steps, or use --scheduler exact")
     if options is not None and options.policy_out is not None and not interrupted:
-        generalise(policy, problem, best.schedule, cfg, rng, generator, report)
-        save_policy(policy, problem, options.policy_out)
+        try:
+            generalise(policy, problem, best.schedule, cfg, rng, generator, report)
+            save_policy(policy, problem, options.policy_out)
+        except KeyboardInterrupt:
+            notes.append(f"interrupted (Ctrl-C) while generalising the policy: {options.policy_out} not written")
     return make_plan(problem, best.schedule, best.replicas, scheduler="rl", seed=seed,
                      solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))

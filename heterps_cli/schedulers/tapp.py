@@ -253,7 +253,6 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
     reference = Reference.of(pool_scores)
     pool_rewards = rewards(problem, pool_scores, reference)
     elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
-    interrupted = False
     try:
         for step in range(cfg.pretrain_steps):
             _, logp, _ = _log_prob(nets, kinds, numbers, runnable, cfg, schedules=elite)
@@ -279,7 +278,6 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
             report(f"tapp: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
                    completed=step + 1, total=cfg.steps)
     except KeyboardInterrupt:
-        interrupted = True
         notes.append("training interrupted (Ctrl-C): the best plan found so far")
 
     sampled_feasible = best.schedule is not None
@@ -287,13 +285,12 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
         greedy, _, _ = _log_prob(nets, kinds, numbers, runnable, cfg, batch=1, greedy=True)
     best.offer(problem, greedy.numpy(), evaluate(greedy.numpy()))
     report("tapp: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-    if not interrupted:
-        try:
-            polish(problem, evaluate, best, reference, rng,
-                   starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
-                   kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
-        except KeyboardInterrupt:
-            notes.append("polish interrupted (Ctrl-C): the best plan found so far")
+    try:
+        polish(problem, evaluate, best, reference, rng,
+               starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
+               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
+    except KeyboardInterrupt:
+        notes.append("polish interrupted (Ctrl-C): the best plan found so far")
     if best.schedule is None:
         raise diagnose(problem, f"the tapp scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
                        "give it more --steps, or use --scheduler exact")
