@@ -54,12 +54,12 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import InputError
-from heterps_cli.plan import Plan, make_plan
+from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.local import improve, polish, polish_starts
-from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, heuristic_schedules, random_schedules,
-                                            rank_advantage, rewards)
+from heterps_cli.schedulers.local import improve
+from heterps_cli.schedulers.policy_gradient import (configured, deadline, one_thread, polish_best, pretraining_pool,
+                                                    result)
+from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, rank_advantage, rewards
 from heterps_cli.yamlio import write_atomic
 
 KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
@@ -304,17 +304,8 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None, on_st
     without the pre-training pool and before the final polish.
     """
     start = time.perf_counter()
-    cfg = Config()
-    if options is not None:
-        cfg = Config(steps=options.steps if options.steps is not None else cfg.steps,
-                     batch=options.batch if options.batch is not None else cfg.batch,
-                     time_limit=options.time_limit)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small nets: one thread is as fast, and results do not depend on the core count
-    try:
-        return _train(problem, cfg, seed, progress, options, start, on_step)
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread():
+        return _train(problem, configured(Config(), options), seed, progress, options, start, on_step)
 
 
 def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: float, on_step) -> Plan:
@@ -331,19 +322,11 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     best, evaluate, notes = Best(problem.objective), Evaluator(problem), []
     learned = Best(problem.objective)  # the policy's own samples only: the learning curve
-
-    def out_of_time() -> bool:
-        return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
-
+    out_of_time = deadline(start, cfg.time_limit)
     report = progress or (lambda *a, **k: None)
 
     # Phase 1: pre-train on random schedules and their costs (the best of them, by likelihood).
-    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
-    pool_scores = evaluate(pool)
-    best.offer(problem, pool, pool_scores)
-    reference = Reference.of(pool_scores)
-    pool_rewards = rewards(problem, pool_scores, reference)
-    elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
+    reference, elite = pretraining_pool(problem, evaluate, best, rng, cfg.pool)
     interrupted = False
     try:
         # A warm-started policy skips it: fitting the pool's elite would overwrite what the saved
@@ -389,24 +372,14 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
     sampled_feasible = best.schedule is not None  # before the polish: the pool or the policy found one
     greedy = policy.sample(feats, mask, 1, generator, greedy=True).numpy()
     best.offer(problem, greedy, evaluate(greedy))
-    # Polish: a local search from the best schedule of each of the most promising stage sequences.
     report("rl: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-
-    try:
-        polish(problem, evaluate, best, reference, rng,
-               starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
-               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
-    except KeyboardInterrupt:
-        interrupted = True
-        notes.append("polish interrupted (Ctrl-C): the best plan found so far")
-    if best.schedule is None:
-        raise diagnose(problem, f"the rl scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
-                       "give it more --steps, or use --scheduler exact")
-    if options is not None and options.policy_out is not None and not interrupted:
+    interrupted |= not polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
+                                   out_of_time=out_of_time, notes=notes)
+    saving = options is not None and options.policy_out is not None
+    if saving and best.schedule is not None and not interrupted:
         try:
             generalise(policy, problem, best.schedule, cfg, rng, generator, report)
             save_policy(policy, problem, options.policy_out)
         except KeyboardInterrupt:
             notes.append(f"interrupted (Ctrl-C) while generalising the policy: {options.policy_out} not written")
-    return make_plan(problem, best.schedule, best.replicas, scheduler="rl", seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+    return result(problem, best, evaluate, scheduler="rl", seed=seed, start=start, notes=notes)

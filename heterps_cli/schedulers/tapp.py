@@ -40,13 +40,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from heterps_cli.plan import Plan, make_plan
+from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.local import polish, polish_starts
+from heterps_cli.schedulers.policy_gradient import (configured, deadline, one_thread, polish_best, pretraining_pool,
+                                                    result)
 from heterps_cli.schedulers.rl import KIND_COLUMNS, KINDS, layer_features
-from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, heuristic_schedules, random_schedules,
-                                            rank_advantage, rewards)
+from heterps_cli.schedulers.scoring import Best, Evaluator, rank_advantage, rewards
 
 
 @dataclass(frozen=True)
@@ -214,17 +213,8 @@ def _log_prob(nets: Networks, kinds, numbers, runnable, cfg: Config, *, generato
 def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
     """Train both networks on this problem and return the best feasible plan found."""
     start = time.perf_counter()
-    cfg = Config()
-    if options is not None:
-        cfg = Config(steps=options.steps if options.steps is not None else cfg.steps,
-                     batch=options.batch if options.batch is not None else cfg.batch,
-                     time_limit=options.time_limit)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small nets: one thread is as fast, and results do not depend on the core count
-    try:
-        return _train(problem, cfg, seed, progress, start)
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread():
+        return _train(problem, configured(Config(), options), seed, progress, start)
 
 
 def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> Plan:
@@ -236,10 +226,8 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
     nets = Networks(numbers.shape[1], problem.n_types, cfg)
     optimiser = torch.optim.Adam(nets.parameters(), lr=cfg.lr)
     best, evaluate, notes = Best(problem.objective), Evaluator(problem), []
+    out_of_time = deadline(start, cfg.time_limit)
     report = progress or (lambda *a, **k: None)
-
-    def out_of_time() -> bool:
-        return cfg.time_limit is not None and time.perf_counter() - start > cfg.time_limit
 
     def step_on(loss: torch.Tensor) -> None:
         optimiser.zero_grad()
@@ -247,12 +235,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
         nn.utils.clip_grad_norm_(nets.parameters(), cfg.grad_clip)
         optimiser.step()
 
-    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
-    pool_scores = evaluate(pool)
-    best.offer(problem, pool, pool_scores)
-    reference = Reference.of(pool_scores)
-    pool_rewards = rewards(problem, pool_scores, reference)
-    elite = torch.from_numpy(pool[np.argsort(-pool_rewards, kind="stable")[: max(8, len(pool) // 20)]])
+    reference, elite = pretraining_pool(problem, evaluate, best, rng, cfg.pool)
     try:
         for step in range(cfg.pretrain_steps):
             _, logp, _ = _log_prob(nets, kinds, numbers, runnable, cfg, schedules=elite)
@@ -285,14 +268,6 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
         greedy, _, _ = _log_prob(nets, kinds, numbers, runnable, cfg, batch=1, greedy=True)
     best.offer(problem, greedy.numpy(), evaluate(greedy.numpy()))
     report("tapp: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-    try:
-        polish(problem, evaluate, best, reference, rng,
-               starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
-               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
-    except KeyboardInterrupt:
-        notes.append("polish interrupted (Ctrl-C): the best plan found so far")
-    if best.schedule is None:
-        raise diagnose(problem, f"the tapp scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
-                       "give it more --steps, or use --scheduler exact")
-    return make_plan(problem, best.schedule, best.replicas, scheduler="tapp", seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+    polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
+                out_of_time=out_of_time, notes=notes)
+    return result(problem, best, evaluate, scheduler="tapp", seed=seed, start=start, notes=notes)
