@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from heterps_cli.cli import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.schedulers import SolveOptions, rl, scoring
-from tests.helpers import instance_dicts, problem_from_dicts, random_instance, write_yaml
+from tests.helpers import interrupt_evaluations, instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,16 +158,7 @@ def test_policy_for_other_types_is_refused(tmp_path):
 
 def test_ctrl_c_returns_the_best_plan_so_far(monkeypatch):
     _, problem = _problem(seed=4, n=8, T=2)
-    calls = {"n": 0}
-    original = scoring.Evaluator.__call__
-
-    def interrupting(self, rows):
-        calls["n"] += 1
-        if calls["n"] == 4:  # the pool, then a few training batches
-            raise KeyboardInterrupt
-        return original(self, rows)
-
-    monkeypatch.setattr(scoring.Evaluator, "__call__", interrupting)
+    interrupt_evaluations(monkeypatch, 4)  # the pool, then a few training batches
     plan = rl.solve(problem, options=SolveOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 

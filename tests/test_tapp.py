@@ -12,8 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from heterps_cli.cli import app
-from heterps_cli.schedulers import SolveOptions, scoring, tapp
-from tests.helpers import instance_dicts, problem_from_dicts, random_instance
+from heterps_cli.schedulers import SolveOptions, tapp
+from tests.helpers import interrupt_evaluations, instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,15 +112,7 @@ def test_same_seed_same_plan():
 
 def test_ctrl_c_stops_training_and_still_returns_the_best_plan(monkeypatch):
     problem = problem_from_dicts(*instance_dicts(*random_instance(np.random.default_rng(5), 8, 2)), objective="time")
-    original, calls = scoring.Evaluator.__call__, {"n": 0}
-
-    def interrupting(self, rows):
-        calls["n"] += 1
-        if calls["n"] == 4:  # the pool, then a few training batches
-            raise KeyboardInterrupt
-        return original(self, rows)
-
-    monkeypatch.setattr(scoring.Evaluator, "__call__", interrupting)
+    interrupt_evaluations(monkeypatch, 4)  # the pool, then a few training batches
     plan = tapp.solve(problem, options=SolveOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 
