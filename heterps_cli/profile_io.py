@@ -69,7 +69,8 @@ def measured_text(p: Profiled, note: str) -> str:
         f"odt: (input activations + gradients) bytes per batch / link bandwidth; bandwidth {p.bandwidth_how}",
         "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
-        f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only)",
+        f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and a layer alone runs "
+        "with warm caches)",
         *p.notes,
     ]
     rows = []

@@ -192,8 +192,9 @@ def profile_view(measured, noisy_cv: float) -> Group:
                   f"({_seconds(measured.step)}) · link {measured.bandwidth_how}")]
     if abs(total / measured.step - 1) > 0.25:
         lines.append(Text("the layers' sum is far from a whole step: code between modules (e.g. torch.cat, "
-                          "indexing, residual adds) is not in any layer; a factory can return its own list of "
-                          "blocks to profile instead", style="yellow"))
+                          "indexing, residual adds) is in no layer, and a layer timed alone keeps its data in "
+                          "cache where a whole step may not; a factory can return its own list of blocks to "
+                          "profile instead", style="yellow"))
     lines.append(Text("* alpha estimated (see the comment in the file); spread: coefficient of variation of the runs"))
     if noisy:
         lines.append(Text(f"{noisy} noisy layer{'s' if noisy > 1 else ''} (spread > {100 * noisy_cv:.0f}%): "
