@@ -198,10 +198,14 @@ def polish(problem: Problem, evaluate: Evaluator, best: Best, reference: Referen
     if best.schedule is None:
         row = polish_starts(problem, evaluate, reference, 1)[0]
         least_bad[:] = [float(rewards(problem, evaluate(row[None]), reference)[0]), row]
-    since_feasible = 0
+    # Counted from the first feasible plan; with extra kicks (a search that started with none),
+    # from the last improvement instead: a plan found late is rarely good yet.
+    quiet = 0
     for _ in range(kicks + extra_kicks):
-        if out_of_time() or since_feasible >= kicks:
+        if out_of_time() or quiet >= kicks:
             break
         anchor = best.schedule if best.schedule is not None else least_bad[1]
+        before = best.key
         descend(kick(problem, anchor, rng))
-        since_feasible += best.schedule is not None
+        if best.schedule is not None:
+            quiet = 0 if extra_kicks and best.key < before else quiet + 1
