@@ -75,7 +75,8 @@ def plan_view(plan: Plan) -> Group:
     need = f" (required ≥ {plan.min_throughput:,.0f})" if plan.min_throughput > 0 else ""
     summary.add_row("throughput", f"{plan.throughput:,.1f} samples/s{need}")
     epochs = f"{plan.epochs:g} epoch{'s' if plan.epochs != 1 else ''}"
-    summary.add_row("training time", f"{duration(plan.time_s)} ({plan.time_s:,.0f} s) for {epochs} × {plan.samples:,.0f} samples")
+    exact_s = f" ({plan.time_s:,.0f} s)" if plan.time_s >= 120 else ""  # shorter ones are already in seconds
+    summary.add_row("training time", f"{duration(plan.time_s)}{exact_s} for {epochs} × {plan.samples:,.0f} samples")
     used = ", ".join(f"{t} {plan.resources[t]}/{plan.limits[t]}" for t in plan.resources)
     summary.add_row("resources", used)
     budget = f" (budget ${plan.max_cost:,.2f})" if plan.max_cost is not None else ""
