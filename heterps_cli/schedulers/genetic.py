@@ -26,7 +26,7 @@ import numpy as np
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, evaluation_budget,
+from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, evaluation_budget,
                                             heuristic_schedules, random_schedules, rewards)
 
 POPULATION = 64
@@ -72,7 +72,7 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
     start = time.perf_counter()
     report = progress or (lambda *a, **k: None)
     budget = evaluation_budget(options)
-    time_limit = options.time_limit if options is not None else None
+    out_of_time = deadline(start, options.time_limit if options is not None else None)
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
     heuristics = heuristic_schedules(problem)
@@ -82,7 +82,7 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
     reference = Reference.of(scored)
     notes, generation, stale = [], 0, 0
     while evaluate.evaluations < budget and stale < PATIENCE:
-        if time_limit is not None and time.perf_counter() - start > time_limit:
+        if out_of_time():
             notes.append(f"stopped at the time limit after {generation} generations")
             break
         key = best.key

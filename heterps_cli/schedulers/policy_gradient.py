@@ -43,10 +43,6 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def deadline(start: float, limit: float | None) -> Callable[[], bool]:
-    return lambda: limit is not None and time.perf_counter() - start > limit
-
-
 def pretraining_pool(problem: Problem, evaluate: Evaluator, best: Best, rng: np.random.Generator,
                      size: int) -> tuple[Reference, torch.Tensor]:
     """The heuristics and ``size`` random schedules, scored (``best`` sees them): the reward

@@ -17,7 +17,7 @@ import numpy as np
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.scoring import Best, Evaluator, evaluation_budget, random_schedules
+from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, evaluation_budget, random_schedules
 
 CHUNK = 1024
 
@@ -26,12 +26,12 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
     start = time.perf_counter()
     report = progress or (lambda *a, **k: None)
     budget = evaluation_budget(options)
-    time_limit = options.time_limit if options is not None else None
+    out_of_time = deadline(start, options.time_limit if options is not None else None)
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
     notes, drawn, dry = [], 0, 0
     while evaluate.evaluations < budget:
-        if time_limit is not None and time.perf_counter() - start > time_limit:
+        if out_of_time():
             notes.append(f"stopped at the time limit after {evaluate.evaluations:,} schedules")
             break
         if dry >= 3:  # a small model has fewer distinct schedules than the budget

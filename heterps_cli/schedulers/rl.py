@@ -57,9 +57,9 @@ from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.local import improve
-from heterps_cli.schedulers.policy_gradient import (configured, deadline, one_thread, polish_best, pretraining_pool,
-                                                    result)
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, rank_advantage, rewards
+from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool, result
+from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, heuristic_schedules,
+                                            rank_advantage, rewards)
 from heterps_cli.yamlio import write_atomic
 
 KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")

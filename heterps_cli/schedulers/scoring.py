@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +104,11 @@ class Best:
             stages = int((np.diff(schedules[i]) != 0).sum()) + 1
             self.schedule, self.replicas = schedules[i].copy(), scored.replicas[i, :stages].copy()
             self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
+
+
+def deadline(start: float, limit: float | None) -> Callable[[], bool]:
+    """Whether ``limit`` seconds (``--time-limit``; None: no limit) have passed since ``start``."""
+    return lambda: limit is not None and time.perf_counter() - start > limit
 
 
 def evaluation_budget(options) -> int:

@@ -42,10 +42,9 @@ from torch import nn
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.policy_gradient import (configured, deadline, one_thread, polish_best, pretraining_pool,
-                                                    result)
+from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool, result
 from heterps_cli.schedulers.rl import KIND_COLUMNS, KINDS, layer_features
-from heterps_cli.schedulers.scoring import Best, Evaluator, rank_advantage, rewards
+from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, rank_advantage, rewards
 
 
 @dataclass(frozen=True)
