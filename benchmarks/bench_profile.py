@@ -1,6 +1,6 @@
 """How trustworthy are measured profiles? Two numbers per zoo model, on this machine's cpu.
 
-    python benchmarks/bench_profile.py [--only NAME]
+    python benchmarks/bench_profile.py [--only NAME] [--processes N]
 
 Each model is profiled twice, each time in a fresh process, as two
 ``heterps profile`` runs would be:
@@ -10,6 +10,9 @@ Each model is profiled twice, each time in a fresh process, as two
   e.g. residual adds and concatenations, is in the step only);
 * the largest per-layer difference of oct between the two runs among layers
   above 1 ms (target: within 15%), and the median difference.
+
+With ``--processes N`` each of the two profiles is itself the median over N
+fresh processes, as ``heterps profile --processes N`` measures.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from heterps_cli import profiler  # noqa: E402
+from heterps_cli import profile_processes, profiler  # noqa: E402
 
 MODELS = {"mlp": 256, "ctr": 512, "vgg16": 32, "transformer": 16}
 
 
-def one(name: str, batch: int, out: Path) -> None:
-    measured = profiler.profile(profiler.load_model(name, batch), "cpu", link_gbps=10)
+def one(name: str, batch: int, out: Path, processes: int) -> None:
+    if processes > 1:
+        measured = profile_processes.measure(name, batch, None, "cpu", device="cpu", repetitions=20, link_gbps=10,
+                                             processes=processes)
+    else:
+        measured = profiler.profile(profiler.load_model(name, batch), "cpu", link_gbps=10)
     out.write_text(json.dumps({"oct": [layer.oct for layer in measured.layers], "step": measured.step,
                                "names": [layer.name for layer in measured.layers]}))
 
@@ -38,10 +45,11 @@ def one(name: str, batch: int, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="profile only this zoo model")
+    parser.add_argument("--processes", type=int, default=1, help="each profile the median over N fresh processes")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "BATCH", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        return one(args.one[0], int(args.one[1]), Path(args.one[2]))
+        return one(args.one[0], int(args.one[1]), Path(args.one[2]), args.processes)
     print("| model | batch | layers | sum of layer oct | whole step | ratio | layers > 1 ms | within 15% "
           "| median repeat difference | worst repeat difference |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -52,7 +60,8 @@ def main() -> None:
             runs = []
             for r in range(2):
                 out = Path(tmp) / f"{name}-{r}.json"
-                subprocess.run([sys.executable, __file__, "--one", name, str(batch), str(out)], check=True)
+                subprocess.run([sys.executable, __file__, "--one", name, str(batch), str(out),
+                                "--processes", str(args.processes)], check=True)
                 runs.append(json.loads(out.read_text()))
             total = sum(runs[0]["oct"])
             pairs = [(a, b, name) for a, b, name in zip(runs[0]["oct"], runs[1]["oct"], runs[0]["names"])

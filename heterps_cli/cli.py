@@ -26,6 +26,7 @@ from heterps_cli.compare import run as compare_run
 from heterps_cli.problem import Problem, build_problem, usable_types
 from heterps_cli.profile_io import measured_text
 from heterps_cli.profile_io import merge as merge_profiles
+from heterps_cli.profile_processes import measure as measure_in_processes
 from heterps_cli.profiler import NOISY_CV, load_model, python_path_note
 from heterps_cli.profiler import profile as measure
 from heterps_cli.render import compare_view, diff_view, findings_view, print_plan, print_summary, profile_view
@@ -283,6 +284,7 @@ def profile_command(
     input_shape: Annotated[Optional[str], typer.Option(help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), 4 (ctr: ids per bag).", callback=_shape, show_default=False)] = None,
     repetitions: Annotated[int, typer.Option(min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median.")] = 20,
     link_gbps: Annotated[Optional[float], typer.Option(callback=_positive, help="Link bandwidth in Gbit/s for odt, instead of measuring it.", show_default=False)] = None,
+    processes: Annotated[int, typer.Option(min=1, help="Profile in this many fresh processes and keep each layer's median: steadier on a shared machine, N times longer.")] = 1,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile; or merge profiles.
 
@@ -303,8 +305,12 @@ def profile_command(
             raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
         with _progress_bar() as report:
             report(f"loading {model}")
-            loaded = load_model(model, batch_size, input_shape)
-            measured = measure(loaded, as_type, device=device.value, repetitions=repetitions, link_gbps=link_gbps, progress=report)
+            loaded = load_model(model, batch_size, input_shape)  # here too: its errors name the user's lines
+            if processes == 1:
+                measured = measure(loaded, as_type, device=device.value, repetitions=repetitions, link_gbps=link_gbps, progress=report)
+            else:
+                measured = measure_in_processes(model, batch_size, input_shape, as_type, device=device.value, repetitions=repetitions,
+                                                link_gbps=link_gbps, processes=processes, progress=report)
         write_atomic(out_file, measured_text(measured, python_path_note()))
     out.print(profile_view(measured, NOISY_CV))
     out.print(f"wrote {out_file}")

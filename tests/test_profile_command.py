@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from heterps_cli import profiler
 from heterps_cli.cli import app
+from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
+from heterps_cli.profile_processes import combine
 
 runner = CliRunner()
 
@@ -34,6 +36,13 @@ def raises(batch_size):
 
 def wrong():
     return "a string"
+
+class Broken(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("shapes do not match")
+
+def broken_forward(batch_size=4):
+    return Broken(), torch.randn(batch_size, 4)
 '''
 
 
@@ -169,3 +178,31 @@ def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     assert profiler.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
     assert profiler.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
     assert profiler.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
+
+
+def test_processes_take_each_layers_median_over_fresh_processes(factory, tmp_path):
+    out = tmp_path / "p.yaml"
+    _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(out), "--link-gbps", "10",
+              "--processes", "2"])
+    assert "the median over 2 profiles, each in a fresh process" in out.read_text()
+    assert [layer.name for layer in load_profile(str(out))[0].layers] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
+    result = _profile([f"{factory}:broken_forward", "--as", "cpu", "--batch-size", "4", "--processes", "2",
+                       "--out", str(tmp_path / "p.yaml")], expect=2)
+    shown = " ".join(result.output.split())
+    assert "profiling process 1 of 2 failed" in shown and "RuntimeError: shapes do not match" in shown
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_combine_takes_medians_and_refuses_different_layers():
+    def run(octs, names=("a", "b"), step=1.0):
+        layers = [profiler.LayerProfile(n, "fc", 4.0, 8.0, o, o / 10, 0.9, 0.5, 0.01) for n, o in zip(names, octs)]
+        return profiler.Profiled("m", "cpu", "cpu", 8, 1e9, "given", 20, layers, step)
+
+    combined = combine([run([1.0, 5.0], step=2.0), run([3.0, 4.0], step=9.0), run([2.0, 100.0], step=3.0)])
+    assert [layer.oct for layer in combined.layers] == [2.0, 5.0] and combined.step == 3.0
+    assert combined.layers[1].odt == 0.5 and "median over 3 profiles" in combined.notes[-1]
+    with pytest.raises(InputError, match="different layers"):
+        combine([run([1.0, 2.0]), run([1.0, 2.0], names=("a", "c"))])
