@@ -199,7 +199,8 @@ def profile_view(measured, noisy_cv: float) -> Group:
     lines.append(Text("* alpha estimated (see the comment in the file); spread: coefficient of variation of the runs"))
     if noisy:
         lines.append(Text(f"{noisy} noisy layer{'s' if noisy > 1 else ''} (spread > {100 * noisy_cv:.0f}%): "
-                          "profile on an idle machine or raise --repetitions", style="yellow"))
+                          "profile on an idle machine, raise --repetitions, or take the median over fresh "
+                          "processes with --processes 3", style="yellow"))
     lines += [Text(f"note: {n}") for n in measured.notes]
     return Group(table, *lines)
 
