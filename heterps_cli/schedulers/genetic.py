@@ -23,11 +23,10 @@ import time
 
 import numpy as np
 
-from heterps_cli.plan import Plan, make_plan
+from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
 from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, evaluation_budget,
-                                            heuristic_schedules, random_schedules, rewards)
+                                            heuristic_schedules, random_schedules, result, rewards)
 
 POPULATION = 64
 ELITE = 4
@@ -102,11 +101,8 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
     best.offer(problem, population, scored)
     if stale >= PATIENCE:
         notes.append(f"converged: no better plan in the last {PATIENCE} generations")
-    if best.schedule is None:
-        raise diagnose(problem, f"the genetic scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
-                       "give it more --evaluations, or use --scheduler exact")
-    return make_plan(problem, best.schedule, best.replicas, scheduler="genetic", seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+    return result(problem, best, evaluate, scheduler="genetic", seed=seed, start=start, notes=notes,
+                  hint="give it more --evaluations, or use --scheduler exact")
 
 
 def _tournament(fitness: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -15,11 +15,10 @@ import time
 
 import numpy as np
 
-from heterps_cli.plan import Plan, make_plan
+from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
 from heterps_cli.schedulers.local import polish
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference
+from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, result
 
 RULE = ("each layer on its cheapest type by price x OCT (fastest by OCT for --objective time), "
         "exact replicas, then a local search while the plan improves")
@@ -41,11 +40,8 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
     notes = [f"the rule alone: {_figure(problem, scored)}"]
     report("greedy: local search")
     polish(problem, evaluate, best, Reference.of(scored), np.random.default_rng(seed), starts=[schedule])
-    if best.schedule is None:
-        raise diagnose(problem, f"the greedy scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
-                       "use --scheduler rl or exact")
-    return make_plan(problem, best.schedule, best.replicas, scheduler="greedy", seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+    return result(problem, best, evaluate, scheduler="greedy", seed=seed, start=start, notes=notes,
+                  hint="use --scheduler rl or exact")
 
 
 def _figure(problem: Problem, scored) -> str:

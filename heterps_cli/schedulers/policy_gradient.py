@@ -2,23 +2,19 @@
 
 Both read their budget from the same options, train small networks on one
 thread, pre-train on the best of a pool of random schedules (the HeterPS
-paper's phase 1), and end the same way: the local-search polish, then the best
-feasible plan or a diagnosis of why there is none.
+paper's phase 1), and end with the same local-search polish.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
 from heterps_cli.schedulers.local import polish, polish_starts
 from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, random_schedules, rewards
 
@@ -67,13 +63,3 @@ def polish_best(problem: Problem, evaluate: Evaluator, best: Best, reference: Re
         notes.append("polish interrupted (Ctrl-C): the best plan found so far")
         return False
     return True
-
-
-def result(problem: Problem, best: Best, evaluate: Evaluator, *, scheduler: str, seed: int, start: float,
-           notes: list[str]) -> Plan:
-    """The best feasible plan found, or the InfeasibleError that says what the limits allow."""
-    if best.schedule is None:
-        raise diagnose(problem, f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} "
-                       "evaluations", "give it more --steps, or use --scheduler exact")
-    return make_plan(problem, best.schedule, best.replicas, scheduler=scheduler, seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))

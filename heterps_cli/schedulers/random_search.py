@@ -14,10 +14,9 @@ import time
 
 import numpy as np
 
-from heterps_cli.plan import Plan, make_plan
+from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
-from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, evaluation_budget, random_schedules
+from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, evaluation_budget, random_schedules, result
 
 CHUNK = 1024
 
@@ -44,11 +43,8 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Pl
             best.offer(problem, fresh, evaluate(fresh))
         dry = 0 if len(fresh) else dry + 1
         report(f"random: {evaluate.evaluations:,}/{budget:,} schedules", completed=evaluate.evaluations, total=budget)
-    if best.schedule is None:
-        raise diagnose(problem, f"the random scheduler found no feasible plan in {evaluate.evaluations:,} evaluations",
-                       "give it more --evaluations, or use --scheduler exact")
-    return make_plan(problem, best.schedule, best.replicas, scheduler="random", seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+    return result(problem, best, evaluate, scheduler="random", seed=seed, start=start, notes=notes,
+                  hint="give it more --evaluations, or use --scheduler exact")
 
 
 def _new_rows(schedules: np.ndarray, seen) -> np.ndarray:

@@ -57,9 +57,9 @@ from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.local import improve
-from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool, result
+from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool
 from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, heuristic_schedules,
-                                            rank_advantage, rewards)
+                                            rank_advantage, result, rewards)
 from heterps_cli.yamlio import write_atomic
 
 KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
@@ -382,4 +382,5 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             save_policy(policy, problem, options.policy_out)
         except KeyboardInterrupt:
             notes.append(f"interrupted (Ctrl-C) while generalising the policy: {options.policy_out} not written")
-    return result(problem, best, evaluate, scheduler="rl", seed=seed, start=start, notes=notes)
+    return result(problem, best, evaluate, scheduler="rl", seed=seed, start=start, notes=notes,
+                  hint="give it more --steps, or use --scheduler exact")

@@ -5,7 +5,8 @@
   counts the evaluations (so ``compare`` can give every scheduler the same budget).
 * :func:`rewards` ranks scored schedules: cheaper feasible > dearer feasible >
   infeasible, graded by how far each misses its constraints.
-* :class:`Best` keeps the best feasible plan seen.
+* :class:`Best` keeps the best feasible plan seen; :func:`result` turns it into the Plan,
+  or into the error that says why there is none.
 * :func:`random_schedules` and :func:`heuristic_schedules` are starting points.
 """
 
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.costmodel import better, provision, split_stages
+from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
+from heterps_cli.schedulers.exact import diagnose
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
 # Under objective time, cost only breaks ties: 1% dearer weighs as much as 0.001% slower.
@@ -109,6 +112,16 @@ class Best:
 def deadline(start: float, limit: float | None) -> Callable[[], bool]:
     """Whether ``limit`` seconds (``--time-limit``; None: no limit) have passed since ``start``."""
     return lambda: limit is not None and time.perf_counter() - start > limit
+
+
+def result(problem: Problem, best: Best, evaluate: Evaluator, *, scheduler: str, seed: int, start: float,
+           notes: list[str], hint: str) -> Plan:
+    """The best feasible plan found, or the InfeasibleError that says what the limits allow (and ``hint``)."""
+    if best.schedule is None:
+        raise diagnose(problem, f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} "
+                       "evaluations", hint)
+    return make_plan(problem, best.schedule, best.replicas, scheduler=scheduler, seed=seed,
+                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
 
 
 def evaluation_budget(options) -> int:

@@ -42,9 +42,9 @@ from torch import nn
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool, result
+from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool
 from heterps_cli.schedulers.rl import KIND_COLUMNS, KINDS, layer_features
-from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, rank_advantage, rewards
+from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, rank_advantage, result, rewards
 
 
 @dataclass(frozen=True)
@@ -269,4 +269,5 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
     report("tapp: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
     polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
                 out_of_time=out_of_time, notes=notes)
-    return result(problem, best, evaluate, scheduler="tapp", seed=seed, start=start, notes=notes)
+    return result(problem, best, evaluate, scheduler="tapp", seed=seed, start=start, notes=notes,
+                  hint="give it more --steps, or use --scheduler exact")
