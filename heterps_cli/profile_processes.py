@@ -70,10 +70,6 @@ def combine(runs: list[Profiled]) -> Profiled:
                                bandwidth=median(r.bandwidth for r in runs), notes=notes)
 
 
-def to_dict(measured: Profiled) -> dict:
-    return dataclasses.asdict(measured)
-
-
 def from_dict(data: dict) -> Profiled:
     return Profiled(**{**data, "layers": [LayerProfile(**layer) for layer in data["layers"]]})
 
@@ -86,7 +82,7 @@ def _worker(args: dict, out: Path) -> int:
     except InputError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    out.write_text(json.dumps(to_dict(measured)))
+    out.write_text(json.dumps(dataclasses.asdict(measured)))
     return 0
 
 

@@ -104,13 +104,13 @@ class Networks(nn.Module):
     def start_logits(self, encoded: torch.Tensor) -> torch.Tensor:
         return self.partition(encoded)[:, 0]
 
-    def type_logits(self, encoded: torch.Tensor, group: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, G', T]`` over types for the groups ``group`` ``[B, n]`` defines (padded to G')."""
-        B, n = group.shape
+    def type_logits(self, encoded: torch.Tensor, group: torch.Tensor, runnable: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, G', T]`` over types for the groups ``group`` ``[B, n]`` defines (padded to G'),
+        masked to the types every layer of the group can run on."""
         width = int(group.max()) + 1
-        member = nn.functional.one_hot(group, width).float()  # [B, n, G']
-        sizes = member.sum(dim=1)  # [B, G']
-        vectors = member.transpose(1, 2) @ encoded / sizes.clamp(min=1)[:, :, None]
+        member = nn.functional.one_hot(group, width).float().transpose(1, 2)  # [B, G', n]
+        vectors = member @ encoded / member.sum(dim=2).clamp(min=1)[:, :, None]
+        allowed = member @ (~runnable).float()[None] == 0  # padding groups have no layer: all allowed
         count = group[:, -1] + 1  # groups in each sample
         index = torch.arange(width)
         feeds = torch.where(index[None, :] + 1 < count[:, None], index[None, :] + 1, -1).clamp(max=self.groups - 1)
@@ -159,14 +159,6 @@ def _groups_of(starts: torch.Tensor) -> torch.Tensor:
     return starts.long().cumsum(dim=1) - 1
 
 
-def _allowed(group: torch.Tensor, runnable: torch.Tensor) -> torch.Tensor:
-    """``[B, G', T]``: the types every layer of each group can run on (all True for padding groups)."""
-    width = int(group.max()) + 1
-    member = nn.functional.one_hot(group, width).float()
-    blocked = member.transpose(1, 2) @ (~runnable).float()[None]
-    return blocked == 0
-
-
 def _log_prob(nets: Networks, kinds, numbers, runnable, cfg: Config, *, generator=None, batch: int = 0,
               schedules: torch.Tensor | None = None, greedy: bool = False):
     """Sample ``batch`` schedules (or score the given ``schedules``): (schedules, log-prob, entropy).
@@ -189,7 +181,7 @@ def _log_prob(nets: Networks, kinds, numbers, runnable, cfg: Config, *, generato
     part_entropy = -(p_start * log_p[0] + (1 - p_start) * log_q[0])[None].masked_fill(~free, 0.0).sum(dim=1)
 
     group = _groups_of(starts)
-    logits = nets.type_logits(encoded, group, _allowed(group, runnable))
+    logits = nets.type_logits(encoded, group, runnable)
     logp = torch.log_softmax(logits, dim=2)
     valid = torch.arange(logits.shape[1])[None, :] <= group[:, -1:]  # [B, G']
     if schedules is not None:
