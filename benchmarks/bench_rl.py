@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.compare_suite import pct  # noqa: E402
 from benchmarks.make_instances import names, paths  # noqa: E402
 from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
@@ -49,7 +48,6 @@ def run_one(name: str, options: SolveOptions = SolveOptions(), seed: int = 0) ->
 def table(rows: list[dict]) -> str:
     out = ["| instance | layers | types | optimum $ | rl $ | gap | policy samples only | rl s |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    pct = lambda g: f"{100 * g:.2f}%" if np.isfinite(g) else "none feasible"  # noqa: E731
     for r in rows:
         out.append(f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:.3f} | {r['rl']:.3f} | "
                    f"{pct(r['gap'])} | {pct(r['sampled'])} | {r['seconds']:.1f} |")

@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.compare_suite import pct  # noqa: E402
 from benchmarks.make_instances import names, paths  # noqa: E402
 from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
@@ -52,7 +53,6 @@ def run_one(name: str, seed: int = 0) -> dict:
 def table(rows: list[dict]) -> str:
     out = ["| instance | layers | types | optimum samples/s | tapp | tapp gap | tapp s | rl | rl gap | rl s |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    pct = lambda g: f"{100 * g:.2f}%" if np.isfinite(g) else "none feasible"  # noqa: E731
     for r in rows:
         out.append(f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:,.1f} | {r['tapp']:,.1f} | "
                    f"{pct(r['tapp gap'])} | {r['tapp s']:.1f} | {r['rl']:,.1f} | {pct(r['rl gap'])} | "
