@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.errors import InfeasibleError, InputError
+from heterps_cli.figures import count, plural, signed_usd, usd
 from heterps_cli.formats import PlanFile
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -59,7 +60,7 @@ class Increase:
         return new - old <= limit * (1 + REL_TOL) + 1e-12
 
     def __str__(self) -> str:
-        return f"{self.value:g}%" if self.percent else f"${self.value:,.2f}"
+        return f"{self.value:g}%" if self.percent else usd(self.value)
 
 
 def schedule_of(problem: Problem, plan: PlanFile) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -105,11 +106,6 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
     return make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed), []
 
 
-def signed_usd(amount: float) -> str:
-    """+$0.05 or -$1.20: the sign before the dollar sign, as a cost diff reads."""
-    return f"{'+' if amount >= 0 else '-'}${abs(amount):,.2f}"
-
-
 def _differs(a: float, b: float) -> bool:
     return not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
@@ -152,7 +148,7 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
     if fresh is None:
         return [Finding("fits", False, f"{plan_path} no longer fits the profile and cluster: {'; '.join(problems)}",
                         f"re-plan: {replan_command}")]
-    findings = [Finding("fits", True, f"{plan_path} fits the profile and cluster ({len(plan.stages)} stages)")]
+    findings = [Finding("fits", True, f"{plan_path} fits the profile and cluster ({plural(len(plan.stages), 'stage')})")]
     stale = stale_fields(plan, fresh)
     findings.append(Finding("fresh", not stale,
                             f"the plan's figures are stale (written -> recomputed): {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}"
@@ -164,18 +160,18 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
                             else "within every resource limit", f"re-plan within the limits: {replan_command}" if over else ""))
     if plan.min_throughput > 0 and fresh.throughput < plan.min_throughput * (1 - 1e-12):
         findings.append(Finding("plan-throughput", False,
-                                f"throughput {fresh.throughput:,.1f} samples/s is under the plan's own requirement "
-                                f"{plan.min_throughput:,.1f}", f"re-plan: {replan_command}"))
+                                f"throughput {count(fresh.throughput, 1)} samples/s is under the plan's own requirement "
+                                f"{count(plan.min_throughput, 1)}", f"re-plan: {replan_command}"))
     if max_cost is not None:
         ok = fresh.cost_usd <= max_cost * (1 + 1e-12)
-        findings.append(Finding("max-cost", ok, f"cost ${fresh.cost_usd:,.2f} {'within' if ok else 'exceeds'} the "
-                                f"--max-cost ${max_cost:,.2f}" + ("" if ok else f" by ${fresh.cost_usd - max_cost:,.2f} "
+        findings.append(Finding("max-cost", ok, f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the "
+                                f"--max-cost {usd(max_cost)}" + ("" if ok else f" by {usd(fresh.cost_usd - max_cost)} "
                                 f"({100 * (fresh.cost_usd / max_cost - 1):.1f}%)"),
                                 "" if ok else f"find a cheaper plan: {replan_command}, or raise the budget"))
     if min_throughput is not None:
         ok = fresh.throughput >= min_throughput * (1 - 1e-12)
-        findings.append(Finding("min-throughput", ok, f"throughput {fresh.throughput:,.1f} samples/s "
-                                f"{'meets' if ok else 'is under'} --min-throughput {min_throughput:,.1f}"
+        findings.append(Finding("min-throughput", ok, f"throughput {count(fresh.throughput, 1)} samples/s "
+                                f"{'meets' if ok else 'is under'} --min-throughput {count(min_throughput, 1)}"
                                 + ("" if ok else f" by {100 * (1 - fresh.throughput / min_throughput):.1f}%"),
                                 "" if ok else f"re-plan with --min-throughput {min_throughput:g}: {replan_command}"))
     if baseline is not None:
@@ -186,8 +182,10 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
         where = f"see where the cost rose: heterps diff {baseline_path} {plan_path}"
         if stale:  # the diff reads the written figures, so they must be the recomputed ones first
             where = f"refresh {plan_path} ({replan_command}), then {where}"
-        findings.append(Finding("baseline", ok, f"cost ${old:,.2f} -> ${new:,.2f}, {change}; allowed increase {rule}",
-                                "" if ok else where, warn=new > old * (1 + REL_TOL)))
+        unlike = incomparable(baseline, plan)
+        caveat = f" (warning: {'; '.join(unlike)})" if unlike else ""
+        findings.append(Finding("baseline", ok, f"cost {usd(old)} -> {usd(new)}, {change}; allowed increase {rule}{caveat}",
+                                "" if ok else where, warn=new > old * (1 + REL_TOL) or bool(unlike)))
     if replan is not None:
         try:
             better = solve(replan, problem.replace(min_throughput=plan.min_throughput), seed=seed, progress=progress,
@@ -197,11 +195,11 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
         else:
             if problem.objective == "time":  # the plan's own objective decides what wasteful means
                 saving = 1 - fresh.throughput / better.throughput if better.throughput > 0 else 0.0
-                found = (f"{replan} finds {better.throughput:,.1f} samples/s against the plan's "
-                         f"{fresh.throughput:,.1f} ({100 * saving:.1f}% faster; tolerance {tolerance:g}%)")
+                found = (f"{replan} finds {count(better.throughput, 1)} samples/s against the plan's "
+                         f"{count(fresh.throughput, 1)} ({100 * saving:.1f}% faster; tolerance {tolerance:g}%)")
             else:
                 saving = 1 - better.cost_usd / fresh.cost_usd if fresh.cost_usd > 0 else 0.0
-                found = (f"{replan} finds ${better.cost_usd:,.2f} against the plan's ${fresh.cost_usd:,.2f} "
+                found = (f"{replan} finds {usd(better.cost_usd)} against the plan's {usd(fresh.cost_usd)} "
                          f"({100 * saving:.1f}% cheaper; tolerance {tolerance:g}%)")
             ok = saving <= tolerance / 100 + 1e-12
             findings.append(Finding("replan", ok, found,
@@ -261,6 +259,22 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
             pairs.append((None, j - 1))
             j -= 1
     return pairs[::-1]
+
+
+JOB_FIELDS = ("model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput", "max_cost")
+
+
+def incomparable(old: PlanFile, new: PlanFile) -> list[str]:
+    """Why two plans are not two answers to one question: each job setting that differs."""
+    out = []
+    for field in JOB_FIELDS:
+        a, b = getattr(old, field), getattr(new, field)
+        if a != b:
+            shown = [repr(v) if isinstance(v, str) else "none" if v is None else f"{v:,g}" for v in (a, b)]
+            out.append(f"{field} {shown[0]} vs {shown[1]}")
+    if not out:
+        return []
+    return [f"the plans are for different jobs ({', '.join(out)}): their figures do not compare like for like"]
 
 
 def diff(old: PlanFile, new: PlanFile) -> list[Change]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,26 +17,15 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.text import Text
 
 from heterps_cli import __version__
-from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INFEASIBLE, InfeasibleError, InputError
-from heterps_cli.formats import load_cluster, load_plan, load_profile
-from heterps_cli.check import Increase
-from heterps_cli.check import check as run_check
-from heterps_cli.check import diff as plan_diff
-from heterps_cli.ci_report import diff_json, diff_markdown, findings_json, findings_markdown, github_annotations
-from heterps_cli.compare import plot_png
-from heterps_cli.compare import run as compare_run
-from heterps_cli.problem import Problem, build_problem, usable_types
-from heterps_cli.profile_io import measured_text
-from heterps_cli.profile_io import merge as merge_profiles
-from heterps_cli.profile_processes import measure as measure_in_processes
-from heterps_cli.profiler import NOISY_CV, load_model, python_path_note
-from heterps_cli.profiler import profile as measure
-from heterps_cli.render import compare_view, diff_view, findings_view, print_plan, print_summary, profile_view
-from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
-from heterps_cli.schedulers.scoring import DEFAULT_EVALUATIONS
-from heterps_cli.schedulers.rl import Config as RLConfig
-from heterps_cli.yamlio import dump_yaml, write_atomic
-from heterps_cli.zoo import MODELS as ZOO
+from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INFEASIBLE, EXIT_INTERRUPTED, InfeasibleError, InputError
+from heterps_cli.figures import count, usd
+from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_EVALUATIONS, DEFAULT_STEPS, POLICY_VARIANTS, SCHEDULERS
+
+# Start-up time is part of the interface (benchmarks/bench_startup.py): each command imports the
+# library it uses when it runs, so `heterps --help` loads no numpy and `validate` no numpy or torch.
+# torch (seconds) is imported only by `heterps profile`, rl and tapp. The zoo's names are here so
+# that --help does not import the zoo.
+ZOO_NAMES = ("ctr", "vgg16", "mlp", "transformer")
 
 app = typer.Typer(
     name="heterps",
@@ -46,8 +37,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)
 
@@ -66,16 +57,28 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                     help="Show the version and exit.")
     ] = None,
 ) -> None:
     pass
 
 
 def _positive(value: float | None) -> float | None:
-    if value is not None and not value > 0:
-        raise typer.BadParameter(f"must be > 0 (got {value:g})")
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number > 0 (got {value:g})")
     return value
+
+
+def _non_negative(value: float | None) -> float | None:
+    if value is not None and not (value >= 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number >= 0 (got {value:g})")
+    return value
+
+
+def _print_error(prefix: str, lines: list[str]) -> None:
+    for line in lines:
+        err.print(Text(prefix, style="bold red") + Text(line))
 
 
 @contextmanager
@@ -84,27 +87,49 @@ def _exit_codes():
     try:
         yield
     except InputError as exc:
-        err.print(Text("error: ", style="bold red") + Text(str(exc)))
+        _print_error("error: ", exc.lines())
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except InfeasibleError as exc:
-        err.print(Text("infeasible: ", style="bold red") + Text(str(exc)))
+        _print_error("infeasible: ", [str(exc)])
         raise typer.Exit(EXIT_INFEASIBLE) from None
     except KeyboardInterrupt:
-        err.print(Text("interrupted", style="bold red"))
-        raise typer.Exit(130) from None
+        _print_error("interrupted", [""])
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 @contextmanager
 def _progress_bar():
     """A transient progress bar on stderr; yields the callback schedulers report to."""
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    columns = (SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn())
+    # Not drawn when stderr is a file or a pipe: a log would keep only a stray blank line of it.
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("starting…", total=None)
 
         def report(description: str, completed: float | None = None, total: float | None = None) -> None:
             bar.update(task, description=description, completed=completed, total=total)
 
         yield report
+
+
+def _write(path: str, data: str | bytes) -> None:
+    """``--out FILE`` atomically, or ``--out -`` to standard output."""
+    from heterps_cli.yamlio import write_atomic
+
+    if path == "-":
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        return
+    write_atomic(path, data)
+
+
+def _interrupted(what: str) -> None:
+    """After the output of a run that Ctrl-C cut short: say so, and exit 130 so scripts see it."""
+    _print_error("interrupted: ", [what])
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (SPEC section 2).", show_default=False)]
@@ -118,7 +143,7 @@ PlanObjectiveOpt = Annotated[
                                       "else cost.", show_default=False)
 ]
 MinThroughputOpt = Annotated[
-    Optional[float], typer.Option(min=0, help="Required samples/s. Default: the profile's job.min_throughput, else 0.", show_default=False)
+    Optional[float], typer.Option(callback=_non_negative, help="Required samples/s. Default: the profile's job.min_throughput, else 0.", show_default=False)
 ]
 SamplesOpt = Annotated[
     Optional[float], typer.Option(callback=_positive, help="Samples per epoch. Default: the profile's job.samples.", show_default=False)
@@ -131,19 +156,27 @@ MaxCostOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option(help="Random seed; the same inputs and seed give the same plan.")]
 StepsOpt = Annotated[
-    Optional[int], typer.Option(min=0, help=f"rl, tapp: training steps (default {RLConfig.steps}).", show_default=False, rich_help_panel="Search budget")
+    Optional[int], typer.Option(min=0, help=f"rl, tapp: training steps (default {DEFAULT_STEPS}).", show_default=False, rich_help_panel="Search budget")
 ]
 BatchOpt = Annotated[
-    Optional[int], typer.Option(min=1, help=f"rl, tapp: schedules sampled per step (default {RLConfig.batch}).", show_default=False, rich_help_panel="Search budget")
+    Optional[int], typer.Option(min=1, help=f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}).", show_default=False, rich_help_panel="Search budget")
 ]
 TimeLimitOpt = Annotated[
     Optional[float], typer.Option(callback=_positive, help="rl, tapp, genetic, random: stop searching after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Search budget")
 ]
 
 
-def _load(profile: Path, cluster: Path, objective: str, samples, epochs, min_throughput, max_cost) -> Problem:
-    prof, pdoc = load_profile(str(profile))
-    clus, cdoc = load_cluster(str(cluster))
+OutOpt = Annotated[
+    Optional[str], typer.Option("--out", "-o", metavar="FILE", show_default=False,
+                                help="Write the plan as YAML (SPEC section 4), atomically; - for standard output.")
+]
+
+
+def _load(profile: Path, cluster: Path, objective: str, samples, epochs, min_throughput, max_cost):
+    from heterps_cli.formats import load_pair
+    from heterps_cli.problem import build_problem
+
+    (prof, pdoc), (clus, cdoc) = load_pair(str(profile), str(cluster))
     return build_problem(prof, pdoc, clus, cdoc, objective=objective, samples=samples, epochs=epochs,
                          min_throughput=min_throughput, max_cost=max_cost)
 
@@ -162,10 +195,8 @@ def plan(
     epochs: EpochsOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
-    out_file: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Write the plan as YAML (SPEC section 4), atomically.", show_default=False)
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout, and nothing else.")] = False,
+    out_file: OutOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the plan as JSON on stdout, and nothing else.")] = False,
     steps: StepsOpt = None,
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
@@ -176,11 +207,15 @@ def plan(
         Optional[Path], typer.Option(help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).", show_default=False, rich_help_panel="Search budget")
     ] = None,
     policy_out: Annotated[
-        Optional[Path], typer.Option(help=f"rl: save the trained policy to this file, first fitted to plans of {RLConfig.variants} nearby models (a few seconds more) so that it warm-starts a changed model well.", show_default=False, rich_help_panel="Search budget")
+        Optional[Path], typer.Option(help=f"rl: save the trained policy to this file, first fitted to plans of {POLICY_VARIANTS} nearby models (a few seconds more) so that it warm-starts a changed model well.", show_default=False, rich_help_panel="Search budget")
     ] = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with _exit_codes():
+        from heterps_cli.render import print_plan
+        from heterps_cli.schedulers import SolveOptions, solve
+        from heterps_cli.yamlio import dump_yaml
+
         if objective is None:
             objective = Objective.time if scheduler.value == "tapp" else Objective.cost
         problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
@@ -188,14 +223,22 @@ def plan(
                                policy_out=policy_out, evaluations=evaluations)
         with _progress_bar() as report:
             result = solve(scheduler.value, problem, seed=seed, progress=report, options=options)
+        write_failed = None
         if out_file is not None:
-            write_atomic(out_file, dump_yaml(result.to_dict()))
-    if as_json:
-        print(result.to_json())
-        return
-    print_plan(out, result)
-    if out_file is not None:
-        out.print(f"wrote {out_file}")
+            try:
+                _write(out_file, dump_yaml(result.to_dict()))
+            except InputError as exc:  # the run is done: show its plan all the same, then fail
+                write_failed = exc
+        if as_json:
+            print(result.to_json())
+        elif out_file != "-":
+            print_plan(out, result)
+            if out_file is not None and write_failed is None:
+                out.print(Text(f"wrote {out_file}"))
+        if write_failed is not None:
+            raise write_failed
+    if result.interrupted:
+        _interrupted("the plan above is the best found before Ctrl-C (exit 130)")
 
 
 def _scheduler_list(value: str) -> list[str]:
@@ -219,9 +262,9 @@ def compare(
     epochs: EpochsOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout, and nothing else.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the results as JSON on stdout, and nothing else.")] = False,
     plot: Annotated[
-        Optional[Path], typer.Option(help="Draw cost (throughput for --objective time) against solve time to this PNG.", show_default=False)
+        Optional[str], typer.Option(metavar="FILE", help="Draw cost (throughput for --objective time) against solve time to this PNG (- for standard output).", show_default=False)
     ] = None,
     steps: StepsOpt = None,
     batch: BatchOpt = None,
@@ -233,25 +276,35 @@ def compare(
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
     with _exit_codes():
+        from heterps_cli.compare import plot_png
+        from heterps_cli.compare import run as compare_run
+        from heterps_cli.render import compare_view
+        from heterps_cli.schedulers import SolveOptions
+
         problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
 
         def done(entry) -> None:
             figure = "no feasible plan" if entry.plan is None else (
-                f"{entry.plan.throughput:,.1f} samples/s" if objective == Objective.time else f"${entry.plan.cost_usd:,.2f}")
-            err.print(f"[bold]{entry.scheduler}[/]: {figure} in {entry.solve_s:.2f} s")
+                f"{count(entry.plan.throughput, 1)} samples/s" if objective == Objective.time else usd(entry.plan.cost_usd))
+            cut = " (interrupted)" if entry.plan is not None and entry.plan.interrupted else ""
+            err.print(Text.assemble((entry.scheduler, "bold"), f": {figure} in {entry.solve_s:.2f} s{cut}"))
 
         with _progress_bar() as report:
             entries = compare_run(problem, schedulers, seed=seed, options=options, progress=report, on_done=done)
         if plot is not None:
-            write_atomic(plot, plot_png(problem, entries))
-    if as_json:
-        print(json.dumps({"model": problem.model, "cluster": problem.cluster, "objective": problem.objective,
-                          "seed": seed, "results": [e.to_dict() for e in entries]}, indent=2))
-        return
-    out.print(compare_view(entries, problem.objective))
-    if plot is not None:
-        out.print(f"wrote {plot}")
+            _write(plot, plot_png(problem, entries))
+        if as_json:
+            print(json.dumps({"model": problem.model, "cluster": problem.cluster, "objective": problem.objective,
+                              "seed": seed, "results": [e.to_dict() for e in entries]}, indent=2, allow_nan=False))
+        elif plot != "-":
+            out.print(compare_view(entries, problem.objective))
+            if plot is not None:
+                out.print(Text(f"wrote {plot}"))
+    cut = [e.scheduler for e in entries if e.plan is not None and e.plan.interrupted]
+    if cut:
+        _interrupted(f"Ctrl-C cut {', '.join(cut)} short: {'its' if len(cut) == 1 else 'their'} row shows the best "
+                     "plan found before it (exit 130)")
 
 
 class Device(str, enum.Enum):
@@ -274,13 +327,13 @@ def _shape(value: str | None) -> tuple[int, ...] | None:
 @app.command(name="profile")
 def profile_command(
     model: Annotated[str, typer.Argument(
-        help=f"A built-in model ({', '.join(ZOO)}), FILE.py:FACTORY or package.module:FACTORY; or [bold]merge[/] "
+        help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY; or [bold]merge[/] "
         "followed by profiles to join.", show_default=False)],
     files: Annotated[Optional[list[Path]], typer.Argument(help="merge: the profiles to join, one per resource type.", show_default=False)] = None,
     as_type: Annotated[Optional[str], typer.Option("--as", help="The resource type name this machine is in the cluster file (e.g. cpu, v100).", show_default=False)] = None,
     batch_size: Annotated[Optional[int], typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)] = None,
     device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
-    out_file: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the profile YAML here, atomically.", show_default=False)] = None,
+    out_file: Annotated[Optional[str], typer.Option("--out", "-o", metavar="FILE", help="Write the profile YAML here, atomically (- for standard output).", show_default=False)] = None,
     input_shape: Annotated[Optional[str], typer.Option(help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), 4 (ctr: ids per bag).", callback=_shape, show_default=False)] = None,
     repetitions: Annotated[int, typer.Option(min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median.")] = 20,
     link_gbps: Annotated[Optional[float], typer.Option(callback=_positive, help="Link bandwidth in Gbit/s for odt, instead of measuring it.", show_default=False)] = None,
@@ -292,17 +345,25 @@ def profile_command(
     [bold]heterps profile merge A.yaml B.yaml -o OUT.yaml[/] joins profiles of one model from several machines.
     """
     with _exit_codes():
+        from heterps_cli.profile_io import measured_text, merge_profiles  # imports torch: only here
+        from heterps_cli.render import profile_view
+
         if model == "merge":
             if out_file is None:
                 raise InputError(None, None, "--out", "merge needs --out FILE for the merged profile")
-            write_atomic(out_file, merge_profiles([str(f) for f in files or []]))
-            out.print(f"wrote {out_file} ({len(files)} profiles merged)")
+            _write(out_file, merge_profiles([str(f) for f in files or []]))
+            if out_file != "-":
+                out.print(Text(f"wrote {out_file} ({len(files or [])} profiles merged)"))
             return
         if files:
             raise InputError(None, None, "MODEL", f"unexpected extra arguments {[str(f) for f in files]} (only merge takes files)")
         missing = [flag for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file)) if value is None]
         if missing:
             raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
+        from heterps_cli.profile_processes import measure as measure_in_processes
+        from heterps_cli.profiler import NOISY_CV, load_model, python_path_note
+        from heterps_cli.profiler import profile as measure
+
         with _progress_bar() as report:
             report(f"loading {model}")
             loaded = load_model(model, batch_size, input_shape)  # here too: its errors name the user's lines
@@ -311,9 +372,14 @@ def profile_command(
             else:
                 measured = measure_in_processes(model, batch_size, input_shape, as_type, device=device.value, repetitions=repetitions,
                                                 link_gbps=link_gbps, processes=processes, progress=report)
-        write_atomic(out_file, measured_text(measured, python_path_note()))
-    out.print(profile_view(measured, NOISY_CV))
-    out.print(f"wrote {out_file}")
+        _write(out_file, measured_text(measured, python_path_note()))
+        if out_file == "-":
+            return
+        out.print(profile_view(measured, NOISY_CV))
+        out.print(Text(f"wrote {out_file}"))
+        out.print(Text(f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
+                       "(a measured profile has no job section: --samples is the samples per epoch; merge profiles "
+                       "of other types first with heterps profile merge)", style="dim"))
 
 
 class Format(str, enum.Enum):
@@ -347,16 +413,22 @@ def check(
     profile: Annotated[Path, typer.Option(help="The current model profile.", show_default=False)],
     cluster: Annotated[Path, typer.Option(help="The current cluster.", show_default=False)],
     max_cost: Annotated[Optional[float], typer.Option(callback=_positive, help="Fail when the plan costs more (USD).", show_default=False)] = None,
-    min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Fail when the plan is slower (samples/s).", show_default=False)] = None,
+    min_throughput: Annotated[Optional[float], typer.Option(callback=_non_negative, help="Fail when the plan is slower (samples/s).", show_default=False)] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False)] = None,
     max_increase: Annotated[str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")] = "0%",
     replan: Annotated[Optional[SchedulerName], typer.Option(help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) by more than --tolerance.", show_default=False)] = None,
-    tolerance: Annotated[float, typer.Option(min=0, help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.")] = 1.0,
+    tolerance: Annotated[float, typer.Option(callback=_non_negative, help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.")] = 1.0,
     seed: SeedOpt = 0,
     fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, appended to $GITHUB_STEP_SUMMARY when set).")] = Format.table,
 ) -> None:
     """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds."""
     with _exit_codes():
+        from heterps_cli.check import Increase
+        from heterps_cli.check import check as run_check
+        from heterps_cli.ci_report import findings_json, findings_markdown, github_annotations
+        from heterps_cli.formats import load_plan
+        from heterps_cli.render import findings_view
+
         committed, _ = load_plan(str(plan_file))
         old = load_plan(str(baseline))[0] if baseline is not None else None
         increase = Increase.parse(max_increase)
@@ -367,9 +439,10 @@ def check(
                                  max_cost=max_cost, min_throughput=min_throughput, baseline=old,
                                  baseline_path=str(baseline), max_increase=increase,
                                  replan=replan.value if replan else None, tolerance=tolerance, seed=seed, progress=report)
-    shown = str(plan_file)
-    if not _emit_report(fmt, findings_markdown(shown, findings), findings_json(shown, findings), github_annotations(shown, findings)):
-        out.print(findings_view(shown, findings))
+        shown = str(plan_file)
+        if not _emit_report(fmt, findings_markdown(shown, findings), findings_json(shown, findings),
+                            github_annotations(shown, findings)):
+            out.print(findings_view(shown, findings))
     if not all(f.ok for f in findings):
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -380,15 +453,28 @@ def diff(
     new_plan: Annotated[Path, typer.Argument(metavar="NEW_PLAN", help="The plan after.", show_default=False)],
     fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown, or github (the markdown, also appended to $GITHUB_STEP_SUMMARY).")] = Format.table,
 ) -> None:
-    """Two plans side by side: stages, resources, throughput, time and cost, with the changes."""
+    """Two plans side by side: stages, resources, throughput, time and cost, with the changes.
+
+    Plans of different jobs (model, cluster, objective, samples, …) still diff, with a warning."""
     with _exit_codes():
+        from heterps_cli.check import diff as plan_diff
+        from heterps_cli.check import incomparable
+        from heterps_cli.ci_report import diff_annotations, diff_json, diff_markdown
+        from heterps_cli.formats import load_plan
+        from heterps_cli.render import diff_view
+
         old, _ = load_plan(str(old_plan))
         new, _ = load_plan(str(new_plan))
         changes = plan_diff(old, new)
+        warnings = incomparable(old, new)
         a, b = str(old_plan), str(new_plan)
-        if _emit_report(fmt, diff_markdown(a, b, changes), diff_json(a, b, changes)):
-            return
-    out.print(diff_view(a, b, changes))
+        if fmt == Format.table:
+            for w in warnings:
+                err.print(Text("warning: ", style="bold yellow") + Text(w))
+            out.print(diff_view(a, b, changes, []))
+        else:
+            _emit_report(fmt, diff_markdown(a, b, changes, warnings), diff_json(a, b, changes, warnings),
+                         diff_annotations(b, warnings))
 
 
 @app.command()
@@ -398,13 +484,13 @@ def validate(
 ) -> None:
     """Check a profile (and a cluster) and summarise them: layers, types, which layers each type runs."""
     with _exit_codes():
-        prof, pdoc = load_profile(str(profile))
+        from heterps_cli.formats import load_pair, load_profile, usable_types
+        from heterps_cli.render import print_summary
+
         clus = None
-        if cluster is not None:
-            clus, cdoc = load_cluster(str(cluster))
+        if cluster is None:
+            prof, pdoc = load_profile(str(profile))
+        else:
+            (prof, pdoc), (clus, cdoc) = load_pair(str(profile), str(cluster))
             usable_types(prof, pdoc, clus, cdoc)
-    print_summary(out, prof, str(profile), clus, str(cluster) if cluster else None)
-
-
-def main() -> None:
-    app(prog_name="heterps")
+        print_summary(out, prof, str(profile), clus, str(cluster) if cluster else None)

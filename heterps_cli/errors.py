@@ -2,25 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
+EXIT_TERMINATED = 143  # SIGTERM
+
+MAX_SHOWN = 20  # problems listed at once; a file with more gets a count of the rest
 
 
 class InputError(Exception):
-    """Bad input: a file, the line in it, the field path and what is wrong (exit 2)."""
+    """Bad input: a file, the line in it, the field path and what is wrong (exit 2).
 
-    def __init__(self, path: str | None, line: int | None, field: str | None, message: str):
+    ``more`` holds further problems found in the same pass, so that a user fixes a
+    file in one round instead of one error per run.
+    """
+
+    def __init__(self, path: str | None, line: int | None, field: str | None, message: str,
+                 more: Sequence[InputError] = ()):
         self.path, self.line, self.field, self.message = path, line, field, message
-        super().__init__(str(self))
+        self.more = tuple(more)
+        super().__init__(path, line, field, message)
 
-    def __str__(self) -> str:
+    @classmethod
+    def joined(cls, errors: Sequence[InputError]) -> InputError:
+        """One error that lists every problem in ``errors`` (at least one), in the order given."""
+        first, *rest = [p for e in errors for p in e.problems]
+        return cls(first.path, first.line, first.field, first.message, rest)
+
+    @property
+    def problems(self) -> list[InputError]:
+        """This problem and the others found with it, each as a single-problem error."""
+        return [InputError(self.path, self.line, self.field, self.message), *self.more]
+
+    def lines(self) -> list[str]:
+        """One ``file:line: field: message`` line per problem, at most MAX_SHOWN and a count of the rest."""
+        shown = [p.where() + p.message for p in self.problems[:MAX_SHOWN]]
+        hidden = len(self.problems) - MAX_SHOWN
+        if hidden > 0:
+            shown.append(f"… and {hidden} more problem{'s' if hidden > 1 else ''}")
+        return shown
+
+    def where(self) -> str:
         where = ""
         if self.path:
             where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
-        field = f"{self.field}: " if self.field else ""
-        return f"{where}{field}{self.message}"
+        return where + (f"{self.field}: " if self.field else "")
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
 
 
 class InfeasibleError(Exception):

@@ -8,13 +8,21 @@ than a refusal. Every error names the file, the line and the field path.
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from heterps_cli.errors import InputError
 from heterps_cli.yamlio import Document, load_yaml
 
-Name = Annotated[str, StringConstraints(min_length=1)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+# Bounds on whole numbers: what the model can use, and far inside int64 so that sums never wrap.
+MAX_UNITS = 10**9
+MAX_BATCH = 10**9
+MAX_INDEX = 10**7  # layers, stages
+Index = Annotated[int, Field(ge=0, le=MAX_INDEX)]
+Units = Annotated[int, Field(ge=0, le=MAX_UNITS)]
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
@@ -57,15 +65,15 @@ class Job(_Strict):
 
 class Profile(_Strict):
     model: Name
-    batch_size: Annotated[int, Field(ge=1)]
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
     job: Job = Job()
     layers: Annotated[list[Layer], Field(min_length=1)]
 
 
 class Resource(_Strict):
     price: NonNegative
-    limit: Annotated[int, Field(ge=1)]
-    unit: str | None = None
+    limit: Annotated[int, Field(ge=1, le=MAX_UNITS)]
+    unit: Annotated[str, StringConstraints(max_length=256)] | None = None
 
 
 class Cluster(_Strict):
@@ -74,11 +82,11 @@ class Cluster(_Strict):
 
 
 class PlanStage(_Strict):
-    first: Annotated[int, Field(ge=0)]
-    last: Annotated[int, Field(ge=0)]
+    first: Index
+    last: Index
     layers: list[Name]
     resource: Name
-    replicas: Annotated[int, Field(ge=1)]
+    replicas: Annotated[int, Field(ge=1, le=MAX_UNITS)]
     compute_s: NonNegative
     comm_s: NonNegative
     throughput: NonNegative
@@ -91,94 +99,191 @@ class PlanFile(_Strict):
     cluster: Name
     objective: Name
     scheduler: Name
-    seed: int
-    batch_size: Annotated[int, Field(ge=1)]
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
     samples: Positive
     epochs: Positive
     min_throughput: NonNegative
     stages: Annotated[list[PlanStage], Field(min_length=1)]
-    resources: dict[Name, Annotated[int, Field(ge=0)]]
+    resources: dict[Name, Units]
     throughput: NonNegative
-    bottleneck: Annotated[int, Field(ge=0)]
+    bottleneck: Index
     time_s: NonNegative
     cost_usd: NonNegative
     feasible: bool
     solve_s: NonNegative
     max_cost: Positive | None = None
-    limits: dict[Name, int] | None = None
+    limits: dict[Name, Units] | None = None
     optimal: bool | None = None
-    evaluations: int | None = None
+    evaluations: Annotated[int, Field(ge=0)] | None = None
     notes: list[str] = []
 
 
-_KNOWN_FIELDS = sorted(
-    {name for model in (TimeEntry, Layer, Job, Profile, Resource, Cluster, PlanStage, PlanFile)
-     for name in model.model_fields}
-)
+KINDS = {  # what each file is, and the keys that say so
+    "profile": ("a model profile", "layers"),
+    "cluster": ("a cluster", "resources"),
+    "plan": ("a plan", "stages"),
+}
+def _strip(annotation: Any) -> Any:
+    """X from Annotated[X, ...] and from X | None."""
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+        elif get_origin(annotation) in (Union, UnionType):
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        else:
+            return annotation
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _fields_at(root: type[BaseModel], loc: tuple) -> tuple[str, ...]:
+    """The field names allowed in the mapping at ``loc`` of a ``root`` document (empty if not a model)."""
+    annotation: Any = root
+    for part in loc:
+        annotation = _strip(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return ()
+            annotation = field.annotation
+        elif get_origin(annotation) in (list, dict):
+            annotation = get_args(annotation)[-1]
+        else:
+            return ()
+    annotation = _strip(annotation)
+    return tuple(annotation.model_fields) if isinstance(annotation, type) and issubclass(annotation, BaseModel) else ()
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel], missing_beside: list[str]) -> str:
     kind, ctx, got = error["type"], error.get("ctx") or {}, error.get("input")
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
         name = str(error["loc"][-1])
-        close = difflib.get_close_matches(name, _KNOWN_FIELDS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        allowed = _fields_at(root, tuple(error["loc"][:-1]))
+        close = difflib.get_close_matches(name, [f for f in allowed if f != name], n=1)
+        if not close and len(missing_beside) == 1:
+            close = missing_beside  # the one required field not given is the likeliest meaning
+        hint = f"; did you mean '{close[0]}'?" if close else (f" (allowed here: {', '.join(allowed)})" if allowed else "")
         return f"unknown field '{name}'{hint} (unknown fields are refused so a typo cannot change a plan)"
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
         (limit,) = ctx.values()
-        return f"must be {bounds[kind]} {limit:g} (got {got!r})"
+        return f"must be {bounds[kind]} {limit:g} (got {_shown(got)})"
     if kind == "finite_number":
-        return f"must be a finite number (got {got!r})"
-    if kind in ("float_type", "int_type", "string_type", "dict_type", "list_type", "model_type"):
-        wanted = {"float": "a number", "int": "a whole number", "string": "a string",
+        return f"must be a finite number (got {_shown(got)})"
+    if kind in ("float_type", "int_type", "string_type", "dict_type", "list_type", "model_type", "bool_type"):
+        wanted = {"float": "a number", "int": "a whole number", "string": "a string", "bool": "true or false",
                   "dict": "a mapping", "list": "a list", "model": "a mapping"}[kind.split("_")[0]]
-        return f"must be {wanted} (got {type(got).__name__} {got!r})"
+        return f"must be {wanted} (got {type(got).__name__} {_shown(got)})"
     if kind == "too_short":
         return "must not be empty"
-    return f"{error['msg']} (got {got!r})"
+    return f"{error['msg']} (got {_shown(got)})"
 
 
-def _validate(model: type[_Strict], doc: Document) -> Any:
+def _shown(value: Any) -> str:
+    """A value as the user wrote it, cut short: a hostile file may hold a megabyte in one field."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+def _kind_of(data: dict) -> str | None:
+    if "stages" in data:  # a plan also has 'resources'
+        return "plan"
+    found = [kind for kind, (_, key) in KINDS.items() if key in data]
+    return found[0] if len(found) == 1 else None
+
+
+def _validate(model: type[_Strict], doc: Document, kind: str) -> Any:
+    actual = _kind_of(doc.data)
+    if actual is not None and actual != kind:
+        (wanted, key), (is_, is_key) = KINDS[kind], KINDS[actual]
+        raise InputError(doc.path, doc.line((is_key,)), None,
+                         f"this is {is_}, not {wanted} (it has '{is_key}' where {wanted} has '{key}'): "
+                         "check the order of the files on the command line")
     try:
         return model.model_validate(doc.data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # A typo shows up as an unknown key *and* a missing one; the unknown key is the useful half.
-        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        loc = tuple(error["loc"])
-        if loc and loc[-1] == "[key]":
-            raise doc.error(loc[:-1], f"a name must be a non-empty string (got {loc[-2]!r})") from None
-        more = exc.error_count() - 1
-        suffix = f" ({more} more problem{'s' if more > 1 else ''} in this file)" if more else ""
-        raise doc.error(loc, _describe(error) + suffix) from None
+        unknown_parents = {tuple(e["loc"][:-1]) for e in errors if e["type"] == "extra_forbidden"}
+        missing = {}
+        for e in errors:
+            if e["type"] == "missing":
+                missing.setdefault(tuple(e["loc"][:-1]), []).append(str(e["loc"][-1]))
+        problems = []
+        for error in errors:
+            loc = tuple(error["loc"])
+            if error["type"] == "missing" and loc[:-1] in unknown_parents:
+                continue
+            if loc and loc[-1] == "[key]":
+                problems.append(doc.error(loc[:-1], f"a name must be a non-empty string (got {_shown(loc[-2])})"))
+                continue
+            problems.append(doc.error(loc, _describe(error, model, missing.get(loc[:-1], []))))
+        problems.sort(key=lambda e: e.line or 0)
+        raise InputError.joined(problems) from None
+
+
+def _raise_all(problems: list[InputError]) -> None:
+    if problems:
+        raise InputError.joined(problems)
 
 
 def load_profile(path: str) -> tuple[Profile, Document]:
     doc = load_yaml(path)
-    profile: Profile = _validate(Profile, doc)
+    profile: Profile = _validate(Profile, doc, "profile")
+    problems = []
     seen: dict[str, int] = {}
     for i, layer in enumerate(profile.layers):
         if layer.name in seen:
-            raise doc.error(("layers", i, "name"), f"duplicate layer name '{layer.name}' (also layers[{seen[layer.name]}])")
-        seen[layer.name] = i
+            problems.append(doc.error(("layers", i, "name"),
+                                      f"duplicate layer name '{layer.name}' (also layers[{seen[layer.name]}])"))
+        seen.setdefault(layer.name, i)
         for resource, entry in layer.times.items():
             for frac in ("alpha", "beta"):
                 if getattr(entry, frac) is None and getattr(layer, frac) is None:
-                    raise doc.error(
-                        ("layers", i, "times", resource),
-                        f"no {frac}: give the layer a default '{frac}' or this entry its own",
-                    )
+                    problems.append(doc.error(("layers", i, "times", resource),
+                                              f"no {frac}: give the layer a default '{frac}' or this entry its own"))
+    _raise_all(problems)
     return profile, doc
 
 
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
-    return _validate(Cluster, doc), doc
+    return _validate(Cluster, doc, "cluster"), doc
 
 
 def load_plan(path: str) -> tuple[PlanFile, Document]:
     doc = load_yaml(path)
-    return _validate(PlanFile, doc), doc
+    return _validate(PlanFile, doc, "plan"), doc
+
+
+def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Document], tuple[Cluster, Document]]:
+    """Both files, with the problems of both reported together."""
+    loaded, problems = [], []
+    for load, path in ((load_profile, profile_path), (load_cluster, cluster_path)):
+        try:
+            loaded.append(load(path))
+        except InputError as exc:
+            problems.append(exc)
+    _raise_all(problems)
+    return loaded[0], loaded[1]
+
+
+def usable_types(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> tuple[str, ...]:
+    """The cluster's types that the profile times, in cluster order; an error if some layer has none."""
+    types = tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
+    if not types:
+        profiled = sorted({t for layer in profile.layers for t in layer.times})
+        raise pdoc.error(
+            ("layers",),
+            f"no resource type in common with cluster file {cdoc.path} "
+            f"(profile times: {', '.join(profiled)}; cluster offers: {', '.join(cluster.resources)})",
+        )
+    for i, layer in enumerate(profile.layers):
+        if not any(t in layer.times for t in types):
+            raise pdoc.error(
+                ("layers", i, "times"),
+                f"layer '{layer.name}' can run on none of the resource types in {cdoc.path} "
+                f"(it is timed on: {', '.join(layer.times)}; the cluster offers: {', '.join(cluster.resources)})",
+            )
+    return types

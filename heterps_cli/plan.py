@@ -8,7 +8,7 @@ checkable in the same way.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,6 +52,9 @@ class Plan:
     optimal: bool | None = None  # True only when a scheduler proves it (exact)
     evaluations: int | None = None  # schedules the scheduler scored with the cost model
     notes: tuple[str, ...] = ()  # what a reader should know about how the plan was found
+    # Not written to plan files: they are for the run that made the plan.
+    units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
+    interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
 
     @property
     def schedule(self) -> list[str]:
@@ -97,7 +100,7 @@ class Plan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)  # NaN/Infinity are not JSON
 
 
 def _number(x: float):
@@ -115,6 +118,7 @@ def make_plan(
     optimal: bool | None = None,
     evaluations: int | None = None,
     notes: tuple[str, ...] = (),
+    interrupted: bool = False,
 ) -> Plan:
     """Build a :class:`Plan` for one schedule (type per layer) and its per-stage replica counts."""
     stages = split_stages(problem, np.asarray(schedule)[None, :])
@@ -162,4 +166,6 @@ def make_plan(
         optimal=optimal,
         evaluations=evaluations,
         notes=notes,
+        units=dict(zip(problem.types, problem.units)),
+        interrupted=interrupted,
     )

@@ -8,11 +8,13 @@ kept (a type that runs no layer can never be part of a plan).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.formats import Cluster, Profile, load_cluster, load_profile
+from heterps_cli.errors import InputError
+from heterps_cli.formats import Cluster, Profile, load_cluster, load_profile, usable_types
 from heterps_cli.yamlio import Document
 
 OBJECTIVES = ("cost", "time")
@@ -74,26 +76,6 @@ class Problem:
         return dataclasses.replace(self, **changes)
 
 
-def usable_types(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> tuple[str, ...]:
-    """The cluster's types that the profile times, in cluster order; an error if some layer has none."""
-    types = tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
-    if not types:
-        profiled = sorted({t for layer in profile.layers for t in layer.times})
-        raise pdoc.error(
-            ("layers",),
-            f"no resource type in common with cluster file {cdoc.path} "
-            f"(profile times: {', '.join(profiled)}; cluster offers: {', '.join(cluster.resources)})",
-        )
-    for i, layer in enumerate(profile.layers):
-        if not any(t in layer.times for t in types):
-            raise pdoc.error(
-                ("layers", i, "times"),
-                f"layer '{layer.name}' can run on none of the resource types in {cdoc.path} "
-                f"(it is timed on: {', '.join(layer.times)}; the cluster offers: {', '.join(cluster.resources)})",
-            )
-    return types
-
-
 def build_problem(
     profile: Profile,
     pdoc: Document,
@@ -122,6 +104,9 @@ def build_problem(
                 alpha[i, j], beta[i, j] = layer.fractions(t)
                 runnable[i, j] = True
     res = [cluster.resources[t] for t in types]
+    epochs = float(epochs if epochs is not None else (profile.job.epochs or 1.0))
+    _check_finite_figures(pdoc, float(samples), epochs, profile.batch_size, oct_ + odt,
+                          sum(r.price * r.limit for r in res), flags=(samples is not profile.job.samples, epochs))
     return Problem(
         model=profile.model,
         cluster=cluster.cluster,
@@ -140,11 +125,35 @@ def build_problem(
         runnable=runnable,
         batch_size=profile.batch_size,
         samples=float(samples),
-        epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
+        epochs=epochs,
         min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
         max_cost=max_cost,
         objective=objective,
     )
+
+
+def _check_finite_figures(pdoc: Document, samples: float, epochs: float, batch_size: int, per_batch: np.ndarray,
+                          rate: float, flags: tuple[bool, float | None]) -> None:
+    """Refuse a job whose training time or cost would overflow a float, before any search.
+
+    No plan is slower than every layer on its slowest type with one replica (each
+    stage takes at most the sum of its layers' times), nor dearer per hour than
+    every unit of every type, so these bounds hold for every plan.
+    """
+    work = samples * epochs
+    slowest = batch_size / max(float(per_batch.max(axis=1).sum()), 1e-300)
+    worst_time = work / slowest
+    worst_cost = worst_time / 3600 * rate
+    if math.isfinite(work) and math.isfinite(worst_time) and math.isfinite(worst_cost):
+        return
+    samples_from = "--samples" if flags[0] else "job.samples"
+    epochs_from = "--epochs" if flags[1] is not None else "job.epochs"
+    figure = "samples" if not math.isfinite(work) else "training time" if not math.isfinite(worst_time) else "cost"
+    raise InputError(pdoc.path if samples_from.startswith("job") else None,
+                     pdoc.line(("job", "samples")) if samples_from.startswith("job") else None,
+                     f"{samples_from} x {epochs_from}",
+                     f"{samples:g} samples x {epochs:g} epochs is too large: the job's {figure} would overflow "
+                     "a float (over 1.8e308); give a real job size")
 
 
 def load_problem(profile_path: str, cluster_path: str, **options) -> Problem:

@@ -82,7 +82,7 @@ def measured_text(p: Profiled, note: str) -> str:
     return render(p.model, p.batch_size, rows, header)
 
 
-def merge(paths: list[str]) -> str:
+def merge_profiles(paths: list[str]) -> str:
     """One multi-type profile from profiles of the same model measured as different types."""
     if len(paths) < 2:
         raise InputError(None, None, "merge", "give at least two profiles to merge")

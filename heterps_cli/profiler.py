@@ -79,6 +79,7 @@ class Model:
     module: nn.Module
     inputs: tuple  # positional inputs of one batch
     blocks: list[nn.Module] | None = None  # the factory's own layers, if it gave them
+    source: str | None = None  # the user's file the factory came from (errors name its lines)
 
 
 def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None) -> Model:
@@ -101,7 +102,12 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
         made = factory(**kwargs)
     except Exception as exc:
         raise _user_error(where, name, exc, "raised") from None
-    return _model_from(made, where, name, batch_size, input_shape)
+    model = _model_from(made, where, name, batch_size, input_shape)
+    try:
+        model.source = where if where.endswith(".py") else inspect.getsourcefile(factory)
+    except TypeError:  # a factory written in C has no source file
+        pass
+    return model
 
 
 def _factory(where: str, name: str) -> Callable:
@@ -125,12 +131,28 @@ def _factory(where: str, name: str) -> Callable:
     return factory
 
 
+def _user_line(source: str | None, exc: BaseException) -> int | None:
+    """The line of ``source`` nearest to where ``exc`` was raised (its last frame in that file)."""
+    line = None
+    if source is None:
+        return None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename).resolve() == Path(source).resolve():
+            line = frame.lineno
+    return line
+
+
+def _model_error(model: Model, exc: BaseException, what: str) -> InputError:
+    """The model failed while we ran it: name the user's file and line when the failure passed through it."""
+    line = _user_line(model.source, exc)
+    where = model.source if line is not None else None
+    return InputError(where, line, "MODEL" if where is None else None,
+                      f"{what}: {type(exc).__name__}: {exc}" + ("" if where else f" (model {model.name})"))
+
+
 def _user_error(where: str, name: str | None, exc: BaseException, what: str) -> InputError:
     """The user's code failed: name their file and the line that raised."""
-    line = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if where.endswith(".py") and Path(frame.filename).resolve() == Path(where).resolve():
-            line = frame.lineno
+    line = _user_line(where, exc) if where.endswith(".py") else None
     subject = f"factory {name}()" if name else "the module"
     return InputError(where, line, name, f"{subject} {what} {type(exc).__name__}: {exc}")
 
@@ -459,7 +481,7 @@ def profile(model: Model, resource: str, *, device: str = "cpu", repetitions: in
     try:
         calls = trace(model)
     except Exception as exc:
-        raise InputError(None, None, "MODEL", f"the model's forward pass failed: {type(exc).__name__}: {exc}") from None
+        raise _model_error(model, exc, "the model's forward pass failed") from None
     if not calls:
         raise InputError(None, None, "MODEL", "the forward pass called no layer module")
     if link_gbps is not None:
@@ -495,8 +517,7 @@ def profile(model: Model, resource: str, *, device: str = "cpu", repetitions: in
         try:
             step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
         except Exception as exc:
-            raise InputError(None, None, "MODEL", "the model's forward and backward pass failed: "
-                             f"{type(exc).__name__}: {exc}") from None
+            raise _model_error(model, exc, "the model's forward and backward pass failed") from None
         for r in range(ROUNDS):
             for i, call in enumerate(calls):
                 report(f"round {r + 1}/{ROUNDS}, layer {i + 1}/{len(calls)}: {call.name}",
@@ -515,8 +536,7 @@ def profile(model: Model, resource: str, *, device: str = "cpu", repetitions: in
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(None, None, "MODEL", f"layer {call.name if call else '?'} failed when run alone: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise _model_error(model, exc, f"layer {call.name if call else '?'} failed when run alone") from None
     finally:
         torch.set_num_threads(threads)
     if device == "cpu" and cores < 2:

@@ -2,35 +2,41 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich import box
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from heterps_cli.figures import count, duration, plural, usd
 from heterps_cli.formats import Cluster, Profile
-from heterps_cli.plan import Plan
+
+if TYPE_CHECKING:
+    from heterps_cli.plan import Plan
+
+# User strings (model, layer and type names, paths) are data, never markup: a layer named "[/]"
+# must print as itself. They reach rich only through Text() or escape().
+NAME_WIDTH = 60  # a name longer than this is cut for the screen (files keep it whole)
 
 
-def duration(seconds: float) -> str:
-    """4710.1 -> '1 h 18 min'; short times keep seconds."""
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes = seconds / 60
-    if minutes < 120:
-        return f"{minutes:.0f} min"
-    hours, minutes = divmod(round(minutes), 60)
-    if hours < 48:
-        return f"{hours} h {minutes:02d} min"
-    return f"{seconds / 86400:.1f} days"
+def clip(text: str) -> str:
+    """A user string cut to NAME_WIDTH, for Text() or after escape()."""
+    return text if len(text) <= NAME_WIDTH else text[: NAME_WIDTH - 1] + "…"
 
 
-def _layers(stage) -> str:
+def _bold(text: str) -> Text:
+    return Text(clip(text), style="bold")
+
+
+def _layers(stage) -> Text:
     """'2-7 fc1 … relu3': the index range and the first and last layer names."""
-    names = stage.layers
+    names = [clip(n) for n in stage.layers]
     if len(names) == 1:
-        return f"{stage.first} {names[0]}"
+        return Text(f"{stage.first} {names[0]}")
     joiner = ", " if len(names) == 2 else " … "
-    return f"{stage.first}-{stage.last} {names[0]}{joiner}{names[-1]}"
+    return Text(f"{stage.first}-{stage.last} {names[0]}{joiner}{names[-1]}")
 
 
 def _ranges(indices: list[int]) -> str:
@@ -45,7 +51,8 @@ def _ranges(indices: list[int]) -> str:
 
 
 def plan_view(plan: Plan) -> Group:
-    title = f"[bold]{plan.model}[/] on [bold]{plan.cluster}[/] · objective {plan.objective} · scheduler {plan.scheduler}"
+    title = Text.assemble(_bold(plan.model), " on ", _bold(plan.cluster),
+                          f" · objective {plan.objective} · scheduler {plan.scheduler}")
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
                   caption="◀ the bottleneck stage, which sets the throughput", caption_justify="left")
     # Numbers keep their width; only the layer names give way on a narrow terminal.
@@ -62,31 +69,40 @@ def plan_view(plan: Plan) -> Group:
         table.add_row(
             str(i),
             _layers(s),
-            s.resource,
-            str(s.replicas),
+            Text(clip(s.resource)),
+            count(s.replicas),
             f"{s.compute_s:.3g}",
             f"{s.comm_s:.3g}",
-            f"{s.throughput:,.0f}" + (" ◀" if bottleneck else "  "),
+            count(s.throughput) + (" ◀" if bottleneck else "  "),
             style="bold yellow" if bottleneck else None,
         )
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
-    need = f" (required ≥ {plan.min_throughput:,.0f})" if plan.min_throughput > 0 else ""
-    summary.add_row("throughput", f"{plan.throughput:,.1f} samples/s{need}")
+    need = f" (required ≥ {count(plan.min_throughput)})" if plan.min_throughput > 0 else ""
+    summary.add_row("throughput", f"{count(plan.throughput, 1)} samples/s{need}")
     epochs = f"{plan.epochs:g} epoch{'s' if plan.epochs != 1 else ''}"
-    exact_s = f" ({plan.time_s:,.0f} s)" if plan.time_s >= 120 else ""  # shorter ones are already in seconds
-    summary.add_row("training time", f"{duration(plan.time_s)}{exact_s} for {epochs} × {plan.samples:,.0f} samples")
-    used = ", ".join(f"{t} {plan.resources[t]}/{plan.limits[t]}" for t in plan.resources)
-    summary.add_row("resources", used)
-    budget = f" (budget ${plan.max_cost:,.2f})" if plan.max_cost is not None else ""
-    summary.add_row("cost", Text.from_markup(f"[bold green]${plan.cost_usd:,.2f}[/]{budget}"))
+    exact_s = f" ({count(plan.time_s)} s)" if plan.time_s >= 120 else ""  # shorter ones are already in seconds
+    summary.add_row("training time", f"{duration(plan.time_s)}{exact_s} for {epochs} × {count(plan.samples)} samples")
+    summary.add_row("resources", Text(", ".join(_units(plan, t) for t in plan.resources)))
+    budget = f" (budget {usd(plan.max_cost)})" if plan.max_cost is not None else ""
+    summary.add_row("cost", Text.assemble((usd(plan.cost_usd), "bold green"), budget))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
     scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
     for note in plan.notes:
-        summary.add_row("note", note)
+        summary.add_row("note", Text(note))
     return Group(table, summary)
+
+
+def _units(plan: Plan, t: str) -> str:
+    """'cpu 35/480 CPU cores': the type, units used of its limit, and the cluster's unit label."""
+    label = plan.units.get(t, t)
+    used = plan.resources[t]
+    shown = f"{clip(t)} {count(used)}/{count(plan.limits[t])}"
+    if label.lower() == t.lower():
+        return shown
+    return f"{shown} {clip(label) if used == 1 or label.endswith('s') else clip(label) + 's'}"
 
 
 def print_plan(console: Console, plan: Plan) -> None:
@@ -95,14 +111,19 @@ def print_plan(console: Console, plan: Plan) -> None:
 
 def print_summary(console: Console, profile: Profile, path: str, cluster: Cluster | None, cluster_path: str | None) -> None:
     job = profile.job
-    console.print(f"[bold green]✓[/] {path}: model [bold]{profile.model}[/], {len(profile.layers)} layers, batch size {profile.batch_size}")
+    console.print(Text.assemble(("✓", "bold green"), f" {clip(path)}: model ", _bold(profile.model),
+                                f", {plural(len(profile.layers), 'layer')}, batch size {profile.batch_size}"))
     if job.samples or job.epochs or job.min_throughput:
-        parts = [f"{name} {getattr(job, name):,g}" for name in ("samples", "epochs", "min_throughput") if getattr(job, name) is not None]
+        parts = [f"{field} {getattr(job, field):,g}" for field in ("samples", "epochs", "min_throughput")
+                 if getattr(job, field) is not None]
         console.print(f"  job: {', '.join(parts)}")
+    if job.samples is None:
+        console.print(Text.assemble(("  note:", "yellow"), " no job.samples, so `heterps plan` will need "
+                                    "--samples N (samples per epoch); add a job section to the profile to keep it there"))
     kinds: dict[str, int] = {}
     for layer in profile.layers:
         kinds[layer.type] = kinds.get(layer.type, 0) + 1
-    console.print("  layer kinds: " + ", ".join(f"{k} ×{n}" for k, n in kinds.items()))
+    console.print(Text("  layer kinds: " + ", ".join(f"{clip(k)} ×{n}" for k, n in kinds.items())))
     types = list(dict.fromkeys(t for layer in profile.layers for t in layer.times))
     table = Table(header_style="bold")
     table.add_column("resource")
@@ -114,33 +135,38 @@ def print_summary(console: Console, profile: Profile, path: str, cluster: Cluste
         table.add_column("limit", justify="right")
     for t in types:
         idx = [i for i, layer in enumerate(profile.layers) if t in layer.times]
-        row = [
-            t,
+        row: list = [
+            Text(clip(t)),
             f"{len(idx)}/{len(profile.layers)}: {_ranges(idx)}",
             f"{sum(profile.layers[i].times[t].oct for i in idx):.4g}",
             f"{sum(profile.layers[i].times[t].odt for i in idx):.4g}",
         ]
         if cluster is not None:
             res = cluster.resources.get(t)
-            row += [f"{res.price:g}", str(res.limit)] if res else ["[dim]not in cluster[/]", ""]
+            row += [f"{res.price:g}", count(res.limit)] if res else ["[dim]not in cluster[/]", ""]
         table.add_row(*row)
     console.print(table)
     if cluster is not None:
         unused = [t for t in cluster.resources if t not in types]
         ignored = [t for t in types if t not in cluster.resources]
-        console.print(f"[bold green]✓[/] {cluster_path}: cluster [bold]{cluster.cluster}[/], {len(cluster.resources)} resource types")
+        console.print(Text.assemble(("✓", "bold green"), f" {clip(cluster_path or '')}: cluster ", _bold(cluster.cluster),
+                                    f", {plural(len(cluster.resources), 'resource type')}"))
         if ignored:
-            console.print(f"  [yellow]note:[/] profiled types not in the cluster are ignored when planning: {', '.join(ignored)}")
+            console.print(Text.assemble(("  note:", "yellow"), " profiled types not in the cluster are ignored when "
+                                        f"planning: {', '.join(clip(t) for t in ignored)}"))
         if unused:
-            console.print(f"  [yellow]note:[/] cluster types the profile never times cannot be used: {', '.join(unused)}")
+            console.print(Text.assemble(("  note:", "yellow"), " cluster types the profile never times cannot be "
+                                        f"used: {', '.join(clip(t) for t in unused)}"))
 
 
 def compare_view(entries, objective: str) -> Group:
-    """One row per scheduler: feasible, cost, throughput, resources, evaluations, seconds, gap."""
-    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    """One row per scheduler: feasible, cost, throughput, resources, evaluations, seconds, gap.
+
+    Fits 80 columns: one space between columns, and the legend under the table."""
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     number = dict(justify="right", no_wrap=True)
     table.add_column("scheduler", no_wrap=True)
-    table.add_column("feasible", no_wrap=True)
+    table.add_column("ok", no_wrap=True)
     table.add_column("cost $", **number)
     table.add_column("samples/s", **number)
     table.add_column("resources", min_width=9)
@@ -155,17 +181,21 @@ def compare_view(entries, objective: str) -> Group:
             failures.append(Text(f"{e.scheduler}: ", style="bold") + Text(e.failure or ""))
             continue
         gap = "" if e.gap is None else f"{100 * e.gap:.2f}%"
+        cut = "*" if p.interrupted else ""
         table.add_row(
-            e.scheduler, "yes", f"{p.cost_usd:,.2f}", f"{p.throughput:,.0f}",
-            ", ".join(f"{t} {n}" for t, n in p.resources.items() if n),
-            "—" if p.evaluations is None else f"{p.evaluations:,}", f"{e.solve_s:.2f}", gap,
+            e.scheduler + cut, "yes", usd(p.cost_usd).lstrip("$"), count(p.throughput),
+            Text(", ".join(f"{clip(t)} {count(n)}" for t, n in p.resources.items() if n)),
+            "—" if p.evaluations is None else count(p.evaluations), f"{e.solve_s:.2f}", gap,
             style="bold green" if e.gap is not None and e.gap <= 1e-9 else None,
         )
+    legend = []
     if any(e.gap is not None for e in entries):
         what = "lost throughput" if objective == "time" else "extra cost"
-        table.caption = f"gap: {what} relative to the exact optimum · evals: schedules scored by the cost model"
-        table.caption_justify = "left"
-    return Group(table, *failures)
+        legend.append(Text(f"gap: {what} relative to the exact optimum", style="dim"))
+        legend.append(Text("evals: schedules scored by the cost model", style="dim"))
+    if any(e.plan is not None and e.plan.interrupted for e in entries):
+        legend.append(Text("* interrupted (Ctrl-C): the best plan found before it", style="yellow"))
+    return Group(table, *legend, *failures)
 
 
 def _seconds(x: float) -> str:
@@ -174,8 +204,9 @@ def _seconds(x: float) -> str:
 
 def profile_view(measured, noisy_cv: float) -> Group:
     """Per layer: type, oct, odt, alpha, the spread of the repetitions; noisy layers flagged."""
-    table = Table(title=f"[bold]{measured.model}[/] as [bold]{measured.resource}[/] on {measured.device}, "
-                  f"batch {measured.batch_size}", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    title = Text.assemble(_bold(measured.model), " as ", _bold(measured.resource),
+                          f" on {measured.device}, batch {measured.batch_size}")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     number = dict(justify="right", no_wrap=True)
     table.add_column("layer", max_width=28)
     table.add_column("type", no_wrap=True)
@@ -186,7 +217,7 @@ def profile_view(measured, noisy_cv: float) -> Group:
         flag = layer.cv > noisy_cv
         noisy += flag
         alpha = f"{layer.alpha:.2f}" + ("*" if "alpha" in layer.estimated else " ")
-        table.add_row(layer.name, layer.kind, _seconds(layer.oct), _seconds(layer.odt), alpha,
+        table.add_row(Text(clip(layer.name)), Text(clip(layer.kind)), _seconds(layer.oct), _seconds(layer.odt), alpha,
                       f"{100 * layer.cv:.0f}%" + (" noisy" if flag else ""), style="yellow" if flag else None)
     total = measured.total_oct
     lines = [Text(f"sum of oct {_seconds(total)} per batch, {total / measured.step:.0%} of a whole-model step "
@@ -206,24 +237,30 @@ def profile_view(measured, noisy_cv: float) -> Group:
 
 
 def findings_view(plan_path: str, findings) -> Group:
-    marks = {"pass": "[green]✓ pass[/]", "warn": "[yellow]! warn[/]", "fail": "[bold red]✗ FAIL[/]"}
-    table = Table(title=f"heterps check [bold]{plan_path}[/]", title_justify="left", box=box.SIMPLE_HEAD,
+    marks = {"pass": Text("✓ pass", style="green"), "warn": Text("! warn", style="yellow"),
+             "fail": Text("✗ FAIL", style="bold red")}
+    table = Table(title=Text.assemble("heterps check ", _bold(plan_path)), title_justify="left", box=box.SIMPLE_HEAD,
                   header_style="bold", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(no_wrap=True)
     table.add_column()
     for f in findings:
-        table.add_row(marks[f.status], f.gate, f.message + (f"\n[dim]fix:[/] {f.fix}" if f.fix else ""))
+        message = Text(f.message)
+        if f.fix:
+            message.append("\nfix: ", style="dim")
+            message.append(f.fix)
+        table.add_row(marks[f.status], f.gate, message)
     failed = sum(not f.ok for f in findings)
-    verdict = Text(f"{failed} check{'s' if failed > 1 else ''} failed", style="bold red") if failed else \
+    verdict = Text(f"{plural(failed, 'check')} failed", style="bold red") if failed else \
         Text("all checks passed", style="bold green")
     return Group(table, verdict)
 
 
-def diff_view(old_path: str, new_path: str, changes) -> Table:
+def diff_view(old_path: str, new_path: str, changes, warnings: list[str]) -> Group:
     from heterps_cli.ci_report import change, value
 
-    table = Table(title=f"{old_path} → {new_path}", title_justify="left", box=box.SIMPLE_HEAD, header_style="bold")
+    table = Table(title=Text(f"{clip(old_path)} → {clip(new_path)}"), title_justify="left", box=box.SIMPLE_HEAD,
+                  header_style="bold")
     table.add_column("")
     table.add_column("old", justify="right")
     table.add_column("new", justify="right")
@@ -233,5 +270,5 @@ def diff_view(old_path: str, new_path: str, changes) -> Table:
         if c.delta and c.what.startswith(("cost", "training time", "throughput")):
             worse = c.delta < 0 if c.what.startswith("throughput") else c.delta > 0
             style = "red" if worse else "green"
-        table.add_row(c.what, value(c.old, c.what), value(c.new, c.what), change(c), style=style)
-    return table
+        table.add_row(Text(c.what), Text(value(c.old, c.what)), Text(value(c.new, c.what)), change(c), style=style)
+    return Group(*(Text(f"warning: {w}", style="yellow") for w in warnings), table)

@@ -4,12 +4,20 @@ Validation errors must name the line of the offending field, and PyYAML's
 ``safe_load`` forgets positions. So we compose the node graph with the safe
 loader ourselves, record ``path -> line`` while walking it, and construct the
 Python data from that same graph (one parse, no unsafe tags).
+
+Input files may be hostile, so the loader refuses before it works hard: files
+over :data:`MAX_BYTES`, nesting deeper than :data:`MAX_DEPTH`, an alias that
+contains itself, and aliases that expand past :data:`MAX_ALIAS_NODES` nodes
+(the "billion laughs" file). Scalars are read by the YAML 1.2 core schema, so
+``0100`` is one hundred and ``yes`` is a string, never a silently different value.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,27 +28,68 @@ from heterps_cli.errors import InputError
 
 FieldPath = tuple[str | int, ...]
 
+MAX_BYTES = 64 << 20  # a 10,000-layer profile is a few MB
+MAX_DEPTH = 64  # profiles nest 5 deep; this only stops a hostile file before Python's recursion limit does
+MAX_ALIAS_NODES = 100_000  # nodes that aliases may add by repetition
+
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as ``4.2e9`` and ``1e-3``.
+    """SafeLoader with the YAML 1.2 core schema's scalars and a nesting limit.
 
-    PyYAML follows YAML 1.1, where ``4.2e9`` (no sign after the ``e``) is a
-    *string*; profiles are full of byte counts written that way.
+    PyYAML follows YAML 1.1: ``4.2e9`` (no sign after the ``e``) is a string,
+    ``0100`` is octal 64, ``1:04`` is sexagesimal 64 and ``yes`` is true.
+    Profiles are full of byte counts written the 1.2 way, and a number that
+    silently means another number would change a plan.
     """
 
+    yaml_implicit_resolvers: dict = {}
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(self.peek_event().start_mark, f"nesting too deep (more than {MAX_DEPTH} levels)")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = node.value.replace("_", "")
+        sign = -1 if text.startswith("-") else 1
+        digits = text.lstrip("+-")
+        if digits[:2] in ("0o", "0x"):
+            return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
+        return sign * int(digits, 10)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        text = node.value.lower()
+        if text.lstrip("+-") == ".inf":
+            return float("-inf") if text.startswith("-") else float("inf")
+        if text == ".nan":
+            return float("nan")
+        return float(text)
+
+
+class _Refused(yaml.MarkedYAMLError):
+    def __init__(self, mark, problem: str):
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+for _tag, _pattern, _first in (
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+    ("tag:yaml.org,2002:float",
+     r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+     list("-+0123456789.")),
+):
+    _Loader.add_implicit_resolver(_tag, re.compile(_pattern), _first)
 
 
 def format_path(path: FieldPath) -> str:
@@ -71,79 +120,157 @@ class Document:
         return InputError(self.path, self.line(field), format_path(field) or None, message)
 
 
-def _walk(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int], doc_path: str) -> None:
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                # PyYAML silently keeps the last duplicate; a typo must not change a plan.
-                raise InputError(
-                    doc_path, line, format_path(path + (key,)),
-                    f"duplicate key (first given on line {seen[key]})",
-                )
-            seen[key] = line
-            lines[path + (key,)] = line
-            _walk(value_node, path + (key,), lines, doc_path)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _walk(item, path + (i,), lines, doc_path)
+class _Walk:
+    """Records the line of every field path, refusing recursive aliases and alias bombs."""
+
+    def __init__(self, doc_path: str):
+        self.doc_path = doc_path
+        self.lines: dict[FieldPath, int] = {}
+        self.seen: set[int] = set()
+        self.repeated = 0  # nodes visited again through an alias
+        self.open: set[int] = set()  # the nodes on the way down to this one
+
+    def refuse(self, node: yaml.Node, path: FieldPath, message: str) -> InputError:
+        return InputError(self.doc_path, node.start_mark.line + 1, format_path(path) or None, message)
+
+    def __call__(self, node: yaml.Node, path: FieldPath) -> None:
+        if id(node) in self.open:
+            raise self.refuse(node, path, "recursive alias: this node contains itself")
+        if id(node) in self.seen:
+            self.repeated += 1
+            if self.repeated > MAX_ALIAS_NODES:
+                raise self.refuse(node, path, f"aliases expand to more than {MAX_ALIAS_NODES:,} nodes "
+                                  "(an alias bomb?): write the data out instead")
+        self.seen.add(id(node))
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.ScalarNode):
+            return
+        self.open.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                line = key_node.start_mark.line + 1
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise self.refuse(key_node, path, "a key must be a plain name, not a list or a mapping")
+                key = key_node.value
+                if key in first:
+                    # PyYAML silently keeps the last duplicate; a typo must not change a plan.
+                    raise InputError(self.doc_path, line, format_path(path + (key,)),
+                                     f"duplicate key (first given on line {first[key]})")
+                first[key] = line
+                self.lines[path + (key,)] = line
+                self(value_node, path + (key,))
+        else:
+            for i, item in enumerate(node.value):
+                self(item, path + (i,))
+        self.open.discard(id(node))
+
+
+def _read(path: str | os.PathLike, shown: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) and os.fstat(fh.fileno()).st_size > MAX_BYTES:
+                raise InputError(shown, None, None, f"file is over {MAX_BYTES >> 20} MiB: not a profile, cluster or "
+                                 "plan heterps would read")
+            raw = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(shown, None, None, "file not found") from None
+    except IsADirectoryError:
+        raise InputError(shown, None, None, "is a directory, not a YAML file") from None
+    except OSError as exc:
+        raise InputError(shown, None, None, f"cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise InputError(shown, None, None, f"more than {MAX_BYTES >> 20} MiB: not a file heterps would read")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(shown, line, None, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+                         f"({exc.reason}); is this a binary file?") from None
 
 
 def load_yaml(path: str | os.PathLike) -> Document:
     """Read a YAML file into a :class:`Document`; any problem is an :class:`InputError`."""
     shown = str(path)
+    text = _read(path, shown)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(shown, None, None, "file not found") from None
-    except IsADirectoryError:
-        raise InputError(shown, None, None, "is a directory, not a YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(shown, None, None, f"not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise InputError(shown, None, None, f"cannot read: {exc.strerror}") from None
-    loader = _Loader(text)
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:  # raised before parsing: a control character
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise InputError(shown, line, None, f"control character U+{exc.character:04X} at column {column}: "
+                         "YAML text cannot hold it (is this a binary file?)") from None
     try:
         node = loader.get_single_node()
         if node is None:
             raise InputError(shown, 1, None, "file is empty: expected a YAML mapping")
-        lines: dict[FieldPath, int] = {}
-        _walk(node, (), lines, shown)
+        walk = _Walk(shown)
+        walk(node, ())
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         problem = exc.problem or exc.context or "invalid YAML"
-        raise InputError(shown, line, None, f"not valid YAML: {problem}") from None
+        if "'\\t'" in problem:
+            problem += " (indent with spaces: YAML does not allow tabs there)"
+        elif "constructor for the tag" in problem:
+            problem += " (heterps reads plain data only: tags that build objects are refused)"
+        what = "refused" if isinstance(exc, _Refused) else "not valid YAML"
+        raise InputError(shown, line, None, f"{what}: {problem}") from None
     except yaml.YAMLError as exc:
         raise InputError(shown, None, None, f"not valid YAML: {exc}") from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
         raise InputError(shown, 1, None, f"expected a YAML mapping at the top, found {type(data).__name__}")
-    return Document(shown, data, lines)
+    return Document(shown, data, walk.lines)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write ``data`` so that readers see the old file or the new one, never half of it."""
-    target = Path(path)
+    """Write ``data`` so that readers see the old file or the new one, never half of it.
+
+    A symlink is followed and its target replaced (the link stays a link). A path
+    that exists and is not a regular file (a directory, a FIFO, a device) is
+    refused, and so is a path ending in a slash. A new file gets mode 0644 less
+    the umask; a replaced file keeps its mode. If anything fails or the run is
+    interrupted, the old file is left as it was.
+    """
+    shown = str(path)
+    if shown.endswith(("/", os.sep)):
+        raise InputError(shown, None, None, "names a directory: give a file name to write")
+    target = Path(os.path.realpath(path))  # through any symlinks, to the file a reader will open
+    try:
+        existing = os.stat(target)
+    except FileNotFoundError:
+        existing = None
+    except OSError as exc:
+        raise InputError(shown, None, None, f"cannot write here: {exc.strerror}") from None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        kind = "a directory" if stat.S_ISDIR(existing.st_mode) else "a FIFO" if stat.S_ISFIFO(existing.st_mode) \
+            else "a device" if stat.S_ISCHR(existing.st_mode) or stat.S_ISBLK(existing.st_mode) else "not a regular file"
+        raise InputError(shown, None, None, f"exists and is {kind}: refusing to replace it (give a file path, "
+                         "or - for standard output)")
+    if existing is not None:
+        mode = stat.S_IMODE(existing.st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o644 & ~umask
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot write here: {exc.strerror}") from None
+        raise InputError(shown, None, None, f"cannot write here: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise InputError(str(path), None, None, f"cannot write: {exc.strerror}") from None
+        raise InputError(shown, None, None, f"cannot write: {exc.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

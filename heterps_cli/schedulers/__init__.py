@@ -7,13 +7,15 @@ finds no feasible plan raises :class:`~heterps_cli.errors.InfeasibleError`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from heterps_cli.plan import Plan
-from heterps_cli.problem import Problem
+if TYPE_CHECKING:
+    from heterps_cli.plan import Plan
+    from heterps_cli.problem import Problem
 
 
 class Progress(Protocol):
@@ -32,26 +34,17 @@ class SolveOptions:
     evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)
 
 
-Solver = Callable[..., Plan]
+Solver = Callable[..., "Plan"]
 
-# Imported here, after SolveOptions, so that schedulers may import it from this package.
-from heterps_cli.schedulers import exact, genetic, greedy, random_search, rl, tapp  # noqa: E402
+# The registry (names, modules, descriptions) lives in names.py, which imports nothing, so that
+# the CLI's --help can list the schedulers without numpy; a module is imported when it runs.
+from heterps_cli.schedulers.names import SCHEDULERS  # noqa: E402
 
-SCHEDULERS: dict[str, tuple[Solver, str]] = {
-    "rl": (rl.solve, "the HeterPS method, an LSTM policy trained by REINFORCE that picks each layer's type "
-                     "(replicas exact, then a local search polishes)"),
-    "tapp": (tapp.solve, "the TAPP method, a partition network that groups contiguous layers and an attention "
-                         "network that puts each group on a type, trained jointly by policy gradient "
-                         "(objective time by default; replicas exact, then the local search polishes)"),
-    "genetic": (genetic.solve, "a genetic algorithm over schedules (tournament selection, two-point crossover, "
-                               "flip/shift mutation, elitism) for --evaluations cost-model evaluations"),
-    "greedy": (greedy.solve, greedy.RULE),
-    "random": (random_search.solve, "the best of --evaluations random valid schedules"),
-    "exact": (exact.solve, "the provable optimum (a DP over stage boundaries per bottleneck throughput, "
-                           "limit-aware)"),
-}
+
+def solver(name: str) -> Solver:
+    return importlib.import_module(f"heterps_cli.schedulers.{SCHEDULERS[name][0]}").solve
 
 
 def solve(name: str, problem: Problem, *, seed: int = 0, progress: Progress | None = None,
           options: SolveOptions | None = None) -> Plan:
-    return SCHEDULERS[name][0](problem, seed=seed, progress=progress, options=options or SolveOptions())
+    return solver(name)(problem, seed=seed, progress=progress, options=options or SolveOptions())

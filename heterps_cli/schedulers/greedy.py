@@ -18,10 +18,10 @@ import numpy as np
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.local import polish
+from heterps_cli.schedulers.names import GREEDY_RULE
 from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, result
 
-RULE = ("each layer on its cheapest type by price x OCT (fastest by OCT for --objective time), "
-        "exact replicas, then a local search while the plan improves")
+RULE = GREEDY_RULE
 
 
 def rule_schedule(problem: Problem) -> np.ndarray:

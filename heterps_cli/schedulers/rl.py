@@ -58,6 +58,7 @@ from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.local import improve
 from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool
+from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_STEPS, POLICY_VARIANTS
 from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, heuristic_schedules,
                                             rank_advantage, result, rewards)
 from heterps_cli.yamlio import write_atomic
@@ -69,8 +70,8 @@ POLICY_FORMAT = "heterps-policy/1"
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 120
-    batch: int = 64
+    steps: int = DEFAULT_STEPS
+    batch: int = DEFAULT_BATCH
     hidden: int = 64
     lr: float = 3e-3
     entropy_start: float = 0.1  # decays linearly to entropy_end over the steps
@@ -83,7 +84,7 @@ class Config:
     polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
     kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
     extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
-    variants: int = 16  # --policy-out: nearby models whose locally optimised plans the saved policy learns
+    variants: int = POLICY_VARIANTS  # --policy-out: nearby models whose locally optimised plans the saved policy learns
     variant_spread: float = 0.1  # their per-layer times differ by up to this factor (log-uniform)
     generalise_epochs: int = 150
 
@@ -381,6 +382,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: f
             generalise(policy, problem, best.schedule, cfg, rng, generator, report)
             save_policy(policy, problem, options.policy_out)
         except KeyboardInterrupt:
+            interrupted = True
             notes.append(f"interrupted (Ctrl-C) while generalising the policy: {options.policy_out} not written")
     return result(problem, best, evaluate, scheduler="rl", seed=seed, start=start, notes=notes,
-                  hint="give it more --steps, or use --scheduler exact")
+                  hint="give it more --steps, or use --scheduler exact", interrupted=interrupted)

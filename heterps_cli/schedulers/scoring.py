@@ -23,13 +23,13 @@ from heterps_cli.costmodel import better, provision, split_stages
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact import diagnose
+from heterps_cli.schedulers.names import DEFAULT_EVALUATIONS
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
 # Under objective time, cost only breaks ties: 1% dearer weighs as much as 0.001% slower.
 TIE_BREAK = 1e-3
 # Evaluations genetic and random get when no rl run sets the budget: about what rl uses on a
 # 32-64 layer model with default settings (``compare`` passes rl's own count instead).
-DEFAULT_EVALUATIONS = 6000
 
 
 @dataclass
@@ -115,13 +115,19 @@ def deadline(start: float, limit: float | None) -> Callable[[], bool]:
 
 
 def result(problem: Problem, best: Best, evaluate: Evaluator, *, scheduler: str, seed: int, start: float,
-           notes: list[str], hint: str) -> Plan:
-    """The best feasible plan found, or the InfeasibleError that says what the limits allow (and ``hint``)."""
+           notes: list[str], hint: str, interrupted: bool = False) -> Plan:
+    """The best feasible plan found, or the InfeasibleError that says what the limits allow (and ``hint``).
+
+    ``interrupted``: Ctrl-C cut the search short. The plan says so, and with no
+    plan at all the interrupt goes on up (exit 130, not "infeasible")."""
+    if best.schedule is None and interrupted:
+        raise KeyboardInterrupt
     if best.schedule is None:
         raise diagnose(problem, f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} "
                        "evaluations", hint)
     return make_plan(problem, best.schedule, best.replicas, scheduler=scheduler, seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes))
+                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes),
+                     interrupted=interrupted)
 
 
 def evaluation_budget(options) -> int:

@@ -44,13 +44,14 @@ from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool
 from heterps_cli.schedulers.rl import KIND_COLUMNS, KINDS, layer_features
+from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_STEPS
 from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, rank_advantage, result, rewards
 
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 120
-    batch: int = 64
+    steps: int = DEFAULT_STEPS
+    batch: int = DEFAULT_BATCH
     groups: int = 12  # G: the most groups the partition network opens by choice
     hidden: int = 64
     word: int = 8  # width of the learned kind vectors
@@ -227,6 +228,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
         optimiser.step()
 
     reference, elite = pretraining_pool(problem, evaluate, best, rng, cfg.pool)
+    interrupted = False
     try:
         for step in range(cfg.pretrain_steps):
             _, logp, _ = _log_prob(nets, kinds, numbers, runnable, cfg, schedules=elite)
@@ -252,6 +254,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
             report(f"tapp: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
                    completed=step + 1, total=cfg.steps)
     except KeyboardInterrupt:
+        interrupted = True
         notes.append("training interrupted (Ctrl-C): the best plan found so far")
 
     sampled_feasible = best.schedule is not None
@@ -259,7 +262,7 @@ def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> 
         greedy, _, _ = _log_prob(nets, kinds, numbers, runnable, cfg, batch=1, greedy=True)
     best.offer(problem, greedy.numpy(), evaluate(greedy.numpy()))
     report("tapp: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-    polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
-                out_of_time=out_of_time, notes=notes)
+    interrupted |= not polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
+                                   out_of_time=out_of_time, notes=notes)
     return result(problem, best, evaluate, scheduler="tapp", seed=seed, start=start, notes=notes,
-                  hint="give it more --steps, or use --scheduler exact")
+                  hint="give it more --steps, or use --scheduler exact", interrupted=interrupted)

@@ -1,0 +1,60 @@
+"""Figures as people read them: dollars, counts and durations that stay short at any magnitude.
+
+A 28-second job costs fractions of a cent and must not read "$0.00"; a job of
+1e280 epochs must not print a 300-digit number. Plan files keep full precision:
+this is for the screen, the markdown and the messages only.
+"""
+
+from __future__ import annotations
+
+import math
+
+HUGE = 1e15  # from here on, engineering form: digit groups stop helping
+
+
+def usd(x: float) -> str:
+    """$1,234.56; $0.0031 (two significant digits under a cent); $8.002e+31."""
+    if not math.isfinite(x):
+        return f"${x}"
+    if abs(x) >= HUGE:
+        return f"${x:.4g}"
+    if 0 < abs(x) < 0.01:
+        return f"${x:.2g}" if abs(x) >= 1e-4 else f"${x:.2e}"
+    return f"${x:,.2f}"
+
+
+def signed_usd(x: float) -> str:
+    """+$0.05 or -$1.20: the sign before the dollar sign, as a cost diff reads."""
+    return ("+" if x >= 0 else "-") + usd(abs(x))
+
+
+def count(x: float, decimals: int = 0) -> str:
+    """1,326,103 (or with ``decimals``); 1.326e+18 when huge; a small non-zero figure keeps 3 digits."""
+    if not math.isfinite(x) or abs(x) >= HUGE:
+        return f"{x:.4g}"
+    if 0 < abs(x) < 0.5 * 10.0 ** -decimals:
+        return f"{x:.3g}"
+    return f"{x:,.{decimals}f}"
+
+
+def duration(seconds: float) -> str:
+    """4710.1 -> '1 h 18 min'; short times keep seconds, long ones go to days and years."""
+    if not math.isfinite(seconds):
+        return f"{seconds} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s" if seconds >= 0.05 else f"{seconds:.2g} s"
+    minutes = seconds / 60
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    if seconds < 48 * 3600:
+        hours, minutes = divmod(round(minutes), 60)
+        return f"{hours} h {minutes:02d} min"
+    days = seconds / 86400
+    if days < 1000:
+        return f"{days:.1f} days"
+    return f"{days / 365.25:,.0f} years" if days / 365.25 < HUGE else f"{days / 365.25:.3g} years"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 stage', '3 stages'."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
