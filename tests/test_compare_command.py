@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from heterps_cli.cli import app
@@ -14,6 +15,7 @@ CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_ctr_prints_all_six_rows_and_nothing_beats_exact(tmp_path):
     plot = tmp_path / "trade-off.png"
     result = runner.invoke(app, ["compare", CTR, PAPER, "--json", "--plot", str(plot), "--steps", "20"])

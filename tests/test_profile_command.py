@@ -65,6 +65,7 @@ def test_measure_two_types_merge_and_plan(factory, tmp_path):
     # the cpu run measures its link (loopback gloo); the second run is given one
     shown = _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "64", "--out", str(cpu)]).stdout
     assert "oct" in shown and "alpha" in shown and f"wrote {cpu}" in shown
+    assert f"next: heterps validate {cpu} CLUSTER, then heterps plan {cpu} CLUSTER --samples N" in shown.replace("\n", " ")
     _profile([f"{factory}:small", "--as", "fast", "--batch-size", "64", "--out", str(gpu), "--link-gbps", "100"])
     _profile(["merge", str(cpu), str(gpu), "-o", str(merged)])
     prof, _ = load_profile(str(merged))
@@ -180,6 +181,7 @@ def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     assert profiler.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
 
 
+@pytest.mark.slow
 def test_processes_take_each_layers_median_over_fresh_processes(factory, tmp_path):
     out = tmp_path / "p.yaml"
     _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(out), "--link-gbps", "10",

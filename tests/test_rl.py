@@ -102,6 +102,7 @@ def test_rl_is_the_default_and_its_plan_checks_out():
     assert plan["evaluations"] > 0
 
 
+@pytest.mark.slow
 def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path):
     policy = tmp_path / "policy.pt"
     result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), "--json", *QUICK])
@@ -145,6 +146,7 @@ def test_nearby_models_differ_by_one_layer_and_bounded_times():
     assert depths == {9, 11}
 
 
+@pytest.mark.slow
 def test_policy_for_other_types_is_refused(tmp_path):
     policy = tmp_path / "policy.pt"
     runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), *QUICK])

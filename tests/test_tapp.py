@@ -85,7 +85,7 @@ def test_tapp_finds_the_brute_force_fastest_plan_on_small_instances(seed):
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
 
 
-@pytest.mark.parametrize("example", ["vgg16", "transformer"])
+@pytest.mark.parametrize("example", ["vgg16", pytest.param("transformer", marks=pytest.mark.slow)])
 def test_tapp_defaults_to_objective_time_on_the_bundled_examples(example):
     profile = str(ROOT / f"profiles/{example}.yaml")
     cluster = str(ROOT / "clusters/three-type.yaml")
