@@ -154,12 +154,18 @@ EpochsOpt = Annotated[
 MaxCostOpt = Annotated[
     Optional[float], typer.Option(callback=_positive, help="Budget in USD a plan must not exceed (mostly for --objective time).", show_default=False)
 ]
-SeedOpt = Annotated[int, typer.Option(help="Random seed; the same inputs and seed give the same plan.")]
+def _seed(value: int) -> int:
+    if not 0 <= value < 2**63:
+        raise typer.BadParameter(f"must be a whole number from 0 to 2**63 - 1 (got {value})")
+    return value
+
+
+SeedOpt = Annotated[int, typer.Option(callback=_seed, help="Random seed; the same inputs and seed give the same plan.")]
 StepsOpt = Annotated[
     Optional[int], typer.Option(min=0, help=f"rl, tapp: training steps (default {DEFAULT_STEPS}).", show_default=False, rich_help_panel="Search budget")
 ]
 BatchOpt = Annotated[
-    Optional[int], typer.Option(min=1, help=f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}).", show_default=False, rich_help_panel="Search budget")
+    Optional[int], typer.Option(min=1, max=65536, help=f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}).", show_default=False, rich_help_panel="Search budget")
 ]
 TimeLimitOpt = Annotated[
     Optional[float], typer.Option(callback=_positive, help="rl, tapp, genetic, random: stop searching after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Search budget")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any

@@ -113,7 +113,8 @@ def test_a_job_size_in_the_profile_that_overflows_names_the_profile_line(tmp_pat
 
 
 @pytest.mark.parametrize("flag,value", [("--min-throughput", "inf"), ("--max-cost", "inf"), ("--samples", "nan"),
-                                        ("--epochs", "inf"), ("--samples", "-1")])
+                                        ("--epochs", "inf"), ("--samples", "-1"), ("--seed", "-1"),
+                                        ("--seed", str(2**64))])
 def test_non_finite_options_are_refused(flag, value):
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact", flag, value])
     assert result.exit_code == 2 and flag in result.output, result.output
