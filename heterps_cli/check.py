@@ -9,6 +9,7 @@ everywhere.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ from heterps_cli.figures import count, plural, signed_usd, usd
 from heterps_cli.formats import PlanFile
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers import SolveOptions, solve
+from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
 
 REL_TOL = 1e-6  # written figures are rounded by no writer of ours; 1e-6 forgives a hand-copied file
 
@@ -110,6 +111,28 @@ def _differs(a: float, b: float) -> bool:
     return not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
+def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
+    """Each job setting the plan was made for that the profile, cluster and command line no longer give.
+
+    The gate's truth is those files and flags, never the plan: a plan made for fewer
+    samples, a lower required throughput or another objective must not pass for this job.
+    """
+    now = {"model": problem.model, "cluster": problem.cluster, "objective": problem.objective,
+           "batch_size": problem.batch_size, "samples": problem.samples, "epochs": problem.epochs,
+           "min_throughput": problem.min_throughput}
+    if plan.max_cost is not None:  # a budget the plan was made under must still be the budget
+        now["max_cost"] = problem.max_cost
+    out = []
+    for field, value in now.items():
+        written = getattr(plan, field)
+        same = written == value if isinstance(value, str) or value is None or written is None \
+            else math.isclose(written, value, rel_tol=1e-12, abs_tol=0)
+        if not same:
+            shown = [repr(v) if isinstance(v, str) else "none" if v is None else f"{v:,g}" for v in (written, value)]
+            out.append(f"{field} {shown[0]} in the plan, {shown[1]} now")
+    return out
+
+
 def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     """Each figure the plan file states that the files no longer give, as 'field: written -> recomputed'."""
     out = []
@@ -128,27 +151,45 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     return out
 
 
-def plan_command(profile: str, cluster: str, plan: PlanFile, plan_path: str, scheduler: str | None = None) -> str:
-    """The ``heterps plan`` command that re-plans this plan's job into its file."""
-    job = f" --samples {plan.samples:g} --epochs {plan.epochs:g}"
-    if plan.min_throughput > 0:
-        job += f" --min-throughput {plan.min_throughput:g}"
-    if plan.max_cost is not None:
-        job += f" --max-cost {plan.max_cost:g}"
-    objective = f" --objective {plan.objective}" if plan.objective != "cost" else ""
-    return f"heterps plan {profile} {cluster} --scheduler {scheduler or plan.scheduler}{objective}{job} --out {plan_path}"
+def plan_command(profile: str, cluster: str, problem: Problem, plan: PlanFile, plan_path: str,
+                 scheduler: str | None = None) -> str:
+    """The ``heterps plan`` command that plans this job (the files' and flags', not the plan's) into the plan's file.
+
+    It ends up in pull-request comments, so nothing from the plan file is copied into it
+    verbatim: the scheduler must be a known one (else exact), and every path is quoted."""
+    job = f" --samples {problem.samples:g} --epochs {problem.epochs:g}"
+    if problem.min_throughput > 0:
+        job += f" --min-throughput {problem.min_throughput:g}"
+    if problem.max_cost is not None:
+        job += f" --max-cost {problem.max_cost:g}"
+    objective = f" --objective {problem.objective}" if problem.objective != "cost" else ""
+    name = scheduler or plan.scheduler
+    name = name if name in SCHEDULERS else "exact"
+    return (f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name}{objective}{job} "
+            f"--out {shlex.quote(plan_path)}")
 
 
 def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str, cluster_path: str, max_cost: float | None = None,
           min_throughput: float | None = None, baseline: PlanFile | None = None, baseline_path: str = "BASELINE", max_increase: Increase | None = None,
           replan: str | None = None, tolerance: float = 1.0, seed: int = 0, progress=None) -> list[Finding]:
-    """Every gate, in order; a plan that no longer fits the files stops after that finding."""
-    replan_command = plan_command(profile_path, cluster_path, plan, plan_path)
+    """Every gate, in order; a plan that no longer fits the files stops after that finding.
+
+    ``problem`` is the job as the profile, the cluster and the command line give it:
+    the plan's own job settings are checked against it, never trusted."""
+    replan_command = plan_command(profile_path, cluster_path, problem, plan, plan_path)
     fresh, problems = recompute(problem, plan)
     if fresh is None:
         return [Finding("fits", False, f"{plan_path} no longer fits the profile and cluster: {'; '.join(problems)}",
                         f"re-plan: {replan_command}")]
     findings = [Finding("fits", True, f"{plan_path} fits the profile and cluster ({plural(len(plan.stages), 'stage')})")]
+    changed = job_changes(plan, problem)
+    findings.append(Finding("job", not changed,
+                            f"the plan was made for another job than the files and flags give: {'; '.join(changed)}"
+                            if changed else "made for this job (model, cluster, objective, samples, epochs, "
+                            "required throughput)", f"re-plan for this job: {replan_command}" if changed else ""))
+    if not plan.feasible:
+        findings.append(Finding("feasible", False, "the plan file itself says it is infeasible",
+                                f"re-plan: {replan_command}"))
     stale = stale_fields(plan, fresh)
     findings.append(Finding("fresh", not stale,
                             f"the plan's figures are stale (written -> recomputed): {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}"
@@ -158,10 +199,10 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
             if u > problem.limits[problem.types.index(t)]]
     findings.append(Finding("limits", not over, f"resource limits exceeded: {', '.join(over)}" if over
                             else "within every resource limit", f"re-plan within the limits: {replan_command}" if over else ""))
-    if plan.min_throughput > 0 and fresh.throughput < plan.min_throughput * (1 - 1e-12):
+    if problem.min_throughput > 0 and min_throughput is None and fresh.throughput < problem.min_throughput * (1 - 1e-12):
         findings.append(Finding("plan-throughput", False,
-                                f"throughput {count(fresh.throughput, 1)} samples/s is under the plan's own requirement "
-                                f"{count(plan.min_throughput, 1)}", f"re-plan: {replan_command}"))
+                                f"throughput {count(fresh.throughput, 1)} samples/s is under the job's requirement "
+                                f"{count(problem.min_throughput, 1)}", f"re-plan: {replan_command}"))
     if max_cost is not None:
         ok = fresh.cost_usd <= max_cost * (1 + 1e-12)
         findings.append(Finding("max-cost", ok, f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the "
@@ -179,7 +220,7 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
         rule = max_increase or Increase(0.0, True)
         ok = rule.allows(old, new)
         change = signed_usd(new - old) + (f" ({100 * (new / old - 1):+.1f}%)" if old > 0 else "")
-        where = f"see where the cost rose: heterps diff {baseline_path} {plan_path}"
+        where = f"see where the cost rose: heterps diff {shlex.quote(baseline_path)} {shlex.quote(plan_path)}"
         if stale:  # the diff reads the written figures, so they must be the recomputed ones first
             where = f"refresh {plan_path} ({replan_command}), then {where}"
         unlike = incomparable(baseline, plan)
@@ -188,8 +229,7 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
                                 "" if ok else where, warn=new > old * (1 + REL_TOL) or bool(unlike)))
     if replan is not None:
         try:
-            better = solve(replan, problem.replace(min_throughput=plan.min_throughput), seed=seed, progress=progress,
-                           options=SolveOptions())
+            better = solve(replan, problem, seed=seed, progress=progress, options=SolveOptions())
         except InfeasibleError as exc:
             findings.append(Finding("replan", True, f"{replan} finds no feasible plan ({exc}); the committed plan stands"))
         else:
@@ -202,9 +242,11 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
                 found = (f"{replan} finds {usd(better.cost_usd)} against the plan's {usd(fresh.cost_usd)} "
                          f"({100 * saving:.1f}% cheaper; tolerance {tolerance:g}%)")
             ok = saving <= tolerance / 100 + 1e-12
-            findings.append(Finding("replan", ok, found,
-                                    "" if ok else f"adopt it: {plan_command(profile_path, cluster_path, plan, plan_path, replan)}",
-                                    warn=saving > 1e-9))
+            adopt = f"adopt it: {plan_command(profile_path, cluster_path, problem, plan, plan_path, replan)}"
+            findings.append(Finding("replan", ok, found, "" if ok else adopt, warn=saving > 1e-9))
+            if plan.optimal and replan == "exact" and saving > 1e-9:  # a false claim, whatever the tolerance
+                findings.append(Finding("optimal", False, f"the plan says it is optimal, but exact finds one "
+                                        f"{100 * saving:.2g}% better", adopt))
     return findings
 
 

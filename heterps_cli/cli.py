@@ -17,7 +17,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.text import Text
 
 from heterps_cli import __version__
-from heterps_cli.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INFEASIBLE, EXIT_INTERRUPTED, InfeasibleError, InputError
+from heterps_cli.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INFEASIBLE, EXIT_INTERNAL, EXIT_INTERRUPTED,
+                                InfeasibleError, InputError)
 from heterps_cli.figures import count, usd
 from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_EVALUATIONS, DEFAULT_STEPS, POLICY_VARIANTS, SCHEDULERS
 
@@ -54,14 +55,19 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+DEBUG = {"on": os.environ.get("HETERPS_DEBUG", "") not in ("", "0")}
+
+
 @app.callback()
 def _root(
     version: Annotated[
         Optional[bool], typer.Option("--version", callback=_version, is_eager=True, metavar="",
                                      help="Show the version and exit.")
     ] = None,
+    debug: Annotated[bool, typer.Option("--debug", metavar="", help="Show the full traceback of an internal error "
+                                        "(also HETERPS_DEBUG=1).")] = False,
 ) -> None:
-    pass
+    DEBUG["on"] = debug or os.environ.get("HETERPS_DEBUG", "") not in ("", "0")
 
 
 def _positive(value: float | None) -> float | None:
@@ -95,6 +101,14 @@ def _exit_codes():
     except KeyboardInterrupt:
         _print_error("interrupted", [""])
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except typer.Exit:
+        raise
+    except Exception as exc:  # a bug: one line and its own exit code, the traceback on request
+        if DEBUG["on"]:
+            raise
+        _print_error("internal error: ", [f"{type(exc).__name__}: {exc} (heterps {__version__}; please report it with "
+                                          "the command that caused it; --debug or HETERPS_DEBUG=1 shows the traceback)"])
+        raise typer.Exit(EXIT_INTERNAL) from None
 
 
 @contextmanager
@@ -418,8 +432,11 @@ def check(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="The committed plan (YAML written by heterps plan --out).", show_default=False)],
     profile: Annotated[Path, typer.Option(help="The current model profile.", show_default=False)],
     cluster: Annotated[Path, typer.Option(help="The current cluster.", show_default=False)],
-    max_cost: Annotated[Optional[float], typer.Option(callback=_positive, help="Fail when the plan costs more (USD).", show_default=False)] = None,
-    min_throughput: Annotated[Optional[float], typer.Option(callback=_non_negative, help="Fail when the plan is slower (samples/s).", show_default=False)] = None,
+    objective: Annotated[Objective, typer.Option(help="The job's objective, as given to heterps plan: a plan made for another is stale.")] = Objective.cost,
+    samples: SamplesOpt = None,
+    epochs: EpochsOpt = None,
+    max_cost: Annotated[Optional[float], typer.Option(callback=_positive, help="Fail when the plan costs more (USD); also the job's budget.", show_default=False)] = None,
+    min_throughput: Annotated[Optional[float], typer.Option(callback=_non_negative, help="Fail when the plan is slower (samples/s); also the job's requirement. Default: the profile's job.min_throughput.", show_default=False)] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False)] = None,
     max_increase: Annotated[str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")] = "0%",
     replan: Annotated[Optional[SchedulerName], typer.Option(help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) by more than --tolerance.", show_default=False)] = None,
@@ -427,7 +444,10 @@ def check(
     seed: SeedOpt = 0,
     fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, appended to $GITHUB_STEP_SUMMARY when set).")] = Format.table,
 ) -> None:
-    """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds."""
+    """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds.
+
+    The job (samples, epochs, required throughput, budget, objective) comes from the profile and these
+    flags, as for heterps plan; a plan made for another job fails as stale."""
     with _exit_codes():
         from heterps_cli.check import Increase
         from heterps_cli.check import check as run_check
@@ -438,8 +458,9 @@ def check(
         committed, _ = load_plan(str(plan_file))
         old = load_plan(str(baseline))[0] if baseline is not None else None
         increase = Increase.parse(max_increase)
-        problem = _load(profile, cluster, committed.objective, committed.samples, committed.epochs,
-                        committed.min_throughput, committed.max_cost)
+        # The job is what the profile and the flags say, as for `heterps plan`; the plan's own
+        # settings are checked against it (the "job" gate), never used in its place.
+        problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         with _progress_bar() as report:
             findings = run_check(problem, committed, str(plan_file), profile_path=str(profile), cluster_path=str(cluster),
                                  max_cost=max_cost, min_throughput=min_throughput, baseline=old,

@@ -8,6 +8,7 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
+EXIT_INTERNAL = 4  # a bug in heterps: not a failed check (1), so CI cannot mistake one for the other
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 EXIT_TERMINATED = 143  # SIGTERM
 

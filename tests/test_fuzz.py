@@ -7,6 +7,7 @@ quick run takes 60 cases; the slow one (run by .ci/run) takes 2,000.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -127,3 +128,68 @@ def test_mutated_files_never_crash(case):
 @given(cases())
 def test_two_thousand_mutated_files_never_crash(case):
     _never_a_traceback(case)
+
+
+# -- committed plans mutated: the gate must never pass what `plan` contradicts (issue 13) --
+
+PLAN_TEXT = (ROOT / "docs/plans/ctr.yaml").read_text()
+TRUTH = {"model": "ctr", "cluster": "paper", "objective": "cost", "batch_size": 4096, "samples": 1e9, "epochs": 1,
+         "min_throughput": 150000, "max_cost": None}  # profiles/ctr.yaml's job, as `plan` takes it
+FACTORS = [0.0, 1e-9, 0.5, 0.999999, 1.000001, 2.0, 1e9]
+
+
+@st.composite
+def mutated_plans(draw) -> dict:
+    plan = yaml.load(PLAN_TEXT, Loader=_Loader)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(plan))[1:]))
+        parent, key = _get(plan, path[:-1]), path[-1]
+        value = parent[key]
+        if isinstance(value, bool) or value is None:
+            parent[key] = draw(st.sampled_from([True, False, None, 0.5]))
+        elif isinstance(value, (int, float)):
+            new = value * draw(st.sampled_from(FACTORS)) if draw(st.booleans()) else value + draw(st.sampled_from([-1, 1]))
+            parent[key] = int(new) if isinstance(value, int) and draw(st.booleans()) else new
+        elif isinstance(value, str):
+            parent[key] = draw(st.sampled_from(["cpu", "v100", "a100", "exact", "time", "ctr", "paper", "fc1", "x"]))
+        elif isinstance(value, list) and value:
+            i = draw(st.integers(0, len(value) - 1))
+            draw(st.sampled_from([lambda: value.pop(i), lambda: value.insert(i, value[i]), lambda: value.reverse()]))()
+        elif isinstance(value, dict) and value:
+            del value[draw(st.sampled_from(sorted(value)))]
+    return plan
+
+
+def _gate_never_passes_a_lie(plan: dict, optimum: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.yaml"
+        path.write_text(yaml.dump(plan, Dumper=_Dumper, sort_keys=False))
+        result = runner.invoke(app, ["check", str(path), "--profile", str(ROOT / "profiles/ctr.yaml"), "--cluster",
+                                     str(ROOT / "clusters/paper.yaml"), "--replan", "exact", "--format", "json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (repr(result.exception), plan)
+    assert result.exit_code in (0, 1, 2), (result.exit_code, result.output)
+    if result.exit_code == 0:  # a pass: everything `plan` says about this job must agree with the file
+        for field, value in TRUTH.items():
+            assert plan.get(field) == value, (field, plan.get(field), result.stdout)
+        assert plan["feasible"] is True and plan["throughput"] >= TRUTH["min_throughput"]
+        assert plan["cost_usd"] <= optimum * 1.01 * (1 + 1e-9), (plan["cost_usd"], optimum)
+
+
+@pytest.fixture(scope="module")
+def optimum() -> float:
+    result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"),
+                                 "-s", "exact", "--json"])
+    return json.loads(result.stdout)["cost_usd"]
+
+
+@settings(max_examples=40, **FUZZ)
+@given(plan=mutated_plans())
+def test_mutated_plans_never_pass_the_gate_wrongly(plan, optimum):
+    _gate_never_passes_a_lie(plan, optimum)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, **FUZZ)
+@given(plan=mutated_plans())
+def test_a_thousand_mutated_plans_never_pass_the_gate_wrongly(plan, optimum):
+    _gate_never_passes_a_lie(plan, optimum)

@@ -388,3 +388,29 @@ def test_importing_the_cli_imports_neither_torch_nor_numpy():
     code = "import sys, heterps_cli.cli; print(sorted({'torch', 'numpy', 'matplotlib'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+# -- internal errors (issue 13) ---------------------------------------------------------
+
+
+def test_an_internal_error_is_one_line_and_exit_4_with_the_traceback_on_request(monkeypatch):
+    from heterps_cli.schedulers import exact
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(exact, "solve", broken)
+    result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact"])
+    assert result.exit_code == 4 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("internal error: ZeroDivisionError: a bug (heterps 0.1.0;"), lines
+    for extra, env in ((["--debug"], {}), ([], {"HETERPS_DEBUG": "1"})):
+        result = runner.invoke(app, [*extra, "plan", CTR, PAPER, "-s", "exact"], env=env)
+        assert isinstance(result.exception, ZeroDivisionError), result.output
+
+
+def test_a_40_kb_name_is_refused_not_rendered(tmp_path):
+    text = Path(CTR).read_text().replace("name: fc1", "name: " + "x" * 40_000, 1)
+    (tmp_path / "p.yaml").write_text(text)
+    stderr = _bad(["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], "name: String should have at most 256 characters")
+    assert len(stderr) < 400  # the value is cut short in the message too

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli import app
 from heterps_cli.errors import InfeasibleError
+from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import SolveOptions, rl, scoring
 from tests.helpers import interrupt_evaluations, instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
@@ -193,3 +194,23 @@ def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
         assert problem.runnable[np.arange(10)[None, :], rows].all()
     moved = neighbours(problem, schedule)
     assert not (moved == schedule).all(axis=1).any(), "every neighbour differs from the schedule"
+
+
+@pytest.mark.parametrize("tamper,message", [
+    (lambda d: d.pop("types"), "expected the keys"),
+    (lambda d: d.update(hidden=10**6), "hidden must be a whole number from 1 to 1024"),
+    (lambda d: d.update(features=3), "features must be"),
+    (lambda d: d["state"].update(stay=torch.zeros(3)), "weight stay should be a float tensor of shape ()"),
+    (lambda d: d["state"]["head.weight"].fill_(float("nan")), "weight head.weight holds NaN or infinite values"),
+    (lambda d: d.update(state=[1, 2]), "the network's weights are not those of a heterps policy"),
+])
+def test_a_tampered_policy_file_is_refused_before_a_network_is_built(tmp_path, tamper, message):
+    problem = load_problem(CTR, PAPER)
+    policy = tmp_path / "policy.pt"
+    rl.save_policy(rl.Policy(rl.n_features(problem.n_types), problem.n_types, 8), problem, policy)
+    saved = torch.load(policy, weights_only=True)
+    tamper(saved)
+    torch.save(saved, policy)
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-in", str(policy), "--steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"policy.pt: not a heterps policy file: {message}" in result.stderr, result.stderr

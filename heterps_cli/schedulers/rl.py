@@ -211,15 +211,51 @@ def save_policy(policy: Policy, problem: Problem, path: Path) -> None:
     write_atomic(path, buffer.getvalue())
 
 
+MAX_POLICY_BYTES = 64 << 20
+MAX_HIDDEN = 1024
+
+
+def _policy_problem(saved) -> str | None:
+    """What makes ``saved`` not a policy this version wrote, checked before any network is built."""
+    keys = {"format", "types", "hidden", "features", "state"}
+    if not isinstance(saved, dict) or saved.get("format") != POLICY_FORMAT:
+        return f"expected format {POLICY_FORMAT}"
+    if set(saved) != keys:
+        return f"expected the keys {sorted(keys)}, found {sorted(map(str, saved))}"
+    types, hidden, features, state = saved["types"], saved["hidden"], saved["features"], saved["state"]
+    if not (isinstance(types, list) and 0 < len(types) <= 1000 and all(isinstance(t, str) for t in types)):
+        return "types must be a list of resource type names"
+    if not (type(hidden) is int and 1 <= hidden <= MAX_HIDDEN):
+        return f"hidden must be a whole number from 1 to {MAX_HIDDEN}"
+    if features != n_features(len(types)):
+        return f"features must be {n_features(len(types))} for {len(types)} types (got {features!r})"
+    with torch.device("meta"):  # the shapes a policy of this size has, without allocating it
+        expected = {k: v.shape for k, v in Policy(features, len(types), hidden).state_dict().items()}
+    if not isinstance(state, dict) or set(state) != set(expected):
+        return "the network's weights are not those of a heterps policy"
+    for name, shape in expected.items():
+        tensor = state[name]
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != shape or not tensor.is_floating_point():
+            return f"weight {name} should be a float tensor of shape {tuple(shape)}"
+        if not torch.isfinite(tensor).all():
+            return f"weight {name} holds NaN or infinite values"
+    return None
+
+
 def load_policy(path: Path, problem: Problem) -> Policy:
     try:
+        if Path(path).stat().st_size > MAX_POLICY_BYTES:
+            raise InputError(str(path), None, None, f"over {MAX_POLICY_BYTES >> 20} MiB: not a heterps policy file")
         saved = torch.load(path, weights_only=True)
     except FileNotFoundError:
         raise InputError(str(path), None, None, "file not found") from None
+    except InputError:
+        raise
     except Exception as exc:  # torch raises many kinds for a file that is not a policy
         raise InputError(str(path), None, None, f"not a heterps policy file ({type(exc).__name__})") from None
-    if not isinstance(saved, dict) or saved.get("format") != POLICY_FORMAT:
-        raise InputError(str(path), None, None, f"not a heterps policy file (expected format {POLICY_FORMAT})")
+    problem_text = _policy_problem(saved)
+    if problem_text is not None:
+        raise InputError(str(path), None, None, f"not a heterps policy file: {problem_text}")
     if saved["types"] != list(problem.types):
         raise InputError(
             str(path), None, "types",
