@@ -186,7 +186,8 @@ def check(problem: Problem, plan: PlanFile, plan_path: str, *, profile_path: str
     findings.append(Finding("job", not changed,
                             f"the plan was made for another job than the files and flags give: {'; '.join(changed)}"
                             if changed else "made for this job (model, cluster, objective, samples, epochs, "
-                            "required throughput)", f"re-plan for this job: {replan_command}" if changed else ""))
+                            "required throughput)", f"re-plan for this job: {replan_command}; or, if the plan's job is "
+                            "the one you mean, give check the flags you gave heterps plan" if changed else ""))
     if not plan.feasible:
         findings.append(Finding("feasible", False, "the plan file itself says it is infeasible",
                                 f"re-plan: {replan_command}"))
