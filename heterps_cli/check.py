@@ -111,6 +111,11 @@ def _differs(a: float, b: float) -> bool:
     return not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
+def _setting(value) -> str:
+    """A job setting as a message shows it: 'ctr', none, 1e+09."""
+    return repr(value) if isinstance(value, str) else "none" if value is None else f"{value:,g}"
+
+
 def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
     """Each job setting the plan was made for that the profile, cluster and command line no longer give.
 
@@ -128,8 +133,7 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
         same = written == value if isinstance(value, str) or value is None or written is None \
             else math.isclose(written, value, rel_tol=1e-12, abs_tol=0)
         if not same:
-            shown = [repr(v) if isinstance(v, str) else "none" if v is None else f"{v:,g}" for v in (written, value)]
-            out.append(f"{field} {shown[0]} in the plan, {shown[1]} now")
+            out.append(f"{field} {_setting(written)} in the plan, {_setting(value)} now")
     return out
 
 
@@ -313,8 +317,7 @@ def incomparable(old: PlanFile, new: PlanFile) -> list[str]:
     for field in JOB_FIELDS:
         a, b = getattr(old, field), getattr(new, field)
         if a != b:
-            shown = [repr(v) if isinstance(v, str) else "none" if v is None else f"{v:,g}" for v in (a, b)]
-            out.append(f"{field} {shown[0]} vs {shown[1]}")
+            out.append(f"{field} {_setting(a)} vs {_setting(b)}")
     if not out:
         return []
     return [f"the plans are for different jobs ({', '.join(out)}): their figures do not compare like for like"]

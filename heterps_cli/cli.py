@@ -55,7 +55,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-DEBUG = {"on": os.environ.get("HETERPS_DEBUG", "") not in ("", "0")}
+DEBUG = {"on": False}  # set by the root callback, which every command runs first
 
 
 @app.callback()
