@@ -59,3 +59,12 @@ class InputError(Exception):
 
 class InfeasibleError(Exception):
     """No plan meets the constraints (exit 3); the message states the best reachable figure."""
+
+
+class SearchFailed(InfeasibleError):
+    """A search (rl, tapp, genetic, greedy, random) found no feasible plan, which does not say
+    that none exists: :func:`heterps_cli.schedulers.solve` asks the exact solver why."""
+
+    def __init__(self, failure: str, hint: str):
+        super().__init__(f"{failure}: {hint}")
+        self.failure, self.hint = failure, hint

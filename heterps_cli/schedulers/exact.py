@@ -37,7 +37,7 @@ from heterps_cli.costmodel import (
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers import Progress
+from heterps_cli.schedulers.base import Progress, SolveOptions
 
 # Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
 MAX_STATE_CELLS = 40_000_000
@@ -389,7 +389,8 @@ def _limits(problem: Problem) -> str:
     return ", ".join(f"{t} <= {n}" for t, n in zip(problem.types, problem.limits))
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None, options=None) -> Plan:
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+          options: SolveOptions | None = None) -> Plan:
     """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none."""
     start = time.perf_counter()
     solver = _Solver(problem, progress)

@@ -25,8 +25,18 @@ import numpy as np
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, evaluation_budget,
-                                            heuristic_schedules, random_schedules, result, rewards)
+from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.scoring import (
+    Best,
+    Evaluator,
+    Reference,
+    deadline,
+    evaluation_budget,
+    heuristic_schedules,
+    random_schedules,
+    result,
+    rewards,
+)
 
 POPULATION = 64
 ELITE = 4
@@ -67,9 +77,10 @@ def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> 
     return row
 
 
-def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+          options: SolveOptions | None = None) -> Plan:
     start = time.perf_counter()
-    report = progress or (lambda *a, **k: None)
+    report = progress or quiet
     budget = evaluation_budget(options)
     out_of_time = deadline(start, options.time_limit if options is not None else None)
     rng = np.random.default_rng(seed)

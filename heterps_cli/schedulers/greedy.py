@@ -17,6 +17,7 @@ import numpy as np
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import polish
 from heterps_cli.schedulers.names import GREEDY_RULE
 from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, result
@@ -30,9 +31,10 @@ def rule_schedule(problem: Problem) -> np.ndarray:
     return np.where(problem.runnable, per_sample, np.inf).argmin(axis=1).astype(np.int64)
 
 
-def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+          options: SolveOptions | None = None) -> Plan:
     start = time.perf_counter()
-    report = progress or (lambda *a, **k: None)
+    report = progress or quiet
     evaluate, best = Evaluator(problem), Best(problem.objective)
     schedule = rule_schedule(problem)
     scored = evaluate(schedule[None])

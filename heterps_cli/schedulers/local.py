@@ -28,7 +28,14 @@ from collections.abc import Callable
 import numpy as np
 
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, rewards, signature
+from heterps_cli.schedulers.scoring import (
+    Best,
+    Evaluator,
+    Reference,
+    heuristic_schedules,
+    rewards,
+    signature,
+)
 
 SEGMENT = 12  # longest run of layers the wide move recolours
 

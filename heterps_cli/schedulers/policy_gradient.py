@@ -1,8 +1,21 @@
-"""What the two policy-gradient schedulers, rl and tapp, share around their own networks.
+"""The policy-gradient loop the rl and tapp schedulers share, read top to bottom.
 
-Both read their budget from the same options, train small networks on one
-thread, pre-train on the best of a pool of random schedules (the HeterPS
-paper's phase 1), and end with the same local-search polish.
+A scheduler brings an :class:`Agent` (its networks, its features and how it
+samples); this module trains it against the cost model and returns the best plan:
+
+* **phase 1, pre-train** (the HeterPS paper's phase 1): score a pool of random
+  schedules and the simple heuristics, and fit the agent to the best of them
+  by likelihood. The pool also sets the reward reference.
+* **phase 2, train**: REINFORCE on the agent's own samples, with rank-normalised
+  advantages (the batch's own ranking is the baseline), an entropy bonus that
+  decays linearly, self-imitation of the best schedule found so far (which keeps
+  what was learned from being lost to noise), and gradient clipping. Each batch
+  is scored in one vectorised call, each distinct schedule once.
+* **polish**: the agent's greedy decode is scored, then a local search runs from
+  the most promising schedules seen (more kicks when no feasible plan was sampled).
+
+The best feasible plan ever scored is kept throughout. Ctrl-C or the time limit
+ends a phase early and keeps that plan; the run's notes say so.
 """
 
 from __future__ import annotations
@@ -10,16 +23,85 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
+from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import polish, polish_starts
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, heuristic_schedules, random_schedules, rewards
+from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_STEPS
+from heterps_cli.schedulers.scoring import (
+    Best,
+    Evaluator,
+    Reference,
+    deadline,
+    heuristic_schedules,
+    random_schedules,
+    rank_advantage,
+    result,
+    rewards,
+)
+
+HINT = "give it more --steps, or use --scheduler exact"
 
 
-def configured(cfg, options):
+@dataclass(frozen=True)
+class Config:
+    steps: int = DEFAULT_STEPS
+    batch: int = DEFAULT_BATCH  # schedules sampled per step
+    hidden: int = 64
+    lr: float = 3e-3
+    entropy_start: float = 0.1  # decays linearly to entropy_end over the steps
+    entropy_end: float = 0.01
+    grad_clip: float = 1.0
+    imitation: float = 0.05  # weight of the self-imitation term in phase 2
+    pool: int = 1024  # random schedules scored for pre-training
+    pretrain_steps: int = 20
+    time_limit: float | None = None
+    polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
+    kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
+    extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
+
+
+class Agent(Protocol):
+    """A policy over schedules of one problem, as the loop sees it."""
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``batch`` schedules ``[B, n]`` with their log-probabilities and entropies ``[B]`` (differentiable)."""
+        ...
+
+    def log_prob(self, schedules: torch.Tensor) -> torch.Tensor:
+        """The log-probabilities ``[B]`` of given schedules ``[B, n]`` (teacher-forced, differentiable)."""
+        ...
+
+    def greedy(self) -> np.ndarray:
+        """The most likely schedule, ``[1, n]``."""
+        ...
+
+
+@dataclass
+class Run:
+    """Where a training run stands: what it found and what a scheduler may go on with."""
+
+    best: Best
+    evaluate: Evaluator
+    reference: Reference
+    rng: np.random.Generator
+    generator: torch.Generator
+    start: float
+    out_of_time: Callable[[], bool]
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def configured(cfg, options: SolveOptions | None):
     """``cfg`` (a scheduler's Config) with the steps, batch and time limit the options give."""
     if options is None:
         return cfg
@@ -39,27 +121,85 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def pretraining_pool(problem: Problem, evaluate: Evaluator, best: Best, rng: np.random.Generator,
-                     size: int) -> tuple[Reference, torch.Tensor]:
-    """The heuristics and ``size`` random schedules, scored (``best`` sees them): the reward
-    reference they set, and the best twentieth of them (at least 8) to pre-train on."""
-    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, size, rng)])
+def train(problem: Problem, cfg: Config, make_agent: Callable[[], Agent], *, name: str, seed: int, start: float,
+          pretrain: bool = True, progress: Progress | None = None,
+          on_step: Callable[[int, float], None] | None = None) -> tuple[Agent, Run]:
+    """Train the agent ``make_agent`` builds (after seeding) on ``problem``; the agent and the run.
+
+    ``pretrain=False`` skips phase 1's fitting (a warm-started agent) but still
+    scores the pool. ``on_step(step, best)`` is called after every training step
+    with the best objective key among the agent's own samples (cost, or minus
+    throughput; inf while none is feasible): the learning curve.
+    """
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    agent = make_agent()
+    optimiser = torch.optim.Adam(agent.parameters(), lr=cfg.lr)
+    best, evaluate = Best(problem.objective), Evaluator(problem)
+    learned = Best(problem.objective)  # the agent's own samples only: the learning curve
+    report = progress or quiet
+
+    def step_on(loss: torch.Tensor) -> None:
+        optimiser.zero_grad()
+        (loss / problem.n_layers).backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), cfg.grad_clip)
+        optimiser.step()
+
+    # -- phase 1: pre-train on the best of a pool of random and heuristic schedules ------------------
+    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
     scores = evaluate(pool)
     best.offer(problem, pool, scores)
     reference = Reference.of(scores)
-    elite = pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
-    return reference, torch.from_numpy(elite)
+    elite = torch.from_numpy(pool[np.argsort(-rewards(problem, scores, reference), kind="stable")
+                                  [: max(8, len(pool) // 20)]])
+    run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit))
+    try:
+        for step in range(cfg.pretrain_steps if pretrain else 0):
+            step_on(-agent.log_prob(elite).mean())
+            report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
 
+        # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
+        for step in range(cfg.steps):
+            if run.out_of_time():
+                run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
+                break
+            actions, logp, entropy = agent.sample(cfg.batch, generator)
+            schedules = actions.numpy()
+            scores = evaluate(schedules)
+            best.offer(problem, schedules, scores)
+            if on_step is not None:
+                learned.offer(problem, schedules, scores)
+            advantage = torch.from_numpy(rank_advantage(rewards(problem, scores, reference))).float()
+            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
+            loss = -(advantage * logp).mean() - beta * entropy.mean()
+            if best.schedule is not None and cfg.imitation > 0:
+                loss = loss - cfg.imitation * agent.log_prob(torch.from_numpy(best.schedule)[None]).mean()
+            step_on(loss)
+            report(f"{name}: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
+                   completed=step + 1, total=cfg.steps)
+            if on_step is not None:
+                on_step(step + 1, learned.key)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        run.notes.append("training interrupted (Ctrl-C): the best plan found so far")
 
-def polish_best(problem: Problem, evaluate: Evaluator, best: Best, reference: Reference, rng: np.random.Generator,
-                cfg, *, sampled_feasible: bool, out_of_time: Callable[[], bool], notes: list[str]) -> bool:
-    """The local search from the most promising schedules scored; more kicks when training sampled
-    no feasible plan. Ctrl-C stops it and keeps the best plan so far (and returns False)."""
+    # -- polish: the greedy decode, then a local search from the most promising schedules -----------
+    sampled_feasible = best.schedule is not None  # before the polish: the pool or the agent found one
+    greedy = agent.greedy()
+    best.offer(problem, greedy, evaluate(greedy))
+    report(f"{name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
     try:
         polish(problem, evaluate, best, reference, rng,
                starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
-               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=out_of_time)
+               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=run.out_of_time)
     except KeyboardInterrupt:
-        notes.append("polish interrupted (Ctrl-C): the best plan found so far")
-        return False
-    return True
+        run.interrupted = True
+        run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")
+    return agent, run
+
+
+def finish(problem: Problem, run: Run, *, name: str, seed: int) -> Plan:
+    """The run's best plan (or why there is none)."""
+    return result(problem, run.best, run.evaluate, scheduler=name, seed=seed, start=run.start, notes=run.notes,
+                  hint=HINT, interrupted=run.interrupted)

@@ -16,14 +16,23 @@ import numpy as np
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, evaluation_budget, random_schedules, result
+from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.scoring import (
+    Best,
+    Evaluator,
+    deadline,
+    evaluation_budget,
+    random_schedules,
+    result,
+)
 
 CHUNK = 1024
 
 
-def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+          options: SolveOptions | None = None) -> Plan:
     start = time.perf_counter()
-    report = progress or (lambda *a, **k: None)
+    report = progress or quiet
     budget = evaluation_budget(options)
     out_of_time = deadline(start, options.time_limit if options is not None else None)
     rng = np.random.default_rng(seed)

@@ -1,16 +1,11 @@
 """The HeterPS scheduler (Liu et al., FGCS 2023): an LSTM policy picks a resource type per layer.
 
-Read top to bottom: features, policy, generalising a saved policy, the two training phases, solve.
+Read top to bottom: policy, saved policies, generalising a saved policy, solve.
 
-* **Features** have a fixed width for any number of layers, so a saved policy
-  warm-starts a changed model. The layer's index is a sinusoidal encoding of its
-  relative position, not a one-hot: a one-hot is as wide as the model is deep,
-  which would tie a policy to one model. Then the layer kind (one-hot over
-  :data:`KINDS` and "other"), log input size, log weight size, and per resource
-  type the log OCT, the log ODT (the paper's "data communication time"), the log
-  of price x OCT and a can-run flag. The paper's five features say nothing about
-  what a layer costs on each type, and without that the policy must learn it
-  from rewards alone. Logs are standardised over the model.
+* **Features** (:mod:`heterps_cli.schedulers.features`, shared with tapp): a
+  fixed-width row per layer (relative position, kind, sizes, and per type the
+  times, price x time and a can-run flag), so a saved policy warm-starts a
+  changed model.
 * **Policy**: a bidirectional LSTM reads the features. An autoregressive LSTM
   decoder then emits, per layer, a softmax over the types it can run on, fed the
   previous layer's choice so that it can learn to keep a stage together.
@@ -21,31 +16,29 @@ Read top to bottom: features, policy, generalising a saved policy, the two train
   ``-CAP``. An infeasible schedule gets less than any feasible one, graded by how
   far it misses (throughput shortfall, limit excess, budget excess), so the
   policy learns its way back.
-* **Training**: REINFORCE with rank-normalised advantages (the batch's own
-  ranking is the baseline), an entropy bonus that decays linearly, and gradient
-  clipping; each batch is scored in one vectorised call, each distinct schedule
-  once. Phase 1 (the paper's pre-training) fits the policy to the best of a
-  pool of randomly generated schedules and simple heuristics, scored the same
-  way. Phase 2 samples from the policy itself, and also imitates the best
-  schedule found so far (self-imitation), which keeps what was learned from
-  being lost to noise. The best feasible plan ever sampled is kept, and the
-  greedy decode is tried at the end.
+* **Training** (:mod:`heterps_cli.schedulers.policy_gradient`, shared with tapp):
+  phase 1 (the paper's pre-training) fits the policy to the best of a pool of
+  random schedules and simple heuristics; phase 2 is REINFORCE on the policy's
+  own samples with rank-normalised advantages, a decaying entropy bonus and
+  self-imitation of the best schedule found so far; the greedy decode is tried
+  at the end, and the best feasible plan ever scored is kept.
 * **Warm start**: before ``--policy-out`` saves the policy, :func:`generalise`
   fits it to locally optimised plans of nearby models, so that it has learned
   to plan this model's neighbours rather than memorised this model's plan; a
   ``--policy-in`` run then skips pre-training and starts from it.
-* **Polish**: a local search (:mod:`heterps_cli.schedulers.local`) from the best
-  schedule of each of the few best stage-type sequences seen, and from the
-  heuristics; then iterated local search, kicking the best plan out of its local
-  optimum and descending again (more kicks when no feasible plan was sampled).
-  On tight instances it does much of the work; the benchmark shows both the
-  sampled and the polished gaps.
+* **Polish** (in the shared loop): a local search (:mod:`heterps_cli.schedulers.local`)
+  from the best schedule of each of the few best stage-type sequences seen, and
+  from the heuristics; then iterated local search, kicking the best plan out of
+  its local optimum and descending again (more kicks when no feasible plan was
+  sampled). On tight instances it does much of the work; the benchmark shows
+  both the sampled and the polished gaps.
 """
 
 from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,75 +49,27 @@ from torch import nn
 from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
+from heterps_cli.schedulers import policy_gradient
+from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.features import layer_features, n_features
 from heterps_cli.schedulers.local import improve
-from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool
-from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_STEPS, POLICY_VARIANTS
-from heterps_cli.schedulers.scoring import (Best, Evaluator, Reference, deadline, heuristic_schedules,
-                                            rank_advantage, result, rewards)
+from heterps_cli.schedulers.names import POLICY_VARIANTS
+from heterps_cli.schedulers.scoring import (
+    Evaluator,
+    Reference,
+    heuristic_schedules,
+    rewards,
+)
 from heterps_cli.yamlio import write_atomic
 
-KINDS = ("embedding", "fc", "conv", "pool", "activation", "norm", "attention", "dropout", "loss")
-POSITION_FREQUENCIES = 4  # sin/cos pairs of the relative position
 POLICY_FORMAT = "heterps-policy/1"
 
 
 @dataclass(frozen=True)
-class Config:
-    steps: int = DEFAULT_STEPS
-    batch: int = DEFAULT_BATCH
-    hidden: int = 64
-    lr: float = 3e-3
-    entropy_start: float = 0.1  # decays linearly to entropy_end over the steps
-    entropy_end: float = 0.01
-    grad_clip: float = 1.0
-    imitation: float = 0.05  # weight of the self-imitation term in phase 2
-    pool: int = 1024  # random schedules scored for pre-training
-    pretrain_steps: int = 20
-    time_limit: float | None = None
-    polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
-    kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
-    extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
+class Config(policy_gradient.Config):
     variants: int = POLICY_VARIANTS  # --policy-out: nearby models whose locally optimised plans the saved policy learns
     variant_spread: float = 0.1  # their per-layer times differ by up to this factor (log-uniform)
     generalise_epochs: int = 150
-
-
-# -- features -------------------------------------------------------------------
-
-
-KIND_COLUMNS = slice(2 * POSITION_FREQUENCIES + 2, 2 * POSITION_FREQUENCIES + 2 + len(KINDS) + 1)
-
-
-def n_features(n_types: int) -> int:
-    return 2 * POSITION_FREQUENCIES + 2 + len(KINDS) + 1 + 2 + 4 * n_types
-
-
-def _standardise(x: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
-    values = x[where] if where is not None else x.ravel()
-    mean, std = (values.mean(), values.std()) if values.size else (0.0, 1.0)
-    out = (x - mean) / (std if std > 1e-9 else 1.0)
-    return np.where(where, out, 0.0) if where is not None else out
-
-
-def layer_features(problem: Problem) -> np.ndarray:
-    """``[n_layers, n_features(T)]`` float32 features of each layer (see the module docstring)."""
-    n = problem.n_layers
-    pos = np.arange(n) / max(n - 1, 1)
-    freqs = np.pi * 2.0 ** np.arange(POSITION_FREQUENCIES)
-    position = np.concatenate([np.sin(pos[:, None] * freqs), np.cos(pos[:, None] * freqs),
-                               (np.arange(n) == 0)[:, None], (np.arange(n) == n - 1)[:, None]], axis=1)
-    kind = np.zeros((n, len(KINDS) + 1))
-    kind[np.arange(n), [KINDS.index(k) if k in KINDS else len(KINDS) for k in problem.layer_kinds]] = 1.0
-    sizes = _standardise(np.log1p(np.stack([problem.input_size, problem.weight_size], axis=1)))
-    can = problem.runnable
-    tiny = 1e-12
-    per_type = [
-        _standardise(np.log(np.maximum(problem.oct, tiny)), can),
-        _standardise(np.log(np.maximum(problem.odt, tiny)), can),
-        _standardise(np.log(np.maximum(problem.oct * problem.prices[None, :], tiny)), can),
-        can.astype(float),
-    ]
-    return np.concatenate([position, kind, sizes, *per_type], axis=1).astype(np.float32)
 
 
 # -- policy ---------------------------------------------------------------------
@@ -291,7 +236,7 @@ def nearby(problem: Problem, rng: np.random.Generator, spread: float) -> tuple[P
 
 
 def generalise(policy: Policy, problem: Problem, schedule: np.ndarray, cfg: Config, rng: np.random.Generator,
-               generator: torch.Generator, report) -> None:
+               generator: torch.Generator, report: Progress) -> None:
     """Teach the policy to plan nearby models, not only this one (run before saving it).
 
     Trained on one model, the policy memorises that model's stage boundaries, and
@@ -332,7 +277,30 @@ def generalise(policy: Policy, problem: Problem, schedule: np.ndarray, cfg: Conf
 # -- solve ----------------------------------------------------------------------
 
 
-def solve(problem: Problem, *, seed: int = 0, progress=None, options=None, on_step=None) -> Plan:
+@dataclass
+class Agent:
+    """The policy on one problem's features, as :func:`policy_gradient.train` drives it."""
+
+    policy: Policy
+    feats: torch.Tensor
+    mask: torch.Tensor
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.policy.parameters()
+
+    def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        actions = self.policy.sample(self.feats, self.mask, batch, generator)
+        return (actions, *self.policy.log_prob(self.feats, self.mask, actions))
+
+    def log_prob(self, schedules: torch.Tensor) -> torch.Tensor:
+        return self.policy.log_prob(self.feats, self.mask, schedules)[0]
+
+    def greedy(self) -> np.ndarray:
+        return self.policy.sample(self.feats, self.mask, 1, torch.Generator(), greedy=True).numpy()
+
+
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None,
+          on_step: Callable[[int, float], None] | None = None) -> Plan:
     """Train the policy on this problem and return the best feasible plan it found.
 
     ``on_step(step, best)``, if given, is called after every training step with
@@ -341,84 +309,26 @@ def solve(problem: Problem, *, seed: int = 0, progress=None, options=None, on_st
     without the pre-training pool and before the final polish.
     """
     start = time.perf_counter()
-    with one_thread():
-        return _train(problem, configured(Config(), options), seed, progress, options, start, on_step)
+    cfg = policy_gradient.configured(Config(), options)
+    feats, mask = torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.runnable)
+    policy_in = options.policy_in if options is not None else None
+    policy_out = options.policy_out if options is not None else None
 
+    def make_agent() -> Agent:
+        if policy_in is not None:
+            return Agent(load_policy(policy_in, problem), feats, mask)
+        return Agent(Policy(feats.shape[1], problem.n_types, cfg.hidden), feats, mask)
 
-def _train(problem: Problem, cfg: Config, seed: int, progress, options, start: float, on_step) -> Plan:
-    rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
-    feats = torch.from_numpy(layer_features(problem))
-    mask = torch.from_numpy(problem.runnable)
-    warm = options is not None and options.policy_in is not None
-    if warm:
-        policy = load_policy(options.policy_in, problem)
-    else:
-        policy = Policy(feats.shape[1], problem.n_types, cfg.hidden)
-    optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    best, evaluate, notes = Best(problem.objective), Evaluator(problem), []
-    learned = Best(problem.objective)  # the policy's own samples only: the learning curve
-    out_of_time = deadline(start, cfg.time_limit)
-    report = progress or (lambda *a, **k: None)
-
-    # Phase 1: pre-train on random schedules and their costs (the best of them, by likelihood).
-    reference, elite = pretraining_pool(problem, evaluate, best, rng, cfg.pool)
-    interrupted = False
-    try:
-        # A warm-started policy skips it: fitting the pool's elite would overwrite what the saved
-        # policy learned about nearby models (measured in benchmarks/bench_warmstart.py).
-        for step in range(0 if warm else cfg.pretrain_steps):
-            logp, _ = policy.log_prob(feats, mask, elite)
-            loss = -logp.mean() / problem.n_layers
-            optimiser.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            optimiser.step()
-            report(f"rl: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
-
-        # Phase 2: REINFORCE on the policy's own samples.
-        for step in range(cfg.steps):
-            if out_of_time():
-                notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
-                break
-            actions = policy.sample(feats, mask, cfg.batch, generator)
-            schedules = actions.numpy()
-            scores = evaluate(schedules)
-            best.offer(problem, schedules, scores)
-            learned.offer(problem, schedules, scores)
-            advantage = torch.from_numpy(rank_advantage(rewards(problem, scores, reference))).float()
-            logp, entropy = policy.log_prob(feats, mask, actions)
-            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
-            loss = -(advantage * logp).mean() - beta * entropy.mean()
-            if best.schedule is not None and cfg.imitation > 0:
-                imitate, _ = policy.log_prob(feats, mask, torch.from_numpy(best.schedule)[None])
-                loss = loss - cfg.imitation * imitate.mean()
-            optimiser.zero_grad()
-            (loss / problem.n_layers).backward()
-            nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            optimiser.step()
-            report(f"rl: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
-                   completed=step + 1, total=cfg.steps)
-            if on_step is not None:
-                on_step(step + 1, learned.key)
-    except KeyboardInterrupt:
-        interrupted = True
-        notes.append("training interrupted (Ctrl-C): the best plan found so far")
-
-    sampled_feasible = best.schedule is not None  # before the polish: the pool or the policy found one
-    greedy = policy.sample(feats, mask, 1, generator, greedy=True).numpy()
-    best.offer(problem, greedy, evaluate(greedy))
-    report("rl: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-    interrupted |= not polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
-                                   out_of_time=out_of_time, notes=notes)
-    saving = options is not None and options.policy_out is not None
-    if saving and best.schedule is not None and not interrupted:
-        try:
-            generalise(policy, problem, best.schedule, cfg, rng, generator, report)
-            save_policy(policy, problem, options.policy_out)
-        except KeyboardInterrupt:
-            interrupted = True
-            notes.append(f"interrupted (Ctrl-C) while generalising the policy: {options.policy_out} not written")
-    return result(problem, best, evaluate, scheduler="rl", seed=seed, start=start, notes=notes,
-                  hint="give it more --steps, or use --scheduler exact", interrupted=interrupted)
+    with policy_gradient.one_thread():
+        # A warm-started policy skips pre-training: fitting the pool's elite would overwrite what the
+        # saved policy learned about nearby models (measured in benchmarks/bench_warmstart.py).
+        agent, run = policy_gradient.train(problem, cfg, make_agent, name="rl", seed=seed, start=start,
+                                           pretrain=policy_in is None, progress=progress, on_step=on_step)
+        if policy_out is not None and run.best.schedule is not None and not run.interrupted:
+            try:
+                generalise(agent.policy, problem, run.best.schedule, cfg, run.rng, run.generator, progress or quiet)
+                save_policy(agent.policy, problem, policy_out)
+            except KeyboardInterrupt:
+                run.interrupted = True
+                run.notes.append(f"interrupted (Ctrl-C) while generalising the policy: {policy_out} not written")
+    return policy_gradient.finish(problem, run, name="rl", seed=seed)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.costmodel import better, provision, split_stages
+from heterps_cli.errors import SearchFailed
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact import diagnose
+from heterps_cli.schedulers.base import SolveOptions
 from heterps_cli.schedulers.names import DEFAULT_EVALUATIONS
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
@@ -116,21 +117,21 @@ def deadline(start: float, limit: float | None) -> Callable[[], bool]:
 
 def result(problem: Problem, best: Best, evaluate: Evaluator, *, scheduler: str, seed: int, start: float,
            notes: list[str], hint: str, interrupted: bool = False) -> Plan:
-    """The best feasible plan found, or the InfeasibleError that says what the limits allow (and ``hint``).
+    """The best feasible plan found, or :class:`~heterps_cli.errors.SearchFailed` (with ``hint``).
 
     ``interrupted``: Ctrl-C cut the search short. The plan says so, and with no
     plan at all the interrupt goes on up (exit 130, not "infeasible")."""
     if best.schedule is None and interrupted:
         raise KeyboardInterrupt
     if best.schedule is None:
-        raise diagnose(problem, f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} "
-                       "evaluations", hint)
+        raise SearchFailed(f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} "
+                           "evaluations", hint)
     return make_plan(problem, best.schedule, best.replicas, scheduler=scheduler, seed=seed,
                      solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes),
                      interrupted=interrupted)
 
 
-def evaluation_budget(options) -> int:
+def evaluation_budget(options: SolveOptions | None) -> int:
     """The cost-model evaluations genetic and random may spend: the option, else :data:`DEFAULT_EVALUATIONS`."""
     return options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
 

@@ -4,7 +4,7 @@ attention network allocates groups to resource types; both trained jointly by po
 Read top to bottom: encoding, the two networks, sampling, training, solve.
 
 * **Encoding** of a layer: its kind as a learned word vector (a dictionary of the
-  known kinds, :data:`~heterps_cli.schedulers.rl.KINDS`, and "unknown"); the
+  known kinds, :data:`~heterps_cli.schedulers.features.KINDS`, and "unknown"); the
   numbers the rl scheduler reads (relative position, log input and weight
   sizes, per type log OCT, log ODT, log price x OCT, can-run: the paper's
   "parameter metrics", with OCT standing in for GFLOPs); and the relative index
@@ -23,7 +23,7 @@ Read top to bottom: encoding, the two networks, sampling, training, solve.
   then a softmax over the types every layer of the group can run on.
   Consecutive groups on the same type form one stage (SPEC section 1);
   replicas come from exact provisioning.
-* **Training** shares the rl scheduler's loop pieces: rank-normalised
+* **Training** is the loop rl uses (:mod:`heterps_cli.schedulers.policy_gradient`): rank-normalised
   REINFORCE on the *sum* of both networks' log-probabilities, a decaying
   entropy bonus, gradient clipping, pre-training on the best of a random pool,
   self-imitation of the best plan found, the best feasible plan ever sampled
@@ -34,6 +34,7 @@ Read top to bottom: encoding, the two networks, sampling, training, solve.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,31 +43,21 @@ from torch import nn
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.policy_gradient import configured, one_thread, polish_best, pretraining_pool
-from heterps_cli.schedulers.rl import KIND_COLUMNS, KINDS, layer_features
-from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_STEPS
-from heterps_cli.schedulers.scoring import Best, Evaluator, deadline, rank_advantage, result, rewards
+from heterps_cli.schedulers import policy_gradient
+from heterps_cli.schedulers.base import Progress, SolveOptions
+from heterps_cli.schedulers.features import (
+    KIND_COLUMNS,
+    KINDS,
+    kind_index,
+    layer_features,
+)
 
 
 @dataclass(frozen=True)
-class Config:
-    steps: int = DEFAULT_STEPS
-    batch: int = DEFAULT_BATCH
+class Config(policy_gradient.Config):
     groups: int = 12  # G: the most groups the partition network opens by choice
-    hidden: int = 64
     word: int = 8  # width of the learned kind vectors
     heads: int = 2
-    lr: float = 3e-3
-    entropy_start: float = 0.1
-    entropy_end: float = 0.01
-    grad_clip: float = 1.0
-    imitation: float = 0.05
-    pool: int = 1024
-    pretrain_steps: int = 20
-    time_limit: float | None = None
-    polish_starts: int = 5
-    kicks: int = 20
-    extra_kicks: int = 60
 
 
 # -- encoding -------------------------------------------------------------------
@@ -74,7 +65,7 @@ class Config:
 
 def encoding(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """(kind index per layer ``[n]``, numbers per layer ``[n, F]``); see the module docstring."""
-    kinds = torch.tensor([KINDS.index(k) if k in KINDS else len(KINDS) for k in problem.layer_kinds])
+    kinds = torch.tensor([kind_index(k) for k in problem.layer_kinds])
     n = problem.n_layers
     numbers = np.delete(layer_features(problem), np.r_[KIND_COLUMNS], axis=1)  # the word vector replaces it
     following = np.where(np.arange(n) + 1 < n, (np.arange(n) + 1) / max(n - 1, 1), -1.0)[:, None]
@@ -202,67 +193,43 @@ def _log_prob(nets: Networks, kinds, numbers, runnable, cfg: Config, *, generato
 # -- solve ----------------------------------------------------------------------
 
 
-def solve(problem: Problem, *, seed: int = 0, progress=None, options=None) -> Plan:
+@dataclass
+class Agent:
+    """Both networks on one problem's encoding, as :func:`policy_gradient.train` drives them."""
+
+    nets: Networks
+    kinds: torch.Tensor
+    numbers: torch.Tensor
+    runnable: torch.Tensor
+    cfg: Config
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.nets.parameters()
+
+    def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _log_prob(self.nets, self.kinds, self.numbers, self.runnable, self.cfg, generator=generator, batch=batch)
+
+    def log_prob(self, schedules: torch.Tensor) -> torch.Tensor:
+        return _log_prob(self.nets, self.kinds, self.numbers, self.runnable, self.cfg, schedules=schedules)[1]
+
+    def greedy(self) -> np.ndarray:
+        with torch.no_grad():
+            return _log_prob(self.nets, self.kinds, self.numbers, self.runnable, self.cfg, batch=1,
+                             greedy=True)[0].numpy()
+
+
+def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+          options: SolveOptions | None = None) -> Plan:
     """Train both networks on this problem and return the best feasible plan found."""
     start = time.perf_counter()
-    with one_thread():
-        return _train(problem, configured(Config(), options), seed, progress, start)
-
-
-def _train(problem: Problem, cfg: Config, seed: int, progress, start: float) -> Plan:
-    rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
+    cfg = policy_gradient.configured(Config(), options)
     kinds, numbers = encoding(problem)
     runnable = torch.from_numpy(problem.runnable)
-    nets = Networks(numbers.shape[1], problem.n_types, cfg)
-    optimiser = torch.optim.Adam(nets.parameters(), lr=cfg.lr)
-    best, evaluate, notes = Best(problem.objective), Evaluator(problem), []
-    out_of_time = deadline(start, cfg.time_limit)
-    report = progress or (lambda *a, **k: None)
 
-    def step_on(loss: torch.Tensor) -> None:
-        optimiser.zero_grad()
-        (loss / problem.n_layers).backward()
-        nn.utils.clip_grad_norm_(nets.parameters(), cfg.grad_clip)
-        optimiser.step()
+    def make_agent() -> Agent:
+        return Agent(Networks(numbers.shape[1], problem.n_types, cfg), kinds, numbers, runnable, cfg)
 
-    reference, elite = pretraining_pool(problem, evaluate, best, rng, cfg.pool)
-    interrupted = False
-    try:
-        for step in range(cfg.pretrain_steps):
-            _, logp, _ = _log_prob(nets, kinds, numbers, runnable, cfg, schedules=elite)
-            step_on(-logp.mean())
-            report(f"tapp: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
-        for step in range(cfg.steps):
-            if out_of_time():
-                notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
-                break
-            actions, logp, entropy = _log_prob(nets, kinds, numbers, runnable, cfg, generator=generator,
-                                               batch=cfg.batch)
-            schedules = actions.numpy()
-            scores = evaluate(schedules)
-            best.offer(problem, schedules, scores)
-            advantage = torch.from_numpy(rank_advantage(rewards(problem, scores, reference))).float()
-            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
-            loss = -(advantage * logp).mean() - beta * entropy.mean()
-            if best.schedule is not None and cfg.imitation > 0:
-                _, imitate, _ = _log_prob(nets, kinds, numbers, runnable, cfg,
-                                          schedules=torch.from_numpy(best.schedule)[None])
-                loss = loss - cfg.imitation * imitate.mean()
-            step_on(loss)
-            report(f"tapp: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
-                   completed=step + 1, total=cfg.steps)
-    except KeyboardInterrupt:
-        interrupted = True
-        notes.append("training interrupted (Ctrl-C): the best plan found so far")
-
-    sampled_feasible = best.schedule is not None
-    with torch.no_grad():
-        greedy, _, _ = _log_prob(nets, kinds, numbers, runnable, cfg, batch=1, greedy=True)
-    best.offer(problem, greedy.numpy(), evaluate(greedy.numpy()))
-    report("tapp: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-    interrupted |= not polish_best(problem, evaluate, best, reference, rng, cfg, sampled_feasible=sampled_feasible,
-                                   out_of_time=out_of_time, notes=notes)
-    return result(problem, best, evaluate, scheduler="tapp", seed=seed, start=start, notes=notes,
-                  hint="give it more --steps, or use --scheduler exact", interrupted=interrupted)
+    with policy_gradient.one_thread():
+        _, run = policy_gradient.train(problem, cfg, make_agent, name="tapp", seed=seed, start=start,
+                                       progress=progress)
+    return policy_gradient.finish(problem, run, name="tapp", seed=seed)

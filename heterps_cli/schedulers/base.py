@@ -1,0 +1,48 @@
+"""What every scheduler shares: the signature it is called with and the options it reads.
+
+No imports of numpy or torch here, so that the registry and the CLI can load it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from heterps_cli.plan import Plan
+    from heterps_cli.problem import Problem
+
+
+class Progress(Protocol):
+    """Reports how far a scheduler has got (the CLI draws a progress bar from it)."""
+
+    def __call__(self, description: str, completed: float | None = None, total: float | None = None) -> None: ...
+
+
+def quiet(description: str, completed: float | None = None, total: float | None = None) -> None:
+    """A :class:`Progress` that reports nothing."""
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Budget and learning options; schedulers ignore what does not apply to them."""
+
+    steps: int | None = None  # training steps (None: the scheduler's default)
+    batch: int | None = None  # schedules sampled per step
+    time_limit: float | None = None  # seconds of training at most
+    policy_in: Path | None = None  # warm-start from this saved policy
+    policy_out: Path | None = None  # save the trained policy here
+    evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)
+
+
+class Solver(Protocol):
+    """A scheduler's ``solve``: the best plan it finds for the problem.
+
+    Raises :class:`~heterps_cli.errors.InfeasibleError` when it finds none
+    (a search raises :class:`~heterps_cli.errors.SearchFailed`, which the
+    registry's :func:`~heterps_cli.schedulers.solve` explains).
+    """
+
+    def __call__(self, problem: Problem, *, seed: int = 0, progress: Progress | None = None,
+                 options: SolveOptions | None = None) -> Plan: ...
