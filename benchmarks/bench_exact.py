@@ -19,12 +19,10 @@ from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
 from heterps_cli.schedulers import exact  # noqa: E402
-from heterps_cli.yamlio import Document  # noqa: E402
 
 
 def problem_for(profile: dict, cluster: dict, objective: str):
-    return build_problem(Profile.model_validate(profile), Document("<generated>", profile, {}),
-                         Cluster.model_validate(cluster), Document("<generated>", cluster, {}), objective=objective)
+    return build_problem(Profile.model_validate(profile), Cluster.model_validate(cluster), objective=objective)
 
 
 def run(sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3) -> list[dict]:

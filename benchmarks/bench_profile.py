@@ -27,17 +27,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from heterps_cli import profile_processes, profiler  # noqa: E402
+from heterps_cli.profiling import measure  # noqa: E402
+from heterps_cli.profiling.processes import measure_in_processes  # noqa: E402
 
 MODELS = {"mlp": 256, "ctr": 512, "vgg16": 32, "transformer": 16}
 
 
 def one(name: str, batch: int, out: Path, processes: int) -> None:
     if processes > 1:
-        measured = profile_processes.measure(name, batch, None, "cpu", device="cpu", repetitions=20, link_gbps=10,
+        measured = measure_in_processes(name, batch, None, "cpu", device="cpu", repetitions=20, link_gbps=10,
                                              processes=processes)
     else:
-        measured = profiler.profile(profiler.load_model(name, batch), "cpu", link_gbps=10)
+        measured = measure.measure(measure.load_model(name, batch), "cpu", link_gbps=10)
     out.write_text(json.dumps({"oct": [layer.oct for layer in measured.layers], "step": measured.step,
                                "names": [layer.name for layer in measured.layers]}))
 

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.make_instances import names, paths  # noqa: E402
-from heterps_cli.compare import run  # noqa: E402
+from heterps_cli.compare import compare_schedulers  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
 from heterps_cli.schedulers import SCHEDULERS  # noqa: E402
 
@@ -74,7 +74,7 @@ def main() -> None:
     results = {}
     for name in [n for n in names() if not args.only or args.only in n]:
         profile, cluster = paths(name)
-        entries = run(load_problem(str(profile), str(cluster)), schedulers, seed=0)
+        entries = compare_schedulers(load_problem(str(profile), str(cluster)), schedulers, seed=0)
         results[name] = {e.scheduler: e for e in entries}
         print(f"  {name}: " + ", ".join(f"{e.scheduler} {pct(e.gap if e.plan else None)} {e.solve_s:.1f}s"
                                         for e in entries), file=sys.stderr, flush=True)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
+from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve
 
 BUDGETED = ("genetic", "random")  # the schedulers whose budget is a number of evaluations
 
@@ -42,8 +43,9 @@ class Entry:
         }
 
 
-def run(problem: Problem, names: list[str], *, seed: int = 0, options: SolveOptions = SolveOptions(),
-        progress=None, on_done=None) -> list[Entry]:
+def compare_schedulers(problem: Problem, names: list[str], *, seed: int = 0, options: SolveOptions = SolveOptions(),
+                       progress: Progress | None = None,
+                       on_done: Callable[[Entry], None] | None = None) -> list[Entry]:
     """Each scheduler in ``names`` on ``problem``; entries in the order of ``names``, gaps filled in.
 
     ``progress`` is passed to each scheduler with its position prefixed;
@@ -59,7 +61,8 @@ def run(problem: Problem, names: list[str], *, seed: int = 0, options: SolveOpti
         if name in BUDGETED and options.evaluations is None and "rl" in done and done["rl"].plan is not None:
             own = replace(options, evaluations=done["rl"].plan.evaluations)
 
-        def report(description, completed=None, total=None, _prefix=f"[{position}/{len(order)}] "):
+        def report(description: str, completed: float | None = None, total: float | None = None,
+                   _prefix: str = f"[{position}/{len(order)}] ") -> None:
             if progress is not None:
                 progress(_prefix + description, completed=completed, total=total)
 

@@ -29,7 +29,7 @@ from heterps_cli.problem import Problem
 
 # Relative slack for constraint checks, so a plan that meets a limit to the last
 # bit in one summation order is not declared infeasible in another.
-REL_TOL = 1e-12
+SLACK = 1e-12
 
 
 def stage_throughput(sc, pc, sd, pd, batch_size, k):
@@ -160,19 +160,19 @@ def score(problem: Problem, stages: Stages, replicas) -> Scores:
 
 
 def throughput_floor(problem: Problem) -> float:
-    """The least throughput that meets ``min_throughput``, with :data:`REL_TOL` slack.
+    """The least throughput that meets ``min_throughput``, with :data:`SLACK` slack.
 
     The slack matters when the target equals a plan's throughput in exact
     arithmetic (say, the throughput of one replica per stage) and the float sums
     land one ulp below it.
     """
-    return problem.min_throughput * (1 - REL_TOL)
+    return problem.min_throughput * (1 - SLACK)
 
 
 def meets_targets(problem: Problem, throughput, cost):
     ok = np.asarray(throughput) >= throughput_floor(problem)
     if problem.max_cost is not None:
-        ok &= np.asarray(cost) <= problem.max_cost * (1 + REL_TOL)
+        ok &= np.asarray(cost) <= problem.max_cost * (1 + SLACK)
     return ok
 
 
@@ -267,7 +267,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         if problem.objective == "cost":
             # No plan at least as fast as the target can cost less than this bound.
             bound = problem.work / 3600.0 * cost_lower_bound(price, k, thr_s).sum(axis=1)
-            active &= bound < best_cost * (1 - REL_TOL)
+            active &= bound < best_cost * (1 - SLACK)
         thr = thr_s.min(axis=1)
         cost = problem.work / thr / 3600.0 * rate
         take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost, best_thr)
@@ -277,7 +277,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
             # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
             # this rate), so targets below W * rate / best_cost cannot win: skip them.
             with np.errstate(divide="ignore", invalid="ignore"):
-                skip = problem.work / 3600.0 * rate / best_cost * (1 - REL_TOL)
+                skip = problem.work / 3600.0 * rate / best_cost * (1 - SLACK)
             target = np.where(active & np.isfinite(skip), np.maximum(target, skip), target)
     missed = ~np.isfinite(best_cost)
     if missed.any():

@@ -58,3 +58,8 @@ def duration(seconds: float) -> str:
 def plural(n: int, word: str, words: str | None = None) -> str:
     """'1 stage', '3 stages'."""
     return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+def setting(value) -> str:
+    """A job setting as a message shows it: 'ctr', none, 1e+09."""
+    return repr(value) if isinstance(value, str) else "none" if value is None else f"{value:,g}"

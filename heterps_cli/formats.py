@@ -269,9 +269,15 @@ def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Docu
     return loaded[0], loaded[1]
 
 
-def usable_types(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> tuple[str, ...]:
-    """The cluster's types that the profile times, in cluster order; an error if some layer has none."""
-    types = tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
+def usable_types(profile: Profile, cluster: Cluster) -> tuple[str, ...]:
+    """The cluster's types that the profile times, in cluster order (a type that runs no layer
+    can never be part of a plan)."""
+    return tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
+
+
+def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
+    """An error naming the profile's line if the cluster offers no type some layer can run on."""
+    types = usable_types(profile, cluster)
     if not types:
         profiled = sorted({t for layer in profile.layers for t in layer.times})
         raise pdoc.error(
@@ -286,4 +292,3 @@ def usable_types(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Docum
                 f"layer '{layer.name}' can run on none of the resource types in {cdoc.path} "
                 f"(it is timed on: {', '.join(layer.times)}; the cluster offers: {', '.join(cluster.resources)})",
             )
-    return types

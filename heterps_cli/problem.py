@@ -14,10 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.errors import InputError
-from heterps_cli.formats import Cluster, Profile, load_cluster, load_profile, usable_types
+from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, usable_types
 from heterps_cli.yamlio import Document
-
-OBJECTIVES = ("cost", "time")
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,11 +74,29 @@ class Problem:
         return dataclasses.replace(self, **changes)
 
 
+def load_problem(profile_path: str, cluster_path: str, *, objective: str = "cost", samples: float | None = None,
+                 epochs: float | None = None, min_throughput: float | None = None,
+                 max_cost: float | None = None) -> Problem:
+    """Read, validate and join a profile and a cluster file into the problem every scheduler takes.
+
+    ``samples``, ``epochs`` and ``min_throughput`` override the profile's ``job``
+    section (None: the profile's). Every problem in the files is an
+    :class:`~heterps_cli.errors.InputError` naming the file, line and field.
+    """
+    (profile, pdoc), (cluster, cdoc) = load_pair(profile_path, cluster_path)
+    check_pair(profile, pdoc, cluster, cdoc)
+    if samples is None and profile.job.samples is None:
+        raise pdoc.error(("job", "samples"), "samples per epoch are not given: set job.samples in the profile, "
+                         "or give them to the command (--samples N)")
+    problem = build_problem(profile, cluster, objective=objective, samples=samples, epochs=epochs,
+                            min_throughput=min_throughput, max_cost=max_cost)
+    _check_finite_figures(problem, pdoc, samples_given=samples is not None, epochs_given=epochs is not None)
+    return problem
+
+
 def build_problem(
     profile: Profile,
-    pdoc: Document,
     cluster: Cluster,
-    cdoc: Document,
     *,
     objective: str = "cost",
     samples: float | None = None,
@@ -88,12 +104,17 @@ def build_problem(
     min_throughput: float | None = None,
     max_cost: float | None = None,
 ) -> Problem:
-    """Join a profile and a cluster; command-line values override the profile's ``job``."""
-    types = usable_types(profile, pdoc, cluster, cdoc)
+    """Join a validated profile and cluster (:func:`load_problem` checks them against each other
+    first); the keyword values override the profile's ``job``."""
+    if objective not in ("cost", "time"):
+        raise ValueError(f"objective must be cost or time, not {objective!r}")
+    types = usable_types(profile, cluster)
     samples = samples if samples is not None else profile.job.samples
     if samples is None:
-        raise pdoc.error(("job", "samples"), "samples per epoch are not given: set job.samples in the profile or pass --samples")
+        raise ValueError("samples per epoch are not given: the profile has no job.samples")
     n, T = len(profile.layers), len(types)
+    if T == 0:
+        raise ValueError("the cluster offers none of the resource types the profile times")
     oct_, odt, alpha, beta = (np.zeros((n, T)) for _ in range(4))
     runnable = np.zeros((n, T), dtype=bool)
     for i, layer in enumerate(profile.layers):
@@ -103,10 +124,10 @@ def build_problem(
                 oct_[i, j], odt[i, j] = entry.oct, entry.odt
                 alpha[i, j], beta[i, j] = layer.fractions(t)
                 runnable[i, j] = True
+    if not runnable.any(axis=1).all():
+        layer = profile.layers[int(np.argmin(runnable.any(axis=1)))]
+        raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
     res = [cluster.resources[t] for t in types]
-    epochs = float(epochs if epochs is not None else (profile.job.epochs or 1.0))
-    _check_finite_figures(pdoc, float(samples), epochs, profile.batch_size, oct_ + odt,
-                          sum(r.price * r.limit for r in res), flags=(samples is not profile.job.samples, epochs))
     return Problem(
         model=profile.model,
         cluster=cluster.cluster,
@@ -125,38 +146,30 @@ def build_problem(
         runnable=runnable,
         batch_size=profile.batch_size,
         samples=float(samples),
-        epochs=epochs,
+        epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
         min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
         max_cost=max_cost,
         objective=objective,
     )
 
 
-def _check_finite_figures(pdoc: Document, samples: float, epochs: float, batch_size: int, per_batch: np.ndarray,
-                          rate: float, flags: tuple[bool, float | None]) -> None:
+def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bool, epochs_given: bool) -> None:
     """Refuse a job whose training time or cost would overflow a float, before any search.
 
     No plan is slower than every layer on its slowest type with one replica (each
     stage takes at most the sum of its layers' times), nor dearer per hour than
     every unit of every type, so these bounds hold for every plan.
     """
-    work = samples * epochs
-    slowest = batch_size / max(float(per_batch.max(axis=1).sum()), 1e-300)
+    work = problem.work
+    per_batch = problem.oct + problem.odt
+    slowest = problem.batch_size / max(float(per_batch.max(axis=1).sum()), 1e-300)
     worst_time = work / slowest
-    worst_cost = worst_time / 3600 * rate
+    worst_cost = worst_time / 3600 * float(problem.prices @ problem.limits)
     if math.isfinite(work) and math.isfinite(worst_time) and math.isfinite(worst_cost):
         return
-    samples_from = "--samples" if flags[0] else "job.samples"
-    epochs_from = "--epochs" if flags[1] is not None else "job.epochs"
     figure = "samples" if not math.isfinite(work) else "training time" if not math.isfinite(worst_time) else "cost"
-    raise InputError(pdoc.path if samples_from.startswith("job") else None,
-                     pdoc.line(("job", "samples")) if samples_from.startswith("job") else None,
-                     f"{samples_from} x {epochs_from}",
-                     f"{samples:g} samples x {epochs:g} epochs is too large: the job's {figure} would overflow "
-                     "a float (over 1.8e308); give a real job size")
-
-
-def load_problem(profile_path: str, cluster_path: str, **options) -> Problem:
-    profile, pdoc = load_profile(profile_path)
-    cluster, cdoc = load_cluster(cluster_path)
-    return build_problem(profile, pdoc, cluster, cdoc, **options)
+    in_file = not samples_given
+    raise InputError(pdoc.path if in_file else None, pdoc.line(("job", "samples")) if in_file else None,
+                     f"{'samples' if samples_given else 'job.samples'} x {'epochs' if epochs_given else 'job.epochs'}",
+                     f"{problem.samples:g} samples x {problem.epochs:g} epochs is too large: the job's {figure} would "
+                     "overflow a float (over 1.8e308); give a real job size")

@@ -8,7 +8,6 @@ import yaml
 from heterps_cli.formats import Cluster, Profile
 from heterps_cli.problem import Problem, build_problem
 from heterps_cli.schedulers import scoring
-from heterps_cli.yamlio import Document
 
 
 def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samples=1e6, min_throughput=0.0):
@@ -31,11 +30,7 @@ def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samp
 
 
 def problem_from_dicts(profile: dict, cluster: dict, **options) -> Problem:
-    return build_problem(
-        Profile.model_validate(profile), Document("<profile>", profile, {}),
-        Cluster.model_validate(cluster), Document("<cluster>", cluster, {}),
-        **options,
-    )
+    return build_problem(Profile.model_validate(profile), Cluster.model_validate(cluster), **options)
 
 
 def write_yaml(path, data) -> str:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import load_problem
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from heterps_cli import errors
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -61,7 +61,7 @@ def test_readme_commands_run(command, tmp_path, monkeypatch):
 
 def test_exit_code_table_matches_the_code():
     table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", README, flags=re.M))
-    assert {int(k) for k in table} == {errors.EXIT_OK, errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT,
+    assert {int(k) for k in table} == {0, errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT,
                                       errors.EXIT_INFEASIBLE, errors.EXIT_INTERNAL}
 
 
@@ -75,7 +75,13 @@ def test_readme_error_examples_are_what_the_tool_prints(tmp_path, monkeypatch):
     assert shown.rstrip("…").split(": ", 1)[1].strip() in result.stderr
 
 
-def test_every_module_the_readme_lists_exists():
-    layout = README.split("## Development", 1)[1]
-    for name in re.findall(r"^  (\S+\.py|\S+/)", layout, flags=re.M):
-        assert (ROOT / "heterps_cli" / name).exists(), name
+def test_the_readme_layout_lists_every_module_and_only_those():
+    layout = README.split("## Development", 1)[1].split("```")[1]
+    listed, folder = set(), ""
+    for indent, name in re.findall(r"^( {2,4})(\S+\.py|\S+/)", layout, flags=re.M):
+        if len(indent) == 2:
+            folder = name if name.endswith("/") else ""
+        listed.add(name if len(indent) == 2 else folder + name)
+    on_disk = {str(p.relative_to(ROOT / "heterps_cli")) for p in (ROOT / "heterps_cli").rglob("*.py")}
+    on_disk = {p for p in on_disk if not p.endswith("__init__.py") or p == "__init__.py"} - {"__main__.py"}
+    assert {n for n in listed if n.endswith(".py")} == on_disk

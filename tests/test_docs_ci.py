@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs/ci.md").read_text()

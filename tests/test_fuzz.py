@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("profiles/ctr.yaml", "clusters/paper.yaml"), ("profiles/transformer.yaml", "clusters/three-type.yaml"),

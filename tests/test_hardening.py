@@ -21,7 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 from heterps_cli.figures import count, duration, usd
 from tests.helpers import interrupt_evaluations
 
@@ -97,9 +97,9 @@ def test_yaml_1_2_numbers_never_read_as_other_numbers(tmp_path):
 # -- numbers that overflow --------------------------------------------------------------
 
 
-def test_a_job_whose_cost_overflows_is_bad_input_naming_the_flags():
+def test_a_job_whose_cost_overflows_is_bad_input_naming_the_settings():
     _bad(["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e308", "--scheduler", "exact"],
-         "--samples x --epochs: ", "would overflow")
+         "samples x epochs: ", "would overflow")
     _bad(["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e308", "--scheduler", "exact", "--json"],
          "would overflow")
 
@@ -385,7 +385,7 @@ def test_compare_fits_80_columns():
 
 
 def test_importing_the_cli_imports_neither_torch_nor_numpy():
-    code = "import sys, heterps_cli.cli; print(sorted({'torch', 'numpy', 'matplotlib'} & set(sys.modules)))"
+    code = "import sys, heterps_cli.cli.app; print(sorted({'torch', 'numpy', 'matplotlib'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 from heterps_cli.yamlio import load_yaml
 from tests.oracle import optimum_by_bottleneck, spec_figures
 

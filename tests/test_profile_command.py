@@ -11,11 +11,11 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from heterps_cli import profiler
-from heterps_cli.cli import app
+from heterps_cli.profiling import measure
+from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profile_processes import combine
+from heterps_cli.profiling.processes import combine
 
 runner = CliRunner()
 
@@ -97,13 +97,13 @@ def test_zoo_ctr_profiles(tmp_path):
 
 
 def test_sum_of_layer_times_matches_a_full_step():
-    model = profiler.load_model("mlp", 256)
-    calls = profiler.trace(model)
+    model = measure.load_model("mlp", 256)
+    calls = measure.trace(model)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        layers = sum(statistics.median(profiler.run_times(c, "cpu", 20)) for c in calls)
-        step = statistics.median(profiler.step_times(model, "cpu", 20))
+        layers = sum(statistics.median(measure.run_times(c, "cpu", 20)) for c in calls)
+        step = statistics.median(measure.step_times(model, "cpu", 20))
     finally:
         torch.set_num_threads(threads)
     assert 0.75 <= layers / step <= 1.25, (layers, step)
@@ -167,18 +167,18 @@ def test_layer_kinds_from_module_classes():
              nn.MaxPool2d(2): "pool", nn.ReLU(): "activation", nn.LayerNorm(2): "norm",
              nn.MultiheadAttention(4, 1): "attention", nn.Dropout(): "dropout", nn.MSELoss(): "loss",
              nn.Flatten(): "flatten"}
-    assert {profiler.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
+    assert {measure.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
 
 
 def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     for alpha in (0.0, 0.3, 0.9):
         threads = [1, 2, 3, 4]
         times = [0.01 * (1 - alpha + alpha / k) for k in threads]
-        fitted, residual = profiler.fit_alpha(threads, times)
+        fitted, residual = measure.fit_alpha(threads, times)
         assert fitted == pytest.approx(alpha, abs=1e-9) and residual < 1e-9
-    assert profiler.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
-    assert profiler.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
-    assert profiler.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
+    assert measure.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
+    assert measure.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
+    assert measure.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
 
 
 @pytest.mark.slow
@@ -200,8 +200,8 @@ def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
 
 def test_combine_takes_medians_and_refuses_different_layers():
     def run(octs, names=("a", "b"), step=1.0):
-        layers = [profiler.LayerProfile(n, "fc", 4.0, 8.0, o, o / 10, 0.9, 0.5, 0.01) for n, o in zip(names, octs)]
-        return profiler.Profiled("m", "cpu", "cpu", 8, 1e9, "given", 20, layers, step)
+        layers = [measure.LayerProfile(n, "fc", 4.0, 8.0, o, o / 10, 0.9, 0.5, 0.01) for n, o in zip(names, octs)]
+        return measure.Profiled("m", "cpu", "cpu", 8, 1e9, "given", 20, layers, step)
 
     combined = combine([run([1.0, 5.0], step=2.0), run([3.0, 4.0], step=9.0), run([2.0, 100.0], step=3.0)])
     assert [layer.oct for layer in combined.layers] == [2.0, 5.0] and combined.step == 3.0

@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import SolveOptions, rl, scoring
@@ -53,9 +53,9 @@ def test_sampling_respects_the_mask():
     assert logp.item() < -1e6
 
 
-def _scored(problem, feasible, cost, throughput) -> scoring.Scored:
+def _scored(problem, feasible, cost, throughput) -> scoring.Provisioned:
     B = len(feasible)
-    return scoring.Scored(np.array(feasible), np.array(cost), np.array(throughput),
+    return scoring.Provisioned(np.array(feasible), np.array(cost), np.array(throughput),
                      np.zeros((B, problem.n_types)), np.ones((B, problem.n_layers)))
 
 

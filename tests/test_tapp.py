@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 from heterps_cli.schedulers import SolveOptions, tapp
 from tests.helpers import interrupt_evaluations, instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 from heterps_cli.yamlio import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from heterps_cli.cli import app
+from heterps_cli.cli.app import app
 
 runner = CliRunner()
 

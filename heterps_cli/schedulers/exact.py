@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.costmodel import (
-    REL_TOL,
+    SLACK,
     cost_lower_bound,
     meets_targets,
     min_replicas,
@@ -273,7 +273,7 @@ class _Solver:
         best, target = None, throughput_floor(self.p)
         while True:
             K = self.replicas(target)
-            if best is not None and self.lower_bound(K) >= best.cost * (1 - REL_TOL):
+            if best is not None and self.lower_bound(K) >= best.cost * (1 - SLACK):
                 return best
             cand = self.cheapest(target, K)
             if cand is None:
@@ -284,7 +284,7 @@ class _Solver:
                 return best  # free: nothing is cheaper
             # cand's price rate is the least any plan this fast can have, so a plan with
             # throughput X costs at least W * rate / X: below the skip point none can win.
-            skip = cand.cost * cand.throughput / best.cost * (1 - REL_TOL)
+            skip = cand.cost * cand.throughput / best.cost * (1 - SLACK)
             target = max(float(np.nextafter(cand.throughput, np.inf)), skip)
 
     def reachable(self, target: float) -> bool:
@@ -301,7 +301,7 @@ class _Solver:
         w = 1.0 / p.limits.astype(float)
         for _ in range(8):
             value, stages = _chain_dp(np.where(finite, K * w[None, None, :], np.inf))
-            if stages is None or value > float(w @ p.limits) * (1 + REL_TOL):
+            if stages is None or value > float(w @ p.limits) * (1 + SLACK):
                 return False
             used = self._used(stages, K)
             if (used <= p.limits).all():
@@ -336,7 +336,7 @@ class _Solver:
     def max_throughput_within_budget(self) -> _Candidate | None:
         best, target = None, 0.0
         while (cand := self.cheapest(target)) is not None:
-            if cand.cost <= self.p.max_cost * (1 + REL_TOL):
+            if cand.cost <= self.p.max_cost * (1 + SLACK):
                 if best is None or cand.throughput > best.throughput:
                     best = cand
             target = float(np.nextafter(cand.throughput, np.inf))

@@ -34,8 +34,9 @@ TIE_BREAK = 1e-3
 
 
 @dataclass
-class Scored:
-    """What training needs of a batch of scored schedules (replicas padded to one per layer)."""
+class Provisioned:
+    """A batch of schedules provisioned (exact replicas) and scored: what training needs (replicas padded
+    to one per layer). Not :class:`~heterps_cli.costmodel.Scores`, the cost model's full per-stage figures."""
 
     feasible: np.ndarray
     cost: np.ndarray
@@ -56,7 +57,7 @@ class Evaluator:
         self.cache: dict[bytes, tuple] = {}
         self.evaluations = 0
 
-    def __call__(self, schedules: np.ndarray) -> Scored:
+    def __call__(self, schedules: np.ndarray) -> Provisioned:
         keys = [row.tobytes() for row in schedules]
         new = {k: i for i, k in enumerate(keys) if k not in self.cache}
         if new:
@@ -70,7 +71,7 @@ class Evaluator:
                 self.cache[key] = (bool(scores.feasible[j]), float(scores.cost[j]), float(scores.throughput[j]),
                                    scores.used[j].copy(), replicas)
         feasible, cost, thr, used, replicas = zip(*(self.cache[k] for k in keys))
-        return Scored(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
+        return Provisioned(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Best:
             return math.inf
         return -self.throughput if self.objective == "time" else self.cost
 
-    def offer(self, problem: Problem, schedules: np.ndarray, scored: Scored) -> None:
+    def offer(self, problem: Problem, schedules: np.ndarray, scored: Provisioned) -> None:
         rows = np.flatnonzero(scored.feasible)
         if rows.size == 0:
             return
@@ -141,7 +142,7 @@ def signature(schedule: np.ndarray) -> tuple[int, ...]:
     return tuple(schedule[np.r_[0, np.flatnonzero(np.diff(schedule)) + 1]].tolist())
 
 
-def shortfall(problem: Problem, scores: Scored) -> np.ndarray:
+def shortfall(problem: Problem, scores: Provisioned) -> np.ndarray:
     """How far each plan misses its constraints, as a sum of relative excesses (0 when it meets them)."""
     miss = np.zeros(len(scores.cost))
     if problem.min_throughput > 0:
@@ -160,13 +161,13 @@ class Reference:
     throughput: float
 
     @classmethod
-    def of(cls, scores: Scored) -> "Reference":
+    def of(cls, scores: Provisioned) -> "Reference":
         chosen = scores.feasible if scores.feasible.any() else np.ones_like(scores.feasible)
         cost = float(scores.cost[chosen].min())
         return cls(cost=cost if cost > 0 else 1.0, throughput=float(scores.throughput[chosen].max()))
 
 
-def rewards(problem: Problem, scores: Scored, reference: Reference, soft: bool = False) -> np.ndarray:
+def rewards(problem: Problem, scores: Provisioned, reference: Reference, soft: bool = False) -> np.ndarray:
     """Higher is better: cheaper feasible > dearer feasible > infeasible, graded by the miss.
 
     Objective ``time`` ranks by ``reference / throughput`` and, among equally

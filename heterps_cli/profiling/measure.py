@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import InputError
-from heterps_cli.zoo import MODELS
+from heterps_cli.profiling.zoo import MODELS
 
 WARMUP = 3
 WARMUP_STEPS = 3  # whole-model forward+backward steps before any layer is timed
@@ -469,7 +469,7 @@ def bytes_of(tensors) -> float:
     return float(sum(t.numel() * t.element_size() for t in _tensors(tensors)))
 
 
-def profile(model: Model, resource: str, *, device: str = "cpu", repetitions: int = 20,
+def measure(model: Model, resource: str, *, device: str = "cpu", repetitions: int = 20,
             link_gbps: float | None = None, progress=None) -> Profiled:
     """Measure every layer of ``model`` (see the module docstring)."""
     report = progress or (lambda *a, **k: None)

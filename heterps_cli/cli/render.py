@@ -256,7 +256,7 @@ def findings_view(plan_path: str, findings) -> Group:
 
 
 def diff_view(old_path: str, new_path: str, changes, warnings: list[str]) -> Group:
-    from heterps_cli.ci_report import change, value
+    from heterps_cli.ci.report import change, value
 
     table = Table(title=Text(f"{clip(old_path)} → {clip(new_path)}"), title_justify="left", box=box.SIMPLE_HEAD,
                   header_style="bold")

@@ -192,13 +192,11 @@ OutOpt = Annotated[
 ]
 
 
-def _load(profile: Path, cluster: Path, objective: str, samples, epochs, min_throughput, max_cost):
-    from heterps_cli.formats import load_pair
-    from heterps_cli.problem import build_problem
+def _job(objective: Objective, samples: float | None, epochs: float | None, min_throughput: float | None,
+         max_cost: float | None):
+    from heterps_cli.api import Job
 
-    (prof, pdoc), (clus, cdoc) = load_pair(str(profile), str(cluster))
-    return build_problem(prof, pdoc, clus, cdoc, objective=objective, samples=samples, epochs=epochs,
-                         min_throughput=min_throughput, max_cost=max_cost)
+    return Job(objective.value, samples, epochs, min_throughput, max_cost)
 
 
 @app.command()
@@ -232,17 +230,19 @@ def plan(
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with _exit_codes():
-        from heterps_cli.render import print_plan
-        from heterps_cli.schedulers import SolveOptions, solve
+        from heterps_cli import api
+        from heterps_cli.cli.render import print_plan
+        from heterps_cli.schedulers import SolveOptions
         from heterps_cli.yamlio import dump_yaml
 
         if objective is None:
             objective = Objective.time if scheduler.value == "tapp" else Objective.cost
-        problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in,
                                policy_out=policy_out, evaluations=evaluations)
         with _progress_bar() as report:
-            result = solve(scheduler.value, problem, seed=seed, progress=report, options=options)
+            result = api.plan(str(profile), str(cluster), scheduler.value,
+                              _job(objective, samples, epochs, min_throughput, max_cost),
+                              seed=seed, options=options, progress=report)
         write_failed = None
         if out_file is not None:
             try:
@@ -296,12 +296,11 @@ def compare(
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
     with _exit_codes():
+        from heterps_cli import api
+        from heterps_cli.cli.render import compare_view
         from heterps_cli.compare import plot_png
-        from heterps_cli.compare import run as compare_run
-        from heterps_cli.render import compare_view
         from heterps_cli.schedulers import SolveOptions
 
-        problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
 
         def done(entry) -> None:
@@ -311,14 +310,16 @@ def compare(
             err.print(Text.assemble((entry.scheduler, "bold"), f": {figure} in {entry.solve_s:.2f} s{cut}"))
 
         with _progress_bar() as report:
-            entries = compare_run(problem, schedulers, seed=seed, options=options, progress=report, on_done=done)
+            comparison = api.compare(str(profile), str(cluster), schedulers,
+                                     _job(objective, samples, epochs, min_throughput, max_cost),
+                                     seed=seed, options=options, progress=report, on_done=done)
+        entries = comparison.entries
         if plot is not None:
-            _write(plot, plot_png(problem, entries))
+            _write(plot, plot_png(comparison.problem, entries))
         if as_json:
-            print(json.dumps({"model": problem.model, "cluster": problem.cluster, "objective": problem.objective,
-                              "seed": seed, "results": [e.to_dict() for e in entries]}, indent=2, allow_nan=False))
+            print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False))
         elif plot != "-":
-            out.print(compare_view(entries, problem.objective))
+            out.print(compare_view(entries, comparison.problem.objective))
             if plot is not None:
                 out.print(Text(f"wrote {plot}"))
     cut = [e.scheduler for e in entries if e.plan is not None and e.plan.interrupted]
@@ -365,8 +366,9 @@ def profile_command(
     [bold]heterps profile merge A.yaml B.yaml -o OUT.yaml[/] joins profiles of one model from several machines.
     """
     with _exit_codes():
-        from heterps_cli.profile_io import measured_text, merge_profiles  # imports torch: only here
-        from heterps_cli.render import profile_view
+        from heterps_cli.cli.render import profile_view
+        from heterps_cli.profiling.measure import NOISY_CV, python_path_note  # imports torch: only here
+        from heterps_cli.profiling.write import measured_text, merge_profiles
 
         if model == "merge":
             if out_file is None:
@@ -380,18 +382,11 @@ def profile_command(
         missing = [flag for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file)) if value is None]
         if missing:
             raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
-        from heterps_cli.profile_processes import measure as measure_in_processes
-        from heterps_cli.profiler import NOISY_CV, load_model, python_path_note
-        from heterps_cli.profiler import profile as measure
+        from heterps_cli import api
 
         with _progress_bar() as report:
-            report(f"loading {model}")
-            loaded = load_model(model, batch_size, input_shape)  # here too: its errors name the user's lines
-            if processes == 1:
-                measured = measure(loaded, as_type, device=device.value, repetitions=repetitions, link_gbps=link_gbps, progress=report)
-            else:
-                measured = measure_in_processes(model, batch_size, input_shape, as_type, device=device.value, repetitions=repetitions,
-                                                link_gbps=link_gbps, processes=processes, progress=report)
+            measured = api.measure(model, as_type, batch_size, device=device.value, input_shape=input_shape,
+                                   repetitions=repetitions, link_gbps=link_gbps, processes=processes, progress=report)
         _write(out_file, measured_text(measured, python_path_note()))
         if out_file == "-":
             return
@@ -449,23 +444,16 @@ def check(
     The job (samples, epochs, required throughput, budget, objective) comes from the profile and these
     flags, as for heterps plan; a plan made for another job fails as stale."""
     with _exit_codes():
-        from heterps_cli.check import Increase
-        from heterps_cli.check import check as run_check
-        from heterps_cli.ci_report import findings_json, findings_markdown, github_annotations
-        from heterps_cli.formats import load_plan
-        from heterps_cli.render import findings_view
+        from heterps_cli import api
+        from heterps_cli.ci.report import findings_json, findings_markdown, github_annotations
+        from heterps_cli.cli.render import findings_view
 
-        committed, _ = load_plan(str(plan_file))
-        old = load_plan(str(baseline))[0] if baseline is not None else None
-        increase = Increase.parse(max_increase)
-        # The job is what the profile and the flags say, as for `heterps plan`; the plan's own
-        # settings are checked against it (the "job" gate), never used in its place.
-        problem = _load(profile, cluster, objective.value, samples, epochs, min_throughput, max_cost)
         with _progress_bar() as report:
-            findings = run_check(problem, committed, str(plan_file), profile_path=str(profile), cluster_path=str(cluster),
-                                 max_cost=max_cost, min_throughput=min_throughput, baseline=old,
-                                 baseline_path=str(baseline), max_increase=increase,
-                                 replan=replan.value if replan else None, tolerance=tolerance, seed=seed, progress=report)
+            findings = api.check(str(plan_file), str(profile), str(cluster),
+                                 _job(objective, samples, epochs, min_throughput, max_cost),
+                                 baseline_path=str(baseline) if baseline is not None else None,
+                                 max_increase=max_increase, replan=replan.value if replan else None,
+                                 tolerance=tolerance, seed=seed, progress=report)
         shown = str(plan_file)
         if not _emit_report(fmt, findings_markdown(shown, findings), findings_json(shown, findings),
                             github_annotations(shown, findings)):
@@ -484,16 +472,12 @@ def diff(
 
     Plans of different jobs (model, cluster, objective, samples, …) still diff, with a warning."""
     with _exit_codes():
-        from heterps_cli.check import diff as plan_diff
-        from heterps_cli.check import incomparable
-        from heterps_cli.ci_report import diff_annotations, diff_json, diff_markdown
-        from heterps_cli.formats import load_plan
-        from heterps_cli.render import diff_view
+        from heterps_cli import api
+        from heterps_cli.ci.report import diff_annotations, diff_json, diff_markdown
+        from heterps_cli.cli.render import diff_view
 
-        old, _ = load_plan(str(old_plan))
-        new, _ = load_plan(str(new_plan))
-        changes = plan_diff(old, new)
-        warnings = incomparable(old, new)
+        result = api.diff(str(old_plan), str(new_plan))
+        changes, warnings = result.changes, result.warnings
         a, b = str(old_plan), str(new_plan)
         if fmt == Format.table:
             for w in warnings:
@@ -511,13 +495,8 @@ def validate(
 ) -> None:
     """Check a profile (and a cluster) and summarise them: layers, types, which layers each type runs."""
     with _exit_codes():
-        from heterps_cli.formats import load_pair, load_profile, usable_types
-        from heterps_cli.render import print_summary
+        from heterps_cli import api
+        from heterps_cli.cli.render import print_summary
 
-        clus = None
-        if cluster is None:
-            prof, pdoc = load_profile(str(profile))
-        else:
-            (prof, pdoc), (clus, cdoc) = load_pair(str(profile), str(cluster))
-            usable_types(prof, pdoc, clus, cdoc)
+        prof, clus = api.validate(str(profile), str(cluster) if cluster is not None else None)
         print_summary(out, prof, str(profile), clus, str(cluster) if cluster else None)

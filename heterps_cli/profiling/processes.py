@@ -6,8 +6,8 @@ above or below another's, however many runs each takes
 machine's neighbours do meanwhile, shift them all together. Runs within one
 process cannot average that out; the median over several processes can.
 
-Each process runs :func:`heterps_cli.profiler.profile` (this module is its
-entry point: ``python -m heterps_cli.profile_processes ARGS OUT``) and writes
+Each process runs :func:`heterps_cli.profiling.measure.measure` (this module is its
+entry point: ``python -m heterps_cli.profiling.processes ARGS OUT``) and writes
 the result as JSON; the parent combines them.
 """
 
@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiler import LayerProfile, Profiled, load_model, profile
+from heterps_cli.profiling.measure import LayerProfile, Profiled, load_model, measure
 
 
-def measure(spec: str, batch_size: int, input_shape, resource: str, *, device: str, repetitions: int,
+def measure_in_processes(spec: str, batch_size: int, input_shape, resource: str, *, device: str, repetitions: int,
             link_gbps: float | None, processes: int, progress=None) -> Profiled:
     """``processes`` independent profiles of the model ``spec``, each in a fresh Python process, combined."""
     report = progress or (lambda *a, **k: None)
@@ -36,7 +36,7 @@ def measure(spec: str, batch_size: int, input_shape, resource: str, *, device: s
         for i in range(processes):
             report(f"process {i + 1}/{processes}: profiling {spec} in a fresh process", completed=i, total=processes)
             out = Path(tmp) / f"run{i}.json"
-            done = subprocess.run([sys.executable, "-m", "heterps_cli.profile_processes", json.dumps(args), str(out)],
+            done = subprocess.run([sys.executable, "-m", "heterps_cli.profiling.processes", json.dumps(args), str(out)],
                                   capture_output=True, text=True)
             if done.returncode != 0:
                 lines = done.stderr.strip().splitlines()
@@ -77,7 +77,7 @@ def from_dict(data: dict) -> Profiled:
 def _worker(args: dict, out: Path) -> int:
     try:
         model = load_model(args["spec"], args["batch_size"], tuple(args["input_shape"]) if args["input_shape"] else None)
-        measured = profile(model, args["resource"], device=args["device"], repetitions=args["repetitions"],
+        measured = measure(model, args["resource"], device=args["device"], repetitions=args["repetitions"],
                            link_gbps=args["link_gbps"])
     except InputError as exc:
         print(str(exc), file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profiler import MAX_RUNS, MIN_SECONDS, Profiled
+from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, Profiled
 
 
 @dataclass

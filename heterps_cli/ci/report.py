@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from heterps_cli.check import Change, Finding
+from heterps_cli.ci.diff import Change
+from heterps_cli.ci.gate import Finding
 from heterps_cli.figures import count, signed_usd, usd
 
 ICON = {"pass": "✅", "warn": "⚠️", "fail": "❌"}

@@ -1,0 +1,148 @@
+"""heterps as a library: each command's job as one function over files, returning data.
+
+The command line (:mod:`heterps_cli.cli.app`) calls one of these per command and
+renders what it returns; a Python caller gets the same objects::
+
+    from heterps_cli import load_problem, solve
+
+    problem = load_problem("profiles/ctr.yaml", "clusters/paper.yaml")
+    plan = solve("exact", problem)
+    print(plan.cost_usd, [(s.resource, s.replicas) for s in plan.stages])
+
+Bad files raise :class:`~heterps_cli.errors.InputError` (file, line, field);
+a problem with no feasible plan raises :class:`~heterps_cli.errors.InfeasibleError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from heterps_cli.schedulers import Progress, SolveOptions, solve
+
+if TYPE_CHECKING:
+    from heterps_cli.ci.diff import Change
+    from heterps_cli.ci.gate import Finding
+    from heterps_cli.compare import Entry
+    from heterps_cli.formats import Cluster, Profile
+    from heterps_cli.plan import Plan
+    from heterps_cli.problem import Problem
+    from heterps_cli.profiling.measure import Profiled
+
+# Each function imports what it uses when it runs: `heterps validate` loads no numpy, and only
+# `measure` loads torch (start-up time is measured in benchmarks/bench_startup.py).
+
+__all__ = ["Job", "Comparison", "PlanDiff", "plan", "compare", "check", "diff", "validate", "measure"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job settings a caller gives; None takes the profile's ``job`` section (SPEC section 2)."""
+
+    objective: str = "cost"  # cost: cheapest plan meeting min_throughput; time: fastest within limits and max_cost
+    samples: float | None = None  # per epoch
+    epochs: float | None = None
+    min_throughput: float | None = None  # samples/s
+    max_cost: float | None = None  # USD
+
+    def problem(self, profile_path: str, cluster_path: str) -> Problem:
+        """The problem these settings make of the two files (:func:`heterps_cli.problem.load_problem`)."""
+        from heterps_cli.problem import load_problem
+
+        return load_problem(profile_path, cluster_path, **dataclasses.asdict(self))
+
+
+def plan(profile_path: str, cluster_path: str, scheduler: str = "rl", job: Job = Job(), *, seed: int = 0,
+         options: SolveOptions | None = None, progress: Progress | None = None) -> Plan:
+    """``heterps plan``: the plan ``scheduler`` finds for the job on these files."""
+    return solve(scheduler, job.problem(profile_path, cluster_path), seed=seed, progress=progress, options=options)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    problem: Problem
+    seed: int
+    entries: list[Entry] = field(default_factory=list)  # in the order the schedulers were asked for, gaps to exact filled in
+
+    def to_dict(self) -> dict:
+        return {"model": self.problem.model, "cluster": self.problem.cluster, "objective": self.problem.objective,
+                "seed": self.seed, "results": [e.to_dict() for e in self.entries]}
+
+
+def compare(profile_path: str, cluster_path: str, schedulers: list[str], job: Job = Job(), *, seed: int = 0,
+            options: SolveOptions = SolveOptions(), progress: Progress | None = None,
+            on_done: Callable[[Entry], None] | None = None) -> Comparison:
+    """``heterps compare``: every scheduler on one problem with one budget and seed."""
+    from heterps_cli.compare import compare_schedulers
+
+    problem = job.problem(profile_path, cluster_path)
+    entries = compare_schedulers(problem, schedulers, seed=seed, options=options, progress=progress, on_done=on_done)
+    return Comparison(problem, seed, entries)
+
+
+def check(plan_path: str, profile_path: str, cluster_path: str, job: Job = Job(), *, baseline_path: str | None = None,
+          max_increase: str = "0%", replan: str | None = None, tolerance: float = 1.0, seed: int = 0,
+          progress: Progress | None = None) -> list[Finding]:
+    """``heterps check``: the findings of every gate on a committed plan (all ``ok``: it still holds).
+
+    ``job.max_cost`` and ``job.min_throughput``, when given, are also gates the plan must meet."""
+    from heterps_cli.ci.gate import Gate, Increase, gate
+    from heterps_cli.formats import load_plan
+
+    committed, _ = load_plan(plan_path)
+    baseline = load_plan(baseline_path)[0] if baseline_path is not None else None
+    increase = Increase.parse(max_increase)
+    # The job is what the profile and the caller say, as for `plan`; the plan's own settings are
+    # checked against it (the "job" gate), never used in its place.
+    problem = job.problem(profile_path, cluster_path)
+    return gate(Gate(problem, committed, plan_path, profile_path, cluster_path, max_cost=job.max_cost,
+                     min_throughput=job.min_throughput, baseline=baseline, baseline_path=str(baseline_path),
+                     max_increase=increase, replan=replan, tolerance=tolerance, seed=seed), progress)
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    changes: list[Change]
+    warnings: list[str]  # why the two plans answer different questions (empty when they are comparable)
+
+
+def diff(old_path: str, new_path: str) -> PlanDiff:
+    """``heterps diff``: two plan files side by side."""
+    from heterps_cli.ci.diff import diff_plans, incomparable
+    from heterps_cli.formats import load_plan
+
+    old, _ = load_plan(old_path)
+    new, _ = load_plan(new_path)
+    return PlanDiff(diff_plans(old, new), incomparable(old, new))
+
+
+def validate(profile_path: str, cluster_path: str | None = None) -> tuple[Profile, Cluster | None]:
+    """``heterps validate``: the profile (and cluster), checked against the format and each other."""
+    from heterps_cli.formats import check_pair, load_pair, load_profile
+
+    if cluster_path is None:
+        return load_profile(profile_path)[0], None
+    (profile, pdoc), (cluster, cdoc) = load_pair(profile_path, cluster_path)
+    check_pair(profile, pdoc, cluster, cdoc)
+    return profile, cluster
+
+
+def measure(model: str, resource: str, batch_size: int, *, device: str = "cpu",
+            input_shape: tuple[int, ...] | None = None, repetitions: int = 20, link_gbps: float | None = None,
+            processes: int = 1, progress: Progress | None = None) -> Profiled:
+    """``heterps profile``: measure a PyTorch model's layers here as ``resource``
+    (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch)."""
+    from heterps_cli.profiling.measure import load_model
+    from heterps_cli.profiling.measure import measure as measure_model
+    from heterps_cli.profiling.processes import measure_in_processes
+
+    if progress is not None:
+        progress(f"loading {model}")
+    loaded = load_model(model, batch_size, input_shape)  # here too: its errors name the user's lines
+    if processes == 1:
+        return measure_model(loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps,
+                             progress=progress)
+    return measure_in_processes(model, batch_size, input_shape, resource, device=device, repetitions=repetitions,
+                                link_gbps=link_gbps, processes=processes, progress=progress)

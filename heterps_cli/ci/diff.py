@@ -1,0 +1,97 @@
+"""Two plans side by side: stages paired by the layers they share, resources, throughput, time and cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.figures import setting
+from heterps_cli.formats import PlanFile
+
+
+@dataclass(frozen=True)
+class Change:
+    what: str
+    old: float | str
+    new: float | str
+
+    @property
+    def delta(self) -> float | None:
+        if isinstance(self.old, (int, float)) and isinstance(self.new, (int, float)):
+            return self.new - self.old
+        return None
+
+    @property
+    def percent(self) -> float | None:
+        d = self.delta
+        return None if d is None or self.old == 0 else 100 * d / self.old
+
+
+def stage_label(stage) -> str:
+    return f"{stage.first}-{stage.last} on {stage.resource} x{stage.replicas}"
+
+
+def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
+    """Old and new stages paired in chain order, most shared layers first (then the same type).
+
+    An alignment, not pairing by index: with a stage inserted in the middle, the
+    stages after it pair with themselves and only the new one shows as new.
+    """
+    def score(a, b) -> float:
+        return len(set(a.layers) & set(b.layers)) + 0.5 * (a.resource == b.resource)
+
+    n, m = len(old), len(new)
+    best = np.zeros((n + 1, m + 1))
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            s = score(old[i - 1], new[j - 1])
+            best[i, j] = max(best[i - 1, j], best[i, j - 1], best[i - 1, j - 1] + s if s > 0 else -1.0)
+    pairs: list[tuple[int | None, int | None]] = []
+    i, j = n, m
+    while i or j:
+        if i and j and score(old[i - 1], new[j - 1]) > 0 and \
+                best[i, j] == best[i - 1, j - 1] + score(old[i - 1], new[j - 1]):
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif i and (not j or best[i, j] == best[i - 1, j]):
+            pairs.append((i - 1, None))
+            i -= 1
+        else:
+            pairs.append((None, j - 1))
+            j -= 1
+    return pairs[::-1]
+
+
+JOB_FIELDS = ("model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput", "max_cost")
+
+
+def incomparable(old: PlanFile, new: PlanFile) -> list[str]:
+    """Why two plans are not two answers to one question: each job setting that differs."""
+    out = []
+    for field in JOB_FIELDS:
+        a, b = getattr(old, field), getattr(new, field)
+        if a != b:
+            out.append(f"{field} {setting(a)} vs {setting(b)}")
+    if not out:
+        return []
+    return [f"the plans are for different jobs ({', '.join(out)}): their figures do not compare like for like"]
+
+
+def diff_plans(old: PlanFile, new: PlanFile) -> list[Change]:
+    """Stages, resources, throughput, time and cost of two plans, side by side."""
+    out = []
+    for i, j in pair_stages(old.stages, new.stages):
+        a = stage_label(old.stages[i]) if i is not None else "—"
+        b = stage_label(new.stages[j]) if j is not None else "—"
+        if i is not None and j is not None:
+            what = f"stage {i}" if i == j else f"stage {i} → {j}"
+        else:
+            what = f"stage {i} (removed)" if i is not None else f"stage {j} (new)"
+        out.append(Change(what, a, b))
+    for t in dict.fromkeys([*old.resources, *new.resources]):
+        out.append(Change(f"{t} units", old.resources.get(t, 0), new.resources.get(t, 0)))
+    out += [Change("throughput samples/s", old.throughput, new.throughput),
+            Change("training time s", old.time_s, new.time_s),
+            Change("cost USD", old.cost_usd, new.cost_usd)]
+    return out
