@@ -44,31 +44,49 @@ def run(sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3) -> list[dict]:
                         times.append(time.perf_counter() - start)
                         dps = len(calls)
                     binding = plan is not None and any(plan.resources[t] == plan.limits[t] for t in plan.resources)
-                    rows.append({"layers": n, "types": T, "limits": "tight" if tight else "loose",
-                                 "objective": objective, "seconds": min(times), "dps": dps,
-                                 "stages": len(plan.stages) if plan else 0, "binding": binding,
-                                 "cost": plan.cost_usd if plan else None})
+                    rows.append(
+                        {
+                            "layers": n,
+                            "types": T,
+                            "limits": "tight" if tight else "loose",
+                            "objective": objective,
+                            "seconds": min(times),
+                            "dps": dps,
+                            "stages": len(plan.stages) if plan else 0,
+                            "binding": binding,
+                            "cost": plan.cost_usd if plan else None,
+                        }
+                    )
                     r = rows[-1]
-                    print(f"  {n:>4} layers x {T} types, {r['limits']:5} limits, {objective}: {r['seconds']:.3f} s",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  {n:>4} layers x {T} types, {r['limits']:5} limits, {objective}: {r['seconds']:.3f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| layers | types | limits | objective | exact s | cheapest-plan DPs | stages | a limit binds | cost $ |",
-           "|---:|---:|---|---|---:|---:|---:|---|---:|"]
+    out = [
+        "| layers | types | limits | objective | exact s | cheapest-plan DPs | stages | a limit binds | cost $ |",
+        "|---:|---:|---|---|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
         cost = f"{r['cost']:.2f}" if r["cost"] is not None else "infeasible"
-        out.append(f"| {r['layers']} | {r['types']} | {r['limits']} | {r['objective']} | {r['seconds']:.3f} | "
-                   f"{r['dps']} | {r['stages']} | {'yes' if r['binding'] else 'no'} | {cost} |")
+        out.append(
+            f"| {r['layers']} | {r['types']} | {r['limits']} | {r['objective']} | {r['seconds']:.3f} | "
+            f"{r['dps']} | {r['stages']} | {'yes' if r['binding'] else 'no'} | {cost} |"
+        )
     return "\n".join(out)
 
 
 def targets(rows: list[dict]) -> str:
     """The issue's targets, each with the worst time measured against it."""
     lines = []
-    for label, pick, limit in [("64 layers x 3 types", lambda r: r["layers"] == 64 and r["types"] == 3, 1.0),
-                               ("256 layers, 2-4 types", lambda r: r["layers"] == 256, 30.0)]:
+    for label, pick, limit in [
+        ("64 layers x 3 types", lambda r: r["layers"] == 64 and r["types"] == 3, 1.0),
+        ("256 layers, 2-4 types", lambda r: r["layers"] == 256, 30.0),
+    ]:
         chosen = [r for r in rows if pick(r)]
         if chosen:
             worst = max(r["seconds"] for r in chosen)

@@ -35,12 +35,20 @@ MODELS = {"mlp": 256, "ctr": 512, "vgg16": 32, "transformer": 16}
 
 def one(name: str, batch: int, out: Path, processes: int) -> None:
     if processes > 1:
-        measured = measure_in_processes(name, batch, None, "cpu", device="cpu", repetitions=20, link_gbps=10,
-                                             processes=processes)
+        measured = measure_in_processes(
+            name, batch, None, "cpu", device="cpu", repetitions=20, link_gbps=10, processes=processes
+        )
     else:
         measured = measure.measure(measure.load_model(name, batch), "cpu", link_gbps=10)
-    out.write_text(json.dumps({"oct": [layer.oct for layer in measured.layers], "step": measured.step,
-                               "names": [layer.name for layer in measured.layers]}))
+    out.write_text(
+        json.dumps(
+            {
+                "oct": [layer.oct for layer in measured.layers],
+                "step": measured.step,
+                "names": [layer.name for layer in measured.layers],
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -51,8 +59,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         return one(args.one[0], int(args.one[1]), Path(args.one[2]), args.processes)
-    print("| model | batch | layers | sum of layer oct | whole step | ratio | layers > 1 ms | within 15% "
-          "| median repeat difference | worst repeat difference |")
+    print(
+        "| model | batch | layers | sum of layer oct | whole step | ratio | layers > 1 ms | within 15% "
+        "| median repeat difference | worst repeat difference |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, batch in MODELS.items():
@@ -61,20 +71,30 @@ def main() -> None:
             runs = []
             for r in range(2):
                 out = Path(tmp) / f"{name}-{r}.json"
-                subprocess.run([sys.executable, __file__, "--one", name, str(batch), str(out),
-                                "--processes", str(args.processes)], check=True)
+                subprocess.run(
+                    [sys.executable, __file__, "--one", name, str(batch), str(out), "--processes", str(args.processes)],
+                    check=True,
+                )
                 runs.append(json.loads(out.read_text()))
             total = sum(runs[0]["oct"])
-            pairs = [(a, b, name) for a, b, name in zip(runs[0]["oct"], runs[1]["oct"], runs[0]["names"])
-                     if max(a, b) > 1e-3]
+            pairs = [
+                (a, b, name) for a, b, name in zip(runs[0]["oct"], runs[1]["oct"], runs[0]["names"]) if max(a, b) > 1e-3
+            ]
             diffs = [abs(a - b) / min(a, b) for a, b, _ in pairs]
             worst = max(range(len(pairs)), key=diffs.__getitem__, default=None)
-            print(f"| {name} | {batch} | {len(runs[0]['oct'])} | {total * 1e3:.1f} ms | {runs[0]['step'] * 1e3:.1f} ms "
-                  f"| {total / runs[0]['step']:.2f} | {len(pairs)} | {sum(d <= 0.15 for d in diffs)} "
-                  f"| {100 * statistics.median(diffs or [0]):.1f}% "
-                  f"| {100 * max(diffs, default=0.0):.1f}%"
-                  + (f" ({pairs[worst][2]}: {pairs[worst][0] * 1e3:.2f} / {pairs[worst][1] * 1e3:.2f} ms)"
-                     if worst is not None else "") + " |", flush=True)
+            print(
+                f"| {name} | {batch} | {len(runs[0]['oct'])} | {total * 1e3:.1f} ms | {runs[0]['step'] * 1e3:.1f} ms "
+                f"| {total / runs[0]['step']:.2f} | {len(pairs)} | {sum(d <= 0.15 for d in diffs)} "
+                f"| {100 * statistics.median(diffs or [0]):.1f}% "
+                f"| {100 * max(diffs, default=0.0):.1f}%"
+                + (
+                    f" ({pairs[worst][2]}: {pairs[worst][0] * 1e3:.2f} / {pairs[worst][1] * 1e3:.2f} ms)"
+                    if worst is not None
+                    else ""
+                )
+                + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

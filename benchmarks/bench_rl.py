@@ -40,17 +40,29 @@ def run_one(name: str, options: SolveOptions = SolveOptions(), seed: int = 0) ->
         cost, feasible = float("nan"), False
     seconds = time.perf_counter() - start
     before = sampled[-1] / optimum - 1 if sampled else float("inf")
-    return {"instance": name, "layers": problem.n_layers, "types": problem.n_types, "optimum": optimum,
-            "rl": cost, "feasible": feasible, "gap": cost / optimum - 1 if feasible else float("inf"),
-            "sampled": before, "seconds": seconds}
+    return {
+        "instance": name,
+        "layers": problem.n_layers,
+        "types": problem.n_types,
+        "optimum": optimum,
+        "rl": cost,
+        "feasible": feasible,
+        "gap": cost / optimum - 1 if feasible else float("inf"),
+        "sampled": before,
+        "seconds": seconds,
+    }
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| instance | layers | types | optimum $ | rl $ | gap | policy samples only | rl s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| instance | layers | types | optimum $ | rl $ | gap | policy samples only | rl s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        out.append(f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:.3f} | {r['rl']:.3f} | "
-                   f"{pct(r['gap'])} | {pct(r['sampled'])} | {r['seconds']:.1f} |")
+        out.append(
+            f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:.3f} | {r['rl']:.3f} | "
+            f"{pct(r['gap'])} | {pct(r['sampled'])} | {r['seconds']:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -62,7 +74,8 @@ def summary(rows: list[dict]) -> str:
         f"- feasible: {sum(r['feasible'] for r in rows)}/{len(rows)} (every instance has a feasible plan)",
         f"- gap <= 2%: {within2}/{len(rows)} = {within2 / len(rows):.0%} (target >= 95%)",
         f"- worst gap: {100 * max(gaps):.2f}% (target <= 5%); median {100 * sorted(gaps)[len(gaps) // 2]:.2f}%",
-        f"- sampled by the policy (no pool, no polish): {sum(r['sampled'] <= 0.02 for r in rows)}/{len(rows)} within 2%",
+        f"- sampled by the policy (no pool, no polish): "
+        f"{sum(r['sampled'] <= 0.02 for r in rows)}/{len(rows)} within 2%",
     ]
     if big:
         lines.append(f"- 64 layers x 3 types (target < 20 s): {', '.join(big)}")

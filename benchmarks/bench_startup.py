@@ -23,10 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = [
     ("heterps --help", ["--help"], 0.5),
     ("heterps validate profiles/ctr.yaml", ["validate", "profiles/ctr.yaml"], 0.5),
-    ("heterps validate profiles/vgg16.yaml clusters/three-type.yaml",
-     ["validate", "profiles/vgg16.yaml", "clusters/three-type.yaml"], 0.5),
-    ("heterps plan profiles/ctr.yaml clusters/paper.yaml --scheduler exact",
-     ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "--scheduler", "exact"], 1.0),
+    (
+        "heterps validate profiles/vgg16.yaml clusters/three-type.yaml",
+        ["validate", "profiles/vgg16.yaml", "clusters/three-type.yaml"],
+        0.5,
+    ),
+    (
+        "heterps plan profiles/ctr.yaml clusters/paper.yaml --scheduler exact",
+        ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "--scheduler", "exact"],
+        1.0,
+    ),
 ]
 
 
@@ -50,8 +56,10 @@ def main() -> None:
     for shown, args, target in COMMANDS:
         times = measure(args, runs)
         median = statistics.median(times)
-        print(f"| `{shown}` | {median:.3f} | {min(times):.3f} | {max(times):.3f} | {target:g} | "
-              f"{'yes' if median < target else 'NO'} |")
+        print(
+            f"| `{shown}` | {median:.3f} | {min(times):.3f} | {max(times):.3f} | {target:g} | "
+            f"{'yes' if median < target else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

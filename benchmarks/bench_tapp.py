@@ -51,12 +51,16 @@ def run_one(name: str, seed: int = 0) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| instance | layers | types | optimum samples/s | tapp | tapp gap | tapp s | rl | rl gap | rl s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| instance | layers | types | optimum samples/s | tapp | tapp gap | tapp s | rl | rl gap | rl s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        out.append(f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:,.1f} | {r['tapp']:,.1f} | "
-                   f"{pct(r['tapp gap'])} | {r['tapp s']:.1f} | {r['rl']:,.1f} | {pct(r['rl gap'])} | "
-                   f"{r['rl s']:.1f} |")
+        out.append(
+            f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:,.1f} | {r['tapp']:,.1f} | "
+            f"{pct(r['tapp gap'])} | {r['tapp s']:.1f} | {r['rl']:,.1f} | {pct(r['rl gap'])} | "
+            f"{r['rl s']:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -65,10 +69,13 @@ def summary(rows: list[dict]) -> str:
     for label in ("tapp", "rl"):
         gaps = [r[f"{label} gap"] for r in rows]
         within = sum(g <= 0.05 for g in gaps)
-        lines.append(f"- {label}: within 5% of the optimum's throughput on {within}/{len(rows)} = "
-                     f"{within / len(rows):.0%}" + (" (target >= 90%)" if label == "tapp" else "")
-                     + f"; within 1% on {sum(g <= 0.01 for g in gaps)}; worst {100 * max(gaps):.2f}%; "
-                     f"median {np.median([r[f'{label} s'] for r in rows]):.1f} s")
+        lines.append(
+            f"- {label}: within 5% of the optimum's throughput on {within}/{len(rows)} = "
+            f"{within / len(rows):.0%}"
+            + (" (target >= 90%)" if label == "tapp" else "")
+            + f"; within 1% on {sum(g <= 0.01 for g in gaps)}; worst {100 * max(gaps):.2f}%; "
+            f"median {np.median([r[f'{label} s'] for r in rows]):.1f} s"
+        )
     return "\n".join(lines)
 
 
@@ -81,8 +88,12 @@ if __name__ == "__main__":
     for name in [n for n in names() if not args.only or args.only in n]:
         rows.append(run_one(name, seed=args.seed))
         r = rows[-1]
-        print(f"  {name}: tapp {100 * r['tapp gap']:.2f}% in {r['tapp s']:.1f} s, "
-              f"rl {100 * r['rl gap']:.2f}% in {r['rl s']:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"  {name}: tapp {100 * r['tapp gap']:.2f}% in {r['tapp s']:.1f} s, "
+            f"rl {100 * r['rl gap']:.2f}% in {r['rl s']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     print(table(rows))
     print()
     print(summary(rows))

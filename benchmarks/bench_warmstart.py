@@ -65,27 +65,41 @@ def main() -> None:
         for name in [n for n in INSTANCES if not args.only or args.only in n]:
             profile, cluster = paths(name)
             policy = Path(tmp) / f"{name}.pt"
-            rl.solve(load_problem(str(profile), str(cluster)), seed=0,
-                     options=SolveOptions(steps=STEPS, policy_out=policy))
+            rl.solve(
+                load_problem(str(profile), str(cluster)), seed=0, options=SolveOptions(steps=STEPS, policy_out=policy)
+            )
             new = load_problem(str(changed(profile, Path(tmp) / f"{name}.yaml")), str(cluster))
             optimum = exact.solve(new).cost_usd
             for seed in range(args.seeds):
                 cold = curve(new, SolveOptions(steps=STEPS), seed)
                 warm = curve(new, SolveOptions(steps=STEPS, policy_in=policy), seed)
                 goal = cold[-1]
-                row = (name, seed, optimum, cold[-1] / optimum - 1, warm[-1] / optimum - 1,
-                       steps_to(cold, goal), steps_to(warm, goal))
+                row = (
+                    name,
+                    seed,
+                    optimum,
+                    cold[-1] / optimum - 1,
+                    warm[-1] / optimum - 1,
+                    steps_to(cold, goal),
+                    steps_to(warm, goal),
+                )
                 rows.append(row)
                 print(f"  {name} seed {seed}: cold {row[5]} steps, warm {row[6]}", file=sys.stderr, flush=True)
-    print("| changed model | seed | optimum $ | cold gap | warm gap | cold steps to cold's final gap | warm steps to it |")
+    print(
+        "| changed model | seed | optimum $ | cold gap | warm gap | cold steps to cold's final gap | warm steps to it |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, seed, opt, gc, gw, sc, sw in rows:
-        print(f"| {name} +1 layer | {seed} | {opt:.2f} | {100 * gc:.2f}% | {100 * gw:.2f}% | {sc} | "
-              f"{sw if sw is not None else 'not reached'} |")
+        print(
+            f"| {name} +1 layer | {seed} | {opt:.2f} | {100 * gc:.2f}% | {100 * gw:.2f}% | {sc} | "
+            f"{sw if sw is not None else 'not reached'} |"
+        )
     fewer = sum(sw is not None and sw < sc for *_, sc, sw in rows)
-    print(f"\nwarm reached the cold run's final gap in fewer steps on {fewer}/{len(rows)} runs; "
-          f"median steps cold {np.median([r[5] for r in rows]):.0f}, "
-          f"warm {np.median([r[6] if r[6] is not None else STEPS + 1 for r in rows]):.0f}")
+    print(
+        f"\nwarm reached the cold run's final gap in fewer steps on {fewer}/{len(rows)} runs; "
+        f"median steps cold {np.median([r[5] for r in rows]):.0f}, "
+        f"warm {np.median([r[6] if r[6] is not None else STEPS + 1 for r in rows]):.0f}"
+    )
 
 
 if __name__ == "__main__":

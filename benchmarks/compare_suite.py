@@ -55,9 +55,13 @@ def report(results: dict[str, list], schedulers: list[str], objective: str) -> s
             f"{pct(float(gaps.max()))} | {int((gaps <= 0.02).sum())}/{len(rows)} | {np.median(seconds):.2f} | "
             f"{seconds.max():.2f} | {f'{int(np.median(evals)):,}' if evals else '—'} |"
         )
-    lines += ["", "## Per instance (gap, seconds)", "",
-              "| instance | optimum $ | " + " | ".join(schedulers) + " |",
-              "|---|---:|" + "---:|" * len(schedulers)]
+    lines += [
+        "",
+        "## Per instance (gap, seconds)",
+        "",
+        "| instance | optimum $ | " + " | ".join(schedulers) + " |",
+        "|---|---:|" + "---:|" * len(schedulers),
+    ]
     for name, entries in results.items():
         optimum = entries["exact"].plan.cost_usd if "exact" in entries and entries["exact"].plan else float("nan")
         cells = [f"{pct(entries[s].gap if entries[s].plan else None)} ({entries[s].solve_s:.1f} s)" for s in schedulers]
@@ -76,8 +80,12 @@ def main() -> None:
         profile, cluster = paths(name)
         entries = compare_schedulers(load_problem(str(profile), str(cluster)), schedulers, seed=0)
         results[name] = {e.scheduler: e for e in entries}
-        print(f"  {name}: " + ", ".join(f"{e.scheduler} {pct(e.gap if e.plan else None)} {e.solve_s:.1f}s"
-                                        for e in entries), file=sys.stderr, flush=True)
+        print(
+            f"  {name}: "
+            + ", ".join(f"{e.scheduler} {pct(e.gap if e.plan else None)} {e.solve_s:.1f}s" for e in entries),
+            file=sys.stderr,
+            flush=True,
+        )
     text = report(results, schedulers, "cost")
     args.out.write_text(text)
     print(text)

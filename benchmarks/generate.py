@@ -41,15 +41,30 @@ def chain(n_layers: int, n_types: int, seed: int = 0, tight: bool = False) -> tu
                 "alpha": round(float(rng.uniform(0.8, 0.995)), 4),
                 "beta": round(float(rng.uniform(0.2, 1.0)), 4),
             }
-        layers.append({"name": f"{kind}{i}", "type": kind, "input_size": float(rng.integers(1, 1 << 16)),
-                       "weight_size": float(rng.integers(0, 1 << 26)), "times": times})
+        layers.append(
+            {
+                "name": f"{kind}{i}",
+                "type": kind,
+                "input_size": float(rng.integers(1, 1 << 16)),
+                "weight_size": float(rng.integers(0, 1 << 26)),
+                "times": times,
+            }
+        )
     B0 = 256
     # Throughput target: a multiple of what the cheapest single unit per layer would give.
     single = B0 / sum(min(e["oct"] for e in layer["times"].values()) for layer in layers)
     target = single * (8.0 if tight else 2.0)
-    profile = {"model": f"chain{n_layers}x{n_types}-s{seed}{'-tight' if tight else ''}", "batch_size": B0,
-               "job": {"samples": 1e8, "epochs": 1, "min_throughput": float(f"{target:.6g}")}, "layers": layers}
-    cluster = {"cluster": f"gen{n_types}{'-tight' if tight else ''}", "resources": {
-        name: {"price": price, "limit": max(2, limit // 4) if tight and name != "cpu" else limit}
-        for name, price, limit, _, _ in types}}
+    profile = {
+        "model": f"chain{n_layers}x{n_types}-s{seed}{'-tight' if tight else ''}",
+        "batch_size": B0,
+        "job": {"samples": 1e8, "epochs": 1, "min_throughput": float(f"{target:.6g}")},
+        "layers": layers,
+    }
+    cluster = {
+        "cluster": f"gen{n_types}{'-tight' if tight else ''}",
+        "resources": {
+            name: {"price": price, "limit": max(2, limit // 4) if tight and name != "cpu" else limit}
+            for name, price, limit, _, _ in types
+        },
+    }
     return profile, cluster

@@ -31,8 +31,21 @@ _EXPORTS = {
     "Job": "heterps_cli.api",
     "api": "heterps_cli",
 }
-__all__ = ["__version__", "main", "load_problem", "build_problem", "Problem", "Plan", "solve", "SolveOptions",
-           "SCHEDULERS", "InputError", "InfeasibleError", "Job", "api"]
+__all__ = [
+    "__version__",
+    "main",
+    "load_problem",
+    "build_problem",
+    "Problem",
+    "Plan",
+    "solve",
+    "SolveOptions",
+    "SCHEDULERS",
+    "InputError",
+    "InfeasibleError",
+    "Job",
+    "api",
+]
 
 if TYPE_CHECKING:
     from heterps_cli import api

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # Each function imports what it uses when it runs: `heterps validate` loads no numpy, and only
 # `measure` loads torch (start-up time is measured in benchmarks/bench_startup.py).
 
-__all__ = ["Job", "Comparison", "PlanDiff", "plan", "compare", "check", "diff", "validate", "measure"]
+__all__ = ["Job", "Comparison", "PlanDiff", "plan", "compare", "check", "diff", "validate", "measure", "merge"]
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,16 @@ class Job:
         return load_problem(profile_path, cluster_path, **dataclasses.asdict(self))
 
 
-def plan(profile_path: str, cluster_path: str, scheduler: str = "rl", job: Job = Job(), *, seed: int = 0,
-         options: SolveOptions | None = None, progress: Progress | None = None) -> Plan:
+def plan(
+    profile_path: str,
+    cluster_path: str,
+    scheduler: str = "rl",
+    job: Job = Job(),
+    *,
+    seed: int = 0,
+    options: SolveOptions | None = None,
+    progress: Progress | None = None,
+) -> Plan:
     """``heterps plan``: the plan ``scheduler`` finds for the job on these files."""
     return solve(scheduler, job.problem(profile_path, cluster_path), seed=seed, progress=progress, options=options)
 
@@ -64,16 +72,31 @@ def plan(profile_path: str, cluster_path: str, scheduler: str = "rl", job: Job =
 class Comparison:
     problem: Problem
     seed: int
-    entries: list[Entry] = field(default_factory=list)  # in the order the schedulers were asked for, gaps to exact filled in
+    entries: list[Entry] = field(
+        default_factory=list
+    )  # in the order the schedulers were asked for, gaps to exact filled in
 
     def to_dict(self) -> dict:
-        return {"model": self.problem.model, "cluster": self.problem.cluster, "objective": self.problem.objective,
-                "seed": self.seed, "results": [e.to_dict() for e in self.entries]}
+        return {
+            "model": self.problem.model,
+            "cluster": self.problem.cluster,
+            "objective": self.problem.objective,
+            "seed": self.seed,
+            "results": [e.to_dict() for e in self.entries],
+        }
 
 
-def compare(profile_path: str, cluster_path: str, schedulers: list[str], job: Job = Job(), *, seed: int = 0,
-            options: SolveOptions = SolveOptions(), progress: Progress | None = None,
-            on_done: Callable[[Entry], None] | None = None) -> Comparison:
+def compare(
+    profile_path: str,
+    cluster_path: str,
+    schedulers: list[str],
+    job: Job = Job(),
+    *,
+    seed: int = 0,
+    options: SolveOptions = SolveOptions(),
+    progress: Progress | None = None,
+    on_done: Callable[[Entry], None] | None = None,
+) -> Comparison:
     """``heterps compare``: every scheduler on one problem with one budget and seed."""
     from heterps_cli.compare import compare_schedulers
 
@@ -82,9 +105,19 @@ def compare(profile_path: str, cluster_path: str, schedulers: list[str], job: Jo
     return Comparison(problem, seed, entries)
 
 
-def check(plan_path: str, profile_path: str, cluster_path: str, job: Job = Job(), *, baseline_path: str | None = None,
-          max_increase: str = "0%", replan: str | None = None, tolerance: float = 1.0, seed: int = 0,
-          progress: Progress | None = None) -> list[Finding]:
+def check(
+    plan_path: str,
+    profile_path: str,
+    cluster_path: str,
+    job: Job = Job(),
+    *,
+    baseline_path: str | None = None,
+    max_increase: str = "0%",
+    replan: str | None = None,
+    tolerance: float = 1.0,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[Finding]:
     """``heterps check``: the findings of every gate on a committed plan (all ``ok``: it still holds).
 
     ``job.max_cost`` and ``job.min_throughput``, when given, are also gates the plan must meet."""
@@ -97,9 +130,24 @@ def check(plan_path: str, profile_path: str, cluster_path: str, job: Job = Job()
     # The job is what the profile and the caller say, as for `plan`; the plan's own settings are
     # checked against it (the "job" gate), never used in its place.
     problem = job.problem(profile_path, cluster_path)
-    return gate(Gate(problem, committed, plan_path, profile_path, cluster_path, max_cost=job.max_cost,
-                     min_throughput=job.min_throughput, baseline=baseline, baseline_path=str(baseline_path),
-                     max_increase=increase, replan=replan, tolerance=tolerance, seed=seed), progress)
+    return gate(
+        Gate(
+            problem,
+            committed,
+            plan_path,
+            profile_path,
+            cluster_path,
+            max_cost=job.max_cost,
+            min_throughput=job.min_throughput,
+            baseline=baseline,
+            baseline_path=str(baseline_path),
+            max_increase=increase,
+            replan=replan,
+            tolerance=tolerance,
+            seed=seed,
+        ),
+        progress,
+    )
 
 
 @dataclass(frozen=True)
@@ -129,9 +177,18 @@ def validate(profile_path: str, cluster_path: str | None = None) -> tuple[Profil
     return profile, cluster
 
 
-def measure(model: str, resource: str, batch_size: int, *, device: str = "cpu",
-            input_shape: tuple[int, ...] | None = None, repetitions: int = 20, link_gbps: float | None = None,
-            processes: int = 1, progress: Progress | None = None) -> Profiled:
+def measure(
+    model: str,
+    resource: str,
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    input_shape: tuple[int, ...] | None = None,
+    repetitions: int = 20,
+    link_gbps: float | None = None,
+    processes: int = 1,
+    progress: Progress | None = None,
+) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
     (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch)."""
     from heterps_cli.profiling.measure import load_model
@@ -142,7 +199,25 @@ def measure(model: str, resource: str, batch_size: int, *, device: str = "cpu",
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape)  # here too: its errors name the user's lines
     if processes == 1:
-        return measure_model(loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps,
-                             progress=progress)
-    return measure_in_processes(model, batch_size, input_shape, resource, device=device, repetitions=repetitions,
-                                link_gbps=link_gbps, processes=processes, progress=progress)
+        return measure_model(
+            loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress
+        )
+    return measure_in_processes(
+        model,
+        batch_size,
+        input_shape,
+        resource,
+        device=device,
+        repetitions=repetitions,
+        link_gbps=link_gbps,
+        processes=processes,
+        progress=progress,
+    )
+
+
+def merge(profile_paths: list[str]) -> str:
+    """``heterps profile merge``: one multi-type profile (YAML text) from profiles of one model
+    measured as different types."""
+    from heterps_cli.profiling.write import merge_profiles
+
+    return merge_profiles(profile_paths)

@@ -43,9 +43,15 @@ class Entry:
         }
 
 
-def compare_schedulers(problem: Problem, names: list[str], *, seed: int = 0, options: SolveOptions = SolveOptions(),
-                       progress: Progress | None = None,
-                       on_done: Callable[[Entry], None] | None = None) -> list[Entry]:
+def compare_schedulers(
+    problem: Problem,
+    names: list[str],
+    *,
+    seed: int = 0,
+    options: SolveOptions = SolveOptions(),
+    progress: Progress | None = None,
+    on_done: Callable[[Entry], None] | None = None,
+) -> list[Entry]:
     """Each scheduler in ``names`` on ``problem``; entries in the order of ``names``, gaps filled in.
 
     ``progress`` is passed to each scheduler with its position prefixed;
@@ -61,8 +67,12 @@ def compare_schedulers(problem: Problem, names: list[str], *, seed: int = 0, opt
         if name in BUDGETED and options.evaluations is None and "rl" in done and done["rl"].plan is not None:
             own = replace(options, evaluations=done["rl"].plan.evaluations)
 
-        def report(description: str, completed: float | None = None, total: float | None = None,
-                   _prefix: str = f"[{position}/{len(order)}] ") -> None:
+        def report(
+            description: str,
+            completed: float | None = None,
+            total: float | None = None,
+            _prefix: str = f"[{position}/{len(order)}] ",
+        ) -> None:
             if progress is not None:
                 progress(_prefix + description, completed=completed, total=total)
 
@@ -111,8 +121,9 @@ def plot_png(problem: Problem, entries: list[Entry]) -> bytes:
         ax.set_xscale("log")
         ax.set_xlabel("solve time (s, log scale)")
         ax.set_ylabel("throughput (samples/s), higher is better" if time_objective else "cost (USD), lower is better")
-        ax.set_title(f"{problem.model} on {problem.cluster}: {'throughput' if time_objective else 'cost'} "
-                     "against solve time")
+        ax.set_title(
+            f"{problem.model} on {problem.cluster}: {'throughput' if time_objective else 'cost'} against solve time"
+        )
         ax.grid(True, which="both", linewidth=0.3)
         fig.tight_layout()
         buffer = io.BytesIO()

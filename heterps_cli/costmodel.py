@@ -80,7 +80,7 @@ class Stages:
     valid: np.ndarray  # [B, S]
     runnable: np.ndarray  # [B] every layer is on a type that can run it
 
-    def take(self, rows) -> "Stages":
+    def take(self, rows) -> Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
 
@@ -97,8 +97,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
     flat = (np.arange(B)[:, None] * S + sid).ravel()
     layers = np.arange(n)[None, :]
     sums = [
-        np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S)
-        for part in problem.parts
+        np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S) for part in problem.parts
     ]
     rows = np.broadcast_to(np.arange(B)[:, None], (B, n))
     stype = np.zeros((B, S), dtype=np.int64)
@@ -108,8 +107,9 @@ def split_stages(problem: Problem, schedules) -> Stages:
     last = np.zeros((B, S), dtype=np.int64)
     last[rows, sid] = np.broadcast_to(layers, (B, n))  # later layers overwrite earlier ones
     valid = np.arange(S)[None, :] <= sid[:, -1:]
-    runnable = problem.runnable[layers, sched].all(axis=1)
-    return Stages(sched, *sums, stype, first, last, valid, runnable)
+    runnable = np.asarray(problem.runnable[layers, sched].all(axis=1))
+    sc, pc, sd, pd = sums
+    return Stages(sched, sc, pc, sd, pd, stype, first, last, valid, runnable)
 
 
 @dataclass
@@ -139,8 +139,9 @@ def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
 def stage_throughputs(problem: Problem, stages: Stages, replicas) -> np.ndarray:
     """``[B, S]`` samples/s of every stage with the given replica counts (inf in padding)."""
     k = np.where(stages.valid, replicas, 1.0)
-    return np.where(stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, k),
-                    np.inf)
+    return np.where(
+        stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, k), np.inf
+    )
 
 
 def score(problem: Problem, stages: Stages, replicas) -> Scores:
@@ -154,7 +155,8 @@ def score(problem: Problem, stages: Stages, replicas) -> Scores:
     with np.errstate(divide="ignore", invalid="ignore"):
         time_s = problem.work / thr
     cost = time_s / 3600.0 * rate
-    within = (used <= problem.limits[None, :]).all(axis=1) & np.where(stages.valid, k >= 1, True).all(axis=1)
+    fits = (used <= problem.limits[None, :]).all(axis=1)
+    within = np.asarray(fits & np.where(stages.valid, k >= 1, True).all(axis=1))
     feasible = stages.runnable & within & meets_targets(problem, thr, cost)
     return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible)
 

@@ -21,8 +21,9 @@ class InputError(Exception):
     file in one round instead of one error per run.
     """
 
-    def __init__(self, path: str | None, line: int | None, field: str | None, message: str,
-                 more: Sequence[InputError] = ()):
+    def __init__(
+        self, path: str | None, line: int | None, field: str | None, message: str, more: Sequence[InputError] = ()
+    ):
         self.path, self.line, self.field, self.message = path, line, field, message
         self.more = tuple(more)
         super().__init__(path, line, field, message)

@@ -32,7 +32,7 @@ def count(x: float, decimals: int = 0) -> str:
     """1,326,103 (or with ``decimals``); 1.326e+18 when huge; a small non-zero figure keeps 3 digits."""
     if not math.isfinite(x) or abs(x) >= HUGE:
         return f"{x:.4g}"
-    if 0 < abs(x) < 0.5 * 10.0 ** -decimals:
+    if 0 < abs(x) < 0.5 * 10.0**-decimals:
         return f"{x:.3g}"
     return f"{x:,.{decimals}f}"
 

@@ -124,6 +124,8 @@ KINDS = {  # what each file is, and the keys that say so
     "cluster": ("a cluster", "resources"),
     "plan": ("a plan", "stages"),
 }
+
+
 def _strip(annotation: Any) -> Any:
     """X from Annotated[X, ...] and from X | None."""
     while True:
@@ -153,7 +155,7 @@ def _fields_at(root: type[BaseModel], loc: tuple) -> tuple[str, ...]:
     return tuple(annotation.model_fields) if isinstance(annotation, type) and issubclass(annotation, BaseModel) else ()
 
 
-def _describe(error: dict[str, Any], root: type[BaseModel], missing_beside: list[str]) -> str:
+def _describe(error: Any, root: type[BaseModel], missing_beside: list[str]) -> str:
     kind, ctx, got = error["type"], error.get("ctx") or {}, error.get("input")
     if kind == "missing":
         return "required field is missing"
@@ -163,7 +165,9 @@ def _describe(error: dict[str, Any], root: type[BaseModel], missing_beside: list
         close = difflib.get_close_matches(name, [f for f in allowed if f != name], n=1)
         if not close and len(missing_beside) == 1:
             close = missing_beside  # the one required field not given is the likeliest meaning
-        hint = f"; did you mean '{close[0]}'?" if close else (f" (allowed here: {', '.join(allowed)})" if allowed else "")
+        hint = (
+            f"; did you mean '{close[0]}'?" if close else (f" (allowed here: {', '.join(allowed)})" if allowed else "")
+        )
         return f"unknown field '{name}'{hint} (unknown fields are refused so a typo cannot change a plan)"
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
@@ -172,8 +176,15 @@ def _describe(error: dict[str, Any], root: type[BaseModel], missing_beside: list
     if kind == "finite_number":
         return f"must be a finite number (got {_shown(got)})"
     if kind in ("float_type", "int_type", "string_type", "dict_type", "list_type", "model_type", "bool_type"):
-        wanted = {"float": "a number", "int": "a whole number", "string": "a string", "bool": "true or false",
-                  "dict": "a mapping", "list": "a list", "model": "a mapping"}[kind.split("_")[0]]
+        wanted = {
+            "float": "a number",
+            "int": "a whole number",
+            "string": "a string",
+            "bool": "true or false",
+            "dict": "a mapping",
+            "list": "a list",
+            "model": "a mapping",
+        }[kind.split("_")[0]]
         return f"must be {wanted} (got {type(got).__name__} {_shown(got)})"
     if kind == "too_short":
         return "must not be empty"
@@ -197,16 +208,20 @@ def _validate(model: type[_Strict], doc: Document, kind: str) -> Any:
     actual = _kind_of(doc.data)
     if actual is not None and actual != kind:
         (wanted, key), (is_, is_key) = KINDS[kind], KINDS[actual]
-        raise InputError(doc.path, doc.line((is_key,)), None,
-                         f"this is {is_}, not {wanted} (it has '{is_key}' where {wanted} has '{key}'): "
-                         "check the order of the files on the command line")
+        raise InputError(
+            doc.path,
+            doc.line((is_key,)),
+            None,
+            f"this is {is_}, not {wanted} (it has '{is_key}' where {wanted} has '{key}'): "
+            "check the order of the files on the command line",
+        )
     try:
         return model.model_validate(doc.data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # A typo shows up as an unknown key *and* a missing one; the unknown key is the useful half.
         unknown_parents = {tuple(e["loc"][:-1]) for e in errors if e["type"] == "extra_forbidden"}
-        missing = {}
+        missing: dict[tuple, list[str]] = {}
         for e in errors:
             if e["type"] == "missing":
                 missing.setdefault(tuple(e["loc"][:-1]), []).append(str(e["loc"][-1]))
@@ -235,14 +250,21 @@ def load_profile(path: str) -> tuple[Profile, Document]:
     seen: dict[str, int] = {}
     for i, layer in enumerate(profile.layers):
         if layer.name in seen:
-            problems.append(doc.error(("layers", i, "name"),
-                                      f"duplicate layer name '{layer.name}' (also layers[{seen[layer.name]}])"))
+            problems.append(
+                doc.error(
+                    ("layers", i, "name"), f"duplicate layer name '{layer.name}' (also layers[{seen[layer.name]}])"
+                )
+            )
         seen.setdefault(layer.name, i)
         for resource, entry in layer.times.items():
             for frac in ("alpha", "beta"):
                 if getattr(entry, frac) is None and getattr(layer, frac) is None:
-                    problems.append(doc.error(("layers", i, "times", resource),
-                                              f"no {frac}: give the layer a default '{frac}' or this entry its own"))
+                    problems.append(
+                        doc.error(
+                            ("layers", i, "times", resource),
+                            f"no {frac}: give the layer a default '{frac}' or this entry its own",
+                        )
+                    )
     _raise_all(problems)
     return profile, doc
 
@@ -259,7 +281,8 @@ def load_plan(path: str) -> tuple[PlanFile, Document]:
 
 def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Document], tuple[Cluster, Document]]:
     """Both files, with the problems of both reported together."""
-    loaded, problems = [], []
+    loaded: list[Any] = []
+    problems: list[InputError] = []
     for load, path in ((load_profile, profile_path), (load_cluster, cluster_path)):
         try:
             loaded.append(load(path))

@@ -70,13 +70,20 @@ class Problem:
             self.odt * self.beta,
         )
 
-    def replace(self, **changes) -> "Problem":
+    def replace(self, **changes) -> Problem:
         return dataclasses.replace(self, **changes)
 
 
-def load_problem(profile_path: str, cluster_path: str, *, objective: str = "cost", samples: float | None = None,
-                 epochs: float | None = None, min_throughput: float | None = None,
-                 max_cost: float | None = None) -> Problem:
+def load_problem(
+    profile_path: str,
+    cluster_path: str,
+    *,
+    objective: str = "cost",
+    samples: float | None = None,
+    epochs: float | None = None,
+    min_throughput: float | None = None,
+    max_cost: float | None = None,
+) -> Problem:
     """Read, validate and join a profile and a cluster file into the problem every scheduler takes.
 
     ``samples``, ``epochs`` and ``min_throughput`` override the profile's ``job``
@@ -86,10 +93,20 @@ def load_problem(profile_path: str, cluster_path: str, *, objective: str = "cost
     (profile, pdoc), (cluster, cdoc) = load_pair(profile_path, cluster_path)
     check_pair(profile, pdoc, cluster, cdoc)
     if samples is None and profile.job.samples is None:
-        raise pdoc.error(("job", "samples"), "samples per epoch are not given: set job.samples in the profile, "
-                         "or give them to the command (--samples N)")
-    problem = build_problem(profile, cluster, objective=objective, samples=samples, epochs=epochs,
-                            min_throughput=min_throughput, max_cost=max_cost)
+        raise pdoc.error(
+            ("job", "samples"),
+            "samples per epoch are not given: set job.samples in the profile, "
+            "or give them to the command (--samples N)",
+        )
+    problem = build_problem(
+        profile,
+        cluster,
+        objective=objective,
+        samples=samples,
+        epochs=epochs,
+        min_throughput=min_throughput,
+        max_cost=max_cost,
+    )
     _check_finite_figures(problem, pdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     return problem
 
@@ -169,7 +186,10 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
         return
     figure = "samples" if not math.isfinite(work) else "training time" if not math.isfinite(worst_time) else "cost"
     in_file = not samples_given
-    raise InputError(pdoc.path if in_file else None, pdoc.line(("job", "samples")) if in_file else None,
-                     f"{'samples' if samples_given else 'job.samples'} x {'epochs' if epochs_given else 'job.epochs'}",
-                     f"{problem.samples:g} samples x {problem.epochs:g} epochs is too large: the job's {figure} would "
-                     "overflow a float (over 1.8e308); give a real job size")
+    raise InputError(
+        pdoc.path if in_file else None,
+        pdoc.line(("job", "samples")) if in_file else None,
+        f"{'samples' if samples_given else 'job.samples'} x {'epochs' if epochs_given else 'job.epochs'}",
+        f"{problem.samples:g} samples x {problem.epochs:g} epochs is too large: the job's {figure} would "
+        "overflow a float (over 1.8e308); give a real job size",
+    )

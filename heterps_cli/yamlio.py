@@ -85,7 +85,7 @@ class _Refused(yaml.MarkedYAMLError):
         super().__init__(problem=problem, problem_mark=mark)
 
 
-_LOADERS: list[type] = [_Loader]
+_LOADERS: list[Any] = [_Loader]  # yaml loader classes (their class methods are untyped)
 if getattr(yaml, "__with_libyaml__", False):  # libyaml parses 10-25x faster: a 10,000-layer profile in a second
 
     class _CLoader(yaml.cyaml.CParser, _Scalars, Resolver):
@@ -105,10 +105,12 @@ for _cls in _LOADERS:
         ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
         ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
         ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
-        ("tag:yaml.org,2002:float",
-         r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
-         r"|\.(?:nan|NaN|NAN))$",
-         list("-+0123456789.")),
+        (
+            "tag:yaml.org,2002:float",
+            r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+            r"|\.(?:nan|NaN|NAN))$",
+            list("-+0123456789."),
+        ),
     ):
         _cls.add_implicit_resolver(_tag, re.compile(_pattern), _first)
 
@@ -162,8 +164,12 @@ class _Walk:
         if id(node) in self.seen:
             self.repeated += 1
             if self.repeated > MAX_ALIAS_NODES:
-                raise self.refuse(node, path, f"aliases expand to more than {MAX_ALIAS_NODES:,} nodes "
-                                  "(an alias bomb?): write the data out instead")
+                raise self.refuse(
+                    node,
+                    path,
+                    f"aliases expand to more than {MAX_ALIAS_NODES:,} nodes "
+                    "(an alias bomb?): write the data out instead",
+                )
         self.seen.add(id(node))
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.ScalarNode):
@@ -178,8 +184,12 @@ class _Walk:
                 key = key_node.value
                 if key in first:
                     # PyYAML silently keeps the last duplicate; a typo must not change a plan.
-                    raise InputError(self.doc_path, line, format_path(path + (key,)),
-                                     f"duplicate key (first given on line {first[key]})")
+                    raise InputError(
+                        self.doc_path,
+                        line,
+                        format_path(path + (key,)),
+                        f"duplicate key (first given on line {first[key]})",
+                    )
                 first[key] = line
                 self.lines[path + (key,)] = line
                 self(value_node, path + (key,))
@@ -193,8 +203,12 @@ def _read(path: str | os.PathLike, shown: str) -> str:
     try:
         with open(path, "rb") as fh:
             if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) and os.fstat(fh.fileno()).st_size > MAX_BYTES:
-                raise InputError(shown, None, None, f"file is over {MAX_BYTES >> 20} MiB: not a profile, cluster or "
-                                 "plan heterps would read")
+                raise InputError(
+                    shown,
+                    None,
+                    None,
+                    f"file is over {MAX_BYTES >> 20} MiB: not a profile, cluster or plan heterps would read",
+                )
             raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise InputError(shown, None, None, "file not found") from None
@@ -208,8 +222,12 @@ def _read(path: str | os.PathLike, shown: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise InputError(shown, line, None, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
-                         f"({exc.reason}); is this a binary file?") from None
+        raise InputError(
+            shown,
+            line,
+            None,
+            f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} ({exc.reason}); is this a binary file?",
+        ) from None
 
 
 def load_yaml(path: str | os.PathLike) -> Document:
@@ -228,19 +246,24 @@ def load_yaml(path: str | os.PathLike) -> Document:
     except yaml.reader.ReaderError as exc:  # a control character, before any parsing
         line = text.count("\n", 0, exc.position) + 1
         column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise InputError(shown, line, None, f"control character U+{exc.character:04X} at column {column}: "
-                         "YAML text cannot hold it (is this a binary file?)") from None
+        raise InputError(
+            shown,
+            line,
+            None,
+            f"control character U+{exc.character:04X} at column {column}: "
+            "YAML text cannot hold it (is this a binary file?)",
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
+        at: int | None = mark.line + 1 if mark else None
         problem = exc.problem or exc.context or "invalid YAML"
-        tab = line is not None and "\t" in (text.splitlines()[line - 1:line] or [""])[0]
+        tab = at is not None and "\t" in (text.splitlines()[at - 1 : at] or [""])[0]
         if tab or "'\\t'" in problem or "tab character" in problem:
             problem += " (indent with spaces: YAML does not allow tabs there)"
         elif "constructor for the tag" in problem:
             problem += " (heterps reads plain data only: tags that build objects are refused)"
         what = "refused" if isinstance(exc, _Refused) else "not valid YAML"
-        raise InputError(shown, line, None, f"{what}: {problem}") from None
+        raise InputError(shown, at, None, f"{what}: {problem}") from None
     except yaml.YAMLError as exc:
         raise InputError(shown, None, None, f"not valid YAML: {exc}") from None
     finally:
@@ -271,10 +294,21 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     except OSError as exc:
         raise InputError(shown, None, None, f"cannot write here: {exc.strerror}") from None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
-        kind = "a directory" if stat.S_ISDIR(existing.st_mode) else "a FIFO" if stat.S_ISFIFO(existing.st_mode) \
-            else "a device" if stat.S_ISCHR(existing.st_mode) or stat.S_ISBLK(existing.st_mode) else "not a regular file"
-        raise InputError(shown, None, None, f"exists and is {kind}: refusing to replace it (give a file path, "
-                         "or - for standard output)")
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(existing.st_mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(existing.st_mode)
+            else "a device"
+            if stat.S_ISCHR(existing.st_mode) or stat.S_ISBLK(existing.st_mode)
+            else "not a regular file"
+        )
+        raise InputError(
+            shown,
+            None,
+            None,
+            f"exists and is {kind}: refusing to replace it (give a file path, or - for standard output)",
+        )
     if existing is not None:
         mode = stat.S_IMODE(existing.st_mode)
     else:

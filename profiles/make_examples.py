@@ -42,15 +42,33 @@ class Device:
 
 
 DEVICES = {
-    "cpu": Device("cpu", 40e9, 6e9, 20e-6, 1.5e9,
-                  "one Xeon Gold 6271C core (paper's CPU servers): ~40 GFLOP/s AVX-512 sustained, "
-                  "~6 GB/s of memory bandwidth per core, 100 Gb/s NIC shared by 48 cores + PS traffic ~1.5 GB/s"),
-    "v100": Device("v100", 10e12, 700e9, 30e-6, 10e9,
-                   "V100: 15.7 TFLOP/s fp32 peak at ~65% sustained, 900 GB/s HBM2 at ~78%, "
-                   "PCIe 3 x16 ~12 GB/s less protocol overhead"),
-    "a100": Device("a100", 30e12, 1.5e12, 25e-6, 20e9,
-                   "A100: 156 TFLOP/s TF32 peak at ~20% sustained for these shapes, 2 TB/s HBM2e at ~75%, "
-                   "PCIe 4 x16 ~25 GB/s less overhead"),
+    "cpu": Device(
+        "cpu",
+        40e9,
+        6e9,
+        20e-6,
+        1.5e9,
+        "one Xeon Gold 6271C core (paper's CPU servers): ~40 GFLOP/s AVX-512 sustained, "
+        "~6 GB/s of memory bandwidth per core, 100 Gb/s NIC shared by 48 cores + PS traffic ~1.5 GB/s",
+    ),
+    "v100": Device(
+        "v100",
+        10e12,
+        700e9,
+        30e-6,
+        10e9,
+        "V100: 15.7 TFLOP/s fp32 peak at ~65% sustained, 900 GB/s HBM2 at ~78%, "
+        "PCIe 3 x16 ~12 GB/s less protocol overhead",
+    ),
+    "a100": Device(
+        "a100",
+        30e12,
+        1.5e12,
+        25e-6,
+        20e9,
+        "A100: 156 TFLOP/s TF32 peak at ~20% sustained for these shapes, 2 TB/s HBM2e at ~75%, "
+        "PCIe 4 x16 ~25 GB/s less overhead",
+    ),
 }
 
 
@@ -68,8 +86,9 @@ class LayerShape:
 
 def fc(name, n_in, n_out, tokens=1):
     w = (n_in * n_out + n_out) * FLOAT
-    return LayerShape(name, "fc", 2 * n_in * n_out * tokens, (n_in + n_out) * tokens * FLOAT,
-                      n_in * tokens * FLOAT, w, 2 * w)
+    return LayerShape(
+        name, "fc", 2 * n_in * n_out * tokens, (n_in + n_out) * tokens * FLOAT, n_in * tokens * FLOAT, w, 2 * w
+    )
 
 
 def elementwise(name, kind, elements):
@@ -78,13 +97,27 @@ def elementwise(name, kind, elements):
 
 def conv(name, c_in, c_out, size):  # 3x3, stride 1, "same" padding
     w = (c_in * c_out * 9 + c_out) * FLOAT
-    return LayerShape(name, "conv", 2 * c_in * c_out * 9 * size * size, (c_in + c_out) * size * size * FLOAT,
-                      c_in * size * size * FLOAT, w, 2 * w)
+    return LayerShape(
+        name,
+        "conv",
+        2 * c_in * c_out * 9 * size * size,
+        (c_in + c_out) * size * size * FLOAT,
+        c_in * size * size * FLOAT,
+        w,
+        2 * w,
+    )
 
 
 def pool(name, channels, size):  # 2x2 max pool, stride 2
-    return LayerShape(name, "pool", channels * size * size, 1.25 * channels * size * size * FLOAT,
-                      channels * size * size * FLOAT, 0, 0)
+    return LayerShape(
+        name,
+        "pool",
+        channels * size * size,
+        1.25 * channels * size * size * FLOAT,
+        channels * size * size * FLOAT,
+        0,
+        0,
+    )
 
 
 def times(layer: LayerShape, dev: Device, batch: int) -> dict:
@@ -106,15 +139,27 @@ def ctr() -> tuple[list[LayerShape], int]:
     touched = slots * ids * dim * FLOAT
     # The table lives on parameter servers: each replica pulls and pushes the rows its
     # samples touch, so that traffic is per sample (parallel), with no dense all-reduce.
-    emb = LayerShape("embedding", "embedding", 0, touched, slots * ids * 8, rows * dim * FLOAT, 0,
-                     moved=slots * ids * 8 + 2 * touched)
+    emb = LayerShape(
+        "embedding",
+        "embedding",
+        0,
+        touched,
+        slots * ids * 8,
+        rows * dim * FLOAT,
+        0,
+        moved=slots * ids * 8 + 2 * touched,
+    )
     return [
         emb,
         elementwise("sum_pool", "pool", slots * ids * dim),
-        fc("fc1", slots * dim, 1024), elementwise("relu1", "activation", 1024),
-        fc("fc2", 1024, 512), elementwise("relu2", "activation", 512),
-        fc("fc3", 512, 256), elementwise("relu3", "activation", 256),
-        fc("fc4", 256, 1), elementwise("logloss", "loss", 1),
+        fc("fc1", slots * dim, 1024),
+        elementwise("relu1", "activation", 1024),
+        fc("fc2", 1024, 512),
+        elementwise("relu2", "activation", 512),
+        fc("fc3", 512, 256),
+        elementwise("relu3", "activation", 256),
+        fc("fc4", 256, 1),
+        elementwise("logloss", "loss", 1),
     ], 4096
 
 
@@ -127,9 +172,14 @@ def vgg16() -> tuple[list[LayerShape], int]:
             c = width
         layers.append(pool(f"pool{block}", c, size))
         size //= 2
-    layers += [fc("fc6", 512 * 7 * 7, 4096), elementwise("dropout6", "dropout", 4096),
-               fc("fc7", 4096, 4096), elementwise("dropout7", "dropout", 4096),
-               fc("fc8", 4096, 1000), elementwise("softmax_loss", "loss", 1000)]
+    layers += [
+        fc("fc6", 512 * 7 * 7, 4096),
+        elementwise("dropout6", "dropout", 4096),
+        fc("fc7", 4096, 4096),
+        elementwise("dropout7", "dropout", 4096),
+        fc("fc8", 4096, 1000),
+        elementwise("softmax_loss", "loss", 1000),
+    ]
     return layers, 64
 
 
@@ -137,7 +187,11 @@ def transformer() -> tuple[list[LayerShape], int]:
     """A 12-block encoder (BERT-base shapes: d=768, 12 heads, sequence 128)."""
     L, d, vocab = 128, 768, 30522
     touched = L * d * FLOAT
-    layers = [LayerShape("embedding", "embedding", 0, 3 * touched, L * 8, (vocab + 512) * d * FLOAT, 2 * (vocab + 512) * d * FLOAT)]
+    layers = [
+        LayerShape(
+            "embedding", "embedding", 0, 3 * touched, L * 8, (vocab + 512) * d * FLOAT, 2 * (vocab + 512) * d * FLOAT
+        )
+    ]
     for b in range(1, 13):
         w = 4 * (d * d + d) * FLOAT
         layers += [
@@ -156,7 +210,11 @@ EXAMPLES = {
     # name: (builder, types, job)
     "ctr": (ctr, ("cpu", "v100", "a100"), {"samples": 1_000_000_000, "epochs": 1, "min_throughput": 150_000}),
     "vgg16": (vgg16, ("cpu", "v100", "a100"), {"samples": 1_281_167, "epochs": 10, "min_throughput": 600}),
-    "transformer": (transformer, ("cpu", "v100", "a100"), {"samples": 10_000_000, "epochs": 1, "min_throughput": 1_000}),
+    "transformer": (
+        transformer,
+        ("cpu", "v100", "a100"),
+        {"samples": 10_000_000, "epochs": 1, "min_throughput": 1_000},
+    ),
 }
 
 

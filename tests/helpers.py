@@ -14,18 +14,28 @@ def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samp
     n, T = oct_.shape
     types = [f"r{t}" for t in range(T)]
     layers = []
-    for l in range(n):
+    for layer in range(n):
         times = {
-            types[t]: {"oct": float(oct_[l, t]), "odt": float(odt[l, t]),
-                       "alpha": float(alpha[l, t]), "beta": float(beta[l, t])}
-            for t in range(T) if runnable[l, t]
+            types[t]: {
+                "oct": float(oct_[layer, t]),
+                "odt": float(odt[layer, t]),
+                "alpha": float(alpha[layer, t]),
+                "beta": float(beta[layer, t]),
+            }
+            for t in range(T)
+            if runnable[layer, t]
         }
-        layers.append({"name": f"l{l}", "type": "fc", "input_size": 4.0, "weight_size": 4.0, "times": times})
-    profile = {"model": "generated", "batch_size": int(B0),
-               "job": {"samples": float(samples), "epochs": 1.0, "min_throughput": float(min_throughput)},
-               "layers": layers}
-    cluster = {"cluster": "generated",
-               "resources": {types[t]: {"price": float(prices[t]), "limit": int(limits[t])} for t in range(T)}}
+        layers.append({"name": f"l{layer}", "type": "fc", "input_size": 4.0, "weight_size": 4.0, "times": times})
+    profile = {
+        "model": "generated",
+        "batch_size": int(B0),
+        "job": {"samples": float(samples), "epochs": 1.0, "min_throughput": float(min_throughput)},
+        "layers": layers,
+    }
+    cluster = {
+        "cluster": "generated",
+        "resources": {types[t]: {"price": float(prices[t]), "limit": int(limits[t])} for t in range(T)},
+    }
     return profile, cluster
 
 
@@ -42,8 +52,10 @@ def random_instance(rng: np.random.Generator, n: int, T: int, max_limit: int = 5
     """A random small instance as arrays; every layer runs on at least one type."""
     oct_ = np.exp(rng.uniform(np.log(1e-3), np.log(1.0), (n, T)))
     odt = np.where(rng.random((n, T)) < 0.2, 0.0, np.exp(rng.uniform(np.log(1e-4), np.log(1.0), (n, T))))
+
     def fraction():
         return np.select([rng.random((n, T)) < 0.15, rng.random((n, T)) < 0.15], [0.0, 1.0], rng.random((n, T)))
+
     alpha, beta = fraction(), fraction()
     runnable = rng.random((n, T)) < 0.8
     runnable[np.arange(n), rng.integers(0, T, n)] = True

@@ -34,12 +34,32 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
     thr = min(stage_thr)
     time_s = plan["epochs"] * plan["samples"] / thr
     cost = time_s / 3600 * sum(cluster["resources"][t]["price"] * k for t, k in k_t.items())
-    return {"compute_s": ct, "comm_s": dt, "stage_throughput": stage_thr, "throughput": thr,
-            "resources": k_t, "time_s": time_s, "cost_usd": cost}
+    return {
+        "compute_s": ct,
+        "comm_s": dt,
+        "stage_throughput": stage_thr,
+        "throughput": thr,
+        "resources": k_t,
+        "time_s": time_s,
+        "cost_usd": cost,
+    }
 
 
-def brute_force(oct_, odt, alpha, beta, runnable, prices, limits, B0, work,
-                min_throughput=0.0, max_cost=None, objective="cost", schedules=None):
+def brute_force(
+    oct_,
+    odt,
+    alpha,
+    beta,
+    runnable,
+    prices,
+    limits,
+    B0,
+    work,
+    min_throughput=0.0,
+    max_cost=None,
+    objective="cost",
+    schedules=None,
+):
     """The optimum by enumerating every schedule (or only ``schedules``) and every replica
     vector within the limits.
 
@@ -48,14 +68,14 @@ def brute_force(oct_, odt, alpha, beta, runnable, prices, limits, B0, work,
     n, T = oct_.shape
     best = None
     for sched in schedules if schedules is not None else itertools.product(range(T), repeat=n):
-        if not all(runnable[l, t] for l, t in enumerate(sched)):
+        if not all(runnable[layer, t] for layer, t in enumerate(sched)):
             continue
         stages = []  # (type, [layers])
-        for l, t in enumerate(sched):
+        for layer, t in enumerate(sched):
             if stages and stages[-1][0] == t:
-                stages[-1][1].append(l)
+                stages[-1][1].append(layer)
             else:
-                stages.append((t, [l]))
+                stages.append((t, [layer]))
         ranges = [range(1, limits[t] + 1) for t, _ in stages]
         ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
         types = np.array([t for t, _ in stages])
@@ -66,8 +86,8 @@ def brute_force(oct_, odt, alpha, beta, runnable, prices, limits, B0, work,
         et = []
         for s, (t, ls) in enumerate(stages):
             k = ks[:, s]
-            c = sum(oct_[l, t] * (1 - alpha[l, t] + alpha[l, t] / k) for l in ls)
-            d = sum(odt[l, t] * (1 - beta[l, t] + beta[l, t] / k) for l in ls)
+            c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] / k) for layer in ls)
+            d = sum(odt[layer, t] * (1 - beta[layer, t] + beta[layer, t] / k) for layer in ls)
             et.append(np.maximum(c, d))
         thr = B0 / np.max(np.stack(et, axis=1), axis=1)
         rate = (ks * prices[types][None, :]).sum(axis=1)
@@ -105,19 +125,19 @@ def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, w
         if not all(t in layer["times"] for t, layer in zip(sched, layers)):
             continue
         stages = []
-        for l, t in enumerate(sched):
+        for layer, t in enumerate(sched):
             if stages and stages[-1][0] == t:
-                stages[-1][1].append(l)
+                stages[-1][1].append(layer)
             else:
-                stages.append((t, [l]))
+                stages.append((t, [layer]))
         curves = []
         for t, ls in stages:
             k = np.arange(1, cluster["resources"][t]["limit"] + 1, dtype=float)
             c = d = 0.0
-            for l in ls:
-                e = layers[l]["times"][t]
-                a = e.get("alpha", layers[l].get("alpha"))
-                b = e.get("beta", layers[l].get("beta"))
+            for layer in ls:
+                e = layers[layer]["times"][t]
+                a = e.get("alpha", layers[layer].get("alpha"))
+                b = e.get("beta", layers[layer].get("beta"))
                 c = c + e["oct"] * (1 - a + a / k)
                 d = d + e["odt"] * (1 - b + b / k)
             curves.append(B0 / np.maximum(c, d))

@@ -86,13 +86,16 @@ def test_baseline_gate_on_a_stale_plan_says_to_refresh_before_the_diff(files):
 
 
 def test_baseline_gate(files):
-    shown = _check("--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
+    shown = _check(
+        "--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1
+    )
     assert "$0.80 -> $0.85, +$0.05 (+6.6%); allowed increase 5%" in shown
     assert "heterps diff plans/ctr.yaml plans/ctr-3m.yaml" in shown
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml", job=THREE_M)
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.10", plan="plans/ctr-3m.yaml", job=THREE_M)
-    assert "allowed increase $0.01" in _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.01",
-                                             plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
+    assert "allowed increase $0.01" in _check(
+        "--baseline", "plans/ctr.yaml", "--max-increase", "0.01", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1
+    )
 
 
 def test_replan_finds_a_wasteful_plan(files):
@@ -111,8 +114,9 @@ def test_replan_of_a_time_plan_looks_for_a_faster_one(files):
     problem = load_problem("profiles/ctr.yaml", "clusters/paper.yaml", objective="time")
     plan = yaml.safe_load((files / "plans/ctr.yaml").read_text())
     schedule = [s["resource"] for s in plan["stages"] for _ in range(s["first"], s["last"] + 1)]
-    slow = make_plan(problem, [problem.types.index(t) for t in schedule], [s["replicas"] for s in plan["stages"]],
-                     scheduler="manual")
+    slow = make_plan(
+        problem, [problem.types.index(t) for t in schedule], [s["replicas"] for s in plan["stages"]], scheduler="manual"
+    )
     (files / "plans/slow.yaml").write_text(yaml.safe_dump(slow.to_dict(), sort_keys=False))
     shown = _check("--replan", "exact", plan="plans/slow.yaml", expect=1, job=("--objective", "time"))
     assert "exact finds" in shown and "samples/s against the plan's 1,326,102.8" in shown and "faster" in shown
@@ -124,13 +128,27 @@ def test_bad_files_exit_2(files):
     _edit(files / "plans/ctr.yaml", "cost_usd:", "cost_usdd:")
     shown = _check(expect=2)
     assert "plans/ctr.yaml:" in shown and "cost_usdd" in shown
-    assert "--max-increase" in _check("--baseline", "plans/ctr-3m.yaml", "--max-increase", "lots", plan="plans/ctr-3m.yaml", job=THREE_M,
-                                      expect=2)
+    assert "--max-increase" in _check(
+        "--baseline", "plans/ctr-3m.yaml", "--max-increase", "lots", plan="plans/ctr-3m.yaml", job=THREE_M, expect=2
+    )
 
 
 def test_markdown_report(files):
-    result = runner.invoke(app, ["check", "plans/ctr.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
-                                 "clusters/paper.yaml", "--max-cost", "0.5", "--format", "markdown"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            "plans/ctr.yaml",
+            "--profile",
+            "profiles/ctr.yaml",
+            "--cluster",
+            "clusters/paper.yaml",
+            "--max-cost",
+            "0.5",
+            "--format",
+            "markdown",
+        ],
+    )
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert lines[0] == "### heterps check: `plans/ctr.yaml` — ❌ 1 check failed"
@@ -142,9 +160,24 @@ def test_markdown_report(files):
 def test_github_annotations_and_step_summary(files, monkeypatch):
     summary = files / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = runner.invoke(app, ["check", "plans/ctr-3m.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
-                                 "clusters/paper.yaml", *THREE_M, "--baseline", "plans/ctr.yaml", "--max-increase", "1%",
-                                 "--format", "github"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            "plans/ctr-3m.yaml",
+            "--profile",
+            "profiles/ctr.yaml",
+            "--cluster",
+            "clusters/paper.yaml",
+            *THREE_M,
+            "--baseline",
+            "plans/ctr.yaml",
+            "--max-increase",
+            "1%",
+            "--format",
+            "github",
+        ],
+    )
     assert result.exit_code == 1
     first = result.stdout.splitlines()[0]
     assert first.startswith("::error file=plans/ctr-3m.yaml,title=heterps check baseline::cost $0.80 -> $0.85")
@@ -153,8 +186,19 @@ def test_github_annotations_and_step_summary(files, monkeypatch):
 
 
 def test_json_report(files):
-    result = runner.invoke(app, ["check", "plans/ctr.yaml", "--profile", "profiles/ctr.yaml", "--cluster",
-                                 "clusters/paper.yaml", "--format", "json"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            "plans/ctr.yaml",
+            "--profile",
+            "profiles/ctr.yaml",
+            "--cluster",
+            "clusters/paper.yaml",
+            "--format",
+            "json",
+        ],
+    )
     report = json.loads(result.stdout)
     assert report["passed"] and {f["gate"] for f in report["findings"]} == {"fits", "job", "fresh", "limits"}
 
@@ -165,23 +209,31 @@ def test_diff_of_the_bundled_plans_shows_the_cost_change(files):
     assert "+$0.05 (+6.6%)" in result.stdout and "cost USD" in result.stdout
     result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "markdown"])
     assert "| cost USD | $0.80 | $0.85 | +$0.05 (+6.6%) |" in result.stdout
-    changes = {c["what"]: c for c in json.loads(runner.invoke(
-        app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "json"]).stdout)["changes"]}
+    changes = {
+        c["what"]: c
+        for c in json.loads(
+            runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "json"]).stdout
+        )["changes"]
+    }
     assert changes["v100 units"]["delta"] == 2
 
 
 def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(files):
     plan = yaml.safe_load(Path("plans/ctr.yaml").read_text())
     gpu = plan["stages"][1]
-    split = [dict(gpu, last=4, layers=gpu["layers"][:3]),
-             dict(gpu, first=5, last=5, layers=gpu["layers"][3:4], resource="cpu"),
-             dict(gpu, first=6, layers=gpu["layers"][4:])]
+    split = [
+        dict(gpu, last=4, layers=gpu["layers"][:3]),
+        dict(gpu, first=5, last=5, layers=gpu["layers"][3:4], resource="cpu"),
+        dict(gpu, first=6, layers=gpu["layers"][4:]),
+    ]
     plan["stages"][1:2] = split
     plan["resources"]["cpu"] += 1
     Path("plans/split.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
     result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/split.yaml", "--format", "json"])
     assert result.exit_code == 0, result.output
-    rows = [(c["what"], c["old"], c["new"]) for c in json.loads(result.stdout)["changes"] if c["what"].startswith("stage")]
+    rows = [
+        (c["what"], c["old"], c["new"]) for c in json.loads(result.stdout)["changes"] if c["what"].startswith("stage")
+    ]
     assert rows == [
         ("stage 0", "0-1 on cpu x34", "0-1 on cpu x34"),
         ("stage 1", "2-7 on v100 x1", "2-4 on v100 x1"),
@@ -195,11 +247,25 @@ def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(files):
 
 
 def test_a_plan_for_fewer_samples_does_not_pass_the_budget(files):
-    runner.invoke(app, ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "-s", "exact", "--samples", "1000",
-                        "--out", "plans/small.yaml"])
+    runner.invoke(
+        app,
+        [
+            "plan",
+            "profiles/ctr.yaml",
+            "clusters/paper.yaml",
+            "-s",
+            "exact",
+            "--samples",
+            "1000",
+            "--out",
+            "plans/small.yaml",
+        ],
+    )
     shown = _check("--max-cost", "0.01", "--replan", "exact", plan="plans/small.yaml", expect=1)
-    assert "✗ FAIL job the plan was made for another job than the files and flags give: samples 1,000 in the plan, " \
-           "1e+09 now" in shown
+    assert (
+        "✗ FAIL job the plan was made for another job than the files and flags give: samples 1,000 in the plan, "
+        "1e+09 now" in shown
+    )
     assert "exceeds the --max-cost $0.01" in shown  # the cost of this job, not of the plan's 1,000 samples
 
 
@@ -251,8 +317,12 @@ def _replicas_plus(files: Path, extra: int) -> Path:
     problem = load_problem("profiles/ctr.yaml", "clusters/paper.yaml")
     plan = yaml.safe_load((files / "plans/ctr.yaml").read_text())
     schedule = [s["resource"] for s in plan["stages"] for _ in range(s["first"], s["last"] + 1)]
-    made = make_plan(problem, [problem.types.index(t) for t in schedule], [s["replicas"] + extra for s in plan["stages"]],
-                     scheduler="manual")
+    made = make_plan(
+        problem,
+        [problem.types.index(t) for t in schedule],
+        [s["replicas"] + extra for s in plan["stages"]],
+        scheduler="manual",
+    )
     path = files / "plans/wasteful.yaml"
     path.write_text(yaml.safe_dump(made.to_dict(), sort_keys=False))
     return path

@@ -16,9 +16,9 @@ from tests.oracle import brute_force, spec_figures
 def _random_schedules(rng, runnable, count):
     n, T = runnable.shape
     out = np.zeros((count, n), dtype=np.int64)
-    for l in range(n):
-        allowed = np.flatnonzero(runnable[l])
-        out[:, l] = rng.choice(allowed, count)
+    for layer in range(n):
+        allowed = np.flatnonzero(runnable[layer])
+        out[:, layer] = rng.choice(allowed, count)
     return out
 
 
@@ -61,7 +61,10 @@ def test_min_replicas_is_the_smallest_sufficient_count():
     target = rng.uniform(1, 500, 2000)
     k = min_replicas(sc, pc, sd, pd, 32, target)
     for i in range(2000):
-        thr = lambda kk: stage_throughput(sc[i], pc[i], sd[i], pd[i], 32, kk)
+
+        def thr(kk, i=i):
+            return stage_throughput(sc[i], pc[i], sd[i], pd[i], 32, kk)
+
         if np.isfinite(k[i]):
             assert thr(k[i]) >= target[i] and (k[i] == 1 or thr(k[i] - 1) < target[i])
         else:
@@ -81,8 +84,9 @@ def test_provision_matches_brute_force_for_fixed_schedules(objective, seed):
     scheds = _random_schedules(rng, arrays[4], 12)
     scores = provision(problem, split_stages(problem, scheds))
     for b, sched in enumerate(scheds):
-        expected = brute_force(*arrays, 32, problem.work, min_throughput=min_thr,
-                               objective=objective, schedules=[tuple(sched)])
+        expected = brute_force(
+            *arrays, 32, problem.work, min_throughput=min_thr, objective=objective, schedules=[tuple(sched)]
+        )
         assert bool(scores.feasible[b]) == (expected is not None)
         if expected is None:
             continue

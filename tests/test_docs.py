@@ -36,8 +36,9 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
 def test_quick_start_output_is_what_the_command_prints():
     quick = README.split("## Quick start", 1)[1].split("## ", 1)[0]
     shown = re.findall(r"```\n(ctr on paper.*?)```", quick, flags=re.S)[0]
-    result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")],
-                           env={"COLUMNS": "88"})
+    result = runner.invoke(
+        app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")], env={"COLUMNS": "88"}
+    )
     assert result.exit_code == 0, result.output
 
     def normal(text: str) -> list[str]:  # the solve time is the machine's, not the tool's
@@ -46,11 +47,14 @@ def test_quick_start_output_is_what_the_command_prints():
     assert normal(result.stdout) == normal(shown)
 
 
-COMMANDS = [line for block in _code_blocks(README, "bash") for line in block.splitlines()
-            if line.startswith("heterps ")]
+COMMANDS = [
+    line for block in _code_blocks(README, "bash") for line in block.splitlines() if line.startswith("heterps ")
+]
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if " compare " in c else c for c in COMMANDS])
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, marks=pytest.mark.slow) if " compare " in c else c for c in COMMANDS]
+)
 def test_readme_commands_run(command, tmp_path, monkeypatch):
     for folder in ("profiles", "clusters", "docs/plans"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
@@ -61,12 +65,19 @@ def test_readme_commands_run(command, tmp_path, monkeypatch):
 
 def test_exit_code_table_matches_the_code():
     table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", README, flags=re.M))
-    assert {int(k) for k in table} == {0, errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT,
-                                      errors.EXIT_INFEASIBLE, errors.EXIT_INTERNAL}
+    assert {int(k) for k in table} == {
+        0,
+        errors.EXIT_CHECK_FAILED,
+        errors.EXIT_BAD_INPUT,
+        errors.EXIT_INFEASIBLE,
+        errors.EXIT_INTERNAL,
+    }
 
 
 def test_readme_error_examples_are_what_the_tool_prints(tmp_path, monkeypatch):
-    profile = (ROOT / "profiles/ctr.yaml").read_text().replace("    weight_size: 1024000000", "    weight_sise: 1024000000")
+    profile = (
+        (ROOT / "profiles/ctr.yaml").read_text().replace("    weight_size: 1024000000", "    weight_sise: 1024000000")
+    )
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles/mine.yaml").write_text(profile)
     monkeypatch.chdir(tmp_path)

@@ -14,8 +14,12 @@ from heterps_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs/ci.md").read_text()
-COMMANDS = [line.strip().lstrip("- ").strip() for block in re.findall(r"```yaml\n(.*?)```", DOC, flags=re.S)
-            for line in block.splitlines() if line.strip().lstrip("- ").startswith("heterps ")]
+COMMANDS = [
+    line.strip().lstrip("- ").strip()
+    for block in re.findall(r"```yaml\n(.*?)```", DOC, flags=re.S)
+    for line in block.splitlines()
+    if line.strip().lstrip("- ").startswith("heterps ")
+]
 runner = CliRunner()
 
 

@@ -34,8 +34,9 @@ def instances(draw):
 def _solve_both(arrays, B0, min_throughput, objective, max_cost=None):
     profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput)
     problem = problem_from_dicts(profile, cluster, objective=objective, max_cost=max_cost)
-    expected = brute_force(*arrays, B0, problem.work, min_throughput=min_throughput,
-                           max_cost=max_cost, objective=objective)
+    expected = brute_force(
+        *arrays, B0, problem.work, min_throughput=min_throughput, max_cost=max_cost, objective=objective
+    )
     try:
         plan = exact.solve(problem)
     except InfeasibleError:

@@ -26,8 +26,11 @@ def test_bundled_profile_matches_its_generator(name):
     )
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "clusters").glob("*.yaml")) + sorted((ROOT / "profiles").glob("*.yaml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "clusters").glob("*.yaml")) + sorted((ROOT / "profiles").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
 def test_every_example_says_where_its_numbers_come_from(path):
     head = path.read_text().split("\n", 6)[:6]
     assert any(line.startswith("#") for line in head)

@@ -20,18 +20,71 @@ from typer.testing import CliRunner
 from heterps_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIRS = [("profiles/ctr.yaml", "clusters/paper.yaml"), ("profiles/transformer.yaml", "clusters/three-type.yaml"),
-         ("profiles/vgg16.yaml", "clusters/three-type.yaml")]
+PAIRS = [
+    ("profiles/ctr.yaml", "clusters/paper.yaml"),
+    ("profiles/transformer.yaml", "clusters/three-type.yaml"),
+    ("profiles/vgg16.yaml", "clusters/three-type.yaml"),
+]
 TEXTS = {name: (ROOT / name).read_text() for pair in PAIRS for name in pair}
 runner = CliRunner()
 # libyaml where it is installed: making the cases, not running them, would otherwise take most of the time
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
-HOSTILE_VALUES = [None, "", "x" * 300, "[/]", "1e9", "yes", -1, 0, 1, 0.5, 1e-320, 1e308, -1e308, float("inf"),
-                  float("nan"), 10**30, 2**63, 10**400, True, [], {}, [1, 2], {"a": 1}, {"oct": 1, "odt": 0}]
-SNIPPETS = [":", "- ", "[", "]", "{", "}", "&a ", "*a", "!!python/object:os.system ", "\t", "\x00", "%", "'", '"',
-            "#", "\n", "é", "\ufeff", "<<: *a\n", "---\n", "? ", "0o17", "0x1f", "1:04", ".nan", "~"]
+HOSTILE_VALUES = [
+    None,
+    "",
+    "x" * 300,
+    "[/]",
+    "1e9",
+    "yes",
+    -1,
+    0,
+    1,
+    0.5,
+    1e-320,
+    1e308,
+    -1e308,
+    float("inf"),
+    float("nan"),
+    10**30,
+    2**63,
+    10**400,
+    True,
+    [],
+    {},
+    [1, 2],
+    {"a": 1},
+    {"oct": 1, "odt": 0},
+]
+SNIPPETS = [
+    ":",
+    "- ",
+    "[",
+    "]",
+    "{",
+    "}",
+    "&a ",
+    "*a",
+    "!!python/object:os.system ",
+    "\t",
+    "\x00",
+    "%",
+    "'",
+    '"',
+    "#",
+    "\n",
+    "é",
+    "\ufeff",
+    "<<: *a\n",
+    "---\n",
+    "? ",
+    "0o17",
+    "0x1f",
+    "1:04",
+    ".nan",
+    "~",
+]
 
 
 def _paths(data, prefix=()):
@@ -78,7 +131,7 @@ def mutated(draw, text: str) -> str:
             if edit == "insert":
                 text = text[:at] + draw(st.sampled_from(SNIPPETS)) + text[at:]
             elif edit == "delete":
-                text = text[:at] + text[at + draw(st.integers(1, 40)):]
+                text = text[:at] + text[at + draw(st.integers(1, 40)) :]
             else:
                 lines = text.splitlines(keepends=True)
                 i = draw(st.integers(0, len(lines) - 1))
@@ -101,11 +154,17 @@ def _never_a_traceback(case) -> None:
         profile, cluster = Path(tmp) / "p.yaml", Path(tmp) / "c.yaml"
         profile.write_text(ptext, encoding="utf-8", errors="surrogateescape")
         cluster.write_text(ctext, encoding="utf-8", errors="surrogateescape")
-        for args in (["validate", str(profile), str(cluster)],
-                     ["plan", str(profile), str(cluster), "-s", "exact", "--json"]):
+        for args in (
+            ["validate", str(profile), str(cluster)],
+            ["plan", str(profile), str(cluster), "-s", "exact", "--json"],
+        ):
             result = runner.invoke(app, args)
-            assert result.exception is None or isinstance(result.exception, SystemExit), \
-                (args, repr(result.exception), ptext, ctext)
+            assert result.exception is None or isinstance(result.exception, SystemExit), (
+                args,
+                repr(result.exception),
+                ptext,
+                ctext,
+            )
             assert result.exit_code in (0, 2, 3), (args, result.exit_code, result.output)
             assert "Traceback" not in result.output
             if result.exit_code == 2:
@@ -113,8 +172,12 @@ def _never_a_traceback(case) -> None:
 
 
 # Derandomised: CI runs the same cases every time. No shrinking: a failure already shows both files whole.
-FUZZ = dict(deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = dict(
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @settings(max_examples=60, **FUZZ)
@@ -133,8 +196,16 @@ def test_two_thousand_mutated_files_never_crash(case):
 # -- committed plans mutated: the gate must never pass what `plan` contradicts (issue 13) --
 
 PLAN_TEXT = (ROOT / "docs/plans/ctr.yaml").read_text()
-TRUTH = {"model": "ctr", "cluster": "paper", "objective": "cost", "batch_size": 4096, "samples": 1e9, "epochs": 1,
-         "min_throughput": 150000, "max_cost": None}  # profiles/ctr.yaml's job, as `plan` takes it
+TRUTH = {
+    "model": "ctr",
+    "cluster": "paper",
+    "objective": "cost",
+    "batch_size": 4096,
+    "samples": 1e9,
+    "epochs": 1,
+    "min_throughput": 150000,
+    "max_cost": None,
+}  # profiles/ctr.yaml's job, as `plan` takes it
 FACTORS = [0.0, 1e-9, 0.5, 0.999999, 1.000001, 2.0, 1e9]
 
 
@@ -148,13 +219,18 @@ def mutated_plans(draw) -> dict:
         if isinstance(value, bool) or value is None:
             parent[key] = draw(st.sampled_from([True, False, None, 0.5]))
         elif isinstance(value, (int, float)):
-            new = value * draw(st.sampled_from(FACTORS)) if draw(st.booleans()) else value + draw(st.sampled_from([-1, 1]))
+            new = (
+                value * draw(st.sampled_from(FACTORS))
+                if draw(st.booleans())
+                else value + draw(st.sampled_from([-1, 1]))
+            )
             parent[key] = int(new) if isinstance(value, int) and draw(st.booleans()) else new
         elif isinstance(value, str):
             parent[key] = draw(st.sampled_from(["cpu", "v100", "a100", "exact", "time", "ctr", "paper", "fc1", "x"]))
         elif isinstance(value, list) and value:
             i = draw(st.integers(0, len(value) - 1))
-            draw(st.sampled_from([lambda: value.pop(i), lambda: value.insert(i, value[i]), lambda: value.reverse()]))()
+            edits = [lambda v=value, i=i: v.pop(i), lambda v=value, i=i: v.insert(i, v[i]), lambda v=value: v.reverse()]
+            draw(st.sampled_from(edits))()
         elif isinstance(value, dict) and value:
             del value[draw(st.sampled_from(sorted(value)))]
     return plan
@@ -164,8 +240,21 @@ def _gate_never_passes_a_lie(plan: dict, optimum: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.yaml"
         path.write_text(yaml.dump(plan, Dumper=_Dumper, sort_keys=False))
-        result = runner.invoke(app, ["check", str(path), "--profile", str(ROOT / "profiles/ctr.yaml"), "--cluster",
-                                     str(ROOT / "clusters/paper.yaml"), "--replan", "exact", "--format", "json"])
+        result = runner.invoke(
+            app,
+            [
+                "check",
+                str(path),
+                "--profile",
+                str(ROOT / "profiles/ctr.yaml"),
+                "--cluster",
+                str(ROOT / "clusters/paper.yaml"),
+                "--replan",
+                "exact",
+                "--format",
+                "json",
+            ],
+        )
     assert result.exception is None or isinstance(result.exception, SystemExit), (repr(result.exception), plan)
     assert result.exit_code in (0, 1, 2), (result.exit_code, result.output)
     if result.exit_code == 0:  # a pass: everything `plan` says about this job must agree with the file
@@ -177,8 +266,9 @@ def _gate_never_passes_a_lie(plan: dict, optimum: float) -> None:
 
 @pytest.fixture(scope="module")
 def optimum() -> float:
-    result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"),
-                                 "-s", "exact", "--json"])
+    result = runner.invoke(
+        app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"), "-s", "exact", "--json"]
+    )
     return json.loads(result.stdout)["cost_usd"]
 
 

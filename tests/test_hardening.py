@@ -98,23 +98,38 @@ def test_yaml_1_2_numbers_never_read_as_other_numbers(tmp_path):
 
 
 def test_a_job_whose_cost_overflows_is_bad_input_naming_the_settings():
-    _bad(["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e308", "--scheduler", "exact"],
-         "samples x epochs: ", "would overflow")
-    _bad(["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e308", "--scheduler", "exact", "--json"],
-         "would overflow")
+    _bad(
+        ["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e308", "--scheduler", "exact"],
+        "samples x epochs: ",
+        "would overflow",
+    )
+    _bad(
+        ["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e308", "--scheduler", "exact", "--json"],
+        "would overflow",
+    )
 
 
 def test_a_job_size_in_the_profile_that_overflows_names_the_profile_line(tmp_path):
     text = Path(CTR).read_text()
     samples_line = next(i for i, line in enumerate(text.splitlines(), 1) if line.strip().startswith("samples:"))
-    (tmp_path / "p.yaml").write_text(re.sub(r"samples: \S+", "samples: 1.7e308", text, count=1)
-                                     .replace("epochs: 1", "epochs: 10", 1))
+    (tmp_path / "p.yaml").write_text(
+        re.sub(r"samples: \S+", "samples: 1.7e308", text, count=1).replace("epochs: 1", "epochs: 10", 1)
+    )
     _bad(["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], f"p.yaml:{samples_line}: job.samples x ")
 
 
-@pytest.mark.parametrize("flag,value", [("--min-throughput", "inf"), ("--max-cost", "inf"), ("--samples", "nan"),
-                                        ("--epochs", "inf"), ("--samples", "-1"), ("--seed", "-1"),
-                                        ("--seed", str(2**64))])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--min-throughput", "inf"),
+        ("--max-cost", "inf"),
+        ("--samples", "nan"),
+        ("--epochs", "inf"),
+        ("--samples", "-1"),
+        ("--seed", "-1"),
+        ("--seed", str(2**64)),
+    ],
+)
 def test_non_finite_options_are_refused(flag, value):
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact", flag, value])
     assert result.exit_code == 2 and flag in result.output, result.output
@@ -122,8 +137,9 @@ def test_non_finite_options_are_refused(flag, value):
 
 
 def test_huge_but_finite_figures_print_short_and_json_stays_json():
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e280", "-s", "exact"],
-                           env={"COLUMNS": "200"})
+    result = runner.invoke(
+        app, ["plan", CTR, PAPER, "--samples", "1e10", "--epochs", "1e280", "-s", "exact"], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     assert re.search(r"cost +\$\d\.\d+e\+\d+", result.stdout) and "years" in result.stdout, result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) < 200
@@ -140,18 +156,26 @@ def test_small_costs_keep_significant_digits():
     assert usd(0.0031) == "$0.0031" and usd(0.8) == "$0.80" and usd(1234.5) == "$1,234.50"
     assert usd(8.02e-7) == "$8.02e-07" and usd(0) == "$0.00" and usd(3.3e20) == "$3.3e+20"
     assert count(1326102.8) == "1,326,103" and count(2e20) == "2e+20"
-    assert duration(28) == "28.0 s" and duration(4710.1) == "79 min" and duration(9000) == "2 h 30 min" and "years" in duration(1e300)
+    assert (
+        duration(28) == "28.0 s"
+        and duration(4710.1) == "79 min"
+        and duration(9000) == "2 h 30 min"
+        and "years" in duration(1e300)
+    )
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact", "--samples", "35000000"])
     assert result.exit_code == 0, result.output
     cost = re.search(r"^cost +(\S+)", result.stdout, flags=re.M).group(1)
     assert cost.startswith("$0.0") and cost != "$0.00" and len(cost.rstrip("0")) >= 5, cost
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("limit", 10**400, "resources.cpu.limit: must be <= 1e+09"),
-    ("limit", 9 * 10**18, "resources.cpu.limit: must be <= 1e+09"),
-    ("price", 1e400, "resources.cpu.price: must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("limit", 10**400, "resources.cpu.limit: must be <= 1e+09"),
+        ("limit", 9 * 10**18, "resources.cpu.limit: must be <= 1e+09"),
+        ("price", 1e400, "resources.cpu.price: must be a finite number"),
+    ],
+)
 def test_numbers_past_what_the_model_can_use_are_refused(tmp_path, field, value, message):
     cluster = yaml.safe_load(Path(PAPER).read_text())
     cluster["resources"]["cpu"][field] = value
@@ -208,8 +232,9 @@ def test_new_files_get_0644_less_umask_and_replaced_files_keep_their_mode(tmp_pa
 
 def _run_and_signal(args: list[str], sig: int, after: float, cwd: Path) -> subprocess.CompletedProcess:
     """Run ``python -m heterps_cli ARGS`` and send ``sig`` after ``after`` seconds; the process always ends."""
-    proc = subprocess.Popen([sys.executable, "-m", "heterps_cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heterps_cli", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(after)
         proc.send_signal(sig)
@@ -226,8 +251,22 @@ def test_an_interrupted_run_leaves_the_existing_out_file_untouched(tmp_path, sig
     existing = tmp_path / "plan.yaml"
     existing.write_text("the committed plan\n")
     # random search with a budget it cannot finish in time: the signal lands mid-search
-    done = _run_and_signal(["plan", str(ROOT / "profiles/vgg16.yaml"), str(ROOT / "clusters/three-type.yaml"), "-s",
-                            "random", "--evaluations", "100000000", "--out", "plan.yaml"], sig, 1.5, tmp_path)
+    done = _run_and_signal(
+        [
+            "plan",
+            str(ROOT / "profiles/vgg16.yaml"),
+            str(ROOT / "clusters/three-type.yaml"),
+            "-s",
+            "random",
+            "--evaluations",
+            "100000000",
+            "--out",
+            "plan.yaml",
+        ],
+        sig,
+        1.5,
+        tmp_path,
+    )
     assert done.returncode == code, (done.returncode, done.stderr)
     assert existing.read_text() == "the committed plan\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"], "no temporary file left"
@@ -263,21 +302,32 @@ def test_ctrl_c_in_compare_marks_the_row_and_exits_130_at_the_end(monkeypatch):
 
 def test_did_you_mean_suggests_only_a_different_valid_key(tmp_path):
     (tmp_path / "c.yaml").write_text("name: mine\nresources:\n  cpu: {price: 0.04, limit: 8}\n")
-    stderr = _bad(["validate", CTR, str(tmp_path / "c.yaml")], "c.yaml:1: name: unknown field 'name'; did you mean 'cluster'?")
+    stderr = _bad(
+        ["validate", CTR, str(tmp_path / "c.yaml")], "c.yaml:1: name: unknown field 'name'; did you mean 'cluster'?"
+    )
     assert "did you mean 'name'" not in stderr and "required field is missing" not in stderr
     (tmp_path / "c.yaml").write_text("cluster: c\nresources:\n  cpu: {price: 0.04, limit: 8, layers: 3}\n")
     stderr = _bad(["validate", CTR, str(tmp_path / "c.yaml")], "resources.cpu.layers: unknown field 'layers'")
     assert "did you mean 'layers'" not in stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["check", CTR, "--profile", CTR, "--cluster", PAPER], "this is a model profile, not a plan"),
-    (["check", str(ROOT / "docs/plans/ctr.yaml"), "--profile", PAPER, "--cluster", PAPER], "this is a cluster, not a model profile"),
-    (["validate", CTR, CTR], f"ctr.yaml:{Path(CTR).read_text().splitlines().index('layers:') + 1}: "
-                             "this is a model profile, not a cluster"),
-    (["plan", str(ROOT / "docs/plans/ctr.yaml"), PAPER], "this is a plan, not a model profile"),
-    (["diff", CTR, str(ROOT / "docs/plans/ctr.yaml")], "this is a model profile, not a plan"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["check", CTR, "--profile", CTR, "--cluster", PAPER], "this is a model profile, not a plan"),
+        (
+            ["check", str(ROOT / "docs/plans/ctr.yaml"), "--profile", PAPER, "--cluster", PAPER],
+            "this is a cluster, not a model profile",
+        ),
+        (
+            ["validate", CTR, CTR],
+            f"ctr.yaml:{Path(CTR).read_text().splitlines().index('layers:') + 1}: "
+            "this is a model profile, not a cluster",
+        ),
+        (["plan", str(ROOT / "docs/plans/ctr.yaml"), PAPER], "this is a plan, not a model profile"),
+        (["diff", CTR, str(ROOT / "docs/plans/ctr.yaml")], "this is a model profile, not a plan"),
+    ],
+)
 def test_a_file_of_the_wrong_kind_is_named_as_such(args, message):
     _bad(args, message)
 
@@ -323,9 +373,12 @@ def test_a_failing_forward_pass_names_the_factory_file_and_line(tmp_path):
         "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
         "        super().__init__()\n        self.fc = nn.Linear(4, 4)\n\n    def forward(self, x):\n"
         "        return self.fc(x) @ torch.zeros(3, 3)\n\n\ndef make(batch_size):\n"
-        "    return Net(), torch.randn(batch_size, 4)\n")
-    _bad(["profile", f"{factory}:make", "--as", "cpu", "--batch-size", "8", "--out", str(tmp_path / "o.yaml")],
-         f"{factory}:11: the model's forward pass failed: RuntimeError")
+        "    return Net(), torch.randn(batch_size, 4)\n"
+    )
+    _bad(
+        ["profile", f"{factory}:make", "--as", "cpu", "--batch-size", "8", "--out", str(tmp_path / "o.yaml")],
+        f"{factory}:11: the model's forward pass failed: RuntimeError",
+    )
 
 
 # -- plans that do not compare ----------------------------------------------------------
@@ -337,12 +390,27 @@ def test_diff_of_plans_for_different_jobs_warns_and_still_exits_0(tmp_path):
     data.update(model="vgg16", min_throughput=1.0)
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     result = runner.invoke(app, ["diff", old, str(tmp_path / "other.yaml")])
-    assert result.exit_code == 0 and "warning: the plans are for different jobs (model 'ctr' vs 'vgg16'" in result.stderr
+    assert (
+        result.exit_code == 0 and "warning: the plans are for different jobs (model 'ctr' vs 'vgg16'" in result.stderr
+    )
     for fmt, text in (("markdown", "⚠️ **warning:** the plans are for different jobs"), ("json", '"warnings": [')):
         result = runner.invoke(app, ["diff", old, str(tmp_path / "other.yaml"), "--format", fmt])
         assert result.exit_code == 0 and text in result.stdout, result.output
-    result = runner.invoke(app, ["check", old, "--profile", CTR, "--cluster", PAPER,
-                                 "--baseline", str(tmp_path / "other.yaml"), "--format", "json"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            old,
+            "--profile",
+            CTR,
+            "--cluster",
+            PAPER,
+            "--baseline",
+            str(tmp_path / "other.yaml"),
+            "--format",
+            "json",
+        ],
+    )
     baseline = next(f for f in json.loads(result.stdout)["findings"] if f["gate"] == "baseline")
     assert baseline["status"] == "warn" and "different jobs" in baseline["message"]
 
@@ -351,7 +419,12 @@ def test_diff_of_plans_for_different_jobs_warns_and_still_exits_0(tmp_path):
 
 
 def test_names_with_markup_print_as_themselves(tmp_path):
-    text = Path(CTR).read_text().replace("model: ctr", "model: '[/]'", 1).replace("name: fc1", "name: '[link=x]fc1[/link]'", 1)
+    text = (
+        Path(CTR)
+        .read_text()
+        .replace("model: ctr", "model: '[/]'", 1)
+        .replace("name: fc1", "name: '[link=x]fc1[/link]'", 1)
+    )
     (tmp_path / "p.yaml").write_text(text)
     result = runner.invoke(app, ["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
@@ -376,8 +449,19 @@ def test_plan_summary_shows_the_units_and_singular_counts():
 
 
 def test_compare_fits_80_columns():
-    result = runner.invoke(app, ["compare", CTR, str(ROOT / "clusters/three-type.yaml"), "--schedulers",
-                                 "greedy,random,exact", "--evaluations", "200"], env={"COLUMNS": "80"})
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            CTR,
+            str(ROOT / "clusters/three-type.yaml"),
+            "--schedulers",
+            "greedy,random,exact",
+            "--evaluations",
+            "200",
+        ],
+        env={"COLUMNS": "80"},
+    )
     assert result.exit_code == 0, result.output
     assert max(len(line.rstrip()) for line in result.stdout.splitlines()) <= 80, result.stdout
     rows = [line for line in result.stdout.splitlines() if line.split()[:1] in (["greedy"], ["random"], ["exact"])]
@@ -412,5 +496,7 @@ def test_an_internal_error_is_one_line_and_exit_4_with_the_traceback_on_request(
 def test_a_40_kb_name_is_refused_not_rendered(tmp_path):
     text = Path(CTR).read_text().replace("name: fc1", "name: " + "x" * 40_000, 1)
     (tmp_path / "p.yaml").write_text(text)
-    stderr = _bad(["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], "name: String should have at most 256 characters")
+    stderr = _bad(
+        ["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], "name: String should have at most 256 characters"
+    )
     assert len(stderr) < 400  # the value is cut short in the message too

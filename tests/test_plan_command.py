@@ -32,7 +32,10 @@ def _plan_json(*args) -> dict:
 def _check_against_spec(plan: dict, profile_path: str, cluster_path: str) -> dict:
     profile, cluster = load_yaml(profile_path).data, load_yaml(cluster_path).data
     ref = spec_figures(profile, cluster, plan)
-    close = lambda a, b: math.isclose(a, b, rel_tol=1e-9)
+
+    def close(a, b):
+        return math.isclose(a, b, rel_tol=1e-9)
+
     assert close(plan["throughput"], ref["throughput"])
     assert close(plan["time_s"], ref["time_s"])
     assert close(plan["cost_usd"], ref["cost_usd"])
@@ -114,16 +117,33 @@ def test_infeasible_budget_reports_the_cheapest_cost():
 
 
 def test_human_output_shows_stages_bottleneck_and_cost(tmp_path):
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml"), "-s", "exact"],
-                           env={"COLUMNS": "160"})
+    result = runner.invoke(
+        app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml"), "-s", "exact"], env={"COLUMNS": "160"}
+    )
     assert result.exit_code == 0
     text = result.stdout
-    for needle in ("stage", "replicas", "1,326,103 ◀", "◀ the bottleneck stage", "throughput", "training time", "cpu 35/480", "$0.80", "optimal", "wrote"):
+    for needle in (
+        "stage",
+        "replicas",
+        "1,326,103 ◀",
+        "◀ the bottleneck stage",
+        "throughput",
+        "training time",
+        "cpu 35/480",
+        "$0.80",
+        "optimal",
+        "wrote",
+    ):
         assert needle in text, needle
 
 
 def test_python_m_works():
-    proc = subprocess.run([sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "--json", "-s", "exact"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "--json", "-s", "exact"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["feasible"] is True

@@ -11,15 +11,15 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from heterps_cli.profiling import measure
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
+from heterps_cli.profiling import measure
 from heterps_cli.profiling.processes import combine
 
 runner = CliRunner()
 
-FACTORY = '''
+FACTORY = """
 import torch
 from torch import nn
 
@@ -43,7 +43,7 @@ class Broken(nn.Module):
 
 def broken_forward(batch_size=4):
     return Broken(), torch.randn(batch_size, 4)
-'''
+"""
 
 
 @pytest.fixture()
@@ -65,13 +65,15 @@ def test_measure_two_types_merge_and_plan(factory, tmp_path):
     # the cpu run measures its link (loopback gloo); the second run is given one
     shown = _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "64", "--out", str(cpu)]).stdout
     assert "oct" in shown and "alpha" in shown and f"wrote {cpu}" in shown
-    assert f"next: heterps validate {cpu} CLUSTER, then heterps plan {cpu} CLUSTER --samples N" in shown.replace("\n", " ")
+    assert f"next: heterps validate {cpu} CLUSTER, then heterps plan {cpu} CLUSTER --samples N" in shown.replace(
+        "\n", " "
+    )
     _profile([f"{factory}:small", "--as", "fast", "--batch-size", "64", "--out", str(gpu), "--link-gbps", "100"])
     _profile(["merge", str(cpu), str(gpu), "-o", str(merged)])
     prof, _ = load_profile(str(merged))
-    assert [l.name for l in prof.layers] == ["0", "1", "2", "3", "4"]
-    assert [l.type for l in prof.layers] == ["fc", "activation", "fc", "activation", "fc"]
-    assert all(set(l.times) == {"cpu", "fast"} for l in prof.layers)
+    assert [layer.name for layer in prof.layers] == ["0", "1", "2", "3", "4"]
+    assert [layer.type for layer in prof.layers] == ["fc", "activation", "fc", "activation", "fc"]
+    assert all(set(layer.times) == {"cpu", "fast"} for layer in prof.layers)
     assert prof.layers[0].input_size == 64 * 4 and prof.layers[0].weight_size == (64 * 256 + 256) * 4
     # every times entry says what is estimated, also after the merge
     entries = [line for line in merged.read_text().splitlines() if line.strip().startswith(('"cpu"', '"fast"'))]
@@ -88,7 +90,7 @@ def test_zoo_ctr_profiles(tmp_path):
     out = tmp_path / "ctr-cpu.yaml"
     _profile(["ctr", "--as", "cpu", "--batch-size", "64", "--out", str(out), "--link-gbps", "10"])
     prof, _ = load_profile(str(out))
-    kinds = [l.type for l in prof.layers]
+    kinds = [layer.type for layer in prof.layers]
     assert kinds.count("embedding") == 8 and "fc" in kinds
     assert prof.layers[0].weight_size == 100_000 * 16 * 4
     # odt = (activations + gradients) / 10 Gbit/s
@@ -109,15 +111,18 @@ def test_sum_of_layer_times_matches_a_full_step():
     assert 0.75 <= layers / step <= 1.25, (layers, step)
 
 
-@pytest.mark.parametrize("target, message", [
-    ("{factory}:raises", r"models\.py:14: raises: factory raises\(\) raised ValueError: no weights here"),
-    ("{factory}:wrong", r"must return a torch\.nn\.Module.*returned str"),
-    ("{factory}:absent", r"absent: no such function"),
-    ("{factory}:module_only", r"give --input-shape"),
-    ("{tmp}/missing.py:small", r"missing\.py: file not found"),
-    ("no_such_package_xyz:make", r"could not be loaded: ModuleNotFoundError"),
-    ("resnet9000", r"neither a built-in model"),
-])
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("{factory}:raises", r"models\.py:14: raises: factory raises\(\) raised ValueError: no weights here"),
+        ("{factory}:wrong", r"must return a torch\.nn\.Module.*returned str"),
+        ("{factory}:absent", r"absent: no such function"),
+        ("{factory}:module_only", r"give --input-shape"),
+        ("{tmp}/missing.py:small", r"missing\.py: file not found"),
+        ("no_such_package_xyz:make", r"could not be loaded: ModuleNotFoundError"),
+        ("resnet9000", r"neither a built-in model"),
+    ],
+)
 def test_bad_factories_exit_2_with_the_cause(factory, tmp_path, target, message):
     spec = target.format(factory=factory, tmp=tmp_path)
     result = _profile([spec, "--as", "cpu", "--batch-size", "4", "--out", str(tmp_path / "p.yaml")], expect=2)
@@ -127,8 +132,21 @@ def test_bad_factories_exit_2_with_the_cause(factory, tmp_path, target, message)
 
 def test_module_only_factory_with_input_shape(factory, tmp_path):
     out = tmp_path / "p.yaml"
-    _profile([f"{factory}:module_only", "--input-shape", "16", "--as", "cpu", "--batch-size", "8",
-              "--out", str(out), "--link-gbps", "10"])
+    _profile(
+        [
+            f"{factory}:module_only",
+            "--input-shape",
+            "16",
+            "--as",
+            "cpu",
+            "--batch-size",
+            "8",
+            "--out",
+            str(out),
+            "--link-gbps",
+            "10",
+        ]
+    )
     assert len(load_profile(str(out))[0].layers) == 2
 
 
@@ -139,11 +157,24 @@ def test_merge_refuses_other_models_batch_sizes_and_repeated_types(factory, tmp_
     result = _profile(["merge", str(a), str(b), "-o", str(tmp_path / "m.yaml")], expect=2)
     assert "type 'cpu' is measured in" in result.output
     data = yaml.safe_load(b.read_text())
-    for change, words in [({"batch_size": 32}, "batch size 32 differs"), ({"model": "other"}, "same model"),
-                          ({"layers": data["layers"][:3]}, "not the same model")]:
+    for change, words in [
+        ({"batch_size": 32}, "batch size 32 differs"),
+        ({"model": "other"}, "same model"),
+        ({"layers": data["layers"][:3]}, "not the same model"),
+    ]:
         c = tmp_path / "c.yaml"
-        c.write_text(yaml.safe_dump({**data, **change, "layers": [
-            {**l, "times": {"gpu": l["times"]["cpu"]}} for l in change.get("layers", data["layers"])]}))
+        c.write_text(
+            yaml.safe_dump(
+                {
+                    **data,
+                    **change,
+                    "layers": [
+                        {**layer, "times": {"gpu": layer["times"]["cpu"]}}
+                        for layer in change.get("layers", data["layers"])
+                    ],
+                }
+            )
+        )
         result = _profile(["merge", str(a), str(c), "-o", str(tmp_path / "m.yaml")], expect=2)
         assert words in " ".join(result.output.split()), result.output
 
@@ -156,17 +187,40 @@ def test_profiling_needs_its_options(tmp_path):
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    result = _profile(["mlp", "--as", "gpu", "--batch-size", "8", "--device", "cuda", "--out", str(tmp_path / "p.yaml"),
-                       "--link-gbps", "10"], expect=2)
+    result = _profile(
+        [
+            "mlp",
+            "--as",
+            "gpu",
+            "--batch-size",
+            "8",
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path / "p.yaml"),
+            "--link-gbps",
+            "10",
+        ],
+        expect=2,
+    )
     assert "no CUDA device" in result.output
 
 
 def test_layer_kinds_from_module_classes():
     from torch import nn
-    cases = {nn.Linear(2, 2): "fc", nn.Conv2d(1, 1, 1): "conv", nn.EmbeddingBag(4, 2): "embedding",
-             nn.MaxPool2d(2): "pool", nn.ReLU(): "activation", nn.LayerNorm(2): "norm",
-             nn.MultiheadAttention(4, 1): "attention", nn.Dropout(): "dropout", nn.MSELoss(): "loss",
-             nn.Flatten(): "flatten"}
+
+    cases = {
+        nn.Linear(2, 2): "fc",
+        nn.Conv2d(1, 1, 1): "conv",
+        nn.EmbeddingBag(4, 2): "embedding",
+        nn.MaxPool2d(2): "pool",
+        nn.ReLU(): "activation",
+        nn.LayerNorm(2): "norm",
+        nn.MultiheadAttention(4, 1): "attention",
+        nn.Dropout(): "dropout",
+        nn.MSELoss(): "loss",
+        nn.Flatten(): "flatten",
+    }
     assert {measure.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
 
 
@@ -184,15 +238,40 @@ def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
 @pytest.mark.slow
 def test_processes_take_each_layers_median_over_fresh_processes(factory, tmp_path):
     out = tmp_path / "p.yaml"
-    _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(out), "--link-gbps", "10",
-              "--processes", "2"])
+    _profile(
+        [
+            f"{factory}:small",
+            "--as",
+            "cpu",
+            "--batch-size",
+            "16",
+            "--out",
+            str(out),
+            "--link-gbps",
+            "10",
+            "--processes",
+            "2",
+        ]
+    )
     assert "the median over 2 profiles, each in a fresh process" in out.read_text()
     assert [layer.name for layer in load_profile(str(out))[0].layers] == ["0", "1", "2", "3", "4"]
 
 
 def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
-    result = _profile([f"{factory}:broken_forward", "--as", "cpu", "--batch-size", "4", "--processes", "2",
-                       "--out", str(tmp_path / "p.yaml")], expect=2)
+    result = _profile(
+        [
+            f"{factory}:broken_forward",
+            "--as",
+            "cpu",
+            "--batch-size",
+            "4",
+            "--processes",
+            "2",
+            "--out",
+            str(tmp_path / "p.yaml"),
+        ],
+        expect=2,
+    )
     shown = " ".join(result.output.split())
     assert "profiling process 1 of 2 failed" in shown and "RuntimeError: shapes do not match" in shown
     assert not (tmp_path / "p.yaml").exists()

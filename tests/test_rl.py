@@ -15,7 +15,7 @@ from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import SolveOptions, rl, scoring
-from tests.helpers import interrupt_evaluations, instance_dicts, problem_from_dicts, random_instance, write_yaml
+from tests.helpers import instance_dicts, interrupt_evaluations, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +55,13 @@ def test_sampling_respects_the_mask():
 
 def _scored(problem, feasible, cost, throughput) -> scoring.Provisioned:
     B = len(feasible)
-    return scoring.Provisioned(np.array(feasible), np.array(cost), np.array(throughput),
-                     np.zeros((B, problem.n_types)), np.ones((B, problem.n_layers)))
+    return scoring.Provisioned(
+        np.array(feasible),
+        np.array(cost),
+        np.array(throughput),
+        np.zeros((B, problem.n_types)),
+        np.ones((B, problem.n_layers)),
+    )
 
 
 def test_rewards_order_cheaper_feasible_dearer_feasible_infeasible():
@@ -109,11 +114,19 @@ def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path):
     result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), "--json", *QUICK])
     assert result.exit_code == 0 and policy.exists()
     # the same model with one more dense layer: the policy still applies (same cluster types)
-    text = Path(CTR).read_text().replace("  - name: fc4\n", "  - name: fc3b\n    type: fc\n    input_size: 1024\n"
-                                          "    weight_size: 263168\n    times:\n"
-                                          "      cpu: {oct: 0.0132, odt: 0.0004, alpha: 0.99, beta: 0.0}\n"
-                                          "      v100: {oct: 8e-05, odt: 5e-05, alpha: 0.6, beta: 0.0}\n"
-                                          "  - name: fc4\n", 1)
+    text = (
+        Path(CTR)
+        .read_text()
+        .replace(
+            "  - name: fc4\n",
+            "  - name: fc3b\n    type: fc\n    input_size: 1024\n"
+            "    weight_size: 263168\n    times:\n"
+            "      cpu: {oct: 0.0132, odt: 0.0004, alpha: 0.99, beta: 0.0}\n"
+            "      v100: {oct: 8e-05, odt: 5e-05, alpha: 0.6, beta: 0.0}\n"
+            "  - name: fc4\n",
+            1,
+        )
+    )
     deeper = tmp_path / "ctr-deeper.yaml"
     deeper.write_text(text)
     result = runner.invoke(app, ["plan", str(deeper), PAPER, "--policy-in", str(policy), "--json", *QUICK])
@@ -127,8 +140,9 @@ def test_saving_the_policy_does_not_change_the_plan(tmp_path):
     plain = rl.solve(problem, seed=1, options=SolveOptions(**quick))
     saved = rl.solve(problem, seed=1, options=SolveOptions(**quick, policy_out=tmp_path / "p.pt"))
     assert (tmp_path / "p.pt").exists()
-    assert [(s.first, s.last, s.resource, s.replicas) for s in saved.stages] == \
-        [(s.first, s.last, s.resource, s.replicas) for s in plain.stages]
+    assert [(s.first, s.last, s.resource, s.replicas) for s in saved.stages] == [
+        (s.first, s.last, s.resource, s.replicas) for s in plain.stages
+    ]
 
 
 def test_nearby_models_differ_by_one_layer_and_bounded_times():
@@ -151,7 +165,9 @@ def test_nearby_models_differ_by_one_layer_and_bounded_times():
 def test_policy_for_other_types_is_refused(tmp_path):
     policy = tmp_path / "policy.pt"
     runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), *QUICK])
-    result = runner.invoke(app, ["plan", CTR, str(ROOT / "clusters/three-type.yaml"), "--policy-in", str(policy), *QUICK])
+    result = runner.invoke(
+        app, ["plan", CTR, str(ROOT / "clusters/three-type.yaml"), "--policy-in", str(policy), *QUICK]
+    )
     assert result.exit_code == 2
     assert "trained for resource types ['cpu', 'v100']" in result.stderr
     (tmp_path / "junk.pt").write_bytes(b"not a policy")
@@ -188,22 +204,28 @@ def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
     _, problem = _problem(seed=8, n=10, T=3)
     rng = np.random.default_rng(0)
     schedule = scoring.heuristic_schedules(problem)[0]
-    for rows in (neighbours(problem, schedule), wide_neighbours(problem, schedule),
-                 np.stack([kick(problem, schedule, rng) for _ in range(50)])):
+    for rows in (
+        neighbours(problem, schedule),
+        wide_neighbours(problem, schedule),
+        np.stack([kick(problem, schedule, rng) for _ in range(50)]),
+    ):
         assert len(rows) > 0
         assert problem.runnable[np.arange(10)[None, :], rows].all()
     moved = neighbours(problem, schedule)
     assert not (moved == schedule).all(axis=1).any(), "every neighbour differs from the schedule"
 
 
-@pytest.mark.parametrize("tamper,message", [
-    (lambda d: d.pop("types"), "expected the keys"),
-    (lambda d: d.update(hidden=10**6), "hidden must be a whole number from 1 to 1024"),
-    (lambda d: d.update(features=3), "features must be"),
-    (lambda d: d["state"].update(stay=torch.zeros(3)), "weight stay should be a float tensor of shape ()"),
-    (lambda d: d["state"]["head.weight"].fill_(float("nan")), "weight head.weight holds NaN or infinite values"),
-    (lambda d: d.update(state=[1, 2]), "the network's weights are not those of a heterps policy"),
-])
+@pytest.mark.parametrize(
+    "tamper,message",
+    [
+        (lambda d: d.pop("types"), "expected the keys"),
+        (lambda d: d.update(hidden=10**6), "hidden must be a whole number from 1 to 1024"),
+        (lambda d: d.update(features=3), "features must be"),
+        (lambda d: d["state"].update(stay=torch.zeros(3)), "weight stay should be a float tensor of shape ()"),
+        (lambda d: d["state"]["head.weight"].fill_(float("nan")), "weight head.weight holds NaN or infinite values"),
+        (lambda d: d.update(state=[1, 2]), "the network's weights are not those of a heterps policy"),
+    ],
+)
 def test_a_tampered_policy_file_is_refused_before_a_network_is_built(tmp_path, tamper, message):
     problem = load_problem(CTR, PAPER)
     policy = tmp_path / "policy.pt"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.schedulers import SolveOptions, tapp
-from tests.helpers import interrupt_evaluations, instance_dicts, problem_from_dicts, random_instance
+from tests.helpers import instance_dicts, interrupt_evaluations, problem_from_dicts, random_instance
 from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,9 @@ def _sampled(seed: int, n: int, T: int, batch: int = 256, groups: int = 12):
         nn_bias = nets.partition[-1].bias
         nn_bias.fill_(0.0)  # an even chance of a new group at each layer: many groups, the hard case
         runnable = torch.from_numpy(problem.runnable)
-        schedules, logp, _ = tapp._log_prob(nets, kinds, numbers, runnable, cfg,
-                                            generator=torch.Generator().manual_seed(seed), batch=batch)
+        schedules, logp, _ = tapp._log_prob(
+            nets, kinds, numbers, runnable, cfg, generator=torch.Generator().manual_seed(seed), batch=batch
+        )
     return problem, nets, cfg, kinds, numbers, runnable, schedules, logp
 
 
@@ -44,8 +45,9 @@ def test_groups_are_contiguous_and_masks_respected(seed):
     s = schedules.numpy()
     assert problem.runnable[np.arange(problem.n_layers)[None, :], s].all()  # every layer on a type it runs on
     # the partition walk: group ids never decrease, and at most G groups open except where a mask forces one
-    starts, free = tapp._partition(torch.full((problem.n_layers,), 0.5), runnable, cfg.groups, 64,
-                                   torch.Generator().manual_seed(seed))
+    starts, free = tapp._partition(
+        torch.full((problem.n_layers,), 0.5), runnable, cfg.groups, 64, torch.Generator().manual_seed(seed)
+    )
     group = tapp._groups_of(starts).numpy()
     assert (np.diff(group, axis=1) >= 0).all() and (group[:, 0] == 0).all()
     forced = starts.numpy() & ~free.numpy()
@@ -93,15 +95,28 @@ def test_tapp_defaults_to_objective_time_on_the_bundled_examples(example):
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["scheduler"] == "tapp" and plan["objective"] == "time" and plan["feasible"]
-    exact = json.loads(runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time",
-                                           "--json"]).stdout)
+    exact = json.loads(
+        runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--json"]).stdout
+    )
     assert plan["throughput"] <= exact["throughput"] * (1 + 1e-9)
 
 
 def test_same_seed_same_plan():
     def run():
-        result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"),
-                                     "-s", "tapp", "--seed", "3", "--json", *QUICK])
+        result = runner.invoke(
+            app,
+            [
+                "plan",
+                str(ROOT / "profiles/ctr.yaml"),
+                str(ROOT / "clusters/paper.yaml"),
+                "-s",
+                "tapp",
+                "--seed",
+                "3",
+                "--json",
+                *QUICK,
+            ],
+        )
         assert result.exit_code == 0, result.output
         plan = json.loads(result.stdout)
         plan.pop("solve_s")

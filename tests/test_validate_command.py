@@ -14,8 +14,9 @@ runner = CliRunner()
 
 
 def test_summary_of_a_profile_and_cluster():
-    result = runner.invoke(app, ["validate", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")],
-                           env={"COLUMNS": "160"})
+    result = runner.invoke(
+        app, ["validate", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")], env={"COLUMNS": "160"}
+    )
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "model ctr, 10 layers, batch size 4096" in out

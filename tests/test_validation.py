@@ -60,29 +60,67 @@ def test_the_valid_files_plan(tmp_path):
 PROFILE_CASES = {
     # name: (old, new, line, expected text in the message)
     "not yaml": ("    times:\n      cpu: {oct: 0.030", "    times:\n      cpu: {oct: [0.030", 14, "not valid YAML"),
-    "missing field": ("      cpu: {oct: 0.20, odt: 0.001}", "      cpu: {oct: 0.20}", 23, "layers[1].times.cpu.odt: required field is missing"),
-    "unknown field": ("      gpu: {oct: 0.002, odt", "      gpu: {octt: 0.002, odt", 24, "layers[1].times.gpu.octt: unknown field 'octt'; did you mean 'oct'?"),
-    "string for number": ("      cpu: {oct: 0.20,", "      cpu: {oct: fast,", 23, "layers[1].times.cpu.oct: must be a number"),
+    "missing field": (
+        "      cpu: {oct: 0.20, odt: 0.001}",
+        "      cpu: {oct: 0.20}",
+        23,
+        "layers[1].times.cpu.odt: required field is missing",
+    ),
+    "unknown field": (
+        "      gpu: {oct: 0.002, odt",
+        "      gpu: {octt: 0.002, odt",
+        24,
+        "layers[1].times.gpu.octt: unknown field 'octt'; did you mean 'oct'?",
+    ),
+    "string for number": (
+        "      cpu: {oct: 0.20,",
+        "      cpu: {oct: fast,",
+        23,
+        "layers[1].times.cpu.oct: must be a number",
+    ),
     "quoted number": ("batch_size: 64", "batch_size: '64'", 2, "batch_size: must be a whole number"),
     "bool for number": ("    input_size: 1664", "    input_size: true", 18, "layers[1].input_size: must be a number"),
-    "negative oct": ("      cpu: {oct: 0.20,", "      cpu: {oct: -0.20,", 23, "layers[1].times.cpu.oct: must be > 0 (got -0.2)"),
+    "negative oct": (
+        "      cpu: {oct: 0.20,",
+        "      cpu: {oct: -0.20,",
+        23,
+        "layers[1].times.cpu.oct: must be > 0 (got -0.2)",
+    ),
     "zero oct": ("      cpu: {oct: 0.20,", "      cpu: {oct: 0,", 23, "layers[1].times.cpu.oct: must be > 0"),
     "negative odt": ("odt: 0.012}", "odt: -1}", 14, "layers[0].times.cpu.odt: must be >= 0"),
     "nan": ("    weight_size: 1.7e6", "    weight_size: .nan", 19, "layers[1].weight_size: must be a finite number"),
-    "infinity": ("    weight_size: 1.7e6", "    weight_size: .inf", 19, "layers[1].weight_size: must be a finite number"),
-    "alpha above 1": ("    alpha: 0.9\n    beta: 0.2", "    alpha: 1.5\n    beta: 0.2", 20, "layers[1].alpha: must be <= 1"),
+    "infinity": (
+        "    weight_size: 1.7e6",
+        "    weight_size: .inf",
+        19,
+        "layers[1].weight_size: must be a finite number",
+    ),
+    "alpha above 1": (
+        "    alpha: 0.9\n    beta: 0.2",
+        "    alpha: 1.5\n    beta: 0.2",
+        20,
+        "layers[1].alpha: must be <= 1",
+    ),
     "beta below 0": ("    beta: 0.5", "    beta: -0.1", 12, "layers[0].beta: must be >= 0"),
     "per-type alpha above 1": ("alpha: 0.95}", "alpha: 1.95}", 15, "layers[0].times.gpu.alpha: must be <= 1"),
     "duplicate layer name": ("  - name: fc1", "  - name: emb", 16, "layers[1].name: duplicate layer name 'emb'"),
-    "duplicate key": ("    type: fc\n", "    type: fc\n    type: conv\n", 18, "layers[1].type: duplicate key (first given on line 17)"),
-    "empty layers": (PROFILE[PROFILE.index("layers:"):], "layers: []\n", 6, "layers: must not be empty"),
+    "duplicate key": (
+        "    type: fc\n",
+        "    type: fc\n    type: conv\n",
+        18,
+        "layers[1].type: duplicate key (first given on line 17)",
+    ),
+    "empty layers": (PROFILE[PROFILE.index("layers:") :], "layers: []\n", 6, "layers: must not be empty"),
     "no alpha anywhere": ("    alpha: 0.9\n    beta: 0.2", "    beta: 0.2", 22, "layers[1].times.cpu: no alpha"),
     "missing model": ("model: tiny\n", "", 1, "model: required field is missing"),
     "top-level list": (PROFILE, "- a\n- b\n", 1, "expected a YAML mapping"),
     "empty file": (PROFILE, "", 1, "file is empty"),
-    "layer no type can run": ("      cpu: {oct: 0.20, odt: 0.001}\n      gpu: {oct: 0.002, odt: 0.001}\n",
-                              "      tpu: {oct: 0.20, odt: 0.001}\n", 22,
-                              "layers[1].times: layer 'fc1' can run on none of the resource types"),
+    "layer no type can run": (
+        "      cpu: {oct: 0.20, odt: 0.001}\n      gpu: {oct: 0.002, odt: 0.001}\n",
+        "      tpu: {oct: 0.20, odt: 0.001}\n",
+        22,
+        "layers[1].times: layer 'fc1' can run on none of the resource types",
+    ),
     "samples missing": ("  samples: 1e6\n", "", 3, "job.samples: samples per epoch are not given"),
     "empty type name": ("      gpu: {oct: 0.004", "      '': {oct: 0.004", 15, "layers[0].times"),
 }
@@ -107,9 +145,18 @@ CLUSTER_CASES = {
     "negative price": ("price: 0.04", "price: -0.04", 3, "resources.cpu.price: must be >= 0"),
     "zero limit": ("limit: 4,", "limit: 0,", 4, "resources.gpu.limit: must be >= 1"),
     "fractional limit": ("limit: 4,", "limit: 2.5,", 4, "resources.gpu.limit: must be a whole number"),
-    "unknown field": ("unit: V100", "units: V100", 4, "resources.gpu.units: unknown field 'units'; did you mean 'unit'?"),
-    "no resources": ("resources:\n  cpu: {price: 0.04, limit: 48, unit: CPU core}\n  gpu: {price: 2.42, limit: 4, unit: V100}\n",
-                     "resources: {}\n", 2, "resources: must not be empty"),
+    "unknown field": (
+        "unit: V100",
+        "units: V100",
+        4,
+        "resources.gpu.units: unknown field 'units'; did you mean 'unit'?",
+    ),
+    "no resources": (
+        "resources:\n  cpu: {price: 0.04, limit: 48, unit: CPU core}\n  gpu: {price: 2.42, limit: 4, unit: V100}\n",
+        "resources: {}\n",
+        2,
+        "resources: must not be empty",
+    ),
 }
 
 
@@ -136,8 +183,17 @@ def test_missing_file(tmp_path):
     assert "nope.yaml: file not found" in result.stderr
 
 
-@pytest.mark.parametrize("option", [["--samples", "0"], ["--epochs", "-1"], ["--max-cost", "0"],
-                                    ["--min-throughput", "-5"], ["--objective", "speed"], ["--scheduler", "magic"]])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--samples", "0"],
+        ["--epochs", "-1"],
+        ["--max-cost", "0"],
+        ["--min-throughput", "-5"],
+        ["--objective", "speed"],
+        ["--scheduler", "magic"],
+    ],
+)
 def test_bad_options_exit_2(tmp_path, option):
     result = _run(tmp_path, PROFILE, CLUSTER, *option)
     assert result.exit_code == 2
@@ -172,4 +228,6 @@ def test_one_layer_on_a_one_type_cluster(tmp_path):
     result = _run(tmp_path, profile, cluster, "--json")
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert [s["resource"] for s in plan["stages"]] == ["cpu"] and plan["resources"] == {"cpu": plan["stages"][0]["replicas"]}
+    assert [s["resource"] for s in plan["stages"]] == ["cpu"] and plan["resources"] == {
+        "cpu": plan["stages"][0]["replicas"]
+    }

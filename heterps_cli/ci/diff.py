@@ -25,7 +25,7 @@ class Change:
     @property
     def percent(self) -> float | None:
         d = self.delta
-        return None if d is None or self.old == 0 else 100 * d / self.old
+        return None if d is None or self.old == 0 else 100 * d / float(self.old)
 
 
 def stage_label(stage) -> str:
@@ -38,6 +38,7 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
     An alignment, not pairing by index: with a stage inserted in the middle, the
     stages after it pair with themselves and only the new one shows as new.
     """
+
     def score(a, b) -> float:
         return len(set(a.layers) & set(b.layers)) + 0.5 * (a.resource == b.resource)
 
@@ -50,8 +51,12 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
     pairs: list[tuple[int | None, int | None]] = []
     i, j = n, m
     while i or j:
-        if i and j and score(old[i - 1], new[j - 1]) > 0 and \
-                best[i, j] == best[i - 1, j - 1] + score(old[i - 1], new[j - 1]):
+        if (
+            i
+            and j
+            and score(old[i - 1], new[j - 1]) > 0
+            and best[i, j] == best[i - 1, j - 1] + score(old[i - 1], new[j - 1])
+        ):
             pairs.append((i - 1, j - 1))
             i, j = i - 1, j - 1
         elif i and (not j or best[i, j] == best[i - 1, j]):
@@ -91,7 +96,9 @@ def diff_plans(old: PlanFile, new: PlanFile) -> list[Change]:
         out.append(Change(what, a, b))
     for t in dict.fromkeys([*old.resources, *new.resources]):
         out.append(Change(f"{t} units", old.resources.get(t, 0), new.resources.get(t, 0)))
-    out += [Change("throughput samples/s", old.throughput, new.throughput),
-            Change("training time s", old.time_s, new.time_s),
-            Change("cost USD", old.cost_usd, new.cost_usd)]
+    out += [
+        Change("throughput samples/s", old.throughput, new.throughput),
+        Change("training time s", old.time_s, new.time_s),
+        Change("cost USD", old.cost_usd, new.cost_usd),
+    ]
     return out

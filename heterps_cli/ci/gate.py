@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.ci.diff import incomparable
+from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, plural, setting, signed_usd, usd
 from heterps_cli.formats import PlanFile
 from heterps_cli.plan import Plan, make_plan
@@ -27,7 +28,9 @@ FIGURE_TOL = 1e-6  # written figures are rounded by no writer of ours; 1e-6 forg
 
 @dataclass(frozen=True)
 class Finding:
-    gate: str  # fits, job, feasible, fresh, limits, plan-throughput, max-cost, min-throughput, baseline, replan, optimal
+    gate: (
+        str  # fits, job, feasible, fresh, limits, plan-throughput, max-cost, min-throughput, baseline, replan, optimal
+    )
     ok: bool
     message: str
     fix: str = ""  # what to run when it failed
@@ -46,7 +49,7 @@ class Increase:
     percent: bool
 
     @classmethod
-    def parse(cls, text: str) -> "Increase":
+    def parse(cls, text: str) -> Increase:
         raw = text.strip()
         percent = raw.endswith("%")
         try:
@@ -54,7 +57,9 @@ class Increase:
         except ValueError:
             value = -1.0
         if not value >= 0 or not math.isfinite(value):
-            raise InputError(None, None, "--max-increase", f"expected a percentage like 10% or dollars like 25 (got {text!r})")
+            raise InputError(
+                None, None, "--max-increase", f"expected a percentage like 10% or dollars like 25 (got {text!r})"
+            )
         return cls(value, percent)
 
     def allows(self, old: float, new: float) -> bool:
@@ -77,13 +82,17 @@ def schedule_of(problem: Problem, plan: PlanFile) -> tuple[np.ndarray, np.ndarra
             problems.append(f"{where} covers layers {stage.first}-{stage.last}, expected to start at {expected_first}")
         expected_first = stage.last + 1
         if stage.resource not in problem.types:
-            problems.append(f"{where} runs on {stage.resource!r}, which the cluster or profile no longer offers "
-                            f"(types: {', '.join(problem.types)})")
+            problems.append(
+                f"{where} runs on {stage.resource!r}, which the cluster or profile no longer offers "
+                f"(types: {', '.join(problem.types)})"
+            )
             continue
         t = problem.types.index(stage.resource)
         names = list(problem.layer_names[stage.first : stage.last + 1])
         if names != list(stage.layers):
-            i_diff = next((j for j, (a, b) in enumerate(zip(stage.layers, names)) if a != b), min(len(names), len(stage.layers)))
+            i_diff = next(
+                (j for j, (a, b) in enumerate(zip(stage.layers, names)) if a != b), min(len(names), len(stage.layers))
+            )
             mine = stage.layers[i_diff] if i_diff < len(stage.layers) else "nothing"
             theirs = names[i_diff] if i_diff < len(names) else "nothing"
             problems.append(f"{where}: layer {stage.first + i_diff} is {mine} in the plan, {theirs} in the profile")
@@ -103,8 +112,9 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
     # Consecutive plan stages on one type would be one stage by SPEC's maximal-run rule.
     merged = [i for i in range(1, len(plan.stages)) if plan.stages[i].resource == plan.stages[i - 1].resource]
     if merged:
-        return None, [f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: SPEC makes them one stage"
-                      for i in merged]
+        return None, [
+            f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: SPEC makes them one stage" for i in merged
+        ]
     return make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed), []
 
 
@@ -118,16 +128,25 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
     The gate's truth is those files and flags, never the plan: a plan made for fewer
     samples, a lower required throughput or another objective must not pass for this job.
     """
-    now = {"model": problem.model, "cluster": problem.cluster, "objective": problem.objective,
-           "batch_size": problem.batch_size, "samples": problem.samples, "epochs": problem.epochs,
-           "min_throughput": problem.min_throughput}
+    now: dict[str, Any] = {
+        "model": problem.model,
+        "cluster": problem.cluster,
+        "objective": problem.objective,
+        "batch_size": problem.batch_size,
+        "samples": problem.samples,
+        "epochs": problem.epochs,
+        "min_throughput": problem.min_throughput,
+    }
     if plan.max_cost is not None:  # a budget the plan was made under must still be the budget
         now["max_cost"] = problem.max_cost
     out = []
     for field, value in now.items():
         written = getattr(plan, field)
-        same = written == value if isinstance(value, str) or value is None or written is None \
+        same = (
+            written == value
+            if isinstance(value, str) or value is None or written is None
             else math.isclose(written, value, rel_tol=1e-12, abs_tol=0)
+        )
         if not same:
             out.append(f"{field} {setting(written)} in the plan, {setting(value)} now")
     return out
@@ -151,8 +170,9 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     return out
 
 
-def plan_command(profile: str, cluster: str, problem: Problem, plan: PlanFile, plan_path: str,
-                 scheduler: str | None = None) -> str:
+def plan_command(
+    profile: str, cluster: str, problem: Problem, plan: PlanFile, plan_path: str, scheduler: str | None = None
+) -> str:
     """The ``heterps plan`` command that plans this job (the files' and flags', not the plan's) into the plan's file.
 
     It ends up in pull-request comments, so nothing from the plan file is copied into it
@@ -165,8 +185,10 @@ def plan_command(profile: str, cluster: str, problem: Problem, plan: PlanFile, p
     objective = f" --objective {problem.objective}" if problem.objective != "cost" else ""
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
-    return (f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name}{objective}{job} "
-            f"--out {shlex.quote(plan_path)}")
+    return (
+        f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name}{objective}{job} "
+        f"--out {shlex.quote(plan_path)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -201,17 +223,34 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
     """Every gate, in order; a plan that no longer fits the files stops after that finding."""
     fresh, problems = recompute(g.problem, g.plan)
     if fresh is None:
-        return [Finding("fits", False, f"{g.plan_path} no longer fits the profile and cluster: {'; '.join(problems)}",
-                        f"re-plan: {g.replan_command}")]
-    findings = [Finding("fits", True, f"{g.plan_path} fits the profile and cluster "
-                        f"({plural(len(g.plan.stages), 'stage')})"), _job(g)]
+        return [
+            Finding(
+                "fits",
+                False,
+                f"{g.plan_path} no longer fits the profile and cluster: {'; '.join(problems)}",
+                f"re-plan: {g.replan_command}",
+            )
+        ]
+    findings = [
+        Finding("fits", True, f"{g.plan_path} fits the profile and cluster ({plural(len(g.plan.stages), 'stage')})"),
+        _job(g),
+    ]
     if not g.plan.feasible:
-        findings.append(Finding("feasible", False, "the plan file itself says it is infeasible",
-                                f"re-plan: {g.replan_command}"))
+        findings.append(
+            Finding("feasible", False, "the plan file itself says it is infeasible", f"re-plan: {g.replan_command}")
+        )
     stale = stale_fields(g.plan, fresh)
     findings += [_fresh(g, stale), _limits(g, fresh)]
-    findings += [f for f in (_plan_throughput(g, fresh), _max_cost(g, fresh), _min_throughput(g, fresh),
-                             _baseline(g, fresh, stale)) if f is not None]
+    findings += [
+        f
+        for f in (
+            _plan_throughput(g, fresh),
+            _max_cost(g, fresh),
+            _min_throughput(g, fresh),
+            _baseline(g, fresh, stale),
+        )
+        if f is not None
+    ]
     if g.replan is not None:
         findings += _replan(g, fresh, progress)
     return findings
@@ -220,17 +259,27 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
 def _job(g: Gate) -> Finding:
     changed = job_changes(g.plan, g.problem)
     if not changed:
-        return Finding("job", True, "made for this job (model, cluster, objective, samples, epochs, required throughput)")
-    return Finding("job", False, f"the plan was made for another job than the files and flags give: {'; '.join(changed)}",
-                   f"re-plan for this job: {g.replan_command}; or, if the plan's job is the one you mean, give check "
-                   "the flags you gave heterps plan")
+        return Finding(
+            "job", True, "made for this job (model, cluster, objective, samples, epochs, required throughput)"
+        )
+    return Finding(
+        "job",
+        False,
+        f"the plan was made for another job than the files and flags give: {'; '.join(changed)}",
+        f"re-plan for this job: {g.replan_command}; or, if the plan's job is the one you mean, give check "
+        "the flags you gave heterps plan",
+    )
 
 
 def _fresh(g: Gate, stale: list[str]) -> Finding:
     if not stale:
         return Finding("fresh", True, "every figure in the plan matches a recomputation from the files")
-    return Finding("fresh", False, f"the plan's figures are stale (written -> recomputed): {'; '.join(stale[:4])}"
-                   f"{' …' if len(stale) > 4 else ''}", f"refresh it: {g.replan_command}")
+    return Finding(
+        "fresh",
+        False,
+        f"the plan's figures are stale (written -> recomputed): {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}",
+        f"refresh it: {g.replan_command}",
+    )
 
 
 def _limits(g: Gate, fresh: Plan) -> Finding:
@@ -238,8 +287,12 @@ def _limits(g: Gate, fresh: Plan) -> Finding:
     over = [f"{t} {u} > limit {limit[t]}" for t, u in fresh.resources.items() if u > limit[t]]
     if not over:
         return Finding("limits", True, "within every resource limit")
-    return Finding("limits", False, f"resource limits exceeded: {', '.join(over)}",
-                   f"re-plan within the limits: {g.replan_command}")
+    return Finding(
+        "limits",
+        False,
+        f"resource limits exceeded: {', '.join(over)}",
+        f"re-plan within the limits: {g.replan_command}",
+    )
 
 
 def _plan_throughput(g: Gate, fresh: Plan) -> Finding | None:
@@ -247,8 +300,12 @@ def _plan_throughput(g: Gate, fresh: Plan) -> Finding | None:
     required = g.problem.min_throughput
     if required <= 0 or g.min_throughput is not None or fresh.throughput >= required * (1 - 1e-12):
         return None
-    return Finding("plan-throughput", False, f"throughput {count(fresh.throughput, 1)} samples/s is under the job's "
-                   f"requirement {count(required, 1)}", f"re-plan: {g.replan_command}")
+    return Finding(
+        "plan-throughput",
+        False,
+        f"throughput {count(fresh.throughput, 1)} samples/s is under the job's requirement {count(required, 1)}",
+        f"re-plan: {g.replan_command}",
+    )
 
 
 def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
@@ -256,8 +313,12 @@ def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
         return None
     ok = fresh.cost_usd <= g.max_cost * (1 + 1e-12)
     by = "" if ok else f" by {usd(fresh.cost_usd - g.max_cost)} ({100 * (fresh.cost_usd / g.max_cost - 1):.1f}%)"
-    return Finding("max-cost", ok, f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the --max-cost "
-                   f"{usd(g.max_cost)}{by}", "" if ok else f"find a cheaper plan: {g.replan_command}, or raise the budget")
+    return Finding(
+        "max-cost",
+        ok,
+        f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the --max-cost {usd(g.max_cost)}{by}",
+        "" if ok else f"find a cheaper plan: {g.replan_command}, or raise the budget",
+    )
 
 
 def _min_throughput(g: Gate, fresh: Plan) -> Finding | None:
@@ -265,9 +326,13 @@ def _min_throughput(g: Gate, fresh: Plan) -> Finding | None:
         return None
     ok = fresh.throughput >= g.min_throughput * (1 - 1e-12)
     by = "" if ok else f" by {100 * (1 - fresh.throughput / g.min_throughput):.1f}%"
-    return Finding("min-throughput", ok, f"throughput {count(fresh.throughput, 1)} samples/s "
-                   f"{'meets' if ok else 'is under'} --min-throughput {count(g.min_throughput, 1)}{by}",
-                   "" if ok else f"re-plan with --min-throughput {g.min_throughput:g}: {g.replan_command}")
+    return Finding(
+        "min-throughput",
+        ok,
+        f"throughput {count(fresh.throughput, 1)} samples/s "
+        f"{'meets' if ok else 'is under'} --min-throughput {count(g.min_throughput, 1)}{by}",
+        "" if ok else f"re-plan with --min-throughput {g.min_throughput:g}: {g.replan_command}",
+    )
 
 
 def _baseline(g: Gate, fresh: Plan, stale: list[str]) -> Finding | None:
@@ -281,30 +346,43 @@ def _baseline(g: Gate, fresh: Plan, stale: list[str]) -> Finding | None:
         where = f"refresh {g.plan_path} ({g.replan_command}), then {where}"
     unlike = incomparable(g.baseline, g.plan)
     caveat = f" (warning: {'; '.join(unlike)})" if unlike else ""
-    return Finding("baseline", ok, f"cost {usd(old)} -> {usd(new)}, {change}; allowed increase {g.max_increase}{caveat}",
-                   "" if ok else where, warn=new > old * (1 + FIGURE_TOL) or bool(unlike))
+    return Finding(
+        "baseline",
+        ok,
+        f"cost {usd(old)} -> {usd(new)}, {change}; allowed increase {g.max_increase}{caveat}",
+        "" if ok else where,
+        warn=new > old * (1 + FIGURE_TOL) or bool(unlike),
+    )
 
 
 def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
     """Whether the scheduler ``g.replan`` finds a plan better by more than the tolerance (and, for a plan
     that claims to be optimal, whether exact finds any better one)."""
     name, problem = g.replan, g.problem
+    assert name is not None
     try:
         better = solve(name, problem, seed=g.seed, progress=progress, options=SolveOptions())
     except InfeasibleError as exc:
         return [Finding("replan", True, f"{name} finds no feasible plan ({exc}); the committed plan stands")]
     if problem.objective == "time":  # the plan's own objective decides what wasteful means
         saving = 1 - fresh.throughput / better.throughput if better.throughput > 0 else 0.0
-        found = (f"{name} finds {count(better.throughput, 1)} samples/s against the plan's "
-                 f"{count(fresh.throughput, 1)} ({100 * saving:.1f}% faster; tolerance {g.tolerance:g}%)")
+        found = (
+            f"{name} finds {count(better.throughput, 1)} samples/s against the plan's "
+            f"{count(fresh.throughput, 1)} ({100 * saving:.1f}% faster; tolerance {g.tolerance:g}%)"
+        )
     else:
         saving = 1 - better.cost_usd / fresh.cost_usd if fresh.cost_usd > 0 else 0.0
-        found = (f"{name} finds {usd(better.cost_usd)} against the plan's {usd(fresh.cost_usd)} "
-                 f"({100 * saving:.1f}% cheaper; tolerance {g.tolerance:g}%)")
+        found = (
+            f"{name} finds {usd(better.cost_usd)} against the plan's {usd(fresh.cost_usd)} "
+            f"({100 * saving:.1f}% cheaper; tolerance {g.tolerance:g}%)"
+        )
     ok = saving <= g.tolerance / 100 + 1e-12
     adopt = f"adopt it: {plan_command(g.profile_path, g.cluster_path, problem, g.plan, g.plan_path, name)}"
     findings = [Finding("replan", ok, found, "" if ok else adopt, warn=saving > 1e-9)]
     if g.plan.optimal and name == "exact" and saving > 1e-9:  # a false claim, whatever the tolerance
-        findings.append(Finding("optimal", False, f"the plan says it is optimal, but exact finds one "
-                                f"{100 * saving:.2g}% better", adopt))
+        findings.append(
+            Finding(
+                "optimal", False, f"the plan says it is optimal, but exact finds one {100 * saving:.2g}% better", adopt
+            )
+        )
     return findings

@@ -12,15 +12,28 @@ ICON = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
 
 
 def findings_json(plan_path: str, findings: list[Finding]) -> str:
-    return json.dumps({"plan": plan_path, "passed": all(f.ok for f in findings),
-                       "findings": [{"gate": f.gate, "status": f.status, "message": f.message, "fix": f.fix or None}
-                                    for f in findings]}, indent=2, allow_nan=False)
+    return json.dumps(
+        {
+            "plan": plan_path,
+            "passed": all(f.ok for f in findings),
+            "findings": [
+                {"gate": f.gate, "status": f.status, "message": f.message, "fix": f.fix or None} for f in findings
+            ],
+        },
+        indent=2,
+        allow_nan=False,
+    )
 
 
 def findings_markdown(plan_path: str, findings: list[Finding]) -> str:
     failed = sum(not f.ok for f in findings)
     verdict = f"❌ {failed} check{'s' if failed > 1 else ''} failed" if failed else "✅ all checks passed"
-    lines = [f"### heterps check: {_code(plan_path)} — {verdict}", "", "| | check | result | fix |", "|---|---|---|---|"]
+    lines = [
+        f"### heterps check: {_code(plan_path)} — {verdict}",
+        "",
+        "| | check | result | fix |",
+        "|---|---|---|---|",
+    ]
     for f in findings:
         lines.append(f"| {ICON[f.status]} | {f.gate} | {_cell(f.message)} | {_cell(f'`{f.fix}`') if f.fix else ''} |")
     return "\n".join(lines) + "\n"
@@ -43,9 +56,18 @@ def diff_annotations(new_path: str, warnings: list[str]) -> str:
 
 
 def diff_json(old_path: str, new_path: str, changes: list[Change], warnings: list[str]) -> str:
-    return json.dumps({"old": old_path, "new": new_path, "warnings": warnings,
-                       "changes": [{"what": c.what, "old": c.old, "new": c.new, "delta": c.delta, "percent": c.percent}
-                                   for c in changes]}, indent=2, allow_nan=False)
+    return json.dumps(
+        {
+            "old": old_path,
+            "new": new_path,
+            "warnings": warnings,
+            "changes": [
+                {"what": c.what, "old": c.old, "new": c.new, "delta": c.delta, "percent": c.percent} for c in changes
+            ],
+        },
+        indent=2,
+        allow_nan=False,
+    )
 
 
 def diff_markdown(old_path: str, new_path: str, changes: list[Change], warnings: list[str]) -> str:
@@ -73,8 +95,11 @@ def change(c: Change) -> str:
     if c.what.startswith("cost"):
         amount = signed_usd(c.delta)
     else:
-        amount = ("+" if c.delta >= 0 else "") + count(c.delta) if abs(c.delta) >= 100 or float(c.delta).is_integer() \
+        amount = (
+            ("+" if c.delta >= 0 else "") + count(c.delta)
+            if abs(c.delta) >= 100 or float(c.delta).is_integer()
             else f"{c.delta:+,.4g}"
+        )
     return amount + (f" ({c.percent:+.1f}%)" if c.percent is not None else "")
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
@@ -17,8 +17,15 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.text import Text
 
 from heterps_cli import __version__
-from heterps_cli.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INFEASIBLE, EXIT_INTERNAL, EXIT_INTERRUPTED,
-                                InfeasibleError, InputError)
+from heterps_cli.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECK_FAILED,
+    EXIT_INFEASIBLE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    InfeasibleError,
+    InputError,
+)
 from heterps_cli.figures import count, usd
 from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_EVALUATIONS, DEFAULT_STEPS, POLICY_VARIANTS, SCHEDULERS
 
@@ -41,7 +48,9 @@ app = typer.Typer(
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
-SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)
+# Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
+SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
+DEFAULT_SCHEDULER = SchedulerName("rl")
 
 
 class Objective(str, enum.Enum):
@@ -61,11 +70,15 @@ DEBUG = {"on": False}  # set by the root callback, which every command runs firs
 @app.callback()
 def _root(
     version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, metavar="",
-                                     help="Show the version and exit.")
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True, metavar="", help="Show the version and exit."),
     ] = None,
-    debug: Annotated[bool, typer.Option("--debug", metavar="", help="Show the full traceback of an internal error "
-                                        "(also HETERPS_DEBUG=1).")] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug", metavar="", help="Show the full traceback of an internal error (also HETERPS_DEBUG=1)."
+        ),
+    ] = False,
 ) -> None:
     DEBUG["on"] = debug or os.environ.get("HETERPS_DEBUG", "") not in ("", "0")
 
@@ -106,8 +119,13 @@ def _exit_codes():
     except Exception as exc:  # a bug: one line and its own exit code, the traceback on request
         if DEBUG["on"]:
             raise
-        _print_error("internal error: ", [f"{type(exc).__name__}: {exc} (heterps {__version__}; please report it with "
-                                          "the command that caused it; --debug or HETERPS_DEBUG=1 shows the traceback)"])
+        _print_error(
+            "internal error: ",
+            [
+                f"{type(exc).__name__}: {exc} (heterps {__version__}; please report it with "
+                "the command that caused it; --debug or HETERPS_DEBUG=1 shows the traceback)"
+            ],
+        )
         raise typer.Exit(EXIT_INTERNAL) from None
 
 
@@ -153,21 +171,38 @@ ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (SPEC section 3).
 OBJECTIVE_HELP = "cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost)."
 ObjectiveOpt = Annotated[Objective, typer.Option(help=OBJECTIVE_HELP)]
 PlanObjectiveOpt = Annotated[
-    Optional[Objective], typer.Option(help=OBJECTIVE_HELP + " Default: time for --scheduler tapp (TAPP's own objective), "
-                                      "else cost.", show_default=False)
+    Objective | None,
+    typer.Option(
+        help=OBJECTIVE_HELP + " Default: time for --scheduler tapp (TAPP's own objective), else cost.",
+        show_default=False,
+    ),
 ]
 MinThroughputOpt = Annotated[
-    Optional[float], typer.Option(callback=_non_negative, help="Required samples/s. Default: the profile's job.min_throughput, else 0.", show_default=False)
+    float | None,
+    typer.Option(
+        callback=_non_negative,
+        help="Required samples/s. Default: the profile's job.min_throughput, else 0.",
+        show_default=False,
+    ),
 ]
 SamplesOpt = Annotated[
-    Optional[float], typer.Option(callback=_positive, help="Samples per epoch. Default: the profile's job.samples.", show_default=False)
+    float | None,
+    typer.Option(callback=_positive, help="Samples per epoch. Default: the profile's job.samples.", show_default=False),
 ]
 EpochsOpt = Annotated[
-    Optional[float], typer.Option(callback=_positive, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False)
+    float | None,
+    typer.Option(callback=_positive, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False),
 ]
 MaxCostOpt = Annotated[
-    Optional[float], typer.Option(callback=_positive, help="Budget in USD a plan must not exceed (mostly for --objective time).", show_default=False)
+    float | None,
+    typer.Option(
+        callback=_positive,
+        help="Budget in USD a plan must not exceed (mostly for --objective time).",
+        show_default=False,
+    ),
 ]
+
+
 def _seed(value: int) -> int:
     if not 0 <= value < 2**63:
         raise typer.BadParameter(f"must be a whole number from 0 to 2**63 - 1 (got {value})")
@@ -176,24 +211,55 @@ def _seed(value: int) -> int:
 
 SeedOpt = Annotated[int, typer.Option(callback=_seed, help="Random seed; the same inputs and seed give the same plan.")]
 StepsOpt = Annotated[
-    Optional[int], typer.Option(min=0, help=f"rl, tapp: training steps (default {DEFAULT_STEPS}).", show_default=False, rich_help_panel="Search budget")
+    int | None,
+    typer.Option(
+        min=0,
+        help=f"rl, tapp: training steps (default {DEFAULT_STEPS}).",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
 ]
 BatchOpt = Annotated[
-    Optional[int], typer.Option(min=1, max=65536, help=f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}).", show_default=False, rich_help_panel="Search budget")
+    int | None,
+    typer.Option(
+        min=1,
+        max=65536,
+        help=f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}).",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
 ]
 TimeLimitOpt = Annotated[
-    Optional[float], typer.Option(callback=_positive, help="rl, tapp, genetic, random: stop searching after this many seconds (the plan may then depend on machine speed).", show_default=False, rich_help_panel="Search budget")
+    float | None,
+    typer.Option(
+        callback=_positive,
+        help="rl, tapp, genetic, random: stop searching after this many seconds "
+        "(the plan may then depend on machine speed).",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
 ]
 
 
 OutOpt = Annotated[
-    Optional[str], typer.Option("--out", "-o", metavar="FILE", show_default=False,
-                                help="Write the plan as YAML (SPEC section 4), atomically; - for standard output.")
+    str | None,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="FILE",
+        show_default=False,
+        help="Write the plan as YAML (SPEC section 4), atomically; - for standard output.",
+    ),
 ]
 
 
-def _job(objective: Objective, samples: float | None, epochs: float | None, min_throughput: float | None,
-         max_cost: float | None):
+def _job(
+    objective: Objective,
+    samples: float | None,
+    epochs: float | None,
+    min_throughput: float | None,
+    max_cost: float | None,
+):
     from heterps_cli.api import Job
 
     return Job(objective.value, samples, epochs, min_throughput, max_cost)
@@ -205,8 +271,12 @@ def plan(
     cluster: ClusterArg,
     scheduler: Annotated[
         SchedulerName,
-        typer.Option("--scheduler", "-s", help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items())),
-    ] = "rl",
+        typer.Option(
+            "--scheduler",
+            "-s",
+            help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items()),
+        ),
+    ] = DEFAULT_SCHEDULER,
     objective: PlanObjectiveOpt = None,
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
@@ -214,18 +284,37 @@ def plan(
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
     out_file: OutOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the plan as JSON on stdout, and nothing else.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print the plan as JSON on stdout, and nothing else.")
+    ] = False,
     steps: StepsOpt = None,
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
     evaluations: Annotated[
-        Optional[int], typer.Option(min=1, help=f"genetic, random: cost-model evaluations (default {DEFAULT_EVALUATIONS:,}).", show_default=False, rich_help_panel="Search budget")
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"genetic, random: cost-model evaluations (default {DEFAULT_EVALUATIONS:,}).",
+            show_default=False,
+            rich_help_panel="Search budget",
+        ),
     ] = None,
     policy_in: Annotated[
-        Optional[Path], typer.Option(help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).", show_default=False, rich_help_panel="Search budget")
+        Path | None,
+        typer.Option(
+            help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).",
+            show_default=False,
+            rich_help_panel="Search budget",
+        ),
     ] = None,
     policy_out: Annotated[
-        Optional[Path], typer.Option(help=f"rl: save the trained policy to this file, first fitted to plans of {POLICY_VARIANTS} nearby models (a few seconds more) so that it warm-starts a changed model well.", show_default=False, rich_help_panel="Search budget")
+        Path | None,
+        typer.Option(
+            help=f"rl: save the trained policy to this file, first fitted to plans of {POLICY_VARIANTS} nearby models "
+            "(a few seconds more) so that it warm-starts a changed model well.",
+            show_default=False,
+            rich_help_panel="Search budget",
+        ),
     ] = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
@@ -237,12 +326,24 @@ def plan(
 
         if objective is None:
             objective = Objective.time if scheduler.value == "tapp" else Objective.cost
-        options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, policy_in=policy_in,
-                               policy_out=policy_out, evaluations=evaluations)
+        options = SolveOptions(
+            steps=steps,
+            batch=batch,
+            time_limit=time_limit,
+            policy_in=policy_in,
+            policy_out=policy_out,
+            evaluations=evaluations,
+        )
         with _progress_bar() as report:
-            result = api.plan(str(profile), str(cluster), scheduler.value,
-                              _job(objective, samples, epochs, min_throughput, max_cost),
-                              seed=seed, options=options, progress=report)
+            result = api.plan(
+                str(profile),
+                str(cluster),
+                scheduler.value,
+                _job(objective, samples, epochs, min_throughput, max_cost),
+                seed=seed,
+                options=options,
+                progress=report,
+            )
         write_failed = None
         if out_file is not None:
             try:
@@ -265,7 +366,9 @@ def _scheduler_list(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCHEDULERS]
     if unknown or not names:
-        raise typer.BadParameter(f"unknown scheduler {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCHEDULERS)}")
+        raise typer.BadParameter(
+            f"unknown scheduler {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCHEDULERS)}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -282,16 +385,29 @@ def compare(
     epochs: EpochsOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
-    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the results as JSON on stdout, and nothing else.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print the results as JSON on stdout, and nothing else.")
+    ] = False,
     plot: Annotated[
-        Optional[str], typer.Option(metavar="FILE", help="Draw cost (throughput for --objective time) against solve time to this PNG (- for standard output).", show_default=False)
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="Draw cost (throughput for --objective time) against solve time to this PNG (- for standard output).",
+            show_default=False,
+        ),
     ] = None,
     steps: StepsOpt = None,
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
     evaluations: Annotated[
-        Optional[int], typer.Option(min=1, help="genetic, random: cost-model evaluations. Default: as many as rl used (when rl runs), "
-                                    f"else {DEFAULT_EVALUATIONS:,}.", show_default=False, rich_help_panel="Search budget")
+        int | None,
+        typer.Option(
+            min=1,
+            help="genetic, random: cost-model evaluations. Default: as many as rl used (when rl runs), "
+            f"else {DEFAULT_EVALUATIONS:,}.",
+            show_default=False,
+            rich_help_panel="Search budget",
+        ),
     ] = None,
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
@@ -304,15 +420,29 @@ def compare(
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
 
         def done(entry) -> None:
-            figure = "no feasible plan" if entry.plan is None else (
-                f"{count(entry.plan.throughput, 1)} samples/s" if objective == Objective.time else usd(entry.plan.cost_usd))
+            figure = (
+                "no feasible plan"
+                if entry.plan is None
+                else (
+                    f"{count(entry.plan.throughput, 1)} samples/s"
+                    if objective == Objective.time
+                    else usd(entry.plan.cost_usd)
+                )
+            )
             cut = " (interrupted)" if entry.plan is not None and entry.plan.interrupted else ""
             err.print(Text.assemble((entry.scheduler, "bold"), f": {figure} in {entry.solve_s:.2f} s{cut}"))
 
         with _progress_bar() as report:
-            comparison = api.compare(str(profile), str(cluster), schedulers,
-                                     _job(objective, samples, epochs, min_throughput, max_cost),
-                                     seed=seed, options=options, progress=report, on_done=done)
+            comparison = api.compare(
+                str(profile),
+                str(cluster),
+                cast(list[str], schedulers),  # the callback made the text a list
+                _job(objective, samples, epochs, min_throughput, max_cost),
+                seed=seed,
+                options=options,
+                progress=report,
+                on_done=done,
+            )
         entries = comparison.entries
         if plot is not None:
             _write(plot, plot_png(comparison.problem, entries))
@@ -324,8 +454,10 @@ def compare(
                 out.print(Text(f"wrote {plot}"))
     cut = [e.scheduler for e in entries if e.plan is not None and e.plan.interrupted]
     if cut:
-        _interrupted(f"Ctrl-C cut {', '.join(cut)} short: {'its' if len(cut) == 1 else 'their'} row shows the best "
-                     "plan found before it (exit 130)")
+        _interrupted(
+            f"Ctrl-C cut {', '.join(cut)} short: {'its' if len(cut) == 1 else 'their'} row shows the best "
+            "plan found before it (exit 130)"
+        )
 
 
 class Device(str, enum.Enum):
@@ -347,18 +479,70 @@ def _shape(value: str | None) -> tuple[int, ...] | None:
 
 @app.command(name="profile")
 def profile_command(
-    model: Annotated[str, typer.Argument(
-        help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY; or [bold]merge[/] "
-        "followed by profiles to join.", show_default=False)],
-    files: Annotated[Optional[list[Path]], typer.Argument(help="merge: the profiles to join, one per resource type.", show_default=False)] = None,
-    as_type: Annotated[Optional[str], typer.Option("--as", help="The resource type name this machine is in the cluster file (e.g. cpu, v100).", show_default=False)] = None,
-    batch_size: Annotated[Optional[int], typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)] = None,
+    model: Annotated[
+        str,
+        typer.Argument(
+            help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY; "
+            "or [bold]merge[/] "
+            "followed by profiles to join.",
+            show_default=False,
+        ),
+    ],
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(help="merge: the profiles to join, one per resource type.", show_default=False),
+    ] = None,
+    as_type: Annotated[
+        str | None,
+        typer.Option(
+            "--as",
+            help="The resource type name this machine is in the cluster file (e.g. cpu, v100).",
+            show_default=False,
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)
+    ] = None,
     device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
-    out_file: Annotated[Optional[str], typer.Option("--out", "-o", metavar="FILE", help="Write the profile YAML here, atomically (- for standard output).", show_default=False)] = None,
-    input_shape: Annotated[Optional[str], typer.Option(help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), 4 (ctr: ids per bag).", callback=_shape, show_default=False)] = None,
-    repetitions: Annotated[int, typer.Option(min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median.")] = 20,
-    link_gbps: Annotated[Optional[float], typer.Option(callback=_positive, help="Link bandwidth in Gbit/s for odt, instead of measuring it.", show_default=False)] = None,
-    processes: Annotated[int, typer.Option(min=1, help="Profile in this many fresh processes and keep each layer's median: steadier on a shared machine, N times longer.")] = 1,
+    out_file: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Write the profile YAML here, atomically (- for standard output).",
+            show_default=False,
+        ),
+    ] = None,
+    input_shape: Annotated[
+        str | None,
+        typer.Option(
+            help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), "
+            "4 (ctr: ids per bag).",
+            callback=_shape,
+            show_default=False,
+        ),
+    ] = None,
+    repetitions: Annotated[
+        int,
+        typer.Option(
+            min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median."
+        ),
+    ] = 20,
+    link_gbps: Annotated[
+        float | None,
+        typer.Option(
+            callback=_positive, help="Link bandwidth in Gbit/s for odt, instead of measuring it.", show_default=False
+        ),
+    ] = None,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Profile in this many fresh processes and keep each layer's median: steadier on a shared machine, "
+            "N times longer.",
+        ),
+    ] = 1,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile; or merge profiles.
 
@@ -366,35 +550,56 @@ def profile_command(
     [bold]heterps profile merge A.yaml B.yaml -o OUT.yaml[/] joins profiles of one model from several machines.
     """
     with _exit_codes():
+        from heterps_cli import api
         from heterps_cli.cli.render import profile_view
-        from heterps_cli.profiling.measure import NOISY_CV, python_path_note  # imports torch: only here
-        from heterps_cli.profiling.write import measured_text, merge_profiles
+        from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
+        from heterps_cli.profiling.write import measured_text
 
         if model == "merge":
             if out_file is None:
                 raise InputError(None, None, "--out", "merge needs --out FILE for the merged profile")
-            _write(out_file, merge_profiles([str(f) for f in files or []]))
+            _write(out_file, api.merge([str(f) for f in files or []]))
             if out_file != "-":
                 out.print(Text(f"wrote {out_file} ({len(files or [])} profiles merged)"))
             return
         if files:
-            raise InputError(None, None, "MODEL", f"unexpected extra arguments {[str(f) for f in files]} (only merge takes files)")
-        missing = [flag for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file)) if value is None]
+            raise InputError(
+                None, None, "MODEL", f"unexpected extra arguments {[str(f) for f in files]} (only merge takes files)"
+            )
+        missing = [
+            flag
+            for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file))
+            if value is None
+        ]
         if missing:
             raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
-        from heterps_cli import api
+        assert as_type is not None and batch_size is not None and out_file is not None
 
         with _progress_bar() as report:
-            measured = api.measure(model, as_type, batch_size, device=device.value, input_shape=input_shape,
-                                   repetitions=repetitions, link_gbps=link_gbps, processes=processes, progress=report)
-        _write(out_file, measured_text(measured, python_path_note()))
+            measured = api.measure(
+                model,
+                as_type,
+                batch_size,
+                device=device.value,
+                input_shape=cast(tuple[int, ...] | None, input_shape),  # the callback parsed it
+                repetitions=repetitions,
+                link_gbps=link_gbps,
+                processes=processes,
+                progress=report,
+            )
+        _write(out_file, measured_text(measured))
         if out_file == "-":
             return
         out.print(profile_view(measured, NOISY_CV))
         out.print(Text(f"wrote {out_file}"))
-        out.print(Text(f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
-                       "(a measured profile has no job section: --samples is the samples per epoch; merge profiles "
-                       "of other types first with heterps profile merge)", style="dim"))
+        out.print(
+            Text(
+                f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
+                "(a measured profile has no job section: --samples is the samples per epoch; merge profiles "
+                "of other types first with heterps profile merge)",
+                style="dim",
+            )
+        )
 
 
 class Format(str, enum.Enum):
@@ -418,26 +623,73 @@ def _emit_report(fmt: Format, markdown: str, json_text: str, annotations: str = 
                 with open(summary, "a", encoding="utf-8") as fh:
                     fh.write(markdown + "\n")
             except OSError as exc:
-                raise InputError(summary, None, "GITHUB_STEP_SUMMARY", f"cannot append the summary: {exc.strerror}") from None
+                raise InputError(
+                    summary, None, "GITHUB_STEP_SUMMARY", f"cannot append the summary: {exc.strerror}"
+                ) from None
     return fmt != Format.table
 
 
 @app.command()
 def check(
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="The committed plan (YAML written by heterps plan --out).", show_default=False)],
+    plan_file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PLAN", help="The committed plan (YAML written by heterps plan --out).", show_default=False
+        ),
+    ],
     profile: Annotated[Path, typer.Option(help="The current model profile.", show_default=False)],
     cluster: Annotated[Path, typer.Option(help="The current cluster.", show_default=False)],
-    objective: Annotated[Objective, typer.Option(help="The job's objective, as given to heterps plan: a plan made for another is stale.")] = Objective.cost,
+    objective: Annotated[
+        Objective, typer.Option(help="The job's objective, as given to heterps plan: a plan made for another is stale.")
+    ] = Objective.cost,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
-    max_cost: Annotated[Optional[float], typer.Option(callback=_positive, help="Fail when the plan costs more (USD); also the job's budget.", show_default=False)] = None,
-    min_throughput: Annotated[Optional[float], typer.Option(callback=_non_negative, help="Fail when the plan is slower (samples/s); also the job's requirement. Default: the profile's job.min_throughput.", show_default=False)] = None,
-    baseline: Annotated[Optional[Path], typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False)] = None,
-    max_increase: Annotated[str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")] = "0%",
-    replan: Annotated[Optional[SchedulerName], typer.Option(help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) by more than --tolerance.", show_default=False)] = None,
-    tolerance: Annotated[float, typer.Option(callback=_non_negative, help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.")] = 1.0,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            callback=_positive, help="Fail when the plan costs more (USD); also the job's budget.", show_default=False
+        ),
+    ] = None,
+    min_throughput: Annotated[
+        float | None,
+        typer.Option(
+            callback=_non_negative,
+            help="Fail when the plan is slower (samples/s); also the job's requirement. "
+            "Default: the profile's job.min_throughput.",
+            show_default=False,
+        ),
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False),
+    ] = None,
+    max_increase: Annotated[
+        str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")
+    ] = "0%",
+    replan: Annotated[
+        SchedulerName | None,
+        typer.Option(
+            help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) "
+            "by more than --tolerance.",
+            show_default=False,
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            callback=_non_negative,
+            help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.",
+        ),
+    ] = 1.0,
     seed: SeedOpt = 0,
-    fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, appended to $GITHUB_STEP_SUMMARY when set).")] = Format.table,
+    fmt: Annotated[
+        Format,
+        typer.Option(
+            "--format",
+            help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, "
+            "appended to $GITHUB_STEP_SUMMARY when set).",
+        ),
+    ] = Format.table,
 ) -> None:
     """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds.
 
@@ -449,14 +701,22 @@ def check(
         from heterps_cli.cli.render import findings_view
 
         with _progress_bar() as report:
-            findings = api.check(str(plan_file), str(profile), str(cluster),
-                                 _job(objective, samples, epochs, min_throughput, max_cost),
-                                 baseline_path=str(baseline) if baseline is not None else None,
-                                 max_increase=max_increase, replan=replan.value if replan else None,
-                                 tolerance=tolerance, seed=seed, progress=report)
+            findings = api.check(
+                str(plan_file),
+                str(profile),
+                str(cluster),
+                _job(objective, samples, epochs, min_throughput, max_cost),
+                baseline_path=str(baseline) if baseline is not None else None,
+                max_increase=max_increase,
+                replan=replan.value if replan else None,
+                tolerance=tolerance,
+                seed=seed,
+                progress=report,
+            )
         shown = str(plan_file)
-        if not _emit_report(fmt, findings_markdown(shown, findings), findings_json(shown, findings),
-                            github_annotations(shown, findings)):
+        if not _emit_report(
+            fmt, findings_markdown(shown, findings), findings_json(shown, findings), github_annotations(shown, findings)
+        ):
             out.print(findings_view(shown, findings))
     if not all(f.ok for f in findings):
         raise typer.Exit(EXIT_CHECK_FAILED)
@@ -466,7 +726,12 @@ def check(
 def diff(
     old_plan: Annotated[Path, typer.Argument(metavar="OLD_PLAN", help="The plan before.", show_default=False)],
     new_plan: Annotated[Path, typer.Argument(metavar="NEW_PLAN", help="The plan after.", show_default=False)],
-    fmt: Annotated[Format, typer.Option("--format", help="table, json, markdown, or github (the markdown, also appended to $GITHUB_STEP_SUMMARY).")] = Format.table,
+    fmt: Annotated[
+        Format,
+        typer.Option(
+            "--format", help="table, json, markdown, or github (the markdown, also appended to $GITHUB_STEP_SUMMARY)."
+        ),
+    ] = Format.table,
 ) -> None:
     """Two plans side by side: stages, resources, throughput, time and cost, with the changes.
 
@@ -484,14 +749,20 @@ def diff(
                 err.print(Text("warning: ", style="bold yellow") + Text(w))
             out.print(diff_view(a, b, changes, []))
         else:
-            _emit_report(fmt, diff_markdown(a, b, changes, warnings), diff_json(a, b, changes, warnings),
-                         diff_annotations(b, warnings))
+            _emit_report(
+                fmt,
+                diff_markdown(a, b, changes, warnings),
+                diff_json(a, b, changes, warnings),
+                diff_annotations(b, warnings),
+            )
 
 
 @app.command()
 def validate(
     profile: ProfileArg,
-    cluster: Annotated[Optional[Path], typer.Argument(help="Optional cluster YAML to check against the profile.", show_default=False)] = None,
+    cluster: Annotated[
+        Path | None, typer.Argument(help="Optional cluster YAML to check against the profile.", show_default=False)
+    ] = None,
 ) -> None:
     """Check a profile (and a cluster) and summarise them: layers, types, which layers each type runs."""
     with _exit_codes():

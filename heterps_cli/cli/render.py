@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, Group
@@ -50,12 +50,19 @@ def _ranges(indices: list[int]) -> str:
 
 
 def plan_view(plan: Plan) -> Group:
-    title = Text.assemble(_bold(plan.model), " on ", _bold(plan.cluster),
-                          f" · objective {plan.objective} · scheduler {plan.scheduler}")
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
-                  caption="◀ the bottleneck stage, which sets the throughput", caption_justify="left")
+    title = Text.assemble(
+        _bold(plan.model), " on ", _bold(plan.cluster), f" · objective {plan.objective} · scheduler {plan.scheduler}"
+    )
+    table = Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        caption="◀ the bottleneck stage, which sets the throughput",
+        caption_justify="left",
+    )
     # Numbers keep their width; only the layer names give way on a narrow terminal.
-    number = dict(justify="right", no_wrap=True)
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("stage", **number)
     table.add_column("layers", max_width=36)  # the only column that may wrap
     table.add_column("on", no_wrap=True)
@@ -108,17 +115,33 @@ def print_plan(console: Console, plan: Plan) -> None:
     console.print(plan_view(plan))
 
 
-def print_summary(console: Console, profile: Profile, path: str, cluster: Cluster | None, cluster_path: str | None) -> None:
+def print_summary(
+    console: Console, profile: Profile, path: str, cluster: Cluster | None, cluster_path: str | None
+) -> None:
     job = profile.job
-    console.print(Text.assemble(("✓", "bold green"), f" {clip(path)}: model ", _bold(profile.model),
-                                f", {plural(len(profile.layers), 'layer')}, batch size {profile.batch_size}"))
+    console.print(
+        Text.assemble(
+            ("✓", "bold green"),
+            f" {clip(path)}: model ",
+            _bold(profile.model),
+            f", {plural(len(profile.layers), 'layer')}, batch size {profile.batch_size}",
+        )
+    )
     if job.samples or job.epochs or job.min_throughput:
-        parts = [f"{field} {getattr(job, field):,g}" for field in ("samples", "epochs", "min_throughput")
-                 if getattr(job, field) is not None]
+        parts = [
+            f"{field} {getattr(job, field):,g}"
+            for field in ("samples", "epochs", "min_throughput")
+            if getattr(job, field) is not None
+        ]
         console.print(f"  job: {', '.join(parts)}")
     if job.samples is None:
-        console.print(Text.assemble(("  note:", "yellow"), " no job.samples, so `heterps plan` will need "
-                                    "--samples N (samples per epoch); add a job section to the profile to keep it there"))
+        console.print(
+            Text.assemble(
+                ("  note:", "yellow"),
+                " no job.samples, so `heterps plan` will need "
+                "--samples N (samples per epoch); add a job section to the profile to keep it there",
+            )
+        )
     kinds: dict[str, int] = {}
     for layer in profile.layers:
         kinds[layer.type] = kinds.get(layer.type, 0) + 1
@@ -148,14 +171,29 @@ def print_summary(console: Console, profile: Profile, path: str, cluster: Cluste
     if cluster is not None:
         unused = [t for t in cluster.resources if t not in types]
         ignored = [t for t in types if t not in cluster.resources]
-        console.print(Text.assemble(("✓", "bold green"), f" {clip(cluster_path or '')}: cluster ", _bold(cluster.cluster),
-                                    f", {plural(len(cluster.resources), 'resource type')}"))
+        console.print(
+            Text.assemble(
+                ("✓", "bold green"),
+                f" {clip(cluster_path or '')}: cluster ",
+                _bold(cluster.cluster),
+                f", {plural(len(cluster.resources), 'resource type')}",
+            )
+        )
         if ignored:
-            console.print(Text.assemble(("  note:", "yellow"), " profiled types not in the cluster are ignored when "
-                                        f"planning: {', '.join(clip(t) for t in ignored)}"))
+            console.print(
+                Text.assemble(
+                    ("  note:", "yellow"),
+                    " profiled types not in the cluster are ignored when "
+                    f"planning: {', '.join(clip(t) for t in ignored)}",
+                )
+            )
         if unused:
-            console.print(Text.assemble(("  note:", "yellow"), " cluster types the profile never times cannot be "
-                                        f"used: {', '.join(clip(t) for t in unused)}"))
+            console.print(
+                Text.assemble(
+                    ("  note:", "yellow"),
+                    f" cluster types the profile never times cannot be used: {', '.join(clip(t) for t in unused)}",
+                )
+            )
 
 
 def compare_view(entries, objective: str) -> Group:
@@ -163,7 +201,7 @@ def compare_view(entries, objective: str) -> Group:
 
     Fits 80 columns: one space between columns, and the legend under the table."""
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    number = dict(justify="right", no_wrap=True)
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("scheduler", no_wrap=True)
     table.add_column("ok", no_wrap=True)
     table.add_column("cost $", **number)
@@ -182,9 +220,14 @@ def compare_view(entries, objective: str) -> Group:
         gap = "" if e.gap is None else f"{100 * e.gap:.2f}%"
         cut = "*" if p.interrupted else ""
         table.add_row(
-            e.scheduler + cut, "yes", usd(p.cost_usd).lstrip("$"), count(p.throughput),
+            e.scheduler + cut,
+            "yes",
+            usd(p.cost_usd).lstrip("$"),
+            count(p.throughput),
             Text(", ".join(f"{clip(t)} {count(n)}" for t, n in p.resources.items() if n)),
-            "—" if p.evaluations is None else count(p.evaluations), f"{e.solve_s:.2f}", gap,
+            "—" if p.evaluations is None else count(p.evaluations),
+            f"{e.solve_s:.2f}",
+            gap,
             style="bold green" if e.gap is not None and e.gap <= 1e-9 else None,
         )
     legend = []
@@ -203,10 +246,11 @@ def _seconds(x: float) -> str:
 
 def profile_view(measured, noisy_cv: float) -> Group:
     """Per layer: type, oct, odt, alpha, the spread of the repetitions; noisy layers flagged."""
-    title = Text.assemble(_bold(measured.model), " as ", _bold(measured.resource),
-                          f" on {measured.device}, batch {measured.batch_size}")
+    title = Text.assemble(
+        _bold(measured.model), " as ", _bold(measured.resource), f" on {measured.device}, batch {measured.batch_size}"
+    )
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-    number = dict(justify="right", no_wrap=True)
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("layer", max_width=28)
     table.add_column("type", no_wrap=True)
     for name in ("oct", "odt", "alpha", "spread"):
@@ -216,30 +260,59 @@ def profile_view(measured, noisy_cv: float) -> Group:
         flag = layer.cv > noisy_cv
         noisy += flag
         alpha = f"{layer.alpha:.2f}" + ("*" if "alpha" in layer.estimated else " ")
-        table.add_row(Text(clip(layer.name)), Text(clip(layer.kind)), _seconds(layer.oct), _seconds(layer.odt), alpha,
-                      f"{100 * layer.cv:.0f}%" + (" noisy" if flag else ""), style="yellow" if flag else None)
+        table.add_row(
+            Text(clip(layer.name)),
+            Text(clip(layer.kind)),
+            _seconds(layer.oct),
+            _seconds(layer.odt),
+            alpha,
+            f"{100 * layer.cv:.0f}%" + (" noisy" if flag else ""),
+            style="yellow" if flag else None,
+        )
     total = measured.total_oct
-    lines = [Text(f"sum of oct {_seconds(total)} per batch, {total / measured.step:.0%} of a whole-model step "
-                  f"({_seconds(measured.step)}) · link {measured.bandwidth_how}")]
+    lines = [
+        Text(
+            f"sum of oct {_seconds(total)} per batch, {total / measured.step:.0%} of a whole-model step "
+            f"({_seconds(measured.step)}) · link {measured.bandwidth_how}"
+        )
+    ]
     if abs(total / measured.step - 1) > 0.25:
-        lines.append(Text("the layers' sum is far from a whole step: code between modules (e.g. torch.cat, "
-                          "indexing, residual adds) is in no layer, and a layer timed alone keeps its data in "
-                          "cache where a whole step may not; a factory can return its own list of blocks to "
-                          "profile instead", style="yellow"))
+        lines.append(
+            Text(
+                "the layers' sum is far from a whole step: code between modules (e.g. torch.cat, "
+                "indexing, residual adds) is in no layer, and a layer timed alone keeps its data in "
+                "cache where a whole step may not; a factory can return its own list of blocks to "
+                "profile instead",
+                style="yellow",
+            )
+        )
     lines.append(Text("* alpha estimated (see the comment in the file); spread: coefficient of variation of the runs"))
     if noisy:
-        lines.append(Text(f"{noisy} noisy layer{'s' if noisy > 1 else ''} (spread > {100 * noisy_cv:.0f}%): "
-                          "profile on an idle machine, raise --repetitions, or take the median over fresh "
-                          "processes with --processes 3", style="yellow"))
+        lines.append(
+            Text(
+                f"{noisy} noisy layer{'s' if noisy > 1 else ''} (spread > {100 * noisy_cv:.0f}%): "
+                "profile on an idle machine, raise --repetitions, or take the median over fresh "
+                "processes with --processes 3",
+                style="yellow",
+            )
+        )
     lines += [Text(f"note: {n}") for n in measured.notes]
     return Group(table, *lines)
 
 
 def findings_view(plan_path: str, findings) -> Group:
-    marks = {"pass": Text("✓ pass", style="green"), "warn": Text("! warn", style="yellow"),
-             "fail": Text("✗ FAIL", style="bold red")}
-    table = Table(title=Text.assemble("heterps check ", _bold(plan_path)), title_justify="left", box=box.SIMPLE_HEAD,
-                  header_style="bold", show_header=False)
+    marks = {
+        "pass": Text("✓ pass", style="green"),
+        "warn": Text("! warn", style="yellow"),
+        "fail": Text("✗ FAIL", style="bold red"),
+    }
+    table = Table(
+        title=Text.assemble("heterps check ", _bold(plan_path)),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+        show_header=False,
+    )
     table.add_column(no_wrap=True)
     table.add_column(no_wrap=True)
     table.add_column()
@@ -250,16 +323,23 @@ def findings_view(plan_path: str, findings) -> Group:
             message.append(f.fix)
         table.add_row(marks[f.status], f.gate, message)
     failed = sum(not f.ok for f in findings)
-    verdict = Text(f"{plural(failed, 'check')} failed", style="bold red") if failed else \
-        Text("all checks passed", style="bold green")
+    verdict = (
+        Text(f"{plural(failed, 'check')} failed", style="bold red")
+        if failed
+        else Text("all checks passed", style="bold green")
+    )
     return Group(table, verdict)
 
 
 def diff_view(old_path: str, new_path: str, changes, warnings: list[str]) -> Group:
     from heterps_cli.ci.report import change, value
 
-    table = Table(title=Text(f"{clip(old_path)} → {clip(new_path)}"), title_justify="left", box=box.SIMPLE_HEAD,
-                  header_style="bold")
+    table = Table(
+        title=Text(f"{clip(old_path)} → {clip(new_path)}"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+    )
     table.add_column("")
     table.add_column("old", justify="right")
     table.add_column("new", justify="right")

@@ -49,6 +49,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +57,7 @@ from torch import nn
 
 from heterps_cli.errors import InputError
 from heterps_cli.profiling.zoo import MODELS
+from heterps_cli.progress import Progress, quiet
 
 WARMUP = 3
 WARMUP_STEPS = 3  # whole-model forward+backward steps before any layer is timed
@@ -64,8 +66,16 @@ MIN_SECONDS = 0.25  # short layers get more runs, up to MAX_RUNS, until their ru
 MAX_RUNS = 200
 FIT_TRIALS = 5  # runs per thread count for the alpha fit; the minimum is kept
 SHORTEST_FIT = 50e-6  # s: below this, thread scaling is noise
-ALPHA_DEFAULTS = {"fc": 0.9, "conv": 0.9, "attention": 0.9, "embedding": 0.5, "norm": 0.7, "activation": 0.8,
-                  "pool": 0.8, "dropout": 0.8}
+ALPHA_DEFAULTS = {
+    "fc": 0.9,
+    "conv": 0.9,
+    "attention": 0.9,
+    "embedding": 0.5,
+    "norm": 0.7,
+    "activation": 0.8,
+    "pool": 0.8,
+    "dropout": 0.8,
+}
 ALPHA_OTHER = 0.8
 NOISY_CV = 0.10
 
@@ -88,11 +98,15 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
         module, example = MODELS[spec](batch_size, input_shape)
         return Model(spec, module, example if isinstance(example, tuple) else (example,))
     if ":" not in spec:
-        raise InputError(None, None, "MODEL", f"{spec!r} is neither a built-in model ({', '.join(MODELS)}) "
-                         "nor FILE.py:FACTORY / package.module:FACTORY")
+        raise InputError(
+            None,
+            None,
+            "MODEL",
+            f"{spec!r} is neither a built-in model ({', '.join(MODELS)}) nor FILE.py:FACTORY / package.module:FACTORY",
+        )
     where, name = spec.rsplit(":", 1)
     factory = _factory(where, name)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     accepted = inspect.signature(factory).parameters
     if "batch_size" in accepted:
         kwargs["batch_size"] = batch_size
@@ -117,6 +131,8 @@ def _factory(where: str, name: str) -> Callable:
             if not path.is_file():
                 raise InputError(where, None, None, "file not found")
             spec = importlib.util.spec_from_file_location(f"heterps_user_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise InputError(where, None, None, "cannot be imported as a Python module")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
@@ -146,8 +162,12 @@ def _model_error(model: Model, exc: BaseException, what: str) -> InputError:
     """The model failed while we ran it: name the user's file and line when the failure passed through it."""
     line = _user_line(model.source, exc)
     where = model.source if line is not None else None
-    return InputError(where, line, "MODEL" if where is None else None,
-                      f"{what}: {type(exc).__name__}: {exc}" + ("" if where else f" (model {model.name})"))
+    return InputError(
+        where,
+        line,
+        "MODEL" if where is None else None,
+        f"{what}: {type(exc).__name__}: {exc}" + ("" if where else f" (model {model.name})"),
+    )
 
 
 def _user_error(where: str, name: str | None, exc: BaseException, what: str) -> InputError:
@@ -167,8 +187,13 @@ def _model_from(made, where: str, name: str, batch_size: int, input_shape) -> Mo
         if blocks is not None and not all(isinstance(b, nn.Module) for b in blocks):
             raise InputError(where, None, name, "the third item the factory returns must be a list of modules")
     else:
-        raise InputError(where, None, name, "the factory must return a torch.nn.Module, or (module, example "
-                         f"input batch[, list of blocks]); it returned {type(made).__name__}")
+        raise InputError(
+            where,
+            None,
+            name,
+            "the factory must return a torch.nn.Module, or (module, example "
+            f"input batch[, list of blocks]); it returned {type(made).__name__}",
+        )
     if example is None:
         if not input_shape:
             raise InputError(where, None, name, "the factory returned no example input: give --input-shape")
@@ -192,8 +217,29 @@ KIND_OF = [  # (class-name test, kind), first match wins
     (lambda c: "Attention" in c, "attention"),
     (lambda c: c.startswith("Dropout") or c.endswith("Dropout"), "dropout"),
     (lambda c: c.endswith("Loss"), "loss"),
-    (lambda c: c in {"ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "LeakyReLU", "ELU", "Softmax",
-                     "LogSoftmax", "Mish", "Hardswish", "PReLU", "Softplus", "GLU"}, "activation"),
+    (
+        lambda c: (
+            c
+            in {
+                "ReLU",
+                "ReLU6",
+                "GELU",
+                "SiLU",
+                "Sigmoid",
+                "Tanh",
+                "LeakyReLU",
+                "ELU",
+                "Softmax",
+                "LogSoftmax",
+                "Mish",
+                "Hardswish",
+                "PReLU",
+                "Softplus",
+                "GLU",
+            }
+        ),
+        "activation",
+    ),
 ]
 
 
@@ -215,7 +261,8 @@ def _layers(model: Model) -> dict[nn.Module, str]:
     named = {m: n for n, m in model.module.named_modules()}
     if model.blocks is not None:
         return {b: named.get(b, f"block{i}") for i, b in enumerate(model.blocks)}
-    out, inside = {}, set()
+    out: dict[nn.Module, str] = {}
+    inside: set[nn.Module] = set()
     for n, m in model.module.named_modules():
         if m in inside:
             continue
@@ -313,8 +360,9 @@ def _synchronise(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int,
-           warmup: int) -> list[float]:
+def _timed(
+    module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int, warmup: int
+) -> list[float]:
     """Seconds of ``module``'s forward on ``inputs()`` then the backward of its outputs (ones as their
     gradient), parameter gradients reset before each run; ``repetitions`` runs after ``warmup``."""
     params = list(module.parameters())
@@ -337,8 +385,9 @@ def _timed(module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: 
 
 def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
     """One layer alone, on fresh copies of its recorded inputs (which need their gradients, as activations do)."""
-    return _timed(call.module, lambda: (_fresh(call.args, device), _fresh(call.kwargs, device)), device,
-                  repetitions, warmup)
+    return _timed(
+        call.module, lambda: (_fresh(call.args, device), _fresh(call.kwargs, device)), device, repetitions, warmup
+    )
 
 
 def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
@@ -399,8 +448,9 @@ def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "median")
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True)
-                 for r in range(2)]
+        procs = [
+            ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True) for r in range(2)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
@@ -469,10 +519,17 @@ def bytes_of(tensors) -> float:
     return float(sum(t.numel() * t.element_size() for t in _tensors(tensors)))
 
 
-def measure(model: Model, resource: str, *, device: str = "cpu", repetitions: int = 20,
-            link_gbps: float | None = None, progress=None) -> Profiled:
+def measure(
+    model: Model,
+    resource: str,
+    *,
+    device: str = "cpu",
+    repetitions: int = 20,
+    link_gbps: float | None = None,
+    progress: Progress | None = None,
+) -> Profiled:
     """Measure every layer of ``model`` (see the module docstring)."""
-    report = progress or (lambda *a, **k: None)
+    report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "--device", "cuda was asked for, but torch sees no CUDA device here")
     B0 = len(model.inputs[0])
@@ -484,32 +541,19 @@ def measure(model: Model, resource: str, *, device: str = "cpu", repetitions: in
         raise _model_error(model, exc, "the model's forward pass failed") from None
     if not calls:
         raise InputError(None, None, "MODEL", "the forward pass called no layer module")
-    if link_gbps is not None:
-        bandwidth, how = link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}"
-    elif device == "cuda":
-        report("measuring host-to-device bandwidth")
-        bandwidth = host_to_device_bandwidth()
-        how = f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s"
-    else:
-        report("measuring loopback all-reduce bandwidth (gloo, 2 processes)")
-        bandwidth = loopback_allreduce_bandwidth()
-        if bandwidth is None:
-            bandwidth, how = 1.25e9, "estimated: the loopback all-reduce failed, so 10 Gbit/s is assumed"
-            notes.append(how)
-        else:
-            how = f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s"
+    bandwidth, how = _bandwidth(device, link_gbps, report, notes)
     if not steady_allocator():
-        notes.append("the C library is not glibc: the allocator could not be kept from returning memory "
-                     "to the system, so repeat profiles may differ more on layers with large tensors")
+        notes.append(
+            "the C library is not glibc: the allocator could not be kept from returning memory "
+            "to the system, so repeat profiles may differ more on layers with large tensors"
+        )
     model.module.to(device)
     threads = torch.get_num_threads()
     cores = usable_cores()
     fits = len(calls) if device == "cpu" and cores >= 2 else 0
     total = ROUNDS * len(calls) + fits
-    per_round = -(-repetitions // ROUNDS)
-    times: list[list[float]] = [[] for _ in calls]
     layers = []
-    call = None
+    current: list[Call] = []  # the layer being run, for the error message
     try:
         if device == "cpu":
             torch.set_num_threads(1)  # one unit of cpu is one core
@@ -518,30 +562,68 @@ def measure(model: Model, resource: str, *, device: str = "cpu", repetitions: in
             step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
         except Exception as exc:
             raise _model_error(model, exc, "the model's forward and backward pass failed") from None
-        for r in range(ROUNDS):
-            for i, call in enumerate(calls):
-                report(f"round {r + 1}/{ROUNDS}, layer {i + 1}/{len(calls)}: {call.name}",
-                       completed=r * len(calls) + i, total=total)
-                runs = per_round
-                if r:  # the first round's median says how many runs add up to MIN_SECONDS
-                    wanted = MIN_SECONDS / max(statistics.median(times[i]), 1e-9)
-                    runs = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
-                times[i] += run_times(call, device, runs, warmup=WARMUP if r == 0 else 1)
+        times = _time_layers(calls, device, repetitions, report, total, current)
         for i, call in enumerate(calls):
+            current[:] = [call]
             if fits:
-                report(f"alpha fit, layer {i + 1}/{len(calls)}: {call.name}",
-                       completed=ROUNDS * len(calls) + i, total=total)
+                report(
+                    f"alpha fit, layer {i + 1}/{len(calls)}: {call.name}",
+                    completed=ROUNDS * len(calls) + i,
+                    total=total,
+                )
             layers.append(_layer(call, B0, times[i], bandwidth, device, cores))
         report("done", completed=total, total=total)
     except InputError:
         raise
     except Exception as exc:
-        raise _model_error(model, exc, f"layer {call.name if call else '?'} failed when run alone") from None
+        raise _model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     finally:
         torch.set_num_threads(threads)
     if device == "cpu" and cores < 2:
         notes.append("one usable core: alpha could not be fitted and is estimated for every layer")
-    return Profiled(model.name, resource, device, B0, bandwidth, how, ROUNDS * per_round, layers, step, notes)
+    return Profiled(
+        model.name, resource, device, B0, bandwidth, how, ROUNDS * -(-repetitions // ROUNDS), layers, step, notes
+    )
+
+
+def _bandwidth(device: str, link_gbps: float | None, report: Progress, notes: list[str]) -> tuple[float, str]:
+    """Bytes/s for odt and how it was found: given, host-to-device (cuda) or a loopback all-reduce (cpu)."""
+    if link_gbps is not None:
+        return link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}"
+    if device == "cuda":
+        report("measuring host-to-device bandwidth")
+        bandwidth = host_to_device_bandwidth()
+        return bandwidth, f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s"
+    report("measuring loopback all-reduce bandwidth (gloo, 2 processes)")
+    measured = loopback_allreduce_bandwidth()
+    if measured is None:
+        how = "estimated: the loopback all-reduce failed, so 10 Gbit/s is assumed"
+        notes.append(how)
+        return 1.25e9, how
+    return measured, f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {measured / 1e9:.2f} GB/s"
+
+
+def _time_layers(
+    calls: list[Call], device: str, repetitions: int, report: Progress, total: int, current: list[Call]
+) -> list[list[float]]:
+    """Each layer's run times, in :data:`ROUNDS` interleaved rounds (so that a slow moment of the
+    machine spreads over all layers); ``current`` holds the layer running."""
+    per_round = -(-repetitions // ROUNDS)
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(ROUNDS):
+        for i, call in enumerate(calls):
+            current[:] = [call]
+            report(
+                f"round {r + 1}/{ROUNDS}, layer {i + 1}/{len(calls)}: {call.name}",
+                completed=r * len(calls) + i,
+                total=total,
+            )
+            runs = per_round
+            if r:  # the first round's median says how many runs add up to MIN_SECONDS
+                wanted = MIN_SECONDS / max(statistics.median(times[i]), 1e-9)
+                runs = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
+            times[i] += run_times(call, device, runs, warmup=WARMUP if r == 0 else 1)
+    return times
 
 
 def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str, cores: int) -> LayerProfile:
@@ -563,8 +645,10 @@ def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: st
         if fitted is not None:
             alpha, residual = fitted
         else:
-            estimated["alpha"] = (f"the fit over 1..{cores} threads was unusable "
-                                  f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}")
+            estimated["alpha"] = (
+                f"the fit over 1..{cores} threads was unusable "
+                f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}"
+            )
     elif device == "cpu":
         estimated["alpha"] = f"one usable core, nothing to fit: default for {k}"
     else:
@@ -573,7 +657,9 @@ def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: st
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
     moved = act + weights
     beta = act / moved if moved > 0 else 0.0
-    estimated["beta"] = "derived: the activations' share of the bytes moved (split between replicas; the gradient all-reduce is not)"
+    estimated["beta"] = (
+        "derived: the activations' share of the bytes moved (split between replicas; the gradient all-reduce is not)"
+    )
     return LayerProfile(call.name, k, act / B0, weights, oct_, moved / bandwidth, alpha, beta, cv, estimated, residual)
 
 

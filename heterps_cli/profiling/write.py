@@ -18,7 +18,7 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, Profiled
+from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, Profiled, python_path_note
 
 
 @dataclass
@@ -49,18 +49,25 @@ def render(model: str, batch_size: int, layers: list[LayerRow], header: list[str
     lines = [f"# {h}" for h in header]
     lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}", "layers:"]
     for row in layers:
-        lines += [f"  - name: {json.dumps(row.name)}", f"    type: {json.dumps(row.kind)}",
-                  f"    input_size: {_number(row.input_size)}", f"    weight_size: {_number(row.weight_size)}",
-                  "    times:"]
+        lines += [
+            f"  - name: {json.dumps(row.name)}",
+            f"    type: {json.dumps(row.kind)}",
+            f"    input_size: {_number(row.input_size)}",
+            f"    weight_size: {_number(row.weight_size)}",
+            "    times:",
+        ]
         for t, e in row.times.items():
-            entry = (f"      {json.dumps(t)}: {{oct: {_number(e.oct)}, odt: {_number(e.odt)}, "
-                     f"alpha: {e.alpha:.4g}, beta: {e.beta:.4g}}}")
+            entry = (
+                f"      {json.dumps(t)}: {{oct: {_number(e.oct)}, odt: {_number(e.odt)}, "
+                f"alpha: {e.alpha:.4g}, beta: {e.beta:.4g}}}"
+            )
             lines.append(entry + (f"  # {e.comment}" if e.comment else ""))
     return "\n".join(lines) + "\n"
 
 
-def measured_text(p: Profiled, note: str) -> str:
-    """The profile file of one measurement run."""
+def measured_text(p: Profiled, note: str | None = None) -> str:
+    """The profile file of one measurement run; ``note`` says where (default: this Python and machine)."""
+    note = note if note is not None else python_path_note()
     header = [
         f"measured by heterps profile: model {p.model} as resource type {p.resource!r} on {p.device} ({note})",
         f"oct: median of {p.repetitions} or more forward+backward runs of each layer alone (at least "
@@ -76,9 +83,15 @@ def measured_text(p: Profiled, note: str) -> str:
     rows = []
     for layer in p.layers:
         why = "; ".join(f"{f}: {r}" for f, r in layer.estimated.items())
-        rows.append(LayerRow(layer.name, layer.kind, layer.input_size, layer.weight_size,
-                             {p.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta,
-                                                f"estimated: {why}" if why else "")}))
+        rows.append(
+            LayerRow(
+                layer.name,
+                layer.kind,
+                layer.input_size,
+                layer.weight_size,
+                {p.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, f"estimated: {why}" if why else "")},
+            )
+        )
     return render(p.model, p.batch_size, rows, header)
 
 
@@ -89,30 +102,49 @@ def merge_profiles(paths: list[str]) -> str:
     loaded = [load_profile(path) for path in paths]
     (first, fdoc) = loaded[0]
     text_lines = {path: Path(path).read_text(encoding="utf-8").splitlines() for path in paths}
-    rows = [LayerRow(l.name, l.type, l.input_size, l.weight_size, {}) for l in first.layers]
+    rows = [LayerRow(layer.name, layer.type, layer.input_size, layer.weight_size, {}) for layer in first.layers]
     owner: dict[str, str] = {}
     header = [f"merged by heterps profile merge from {', '.join(paths)}"]
     for (prof, doc), path in zip(loaded, paths):
-        header += [f"{Path(path).name}: {line[2:]}" for line in text_lines[path] if line.startswith("# ")
-                   and not line.startswith("# merged by")]
+        header += [
+            f"{Path(path).name}: {line[2:]}"
+            for line in text_lines[path]
+            if line.startswith("# ") and not line.startswith("# merged by")
+        ]
         if prof.model != first.model:
-            raise doc.error(("model",), f"model {prof.model!r} is not {first.model!r} of {paths[0]}: "
-                            "only profiles of the same model can be merged")
+            raise doc.error(
+                ("model",),
+                f"model {prof.model!r} is not {first.model!r} of {paths[0]}: "
+                "only profiles of the same model can be merged",
+            )
         if prof.batch_size != first.batch_size:
-            raise doc.error(("batch_size",), f"batch size {prof.batch_size} differs from {first.batch_size} in "
-                            f"{paths[0]}: measure every machine at the same --batch-size")
-        if [l.name for l in prof.layers] != [l.name for l in first.layers]:
-            raise doc.error(("layers",), f"the layers ({len(prof.layers)}) differ from those of {paths[0]} "
-                            f"({len(first.layers)}) in number, names or order: not the same model")
+            raise doc.error(
+                ("batch_size",),
+                f"batch size {prof.batch_size} differs from {first.batch_size} in "
+                f"{paths[0]}: measure every machine at the same --batch-size",
+            )
+        if [layer.name for layer in prof.layers] != [layer.name for layer in first.layers]:
+            raise doc.error(
+                ("layers",),
+                f"the layers ({len(prof.layers)}) differ from those of {paths[0]} "
+                f"({len(first.layers)}) in number, names or order: not the same model",
+            )
         for i, (layer, row) in enumerate(zip(prof.layers, rows)):
-            if layer.type != row.kind or not _close(layer.input_size, row.input_size) \
-                    or not _close(layer.weight_size, row.weight_size):
-                raise doc.error(("layers", i), f"layer {layer.name!r} has another type or size than in {paths[0]}: "
-                                "not the same model")
+            if (
+                layer.type != row.kind
+                or not _close(layer.input_size, row.input_size)
+                or not _close(layer.weight_size, row.weight_size)
+            ):
+                raise doc.error(
+                    ("layers", i),
+                    f"layer {layer.name!r} has another type or size than in {paths[0]}: not the same model",
+                )
             for t, e in layer.times.items():
                 if t in row.times:
-                    raise doc.error(("layers", i, "times", t), f"type {t!r} is measured in {owner[t]} too: "
-                                    "merge one profile per resource type")
+                    raise doc.error(
+                        ("layers", i, "times", t),
+                        f"type {t!r} is measured in {owner[t]} too: merge one profile per resource type",
+                    )
                 alpha, beta = layer.fractions(t)
                 line = text_lines[path][doc.line(("layers", i, "times", t)) - 1]
                 found = re.search(r"#\s*(estimated:.*)$", line)

@@ -18,8 +18,13 @@ class CTR(nn.Module):
         super().__init__()
         self.embeddings = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
         self.bottom = nn.Sequential(nn.Linear(dense, dim), nn.ReLU())
-        self.top = nn.Sequential(nn.Linear(dim * (tables + 1), hidden), nn.ReLU(),
-                                 nn.Linear(hidden, hidden // 2), nn.ReLU(), nn.Linear(hidden // 2, 1))
+        self.top = nn.Sequential(
+            nn.Linear(dim * (tables + 1), hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden // 2),
+            nn.ReLU(),
+            nn.Linear(hidden // 2, 1),
+        )
 
     def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         pooled = [emb(sparse[:, i]) for i, emb in enumerate(self.embeddings)]
@@ -43,24 +48,43 @@ def vgg16(batch_size: int, input_shape: tuple[int, ...] | None = None):
     channels, height, width = input_shape or (3, 32, 32)
     layers: list[nn.Module] = []
     for v in VGG16:
-        if v == "M":
+        if isinstance(v, str):  # "M"
             layers.append(nn.MaxPool2d(2))
         else:
             layers += [nn.Conv2d(channels, v, 3, padding=1), nn.ReLU()]
             channels = v
     side = (height // 32) * (width // 32)
-    layers += [nn.Flatten(), nn.Linear(512 * side, 512), nn.ReLU(), nn.Dropout(), nn.Linear(512, 512), nn.ReLU(),
-               nn.Linear(512, 10)]
-    example = torch.randn(batch_size, 3 if input_shape is None else input_shape[0], height, width,
-                          generator=torch.Generator().manual_seed(0))
+    layers += [
+        nn.Flatten(),
+        nn.Linear(512 * side, 512),
+        nn.ReLU(),
+        nn.Dropout(),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Linear(512, 10),
+    ]
+    example = torch.randn(
+        batch_size,
+        3 if input_shape is None else input_shape[0],
+        height,
+        width,
+        generator=torch.Generator().manual_seed(0),
+    )
     return nn.Sequential(*layers), example
 
 
 def mlp(batch_size: int, input_shape: tuple[int, ...] | None = None):
     """A plain nn.Sequential: 784 -> 1024 -> 1024 -> 1024 -> 10 with ReLUs."""
     features = input_shape[0] if input_shape else 784
-    model = nn.Sequential(nn.Linear(features, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    model = nn.Sequential(
+        nn.Linear(features, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 10),
+    )
     return model, torch.randn(batch_size, features, generator=torch.Generator().manual_seed(0))
 
 

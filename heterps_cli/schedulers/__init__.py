@@ -27,8 +27,9 @@ def solver(name: str) -> Solver:
     return importlib.import_module(f"heterps_cli.schedulers.{SCHEDULERS[name][0]}").solve
 
 
-def solve(name: str, problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-          options: SolveOptions | None = None) -> Plan:
+def solve(
+    name: str, problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
     """The plan scheduler ``name`` finds; when a search finds none, the exact solver says why
     (no plan exists, or one does and the error names it)."""
     try:

@@ -9,19 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from heterps_cli.progress import Progress, quiet
+
+__all__ = ["Progress", "SolveOptions", "Solver", "quiet"]
+
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
-
-
-class Progress(Protocol):
-    """Reports how far a scheduler has got (the CLI draws a progress bar from it)."""
-
-    def __call__(self, description: str, completed: float | None = None, total: float | None = None) -> None: ...
-
-
-def quiet(description: str, completed: float | None = None, total: float | None = None) -> None:
-    """A :class:`Progress` that reports nothing."""
 
 
 @dataclass(frozen=True)
@@ -44,5 +38,6 @@ class Solver(Protocol):
     registry's :func:`~heterps_cli.schedulers.solve` explains).
     """
 
-    def __call__(self, problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-                 options: SolveOptions | None = None) -> Plan: ...
+    def __call__(
+        self, problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+    ) -> Plan: ...

@@ -62,7 +62,8 @@ def _table(problem: Problem) -> _Table:
     n = problem.n_layers
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)[:, :, None]
     ok = upper & (spans((~problem.runnable).astype(float)) == 0)
-    return _Table(*(spans(part) for part in problem.parts), ok)
+    sc, pc, sd, pd = (spans(part) for part in problem.parts)
+    return _Table(sc, pc, sd, pd, ok)
 
 
 @dataclass
@@ -76,7 +77,14 @@ class _Candidate:
 def _chain_dp(C: np.ndarray):
     """Cheapest chain of stages covering all layers; ``C[j, i, t]`` prices stage ``j..i-1`` on ``t``.
 
-    Returns (value, [(j, i, t), ...]) or (inf, None).
+    Returns (value, [(j, i, t), ...]) or (inf, None). The recurrence (docs/exact.md,
+    section 3) is a shortest path over stage boundaries::
+
+        f[i, t] = min over j < i of  g[j, t] + C[j, i, t],    g[j, t] = min over t' != t of f[j, t']
+
+    where ``f[i, t]`` is the cheapest way to run layers ``0..i-1`` with the last
+    stage on ``t``, and ``g[0, t] = 0``. ``t' != t`` keeps stages maximal (two
+    consecutive stages on one type would be one stage).
     """
     n1, _, T = C.shape
     f = np.full((n1, T), np.inf)
@@ -110,19 +118,16 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
     The units of each ``tracked`` type are part of the state (a dense array per
     boundary and last type); the value is the price rate of the other types.
     ``capped``, when given, is the only untracked type: the value then counts its
-    units, and its limit is checked at the end.
-
-    For a fixed end ``i`` and type ``t``, the stage ``j..i-1`` needs fewer replicas
-    the shorter it is, so the feasible ``j`` form a range in which equal replica
-    counts are contiguous: each such group is reduced with one ``min`` over a
-    slice and shifted once.
+    units, and its limit is checked at the end (docs/exact.md, section 3, "Limits").
     """
     n1, _, T = K.shape
     dims = tuple(int(limits[t]) + 1 for t in tracked)
     cells = int(np.prod(dims)) if dims else 1
     if n1 * T * cells > MAX_STATE_CELLS:
         raise InputError(
-            None, None, "--scheduler exact",
+            None,
+            None,
+            "exact scheduler",
             f"the exact solver would need {n1 * T * cells:,} states to honour the binding limits of "
             f"{len(tracked)} resource types, more than it may use ({MAX_STATE_CELLS:,}); "
             "lower the limits of the scarce types or use another scheduler",
@@ -131,6 +136,29 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
     weight = prices.astype(float).copy()
     if capped is not None:
         weight[capped] = 1.0  # count units: exact integers, compared with the limit at the end
+    f, g = _limited_tables(K, weight, axis, dims)
+    grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
+    extra = sum((prices[t] * grids[a] for t, a in axis.items()), np.zeros(dims))
+    if capped is None:
+        total = f[-1] + extra[None]
+    else:
+        total = np.where(f[-1] <= limits[capped], f[-1] * prices[capped] + extra[None], np.inf)
+    flat = int(total.argmin())
+    if not np.isfinite(total.flat[flat]):
+        return None
+    t, *cell = (int(c) for c in np.unravel_index(flat, total.shape))
+    return _backtrack(K, f, g, weight, axis, t, cell)
+
+
+def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...]):
+    """The forward pass of :func:`_chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`_chain_dp`.
+
+    For a fixed end ``i`` and type ``t``, the stage ``j..i-1`` needs fewer replicas
+    the shorter it is, so the feasible ``j`` form a range in which equal replica
+    counts are contiguous: each such group is reduced with one ``min`` over a
+    slice and shifted once along its type's units axis.
+    """
+    n1, _, T = K.shape
     shape = (n1, T) + dims
     f = np.full(shape, np.inf)
     g = np.full(shape, np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
@@ -165,18 +193,15 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
                 np.minimum(out, (g[js, t] + add).min(axis=0), out=out)
         for t in range(T):
             g[i, t] = f[i, [u for u in range(T) if u != t]].min(axis=0) if T > 1 else np.inf
+    return f, g
 
-    grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
-    extra = sum((prices[t] * grids[a] for t, a in axis.items()), np.zeros(dims))
-    if capped is None:
-        total = f[-1] + extra[None]
-    else:
-        total = np.where(f[-1] <= limits[capped], f[-1] * prices[capped] + extra[None], np.inf)
-    flat = int(total.argmin())
-    if not np.isfinite(total.flat[flat]):
-        return None
-    # Walk back, finding at each boundary the predecessor that produced the stored value.
-    t, *cell = (int(c) for c in np.unravel_index(flat, total.shape))
+
+def _backtrack(
+    K: np.ndarray, f: np.ndarray, g: np.ndarray, weight: np.ndarray, axis: dict[int, int], t: int, cell: list[int]
+) -> list[tuple[int, int, int]]:
+    """The stages of the chain that ends on type ``t`` with tracked units ``cell``: walking back,
+    at each boundary the predecessor that produced the stored value."""
+    n1, _, T = K.shape
     stages, i = [], n1 - 1
     while i > 0:
         value = f[(i, t, *cell)]
@@ -235,8 +260,10 @@ class _Solver:
             return None
         if not self._within(stages, K):
             binding = [
-                t for t in range(p.n_types)
-                if -_chain_dp(np.where(np.isfinite(K), np.where(self.type_index == t, -K, 0.0), np.inf))[0] > p.limits[t]
+                t
+                for t in range(p.n_types)
+                if -_chain_dp(np.where(np.isfinite(K), np.where(self.type_index == t, -K, 0.0), np.inf))[0]
+                > p.limits[t]
             ]
             tracked, capped = binding, None
             if len(binding) == p.n_types:
@@ -334,9 +361,10 @@ class _Solver:
         return best
 
     def max_throughput_within_budget(self) -> _Candidate | None:
-        best, target = None, 0.0
+        best, target, budget = None, 0.0, self.p.max_cost
+        assert budget is not None, "a budget search needs max_cost"
         while (cand := self.cheapest(target)) is not None:
-            if cand.cost <= self.p.max_cost * (1 + SLACK):
+            if cand.cost <= budget * (1 + SLACK):
                 if best is None or cand.throughput > best.throughput:
                     best = cand
             target = float(np.nextafter(cand.throughput, np.inf))
@@ -362,13 +390,14 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
         return InfeasibleError(
             f"no plan reaches the required {problem.min_throughput:,.1f} samples/s within the limits "
             f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.1f} samples/s "
-            f"(costing ${fastest.cost:,.2f}). Lower --min-throughput or raise the limits."
+            f"(costing ${fastest.cost:,.2f}). Lower the required throughput (--min-throughput) or raise the limits."
         )
     cheapest = _Solver(problem.replace(objective="cost", max_cost=None), None).min_cost()
+    assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     return InfeasibleError(
         f"no plan costs at most ${problem.max_cost:,.2f}: the cheapest plan that reaches "
         f"{problem.min_throughput:,.1f} samples/s costs ${cheapest.cost:,.2f} "
-        f"({cheapest.throughput:,.1f} samples/s). Raise --max-cost."
+        f"({cheapest.throughput:,.1f} samples/s). Raise the budget (--max-cost)."
     )
 
 
@@ -389,8 +418,9 @@ def _limits(problem: Problem) -> str:
     return ", ".join(f"{t} <= {n}" for t, n in zip(problem.types, problem.limits))
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-          options: SolveOptions | None = None) -> Plan:
+def solve(
+    problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
     """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none."""
     start = time.perf_counter()
     solver = _Solver(problem, progress)

@@ -45,8 +45,15 @@ def layer_features(problem: Problem) -> np.ndarray:
     n = problem.n_layers
     pos = np.arange(n) / max(n - 1, 1)
     freqs = np.pi * 2.0 ** np.arange(POSITION_FREQUENCIES)
-    position = np.concatenate([np.sin(pos[:, None] * freqs), np.cos(pos[:, None] * freqs),
-                               (np.arange(n) == 0)[:, None], (np.arange(n) == n - 1)[:, None]], axis=1)
+    position = np.concatenate(
+        [
+            np.sin(pos[:, None] * freqs),
+            np.cos(pos[:, None] * freqs),
+            (np.arange(n) == 0)[:, None],
+            (np.arange(n) == n - 1)[:, None],
+        ],
+        axis=1,
+    )
     kind = np.zeros((n, len(KINDS) + 1))
     kind[np.arange(n), [kind_index(k) for k in problem.layer_kinds]] = 1.0
     sizes = _standardise(np.log1p(np.stack([problem.input_size, problem.weight_size], axis=1)))

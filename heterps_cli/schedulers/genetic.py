@@ -77,8 +77,9 @@ def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> 
     return row
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-          options: SolveOptions | None = None) -> Plan:
+def solve(
+    problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
     start = time.perf_counter()
     report = progress or quiet
     budget = evaluation_budget(options)
@@ -87,7 +88,7 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
     evaluate, best = Evaluator(problem), Best(problem.objective)
     heuristics = heuristic_schedules(problem)
     population = np.concatenate([heuristics, random_schedules(problem, max(POPULATION - len(heuristics), 0), rng)])
-    population = population[:POPULATION] if budget >= POPULATION else population[:max(budget, 1)]
+    population = population[:POPULATION] if budget >= POPULATION else population[: max(budget, 1)]
     scored = evaluate(population)
     reference = Reference.of(scored)
     notes, generation, stale = [], 0, 0
@@ -107,13 +108,24 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
         population = _within_budget(np.concatenate([elite, children]), evaluate, budget, len(elite))
         scored = evaluate(population)
         generation += 1
-        report(f"genetic: generation {generation} · best {best.shown}", completed=min(evaluate.evaluations, budget),
-               total=budget)
+        report(
+            f"genetic: generation {generation} · best {best.shown}",
+            completed=min(evaluate.evaluations, budget),
+            total=budget,
+        )
     best.offer(problem, population, scored)
     if stale >= PATIENCE:
         notes.append(f"converged: no better plan in the last {PATIENCE} generations")
-    return result(problem, best, evaluate, scheduler="genetic", seed=seed, start=start, notes=notes,
-                  hint="give it more --evaluations, or use --scheduler exact")
+    return result(
+        problem,
+        best,
+        evaluate,
+        scheduler="genetic",
+        seed=seed,
+        start=start,
+        notes=notes,
+        hint="give it more --evaluations, or use --scheduler exact",
+    )
 
 
 def _tournament(fitness: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:

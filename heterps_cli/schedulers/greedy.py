@@ -31,8 +31,9 @@ def rule_schedule(problem: Problem) -> np.ndarray:
     return np.where(problem.runnable, per_sample, np.inf).argmin(axis=1).astype(np.int64)
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-          options: SolveOptions | None = None) -> Plan:
+def solve(
+    problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
     start = time.perf_counter()
     report = progress or quiet
     evaluate, best = Evaluator(problem), Best(problem.objective)
@@ -42,8 +43,16 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
     notes = [f"the rule alone: {_figure(problem, scored)}"]
     report("greedy: local search")
     polish(problem, evaluate, best, Reference.of(scored), np.random.default_rng(seed), starts=[schedule])
-    return result(problem, best, evaluate, scheduler="greedy", seed=seed, start=start, notes=notes,
-                  hint="use --scheduler rl or exact")
+    return result(
+        problem,
+        best,
+        evaluate,
+        scheduler="greedy",
+        seed=seed,
+        start=start,
+        notes=notes,
+        hint="use --scheduler rl or exact",
+    )
 
 
 def _figure(problem: Problem, scored) -> str:

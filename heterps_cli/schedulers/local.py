@@ -105,8 +105,9 @@ def _distinct(rows: list[np.ndarray], n: int) -> np.ndarray:
     return np.unique(np.array(rows, dtype=np.int64), axis=0)
 
 
-def improve(problem: Problem, schedule: np.ndarray, score: Callable[[np.ndarray], np.ndarray],
-            max_rounds: int = 200) -> tuple[np.ndarray, float]:
+def improve(
+    problem: Problem, schedule: np.ndarray, score: Callable[[np.ndarray], np.ndarray], max_rounds: int = 200
+) -> tuple[np.ndarray, float]:
     """Steepest ascent from ``schedule`` under ``score`` (higher is better); (schedule, score)."""
     current = np.asarray(schedule, dtype=np.int64)
     value = float(score(current[None])[0])
@@ -150,7 +151,8 @@ def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, c
     keys = list(evaluate.cache)
     rows = np.stack([np.frombuffer(k, dtype=np.int64) for k in keys])
     order = np.argsort(-rewards(problem, evaluate(rows), reference), kind="stable")
-    chosen, seen = [], set()
+    chosen: list[np.ndarray] = []
+    seen: set[tuple[int, ...]] = set()
     for row in rows[order]:
         if len(chosen) == count:
             break
@@ -164,9 +166,18 @@ def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, c
     return chosen
 
 
-def polish(problem: Problem, evaluate: Evaluator, best: Best, reference: Reference, rng: np.random.Generator, *,
-           starts: list[np.ndarray], kicks: int = 0, extra_kicks: int = 0,
-           out_of_time: Callable[[], bool] = lambda: False) -> None:
+def polish(
+    problem: Problem,
+    evaluate: Evaluator,
+    best: Best,
+    reference: Reference,
+    rng: np.random.Generator,
+    *,
+    starts: list[np.ndarray],
+    kicks: int = 0,
+    extra_kicks: int = 0,
+    out_of_time: Callable[[], bool] = lambda: False,
+) -> None:
     """Local search from each of ``starts``, then iterated local search; improves ``best`` in place.
 
     Each descent climbs the hard reward, then the soft one (which may cross
@@ -192,6 +203,7 @@ def polish(problem: Problem, evaluate: Evaluator, best: Best, reference: Referen
                 if hard[i] > least_bad[0]:
                     least_bad[:] = [float(hard[i]), rows[i].copy()]
             return rewards(problem, scored, reference, soft=soft)
+
         return score
 
     def descend(begin: np.ndarray) -> None:

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -86,6 +86,9 @@ class Agent(Protocol):
         ...
 
 
+A = TypeVar("A", bound=Agent)
+
+
 @dataclass
 class Run:
     """Where a training run stands: what it found and what a scheduler may go on with."""
@@ -105,9 +108,12 @@ def configured(cfg, options: SolveOptions | None):
     """``cfg`` (a scheduler's Config) with the steps, batch and time limit the options give."""
     if options is None:
         return cfg
-    return dataclasses.replace(cfg, steps=options.steps if options.steps is not None else cfg.steps,
-                               batch=options.batch if options.batch is not None else cfg.batch,
-                               time_limit=options.time_limit)
+    return dataclasses.replace(
+        cfg,
+        steps=options.steps if options.steps is not None else cfg.steps,
+        batch=options.batch if options.batch is not None else cfg.batch,
+        time_limit=options.time_limit,
+    )
 
 
 @contextmanager
@@ -121,9 +127,18 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def train(problem: Problem, cfg: Config, make_agent: Callable[[], Agent], *, name: str, seed: int, start: float,
-          pretrain: bool = True, progress: Progress | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> tuple[Agent, Run]:
+def train(
+    problem: Problem,
+    cfg: Config,
+    make_agent: Callable[[], A],
+    *,
+    name: str,
+    seed: int,
+    start: float,
+    pretrain: bool = True,
+    progress: Progress | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> tuple[A, Run]:
     """Train the agent ``make_agent`` builds (after seeding) on ``problem``; the agent and the run.
 
     ``pretrain=False`` skips phase 1's fitting (a warm-started agent) but still
@@ -151,8 +166,9 @@ def train(problem: Problem, cfg: Config, make_agent: Callable[[], Agent], *, nam
     scores = evaluate(pool)
     best.offer(problem, pool, scores)
     reference = Reference.of(scores)
-    elite = torch.from_numpy(pool[np.argsort(-rewards(problem, scores, reference), kind="stable")
-                                  [: max(8, len(pool) // 20)]])
+    elite = torch.from_numpy(
+        pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
+    )
     run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit))
     try:
         for step in range(cfg.pretrain_steps if pretrain else 0):
@@ -176,8 +192,11 @@ def train(problem: Problem, cfg: Config, make_agent: Callable[[], Agent], *, nam
             if best.schedule is not None and cfg.imitation > 0:
                 loss = loss - cfg.imitation * agent.log_prob(torch.from_numpy(best.schedule)[None]).mean()
             step_on(loss)
-            report(f"{name}: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
-                   completed=step + 1, total=cfg.steps)
+            report(
+                f"{name}: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
+                completed=step + 1,
+                total=cfg.steps,
+            )
             if on_step is not None:
                 on_step(step + 1, learned.key)
     except KeyboardInterrupt:
@@ -190,9 +209,17 @@ def train(problem: Problem, cfg: Config, make_agent: Callable[[], Agent], *, nam
     best.offer(problem, greedy, evaluate(greedy))
     report(f"{name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
     try:
-        polish(problem, evaluate, best, reference, rng,
-               starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
-               kicks=cfg.kicks, extra_kicks=0 if sampled_feasible else cfg.extra_kicks, out_of_time=run.out_of_time)
+        polish(
+            problem,
+            evaluate,
+            best,
+            reference,
+            rng,
+            starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
+            kicks=cfg.kicks,
+            extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
+            out_of_time=run.out_of_time,
+        )
     except KeyboardInterrupt:
         run.interrupted = True
         run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")
@@ -201,5 +228,14 @@ def train(problem: Problem, cfg: Config, make_agent: Callable[[], Agent], *, nam
 
 def finish(problem: Problem, run: Run, *, name: str, seed: int) -> Plan:
     """The run's best plan (or why there is none)."""
-    return result(problem, run.best, run.evaluate, scheduler=name, seed=seed, start=run.start, notes=run.notes,
-                  hint=HINT, interrupted=run.interrupted)
+    return result(
+        problem,
+        run.best,
+        run.evaluate,
+        scheduler=name,
+        seed=seed,
+        start=run.start,
+        notes=run.notes,
+        hint=HINT,
+        interrupted=run.interrupted,
+    )

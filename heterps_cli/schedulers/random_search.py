@@ -29,8 +29,9 @@ from heterps_cli.schedulers.scoring import (
 CHUNK = 1024
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-          options: SolveOptions | None = None) -> Plan:
+def solve(
+    problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
     start = time.perf_counter()
     report = progress or quiet
     budget = evaluation_budget(options)
@@ -52,8 +53,16 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
             best.offer(problem, fresh, evaluate(fresh))
         dry = 0 if len(fresh) else dry + 1
         report(f"random: {evaluate.evaluations:,}/{budget:,} schedules", completed=evaluate.evaluations, total=budget)
-    return result(problem, best, evaluate, scheduler="random", seed=seed, start=start, notes=notes,
-                  hint="give it more --evaluations, or use --scheduler exact")
+    return result(
+        problem,
+        best,
+        evaluate,
+        scheduler="random",
+        seed=seed,
+        start=start,
+        notes=notes,
+        hint="give it more --evaluations, or use --scheduler exact",
+    )
 
 
 def _new_rows(schedules: np.ndarray, seen) -> np.ndarray:

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -117,8 +118,9 @@ class Policy(nn.Module):
         return chosen, entropy
 
     @torch.no_grad()
-    def sample(self, feats: torch.Tensor, mask: torch.Tensor, batch: int, generator: torch.Generator,
-               greedy: bool = False) -> torch.Tensor:
+    def sample(
+        self, feats: torch.Tensor, mask: torch.Tensor, batch: int, generator: torch.Generator, greedy: bool = False
+    ) -> torch.Tensor:
         """Sample ``batch`` schedules layer by layer.
 
         The decoder step is written out (the four LSTM gates, on the decoder's own
@@ -128,14 +130,15 @@ class Policy(nn.Module):
         n, T = feats.shape[0], self.n_types
         enc = self.encoder(feats[None])[0][0]
         d = self.decoder
-        w_enc, w_prev = d.weight_ih_l0[:, : enc.shape[1]], d.weight_ih_l0[:, enc.shape[1]:]
+        w_ih, w_hh = cast(torch.Tensor, d.weight_ih_l0), cast(torch.Tensor, d.weight_hh_l0)
+        w_enc, w_prev = w_ih[:, : enc.shape[1]], w_ih[:, enc.shape[1] :]
         from_enc = enc @ w_enc.T + d.bias_ih_l0 + d.bias_hh_l0  # [n, 4H]
         h = torch.zeros(batch, d.hidden_size)
         c = torch.zeros(batch, d.hidden_size)
         prev = torch.full((batch,), T, dtype=torch.long)  # the start symbol
         actions = torch.zeros(batch, n, dtype=torch.long)
         for layer in range(n):
-            gates = from_enc[layer] + w_prev.T[prev] + h @ d.weight_hh_l0.T
+            gates = from_enc[layer] + w_prev.T[prev] + h @ w_hh.T
             i, f, g, o = gates.chunk(4, dim=1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
@@ -151,8 +154,16 @@ class Policy(nn.Module):
 
 def save_policy(policy: Policy, problem: Problem, path: Path) -> None:
     buffer = io.BytesIO()
-    torch.save({"format": POLICY_FORMAT, "types": list(problem.types), "hidden": policy.head.in_features,
-                "features": policy.encoder.input_size, "state": policy.state_dict()}, buffer)
+    torch.save(
+        {
+            "format": POLICY_FORMAT,
+            "types": list(problem.types),
+            "hidden": policy.head.in_features,
+            "features": policy.encoder.input_size,
+            "state": policy.state_dict(),
+        },
+        buffer,
+    )
     write_atomic(path, buffer.getvalue())
 
 
@@ -203,7 +214,9 @@ def load_policy(path: Path, problem: Problem) -> Policy:
         raise InputError(str(path), None, None, f"not a heterps policy file: {problem_text}")
     if saved["types"] != list(problem.types):
         raise InputError(
-            str(path), None, "types",
+            str(path),
+            None,
+            "types",
             f"the policy was trained for resource types {saved['types']}, this plan uses {list(problem.types)}; "
             "a policy warm-starts only plans on the same cluster types",
         )
@@ -229,14 +242,25 @@ def nearby(problem: Problem, rng: np.random.Generator, spread: float) -> tuple[P
     return problem.replace(
         layer_names=tuple(problem.layer_names[i] for i in index),
         layer_kinds=tuple(problem.layer_kinds[i] for i in index),
-        input_size=problem.input_size[index], weight_size=problem.weight_size[index],
-        oct=problem.oct[index] * scale, odt=problem.odt[index] * scale,
-        alpha=problem.alpha[index], beta=problem.beta[index], runnable=problem.runnable[index],
+        input_size=problem.input_size[index],
+        weight_size=problem.weight_size[index],
+        oct=problem.oct[index] * scale,
+        odt=problem.odt[index] * scale,
+        alpha=problem.alpha[index],
+        beta=problem.beta[index],
+        runnable=problem.runnable[index],
     ), index
 
 
-def generalise(policy: Policy, problem: Problem, schedule: np.ndarray, cfg: Config, rng: np.random.Generator,
-               generator: torch.Generator, report: Progress) -> None:
+def generalise(
+    policy: Policy,
+    problem: Problem,
+    schedule: np.ndarray,
+    cfg: Config,
+    rng: np.random.Generator,
+    generator: torch.Generator,
+    report: Progress,
+) -> None:
     """Teach the policy to plan nearby models, not only this one (run before saving it).
 
     Trained on one model, the policy memorises that model's stage boundaries, and
@@ -247,8 +271,9 @@ def generalise(policy: Policy, problem: Problem, schedule: np.ndarray, cfg: Conf
     this model's best plan carried over and from the policy's own greedy decode,
     and to this model's best plan; it then maps features to plans.
     """
-    examples = [(torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.runnable),
-                 torch.from_numpy(schedule))]
+    examples = [
+        (torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.runnable), torch.from_numpy(schedule))
+    ]
     for v in range(cfg.variants):
         report(f"rl: generalising the saved policy, nearby model {v + 1}/{cfg.variants}")
         variant, index = nearby(problem, rng, cfg.variant_spread)
@@ -263,8 +288,10 @@ def generalise(policy: Policy, problem: Problem, schedule: np.ndarray, cfg: Conf
         found = [improve(variant, start, score) for start in starts]
         examples.append((feats, mask, torch.from_numpy(max(found, key=lambda f: f[1])[0])))
     # One teacher-forced call per depth (the nearby models have n - 1, n or n + 1 layers).
-    batches = [[torch.stack(part) for part in zip(*(e for e in examples if len(e[2]) == depth))]
-               for depth in sorted({len(e[2]) for e in examples})]
+    batches = [
+        [torch.stack(part) for part in zip(*(e for e in examples if len(e[2]) == depth))]
+        for depth in sorted({len(e[2]) for e in examples})
+    ]
     optimiser = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     for _ in range(cfg.generalise_epochs):
         loss = sum(-policy.log_prob(f, m, a)[0].sum() / a.shape[1] for f, m, a in batches) / len(examples)
@@ -299,8 +326,14 @@ class Agent:
         return self.policy.sample(self.feats, self.mask, 1, torch.Generator(), greedy=True).numpy()
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> Plan:
+def solve(
+    problem: Problem,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+    options: SolveOptions | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> Plan:
     """Train the policy on this problem and return the best feasible plan it found.
 
     ``on_step(step, best)``, if given, is called after every training step with
@@ -322,8 +355,17 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None, 
     with policy_gradient.one_thread():
         # A warm-started policy skips pre-training: fitting the pool's elite would overwrite what the
         # saved policy learned about nearby models (measured in benchmarks/bench_warmstart.py).
-        agent, run = policy_gradient.train(problem, cfg, make_agent, name="rl", seed=seed, start=start,
-                                           pretrain=policy_in is None, progress=progress, on_step=on_step)
+        agent, run = policy_gradient.train(
+            problem,
+            cfg,
+            make_agent,
+            name="rl",
+            seed=seed,
+            start=start,
+            pretrain=policy_in is None,
+            progress=progress,
+            on_step=on_step,
+        )
         if policy_out is not None and run.best.schedule is not None and not run.interrupted:
             try:
                 generalise(agent.policy, problem, run.best.schedule, cfg, run.rng, run.generator, progress or quiet)

@@ -66,10 +66,15 @@ class Evaluator:
             self.evaluations += len(rows)
             n = self.problem.n_layers
             for j, key in enumerate(new):
-                replicas = np.zeros(n)
-                replicas[: scores.replicas.shape[1]] = scores.replicas[j]
-                self.cache[key] = (bool(scores.feasible[j]), float(scores.cost[j]), float(scores.throughput[j]),
-                                   scores.used[j].copy(), replicas)
+                padded = np.zeros(n)
+                padded[: scores.replicas.shape[1]] = scores.replicas[j]
+                self.cache[key] = (
+                    bool(scores.feasible[j]),
+                    float(scores.cost[j]),
+                    float(scores.throughput[j]),
+                    scores.used[j].copy(),
+                    padded,
+                )
         feasible, cost, thr, used, replicas = zip(*(self.cache[k] for k in keys))
         return Provisioned(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
 
@@ -116,8 +121,18 @@ def deadline(start: float, limit: float | None) -> Callable[[], bool]:
     return lambda: limit is not None and time.perf_counter() - start > limit
 
 
-def result(problem: Problem, best: Best, evaluate: Evaluator, *, scheduler: str, seed: int, start: float,
-           notes: list[str], hint: str, interrupted: bool = False) -> Plan:
+def result(
+    problem: Problem,
+    best: Best,
+    evaluate: Evaluator,
+    *,
+    scheduler: str,
+    seed: int,
+    start: float,
+    notes: list[str],
+    hint: str,
+    interrupted: bool = False,
+) -> Plan:
     """The best feasible plan found, or :class:`~heterps_cli.errors.SearchFailed` (with ``hint``).
 
     ``interrupted``: Ctrl-C cut the search short. The plan says so, and with no
@@ -125,11 +140,20 @@ def result(problem: Problem, best: Best, evaluate: Evaluator, *, scheduler: str,
     if best.schedule is None and interrupted:
         raise KeyboardInterrupt
     if best.schedule is None:
-        raise SearchFailed(f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} "
-                           "evaluations", hint)
-    return make_plan(problem, best.schedule, best.replicas, scheduler=scheduler, seed=seed,
-                     solve_s=time.perf_counter() - start, evaluations=evaluate.evaluations, notes=tuple(notes),
-                     interrupted=interrupted)
+        raise SearchFailed(
+            f"the {scheduler} scheduler found no feasible plan in {evaluate.evaluations:,} evaluations", hint
+        )
+    return make_plan(
+        problem,
+        best.schedule,
+        best.replicas,
+        scheduler=scheduler,
+        seed=seed,
+        solve_s=time.perf_counter() - start,
+        evaluations=evaluate.evaluations,
+        notes=tuple(notes),
+        interrupted=interrupted,
+    )
 
 
 def evaluation_budget(options: SolveOptions | None) -> int:
@@ -161,7 +185,7 @@ class Reference:
     throughput: float
 
     @classmethod
-    def of(cls, scores: Provisioned) -> "Reference":
+    def of(cls, scores: Provisioned) -> Reference:
         chosen = scores.feasible if scores.feasible.any() else np.ones_like(scores.feasible)
         cost = float(scores.cost[chosen].min())
         return cls(cost=cost if cost > 0 else 1.0, throughput=float(scores.throughput[chosen].max()))
@@ -196,8 +220,8 @@ def rank_advantage(r: np.ndarray) -> np.ndarray:
     if len(r) < 2:
         return np.zeros_like(r)
     ranks = np.searchsorted(np.sort(r), r, side="left") + np.searchsorted(np.sort(r), r, side="right")
-    ranks = ranks / 2.0
-    return (ranks - ranks.mean()) / (ranks.std() + 1e-8)
+    mid = ranks / 2.0
+    return (mid - mid.mean()) / (mid.std() + 1e-8)
 
 
 def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -210,7 +234,7 @@ def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> 
     keys = rng.random((count, n))
     keys[:, 0] = np.inf
     rank = np.argsort(np.argsort(keys, axis=1), axis=1)
-    segment = np.cumsum(rank < (segments - 1)[:, None], axis=1)
+    segment = np.cumsum(rank < (segments - 1)[:, None], axis=1, dtype=np.int64)
     types = rng.integers(0, T, size=(count, most))
     out = np.take_along_axis(types, segment, axis=1)
     bad = ~problem.runnable[np.arange(n)[None, :], out]
@@ -235,4 +259,3 @@ def heuristic_schedules(problem: Problem) -> np.ndarray:
     for t in range(problem.n_types):
         rows.append(np.where(problem.runnable[:, t], t, rows[0]))
     return np.array(rows, dtype=np.int64)
-

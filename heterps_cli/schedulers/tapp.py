@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -81,10 +82,15 @@ class Networks(nn.Module):
         self.groups = cfg.groups
         self.words = nn.Embedding(len(KINDS) + 1, cfg.word)
         width = cfg.word + numbers
-        self.partition = nn.Sequential(nn.Linear(width, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, cfg.hidden),
-                                       nn.Tanh(), nn.Linear(cfg.hidden, 1))
+        self.partition = nn.Sequential(
+            nn.Linear(width, cfg.hidden),
+            nn.Tanh(),
+            nn.Linear(cfg.hidden, cfg.hidden),
+            nn.Tanh(),
+            nn.Linear(cfg.hidden, 1),
+        )
         # Optimal plans have few stages: start out rarely opening a new group.
-        nn.init.constant_(self.partition[-1].bias, -2.0)
+        nn.init.constant_(cast(nn.Linear, self.partition[-1]).bias, -2.0)
         self.embed = nn.Linear(width + cfg.groups, cfg.hidden)
         self.attention = nn.MultiheadAttention(cfg.hidden, cfg.heads, batch_first=True)
         self.norm = nn.LayerNorm(cfg.hidden)
@@ -117,8 +123,15 @@ class Networks(nn.Module):
 # -- sampling and scoring schedules ------------------------------------------------
 
 
-def _partition(p_start: torch.Tensor, runnable: torch.Tensor, groups: int, batch: int,
-               generator: torch.Generator | None, given: torch.Tensor | None = None, greedy: bool = False):
+def _partition(
+    p_start: torch.Tensor,
+    runnable: torch.Tensor,
+    groups: int,
+    batch: int,
+    generator: torch.Generator | None,
+    given: torch.Tensor | None = None,
+    greedy: bool = False,
+):
     """Group starts ``[B, n]`` and whether each was the network's choice (not forced), by walking the chain.
 
     Samples the starts, or follows ``given`` ones (to score a known schedule);
@@ -139,6 +152,7 @@ def _partition(p_start: torch.Tensor, runnable: torch.Tensor, groups: int, batch
         elif greedy:
             choice = (p_start[i] > 0.5).expand(B)
         else:
+            assert uniform is not None
             choice = uniform[:, i] < p_start[i]
         starts[:, i] = forced | (choice & ~capped)
         free[:, i] = ~forced & ~capped
@@ -151,8 +165,18 @@ def _groups_of(starts: torch.Tensor) -> torch.Tensor:
     return starts.long().cumsum(dim=1) - 1
 
 
-def _log_prob(nets: Networks, kinds, numbers, runnable, cfg: Config, *, generator=None, batch: int = 0,
-              schedules: torch.Tensor | None = None, greedy: bool = False):
+def _log_prob(
+    nets: Networks,
+    kinds,
+    numbers,
+    runnable,
+    cfg: Config,
+    *,
+    generator=None,
+    batch: int = 0,
+    schedules: torch.Tensor | None = None,
+    greedy: bool = False,
+):
     """Sample ``batch`` schedules (or score the given ``schedules``): (schedules, log-prob, entropy).
 
     Log-probability and entropy are the sums over both networks' choices, so one
@@ -214,12 +238,14 @@ class Agent:
 
     def greedy(self) -> np.ndarray:
         with torch.no_grad():
-            return _log_prob(self.nets, self.kinds, self.numbers, self.runnable, self.cfg, batch=1,
-                             greedy=True)[0].numpy()
+            return _log_prob(self.nets, self.kinds, self.numbers, self.runnable, self.cfg, batch=1, greedy=True)[
+                0
+            ].numpy()
 
 
-def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
-          options: SolveOptions | None = None) -> Plan:
+def solve(
+    problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
     """Train both networks on this problem and return the best feasible plan found."""
     start = time.perf_counter()
     cfg = policy_gradient.configured(Config(), options)
@@ -230,6 +256,5 @@ def solve(problem: Problem, *, seed: int = 0, progress: Progress | None = None,
         return Agent(Networks(numbers.shape[1], problem.n_types, cfg), kinds, numbers, runnable, cfg)
 
     with policy_gradient.one_thread():
-        _, run = policy_gradient.train(problem, cfg, make_agent, name="tapp", seed=seed, start=start,
-                                       progress=progress)
+        _, run = policy_gradient.train(problem, cfg, make_agent, name="tapp", seed=seed, start=start, progress=progress)
     return policy_gradient.finish(problem, run, name="tapp", seed=seed)
