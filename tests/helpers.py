@@ -7,7 +7,6 @@ import yaml
 
 from heterps_cli.formats import Cluster, Profile
 from heterps_cli.problem import Problem, build_problem
-from heterps_cli.schedulers import scoring
 
 
 def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samples=1e6, min_throughput=0.0):
@@ -63,16 +62,3 @@ def random_instance(rng: np.random.Generator, n: int, T: int, max_limit: int = 5
     prices = np.where(rng.random(T) < 0.1, 0.0, rng.uniform(0.01, 5.0, T)).round(4)
     limits = rng.integers(1, max_limit + 1, T)
     return oct_, odt, alpha, beta, runnable, prices, limits
-
-
-def interrupt_evaluations(monkeypatch, on_call: int) -> None:
-    """Make the ``on_call``-th cost-model evaluation raise KeyboardInterrupt, as Ctrl-C would."""
-    original, calls = scoring.Evaluator.__call__, {"n": 0}
-
-    def interrupting(self, rows):
-        calls["n"] += 1
-        if calls["n"] == on_call:
-            raise KeyboardInterrupt
-        return original(self, rows)
-
-    monkeypatch.setattr(scoring.Evaluator, "__call__", interrupting)

@@ -96,3 +96,13 @@ def test_the_readme_layout_lists_every_module_and_only_those():
     on_disk = {str(p.relative_to(ROOT / "heterps_cli")) for p in (ROOT / "heterps_cli").rglob("*.py")}
     on_disk = {p for p in on_disk if not p.endswith("__init__.py") or p == "__init__.py"} - {"__main__.py"}
     assert {n for n in listed if n.endswith(".py")} == on_disk
+
+
+def test_the_use_from_python_example_runs_and_prints_the_plan(monkeypatch, capsys):
+    section = README.split("## Use from Python", 1)[1].split("\n## ", 1)[0]
+    (example,) = _code_blocks(section, "python")
+    assert len(example.strip().splitlines()) <= 6
+    monkeypatch.chdir(ROOT)
+    exec(compile(example, "README.md", "exec"), {})
+    shown = capsys.readouterr().out
+    assert shown.startswith("$0.80 ") and "('v100', 1)" in shown

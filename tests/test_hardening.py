@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.figures import count, duration, usd
-from tests.helpers import interrupt_evaluations
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = Path(__file__).parent / "data" / "hostile"
@@ -279,8 +278,8 @@ def test_ctrl_c_while_loading_is_one_line_and_exit_130(tmp_path):
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_ctrl_c_in_rl_training_prints_and_writes_the_best_plan_then_exits_130(tmp_path, monkeypatch):
-    interrupt_evaluations(monkeypatch, 4)  # the pool, then a few training batches
+def test_ctrl_c_in_rl_training_prints_and_writes_the_best_plan_then_exits_130(tmp_path, interrupt_evaluations):
+    interrupt_evaluations(4)  # the pool, then a few training batches
     result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml")])
     assert result.exit_code == 130, result.output
     assert "training interrupted (Ctrl-C)" in result.stdout and "cost" in result.stdout
@@ -288,8 +287,8 @@ def test_ctrl_c_in_rl_training_prints_and_writes_the_best_plan_then_exits_130(tm
     assert yaml.safe_load((tmp_path / "p.yaml").read_text())["feasible"] is True
 
 
-def test_ctrl_c_in_compare_marks_the_row_and_exits_130_at_the_end(monkeypatch):
-    interrupt_evaluations(monkeypatch, 4)
+def test_ctrl_c_in_compare_marks_the_row_and_exits_130_at_the_end(interrupt_evaluations):
+    interrupt_evaluations(4)
     result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "rl,greedy,exact"])
     assert result.exit_code == 130, result.output
     assert re.search(r"^ ?rl\* +yes", result.stdout, flags=re.M), result.stdout

@@ -15,7 +15,7 @@ from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import SolveOptions, rl, scoring
-from tests.helpers import instance_dicts, interrupt_evaluations, problem_from_dicts, random_instance, write_yaml
+from tests.helpers import instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,10 +109,8 @@ def test_rl_is_the_default_and_its_plan_checks_out():
 
 
 @pytest.mark.slow
-def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path):
-    policy = tmp_path / "policy.pt"
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), "--json", *QUICK])
-    assert result.exit_code == 0 and policy.exists()
+def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path, ctr_policy):
+    policy = ctr_policy
     # the same model with one more dense layer: the policy still applies (same cluster types)
     text = (
         Path(CTR)
@@ -162,9 +160,8 @@ def test_nearby_models_differ_by_one_layer_and_bounded_times():
 
 
 @pytest.mark.slow
-def test_policy_for_other_types_is_refused(tmp_path):
-    policy = tmp_path / "policy.pt"
-    runner.invoke(app, ["plan", CTR, PAPER, "--policy-out", str(policy), *QUICK])
+def test_policy_for_other_types_is_refused(tmp_path, ctr_policy):
+    policy = ctr_policy
     result = runner.invoke(
         app, ["plan", CTR, str(ROOT / "clusters/three-type.yaml"), "--policy-in", str(policy), *QUICK]
     )
@@ -175,9 +172,9 @@ def test_policy_for_other_types_is_refused(tmp_path):
     assert result.exit_code == 2 and "not a heterps policy file" in result.stderr
 
 
-def test_ctrl_c_returns_the_best_plan_so_far(monkeypatch):
+def test_ctrl_c_returns_the_best_plan_so_far(interrupt_evaluations):
     _, problem = _problem(seed=4, n=8, T=2)
-    interrupt_evaluations(monkeypatch, 4)  # the pool, then a few training batches
+    interrupt_evaluations(4)  # the pool, then a few training batches
     plan = rl.solve(problem, options=SolveOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 

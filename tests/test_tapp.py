@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.schedulers import SolveOptions, tapp
-from tests.helpers import instance_dicts, interrupt_evaluations, problem_from_dicts, random_instance
+from tests.helpers import instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,9 +125,9 @@ def test_same_seed_same_plan():
     assert run() == run()
 
 
-def test_ctrl_c_stops_training_and_still_returns_the_best_plan(monkeypatch):
+def test_ctrl_c_stops_training_and_still_returns_the_best_plan(interrupt_evaluations):
     problem = problem_from_dicts(*instance_dicts(*random_instance(np.random.default_rng(5), 8, 2)), objective="time")
-    interrupt_evaluations(monkeypatch, 4)  # the pool, then a few training batches
+    interrupt_evaluations(4)  # the pool, then a few training batches
     plan = tapp.solve(problem, options=SolveOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 

@@ -58,7 +58,7 @@ class Increase:
             value = -1.0
         if not value >= 0 or not math.isfinite(value):
             raise InputError(
-                None, None, "--max-increase", f"expected a percentage like 10% or dollars like 25 (got {text!r})"
+                None, None, "max_increase", f"expected a percentage like 10% or dollars like 25 (got {text!r})"
             )
         return cls(value, percent)
 

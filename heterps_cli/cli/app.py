@@ -203,6 +203,16 @@ MaxCostOpt = Annotated[
 ]
 
 
+def _increase(value: str) -> str:
+    from heterps_cli.ci.gate import Increase
+
+    try:
+        Increase.parse(value)
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+    return value
+
+
 def _seed(value: int) -> int:
     if not 0 <= value < 2**63:
         raise typer.BadParameter(f"must be a whole number from 0 to 2**63 - 1 (got {value})")
@@ -664,7 +674,10 @@ def check(
         typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False),
     ] = None,
     max_increase: Annotated[
-        str, typer.Option(help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25).")
+        str,
+        typer.Option(
+            callback=_increase, help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25)."
+        ),
     ] = "0%",
     replan: Annotated[
         SchedulerName | None,

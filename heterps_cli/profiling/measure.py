@@ -531,7 +531,7 @@ def measure(
     """Measure every layer of ``model`` (see the module docstring)."""
     report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
-        raise InputError(None, None, "--device", "cuda was asked for, but torch sees no CUDA device here")
+        raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     B0 = len(model.inputs[0])
     notes: list[str] = []
     report("tracing the model")
