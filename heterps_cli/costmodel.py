@@ -17,6 +17,13 @@ non-decreasing step function of ``X``, so on each step the right end is best.
 above the plan's actual throughput, stop when the limits break (feasibility only
 shrinks as ``X`` grows) or when a lower bound on every later cost exceeds the
 best found. Each jump adds at least one replica, so the walk is finite.
+
+SPEC section 1b (optional fields) fits in without changing any of this: a
+stage's boundary transfer ``X_s`` joins its parallel communication ``pd`` (it is
+divided by ``k``), and its memory need ``fixed + split / k`` gives a second
+closed-form lower bound on ``k`` (:func:`min_memory_replicas`), so "the fewest
+replicas reaching ``X``" becomes the larger of the two. Throughput and memory
+both only improve as ``k`` grows, so every argument above still holds.
 """
 
 from __future__ import annotations
@@ -65,6 +72,29 @@ def min_replicas(sc, pc, sd, pd, batch_size, target):
     return np.where(stage_throughput(sc, pc, sd, pd, batch_size, safe) >= target, k, np.inf)
 
 
+def memory_fits(fixed, split, memory, k):
+    """Does one replica of ``k`` hold ``fixed + split / k`` bytes within ``memory`` (section 1b)?"""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return fixed + split / k <= memory * (1 + SLACK)
+
+
+def min_memory_replicas(fixed, split, memory):
+    """The smallest integer ``k >= 1`` whose replicas each fit ``memory`` (inf if none; 1 without a limit).
+
+    Closed form, then corrected by one step either way so that it agrees bit for
+    bit with :func:`memory_fits`.
+    """
+    k = np.maximum(_need(fixed, split, memory * (1 + SLACK)), 1.0)
+    finite = np.isfinite(k)
+    safe = np.where(finite, k, 1.0)
+    k = np.where(finite & ~memory_fits(fixed, split, memory, safe), k + 1, k)
+    safe = np.where(finite, k, 2.0)
+    lower = finite & (k > 1) & memory_fits(fixed, split, memory, np.maximum(safe - 1, 1))
+    k = np.where(lower, k - 1, k)
+    safe = np.where(np.isfinite(k), k, 1.0)
+    return np.where(memory_fits(fixed, split, memory, safe), k, np.inf)
+
+
 @dataclass
 class Stages:
     """A batch of schedules split into stages, padded to ``S`` columns (``valid`` marks real ones)."""
@@ -79,6 +109,11 @@ class Stages:
     last: np.ndarray  # [B, S] last layer index
     valid: np.ndarray  # [B, S]
     runnable: np.ndarray  # [B] every layer is on a type that can run it
+    # Section 1b (zeros, zeros, zeros and ones when the cluster gives no bandwidth or memory):
+    transfer: np.ndarray  # [B, S] X_s, bytes moved at the boundaries / bandwidth (already in pd)
+    mem_fixed: np.ndarray  # [B, S] bytes every replica holds
+    mem_split: np.ndarray  # [B, S] bytes split across the replicas
+    min_k: np.ndarray  # [B, S] the fewest replicas whose memory fits (inf: none within any count)
 
     def take(self, rows) -> Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
@@ -109,7 +144,21 @@ def split_stages(problem: Problem, schedules) -> Stages:
     valid = np.arange(S)[None, :] <= sid[:, -1:]
     runnable = np.asarray(problem.runnable[layers, sched].all(axis=1))
     sc, pc, sd, pd = sums
-    return Stages(sched, sc, pc, sd, pd, stype, first, last, valid, runnable)
+    transfer: np.ndarray = np.zeros((B, S))
+    if np.isfinite(problem.bandwidth).any():  # only then: the paper's model pays nothing for this
+        bytes_ = problem.boundary_bytes
+        transfer = np.where(valid, (bytes_[first] + bytes_[last + 1]) / problem.bandwidth[stype], 0.0)
+        pd = pd + transfer
+    mem_fixed: np.ndarray = np.zeros((B, S))
+    mem_split: np.ndarray = np.zeros((B, S))
+    min_k: np.ndarray = np.ones((B, S))
+    if np.isfinite(problem.memory).any():
+        mem_fixed, mem_split = (
+            np.bincount(flat, weights=np.broadcast_to(part, (B, n)).ravel(), minlength=B * S).reshape(B, S)
+            for part in problem.memory_parts
+        )
+        min_k = np.where(valid, min_memory_replicas(mem_fixed, mem_split, problem.memory[stype]), 1.0)
+    return Stages(sched, sc, pc, sd, pd, stype, first, last, valid, runnable, transfer, mem_fixed, mem_split, min_k)
 
 
 @dataclass
@@ -124,8 +173,9 @@ class Scores:
     rate: np.ndarray  # [B] USD per hour
     time_s: np.ndarray  # [B]
     cost: np.ndarray  # [B] USD
-    within_limits: np.ndarray  # [B]
+    within_limits: np.ndarray  # [B] units within the limits, and every replica within its memory
     feasible: np.ndarray  # [B] every constraint of the problem holds
+    memory_miss: np.ndarray  # [B] summed relative memory excess of the stages (0 when all fit)
 
 
 def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
@@ -156,9 +206,15 @@ def score(problem: Problem, stages: Stages, replicas) -> Scores:
         time_s = problem.work / thr
     cost = time_s / 3600.0 * rate
     fits = (used <= problem.limits[None, :]).all(axis=1)
-    within = np.asarray(fits & np.where(stages.valid, k >= 1, True).all(axis=1))
+    within = np.asarray(fits & np.where(stages.valid, k >= np.maximum(stages.min_k, 1), True).all(axis=1))
     feasible = stages.runnable & within & meets_targets(problem, thr, cost)
-    return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible)
+    miss = np.zeros(len(k))
+    if np.isfinite(problem.memory).any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            need = stages.mem_fixed + stages.mem_split / np.maximum(k, 1.0)
+            over = np.where(stages.valid, np.maximum(need / problem.memory[stages.type] - 1.0, 0.0), 0.0)
+        miss = np.nan_to_num(over, nan=0.0, posinf=1e300).sum(axis=1)
+    return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible, miss)
 
 
 def throughput_floor(problem: Problem) -> float:
@@ -202,6 +258,7 @@ def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, 
     """Fewest replicas per stage reaching ``target`` (per row), 0 in padding; and whether they fit the limits."""
     limit = problem.limits[stages.type].astype(float)
     k = min_replicas(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, np.asarray(target)[:, None])
+    k = np.maximum(k, stages.min_k)  # section 1b: memory's own lower bound
     k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
     ok = stages.runnable & np.isfinite(k).all(axis=1)
     k = np.where(np.isfinite(k), k, 0.0)

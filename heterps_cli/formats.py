@@ -26,6 +26,8 @@ Units = Annotated[int, Field(ge=0, le=MAX_UNITS)]
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+# SPEC section 1b: per unit, so far beyond any real part that only a typo reaches the bound.
+GigaPerUnit = Annotated[float, Field(gt=0, le=1e9)]
 
 
 class _Strict(BaseModel):
@@ -46,6 +48,8 @@ class Layer(_Strict):
     weight_size: NonNegative
     alpha: Fraction | None = None
     beta: Fraction | None = None
+    activation_size: NonNegative = 0.0  # section 1b: bytes per sample kept for the backward pass
+    sharded: bool = False  # section 1b: weights split across the stage's replicas
     times: Annotated[dict[Name, TimeEntry], Field(min_length=1)]
 
     def fractions(self, resource: str) -> tuple[float, float]:
@@ -67,6 +71,7 @@ class Profile(_Strict):
     model: Name
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
     job: Job = Job()
+    state_factor: Annotated[float, Field(gt=0, le=1e6)] = 4.0  # section 1b: training-state bytes per weight byte
     layers: Annotated[list[Layer], Field(min_length=1)]
 
 
@@ -74,6 +79,8 @@ class Resource(_Strict):
     price: NonNegative
     limit: Annotated[int, Field(ge=1, le=MAX_UNITS)]
     unit: Annotated[str, StringConstraints(max_length=256)] | None = None
+    memory_gb: GigaPerUnit | None = None  # section 1b: memory of one unit, 1e9 bytes
+    bandwidth_gbps: GigaPerUnit | None = None  # section 1b: network bandwidth of one unit, Gbit/s
 
 
 class Cluster(_Strict):
@@ -90,6 +97,8 @@ class PlanStage(_Strict):
     compute_s: NonNegative
     comm_s: NonNegative
     throughput: NonNegative
+    transfer_s: NonNegative | None = None  # section 1b; absent in plans made before it
+    memory_gb: NonNegative | None = None
 
 
 class PlanFile(_Strict):
@@ -114,6 +123,8 @@ class PlanFile(_Strict):
     solve_s: NonNegative
     max_cost: Positive | None = None
     limits: dict[Name, Units] | None = None
+    memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
+    bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
     optimal: bool | None = None
     evaluations: Annotated[int, Field(ge=0)] | None = None
     notes: list[str] = []

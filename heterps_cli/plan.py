@@ -26,6 +26,8 @@ class Stage:
     compute_s: float
     comm_s: float
     throughput: float
+    transfer_s: float = 0.0  # section 1b: the stage-boundary part of comm_s (X_s / k)
+    memory_gb: float = 0.0  # section 1b: what each replica holds, 1e9 bytes
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Plan:
     stages: tuple[Stage, ...]
     resources: dict[str, int]
     limits: dict[str, int]
+    memory: dict[str, float | None]  # section 1b: the cluster's memory_gb per type (None: not given)
+    bandwidth: dict[str, float | None]  # and its bandwidth_gbps
     throughput: float
     bottleneck: int
     time_s: float
@@ -83,11 +87,15 @@ class Plan:
                     "compute_s": s.compute_s,
                     "comm_s": s.comm_s,
                     "throughput": s.throughput,
+                    "transfer_s": s.transfer_s,
+                    "memory_gb": s.memory_gb,
                 }
                 for s in self.stages
             ],
             "resources": dict(self.resources),
             "limits": dict(self.limits),
+            "memory_gb": dict(self.memory),
+            "bandwidth_gbps": dict(self.bandwidth),
             "throughput": self.throughput,
             "bottleneck": self.bottleneck,
             "time_s": self.time_s,
@@ -128,9 +136,11 @@ def make_plan(
     sc = score(problem, stages, k)
     tau_c = stages.sc + stages.pc / np.maximum(k, 1)
     tau_d = stages.sd + stages.pd / np.maximum(k, 1)
+    fixed, split = problem.memory_parts
     out = []
     for s in range(S):
         a, b = int(stages.first[0, s]), int(stages.last[0, s])
+        memory = float(fixed[a : b + 1].sum() + split[a : b + 1].sum() / max(k[0, s], 1.0))
         out.append(
             Stage(
                 first=a,
@@ -141,6 +151,8 @@ def make_plan(
                 compute_s=float(tau_c[0, s]),
                 comm_s=float(tau_d[0, s]),
                 throughput=float(sc.stage_throughput[0, s]),
+                transfer_s=float(stages.transfer[0, s] / max(k[0, s], 1.0)),
+                memory_gb=memory / 1e9,
             )
         )
     return Plan(
@@ -157,6 +169,8 @@ def make_plan(
         stages=tuple(out),
         resources={t: int(u) for t, u in zip(problem.types, sc.used[0])},
         limits={t: int(n) for t, n in zip(problem.types, problem.limits)},
+        memory={t: float(m / 1e9) if np.isfinite(m) else None for t, m in zip(problem.types, problem.memory)},
+        bandwidth={t: float(b * 8 / 1e9) if np.isfinite(b) else None for t, b in zip(problem.types, problem.bandwidth)},
         throughput=float(sc.throughput[0]),
         bottleneck=int(sc.bottleneck[0]),
         time_s=float(sc.time_s[0]),

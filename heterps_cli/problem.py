@@ -35,6 +35,12 @@ class Problem:
     alpha: np.ndarray  # [n, T]
     beta: np.ndarray  # [n, T]
     runnable: np.ndarray  # [n, T] bool
+    # SPEC section 1b; the defaults (inf, inf, 0, False) are the paper's model.
+    bandwidth: np.ndarray  # [T] bytes/s of one unit's link; inf: no stage-boundary transfer
+    memory: np.ndarray  # [T] bytes of one unit; inf: no memory limit
+    activation_size: np.ndarray  # [n] bytes per sample kept for backward
+    sharded: np.ndarray  # [n] bool: weights split across the stage's replicas
+    state_factor: float  # training-state bytes per weight byte
     batch_size: int
     samples: float
     epochs: float
@@ -69,6 +75,24 @@ class Problem:
             self.odt * (1.0 - self.beta),
             self.odt * self.beta,
         )
+
+    @property
+    def boundary_bytes(self) -> np.ndarray:
+        """``[n + 1]`` bytes per batch that cross the boundary before layer ``i`` (activations one
+        way, their gradients back): ``2 * B0 * input_size[i]``; 0 before the first layer (the data
+        loader feeds it) and after the last (section 1b)."""
+        out = np.zeros(self.n_layers + 1)
+        out[1:-1] = 2.0 * self.batch_size * self.input_size[1:]
+        return out
+
+    @property
+    def memory_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, bytes every replica holds whatever ``k`` (unsharded training state) and bytes
+        split across ``k`` replicas (sharded state and one batch of activations): section 1b's
+        ``MEM(k) = fixed + split / k`` summed over a stage."""
+        state = self.state_factor * self.weight_size
+        split = np.where(self.sharded, state, 0.0) + self.batch_size * self.activation_size
+        return np.where(self.sharded, 0.0, state), split
 
     def replace(self, **changes) -> Problem:
         return dataclasses.replace(self, **changes)
@@ -161,6 +185,11 @@ def build_problem(
         alpha=alpha,
         beta=beta,
         runnable=runnable,
+        bandwidth=np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float),
+        memory=np.array([r.memory_gb * 1e9 if r.memory_gb else np.inf for r in res], dtype=float),
+        activation_size=np.array([layer.activation_size for layer in profile.layers], dtype=float),
+        sharded=np.array([layer.sharded for layer in profile.layers], dtype=bool),
+        state_factor=float(profile.state_factor),
         batch_size=profile.batch_size,
         samples=float(samples),
         epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),

@@ -9,7 +9,10 @@ from heterps_cli.formats import Cluster, Profile
 from heterps_cli.problem import Problem, build_problem
 
 
-def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samples=1e6, min_throughput=0.0):
+def instance_dicts(
+    oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samples=1e6, min_throughput=0.0, hardware=None
+):
+    """Profile and cluster mappings; ``hardware`` (from :func:`random_hardware`) adds SPEC section 1b's fields."""
     n, T = oct_.shape
     types = [f"r{t}" for t in range(T)]
     layers = []
@@ -24,7 +27,13 @@ def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samp
             for t in range(T)
             if runnable[layer, t]
         }
-        layers.append({"name": f"l{layer}", "type": "fc", "input_size": 4.0, "weight_size": 4.0, "times": times})
+        entry = {"name": f"l{layer}", "type": "fc", "input_size": 4.0, "weight_size": 4.0, "times": times}
+        if hardware is not None:
+            entry["input_size"] = float(hardware["input_size"][layer])
+            entry["weight_size"] = float(hardware["weight_size"][layer])
+            entry["activation_size"] = float(hardware["activation_size"][layer])
+            entry["sharded"] = bool(hardware["sharded"][layer])
+        layers.append(entry)
     profile = {
         "model": "generated",
         "batch_size": int(B0),
@@ -35,7 +44,45 @@ def instance_dicts(oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samp
         "cluster": "generated",
         "resources": {types[t]: {"price": float(prices[t]), "limit": int(limits[t])} for t in range(T)},
     }
+    if hardware is not None:
+        profile["state_factor"] = float(hardware["state_factor"])
+        for t in range(T):
+            for key in ("memory_gb", "bandwidth_gbps"):
+                if hardware[key][t] is not None:
+                    cluster["resources"][types[t]][key] = float(hardware[key][t])
     return profile, cluster
+
+
+def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None):
+    """Section 1b fields for a random instance: sizes, sharded layers, and per type a memory that
+    binds (needs more replicas, or rules the type out) or not, and a bandwidth that makes the
+    boundary transfer matter or not."""
+    n, T = oct_.shape
+    weight = np.exp(rng.uniform(np.log(1e6), np.log(1e9), n))
+    activation = np.where(rng.random(n) < 0.3, 0.0, np.exp(rng.uniform(np.log(1e3), np.log(1e7), n)))
+    sharded = rng.random(n) < 0.25
+    state_factor = float(rng.choice([1.0, 2.0, 4.0]))
+    # One layer's need with one replica, as the scale a memory is drawn around.
+    need = state_factor * weight + B0 * activation
+    memory = []
+    for _ in range(T):
+        factor = tightness if tightness is not None else rng.choice([None, 0.3, 0.8, 1.5, 4.0])
+        memory.append(None if factor is None else round(float(factor * np.median(need) / 1e9), 6) or 1e-6)
+    # Bandwidths where moving a batch's activations costs about as much as a layer's own times.
+    input_size = np.exp(rng.uniform(np.log(1e2), np.log(1e6), n))
+    typical = 2 * B0 * np.median(input_size) / np.median(oct_) * 8 / 1e9  # Gbit/s for X ~ a layer's OCT
+    bandwidth = [
+        None if rng.random() < 0.3 else round(float(typical * rng.choice([0.3, 1.0, 3.0])), 6) or 1e-6 for _ in range(T)
+    ]
+    return {
+        "input_size": input_size,
+        "weight_size": weight,
+        "activation_size": activation,
+        "sharded": sharded,
+        "state_factor": state_factor,
+        "memory_gb": memory,
+        "bandwidth_gbps": bandwidth,
+    }
 
 
 def problem_from_dicts(profile: dict, cluster: dict, **options) -> Problem:

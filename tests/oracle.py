@@ -13,22 +13,40 @@ import numpy as np
 
 
 def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
-    """Recompute every figure of a plan from the raw profile and cluster mappings (SPEC section 1)."""
+    """Recompute every figure of a plan from the raw profile and cluster mappings (SPEC sections 1, 1b)."""
     layers = profile["layers"]
     B0 = profile["batch_size"]
-    stage_thr, ct, dt = [], [], []
+    n = len(layers)
+    stage_thr, ct, dt, transfer, memory, fits = [], [], [], [], [], []
     k_t = {t: 0 for t in cluster["resources"]}
     for s in plan["stages"]:
         t, k = s["resource"], s["replicas"]
+        a_, b_ = s["first"], s["last"]
         c = d = 0.0
-        for layer in layers[s["first"] : s["last"] + 1]:
+        for layer in layers[a_ : b_ + 1]:
             e = layer["times"][t]
             a = e.get("alpha", layer.get("alpha"))
             b = e.get("beta", layer.get("beta"))
             c += e["oct"] * (1 - a + a / k)
             d += e["odt"] * (1 - b + b / k)
+        resource = cluster["resources"][t]
+        x = 0.0
+        if resource.get("bandwidth_gbps"):
+            moved = (layers[a_]["input_size"] if a_ > 0 else 0.0) + (
+                layers[b_ + 1]["input_size"] if b_ < n - 1 else 0.0
+            )
+            x = 2 * B0 * moved / (resource["bandwidth_gbps"] * 1e9 / 8)
+        d += x / k
+        sf = profile.get("state_factor", 4.0)
+        mem = 0.0
+        for layer in layers[a_ : b_ + 1]:
+            w = sf * layer["weight_size"]
+            mem += (w / k if layer.get("sharded") else w) + B0 / k * layer.get("activation_size", 0.0)
         ct.append(c)
         dt.append(d)
+        transfer.append(x / k)
+        memory.append(mem / 1e9)
+        fits.append(resource.get("memory_gb") is None or mem <= resource["memory_gb"] * 1e9 * (1 + 1e-9))
         stage_thr.append(B0 / max(c, d))
         k_t[t] += k
     thr = min(stage_thr)
@@ -42,6 +60,9 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
         "resources": k_t,
         "time_s": time_s,
         "cost_usd": cost,
+        "transfer_s": transfer,
+        "memory_gb": memory,
+        "memory_fits": all(fits),
     }
 
 
@@ -59,9 +80,10 @@ def brute_force(
     max_cost=None,
     objective="cost",
     schedules=None,
+    hardware=None,
 ):
     """The optimum by enumerating every schedule (or only ``schedules``) and every replica
-    vector within the limits.
+    vector within the limits (and, with ``hardware``, SPEC section 1b: transfer and memory).
 
     Returns (cost, throughput) of the best plan, or None when no plan is feasible.
     """
@@ -84,21 +106,43 @@ def brute_force(
         if len(ks) == 0:
             continue
         et = []
+        fits = np.ones(len(ks), dtype=bool)
         for s, (t, ls) in enumerate(stages):
             k = ks[:, s]
             c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] / k) for layer in ls)
             d = sum(odt[layer, t] * (1 - beta[layer, t] + beta[layer, t] / k) for layer in ls)
+            if hardware is not None:
+                c, d, fit = _section_1b(hardware, B0, n, t, ls, k, c, d)
+                fits &= fit
             et.append(np.maximum(c, d))
         thr = B0 / np.max(np.stack(et, axis=1), axis=1)
         rate = (ks * prices[types][None, :]).sum(axis=1)
         cost = work / thr / 3600 * rate
-        ok = thr >= min_throughput * (1 - 1e-12)
+        ok = (thr >= min_throughput * (1 - 1e-12)) & fits
         if max_cost is not None:
             ok &= cost <= max_cost * (1 + 1e-12)
         for c, x in zip(cost[ok], thr[ok]):
             if best is None or _better(objective, c, x, *best):
                 best = (float(c), float(x))
     return best
+
+
+def _section_1b(hw, B0, n, t, ls, k, c, d):
+    """A stage's compute and communication with its boundary transfer, and whether each replica's
+    memory fits, written from SPEC section 1b's formulas."""
+    first, last = ls[0], ls[-1]
+    if hw["bandwidth_gbps"][t] is not None:
+        moved = (hw["input_size"][first] if first > 0 else 0.0) + (hw["input_size"][last + 1] if last < n - 1 else 0.0)
+        d = d + 2 * B0 * moved / (hw["bandwidth_gbps"][t] * 1e9 / 8) / k
+    fit = np.ones_like(k, dtype=bool)
+    if hw["memory_gb"][t] is not None:
+        sf = hw["state_factor"]
+        unsharded = sum(hw["weight_size"][i] for i in ls if not hw["sharded"][i])
+        sharded = sum(hw["weight_size"][i] for i in ls if hw["sharded"][i])
+        activations = sum(hw["activation_size"][i] for i in ls)
+        mem = sf * (unsharded + sharded / k) + B0 / k * activations
+        fit = mem <= hw["memory_gb"][t] * 1e9 * (1 + 1e-12)
+    return c, d, fit
 
 
 def _better(objective, cost, thr, best_cost, best_thr):

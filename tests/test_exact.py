@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.schedulers import exact
-from tests.helpers import instance_dicts, problem_from_dicts, random_instance
+from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import brute_force, spec_figures
 
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -90,6 +90,64 @@ def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
         return
     assert plan.cost_usd <= max_cost * (1 + 1e-9)
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+
+
+# -- SPEC section 1b: memory per replica and stage-boundary transfer ------------------------------
+
+
+@st.composite
+def hardware_instances(draw):
+    arrays, B0, min_throughput = draw(instances())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return arrays, B0, min_throughput, random_hardware(rng, arrays[0], B0)
+
+
+def _solve_both_1b(arrays, B0, min_throughput, hardware, objective):
+    profile, cluster = instance_dicts(*arrays, B0=B0, min_throughput=min_throughput, hardware=hardware)
+    problem = problem_from_dicts(profile, cluster, objective=objective)
+    expected = brute_force(
+        *arrays, B0, problem.work, min_throughput=min_throughput, objective=objective, hardware=hardware
+    )
+    try:
+        plan = exact.solve(problem)
+    except InfeasibleError:
+        plan = None
+    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
+    if plan is not None:
+        _check_plan(profile, cluster, plan)
+        ref = spec_figures(profile, cluster, plan.to_dict())
+        assert ref["memory_fits"], "a replica exceeds its unit's memory"
+        for stage, transfer, memory in zip(plan.stages, ref["transfer_s"], ref["memory_gb"]):
+            assert math.isclose(stage.transfer_s, transfer, rel_tol=1e-9, abs_tol=1e-15)
+            assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9)
+    return plan, expected
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(hardware_instances(), st.sampled_from(["cost", "time"]))
+def test_exact_matches_brute_force_with_memory_and_transfer(inst, objective):
+    plan, expected = _solve_both_1b(*inst, objective)
+    if plan is not None:
+        figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
+        assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_memory_binds_in_the_generated_instances():
+    """The generator makes memory bind (more replicas, or a type ruled out) as well as not."""
+    from heterps_cli.costmodel import min_memory_replicas
+
+    seen = set()
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        arrays = random_instance(rng, 4, 2)
+        hardware = random_hardware(rng, arrays[0])
+        problem = problem_from_dicts(*instance_dicts(*arrays, hardware=hardware))
+        fixed, split = problem.memory_parts
+        k = min_memory_replicas(fixed[:, None], split[:, None], problem.memory[None, :])
+        seen |= {"none" if np.isinf(problem.memory).all() else "free"} | {
+            "more replicas" if 1 < x < np.inf else "ruled out" if x == np.inf else "fits" for x in k.ravel()
+        }
+    assert {"more replicas", "ruled out", "fits"} <= seen
 
 
 def test_binding_limits_change_the_answer():

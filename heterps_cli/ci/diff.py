@@ -29,7 +29,9 @@ class Change:
 
 
 def stage_label(stage) -> str:
-    return f"{stage.first}-{stage.last} on {stage.resource} x{stage.replicas}"
+    """'0-1 on cpu x34', with the memory per replica when the plan states it (section 1b)."""
+    memory = f", {stage.memory_gb:.3g} GB" if getattr(stage, "memory_gb", None) else ""
+    return f"{stage.first}-{stage.last} on {stage.resource} x{stage.replicas}{memory}"
 
 
 def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from heterps_cli.ci.diff import incomparable
+from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, plural, setting, signed_usd, usd
 from heterps_cli.formats import PlanFile
@@ -161,9 +162,10 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     if written.bottleneck != fresh.bottleneck:
         out.append(f"bottleneck {written.bottleneck} -> {fresh.bottleneck}")
     for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):
-        for name in ("compute_s", "comm_s", "throughput"):
-            if _differs(getattr(w, name), getattr(f, name)):
-                out.append(f"stages[{i}].{name} {getattr(w, name):.6g} -> {getattr(f, name):.6g}")
+        for name in ("compute_s", "comm_s", "throughput", "transfer_s", "memory_gb"):
+            written_value = getattr(w, name)  # section 1b's are absent from plans made before it
+            if written_value is not None and _differs(written_value, getattr(f, name)):
+                out.append(f"stages[{i}].{name} {written_value:.6g} -> {getattr(f, name):.6g}")
     used = {t: u for t, u in fresh.resources.items() if u}
     if {t: u for t, u in written.resources.items() if u} != used:
         out.append(f"resources {dict(written.resources)} -> {used}")
@@ -285,14 +287,22 @@ def _fresh(g: Gate, stale: list[str]) -> Finding:
 def _limits(g: Gate, fresh: Plan) -> Finding:
     limit = {t: g.problem.limits[g.problem.types.index(t)] for t in fresh.resources}
     over = [f"{t} {u} > limit {limit[t]}" for t, u in fresh.resources.items() if u > limit[t]]
+    for i, s in enumerate(fresh.stages):  # section 1b: every replica must fit its unit's memory
+        memory = fresh.memory.get(s.resource)
+        if memory is not None and s.memory_gb > memory * (1 + SLACK):
+            over.append(f"stage {i} needs {s.memory_gb:.3g} GB per replica on {s.resource} (memory {memory:g} GB)")
     if not over:
-        return Finding("limits", True, "within every resource limit")
+        return Finding("limits", True, "within every resource limit" + (" and memory" if _has(fresh.memory) else ""))
     return Finding(
         "limits",
         False,
         f"resource limits exceeded: {', '.join(over)}",
         f"re-plan within the limits: {g.replan_command}",
     )
+
+
+def _has(per_type: dict) -> bool:
+    return any(v is not None for v in per_type.values())
 
 
 def _plan_throughput(g: Gate, fresh: Plan) -> Finding | None:

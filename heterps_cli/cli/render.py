@@ -98,7 +98,47 @@ def plan_view(plan: Plan) -> Group:
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
     for note in plan.notes:
         summary.add_row("note", Text(note))
-    return Group(table, summary)
+    hardware = _hardware_view(plan)
+    return Group(table, *([hardware] if hardware is not None else []), summary)
+
+
+def _gb(x: float) -> str:
+    return "<0.01" if 0 < x < 0.01 else f"{x:,.3g}" if x < 1000 else count(x)
+
+
+def _hardware_view(plan: Plan) -> Table | None:
+    """Section 1b per stage, when the cluster gives memory or bandwidth: what each replica holds
+    against its unit's memory, and the stage-boundary transfer inside DT."""
+    memory = any(v is not None for v in plan.memory.values())
+    transfer = any(v is not None for v in plan.bandwidth.values())
+    if not (memory or transfer):
+        return None  # the paper's model: nothing to show
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    table = Table(
+        box=box.SIMPLE_HEAD, header_style="bold", title="memory and stage-boundary transfer", title_justify="left"
+    )
+    table.add_column("stage", **number)
+    table.add_column("on", no_wrap=True)
+    if memory:
+        table.add_column("GB per replica", **number)
+        table.add_column("of unit GB", **number)
+        table.add_column("used", **number)
+    if transfer:
+        table.add_column("transfer s", **number)
+        table.add_column("of DT", **number)
+    for i, s in enumerate(plan.stages):
+        row: list[str | Text] = [str(i), Text(clip(s.resource))]
+        if memory:
+            of = plan.memory.get(s.resource)
+            row += [
+                _gb(s.memory_gb),
+                "no limit" if of is None else f"{of:g}",
+                "" if of is None else f"{100 * s.memory_gb / of:.0f}%",
+            ]
+        if transfer:
+            row += [f"{s.transfer_s:.3g}", f"{100 * s.transfer_s / s.comm_s:.0f}%" if s.comm_s > 0 else "—"]
+        table.add_row(*row)
+    return table
 
 
 def _units(plan: Plan, t: str) -> str:

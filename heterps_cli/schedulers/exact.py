@@ -30,6 +30,7 @@ from heterps_cli.costmodel import (
     SLACK,
     cost_lower_bound,
     meets_targets,
+    min_memory_replicas,
     min_replicas,
     stage_throughput,
     throughput_floor,
@@ -50,8 +51,9 @@ class _Table:
     sc: np.ndarray
     pc: np.ndarray
     sd: np.ndarray
-    pd: np.ndarray
+    pd: np.ndarray  # with the stage-boundary transfer (section 1b), which depends on j, i and t only
     ok: np.ndarray  # j < i and every layer of the stage can run on t
+    min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
 
 
 def _table(problem: Problem) -> _Table:
@@ -59,11 +61,20 @@ def _table(problem: Problem) -> _Table:
         prefix = np.vstack([np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)])
         return prefix[None, :, :] - prefix[:, None, :]
 
-    n = problem.n_layers
+    n, T = problem.n_layers, problem.n_types
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)[:, :, None]
     ok = upper & (spans((~problem.runnable).astype(float)) == 0)
     sc, pc, sd, pd = (spans(part) for part in problem.parts)
-    return _Table(sc, pc, sd, pd, ok)
+    if np.isfinite(problem.bandwidth).any():
+        bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i
+        with np.errstate(invalid="ignore"):
+            pd = pd + (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
+    min_k = np.ones((n + 1, n + 1, T))
+    if np.isfinite(problem.memory).any():
+        fixed, split = (spans(part[:, None])[:, :, 0] for part in problem.memory_parts)
+        with np.errstate(invalid="ignore"):
+            min_k = min_memory_replicas(fixed[:, :, None], split[:, :, None], problem.memory[None, None, :])
+    return _Table(sc, pc, sd, pd, ok, min_k)
 
 
 @dataclass
@@ -236,7 +247,7 @@ class _Solver:
 
     def replicas(self, target: float) -> np.ndarray:
         t = self.tab
-        K = min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target)
+        K = np.maximum(min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target), t.min_k)
         return np.where(t.ok & (K <= self.p.limits[None, None, :]), K, np.inf)
 
     def lower_bound(self, K: np.ndarray) -> float:
@@ -382,6 +393,9 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
     """Explain why no plan meets the constraints, with the best figure that can be reached."""
     fastest = solver.max_throughput()
     if fastest is None:
+        blocked = _memory_blocked(problem)
+        if blocked is not None:
+            return InfeasibleError(blocked)
         return InfeasibleError(
             "no plan fits the cluster's limits even with one replica per stage: "
             f"the limits ({_limits(problem)}) are too small for this model"
@@ -399,6 +413,28 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
         f"{problem.min_throughput:,.1f} samples/s costs ${cheapest.cost:,.2f} "
         f"({cheapest.throughput:,.1f} samples/s). Raise the budget (--max-cost)."
     )
+
+
+def _memory_blocked(problem: Problem) -> str | None:
+    """Why memory alone rules a plan out: the first layer no type can hold even alone on all its
+    units (section 1b), with what it needs per replica where it comes closest; None if every layer fits."""
+    if not np.isfinite(problem.memory).any():
+        return None
+    fixed, split = problem.memory_parts
+    limits = problem.limits.astype(float)
+    k = min_memory_replicas(fixed[:, None], split[:, None], problem.memory[None, :])
+    fits = problem.runnable & (k <= limits[None, :])
+    for layer in np.flatnonzero(~fits.any(axis=1)):
+        need = fixed[layer] + split[layer] / limits  # per replica on every unit of each type
+        ratio = np.where(problem.runnable[layer], need / problem.memory, np.inf)
+        t = int(np.argmin(ratio))
+        largest = float(np.max(np.where(np.isfinite(problem.memory), problem.memory, 0.0)))
+        return (
+            f"layer {problem.layer_names[layer]} needs {need[t] / 1e9:,.3g} GB per replica on {problem.types[t]} "
+            f"(memory {problem.memory[t] / 1e9:g} GB) even on all {int(limits[t]):,} units; the largest memory "
+            f"on offer is {largest / 1e9:g} GB: mark it `sharded: true`, add memory, or allow more replicas"
+        )
+    return None
 
 
 def diagnose(problem: Problem, failure: str, hint: str) -> InfeasibleError:

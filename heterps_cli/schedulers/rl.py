@@ -249,6 +249,8 @@ def nearby(problem: Problem, rng: np.random.Generator, spread: float) -> tuple[P
         alpha=problem.alpha[index],
         beta=problem.beta[index],
         runnable=problem.runnable[index],
+        activation_size=problem.activation_size[index],
+        sharded=problem.sharded[index],
     ), index
 
 

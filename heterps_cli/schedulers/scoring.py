@@ -43,6 +43,7 @@ class Provisioned:
     throughput: np.ndarray
     used: np.ndarray
     replicas: np.ndarray
+    memory_miss: np.ndarray | None = None  # section 1b: summed relative memory excess (None: no limit)
 
 
 class Evaluator:
@@ -74,9 +75,12 @@ class Evaluator:
                     float(scores.throughput[j]),
                     scores.used[j].copy(),
                     padded,
+                    float(scores.memory_miss[j]),
                 )
-        feasible, cost, thr, used, replicas = zip(*(self.cache[k] for k in keys))
-        return Provisioned(np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas))
+        feasible, cost, thr, used, replicas, memory_miss = zip(*(self.cache[k] for k in keys))
+        return Provisioned(
+            np.array(feasible), np.array(cost), np.array(thr), np.stack(used), np.stack(replicas), np.array(memory_miss)
+        )
 
 
 @dataclass
@@ -174,6 +178,8 @@ def shortfall(problem: Problem, scores: Provisioned) -> np.ndarray:
     miss += (np.maximum(0.0, scores.used - problem.limits[None, :]) / problem.limits[None, :]).sum(axis=1)
     if problem.max_cost is not None:
         miss += np.maximum(0.0, scores.cost / problem.max_cost - 1.0)
+    if scores.memory_miss is not None and np.isfinite(problem.memory).any():
+        miss += scores.memory_miss
     return miss
 
 
