@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -75,6 +76,19 @@ class Problem:
             self.odt * (1.0 - self.beta),
             self.odt * self.beta,
         )
+
+    @cached_property
+    def usable(self) -> np.ndarray:
+        """``[n, T]``: runnable, and the layer alone fits a replica's memory with at most the type's
+        limit of replicas (section 1b; memory per replica only falls as replicas grow). Searches
+        choose among these; a layer no type can hold keeps its runnable types (exact says why)."""
+        if not np.isfinite(self.memory).any():
+            return self.runnable
+        fixed, split = self.memory_parts
+        with np.errstate(invalid="ignore"):
+            fits = fixed[:, None] + split[:, None] / self.limits[None, :] <= self.memory[None, :] * (1 + 1e-12)
+        usable = self.runnable & fits
+        return np.where(usable.any(axis=1)[:, None], usable, self.runnable)
 
     @property
     def boundary_bytes(self) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.schedulers import SolveOptions, genetic, greedy, random_search, solve
-from tests.helpers import instance_dicts, problem_from_dicts, random_instance
+from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import brute_force, spec_figures
 
 
@@ -97,3 +97,26 @@ def test_infeasible_reports_the_reason():
     for name in ("greedy", "genetic", "random"):
         with pytest.raises(InfeasibleError, match="no plan reaches"):
             solve(name, problem, options=SolveOptions(evaluations=50))
+
+
+@pytest.mark.parametrize("name", ["greedy", "genetic", "random", "rl", "tapp"])
+def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
+    """SPEC section 1b: with memory and bandwidth, every plan a search returns fits every replica's
+    memory and states SPEC's figures; when it finds none, no plan exists or the error says so."""
+    found = 0
+    for seed in range({"rl": 3, "tapp": 3, "genetic": 8}.get(name, 16)):
+        rng = np.random.default_rng(100 + seed)
+        arrays = random_instance(rng, 6, 3)
+        hardware = random_hardware(rng, arrays[0])
+        profile, cluster = instance_dicts(*arrays, hardware=hardware)
+        problem = problem_from_dicts(profile, cluster)
+        try:
+            plan = solve(name, problem, options=SolveOptions(evaluations=300, steps=8, batch=8))
+        except InfeasibleError:
+            continue
+        ref = spec_figures(profile, cluster, plan.to_dict())
+        assert plan.feasible and ref["memory_fits"], (name, seed)
+        assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
+        assert math.isclose(plan.cost_usd, ref["cost_usd"], rel_tol=1e-9, abs_tol=1e-12)
+        found += 1
+    assert found > 0

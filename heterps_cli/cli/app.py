@@ -95,7 +95,12 @@ def _non_negative(value: float | None) -> float | None:
     return value
 
 
+INTERRUPT_REPORTED = {"done": False}  # heterps_cli.main says "interrupted" only when no command did
+
+
 def _print_error(prefix: str, lines: list[str]) -> None:
+    if prefix.startswith("interrupted"):
+        INTERRUPT_REPORTED["done"] = True
     for line in lines:
         err.print(Text(prefix, style="bold red") + Text(line))
 

@@ -57,7 +57,7 @@ def layer_features(problem: Problem) -> np.ndarray:
     kind = np.zeros((n, len(KINDS) + 1))
     kind[np.arange(n), [kind_index(k) for k in problem.layer_kinds]] = 1.0
     sizes = _standardise(np.log1p(np.stack([problem.input_size, problem.weight_size], axis=1)))
-    can = problem.runnable
+    can = problem.usable
     tiny = 1e-12
     per_type = [
         _standardise(np.log(np.maximum(problem.oct, tiny)), can),

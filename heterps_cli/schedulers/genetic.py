@@ -66,11 +66,11 @@ def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> 
         else:
             span = slice(max(m - shift, 0), m)
             row[span] = row[m]
-        if problem.runnable[np.arange(len(row)), row].all():
+        if problem.usable[np.arange(len(row)), row].all():
             return row
         row = schedule.copy()
     layer = int(rng.integers(0, len(row)))
-    types = np.flatnonzero(problem.runnable[layer])
+    types = np.flatnonzero(problem.usable[layer])
     types = types[types != row[layer]]
     if types.size:
         row[layer] = rng.choice(types)
@@ -91,11 +91,15 @@ def solve(
     population = population[:POPULATION] if budget >= POPULATION else population[: max(budget, 1)]
     scored = evaluate(population)
     reference = Reference.of(scored)
-    notes, generation, stale = [], 0, 0
+    notes, generation, stale, dry = [], 0, 0, 0
     while evaluate.evaluations < budget and stale < PATIENCE:
         if out_of_time():
             notes.append(f"stopped at the time limit after {generation} generations")
             break
+        if dry >= PATIENCE:  # no new schedule for a while: a small (or memory-narrowed) space, used up
+            notes.append(f"only {evaluate.evaluations:,} distinct schedules found in {generation} generations")
+            break
+        before = evaluate.evaluations
         key = best.key
         best.offer(problem, population, scored)
         stale = stale + 1 if best.schedule is not None and best.key >= key else 0
@@ -107,6 +111,7 @@ def solve(
         children = np.stack([mutate(problem, row, rng) for row in crossed])
         population = _within_budget(np.concatenate([elite, children]), evaluate, budget, len(elite))
         scored = evaluate(population)
+        dry = dry + 1 if evaluate.evaluations == before else 0
         generation += 1
         report(
             f"genetic: generation {generation} · best {best.shown}",

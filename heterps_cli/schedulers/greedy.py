@@ -28,7 +28,7 @@ RULE = GREEDY_RULE
 def rule_schedule(problem: Problem) -> np.ndarray:
     """Each layer's type by the greedy rule (see the module docstring)."""
     per_sample = problem.oct * (np.maximum(problem.prices, 1e-12)[None, :] if problem.objective == "cost" else 1.0)
-    return np.where(problem.runnable, per_sample, np.inf).argmin(axis=1).astype(np.int64)
+    return np.where(problem.usable, per_sample, np.inf).argmin(axis=1).astype(np.int64)
 
 
 def solve(

@@ -51,7 +51,7 @@ def neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     out = []
 
     def add(row: np.ndarray) -> None:
-        if problem.runnable[np.arange(n), row].all():
+        if problem.usable[np.arange(n), row].all():
             out.append(row)
 
     for layer in range(n):
@@ -92,7 +92,7 @@ def wide_neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     for a in range(n):
         for z in range(a + 2, min(n, a + SEGMENT) + 1):
             for t in range(T):
-                if problem.runnable[a:z, t].all() and (schedule[a:z] != t).any():
+                if problem.usable[a:z, t].all() and (schedule[a:z] != t).any():
                     row = schedule.copy()
                     row[a:z] = t
                     out.append(row)
@@ -133,7 +133,7 @@ def kick(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> np
     for _ in range(20):
         length = int(rng.integers(2, min(8, n) + 1)) if n > 1 else 1
         a = int(rng.integers(0, n - length + 1))
-        types = np.flatnonzero(problem.runnable[a : a + length].all(axis=0))
+        types = np.flatnonzero(problem.usable[a : a + length].all(axis=0))
         types = types[types != row[a]]
         if types.size:
             row[a : a + length] = rng.choice(types)

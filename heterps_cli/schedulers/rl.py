@@ -274,12 +274,12 @@ def generalise(
     and to this model's best plan; it then maps features to plans.
     """
     examples = [
-        (torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.runnable), torch.from_numpy(schedule))
+        (torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.usable), torch.from_numpy(schedule))
     ]
     for v in range(cfg.variants):
         report(f"rl: generalising the saved policy, nearby model {v + 1}/{cfg.variants}")
         variant, index = nearby(problem, rng, cfg.variant_spread)
-        feats, mask = torch.from_numpy(layer_features(variant)), torch.from_numpy(variant.runnable)
+        feats, mask = torch.from_numpy(layer_features(variant)), torch.from_numpy(variant.usable)
         evaluate = Evaluator(variant)
         starts = np.stack([schedule[index], policy.sample(feats, mask, 1, generator, greedy=True)[0].numpy()])
         reference = Reference.of(evaluate(np.concatenate([starts, heuristic_schedules(variant)])))
@@ -345,7 +345,7 @@ def solve(
     """
     start = time.perf_counter()
     cfg = policy_gradient.configured(Config(), options)
-    feats, mask = torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.runnable)
+    feats, mask = torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.usable)
     policy_in = options.policy_in if options is not None else None
     policy_out = options.policy_out if options is not None else None
 

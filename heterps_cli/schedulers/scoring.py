@@ -243,7 +243,7 @@ def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> 
     segment = np.cumsum(rank < (segments - 1)[:, None], axis=1, dtype=np.int64)
     types = rng.integers(0, T, size=(count, most))
     out = np.take_along_axis(types, segment, axis=1)
-    bad = ~problem.runnable[np.arange(n)[None, :], out]
+    bad = ~problem.usable[np.arange(n)[None, :], out]
     if bad.any():
         fallback = _per_layer_best(problem, problem.oct * np.maximum(problem.prices, 1e-9)[None, :])
         out = np.where(bad, fallback[None, :], out)
@@ -251,7 +251,7 @@ def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> 
 
 
 def _per_layer_best(problem: Problem, score: np.ndarray) -> np.ndarray:
-    return np.where(problem.runnable, score, np.inf).argmin(axis=1)
+    return np.where(problem.usable, score, np.inf).argmin(axis=1)
 
 
 def heuristic_schedules(problem: Problem) -> np.ndarray:
@@ -263,5 +263,5 @@ def heuristic_schedules(problem: Problem) -> np.ndarray:
         _per_layer_best(problem, np.maximum(problem.oct, problem.odt)),
     ]
     for t in range(problem.n_types):
-        rows.append(np.where(problem.runnable[:, t], t, rows[0]))
+        rows.append(np.where(problem.usable[:, t], t, rows[0]))
     return np.array(rows, dtype=np.int64)

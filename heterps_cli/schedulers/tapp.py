@@ -250,7 +250,7 @@ def solve(
     start = time.perf_counter()
     cfg = policy_gradient.configured(Config(), options)
     kinds, numbers = encoding(problem)
-    runnable = torch.from_numpy(problem.runnable)
+    runnable = torch.from_numpy(problem.usable)
 
     def make_agent() -> Agent:
         return Agent(Networks(numbers.shape[1], problem.n_types, cfg), kinds, numbers, runnable, cfg)
