@@ -20,6 +20,13 @@ the device constants below, so anyone can check or change the assumptions:
          launch overhead (each replica still launches every kernel).
 * beta  = the share of odt that shrinks with more replicas: the input data is
          split between replicas, the all-reduce volume per replica is not.
+* activation_size (SPEC section 1b) = bytes per sample a layer keeps for its
+         backward pass, from its shapes: a dense layer or convolution its input,
+         an elementwise layer or norm its input, dropout a one-byte mask, a max
+         pool its input, a sum pool nothing, attention its input, Q, K, V, the
+         attention probabilities and the context, an embedding its ids.
+* sharded (SPEC section 1b): the CTR embedding table lives on parameter
+         servers, split across them.
 """
 
 from __future__ import annotations
@@ -82,17 +89,28 @@ class LayerShape:
     weight_size: float  # bytes of parameters
     sync: float  # bytes each replica exchanges per batch for its parameters (0 if none)
     moved: float = 0.0  # bytes per sample this layer reads from off the device
+    saved: float = 0.0  # bytes per sample kept for the backward pass (SPEC 1b activation_size)
+    sharded: bool = False  # weights split across the stage's replicas (SPEC 1b)
 
 
 def fc(name, n_in, n_out, tokens=1):
     w = (n_in * n_out + n_out) * FLOAT
     return LayerShape(
-        name, "fc", 2 * n_in * n_out * tokens, (n_in + n_out) * tokens * FLOAT, n_in * tokens * FLOAT, w, 2 * w
+        name,
+        "fc",
+        2 * n_in * n_out * tokens,
+        (n_in + n_out) * tokens * FLOAT,
+        n_in * tokens * FLOAT,
+        w,
+        2 * w,
+        saved=n_in * tokens * FLOAT,
     )
 
 
-def elementwise(name, kind, elements):
-    return LayerShape(name, kind, 4 * elements, 2 * elements * FLOAT, elements * FLOAT, 0, 0)
+def elementwise(name, kind, elements, saved_per_element=FLOAT):
+    return LayerShape(
+        name, kind, 4 * elements, 2 * elements * FLOAT, elements * FLOAT, 0, 0, saved=elements * saved_per_element
+    )
 
 
 def conv(name, c_in, c_out, size):  # 3x3, stride 1, "same" padding
@@ -105,6 +123,7 @@ def conv(name, c_in, c_out, size):  # 3x3, stride 1, "same" padding
         c_in * size * size * FLOAT,
         w,
         2 * w,
+        saved=c_in * size * size * FLOAT,
     )
 
 
@@ -117,6 +136,7 @@ def pool(name, channels, size):  # 2x2 max pool, stride 2
         channels * size * size * FLOAT,
         0,
         0,
+        saved=channels * size * size * FLOAT,
     )
 
 
@@ -148,10 +168,12 @@ def ctr() -> tuple[list[LayerShape], int]:
         rows * dim * FLOAT,
         0,
         moved=slots * ids * 8 + 2 * touched,
+        saved=slots * ids * 8,
+        sharded=True,
     )
     return [
         emb,
-        elementwise("sum_pool", "pool", slots * ids * dim),
+        elementwise("sum_pool", "pool", slots * ids * dim, saved_per_element=0),
         fc("fc1", slots * dim, 1024),
         elementwise("relu1", "activation", 1024),
         fc("fc2", 1024, 512),
@@ -174,9 +196,9 @@ def vgg16() -> tuple[list[LayerShape], int]:
         size //= 2
     layers += [
         fc("fc6", 512 * 7 * 7, 4096),
-        elementwise("dropout6", "dropout", 4096),
+        elementwise("dropout6", "dropout", 4096, saved_per_element=1),
         fc("fc7", 4096, 4096),
-        elementwise("dropout7", "dropout", 4096),
+        elementwise("dropout7", "dropout", 4096, saved_per_element=1),
         fc("fc8", 4096, 1000),
         elementwise("softmax_loss", "loss", 1000),
     ]
@@ -189,13 +211,29 @@ def transformer() -> tuple[list[LayerShape], int]:
     touched = L * d * FLOAT
     layers = [
         LayerShape(
-            "embedding", "embedding", 0, 3 * touched, L * 8, (vocab + 512) * d * FLOAT, 2 * (vocab + 512) * d * FLOAT
+            "embedding",
+            "embedding",
+            0,
+            3 * touched,
+            L * 8,
+            (vocab + 512) * d * FLOAT,
+            2 * (vocab + 512) * d * FLOAT,
+            saved=L * 8,
         )
     ]
     for b in range(1, 13):
         w = 4 * (d * d + d) * FLOAT
         layers += [
-            LayerShape(f"attn{b}", "attention", 8 * L * d * d + 4 * L * L * d, 6 * touched, touched, w, 2 * w),
+            LayerShape(
+                f"attn{b}",
+                "attention",
+                8 * L * d * d + 4 * L * L * d,
+                6 * touched,
+                touched,
+                w,
+                2 * w,
+                saved=5 * touched + 12 * L * L * FLOAT,  # input, Q, K, V, context; 12 heads' probabilities
+            ),
             elementwise(f"norm{b}a", "norm", L * d),
             fc(f"ffn{b}_up", d, 4 * d, tokens=L),
             elementwise(f"gelu{b}", "activation", 4 * L * d),
@@ -248,6 +286,8 @@ def render(name: str) -> str:
             f"    type: {layer.type}",
             f"    input_size: {_num(layer.input_size)}",
             f"    weight_size: {_num(layer.weight_size)}",
+            f"    activation_size: {_num(layer.saved)}",
+            *(["    sharded: true"] if layer.sharded else []),
             "    times:",
         ]
         for t in types:
