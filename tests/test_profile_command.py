@@ -93,9 +93,15 @@ def test_zoo_ctr_profiles(tmp_path):
     kinds = [layer.type for layer in prof.layers]
     assert kinds.count("embedding") == 8 and "fc" in kinds
     assert prof.layers[0].weight_size == 100_000 * 16 * 4
-    # odt = (activations + gradients) / 10 Gbit/s
+    # odt = the gradient all-reduce (as big as the weights) / 10 Gbit/s; activations move at stage
+    # boundaries (SPEC 1b), so they are in input_size and activation_size, not in odt
     first = prof.layers[0]
-    assert first.times["cpu"].odt == pytest.approx((first.input_size * 64 + first.weight_size) / 1.25e9, rel=1e-4)
+    assert first.times["cpu"].odt == pytest.approx(first.weight_size / 1.25e9, rel=1e-4)
+    assert first.times["cpu"].beta == 0.0
+    # the embedding tables live on parameter servers: sharded; an EmbeddingBag keeps its ids (and offsets)
+    assert [layer.sharded for layer in prof.layers].count(True) == 8 and first.sharded
+    assert first.activation_size >= 4 * 8  # at least the bag of 4 int64 ids per sample
+    assert "model ctr" in out.read_text().splitlines()[0]  # the header says which model the numbers are for
 
 
 def test_sum_of_layer_times_matches_a_full_step():
@@ -287,3 +293,14 @@ def test_combine_takes_medians_and_refuses_different_layers():
     assert combined.layers[1].odt == 0.5 and "median over 3 profiles" in combined.notes[-1]
     with pytest.raises(InputError, match="different layers"):
         combine([run([1.0, 2.0]), run([1.0, 2.0], names=("a", "c"))])
+
+
+def test_activation_size_is_what_autograd_saves_per_sample(factory, tmp_path):
+    """Linear(64, 256) keeps its input for the weight gradient (64 floats per sample, its weights not
+    counted); ReLU keeps its output (256 floats); both by saved_tensors_hooks, each storage once."""
+    out = tmp_path / "small.yaml"
+    _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "64", "--out", str(out), "--link-gbps", "10"])
+    prof, _ = load_profile(str(out))
+    assert prof.layers[0].activation_size == 64 * 4
+    assert prof.layers[1].activation_size == 256 * 4
+    assert not any(layer.sharded for layer in prof.layers)

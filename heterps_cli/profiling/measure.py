@@ -17,19 +17,27 @@
   layer gets more runs (up to :data:`MAX_RUNS`), until they add up to
   :data:`MIN_SECONDS`, so that its median rests on more than a few
   milliseconds of the machine's time.
-* **odt**: the bytes a layer moves per batch (its input activations, and its
-  gradients for the all-reduce, which are as big as its weights) over the link
+* **odt**: what a layer communicates wherever it runs inside its stage, its
+  gradient synchronisation (an all-reduce as big as its weights), over the link
   bandwidth: measured (cpu: an all-reduce between two processes over loopback
   gloo; cuda: a pinned host-to-device copy) or given (``--link-gbps``).
+  Activations are not in it: they move only at stage boundaries, which SPEC
+  section 1b charges from ``input_size`` and the cluster's ``bandwidth_gbps``.
+* **activation_size** (SPEC section 1b): the bytes per sample a layer keeps for
+  its backward pass, counted with ``torch.autograd.graph.saved_tensors_hooks``
+  around one forward of the layer alone, each storage once, its own parameters
+  left out (they are training state, counted from ``weight_size``).
+* **sharded**: a module with the attribute ``heterps_sharded = True`` (the zoo's
+  CTR embedding tables, which live on parameter servers) is marked ``sharded``.
 * **alpha** on cpu: a least-squares fit of T(k) = T1 (1 - a + a/k) to the best
   of 5 runs at k = 1..K threads (K: the cores this process may use). When
   K < 2, the times are too short to fit (< 50 us), or the fit misses its points
   by more than 10%, the layer gets :data:`ALPHA_DEFAULTS` for its kind, marked
   estimated. On cuda alpha is not measured (one device cannot show scaling
   across devices): the default, marked estimated.
-* **beta** is derived, not measured: the activations are split between replicas
-  and the gradient all-reduce per replica is not, so beta is the activations'
-  share of the bytes moved; marked estimated.
+* **beta** is derived, not measured: odt is the gradient all-reduce, whose
+  volume per replica does not shrink with more replicas, so beta is 0; marked
+  estimated.
 """
 
 from __future__ import annotations
@@ -495,6 +503,8 @@ class LayerProfile:
     cv: float  # coefficient of variation of the oct repetitions
     estimated: dict[str, str] = field(default_factory=dict)  # field -> why it is not measured
     fit_residual: float | None = None
+    activation_size: float = 0.0  # bytes per sample kept for backward (SPEC 1b)
+    sharded: bool = False  # SPEC 1b: the module says its weights are split across replicas
 
 
 @dataclass
@@ -655,12 +665,41 @@ def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: st
         estimated["alpha"] = f"not measurable on one {device} device: default for {k}"
     if alpha is None:
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
-    moved = act + weights
-    beta = act / moved if moved > 0 else 0.0
-    estimated["beta"] = (
-        "derived: the activations' share of the bytes moved (split between replicas; the gradient all-reduce is not)"
+    estimated["beta"] = "derived: odt is the gradient all-reduce, which does not shrink with more replicas"
+    return LayerProfile(
+        call.name,
+        k,
+        act / B0,
+        weights,
+        oct_,
+        weights / bandwidth,
+        alpha,
+        0.0,
+        cv,
+        estimated,
+        residual,
+        activation_size=saved_bytes(call, device) / B0,
+        sharded=bool(getattr(call.module, "heterps_sharded", False)),
     )
-    return LayerProfile(call.name, k, act / B0, weights, oct_, moved / bandwidth, alpha, beta, cv, estimated, residual)
+
+
+def saved_bytes(call: Call, device: str) -> float:
+    """Bytes the layer keeps for its backward pass on one batch: the tensors autograd saves during
+    one forward on fresh copies of its inputs, each storage once, its own parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in call.module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return tensor
+
+    args, kwargs = _fresh(call.args, device), _fresh(call.kwargs, device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = call.module(*args, **kwargs)
+    del out
+    return float(sum(seen.values()))
 
 
 def python_path_note() -> str:

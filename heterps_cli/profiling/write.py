@@ -37,6 +37,8 @@ class LayerRow:
     input_size: float
     weight_size: float
     times: dict[str, Entry]
+    activation_size: float = 0.0  # SPEC 1b
+    sharded: bool = False
 
 
 def _number(x: float) -> str:
@@ -54,6 +56,8 @@ def render(model: str, batch_size: int, layers: list[LayerRow], header: list[str
             f"    type: {json.dumps(row.kind)}",
             f"    input_size: {_number(row.input_size)}",
             f"    weight_size: {_number(row.weight_size)}",
+            f"    activation_size: {_number(row.activation_size)}",
+            *(["    sharded: true"] if row.sharded else []),
             "    times:",
         ]
         for t, e in row.times.items():
@@ -73,7 +77,9 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"oct: median of {p.repetitions} or more forward+backward runs of each layer alone (at least "
         f"{MIN_SECONDS:g} s of them, up to {MAX_RUNS}), batch {p.batch_size}"
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", device synchronised"),
-        f"odt: (input activations + gradients) bytes per batch / link bandwidth; bandwidth {p.bandwidth_how}",
+        f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
+        f"{p.bandwidth_how}; activations move at stage boundaries (SPEC 1b: input_size over bandwidth_gbps)",
+        "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
         "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
         f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and a layer alone runs "
@@ -90,6 +96,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
                 layer.input_size,
                 layer.weight_size,
                 {p.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, f"estimated: {why}" if why else "")},
+                layer.activation_size,
+                layer.sharded,
             )
         )
     return render(p.model, p.batch_size, rows, header)
@@ -102,7 +110,11 @@ def merge_profiles(paths: list[str]) -> str:
     loaded = [load_profile(path) for path in paths]
     (first, fdoc) = loaded[0]
     text_lines = {path: Path(path).read_text(encoding="utf-8").splitlines() for path in paths}
-    rows = [LayerRow(layer.name, layer.type, layer.input_size, layer.weight_size, {}) for layer in first.layers]
+    # activation_size and sharded come from the first profile: they describe the model, not the machine.
+    rows = [
+        LayerRow(layer.name, layer.type, layer.input_size, layer.weight_size, {}, layer.activation_size, layer.sharded)
+        for layer in first.layers
+    ]
     owner: dict[str, str] = {}
     header = [f"merged by heterps profile merge from {', '.join(paths)}"]
     for (prof, doc), path in zip(loaded, paths):

@@ -17,6 +17,9 @@ class CTR(nn.Module):
     def __init__(self, tables: int = 8, rows: int = 100_000, dim: int = 16, dense: int = 13, hidden: int = 256):
         super().__init__()
         self.embeddings = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        for table in self.embeddings:
+            # On parameter servers, split across them (SPEC 1b sharded); a plain flag, not a tensor or module.
+            table.heterps_sharded = True  # type: ignore[assignment]
         self.bottom = nn.Sequential(nn.Linear(dense, dim), nn.ReLU())
         self.top = nn.Sequential(
             nn.Linear(dim * (tables + 1), hidden),
