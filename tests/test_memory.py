@@ -1,0 +1,116 @@
+"""SPEC section 1b through the real CLI: the new fields, plans that show and honour them, check and diff."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from heterps_cli.cli.app import app
+from tests.oracle import spec_figures
+
+ROOT = Path(__file__).resolve().parents[1]
+HARDWARE = "clusters/paper-hardware.yaml"
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch):
+    for folder in ("profiles", "clusters"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _run(runner, args, expect=0):
+    result = runner.invoke(app, args)
+    assert result.exit_code == expect, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    "where,old,new,field",
+    [
+        (HARDWARE, "memory_gb: 16", "memory_gb: 0", "resources.v100.memory_gb: must be > 0"),
+        (HARDWARE, "bandwidth_gbps: 12.5", "bandwidth_gbps: -1", "resources.v100.bandwidth_gbps: must be > 0"),
+        (HARDWARE, "memory_gb: 16", 'memory_gb: "16"', "resources.v100.memory_gb"),
+        ("profiles/ctr.yaml", "    sharded: true", "    sharded: yes", "layers[0].sharded"),
+        ("profiles/ctr.yaml", "    activation_size: 2080", "    activation_size: -5", "layers[0].activation_size"),
+        ("profiles/ctr.yaml", "batch_size: 4096", "batch_size: 4096\nstate_factor: 0", "state_factor: must be > 0"),
+    ],
+)
+def test_the_new_fields_are_validated_with_file_line_and_field(files, runner, where, old, new, field):
+    _edit(files / where, old, new)
+    result = _run(runner, ["validate", "profiles/ctr.yaml", HARDWARE], expect=2)
+    line = next(i for i, text in enumerate((files / where).read_text().splitlines(), 1) if new.split("\n")[-1] in text)
+    assert f"{Path(where).name}:{line}: {field}" in result.stderr, result.stderr
+
+
+def test_a_plan_on_hardware_shows_memory_and_transfer_and_states_them(files, runner):
+    shown = _run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", "exact"]).stdout
+    assert "memory and stage-boundary transfer" in shown and "GB per replica" in shown and "transfer s" in shown
+    plan = json.loads(_run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", "exact", "--json"]).stdout)
+    assert plan["memory_gb"] == {"cpu": 8, "v100": 16} and plan["bandwidth_gbps"] == {"cpu": 2.08, "v100": 12.5}
+    profile = yaml.safe_load((files / "profiles/ctr.yaml").read_text())
+    cluster = yaml.safe_load((files / HARDWARE).read_text())
+    ref = spec_figures(profile, cluster, plan)  # written from SPEC section 1b, not from the code
+    assert ref["memory_fits"] and math.isclose(plan["throughput"], ref["throughput"], rel_tol=1e-9)
+    for stage, transfer, memory in zip(plan["stages"], ref["transfer_s"], ref["memory_gb"]):
+        assert math.isclose(stage["transfer_s"], transfer, rel_tol=1e-9) and stage["transfer_s"] > 0
+        assert math.isclose(stage["memory_gb"], memory, rel_tol=1e-9)
+
+
+def test_the_papers_model_shows_no_memory_table(files, runner):
+    shown = _run(runner, ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "-s", "exact"]).stdout
+    assert "memory and stage-boundary transfer" not in shown
+    plan = json.loads(
+        _run(runner, ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "-s", "exact", "--json"]).stdout
+    )
+    assert plan["memory_gb"] == {"cpu": None, "v100": None} and all(s["transfer_s"] == 0 for s in plan["stages"])
+
+
+def test_memory_that_no_type_offers_is_exit_3_naming_the_layer(files, runner):
+    _edit(files / "profiles/ctr.yaml", "    sharded: true\n", "")  # the 4.1 GB table, whole in every replica
+    _edit(files / HARDWARE, "memory_gb: 8", "memory_gb: 2")
+    _edit(files / HARDWARE, "memory_gb: 16", "memory_gb: 4")
+    for scheduler in ("exact", "greedy"):
+        result = _run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", scheduler], expect=3)
+        assert "layer embedding needs 4.1 GB per replica on v100 (memory 4 GB)" in result.stderr, result.stderr
+        assert "the largest memory on offer is 4 GB: mark it `sharded: true`" in result.stderr
+
+
+def test_check_fails_a_plan_whose_stage_no_longer_fits(files, runner):
+    _run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", "exact", "--out", "plan.yaml"])
+    check = ["check", "plan.yaml", "--profile", "profiles/ctr.yaml", "--cluster", HARDWARE]
+    _run(runner, check)
+    # The table is no longer sharded: stage 0's replicas each hold all 4.1 GB of it, on 2 GB cores.
+    _edit(files / "profiles/ctr.yaml", "    sharded: true\n", "")
+    _edit(files / HARDWARE, "memory_gb: 8", "memory_gb: 2")
+    shown = " ".join(_run(runner, check, expect=1).stdout.split())
+    assert "stage 0 needs 4.1 GB per replica on cpu (memory 2 GB)" in shown
+    assert "stages[0].memory_gb" in shown  # and the written figure is stale
+
+
+def test_a_plan_made_before_section_1b_still_checks(files, runner):
+    plan = yaml.safe_load((ROOT / "docs/plans/ctr.yaml").read_text())
+    assert "memory_gb" not in plan and "transfer_s" not in plan["stages"][0]
+    shutil.copy(ROOT / "docs/plans/ctr.yaml", files / "old.yaml")
+    _run(runner, ["check", "old.yaml", "--profile", "profiles/ctr.yaml", "--cluster", "clusters/paper.yaml"])
+
+
+def test_diff_shows_the_memory_per_replica(files, runner):
+    _run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", "exact", "--out", "a.yaml"])
+    _edit(files / "profiles/ctr.yaml", "    sharded: true\n", "")
+    _run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", "exact", "--out", "b.yaml"])
+    shown = _run(runner, ["diff", "a.yaml", "b.yaml", "--format", "markdown"]).stdout
+    assert " GB" in shown and "4.1 GB" in shown, shown
