@@ -85,10 +85,11 @@ def summary(rows: list[dict]) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run the instances whose name contains this")
+    parser.add_argument("--hardware", action="store_true", help="the 6 instances with memory or bandwidth (SPEC 1b)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    chosen = [n for n in names() if not args.only or args.only in n]
+    chosen = [n for n in names(args.hardware) if not args.only or args.only in n]
     rows = []
     for name in chosen:
         rows.append(run_one(name, SolveOptions(steps=args.steps), seed=args.seed))

@@ -6,6 +6,13 @@ norm: GPUs only 0.5-5x faster, and their links are the bottleneck), which is the
 heterogeneity HeterPS exploits. Types are a CPU core (cheap, plentiful) and up to
 three GPU kinds (faster, dearer, scarce). ``tight=True`` shrinks the GPU limits
 and raises the throughput target so that the limits bind.
+
+``hardware`` adds SPEC section 1b (drawn from a second random stream, so the
+chain itself is the same): ``"memory"`` gives every layer an activation size,
+shards some embedding tables and gives each type a memory of a fraction of the
+whole model's, so that memory binds; ``"bandwidth"`` gives each type a network
+bandwidth at which moving a boundary's activations costs about as much as a
+fast layer's compute.
 """
 
 from __future__ import annotations
@@ -21,7 +28,13 @@ TYPES = [  # name, price $/h, limit, speed vs a CPU core (compute, data), link s
 COMPUTE, DATA = ("fc", "conv", "attention"), ("embedding", "pool", "norm")
 
 
-def chain(n_layers: int, n_types: int, seed: int = 0, tight: bool = False) -> tuple[dict, dict]:
+# Section 1b: memory per unit as a share of the whole model's training state and activations,
+# and network bandwidth per unit of link speed.
+MEMORY_SHARE = {"cpu": 0.06, "v100": 0.25, "a100": 0.4, "t4": 0.15}
+GBPS_PER_LINK = 0.5
+
+
+def chain(n_layers: int, n_types: int, seed: int = 0, tight: bool = False, hardware: str | None = None):
     rng = np.random.default_rng([n_layers, n_types, seed, int(tight)])
     types = TYPES[:n_types]
     layers = []
@@ -67,4 +80,27 @@ def chain(n_layers: int, n_types: int, seed: int = 0, tight: bool = False) -> tu
             for name, price, limit, _, _ in types
         },
     }
+    if hardware is not None:
+        _add_hardware(profile, cluster, hardware, np.random.default_rng([n_layers, n_types, seed, int(tight), 1]))
     return profile, cluster
+
+
+def _add_hardware(profile: dict, cluster: dict, hardware: str, rng: np.random.Generator) -> None:
+    B0, layers = profile["batch_size"], profile["layers"]
+    for layer in layers:
+        layer["activation_size"] = float(int(layer["input_size"] * rng.uniform(0.5, 4.0)))
+        if layer["type"] == "embedding" and rng.random() < 0.5:
+            layer["sharded"] = True
+    profile["model"] += f"-{hardware}"
+    cluster["cluster"] += f"-{hardware}"
+    links = {name: link for name, _, _, _, link in TYPES}
+    if hardware == "memory":
+        profile["state_factor"] = 4.0
+        whole = sum(4.0 * layer["weight_size"] + B0 * layer["activation_size"] for layer in layers)
+        for name, resource in cluster["resources"].items():
+            resource["memory_gb"] = float(f"{MEMORY_SHARE[name] * whole / 1e9:.4g}")
+    elif hardware == "bandwidth":
+        for name, resource in cluster["resources"].items():
+            resource["bandwidth_gbps"] = GBPS_PER_LINK * links[name]
+    else:
+        raise ValueError(f"hardware must be memory or bandwidth, not {hardware!r}")

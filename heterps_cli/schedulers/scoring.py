@@ -264,4 +264,24 @@ def heuristic_schedules(problem: Problem) -> np.ndarray:
     ]
     for t in range(problem.n_types):
         rows.append(np.where(problem.usable[:, t], t, rows[0]))
+    if np.isfinite(problem.memory).any():  # section 1b: the same, cut where a stage outgrows memory
+        weight = np.ones_like(price) if problem.objective == "time" else price
+        rows += [_cut_for_memory(problem, row, weight) for row in rows]
     return np.array(rows, dtype=np.int64)
+
+
+def _cut_for_memory(problem: Problem, row: np.ndarray, price: np.ndarray) -> np.ndarray:
+    """``row`` with a layer moved to its cheapest other usable type (fastest, with unit prices) wherever
+    its stage would need more memory per replica than a unit has even with all of the type's units."""
+    fixed, split = problem.memory_parts
+    out = row.copy()
+    held = (0.0, 0.0)
+    for i in range(problem.n_layers):
+        t = out[i]
+        held = (held[0] + fixed[i], held[1] + split[i]) if i and out[i - 1] == t else (fixed[i], split[i])
+        if i and out[i - 1] == t and held[0] + held[1] / problem.limits[t] > problem.memory[t]:
+            others = np.flatnonzero(problem.usable[i] & (np.arange(problem.n_types) != t))
+            if others.size:
+                out[i] = others[np.argmin((problem.oct[i] * price[0])[others])]
+                held = (fixed[i], split[i])
+    return out
