@@ -31,11 +31,17 @@ def instances(draw):
     return arrays, B0, min_throughput
 
 
-def _solve_both(arrays, B0, min_throughput, objective, max_cost=None):
-    profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput)
+def _solve_both(arrays, B0, min_throughput, objective, max_cost=None, hardware=None):
+    profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput, hardware=hardware)
     problem = problem_from_dicts(profile, cluster, objective=objective, max_cost=max_cost)
     expected = brute_force(
-        *arrays, B0, problem.work, min_throughput=min_throughput, max_cost=max_cost, objective=objective
+        *arrays,
+        B0,
+        problem.work,
+        min_throughput=min_throughput,
+        max_cost=max_cost,
+        objective=objective,
+        hardware=hardware,
     )
     try:
         plan = exact.solve(problem)
@@ -58,6 +64,10 @@ def _check_plan(profile, cluster, plan):
         assert k <= cluster["resources"][t]["limit"]
     assert ref["throughput"] >= profile["job"]["min_throughput"] * (1 - 1e-9)
     assert plan.optimal is True and plan.feasible
+    assert ref["memory_fits"], "a replica exceeds its unit's memory"
+    for stage, transfer, memory in zip(plan.stages, ref["transfer_s"], ref["memory_gb"]):
+        assert math.isclose(stage.transfer_s, transfer, rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9, abs_tol=1e-15)
 
 
 @settings(max_examples=400, **SETTINGS)
@@ -102,31 +112,11 @@ def hardware_instances(draw):
     return arrays, B0, min_throughput, random_hardware(rng, arrays[0], B0)
 
 
-def _solve_both_1b(arrays, B0, min_throughput, hardware, objective):
-    profile, cluster = instance_dicts(*arrays, B0=B0, min_throughput=min_throughput, hardware=hardware)
-    problem = problem_from_dicts(profile, cluster, objective=objective)
-    expected = brute_force(
-        *arrays, B0, problem.work, min_throughput=min_throughput, objective=objective, hardware=hardware
-    )
-    try:
-        plan = exact.solve(problem)
-    except InfeasibleError:
-        plan = None
-    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
-    if plan is not None:
-        _check_plan(profile, cluster, plan)
-        ref = spec_figures(profile, cluster, plan.to_dict())
-        assert ref["memory_fits"], "a replica exceeds its unit's memory"
-        for stage, transfer, memory in zip(plan.stages, ref["transfer_s"], ref["memory_gb"]):
-            assert math.isclose(stage.transfer_s, transfer, rel_tol=1e-9, abs_tol=1e-15)
-            assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9)
-    return plan, expected
-
-
 @settings(max_examples=300, **SETTINGS)
 @given(hardware_instances(), st.sampled_from(["cost", "time"]))
 def test_exact_matches_brute_force_with_memory_and_transfer(inst, objective):
-    plan, expected = _solve_both_1b(*inst, objective)
+    arrays, B0, min_throughput, hardware = inst
+    plan, expected = _solve_both(arrays, B0, min_throughput, objective, hardware=hardware)
     if plan is not None:
         figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
         assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
