@@ -104,8 +104,9 @@ class Problem:
         """Per layer, bytes every replica holds whatever ``k`` (unsharded training state) and bytes
         split across ``k`` replicas (sharded state and one batch of activations): section 1b's
         ``MEM(k) = fixed + split / k`` summed over a stage."""
-        state = self.state_factor * self.weight_size
-        split = np.where(self.sharded, state, 0.0) + self.batch_size * self.activation_size
+        with np.errstate(over="ignore"):  # inf when absurd sizes overflow: no memory holds that
+            state = self.state_factor * self.weight_size
+            split = np.where(self.sharded, state, 0.0) + self.batch_size * self.activation_size
         return np.where(self.sharded, 0.0, state), split
 
     def replace(self, **changes) -> Problem:

@@ -58,8 +58,9 @@ class _Table:
 
 def _table(problem: Problem) -> _Table:
     def spans(per_layer):
-        prefix = np.vstack([np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)])
-        return prefix[None, :, :] - prefix[:, None, :]
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where sizes overflow: ruled out below
+            prefix = np.vstack([np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)])
+            return prefix[None, :, :] - prefix[:, None, :]
 
     n, T = problem.n_layers, problem.n_types
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)[:, :, None]
@@ -429,10 +430,17 @@ def _memory_blocked(problem: Problem) -> str | None:
         ratio = np.where(problem.runnable[layer], need / problem.memory, np.inf)
         t = int(np.argmin(ratio))
         largest = float(np.max(np.where(np.isfinite(problem.memory), problem.memory, 0.0)))
+        name = problem.layer_names[layer]
+        if not np.isfinite(need[t]):
+            return (
+                f"layer {name} needs more memory than a float can count (state_factor x weight_size and "
+                "batch_size x activation_size overflow): give its real sizes"
+            )
+        shard = "" if problem.sharded[layer] else "mark it `sharded: true`, "
         return (
-            f"layer {problem.layer_names[layer]} needs {need[t] / 1e9:,.3g} GB per replica on {problem.types[t]} "
+            f"layer {name} needs {need[t] / 1e9:,.3g} GB per replica on {problem.types[t]} "
             f"(memory {problem.memory[t] / 1e9:g} GB) even on all {int(limits[t]):,} units; the largest memory "
-            f"on offer is {largest / 1e9:g} GB: mark it `sharded: true`, add memory, or allow more replicas"
+            f"on offer is {largest / 1e9:g} GB: {shard}add memory, or allow more replicas"
         )
     return None
 
