@@ -32,11 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.problem import Problem
-
-# Relative slack for constraint checks, so a plan that meets a limit to the last
-# bit in one summation order is not declared infeasible in another.
-SLACK = 1e-12
+from heterps_cli.problem import SLACK, Problem
 
 
 def stage_throughput(sc, pc, sd, pd, batch_size, k):

@@ -18,6 +18,10 @@ from heterps_cli.errors import InputError
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, usable_types
 from heterps_cli.yamlio import Document
 
+# Relative slack for constraint checks, so a plan that meets a limit to the last
+# bit in one summation order is not declared infeasible in another.
+SLACK = 1e-12
+
 
 @dataclass(frozen=True, eq=False)
 class Problem:
@@ -78,19 +82,25 @@ class Problem:
         )
 
     @cached_property
-    def usable(self) -> np.ndarray:
+    def fits_alone(self) -> np.ndarray:
         """``[n, T]``: runnable, and the layer alone fits a replica's memory with at most the type's
-        limit of replicas (section 1b; memory per replica only falls as replicas grow). Searches
-        choose among these; a layer no type can hold keeps its runnable types (exact says why)."""
+        limit of replicas (section 1b; memory per replica only falls as replicas grow)."""
         if not np.isfinite(self.memory).any():
             return self.runnable
         fixed, split = self.memory_parts
         with np.errstate(invalid="ignore"):
-            fits = fixed[:, None] + split[:, None] / self.limits[None, :] <= self.memory[None, :] * (1 + 1e-12)
-        usable = self.runnable & fits
-        return np.where(usable.any(axis=1)[:, None], usable, self.runnable)
+            fits = fixed[:, None] + split[:, None] / self.limits[None, :] <= self.memory[None, :] * (1 + SLACK)
+        return self.runnable & fits
 
-    @property
+    @cached_property
+    def usable(self) -> np.ndarray:
+        """The types searches choose among: :attr:`fits_alone`, except that a layer no type can hold
+        keeps its runnable types (exact then says why)."""
+        fits = self.fits_alone
+        held = np.asarray(fits.any(axis=1))
+        return np.where(held[:, None], fits, self.runnable)
+
+    @cached_property
     def boundary_bytes(self) -> np.ndarray:
         """``[n + 1]`` bytes per batch that cross the boundary before layer ``i`` (activations one
         way, their gradients back): ``2 * B0 * input_size[i]``; 0 before the first layer (the data
@@ -99,7 +109,7 @@ class Problem:
         out[1:-1] = 2.0 * self.batch_size * self.input_size[1:]
         return out
 
-    @property
+    @cached_property
     def memory_parts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per layer, bytes every replica holds whatever ``k`` (unsharded training state) and bytes
         split across ``k`` replicas (sharded state and one batch of activations): section 1b's

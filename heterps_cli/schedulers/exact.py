@@ -423,9 +423,7 @@ def _memory_blocked(problem: Problem) -> str | None:
         return None
     fixed, split = problem.memory_parts
     limits = problem.limits.astype(float)
-    k = min_memory_replicas(fixed[:, None], split[:, None], problem.memory[None, :])
-    fits = problem.runnable & (k <= limits[None, :])
-    for layer in np.flatnonzero(~fits.any(axis=1)):
+    for layer in np.flatnonzero(~problem.fits_alone.any(axis=1)):
         need = fixed[layer] + split[layer] / limits  # per replica on every unit of each type
         ratio = np.where(problem.runnable[layer], need / problem.memory, np.inf)
         t = int(np.argmin(ratio))
