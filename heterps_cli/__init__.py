@@ -84,17 +84,14 @@ def main() -> None:
 
         app(prog_name="heterps")
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        _exit_interrupted()
+        _exit_interrupted(said=False)
     except SystemExit as exc:
         if exc.code != 130:
             raise
         # typer exits 130 without a word when Ctrl-C lands in its own start-up (it imports pydantic
         # then); a command that was interrupted has already said so.
         cli = sys.modules.get("heterps_cli.cli.app")
-        if not (cli is not None and cli.INTERRUPT_REPORTED["done"]):
-            sys.stderr.write("interrupted\n")
-        _exit_interrupted()
+        _exit_interrupted(said=cli is not None and cli.INTERRUPT_REPORTED["done"])
     except Exception as exc:
         # Ctrl-C inside a class body being created (while a library loads) reaches us wrapped in a
         # RuntimeError; it is still Ctrl-C.
@@ -103,17 +100,19 @@ def main() -> None:
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        sys.stderr.write("interrupted\n")
-        _exit_interrupted()
+        _exit_interrupted(said=False)
 
 
-def _exit_interrupted() -> None:
-    """Exit 130 now. Files and child processes were already cleaned up as the interrupt unwound
-    (finally blocks); left to itself, CPython may instead kill itself with SIGINT at exit when a
-    KeyboardInterrupt passed through some of its own frames, which callers see as -2, not 130."""
+def _exit_interrupted(said: bool) -> None:
+    """Say "interrupted" unless a command already did, and exit 130 now. Files and child processes
+    were already cleaned up as the interrupt unwound (finally blocks); left to itself, CPython may
+    instead kill itself with SIGINT at exit when a KeyboardInterrupt passed through some of its own
+    frames, which callers see as -2, not 130."""
     import os
     import sys
 
+    if not said:
+        sys.stderr.write("interrupted\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)

@@ -99,8 +99,6 @@ INTERRUPT_REPORTED = {"done": False}  # heterps_cli.main says "interrupted" only
 
 
 def _print_error(prefix: str, lines: list[str]) -> None:
-    if prefix.startswith("interrupted"):
-        INTERRUPT_REPORTED["done"] = True
     for line in lines:
         err.print(Text(prefix, style="bold red") + Text(line))
 
@@ -117,7 +115,7 @@ def _exit_codes():
         _print_error("infeasible: ", [str(exc)])
         raise typer.Exit(EXIT_INFEASIBLE) from None
     except KeyboardInterrupt:
-        _print_error("interrupted", [""])
+        _report_interrupt("")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except typer.Exit:
         raise
@@ -165,8 +163,15 @@ def _write(path: str, data: str | bytes) -> None:
 
 def _interrupted(what: str) -> None:
     """After the output of a run that Ctrl-C cut short: say so, and exit 130 so scripts see it."""
-    _print_error("interrupted: ", [what])
+    _report_interrupt(what)
     raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _report_interrupt(what: str) -> None:
+    """'interrupted' (with what it means for the output, when there is some); heterps_cli.main then
+    adds nothing of its own."""
+    INTERRUPT_REPORTED["done"] = True
+    _print_error("interrupted: " if what else "interrupted", [what])
 
 
 ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (SPEC section 2).", show_default=False)]
