@@ -622,6 +622,106 @@ def profile_command(
         )
 
 
+@app.command(name="run")
+def run_command(
+    plan_file: Annotated[
+        Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
+    ],
+    model: Annotated[
+        str,
+        typer.Option(
+            help=f"The model the plan's profile was measured from: {', '.join(ZOO_NAMES)}, FILE.py:FACTORY or "
+            "package.module:FACTORY.",
+            show_default=False,
+        ),
+    ],
+    device_map: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map",
+            metavar="TYPE=DEVICE",
+            help="What a resource type of the plan is on this machine: cpu, cuda or cuda:N (repeat per type; "
+            "a type named cpu is the CPU unless mapped).",
+            show_default=False,
+        ),
+    ] = None,
+    input_shape: Annotated[
+        str | None,
+        typer.Option(help="Per-sample input shape, as for heterps profile.", callback=_shape, show_default=False),
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps measured (one batch each).")] = 20,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 3,
+    micro_batches: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Micro-batches per batch (GPipe schedule with a flush): more hide more of the pipeline's fill "
+            "and drain. Default 8, at most what every replica can get a sample of.",
+            show_default=False,
+        ),
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, help="Threads per process (one unit of a CPU type = one core).")] = 1,
+    max_processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Refuse a plan that needs more processes than this (default: the cores here).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(callback=_seed, help="Seeds the model's weights and the synthetic data.")] = 0,
+    lr: Annotated[float, typer.Option(callback=_positive, help="SGD learning rate.")] = 0.01,
+    timeout: Annotated[
+        float,
+        typer.Option(callback=_positive, help="Seconds any process may wait for another before the run fails."),
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    out_file: Annotated[
+        str | None,
+        typer.Option(
+            "--out", "-o", metavar="FILE", help="Also write the report as JSON here, atomically.", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Train with a plan on real processes (torch.distributed) and measure it against its prediction.
+
+    One process per replica of every stage; the stages form a pipeline (GPipe, micro-batches and a flush),
+    the replicas of a stage split each micro-batch and sum their gradients. Synthetic data: the model's
+    example batch and a fixed random target. Under torchrun each process is one rank (see the README).
+    """
+    with _exit_codes():
+        from heterps_cli import api
+        from heterps_cli.cli.render import run_view
+        from heterps_cli.runtime import parse_map
+
+        with _progress_bar() as report:
+            result = api.run(
+                str(plan_file),
+                model,
+                mapping=parse_map(device_map or []),
+                input_shape=cast(tuple[int, ...] | None, input_shape),
+                steps=steps,
+                warmup=warmup,
+                micro_batches=micro_batches,
+                threads=threads,
+                max_processes=max_processes,
+                seed=seed,
+                lr=lr,
+                timeout_s=timeout,
+                progress=report,
+            )
+        if result is None:  # a torchrun rank other than 0: rank 0 reports
+            return
+        if out_file is not None:
+            _write(out_file, result.to_json())
+        if as_json:
+            sys.stdout.write(result.to_json())
+            return
+        out.print(run_view(result))
+        if out_file is not None and out_file != "-":
+            out.print(Text(f"wrote {out_file}"))
+
+
 class Format(str, enum.Enum):
     table = "table"
     json = "json"

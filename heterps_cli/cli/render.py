@@ -391,3 +391,69 @@ def diff_view(old_path: str, new_path: str, changes, warnings: list[str]) -> Gro
             style = "red" if worse else "green"
         table.add_row(Text(c.what), Text(value(c.old, c.what)), Text(value(c.new, c.what)), change(c), style=style)
     return Group(*(Text(f"warning: {w}", style="yellow") for w in warnings), table)
+
+
+def run_view(report) -> Group:
+    """``heterps run``: what each stage spent per batch, then the plan's prediction beside the run."""
+    title = Text.assemble(
+        "run of ",
+        _bold(report.plan),
+        " with ",
+        _bold(report.model),
+        f": {plural(report.processes, 'process', 'processes')}, batch {report.batch_size} in "
+        f"{report.micro_batches} micro-batches, {report.steps} measured steps after {report.warmup} warm-up",
+    )
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    spent = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    spent.add_column("stage", no_wrap=True)
+    spent.add_column("layers", max_width=24)
+    spent.add_column("device", no_wrap=True)
+    for name in ("compute", "wait", "sync", "idle"):
+        spent.add_column(name, **number)
+    versus = Table(title="per batch, against the plan", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    versus.add_column("stage", no_wrap=True)
+    for name in ("plan CT", "plan DT", "plan samples/s", "run samples/s", "run/plan"):
+        versus.add_column(name, **number)
+    for s in report.stages:
+        stage = Text(f"{s.index} {clip(s.resource)}×{s.replicas}" + (" ◀" if s.index == report.bottleneck else ""))
+        spent.add_row(
+            stage,
+            Text(clip(s.first if s.first == s.last else f"{s.first} … {s.last}")),
+            Text(s.device),
+            _seconds(s.compute_s),
+            _seconds(s.wait_s),
+            _seconds(s.sync_s),
+            _seconds(s.idle_s),
+        )
+        versus.add_row(
+            stage.copy(),
+            _seconds(s.predicted_compute_s),
+            _seconds(s.predicted_comm_s),
+            f"{s.predicted_throughput:,.0f}",
+            f"{s.throughput:,.0f}",
+            f"{s.ratio:.2f}",
+        )
+    lines = [
+        Text.assemble(
+            "throughput ",
+            _bold(f"{report.throughput:,.1f} samples/s"),
+            f" measured, {report.predicted_throughput:,.1f} predicted: measured/predicted ",
+            _bold(f"{report.ratio:.2f}"),
+        ),
+        Text(
+            f"bottleneck: stage {report.bottleneck} measured (◀: most compute + sync per batch), "
+            f"stage {report.predicted_bottleneck} in the plan"
+        ),
+        Text(
+            "compute: the stage's layers forward and backward (its slowest replica); wait: blocked on a "
+            "neighbour stage, receiving or until it received (its work, the pipeline's fill and drain, the "
+            "transfer); sync: the gradient all-reduce among the replicas; idle: the rest; run samples/s: "
+            "batch / (compute + sync)",
+            style="dim",
+        ),
+    ]
+    if report.losses:
+        lines.append(
+            Text(f"loss {report.losses[0]:.6g} at step 1, {report.losses[-1]:.6g} at step {len(report.losses)}")
+        )
+    return Group(spent, versus, *lines)

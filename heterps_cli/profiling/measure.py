@@ -166,7 +166,7 @@ def _user_line(source: str | None, exc: BaseException) -> int | None:
     return line
 
 
-def _model_error(model: Model, exc: BaseException, what: str) -> InputError:
+def model_error(model: Model, exc: BaseException, what: str) -> InputError:
     """The model failed while we ran it: name the user's file and line when the failure passed through it."""
     line = _user_line(model.source, exc)
     where = model.source if line is not None else None
@@ -265,7 +265,7 @@ class Call:
     kwargs: dict
 
 
-def _layers(model: Model) -> dict[nn.Module, str]:
+def layers_of(model: Model) -> dict[nn.Module, str]:
     named = {m: n for n, m in model.module.named_modules()}
     if model.blocks is not None:
         return {b: named.get(b, f"block{i}") for i, b in enumerate(model.blocks)}
@@ -284,7 +284,7 @@ def _layers(model: Model) -> dict[nn.Module, str]:
 
 def trace(model: Model) -> list[Call]:
     """The layers in the order one forward pass calls them, each with a copy of its inputs."""
-    layers, calls, handles = _layers(model), [], []
+    layers, calls, handles = layers_of(model), [], []
     seen: dict[str, int] = {}
 
     def record(module, args, kwargs):
@@ -548,7 +548,7 @@ def measure(
     try:
         calls = trace(model)
     except Exception as exc:
-        raise _model_error(model, exc, "the model's forward pass failed") from None
+        raise model_error(model, exc, "the model's forward pass failed") from None
     if not calls:
         raise InputError(None, None, "MODEL", "the forward pass called no layer module")
     bandwidth, how = _bandwidth(device, link_gbps, report, notes)
@@ -571,7 +571,7 @@ def measure(
         try:
             step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
         except Exception as exc:
-            raise _model_error(model, exc, "the model's forward and backward pass failed") from None
+            raise model_error(model, exc, "the model's forward and backward pass failed") from None
         times = _time_layers(calls, device, repetitions, report, total, current)
         for i, call in enumerate(calls):
             current[:] = [call]
@@ -586,7 +586,7 @@ def measure(
     except InputError:
         raise
     except Exception as exc:
-        raise _model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
+        raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     finally:
         torch.set_num_threads(threads)
     if device == "cpu" and cores < 2:

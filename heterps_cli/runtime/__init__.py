@@ -1,0 +1,153 @@
+"""``heterps run``: train with a plan on real processes (torch.distributed) and measure it.
+
+:func:`run_plan` checks everything it can before a process starts (the plan's
+layers against the model's chain, the device of every resource type, the
+number of processes), then runs the plan locally (:mod:`.launch`) or as one
+rank of a ``torchrun`` job, and reports measured against predicted (:mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from heterps_cli.errors import InputError
+from heterps_cli.progress import Progress, quiet
+
+DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+DEFAULT_MICRO_BATCHES = 8  # the pipeline's fill and drain cost (S - 1) / (M + S - 1) of a step
+
+
+def parse_map(entries: list[str]) -> dict[str, str]:
+    """``TYPE=DEVICE`` entries (``--map``) as a dict."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        name, sep, device = entry.partition("=")
+        if not sep or not name or not DEVICE.match(device):
+            raise InputError(
+                None, None, "--map", f"{entry!r} is not TYPE=cpu, TYPE=cuda or TYPE=cuda:N (e.g. --map v100=cuda:0)"
+            )
+        out[name] = device
+    return out
+
+
+def devices_for(types: list[str], mapping: dict[str, str]) -> dict[str, str]:
+    """The device of every resource type the plan uses; a type named ``cpu`` defaults to the CPU."""
+    missing = [t for t in types if t not in mapping and t != "cpu"]
+    if missing:
+        raise InputError(
+            None,
+            None,
+            "--map",
+            f"no device for resource type{'s' if len(missing) > 1 else ''} {', '.join(missing)}: say what each "
+            f"means on this machine, e.g. {' '.join(f'--map {t}=cuda:0' for t in missing[:2])} (or =cpu)",
+        )
+    devices = {t: mapping.get(t, "cpu") for t in types}
+    if any(d.startswith("cuda") for d in devices.values()):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError(None, None, "--map", "CUDA is not available on this machine: map the types to cpu")
+        count = torch.cuda.device_count()
+        for t, d in devices.items():
+            if d.startswith("cuda:") and int(d[5:]) >= count:
+                raise InputError(
+                    None, None, "--map", f"{t}={d}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}"
+                )
+    return devices
+
+
+def run_plan(
+    plan_path: str,
+    model: str,
+    *,
+    mapping: dict[str, str] | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    steps: int = 20,
+    warmup: int = 3,
+    micro_batches: int = DEFAULT_MICRO_BATCHES,
+    threads: int = 1,
+    max_processes: int | None = None,
+    seed: int = 0,
+    lr: float = 0.01,
+    timeout_s: float = 120.0,
+    progress: Progress | None = None,
+):
+    """Run the plan in ``plan_path`` with ``model``; a :class:`~.report.RunReport` (None on a torchrun rank > 0)."""
+    import torch
+
+    from heterps_cli.formats import load_plan
+    from heterps_cli.profiling.measure import load_model
+    from heterps_cli.runtime.chain import check_plan_layers, trace_chain
+    from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
+    from heterps_cli.runtime.report import build_report
+    from heterps_cli.runtime.worker import RunConfig
+
+    report = progress or quiet
+    plan, _ = load_plan(plan_path)
+    types = list(dict.fromkeys(s.resource for s in plan.stages))
+    devices = devices_for(types, mapping or {})
+    world = sum(s.replicas for s in plan.stages)
+    under_torchrun = torchrun_env() is not None
+    limit = max_processes if max_processes is not None else (os.cpu_count() or 1)
+    if not under_torchrun and world > limit:
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            f"the plan has {world} replicas in all, one process each, more than --max-processes {limit}: "
+            "raise --max-processes, run it on a cluster under torchrun, or plan with lower limits",
+        )
+    widest = max(s.replicas for s in plan.stages)
+    if widest > plan.batch_size:
+        raise InputError(
+            plan_path, None, "stages", f"a stage has {widest} replicas but a batch only {plan.batch_size} samples"
+        )
+    report(f"loading {model} and checking it against the plan")
+    torch.manual_seed(seed)
+    chain = trace_chain(load_model(model, plan.batch_size, input_shape))
+    check_plan_layers(chain, [s.layers for s in plan.stages], plan_path)
+    cfg = RunConfig(
+        model=model,
+        input_shape=input_shape,
+        batch_size=plan.batch_size,
+        stages=tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages),
+        devices=devices,
+        micro_batches=micro_batches,
+        steps=steps,
+        warmup=warmup,
+        threads=threads,
+        seed=seed,
+        lr=lr,
+        timeout_s=timeout_s,
+    )
+    result = run_torchrun(cfg) if under_torchrun else launch_local(cfg, report)
+    if result is None:
+        return None
+    return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches)
+
+
+def single_process_losses(
+    model: str, batch_size: int, steps: int, *, input_shape=None, seed: int = 0, lr: float = 0.01
+) -> list[float]:
+    """The losses of the same training in one process, the whole model at once: what a run must match."""
+    import torch
+
+    from heterps_cli.profiling.measure import load_model
+    from heterps_cli.runtime.chain import trace_chain
+    from heterps_cli.runtime.worker import per_sample_loss, target_for
+
+    torch.manual_seed(seed)
+    loaded = load_model(model, batch_size, input_shape)
+    chain = trace_chain(loaded)
+    module = chain.stage(chain.names).train()
+    optimiser = torch.optim.SGD(module.parameters(), lr=lr)
+    target = target_for(chain.outputs[-1].shape, batch_size, seed)
+    losses = []
+    for _ in range(steps):
+        loss = per_sample_loss(module(loaded.inputs[0]), target, batch_size)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    return losses

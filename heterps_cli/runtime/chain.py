@@ -1,0 +1,137 @@
+"""A model as the chain of layers a plan splits: checked, cut into stages, with the shapes between them.
+
+``heterps run`` can split a model only where one layer's output is the next
+layer's whole input. So the model's forward pass is traced once (forward hooks
+on the same layers ``heterps profile`` measures) and it must be such a chain:
+the model's input goes into the first layer, each layer's only tensor argument
+is the tensor the layer before returned, and the model returns the last layer's
+output. ``nn.Sequential`` models are chains; a factory may return its blocks as a
+third item to make a model with residual connections one (each block a layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from heterps_cli.errors import InputError
+from heterps_cli.profiling.measure import Model, layers_of, model_error
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The tensor that leaves a layer: its shape per sample and its dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class Chain:
+    names: list[str]
+    modules: list[nn.Module]
+    outputs: list[Boundary]  # after each layer
+
+    def stage(self, layers: list[str] | tuple[str, ...]) -> nn.Sequential:
+        index = {name: i for i, name in enumerate(self.names)}
+        return nn.Sequential(*(self.modules[index[name]] for name in layers))
+
+    def output_after(self, layer: str) -> Boundary:
+        return self.outputs[self.names.index(layer)]
+
+
+def _not_chain(model: Model, why: str) -> InputError:
+    return InputError(
+        None,
+        None,
+        "MODEL",
+        f"model {model.name} is not a chain of its layers: {why}. heterps run splits a model only where one "
+        "layer's output is the next one's whole input (an nn.Sequential, or a factory that returns "
+        "(module, example, blocks) with blocks that chain)",
+    )
+
+
+def trace_chain(model: Model) -> Chain:
+    """The model's layers in call order, checked to form a chain (else an exit-2 InputError)."""
+    if len(model.inputs) != 1:
+        raise _not_chain(model, f"its forward takes {len(model.inputs)} inputs, a chain takes one")
+    layers = layers_of(model)
+    calls: list[tuple[str, nn.Module, object, object]] = []  # name, module, input, output
+    problems: list[str] = []
+
+    def record(module, args, kwargs, output):
+        name = layers[module] or type(module).__name__.lower()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+        if any(m is module for _, m, _, _ in calls):
+            problems.append(f"layer {name!r} is called more than once")
+        elif len(tensors) != 1 or not args or args[0] is not tensors[0]:
+            problems.append(f"layer {name!r} takes {len(tensors)} tensors, a link of a chain takes one")
+        elif not isinstance(output, torch.Tensor):
+            problems.append(f"layer {name!r} returns a {type(output).__name__}, not one tensor")
+        calls.append((name, module, args[0] if args else None, output))
+
+    # Two samples in eval mode: only shapes matter, and no batch-norm statistics or random numbers change.
+    example = model.inputs[0][:2]
+    training = model.module.training
+    handles = [m.register_forward_hook(record, with_kwargs=True) for m in layers]
+    try:
+        model.module.eval()
+        with torch.no_grad():
+            result = model.module(example)
+    except Exception as exc:
+        raise model_error(model, exc, "the model's forward pass failed") from None
+    finally:
+        model.module.train(training)
+        for h in handles:
+            h.remove()
+    if problems:
+        raise _not_chain(model, problems[0])
+    if not calls:
+        raise _not_chain(model, "its forward calls none of its layers")
+    previous: object = example
+    for name, _, given, output in calls:
+        if given is not previous:
+            before = "the model's input" if previous is example else "the output of the layer before"
+            raise _not_chain(model, f"layer {name!r} does not take {before}")
+        previous = output
+    if result is not calls[-1][3]:
+        raise _not_chain(model, f"the model does not return the output of its last layer {calls[-1][0]!r}")
+    return Chain(
+        names=[name for name, *_ in calls],
+        modules=[module for _, module, _, _ in calls],
+        outputs=[Boundary(tuple(out.shape[1:]), out.dtype) for *_, out in calls],  # type: ignore[union-attr]
+    )
+
+
+def check_plan_layers(chain: Chain, stages: list[list[str]], plan_path: str) -> None:
+    """The plan's stages, in order, must be exactly the chain's layers."""
+    known = set(chain.names)
+    for s, layers in enumerate(stages):
+        for name in layers:
+            if name not in known:
+                raise InputError(
+                    plan_path,
+                    None,
+                    f"stages[{s}].layers",
+                    f"layer {name!r} is not a layer of the model (its layers: {_listed(chain.names)}); "
+                    "run the plan with the model its profile was measured from",
+                )
+    flat = [name for layers in stages for name in layers]
+    if flat != chain.names:
+        at = next((i for i, (a, b) in enumerate(zip(flat, chain.names)) if a != b), min(len(flat), len(chain.names)))
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            f"the plan's layers differ from the model's chain at position {at} "
+            f"(plan: {_listed(flat[at : at + 3])}, model: {_listed(chain.names[at : at + 3])}); "
+            f"the plan has {len(flat)} layers, the model {len(chain.names)}",
+        )
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:8])
+    return shown + (f", … ({len(names)} in all)" if len(names) > 8 else "") if names else "none"

@@ -1,0 +1,133 @@
+"""Starting a run's processes, here or under ``torchrun``, and never leaving one behind.
+
+Locally, :func:`launch_local` starts one process per replica (spawned, so each
+is a fresh interpreter with its own thread count) and watches them all. The
+first to fail (an exception, or killed outright) ends the run: every other
+process is stopped (SIGTERM, then SIGKILL after a grace period) and the worker's
+own error is raised as an exit-2 error. Ctrl-C or SIGTERM to ``heterps run`` stops
+them the same way as it unwinds. Each worker also exits by itself if the
+launcher disappears (killed with SIGKILL), so no process is orphaned.
+
+Under ``torchrun`` (:func:`torchrun_env`), each process ``torchrun`` starts is
+one rank: ``heterps run`` joins the group through torchrun's environment and
+rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from heterps_cli.errors import InputError
+from heterps_cli.progress import Progress, quiet
+from heterps_cli.runtime.worker import RunConfig, run_rank, spawned
+
+GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when this process was started by torchrun, else None."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_RANK" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def run_torchrun(cfg: RunConfig) -> dict | None:
+    """This process's rank of a torchrun job; rank 0 returns every rank's measurements."""
+    env = torchrun_env()
+    assert env is not None
+    rank, world, local = env
+    need = cfg.layout().world_size
+    if world != need:
+        raise InputError(
+            None,
+            None,
+            "torchrun",
+            f"the plan has {need} replicas in all, so it runs as {need} processes; torchrun started {world} "
+            "(give --nnodes/--nproc-per-node that add up to the plan's replicas)",
+        )
+    result = run_rank(rank, world, "env://", cfg, local)
+    return result if rank == 0 else None
+
+
+def _describe(rank: int, cfg: RunConfig) -> str:
+    stage, replica = cfg.layout().place(rank)
+    return (
+        f"worker rank {rank} (stage {stage.index}, replica {replica + 1} of {stage.replicas}, "
+        f"{stage.resource} on {cfg.devices[stage.resource]})"
+    )
+
+
+def _failure(process, rank: int, cfg: RunConfig, out: Path) -> tuple[int, str]:
+    """How ``process`` failed, and a sort key that puts a root cause before its echoes."""
+    err = out / f"rank{rank}.err"
+    if err.exists():
+        first = err.read_text().split("\n\n", 1)[0].strip()
+        # A worker whose neighbour died fails on the closed connection: the neighbour is the story.
+        echo = any(w in first.lower() for w in ("connection closed", "connection reset", "broken pipe", "timed out"))
+        return (1 if echo else 0), f"{_describe(rank, cfg)} failed: {first}"
+    code = process.exitcode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        return 0, f"{_describe(rank, cfg)} was killed by {name}"
+    return 0, f"{_describe(rank, cfg)} exited with code {code}"
+
+
+def _stop(processes: list) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
+    """Run ``cfg`` as one local process per replica; every rank's measurements (from rank 0)."""
+    import multiprocessing
+
+    report = progress or quiet
+    world = cfg.layout().world_size
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="heterps-run-") as tmp:
+        out = Path(tmp)
+        port = free_port()
+        processes = [
+            ctx.Process(
+                target=spawned, args=(r, world, port, cfg, tmp, os.getpid()), name=f"heterps-rank{r}", daemon=True
+            )
+            for r in range(world)
+        ]
+        try:
+            for p in processes:
+                p.start()
+            report(f"running {world} processes: {cfg.warmup} warm-up and {cfg.steps} measured steps")
+            pending = dict(enumerate(processes))
+            while pending:
+                wait([p.sentinel for p in pending.values()], timeout=1.0)
+                failed = [(r, p) for r, p in pending.items() if p.exitcode not in (None, 0)]
+                if failed:
+                    time.sleep(0.2)  # let the echoes of a failure land, so the root cause can be told apart
+                    failed = [(r, p) for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
+                    causes = sorted(_failure(p, r, cfg, out) for r, p in failed)
+                    raise InputError(None, None, None, causes[0][1])
+                pending = {r: p for r, p in pending.items() if p.exitcode is None}
+            return json.loads((out / "result.json").read_text())
+        finally:
+            _stop(processes)

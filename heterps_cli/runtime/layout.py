@@ -1,0 +1,88 @@
+"""Who runs what, and which samples go where: a plan laid out on processes (pure, no torch).
+
+Ranks are assigned stage by stage (stage 0's replicas first), as ``torchrun``
+launches them. A batch of ``batch_size`` samples is cut into ``micro_batches``
+contiguous micro-batches; each micro-batch is cut into ``k`` contiguous shards,
+one per replica of a stage. Replica counts differ between stages, so shard
+boundaries do too: a replica sends each neighbour-stage replica the part of its
+shard that overlaps the neighbour's (:func:`overlaps`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into ``parts`` contiguous intervals whose sizes differ by at most one
+    (the first ones get the extra samples), as ``torch.tensor_split`` cuts."""
+    size, extra = divmod(stop - start, parts)
+    bounds = [start]
+    for i in range(parts):
+        bounds.append(bounds[-1] + size + (1 if i < extra else 0))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    index: int
+    resource: str
+    replicas: int
+    layers: tuple[str, ...]
+    first_rank: int
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.first_rank, self.first_rank + self.replicas))
+
+
+@dataclass(frozen=True)
+class Layout:
+    stages: tuple[StageLayout, ...]
+    batch_size: int
+    micro_batches: int
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.replicas for s in self.stages)
+
+    def place(self, rank: int) -> tuple[StageLayout, int]:
+        """The stage ``rank`` runs and its replica index within it."""
+        for stage in self.stages:
+            if rank < stage.first_rank + stage.replicas:
+                return stage, rank - stage.first_rank
+        raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+
+    def micro(self, j: int) -> tuple[int, int]:
+        return split(0, self.batch_size, self.micro_batches)[j]
+
+    def shard(self, stage: StageLayout, replica: int, j: int) -> tuple[int, int]:
+        """The samples of micro-batch ``j`` that ``replica`` of ``stage`` runs (batch indices)."""
+        return split(*self.micro(j), stage.replicas)[replica]
+
+    def overlaps(self, stage: StageLayout, replica: int, other: StageLayout, j: int) -> list[tuple[int, int, int]]:
+        """``(rank, start, stop)`` for each replica of ``other`` whose shard of micro-batch ``j``
+        overlaps this replica's, in rank order; ``start, stop`` are batch indices."""
+        a, b = self.shard(stage, replica, j)
+        out = []
+        for r in range(other.replicas):
+            c, d = self.shard(other, r, j)
+            lo, hi = max(a, c), min(b, d)
+            if lo < hi:
+                out.append((other.first_rank + r, lo, hi))
+        return out
+
+
+def layout(stages: list[tuple[str, int, list[str]]], batch_size: int, micro_batches: int) -> Layout:
+    """The layout of stages given as ``(resource, replicas, layer names)``.
+
+    ``micro_batches`` is capped so that every replica of every stage has at
+    least one sample of each micro-batch.
+    """
+    widest = max(replicas for _, replicas, _ in stages)
+    micro_batches = max(1, min(micro_batches, batch_size // widest))
+    out, rank = [], 0
+    for i, (resource, replicas, layers) in enumerate(stages):
+        out.append(StageLayout(i, resource, replicas, tuple(layers), rank))
+        rank += replicas
+    return Layout(tuple(out), batch_size, micro_batches)

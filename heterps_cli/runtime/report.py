@@ -1,0 +1,116 @@
+"""A run measured against its plan's prediction: per stage and for the whole pipeline."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+
+from heterps_cli.formats import PlanFile
+
+
+@dataclass(frozen=True)
+class StageReport:
+    index: int
+    resource: str
+    replicas: int
+    device: str
+    first: str
+    last: str
+    predicted_compute_s: float  # the plan's CT_s per batch
+    predicted_comm_s: float  # the plan's DT_s per batch
+    predicted_throughput: float
+    compute_s: float  # measured per batch: the slowest replica's forward + backward
+    wait_s: float  # blocked on a neighbour stage: receiving, or until it received (mean over replicas)
+    sync_s: float  # the gradient all-reduce among the replicas
+    idle_s: float  # the rest of the step
+    throughput: float  # batch_size / (compute_s + sync_s): what the stage alone could sustain
+
+    @property
+    def ratio(self) -> float:
+        return self.throughput / self.predicted_throughput if self.predicted_throughput else float("inf")
+
+
+@dataclass(frozen=True)
+class RunReport:
+    plan: str
+    model: str
+    batch_size: int
+    processes: int
+    micro_batches: int
+    steps: int
+    warmup: int
+    predicted_throughput: float
+    throughput: float  # measured: samples per second over the measured steps
+    predicted_bottleneck: int
+    bottleneck: int  # the stage whose busy time (compute + sync) per batch is largest
+    losses: list[float]  # per step, warm-up included: the whole batch's mean loss
+    stages: list[StageReport]
+
+    @property
+    def ratio(self) -> float:
+        return self.throughput / self.predicted_throughput if self.predicted_throughput else float("inf")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["ratio"] = self.ratio
+        for stage, data in zip(self.stages, out["stages"]):
+            data["ratio"] = stage.ratio
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], micro_batches: int) -> RunReport:
+    """Each rank's per-step times (``worker.train``) summarised against the plan's figures."""
+    B = plan.batch_size
+    stages = []
+    for s, stage in enumerate(plan.stages):
+        mine = [r for r in ranks if r["stage"] == s]
+        compute = max(_median(r["compute"]) for r in mine)
+        wait = statistics.fmean(_median(r["wait"]) for r in mine)
+        sync = statistics.fmean(_median(r["sync"]) for r in mine)
+        wall = statistics.fmean(_median(r["wall"]) for r in mine)
+        busy = compute + sync
+        stages.append(
+            StageReport(
+                index=s,
+                resource=stage.resource,
+                replicas=stage.replicas,
+                device=mine[0]["device"],
+                first=stage.layers[0],
+                last=stage.layers[-1],
+                predicted_compute_s=stage.compute_s,
+                predicted_comm_s=stage.comm_s,
+                predicted_throughput=stage.throughput,
+                compute_s=compute,
+                wait_s=wait,
+                sync_s=sync,
+                idle_s=max(0.0, wall - compute - wait - sync),
+                throughput=B / busy if busy > 0 else float("inf"),
+            )
+        )
+    steps = len(ranks[0]["wall"])
+    elapsed = max(sum(r["wall"]) for r in ranks)
+    last = len(plan.stages) - 1
+    losses = [sum(values) for values in zip(*(r["losses"] for r in ranks if r["stage"] == last))]
+    return RunReport(
+        plan=plan_path,
+        model=model,
+        batch_size=B,
+        processes=len(ranks),
+        micro_batches=micro_batches,
+        steps=steps,
+        warmup=len(ranks[0]["losses"]) - steps,
+        predicted_throughput=plan.throughput,
+        throughput=B * steps / elapsed if elapsed > 0 else float("inf"),
+        predicted_bottleneck=plan.bottleneck,
+        bottleneck=max(range(len(stages)), key=lambda i: stages[i].compute_s + stages[i].sync_s),
+        losses=losses,
+        stages=stages,
+    )

@@ -1,0 +1,264 @@
+"""One process of a run: one replica of one stage, trained with a GPipe schedule, and timed.
+
+Every step, the batch's micro-batches go forward through the stage one after
+another (activations in from the stage before, out to the stage after, by
+interval overlap: :mod:`heterps_cli.runtime.layout`), then backward in reverse
+(gradients the other way), then the stage's replicas sum their gradients and
+each takes the same optimiser step: a flush, so training is synchronous and the
+loss is that of one process running the whole model.
+
+The loss of a sample is the mean squared error between the model's output and a
+fixed random target; a replica's loss is the sum over its samples divided by the
+whole batch size. Summing gradients over replicas therefore gives exactly the
+gradient of the whole batch's mean loss, even when shards differ in size.
+
+Times per step: ``compute`` (the stage's layers, forward and backward),
+``wait`` (blocked receiving activations or gradients, or until the neighbour has
+received what this replica sent: the neighbour's work, the pipeline's fill and
+drain, and the transfer itself), ``sync`` (the gradient all-reduce among the
+stage's replicas), and ``idle`` (the rest of the step: Python between the pieces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from heterps_cli.runtime.layout import Layout, layout
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every process needs to know; picklable, the same for every rank."""
+
+    model: str
+    input_shape: tuple[int, ...] | None
+    batch_size: int
+    stages: tuple[tuple[str, int, tuple[str, ...]], ...]  # (resource, replicas, layers)
+    devices: dict[str, str]  # resource type -> cpu, cuda or cuda:i
+    micro_batches: int
+    steps: int
+    warmup: int
+    threads: int = 1
+    seed: int = 0
+    lr: float = 0.01
+    timeout_s: float = 120.0
+
+    def layout(self) -> Layout:
+        return layout([(r, k, list(layers)) for r, k, layers in self.stages], self.batch_size, self.micro_batches)
+
+
+@dataclass
+class Times:
+    compute: list[float] = field(default_factory=list)
+    wait: list[float] = field(default_factory=list)
+    sync: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+
+
+def device_for(name: str, local_rank: int | None) -> torch.device:
+    """``cuda`` alone means this process's own GPU: the local rank's, modulo the GPUs present."""
+    if name == "cuda":
+        count = torch.cuda.device_count()
+        return torch.device("cuda", (local_rank or 0) % max(count, 1))
+    return torch.device(name)
+
+
+def per_sample_loss(output: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
+    return ((output.float() - target) ** 2).reshape(output.shape[0], -1).mean(dim=1).sum() / batch_size
+
+
+def target_for(shape: tuple[int, ...], batch_size: int, seed: int) -> torch.Tensor:
+    return torch.randn((batch_size, *shape), generator=torch.Generator().manual_seed(seed + 1))
+
+
+def _synchronise(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
+    """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
+    from heterps_cli.profiling.measure import load_model
+    from heterps_cli.runtime.chain import trace_chain
+
+    torch.set_num_threads(cfg.threads)
+    lay = cfg.layout()
+    stage, replica = lay.place(rank)
+    device = device_for(cfg.devices[stage.resource], local_rank)
+    # Every rank creates every stage's group, in the same order (torch.distributed requires it).
+    groups = [
+        dist.new_group(s.ranks, backend="nccl" if cfg.devices[s.resource].startswith("cuda") else "gloo")
+        if s.replicas > 1
+        else None
+        for s in lay.stages
+    ]
+    torch.manual_seed(cfg.seed)
+    model = load_model(cfg.model, cfg.batch_size, cfg.input_shape)
+    chain = trace_chain(model)
+    module = chain.stage(stage.layers).to(device).train()
+    optimiser = torch.optim.SGD(module.parameters(), lr=cfg.lr)
+    params = [p for p in module.parameters() if p.requires_grad]
+    last = stage.index == len(lay.stages) - 1
+    before = lay.stages[stage.index - 1] if stage.index > 0 else None
+    after = lay.stages[stage.index + 1] if not last else None
+    incoming = chain.output_after(before.layers[-1]) if before else None
+    outgoing = chain.output_after(stage.layers[-1])
+    target = target_for(chain.outputs[-1].shape, cfg.batch_size, cfg.seed) if last else None
+    inputs = model.inputs[0]
+    M = lay.micro_batches
+    times, losses = Times(), []
+
+    def receive(source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
+        pieces, waited = [], 0.0
+        for src, lo, hi in lay.overlaps(stage, replica, source_stage, j):
+            buffer = torch.empty((hi - lo, *boundary.shape), dtype=boundary.dtype)
+            start = time.perf_counter()
+            dist.recv(buffer, src=src, tag=tag)
+            waited += time.perf_counter() - start
+            pieces.append(buffer)
+        return torch.cat(pieces).to(device), waited
+
+    def send(tensor: torch.Tensor, offset: int, target_stage, j: int, tag: int, handles: list) -> None:
+        host = tensor.detach().cpu()
+        for dst, lo, hi in lay.overlaps(stage, replica, target_stage, j):
+            handles.append(dist.isend(host[lo - offset : hi - offset].contiguous(), dst=dst, tag=tag))
+
+    for step in range(cfg.warmup + cfg.steps):
+        if step == cfg.warmup:
+            dist.barrier()
+        compute = wait = sync = 0.0
+        began = time.perf_counter()
+        handles: list = []
+        kept = []
+        step_loss = 0.0
+        for j in range(M):
+            a, b = lay.shard(stage, replica, j)
+            if before is None:
+                x = inputs[a:b].to(device)
+            else:
+                x, waited = receive(before, j, j, incoming)
+                wait += waited
+                if x.is_floating_point():
+                    x.requires_grad_(True)
+            _synchronise(device)
+            start = time.perf_counter()
+            y = module(x)
+            if last:
+                assert target is not None
+                y = per_sample_loss(y, target[a:b].to(device), cfg.batch_size)
+            _synchronise(device)
+            compute += time.perf_counter() - start
+            if last:
+                step_loss += float(y.detach())
+            else:
+                send(y, a, after, j, j, handles)
+            kept.append((x, y, a))
+        for j in reversed(range(M)):
+            x, y, a = kept[j]
+            gradient = None
+            if after is not None and outgoing.dtype.is_floating_point:
+                gradient, waited = receive(after, j, M + j, outgoing)
+                wait += waited
+            _synchronise(device)
+            start = time.perf_counter()
+            if y.requires_grad and (last or gradient is not None):
+                y.backward(gradient)
+            _synchronise(device)
+            compute += time.perf_counter() - start
+            if before is not None and x.is_floating_point():
+                grad = x.grad if x.grad is not None else torch.zeros_like(x)
+                send(grad, a, before, j, M + j, handles)
+        start = time.perf_counter()
+        for handle in handles:
+            handle.wait()  # done once the neighbour has received: waiting on it, like a receive
+        wait += time.perf_counter() - start
+        start = time.perf_counter()
+        group = groups[stage.index]
+        if group is not None and params:
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for p in params:
+                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+        _synchronise(device)
+        sync += time.perf_counter() - start
+        optimiser.step()
+        optimiser.zero_grad(set_to_none=False)
+        losses.append(step_loss)
+        if step >= cfg.warmup:
+            times.compute.append(compute)
+            times.wait.append(wait)
+            times.sync.append(sync)
+            times.wall.append(time.perf_counter() - began)
+    dist.barrier()
+    return {
+        "rank": rank,
+        "stage": stage.index,
+        "replica": replica,
+        "device": str(device),
+        "losses": losses,
+        "compute": times.compute,
+        "wait": times.wait,
+        "sync": times.sync,
+        "wall": times.wall,
+    }
+
+
+def run_rank(rank: int, world_size: int, init_method: str | None, cfg: RunConfig, local_rank: int | None) -> dict:
+    """Join the process group, train, and gather every rank's measurements; rank 0 gets them all."""
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s)
+    )
+    try:
+        started = time.perf_counter()
+        mine = train(rank, world_size, cfg, local_rank)
+        mine["elapsed"] = time.perf_counter() - started
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, mine)
+        return {"ranks": gathered}
+    finally:
+        dist.destroy_process_group()
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the launcher is gone (killed outright): never leave an orphan behind."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def spawned(rank: int, world_size: int, port: int, cfg: RunConfig, out_dir: str, parent: int) -> None:
+    """The entry point of a process ``heterps run`` starts locally.
+
+    Ctrl-C reaches every process of the terminal's group: the launcher handles it
+    and ends the workers, so they ignore it. What a worker fails with goes to
+    ``rank{N}.err`` for the launcher to report; rank 0's results to ``result.json``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    out = Path(out_dir)
+    try:
+        result = run_rank(rank, world_size, f"tcp://127.0.0.1:{port}", cfg, rank)
+        if rank == 0:
+            partial = out / "result.tmp"
+            partial.write_text(json.dumps(result))
+            partial.replace(out / "result.json")
+    except BaseException as exc:
+        from heterps_cli.errors import InputError
+
+        text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+        (out / f"rank{rank}.err").write_text(text + "\n\n" + traceback.format_exc())
+        os._exit(1)
