@@ -102,7 +102,7 @@ def trace_chain(model: Model) -> Chain:
     return Chain(
         names=[name for name, *_ in calls],
         modules=[module for _, module, _, _ in calls],
-        outputs=[Boundary(tuple(out.shape[1:]), out.dtype) for *_, out in calls],  # type: ignore[union-attr]
+        outputs=[Boundary(tuple(out.shape[1:]), out.dtype) for *_, out in calls if isinstance(out, torch.Tensor)],
     )
 
 

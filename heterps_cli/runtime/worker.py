@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -227,6 +228,7 @@ def run_rank(rank: int, world_size: int, init_method: str | None, cfg: RunConfig
         mine["elapsed"] = time.perf_counter() - started
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, mine)
+        dist.barrier()  # no rank leaves while another still talks to it
         return {"ranks": gathered}
     finally:
         dist.destroy_process_group()
@@ -262,3 +264,8 @@ def spawned(rank: int, world_size: int, port: int, cfg: RunConfig, out_dir: str,
         text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
         (out / f"rank{rank}.err").write_text(text + "\n\n" + traceback.format_exc())
         os._exit(1)
+    # gloo's threads may still be winding down: leaving without C++ destructors avoids their
+    # occasional "terminate called without an active exception" abort at exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

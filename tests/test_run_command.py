@@ -1,0 +1,335 @@
+"""heterps run: a plan trained on real processes (gloo on this CPU), checked against one process.
+
+Every run here is the real command in a subprocess of its own session, so that
+the test can send it signals and then prove that none of its processes is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heterps_cli.cli.app import app
+from heterps_cli.runtime import single_process_losses
+from heterps_cli.runtime.layout import layout
+
+MLP_LAYERS = [str(i) for i in range(7)]  # nn.Sequential: fc, relu, fc, relu, fc, relu, fc
+
+
+def write_plan(path: Path, stages: list[tuple[str, int, list[str]]], batch_size: int = 64, model: str = "mlp") -> Path:
+    """A plan file as heterps plan writes it (the run reads its stages; the figures are the prediction)."""
+    rows = [
+        {
+            "first": MLP_LAYERS.index(layers[0]) if layers[0] in MLP_LAYERS else 0,
+            "last": MLP_LAYERS.index(layers[-1]) if layers[-1] in MLP_LAYERS else 0,
+            "layers": layers,
+            "resource": resource,
+            "replicas": replicas,
+            "compute_s": 0.01,
+            "comm_s": 0.001,
+            "throughput": batch_size / 0.01,
+        }
+        for resource, replicas, layers in stages
+    ]
+    units: dict[str, int] = {}
+    for resource, replicas, _ in stages:
+        units[resource] = units.get(resource, 0) + replicas
+    plan = {
+        "model": model,
+        "cluster": "here",
+        "objective": "time",
+        "scheduler": "exact",
+        "seed": 0,
+        "batch_size": batch_size,
+        "samples": 1000,
+        "epochs": 1,
+        "min_throughput": 0,
+        "stages": rows,
+        "resources": units,
+        "throughput": batch_size / 0.01,
+        "bottleneck": 0,
+        "time_s": 1,
+        "cost_usd": 1,
+        "feasible": True,
+        "solve_s": 0,
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def heterps(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "heterps_cli", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes still alive in ``session`` (Linux /proc)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+# -- the layout: every sample goes to exactly one replica, and sends match receives -------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    replicas=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    batch=st.integers(1, 40),
+    micro=st.integers(1, 10),
+)
+def test_layout_sends_each_sample_once_to_its_owner(replicas, batch, micro):
+    if max(replicas) > batch:
+        return
+    lay = layout([(f"t{i}", k, [f"l{i}"]) for i, k in enumerate(replicas)], batch, micro)
+    micro_bounds = [lay.micro(j) for j in range(lay.micro_batches)]
+    assert [i for a, b in micro_bounds for i in range(a, b)] == list(range(batch))
+    for j in range(lay.micro_batches):
+        for stage in lay.stages:
+            owned = sorted(i for r in range(stage.replicas) for i in range(*lay.shard(stage, r, j)))
+            assert owned == list(range(*lay.micro(j)))  # each sample of the micro-batch, once
+            assert all(lay.shard(stage, r, j)[1] > lay.shard(stage, r, j)[0] for r in range(stage.replicas))
+        for left, right in zip(lay.stages, lay.stages[1:]):
+            sent = {(left.first_rank + r, *o) for r in range(left.replicas) for o in lay.overlaps(left, r, right, j)}
+            got = {
+                (src, right.first_rank + r, lo, hi)
+                for r in range(right.replicas)
+                for src, lo, hi in lay.overlaps(right, r, left, j)
+            }
+            assert {(src, dst, lo, hi) for src, dst, lo, hi in sent} == got
+            for dst_r in range(right.replicas):  # brute force: who owns each sample on both sides
+                for i in range(*lay.shard(right, dst_r, j)):
+                    owner = next(
+                        r for r in range(left.replicas) if lay.shard(left, r, j)[0] <= i < lay.shard(left, r, j)[1]
+                    )
+                    assert any(
+                        src == left.first_rank + owner and lo <= i < hi
+                        for src, lo, hi in lay.overlaps(right, dst_r, left, j)
+                    )
+
+
+# -- training: the losses of one process -------------------------------------------------------------
+
+
+def _losses(report: dict) -> list[float]:
+    return report["losses"]
+
+
+@pytest.mark.slow
+def test_two_stage_run_matches_one_process_and_reports(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu2", 1, MLP_LAYERS[4:])])
+    out = tmp_path / "report.json"
+    done = heterps(
+        "run", str(plan), "--model", "mlp", "--map", "cpu2=cpu", "--steps", "5", "--warmup", "0", "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    reference = single_process_losses("mlp", 64, 5)
+    assert len(_losses(report)) == 5
+    assert max(abs(a - b) for a, b in zip(_losses(report), reference)) < 1e-5
+    assert report["processes"] == 2 and len(report["stages"]) == 2
+    assert report["throughput"] > 0 and report["ratio"] == pytest.approx(report["throughput"] / 6400)
+    for stage in report["stages"]:
+        assert stage["compute_s"] > 0 and stage["wait_s"] >= 0 and stage["idle_s"] >= 0
+    assert "measured/predicted" in done.stdout and "bottleneck: stage" in done.stdout
+
+
+def test_replicas_of_a_stage_split_the_batch_and_still_match(tmp_path):
+    """3 processes: stage 1 has 2 replicas, so its shards differ from stage 0's and gradients are summed."""
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:3]), ("cpu2", 2, MLP_LAYERS[3:])], batch_size=30)
+    done = heterps(
+        "run", str(plan), "--model", "mlp", "--map", "cpu2=cpu", "--steps", "5", "--warmup", "0",
+        "--micro-batches", "4", "--max-processes", "3", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    reference = single_process_losses("mlp", 30, 5)
+    assert max(abs(a - b) for a, b in zip(_losses(report), reference)) < 1e-5
+    assert [s["replicas"] for s in report["stages"]] == [1, 2] and report["processes"] == 3
+    assert report["losses"][-1] < report["losses"][0]  # it trains
+
+
+@pytest.mark.slow
+def test_a_plan_from_heterps_plan_runs(tmp_path):
+    """The whole path: a profile with two CPU types, heterps plan, then heterps run of that plan."""
+    layers = []
+    for i, name in enumerate(MLP_LAYERS):
+        fast_first = i < 4
+        layers.append(
+            {
+                "name": name,
+                "type": "fc" if i % 2 == 0 else "activation",
+                "input_size": 4096,
+                "weight_size": 4_000_000 if i % 2 == 0 else 0,
+                "times": {
+                    "cpu": {"oct": 0.004 if fast_first else 0.02, "odt": 0.0, "alpha": 0.8, "beta": 0},
+                    "cpu2": {"oct": 0.02 if fast_first else 0.004, "odt": 0.0, "alpha": 0.8, "beta": 0},
+                },
+            }
+        )
+    import yaml
+
+    (tmp_path / "mlp.yaml").write_text(yaml.safe_dump({"model": "mlp", "batch_size": 64, "layers": layers}))
+    (tmp_path / "two.yaml").write_text(
+        "cluster: two\nresources:\n  cpu: {price: 1.0, limit: 1}\n  cpu2: {price: 1.5, limit: 1}\n"
+    )
+    planned = heterps(
+        "plan", str(tmp_path / "mlp.yaml"), str(tmp_path / "two.yaml"), "--objective", "time", "--samples", "1000",
+        "--scheduler", "exact", "--out", str(tmp_path / "plan.yaml"),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    done = heterps("run", str(tmp_path / "plan.yaml"), "--model", "mlp", "--map", "cpu2=cpu", "--steps", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [(s["resource"], s["first"], s["last"]) for s in report["stages"]] == [("cpu", "0", "3"), ("cpu2", "4", "6")]
+    assert report["predicted_throughput"] > 0 and report["stages"][0]["predicted_compute_s"] > 0
+
+
+# -- bad input: one paragraph, exit 2, before any process starts -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stages", "args", "message"),
+    [
+        ([("cpu", 1, ["0", "1", "9"]), ("cpu", 1, MLP_LAYERS[3:])], [], "layer '9' is not a layer of the model"),
+        ([("cpu", 1, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[5:])], [], "differ from the model's chain at position 4"),
+        ([("cpu", 1, MLP_LAYERS[:4]), ("gpu", 1, MLP_LAYERS[4:])], [], "no device for resource type gpu"),
+        ([("cpu", 1, MLP_LAYERS[:4]), ("gpu", 1, MLP_LAYERS[4:])], ["--map", "gpu"], "is not TYPE=cpu"),
+        ([("cpu", 3, MLP_LAYERS)], ["--max-processes", "2"], "more than --max-processes 2"),
+    ],
+)
+def test_bad_runs_are_refused_before_starting(runner, tmp_path, stages, args, message):
+    plan = write_plan(tmp_path / "plan.json", stages)
+    result = runner.invoke(app, ["run", str(plan), "--model", "mlp", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("model", ["transformer", "ctr"])
+def test_a_model_that_is_not_a_chain_is_refused(runner, tmp_path, model):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, ["embedding"])], model=model)
+    result = runner.invoke(app, ["run", str(plan), "--model", model])
+    assert result.exit_code == 2 and "is not a chain of its layers" in result.stderr, result.output
+
+
+# -- failures while running: every process ends, the cause is said -----------------------------------
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "heterps_cli", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own session: the test can count its processes, and end them all
+        cwd=tmp_path,
+    )
+
+
+def _workers(process: subprocess.Popen, count: int, within: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = [c for c in children(process.pid) if Path(f"/proc/{c}/cmdline").read_bytes().find(b"spawn") >= 0]
+        if len(found) >= count:
+            time.sleep(3.0)  # past start-up: inside the training loop
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{count} workers did not start")
+
+
+def _ended(process: subprocess.Popen, within: float) -> tuple[int, str]:
+    try:
+        _, stderr = process.communicate(timeout=within)
+    finally:
+        leftover = session_processes(process.pid)
+        for pid in leftover:  # only this test's own session
+            os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"processes left behind: {leftover}"
+    return process.returncode, stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
+def test_a_killed_worker_ends_the_run_with_its_story(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])])
+    process = _start(tmp_path, str(plan), "--model", "mlp", "--steps", "100000")
+    try:
+        victim = _workers(process, 2)[1]
+        os.kill(victim, signal.SIGKILL)
+        started = time.monotonic()
+        code, stderr = _ended(process, within=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert code == 2 and time.monotonic() - started < 15
+    assert "killed by SIGKILL" in stderr and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
+def test_ctrl_c_ends_every_process_with_130(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])])
+    process = _start(tmp_path, str(plan), "--model", "mlp", "--steps", "100000")
+    try:
+        _workers(process, 2)
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the whole group
+        code, stderr = _ended(process, within=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.slow
+def test_a_worker_that_raises_is_named_with_its_error(tmp_path):
+    model = tmp_path / "flaky.py"
+    model.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing
+            import torch
+            from torch import nn
+
+            class Flaky(nn.Module):
+                def forward(self, x):
+                    if multiprocessing.current_process().name == "heterps-rank1":
+                        raise RuntimeError("the second stage broke")
+                    return x
+
+            def factory(batch_size):
+                return nn.Sequential(nn.Linear(4, 4), Flaky()), torch.randn(batch_size, 4)
+            """
+        )
+    )
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0"]), ("cpu2", 1, ["1"])], batch_size=8)
+    done = heterps("run", str(plan), "--model", f"{model}:factory", "--map", "cpu2=cpu", "--steps", "2", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "worker rank 1 (stage 1, replica 1 of 1, cpu2 on cpu) failed" in done.stderr
+    assert "the second stage broke" in done.stderr and "Traceback" not in done.stderr
