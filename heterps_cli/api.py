@@ -242,8 +242,8 @@ def run(
     *,
     mapping: dict[str, str] | None = None,
     input_shape: tuple[int, ...] | None = None,
-    steps: int = 20,
-    warmup: int = 3,
+    steps: int = 10,
+    warmup: int = 2,
     micro_batches: int | None = None,
     threads: int = 1,
     max_processes: int | None = None,
@@ -254,7 +254,7 @@ def run(
 ) -> RunReport | None:
     """``heterps run``: train with the plan (one process per replica) and measure it against its
     prediction (:class:`~heterps_cli.runtime.report.RunReport`; None on a torchrun rank other than 0)."""
-    from heterps_cli.runtime import DEFAULT_MICRO_BATCHES, run_plan
+    from heterps_cli.runtime import run_plan
 
     return run_plan(
         plan_path,
@@ -263,7 +263,7 @@ def run(
         input_shape=input_shape,
         steps=steps,
         warmup=warmup,
-        micro_batches=micro_batches if micro_batches is not None else DEFAULT_MICRO_BATCHES,
+        micro_batches=micro_batches,
         threads=threads,
         max_processes=max_processes,
         seed=seed,

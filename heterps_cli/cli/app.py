@@ -649,14 +649,17 @@ def run_command(
         str | None,
         typer.Option(help="Per-sample input shape, as for heterps profile.", callback=_shape, show_default=False),
     ] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Training steps measured (one batch each).")] = 20,
-    warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 3,
+    steps: Annotated[
+        int, typer.Option(min=1, help="Training steps measured (each runs --micro-batches batches, then a flush).")
+    ] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 2,
     micro_batches: Annotated[
         int | None,
         typer.Option(
             min=1,
-            help="Micro-batches per batch (GPipe schedule with a flush): more hide more of the pipeline's fill "
-            "and drain. Default 8, at most what every replica can get a sample of.",
+            help="Batches of the plan's batch size per step (GPipe: they fill the pipeline, then a flush and "
+            "one optimiser step). Default 16 x (stages - 1), at most 64: the fill and drain then idle a "
+            "stage 6% of a step.",
             show_default=False,
         ),
     ] = None,

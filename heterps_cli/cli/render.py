@@ -400,8 +400,9 @@ def run_view(report) -> Group:
         _bold(report.plan),
         " with ",
         _bold(report.model),
-        f": {plural(report.processes, 'process', 'processes')}, batch {report.batch_size} in "
-        f"{report.micro_batches} micro-batches, {report.steps} measured steps after {report.warmup} warm-up",
+        f": {plural(report.processes, 'process', 'processes')}, {report.steps} measured steps after "
+        f"{report.warmup} warm-up, each {plural(report.micro_batches, 'batch', 'batches')} of {report.batch_size} "
+        "(micro-batches), then a flush",
     )
     number: dict[str, Any] = dict(justify="right", no_wrap=True)
     spent = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)

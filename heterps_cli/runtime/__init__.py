@@ -15,7 +15,14 @@ from heterps_cli.errors import InputError
 from heterps_cli.progress import Progress, quiet
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-DEFAULT_MICRO_BATCHES = 8  # the pipeline's fill and drain cost (S - 1) / (M + S - 1) of a step
+MAX_DEFAULT_MICRO_BATCHES = 64
+
+
+def default_micro_batches(stages: int) -> int:
+    """GPipe's fill and drain idle a stage (S - 1) / (M + S - 1) of a step: with M = 16 (S - 1) that
+    is 1/17 (6%) at any depth. One stage needs no pipeline. Capped: every micro-batch's activations
+    are kept until the flush."""
+    return max(1, min(16 * (stages - 1), MAX_DEFAULT_MICRO_BATCHES))
 
 
 def parse_map(entries: list[str]) -> dict[str, str]:
@@ -63,9 +70,9 @@ def run_plan(
     *,
     mapping: dict[str, str] | None = None,
     input_shape: tuple[int, ...] | None = None,
-    steps: int = 20,
-    warmup: int = 3,
-    micro_batches: int = DEFAULT_MICRO_BATCHES,
+    steps: int = 10,
+    warmup: int = 2,
+    micro_batches: int | None = None,
     threads: int = 1,
     max_processes: int | None = None,
     seed: int = 0,
@@ -113,7 +120,7 @@ def run_plan(
         batch_size=plan.batch_size,
         stages=tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages),
         devices=devices,
-        micro_batches=micro_batches,
+        micro_batches=micro_batches if micro_batches is not None else default_micro_batches(len(plan.stages)),
         steps=steps,
         warmup=warmup,
         threads=threads,
@@ -128,9 +135,10 @@ def run_plan(
 
 
 def single_process_losses(
-    model: str, batch_size: int, steps: int, *, input_shape=None, seed: int = 0, lr: float = 0.01
+    model: str, samples: int, steps: int, *, input_shape=None, seed: int = 0, lr: float = 0.01
 ) -> list[float]:
-    """The losses of the same training in one process, the whole model at once: what a run must match."""
+    """The losses of the same training in one process, the whole model at once, ``samples`` per step
+    (a run's batch size times its micro-batches): what a run must match."""
     import torch
 
     from heterps_cli.profiling.measure import load_model
@@ -138,14 +146,14 @@ def single_process_losses(
     from heterps_cli.runtime.worker import per_sample_loss, target_for
 
     torch.manual_seed(seed)
-    loaded = load_model(model, batch_size, input_shape)
+    loaded = load_model(model, samples, input_shape)
     chain = trace_chain(loaded)
     module = chain.stage(chain.names).train()
     optimiser = torch.optim.SGD(module.parameters(), lr=lr)
-    target = target_for(chain.outputs[-1].shape, batch_size, seed)
+    target = target_for(chain.outputs[-1].shape, samples, seed)
     losses = []
     for _ in range(steps):
-        loss = per_sample_loss(module(loaded.inputs[0]), target, batch_size)
+        loss = per_sample_loss(module(loaded.inputs[0]), target, samples)
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()

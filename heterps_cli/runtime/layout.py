@@ -1,9 +1,10 @@
 """Who runs what, and which samples go where: a plan laid out on processes (pure, no torch).
 
 Ranks are assigned stage by stage (stage 0's replicas first), as ``torchrun``
-launches them. A batch of ``batch_size`` samples is cut into ``micro_batches``
-contiguous micro-batches; each micro-batch is cut into ``k`` contiguous shards,
-one per replica of a stage. Replica counts differ between stages, so shard
+launches them. A step trains on ``micro_batches`` batches of the plan's
+``batch_size`` samples each (micro-batches, so that the stages work on different
+batches at once and each runs at the batch size its profile was measured at);
+each micro-batch is cut into ``k`` contiguous shards, one per replica of a stage. Replica counts differ between stages, so shard
 boundaries do too: a replica sends each neighbour-stage replica the part of its
 shard that overlaps the neighbour's (:func:`overlaps`).
 """
@@ -53,8 +54,13 @@ class Layout:
                 return stage, rank - stage.first_rank
         raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
 
+    @property
+    def samples(self) -> int:
+        """Samples per step."""
+        return self.batch_size * self.micro_batches
+
     def micro(self, j: int) -> tuple[int, int]:
-        return split(0, self.batch_size, self.micro_batches)[j]
+        return j * self.batch_size, (j + 1) * self.batch_size
 
     def shard(self, stage: StageLayout, replica: int, j: int) -> tuple[int, int]:
         """The samples of micro-batch ``j`` that ``replica`` of ``stage`` runs (batch indices)."""
@@ -74,13 +80,10 @@ class Layout:
 
 
 def layout(stages: list[tuple[str, int, list[str]]], batch_size: int, micro_batches: int) -> Layout:
-    """The layout of stages given as ``(resource, replicas, layer names)``.
-
-    ``micro_batches`` is capped so that every replica of every stage has at
-    least one sample of each micro-batch.
-    """
-    widest = max(replicas for _, replicas, _ in stages)
-    micro_batches = max(1, min(micro_batches, batch_size // widest))
+    """The layout of stages given as ``(resource, replicas, layer names)``; every stage must have
+    at most ``batch_size`` replicas, so that each gets a sample of every micro-batch."""
+    if max(replicas for _, replicas, _ in stages) > batch_size or micro_batches < 1:
+        raise ValueError("a stage has more replicas than a batch has samples, or no micro-batches")
     out, rank = [], 0
     for i, (resource, replicas, layers) in enumerate(stages):
         out.append(StageLayout(i, resource, replicas, tuple(layers), rank))

@@ -44,7 +44,7 @@ class RunReport:
     throughput: float  # measured: samples per second over the measured steps
     predicted_bottleneck: int
     bottleneck: int  # the stage whose busy time (compute + sync) per batch is largest
-    losses: list[float]  # per step, warm-up included: the whole batch's mean loss
+    losses: list[float]  # per step, warm-up included: the mean loss over the step's samples
     stages: list[StageReport]
 
     @property
@@ -67,15 +67,16 @@ def _median(values: list[float]) -> float:
 
 
 def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], micro_batches: int) -> RunReport:
-    """Each rank's per-step times (``worker.train``) summarised against the plan's figures."""
-    B = plan.batch_size
+    """Each rank's per-step times (``worker.train``) summarised against the plan's figures, per batch
+    of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
+    B, M = plan.batch_size, micro_batches
     stages = []
     for s, stage in enumerate(plan.stages):
         mine = [r for r in ranks if r["stage"] == s]
-        compute = max(_median(r["compute"]) for r in mine)
-        wait = statistics.fmean(_median(r["wait"]) for r in mine)
-        sync = statistics.fmean(_median(r["sync"]) for r in mine)
-        wall = statistics.fmean(_median(r["wall"]) for r in mine)
+        compute = max(_median(r["compute"]) for r in mine) / M
+        wait = statistics.fmean(_median(r["wait"]) for r in mine) / M
+        sync = statistics.fmean(_median(r["sync"]) for r in mine) / M
+        wall = statistics.fmean(_median(r["wall"]) for r in mine) / M
         busy = compute + sync
         stages.append(
             StageReport(
@@ -108,7 +109,7 @@ def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], 
         steps=steps,
         warmup=len(ranks[0]["losses"]) - steps,
         predicted_throughput=plan.throughput,
-        throughput=B * steps / elapsed if elapsed > 0 else float("inf"),
+        throughput=B * M * steps / elapsed if elapsed > 0 else float("inf"),
         predicted_bottleneck=plan.bottleneck,
         bottleneck=max(range(len(stages)), key=lambda i: stages[i].compute_s + stages[i].sync_s),
         losses=losses,

@@ -9,7 +9,7 @@ loss is that of one process running the whole model.
 
 The loss of a sample is the mean squared error between the model's output and a
 fixed random target; a replica's loss is the sum over its samples divided by the
-whole batch size. Summing gradients over replicas therefore gives exactly the
+samples of the whole step. Summing gradients over replicas therefore gives exactly the
 gradient of the whole batch's mean loss, even when shards differ in size.
 
 Times per step: ``compute`` (the stage's layers, forward and backward),
@@ -105,7 +105,7 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
         for s in lay.stages
     ]
     torch.manual_seed(cfg.seed)
-    model = load_model(cfg.model, cfg.batch_size, cfg.input_shape)
+    model = load_model(cfg.model, lay.samples, cfg.input_shape)
     chain = trace_chain(model)
     module = chain.stage(stage.layers).to(device).train()
     optimiser = torch.optim.SGD(module.parameters(), lr=cfg.lr)
@@ -115,7 +115,7 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
     after = lay.stages[stage.index + 1] if not last else None
     incoming = chain.output_after(before.layers[-1]) if before else None
     outgoing = chain.output_after(stage.layers[-1])
-    target = target_for(chain.outputs[-1].shape, cfg.batch_size, cfg.seed) if last else None
+    target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if last else None
     inputs = model.inputs[0]
     M = lay.micro_batches
     times, losses = Times(), []
@@ -157,7 +157,7 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
             y = module(x)
             if last:
                 assert target is not None
-                y = per_sample_loss(y, target[a:b].to(device), cfg.batch_size)
+                y = per_sample_loss(y, target[a:b].to(device), lay.samples)
             _synchronise(device)
             compute += time.perf_counter() - start
             if last:
