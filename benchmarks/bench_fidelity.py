@@ -45,7 +45,18 @@ def run_model(model: str, batch: int, tmp: Path, gbps: float, steps: int) -> lis
     profiles = []
     for resource in ("cpu", "cpu2"):
         path = tmp / f"{model}-{resource}.yaml"
-        heterps("profile", model, "--as", resource, "--batch-size", str(batch), "--out", str(path), "--link-gbps", f"{gbps:.4g}")
+        heterps(
+            "profile",
+            model,
+            "--as",
+            resource,
+            "--batch-size",
+            str(batch),
+            "--out",
+            str(path),
+            "--link-gbps",
+            f"{gbps:.4g}",
+        )
         profiles.append(str(path))
     merged = tmp / f"{model}.yaml"
     heterps("profile", "merge", *profiles, "--out", str(merged))
@@ -63,14 +74,28 @@ def run_model(model: str, batch: int, tmp: Path, gbps: float, steps: int) -> lis
             "--samples", "100000", "--out", str(plan),
         )  # fmt: skip
         report = json.loads(
-            heterps("run", str(plan), "--model", model, "--map", "cpu2=cpu", "--steps", str(steps), "--json")
+            heterps(
+                "run",
+                str(plan),
+                "--model",
+                model,
+                "--map",
+                "cpu2=cpu",
+                "--steps",
+                str(steps),
+                "--warmup",
+                "1",
+                "--json",
+            )
         )
         rows.append(
             {
                 "model": model,
                 "plan": label,
                 "batch": batch,
-                "stages": " | ".join(f"{s['resource']}×{s['replicas']} {s['first']}…{s['last']}" for s in report["stages"]),
+                "stages": " → ".join(
+                    f"{s['resource']}×{s['replicas']} {s['first']}…{s['last']}" for s in report["stages"]
+                ),
                 "micro_batches": report["micro_batches"],
                 "predicted": report["predicted_throughput"],
                 "measured": report["throughput"],
@@ -108,7 +133,7 @@ def table(rows: list[dict]) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="the models whose name contains this")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="every figure, per stage too, as JSON")
     args = parser.parse_args()
     bandwidth = loopback_allreduce_bandwidth()

@@ -1,5 +1,8 @@
 """heterps run: a plan trained on real processes (gloo on this CPU), checked against one process.
 
+The runs take seconds each, so they are marked slow (.ci/run runs them); the layout's
+brute-force check and the refusals before any process starts run every time.
+
 Every run here is the real command in a subprocess of its own session, so that
 the test can send it signals and then prove that none of its processes is left.
 """
@@ -161,6 +164,7 @@ def test_two_stage_run_matches_one_process_and_reports(tmp_path):
     assert "measured/predicted" in done.stdout and "bottleneck: stage" in done.stdout
 
 
+@pytest.mark.slow
 def test_replicas_of_a_stage_split_the_batch_and_still_match(tmp_path):
     """3 processes: stage 1 has 2 replicas, so its shards differ from stage 0's and gradients are summed."""
     plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:3]), ("cpu2", 2, MLP_LAYERS[3:])], batch_size=30)

@@ -4,9 +4,10 @@ Ranks are assigned stage by stage (stage 0's replicas first), as ``torchrun``
 launches them. A step trains on ``micro_batches`` batches of the plan's
 ``batch_size`` samples each (micro-batches, so that the stages work on different
 batches at once and each runs at the batch size its profile was measured at);
-each micro-batch is cut into ``k`` contiguous shards, one per replica of a stage. Replica counts differ between stages, so shard
-boundaries do too: a replica sends each neighbour-stage replica the part of its
-shard that overlaps the neighbour's (:func:`overlaps`).
+each micro-batch is cut into ``k`` contiguous shards, one per replica of a
+stage. Replica counts differ between stages, so shard boundaries do too: a
+replica sends each neighbour-stage replica the part of its shard that overlaps
+the neighbour's (:func:`overlaps`).
 """
 
 from __future__ import annotations
