@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
 from heterps_cli.schedulers import Progress, SolveOptions, solve
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
     from heterps_cli.profiling.measure import Profiled
-    from heterps_cli.runtime.report import RunReport
 
 # Each function imports what it uses when it runs: `heterps validate` loads no numpy, and only
 # `measure` loads torch (start-up time is measured in benchmarks/bench_startup.py).
@@ -234,40 +234,3 @@ def merge(profile_paths: list[str]) -> str:
     from heterps_cli.profiling.write import merge_profiles
 
     return merge_profiles(profile_paths)
-
-
-def run(
-    plan_path: str,
-    model: str,
-    *,
-    mapping: dict[str, str] | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    steps: int = 10,
-    warmup: int = 2,
-    micro_batches: int | None = None,
-    threads: int = 1,
-    max_processes: int | None = None,
-    seed: int = 0,
-    lr: float = 0.01,
-    timeout_s: float = 120.0,
-    progress: Progress | None = None,
-) -> RunReport | None:
-    """``heterps run``: train with the plan (one process per replica) and measure it against its
-    prediction (:class:`~heterps_cli.runtime.report.RunReport`; None on a torchrun rank other than 0)."""
-    from heterps_cli.runtime import run_plan
-
-    return run_plan(
-        plan_path,
-        model,
-        mapping=mapping,
-        input_shape=input_shape,
-        steps=steps,
-        warmup=warmup,
-        micro_batches=micro_batches,
-        threads=threads,
-        max_processes=max_processes,
-        seed=seed,
-        lr=lr,
-        timeout_s=timeout_s,
-        progress=progress,
-    )

@@ -446,13 +446,18 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
         Path(out).write_text(str(statistics.median(times)))
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a local process group to meet at."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout: float = 60.0) -> float | None:
     """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "median")
         ctx = mp.get_context("spawn")

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 from heterps_cli.errors import InputError
 from heterps_cli.progress import Progress, quiet
+
+if TYPE_CHECKING:
+    from heterps_cli.runtime.report import RunReport
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 MAX_DEFAULT_MICRO_BATCHES = 64
@@ -79,8 +83,9 @@ def run_plan(
     lr: float = 0.01,
     timeout_s: float = 120.0,
     progress: Progress | None = None,
-):
-    """Run the plan in ``plan_path`` with ``model``; a :class:`~.report.RunReport` (None on a torchrun rank > 0)."""
+) -> RunReport | None:
+    """``heterps run``: train with the plan (one process per replica) and measure it against its
+    prediction; a :class:`~.report.RunReport` (None on a torchrun rank other than 0)."""
     import torch
 
     from heterps_cli.formats import load_plan

@@ -12,6 +12,7 @@ third item to make a model with residual connections one (each block a layer).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -99,10 +100,11 @@ def trace_chain(model: Model) -> Chain:
         previous = output
     if result is not calls[-1][3]:
         raise _not_chain(model, f"the model does not return the output of its last layer {calls[-1][0]!r}")
+    outputs = [cast(torch.Tensor, output) for *_, output in calls]  # record() refused any other kind
     return Chain(
         names=[name for name, *_ in calls],
         modules=[module for _, module, _, _ in calls],
-        outputs=[Boundary(tuple(out.shape[1:]), out.dtype) for *_, out in calls if isinstance(out, torch.Tensor)],
+        outputs=[Boundary(tuple(out.shape[1:]), out.dtype) for out in outputs],
     )
 
 

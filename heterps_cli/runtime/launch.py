@@ -18,23 +18,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import tempfile
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from heterps_cli.errors import InputError
+from heterps_cli.profiling.measure import free_port
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.worker import RunConfig, run_rank, spawned
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_env() -> tuple[int, int, int] | None:
