@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from heterps_cli.ci.gate import Finding
     from heterps_cli.compare import Entry
     from heterps_cli.formats import Cluster, Profile
+    from heterps_cli.frontier import Frontier
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
     from heterps_cli.profiling.measure import Profiled
@@ -40,6 +41,7 @@ __all__ = [
     "Comparison",
     "PlanDiff",
     "plan",
+    "frontier",
     "compare",
     "check",
     "diff",
@@ -81,6 +83,14 @@ def plan(
     return solve(scheduler, job.problem(profile_path, cluster_path), seed=seed, progress=progress, options=options)
 
 
+def frontier(profile_path: str, cluster_path: str, job: Job = Job(), *, progress: Progress | None = None) -> Frontier:
+    """``heterps frontier``: every Pareto-optimal plan from the cheapest meeting ``job.min_throughput``
+    to the fastest (within ``job.max_cost``); ``job.objective`` plays no part."""
+    from heterps_cli.frontier import pareto_frontier
+
+    return pareto_frontier(job.problem(profile_path, cluster_path), progress=progress)
+
+
 @dataclass(frozen=True)
 class Comparison:
     problem: Problem
@@ -88,6 +98,7 @@ class Comparison:
     entries: list[Entry] = field(
         default_factory=list
     )  # in the order the schedulers were asked for, gaps to exact filled in
+    frontier: Frontier | None = None  # the exact cost-throughput frontier, when asked for and there is one
 
     def to_dict(self) -> dict:
         return {
@@ -109,13 +120,23 @@ def compare(
     options: SolveOptions = SolveOptions(),
     progress: Progress | None = None,
     on_done: Callable[[Entry], None] | None = None,
+    with_frontier: bool = False,
 ) -> Comparison:
-    """``heterps compare``: every scheduler on one problem with one budget and seed."""
+    """``heterps compare``: every scheduler on one problem with one budget and seed (and, with
+    ``with_frontier``, the frontier their plans sit on)."""
     from heterps_cli.compare import compare_schedulers
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.frontier import pareto_frontier
 
     problem = job.problem(profile_path, cluster_path)
     entries = compare_schedulers(problem, schedulers, seed=seed, options=options, progress=progress, on_done=on_done)
-    return Comparison(problem, seed, entries)
+    curve = None
+    if with_frontier:
+        try:
+            curve = pareto_frontier(problem, progress=progress)
+        except InfeasibleError:  # every scheduler's row already says why
+            curve = None
+    return Comparison(problem, seed, entries, curve)
 
 
 def check(

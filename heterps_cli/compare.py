@@ -6,7 +6,6 @@ the number of cost-model evaluations rl used, so the comparison is fair.
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -98,36 +97,3 @@ def gap(problem: Problem, plan: Plan, optimum: Plan) -> float:
     if problem.objective == "time":
         return 1.0 - plan.throughput / optimum.throughput
     return plan.cost_usd / optimum.cost_usd - 1.0 if optimum.cost_usd > 0 else 0.0
-
-
-def plot_png(problem: Problem, entries: list[Entry]) -> bytes:
-    """Cost (or throughput) against solve time, one point per scheduler that found a plan, as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on a CI machine
-    from matplotlib import pyplot as plt
-
-    time_objective = problem.objective == "time"
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-    try:
-        for entry in entries:
-            if entry.plan is None:
-                continue
-            y = entry.plan.throughput if time_objective else entry.plan.cost_usd
-            ax.scatter([max(entry.solve_s, 1e-3)], [y], s=50, zorder=3)
-            ax.annotate(entry.scheduler, (max(entry.solve_s, 1e-3), y), textcoords="offset points", xytext=(6, 4))
-            if entry.scheduler == "exact":
-                ax.axhline(y, linestyle="--", linewidth=0.8, color="grey", zorder=1)
-        ax.set_xscale("log")
-        ax.set_xlabel("solve time (s, log scale)")
-        ax.set_ylabel("throughput (samples/s), higher is better" if time_objective else "cost (USD), lower is better")
-        ax.set_title(
-            f"{problem.model} on {problem.cluster}: {'throughput' if time_objective else 'cost'} against solve time"
-        )
-        ax.grid(True, which="both", linewidth=0.3)
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        return buffer.getvalue()
-    finally:
-        plt.close(fig)

@@ -66,7 +66,7 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
     }
 
 
-def brute_force(
+def feasible_plans(
     oct_,
     odt,
     alpha,
@@ -78,17 +78,14 @@ def brute_force(
     work,
     min_throughput=0.0,
     max_cost=None,
-    objective="cost",
     schedules=None,
     hardware=None,
 ):
-    """The optimum by enumerating every schedule (or only ``schedules``) and every replica
-    vector within the limits (and, with ``hardware``, SPEC section 1b: transfer and memory).
-
-    Returns (cost, throughput) of the best plan, or None when no plan is feasible.
-    """
+    """(cost, throughput) arrays of every feasible plan, by enumerating every schedule (or only
+    ``schedules``) and every replica vector within the limits (and, with ``hardware``, SPEC
+    section 1b: transfer and memory)."""
     n, T = oct_.shape
-    best = None
+    costs, thrs = [np.zeros(0)], [np.zeros(0)]
     for sched in schedules if schedules is not None else itertools.product(range(T), repeat=n):
         if not all(runnable[layer, t] for layer, t in enumerate(sched)):
             continue
@@ -121,10 +118,29 @@ def brute_force(
         ok = (thr >= min_throughput * (1 - 1e-12)) & fits
         if max_cost is not None:
             ok &= cost <= max_cost * (1 + 1e-12)
-        for c, x in zip(cost[ok], thr[ok]):
-            if best is None or _better(objective, c, x, *best):
-                best = (float(c), float(x))
+        costs.append(cost[ok])
+        thrs.append(thr[ok])
+    return np.concatenate(costs), np.concatenate(thrs)
+
+
+def brute_force(*arrays, objective="cost", **kwargs):
+    """The optimum among :func:`feasible_plans` (same arguments): (cost, throughput) of the best
+    plan, or None when no plan is feasible."""
+    best = None
+    for c, x in zip(*feasible_plans(*arrays, **kwargs)):
+        if best is None or _better(objective, c, x, *best):
+            best = (float(c), float(x))
     return best
+
+
+def pareto(cost, thr):
+    """The (throughput, cost) pairs no other plan matches: from the fastest down, each plan
+    cheaper (by more than 1e-12, relative) than every faster one; rising throughput."""
+    kept: list[tuple[float, float]] = []
+    for i in np.lexsort((cost, -thr)):
+        if not kept or cost[i] < kept[-1][1] * (1 - 1e-12):
+            kept.append((float(thr[i]), float(cost[i])))
+    return kept[::-1]
 
 
 def _section_1b(hw, B0, n, t, ls, k, c, d):

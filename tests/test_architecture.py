@@ -89,13 +89,14 @@ def test_the_library_modules_do_not_import_the_command_line():
             assert not {e for e in edges if e.startswith("heterps_cli.cli")}, name
 
 
-COMMANDS = ("plan", "compare", "profile_command", "check", "diff", "validate")
+COMMANDS = ("plan", "frontier", "compare", "profile_command", "check", "diff", "validate")
 # What a command may use besides its one api call: rendering, output formats and option types.
 RENDERING = {
     "heterps_cli.cli.render",
     "heterps_cli.ci.report",
     "heterps_cli.yamlio",  # dump_yaml: the plan file's text
-    "heterps_cli.compare",  # plot_png: the trade-off plot
+    "heterps_cli.plots",  # frontier_png, compare_png: the pictures
+    "heterps_cli.frontier",  # thin, write_plans: which plans to show, and their files
     "heterps_cli.profiling.write",  # measured_text: the profile file's text
     "heterps_cli.profiling.measure",  # NOISY_CV: when the profile view flags a layer
     "heterps_cli.schedulers",  # SolveOptions: the budget flags

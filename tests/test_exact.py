@@ -6,29 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.schedulers import exact
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import brute_force, spec_figures
-
-SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-
-
-@st.composite
-def instances(draw):
-    T = draw(st.integers(2, 3))
-    n = draw(st.integers(1, 8 if T == 2 else 6))
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    arrays = random_instance(rng, n, T, max_limit=draw(st.sampled_from([2, 3, 5])))
-    oct_, B0 = arrays[0], 32
-    # A throughput target between "anything goes" and "beyond reach", so limits bind sometimes.
-    reference = B0 / oct_.min(axis=1).sum()
-    min_throughput = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0, 2.0, 4.0])) * reference
-    return arrays, B0, min_throughput
+from tests.strategies import SETTINGS, hardware_instances, instances
 
 
 def _solve_both(arrays, B0, min_throughput, objective, max_cost=None, hardware=None):
@@ -103,13 +88,6 @@ def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
 
 
 # -- SPEC section 1b: memory per replica and stage-boundary transfer ------------------------------
-
-
-@st.composite
-def hardware_instances(draw):
-    arrays, B0, min_throughput = draw(instances())
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    return arrays, B0, min_throughput, random_hardware(rng, arrays[0], B0)
 
 
 @settings(max_examples=300, **SETTINGS)

@@ -26,9 +26,10 @@ from heterps_cli.errors import (
     InfeasibleError,
     InputError,
 )
-from heterps_cli.figures import count, usd
+from heterps_cli.figures import count, plural, usd
 from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_EVALUATIONS, DEFAULT_STEPS, POLICY_VARIANTS, SCHEDULERS
 
+TABLE_ROWS = 20  # heterps frontier: rows its table shows unless --points says otherwise
 # Start-up time is part of the interface (benchmarks/bench_startup.py): each command imports the
 # library it uses when it runs, so `heterps --help` loads no numpy and `validate` no numpy or torch.
 # torch (seconds) is imported only by `heterps profile`, rl and tapp. The zoo's names are here so
@@ -382,6 +383,93 @@ def plan(
         _interrupted("the plan above is the best found before Ctrl-C (exit 130)")
 
 
+@app.command()
+def frontier(
+    profile: ProfileArg,
+    cluster: ClusterArg,
+    min_throughput: Annotated[
+        float | None,
+        typer.Option(
+            callback=_non_negative,
+            help="The curve's lower end in samples/s. Default: the profile's job.min_throughput, else 0.",
+            show_default=False,
+        ),
+    ] = None,
+    samples: SamplesOpt = None,
+    epochs: EpochsOpt = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(callback=_positive, help="Leave out plans costing more than this (USD).", show_default=False),
+    ] = None,
+    points: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Keep N plans spread evenly over throughput: both ends and the knee always; 1 gives the knee. "
+            f"Default: all of them (the table shows at most {TABLE_ROWS}).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", metavar="", help="Print the frontier as JSON, every plan in full, and nothing else."),
+    ] = False,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Write each plan to DIR/plan-NNN.yaml (NNN: its place on the frontier), atomically; "
+            "plan-NNN.yaml files an earlier run left in DIR are removed.",
+            show_default=False,
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="Draw cost against throughput as a step curve, knee marked, to this PNG (- for standard output).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact)."""
+    _one_stdout(as_json, plot)
+    with _exit_codes():
+        from heterps_cli import api
+        from heterps_cli.cli.render import frontier_view
+        from heterps_cli.frontier import thin, write_plans
+        from heterps_cli.plots import frontier_png
+
+        with _progress_bar() as report:
+            whole = api.frontier(
+                str(profile),
+                str(cluster),
+                _job(Objective.cost, samples, epochs, min_throughput, max_cost),
+                progress=report,
+            )
+        kept = whole if points is None else thin(whole, points)
+        if plot is not None:
+            _write(plot, frontier_png(whole, kept))
+        if out_dir is not None:
+            write_plans(kept, out_dir)
+        if as_json:
+            print(json.dumps(kept.to_dict(), indent=2, allow_nan=False))
+        elif plot != "-":
+            shown = thin(kept, TABLE_ROWS) if points is None else kept
+            out.print(frontier_view(shown, thinned_by_default=len(shown.plans) < len(kept.plans)))
+            if out_dir is not None:
+                out.print(Text(f"wrote {plural(len(kept.plans), 'plan')} to {out_dir}"))
+            if plot is not None:
+                out.print(Text(f"wrote {plot}"))
+
+
+def _one_stdout(as_json: bool, plot: str | None) -> None:
+    if as_json and plot == "-":
+        raise typer.BadParameter("--json and --plot - both write to standard output: give --plot a file")
+
+
 def _scheduler_list(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCHEDULERS]
@@ -412,7 +500,8 @@ def compare(
         str | None,
         typer.Option(
             metavar="FILE",
-            help="Draw cost (throughput for --objective time) against solve time to this PNG (- for standard output).",
+            help="Draw each scheduler's plan on the exact cost-throughput frontier, with solve times beside, "
+            "to this PNG (- for standard output).",
             show_default=False,
         ),
     ] = None,
@@ -431,10 +520,11 @@ def compare(
     ] = None,
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
+    _one_stdout(as_json, plot)
     with _exit_codes():
         from heterps_cli import api
         from heterps_cli.cli.render import compare_view
-        from heterps_cli.compare import plot_png
+        from heterps_cli.plots import compare_png
         from heterps_cli.schedulers import SolveOptions
 
         options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
@@ -462,10 +552,11 @@ def compare(
                 options=options,
                 progress=report,
                 on_done=done,
+                with_frontier=plot is not None,
             )
         entries = comparison.entries
         if plot is not None:
-            _write(plot, plot_png(comparison.problem, entries))
+            _write(plot, compare_png(comparison.problem, entries, comparison.frontier))
         if as_json:
             print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False))
         elif plot != "-":

@@ -280,6 +280,72 @@ def compare_view(entries, objective: str) -> Group:
     return Group(table, *legend, *failures)
 
 
+STAGES = 6  # heterps frontier's table cuts a longer layout (--json and --out give it whole)
+
+
+def frontier_view(frontier, *, thinned_by_default: bool) -> Group:
+    """One row per frontier plan, cheapest first, with what each costs and gains against the cheapest.
+
+    ``thinned_by_default``: the table shows fewer plans than the frontier has because
+    no ``--points`` was given, which the footer says."""
+    from heterps_cli.frontier import KNEE_RULE, layout
+
+    p = frontier.problem
+    title = Text.assemble(
+        _bold(p.model),
+        " on ",
+        _bold(p.cluster),
+        f" · cost-throughput frontier · {plural(frontier.size, 'Pareto-optimal plan')}",
+    )
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    for name in ("#", "samples/s", "faster", "time", "cost", "dearer"):
+        table.add_column(name, **number)
+    table.add_column("resources", min_width=9)
+    table.add_column("stages", min_width=12)
+    base = frontier.plans[0] if frontier.positions[0] == 0 else None
+    for position, plan in zip(frontier.positions, frontier.plans):
+        knee = position == frontier.knee
+        faster = dearer = "—"
+        if base is not None and position > 0:
+            faster = f"+{100 * (plan.throughput / base.throughput - 1):.1f}%"
+            dearer = f"+{100 * (plan.cost_usd / base.cost_usd - 1):.1f}%" if base.cost_usd > 0 else "—"
+        table.add_row(
+            f"{position + 1}{' ◆' if knee else ''}",
+            count(plan.throughput, 1 if plan.throughput < 1000 else 0),
+            faster,
+            duration(plan.time_s),
+            usd(plan.cost_usd),
+            dearer,
+            Text(", ".join(f"{clip(t)} {count(n)}" for t, n in plan.resources.items() if n)),
+            Text(layout(plan, STAGES)),
+            style="bold" if knee else None,
+        )
+    notes = [Text("faster, dearer: against plan 1, the cheapest", style="dim")] if base is not None else []
+    if frontier.knee is not None:
+        notes.append(Text(f"◆ knee (plan {frontier.knee + 1}): {KNEE_RULE}", style="dim"))
+    else:
+        notes.append(Text("no knee: fewer than three plans, or cost rises no slower than throughput", style="dim"))
+    if thinned_by_default:
+        notes.append(
+            Text(
+                f"showing {len(frontier.plans)} of {frontier.size:,} plans, spread evenly over throughput "
+                "(both ends and the knee kept); --points N shows another number, --json or --out DIR all of them",
+                style="yellow",
+            )
+        )
+    elif len(frontier.plans) < frontier.size:
+        notes.append(Text(f"{len(frontier.plans)} of {frontier.size:,} plans, as --points asked", style="dim"))
+    notes.append(
+        Text(
+            f"exact: each plan is the cheapest reaching its throughput, and no throughput between two rows costs "
+            f"less than the faster row ({frontier.steps:,} solver steps, {frontier.solve_s:.2f} s)",
+            style="dim",
+        )
+    )
+    return Group(table, *notes)
+
+
 def _seconds(x: float) -> str:
     return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
 

@@ -21,6 +21,7 @@ step instead, since the budget is not monotone in ``X``.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -79,11 +80,12 @@ def _table(problem: Problem) -> _Table:
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     stages: list[tuple[int, int, int]]  # (first layer, end layer exclusive, type)
     replicas: list[int]
     throughput: float
     cost: float
+    rate: float  # USD per hour of all its units
 
 
 def _chain_dp(C: np.ndarray):
@@ -165,46 +167,63 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
 def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...]):
     """The forward pass of :func:`_chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`_chain_dp`.
 
-    For a fixed end ``i`` and type ``t``, the stage ``j..i-1`` needs fewer replicas
-    the shorter it is, so the feasible ``j`` form a range in which equal replica
-    counts are contiguous: each such group is reduced with one ``min`` over a
-    slice and shifted once along its type's units axis.
+    For a fixed end ``i`` and type ``t``, the feasible starts ``j`` are cut into
+    runs of consecutive starts with equal replica count (a stage needs fewer
+    replicas the shorter it is, so runs are long): each run is reduced with one
+    ``min`` and shifted once along its type's units axis. This loop is the
+    solver's hot path: the runs are found for all ``(i, t)`` at once up front,
+    so that the loop itself makes only the numpy calls that do arithmetic.
     """
     n1, _, T = K.shape
     shape = (n1, T) + dims
     f = np.full(shape, np.inf)
     g = np.full(shape, np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
     g[(0, slice(None)) + (0,) * len(dims)] = 0.0
-
-    def shifted(a: int, k: int):
-        """Index pairs (destination, source) that add k units along tracked axis a."""
-        dst = [slice(None)] * len(dims)
-        src = [slice(None)] * len(dims)
-        dst[a], src[a] = slice(k, None), slice(0, dims[a] - k)
-        return tuple(dst), tuple(src)
-
+    others = [[u for u in range(T) if u != t] for t in range(T)]
+    # Every feasible (i, t, j), sorted by end, type and start; a run starts where any of them
+    # breaks (another end or type, a gap in the starts, another replica count).
+    Kt = K.transpose(1, 2, 0)
+    ii, tt, jj = np.nonzero(np.isfinite(Kt))
+    kk = Kt[ii, tt, jj].astype(np.int64)
+    pair = ii * T + tt
+    cut = np.ones(len(jj) + 1, dtype=bool)
+    cut[1:-1] = (pair[1:] != pair[:-1]) | (jj[1:] != jj[:-1] + 1) | (kk[1:] != kk[:-1])
+    starts = np.flatnonzero(cut)
+    run_k = kk[starts[:-1]].tolist()
+    run_lo, run_hi = jj[starts[:-1]].tolist(), (jj[starts[1:] - 1] + 1).tolist()
+    pair_first = np.searchsorted(pair[starts[:-1]], np.arange(n1 * T + 1)).tolist()
+    # shifts[a][k] = (destination, source) index pairs that add k units along tracked axis a
+    shifts = []
+    for a, d in enumerate(dims):
+        pairs = []
+        for k in range(d):
+            dst, src = [slice(None)] * len(dims), [slice(None)] * len(dims)
+            dst[a], src[a] = slice(k, None), slice(0, d - k)
+            pairs.append((tuple(dst), tuple(src)))
+        shifts.append(pairs)
+    least = np.minimum.reduce
     for i in range(1, n1):
         for t in range(T):
-            js = np.flatnonzero(np.isfinite(K[:i, i, t]))
-            if js.size == 0:
+            first, last = pair_first[i * T + t], pair_first[i * T + t + 1]
+            if first == last:
                 continue
-            ks = K[js, i, t].astype(np.int64)
             out = f[i, t]
-            if t in axis:
-                a = axis[t]
-                bounds = np.flatnonzero(np.diff(ks)) + 1
-                for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(js)]):
-                    k = int(ks[lo])
-                    if k >= dims[a]:
-                        continue
-                    group = g[js[lo:hi], t].min(axis=0) if hi - lo > 1 else g[js[lo], t]
-                    dst, src = shifted(a, k)
+            along = axis.get(t)
+            for r in range(first, last):
+                k, lo, hi = run_k[r], run_lo[r], run_hi[r]
+                group = g[lo, t] if hi - lo == 1 else least(g[lo:hi, t], axis=0)
+                if along is None:
+                    np.minimum(out, group + weight[t] * k, out=out)
+                elif k < dims[along]:
+                    dst, src = shifts[along][k]
                     np.minimum(out[dst], group[src], out=out[dst])
-            else:
-                add = (weight[t] * ks).reshape((-1,) + (1,) * len(dims))
-                np.minimum(out, (g[js, t] + add).min(axis=0), out=out)
+        fi = f[i]
         for t in range(T):
-            g[i, t] = f[i, [u for u in range(T) if u != t]].min(axis=0) if T > 1 else np.inf
+            rest = others[t]
+            if rest:
+                np.minimum(fi[rest[0]], fi[rest[-1]], out=g[i, t])
+                for u in rest[1:-1]:
+                    np.minimum(g[i, t], fi[u], out=g[i, t])
     return f, g
 
 
@@ -236,66 +255,110 @@ def _backtrack(
     return stages[::-1]
 
 
-class _Solver:
+class StepSolver:
     """Cheapest plan at a given bottleneck throughput, over all schedules, within the limits."""
 
-    def __init__(self, problem: Problem, progress: Progress | None):
+    def __init__(self, problem: Problem, progress: Progress | None, table: _Table | None = None):
         self.p = problem
-        self.tab = _table(problem)
+        self.tab = _table(problem) if table is None else table
         self.progress = progress
         self.evaluations = 0
         self.type_index = np.arange(problem.n_types)[None, None, :]
+        self._target: float | None = None  # the target the grid below was computed for
+        self._K = self._rate = self._reach = np.empty(0)
 
     def replicas(self, target: float) -> np.ndarray:
-        t = self.tab
-        K = np.maximum(min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target), t.min_k)
-        return np.where(t.ok & (K <= self.p.limits[None, None, :]), K, np.inf)
+        """``K[j, i, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
+        within its type's limit and memory (inf: none). Read-only; valid until the next call."""
+        if self._target is None or target < self._target:
+            t = self.tab
+            K = np.maximum(min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target), t.min_k)
+            self._K = np.where(t.ok & (K <= self.p.limits[None, None, :]), K, np.inf)
+            self._reach = self._throughput(np.arange(self._K.size), self._K.ravel()).reshape(self._K.shape)
+            self._rate = self._priced(self._K, self.type_index)
+        elif target > self._target:
+            # Walks go upwards: only cells whose throughput falls short of the new target change.
+            # Replica counts only grow with the target, so the others keep theirs exactly.
+            cells = np.flatnonzero(self._reach < target)
+            if cells.size:
+                self._raise(cells, target)
+        self._target = target
+        return self._K
 
-    def lower_bound(self, K: np.ndarray) -> float:
-        """No plan reaching the throughput ``K`` was computed for costs less than this."""
+    def _raise(self, cells: np.ndarray, target: float) -> None:
         t = self.tab
+        types = cells % self.p.n_types
+        sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
+        k = np.maximum(min_replicas(sc, pc, sd, pd, self.p.batch_size, target), t.min_k.ravel()[cells])
+        k = np.where(k <= self.p.limits[types], k, np.inf)
+        self._K.ravel()[cells] = k
+        self._reach.ravel()[cells] = self._throughput(cells, k)
+        self._rate.ravel()[cells] = self._priced(k, types)
+
+    def _throughput(self, cells: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The throughput of each cell with ``k`` replicas; inf where it has none (it never changes again)."""
+        t = self.tab
+        sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
+        finite = np.isfinite(k)
         with np.errstate(invalid="ignore"):
-            thr = stage_throughput(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, np.where(np.isfinite(K), K, 1.0))
-        lb = cost_lower_bound(self.p.prices[None, None, :], K, thr)
+            thr = stage_throughput(sc, pc, sd, pd, self.p.batch_size, np.where(finite, k, 1.0))
+        return np.where(finite, thr, np.inf)
+
+    def _priced(self, K: np.ndarray, types: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
+            return np.where(np.isfinite(K), self.p.prices[types] * K, np.inf)
+
+    def lower_bound(self, target: float) -> float:
+        """No plan reaching ``target`` or any higher throughput costs less than this."""
+        K = self.replicas(target)
+        lb = cost_lower_bound(self.p.prices[None, None, :], K, self._reach)
         value, _ = _chain_dp(np.where(np.isfinite(K), lb, np.inf))
         return self.p.work / 3600.0 * value
 
-    def cheapest(self, target: float, K: np.ndarray | None = None) -> _Candidate | None:
+    def cheapest(self, target: float) -> Candidate | None:
         self.evaluations += 1
         if self.progress:
             self.progress(f"exact: DP {self.evaluations} at {target:,.1f} samples/s")
         p = self.p
-        K = self.replicas(target) if K is None else K
-        with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
-            _, stages = _chain_dp(np.where(np.isfinite(K), p.prices[None, None, :] * K, np.inf))
+        K = self.replicas(target)
+        _, stages = _chain_dp(self._rate)
         if stages is None:
             return None
-        if not self._within(stages, K):
-            binding = [
-                t
-                for t in range(p.n_types)
-                if -_chain_dp(np.where(np.isfinite(K), np.where(self.type_index == t, -K, 0.0), np.inf))[0]
-                > p.limits[t]
-            ]
-            tracked, capped = binding, None
-            if len(binding) == p.n_types:
-                # Every type binds: leave the one with the most units out of the state and check
-                # its limit from the price rate, which is then its price times its units.
-                priced = [t for t in binding if p.prices[t] > 0]
-                if priced:
-                    capped = max(priced, key=lambda t: p.limits[t])
-                    tracked = [t for t in binding if t != capped]
-            stages = _chain_dp_limited(K, p.prices, p.limits, tracked, capped)
+        tracked: set[int] = set()
+        while not self._within(stages, K):
+            # Track the units of every type the best plan so far overuses, and solve again: a
+            # plan that is cheapest while honouring only some limits and honours them all is
+            # the cheapest. A type that was never overused needs no state.
+            tracked |= set(np.flatnonzero(self._used(stages, K) > p.limits).tolist())
+            stages = _chain_dp_limited(K, p.prices, p.limits, *self._state(tracked))
             if stages is None:
                 return None
         k = [int(K[j, i, t]) for j, i, t in stages]
-        tb = self.tab
-        thr = min(
-            float(stage_throughput(tb.sc[j, i, t], tb.pc[j, i, t], tb.sd[j, i, t], tb.pd[j, i, t], p.batch_size, kk))
-            for (j, i, t), kk in zip(stages, k)
-        )
+        thr = min(float(self._reach[j, i, t]) for j, i, t in stages)
         rate = sum(p.prices[t] * kk for (_, _, t), kk in zip(stages, k))
-        return _Candidate(stages, k, thr, p.work / thr / 3600.0 * rate)
+        return Candidate(stages, k, thr, p.work / thr / 3600.0 * rate, rate)
+
+    def _state(self, tracked: set[int]) -> tuple[list[int], int | None]:
+        """The types whose units the limit-aware DP tracks, and the one it caps, for ``tracked`` limits.
+
+        Either exactly the ``tracked`` types, or every type but one priced type, left out of the
+        state and "capped": the DP then minimises its units and checks its limit at the end (its
+        cost is its price times its units). Capping the type with the most units usually gives
+        far fewer states: that is the choice whenever it does."""
+        p = self.p
+        state = sorted(tracked)
+        priced = [t for t in range(p.n_types) if p.prices[t] > 0]
+        if not priced:
+            return state, None
+        capped = max(priced, key=lambda t: p.limits[t])
+        others = [t for t in range(p.n_types) if t != capped]
+
+        def cells(types: list[int]) -> int:
+            return math.prod(int(p.limits[t]) + 1 for t in types)
+
+        if cells(others) < cells(state) or len(tracked) == p.n_types:
+            return others, capped
+        return state, None
 
     def _used(self, stages, K) -> np.ndarray:
         used = np.zeros(self.p.n_types)
@@ -308,13 +371,12 @@ class _Solver:
 
     # -- the two objectives -------------------------------------------------
 
-    def min_cost(self) -> _Candidate | None:
+    def min_cost(self) -> Candidate | None:
         best, target = None, throughput_floor(self.p)
         while True:
-            K = self.replicas(target)
-            if best is not None and self.lower_bound(K) >= best.cost * (1 - SLACK):
+            if best is not None and self.lower_bound(target) >= best.cost * (1 - SLACK):
                 return best
-            cand = self.cheapest(target, K)
+            cand = self.cheapest(target)
             if cand is None:
                 return best
             if best is None or cand.cost < best.cost or (cand.cost == best.cost and cand.throughput > best.throughput):
@@ -346,18 +408,14 @@ class _Solver:
             if (used <= p.limits).all():
                 return True
             w = np.where(used > p.limits, 2 * w, w)
-        return self.cheapest(target, K) is not None
+        return self.cheapest(target) is not None
 
-    def max_throughput(self) -> _Candidate | None:
+    def max_throughput(self) -> Candidate | None:
         """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost."""
         lo = self.cheapest(0.0)
         if lo is None:
             return None
-        # No plan is faster than its slowest layer alone on all the units of its best type.
-        p = self.p
-        sc, pc, sd, pd = p.parts
-        alone = stage_throughput(sc, pc, sd, pd, p.batch_size, p.limits[None, :].astype(float))
-        hi = float(np.where(p.runnable, alone, 0.0).max(axis=1).min())
+        hi = speed_bound(self.p)
         floor = lo.throughput
         while hi > floor * (1 + 1e-7):
             mid = float(np.sqrt(floor * hi))
@@ -372,7 +430,7 @@ class _Solver:
             best = cand
         return best
 
-    def max_throughput_within_budget(self) -> _Candidate | None:
+    def max_throughput_within_budget(self) -> Candidate | None:
         best, target, budget = None, 0.0, self.p.max_cost
         assert budget is not None, "a budget search needs max_cost"
         while (cand := self.cheapest(target)) is not None:
@@ -383,14 +441,21 @@ class _Solver:
         return best
 
 
-def _schedule(problem: Problem, stages) -> np.ndarray:
+def speed_bound(problem: Problem) -> float:
+    """No plan is faster than this: its slowest layer alone on all the units of its best type."""
+    sc, pc, sd, pd = problem.parts
+    alone = stage_throughput(sc, pc, sd, pd, problem.batch_size, problem.limits[None, :].astype(float))
+    return float(np.where(problem.runnable, alone, 0.0).max(axis=1).min())
+
+
+def schedule_of(problem: Problem, stages) -> np.ndarray:
     sched = np.zeros(problem.n_layers, dtype=np.int64)
     for j, i, t in stages:
         sched[j:i] = t
     return sched
 
 
-def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
+def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
     """Explain why no plan meets the constraints, with the best figure that can be reached."""
     fastest = solver.max_throughput()
     if fastest is None:
@@ -407,7 +472,7 @@ def _infeasible(problem: Problem, solver: _Solver) -> InfeasibleError:
             f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.1f} samples/s "
             f"(costing ${fastest.cost:,.2f}). Lower the required throughput (--min-throughput) or raise the limits."
         )
-    cheapest = _Solver(problem.replace(objective="cost", max_cost=None), None).min_cost()
+    cheapest = StepSolver(problem.replace(objective="cost", max_cost=None), None).min_cost()
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     return InfeasibleError(
         f"no plan costs at most ${problem.max_cost:,.2f}: the cheapest plan that reaches "
@@ -465,7 +530,7 @@ def solve(
 ) -> Plan:
     """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none."""
     start = time.perf_counter()
-    solver = _Solver(problem, progress)
+    solver = StepSolver(problem, progress)
     if problem.objective == "cost":
         best = solver.min_cost()
         if best is not None and not meets_targets(problem, best.throughput, best.cost):
@@ -479,10 +544,10 @@ def solve(
         if best is not None and best.throughput < throughput_floor(problem):
             best = None
     if best is None:
-        raise _infeasible(problem, solver)
+        raise infeasible_error(problem, solver)
     plan = make_plan(
         problem,
-        _schedule(problem, best.stages),
+        schedule_of(problem, best.stages),
         best.replicas,
         scheduler="exact",
         seed=seed,

@@ -1,0 +1,272 @@
+"""The exact cost–throughput frontier (``heterps frontier``): every plan no other plan beats on both.
+
+A plan is on the frontier (Pareto-optimal) when every plan at least as fast
+costs more. Each frontier plan is therefore the cheapest plan reaching its own
+throughput, and every throughput between two frontier points costs at least the
+higher one's cost.
+
+**The walk.** Let ``rate(X)`` be the least price rate (USD per hour of all
+units) of a plan whose every stage reaches ``X``: a non-decreasing step
+function (:mod:`heterps_cli.schedulers.exact`). The exact solver's
+``cheapest(X)`` returns a plan on the step that holds ``X``, with throughput
+``y >= X``; the next step starts just above ``y``. Walking from the floor
+(``--min-throughput``) to the fastest plan visits a plan of every step, and that
+suffices: a frontier plan ``P`` of throughput ``y_P`` lies on some step
+``[X_i, y_i]``, whose plan costs ``W rate(X_i) / y_i <= W rate(P) / y_P``, so it
+is ``P`` or a plan as good. A last pass keeps the candidates no faster one
+matches in cost.
+
+**Skipping dominated steps.** Most steps are dominated (a plan just after a
+frontier point adds a replica and costs more than a plan further on). Probes
+on a geometric grid of throughputs run ahead of the walk. After the walk's plan
+(rate ``r``, throughput ``y``), any plan of throughput ``y'`` in ``(y, y_Q]``
+has rate at least ``r``, so costs at least ``W r / y'``; a probe ``Q`` (cost
+``c_Q``) is at least as fast and no dearer whenever ``y' <= min(y_Q, W r / c_Q)``.
+The walk jumps there. Every plan it skips is matched by a probe, which is
+itself a candidate, so the frontier stays exact.
+
+**The knee.** Scale throughput and cost to [0, 1] between the cheapest and the
+fastest plan; the knee is the plan farthest below the straight line joining
+them (largest scaled throughput minus scaled cost, the "Kneedle" rule). Below
+the knee each sample/s costs less than the curve's average, past it more. A
+curve with fewer than three plans, or none below the line, has no knee.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from heterps_cli.costmodel import SLACK, throughput_floor
+from heterps_cli.errors import InputError
+from heterps_cli.figures import count
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Progress
+from heterps_cli.schedulers.exact import Candidate, StepSolver, infeasible_error, schedule_of, speed_bound
+
+PROBE_STEP = 0.02  # probes every 2% of throughput (chosen by measurement: benchmarks/bench_frontier.py)
+PROBE_AHEAD = 1.0  # ... up to twice the walk's throughput ahead of it
+KNEE_RULE = (
+    "the plan farthest below the straight line from the cheapest to the fastest plan, "
+    "with throughput and cost each scaled to [0, 1]"
+)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Pareto-optimal plans by rising throughput (and cost), or an even selection of them."""
+
+    problem: Problem
+    plans: tuple[Plan, ...]
+    positions: tuple[int, ...]  # each plan's index on the whole frontier
+    size: int  # plans on the whole frontier
+    knee: int | None  # index on the whole frontier (see KNEE_RULE)
+    steps: int  # exact-solver evaluations the walk took
+    solve_s: float
+
+    @property
+    def knee_plan(self) -> int | None:
+        """The knee's index into :attr:`plans`, when it is among them."""
+        return self.positions.index(self.knee) if self.knee in self.positions else None
+
+    def to_dict(self) -> dict:
+        p = self.problem
+        return {
+            "model": p.model,
+            "cluster": p.cluster,
+            "min_throughput": p.min_throughput,
+            "max_cost": p.max_cost,
+            "size": self.size,
+            "positions": list(self.positions),
+            "knee": self.knee_plan,
+            "knee_rule": KNEE_RULE,
+            "steps": self.steps,
+            "solve_s": self.solve_s,
+            "plans": [plan.to_dict() for plan in self.plans],
+        }
+
+
+def pareto_frontier(problem: Problem, *, progress: Progress | None = None) -> Frontier:
+    """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
+    (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none."""
+    start = time.perf_counter()
+    walker = StepSolver(problem, None)
+    floor = throughput_floor(problem)
+    first = walker.cheapest(floor)
+    if first is None:
+        raise infeasible_error(problem, walker)
+    prober = StepSolver(problem, None, walker.tab)
+    found = _walk(walker, prober, first, progress)
+    frontier = _pareto(found)
+    if problem.max_cost is not None:
+        frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
+        if not frontier:
+            raise infeasible_error(problem, walker)
+    solve_s = time.perf_counter() - start
+    plans = tuple(_plan(problem, c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
+    return Frontier(
+        problem,
+        plans,
+        tuple(range(len(plans))),
+        len(plans),
+        knee([c.throughput for c in frontier], [c.cost for c in frontier]),
+        walker.evaluations + prober.evaluations,
+        solve_s,
+    )
+
+
+def _walk(walker: StepSolver, prober: StepSolver, first: Candidate, progress: Progress | None) -> list[Candidate]:
+    """From ``first`` up to the fastest plan: a plan of every step of ``rate`` that no probe shows
+    dominated, and the probes."""
+    p = walker.p
+    hours = p.work / 3600.0  # cost = hours * rate / throughput
+    lo, bound = first.throughput, speed_bound(p)
+    unreachable = math.inf  # the least throughput a probe found no plan reaching (none reaches more)
+    found = [first]
+    probes: list[tuple[float, Candidate]] = []  # (target, plan), rising
+    next_probe = 1  # the grid's next index: targets lo * (1 + PROBE_STEP) ** m
+    current = first
+    while True:
+        y = current.throughput
+        while (target := lo * (1 + PROBE_STEP) ** next_probe) <= y * (1 + PROBE_AHEAD) and target < unreachable:
+            next_probe += 1
+            if target <= y:
+                continue
+            probe = prober.cheapest(target)
+            if probe is None:
+                unreachable = target
+                break
+            probes.append((target, probe))
+            found.append(probe)
+        jump = y
+        for _, q in probes:
+            if q.throughput > y:  # a free probe matches every slower plan
+                jump = max(jump, q.throughput if q.cost <= 0 else min(q.throughput, hours * current.rate / q.cost))
+        target = float(np.nextafter(jump, np.inf))
+        if target >= unreachable:
+            return found
+        # A probe whose step holds the target is that step's plan: no need to solve it again.
+        held = next((q for x, q in probes if x <= target <= q.throughput), None)
+        step = held or walker.cheapest(target)
+        if step is None:
+            return found
+        found.append(step)
+        current = step
+        if progress is not None:
+            top = min(bound, unreachable)
+            progress(
+                f"frontier: {count(current.throughput, 0)} samples/s, {len(found):,} candidate plans",
+                completed=math.log(current.throughput / lo),
+                total=max(math.log(top / lo), math.log(current.throughput / lo)),
+            )
+
+
+def _pareto(found: list[Candidate]) -> list[Candidate]:
+    """The candidates no other matches: from the fastest down, each one cheaper than all faster ones
+    (by more than float noise: of two plans that cost the same, only the faster is kept)."""
+    kept: list[Candidate] = []
+    for c in sorted(found, key=lambda c: (-c.throughput, c.cost)):
+        if not kept or c.cost < kept[-1].cost * (1 - SLACK):
+            kept.append(c)
+    return kept[::-1]
+
+
+def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: float) -> Plan:
+    """A frontier point as a plan file: the answer to ``plan --scheduler exact --min-throughput`` its throughput."""
+    own = problem.replace(objective="cost", min_throughput=c.throughput)
+    plan = make_plan(
+        own, schedule_of(problem, c.stages), c.replicas, scheduler="exact", seed=0, solve_s=solve_s, optimal=True
+    )
+    assert plan.feasible, "the frontier holds a plan that breaks a constraint"
+    note = (
+        f"point {position + 1} of {size} on the cost-throughput frontier: the cheapest plan reaching "
+        f"{count(c.throughput, 1)} samples/s"
+    )
+    # The plan's own figure, which may differ from the solver's sum in the last bit.
+    return replace(plan, min_throughput=plan.throughput, notes=(*plan.notes, note))
+
+
+def knee(throughput: list[float], cost: list[float]) -> int | None:
+    """The knee by :data:`KNEE_RULE`; None for fewer than three plans or a curve with none below the line."""
+    if len(throughput) < 3:
+        return None
+    x = np.asarray(throughput, dtype=float)
+    y = np.asarray(cost, dtype=float)
+    span_x, span_y = x[-1] - x[0], y[-1] - y[0]
+    if span_x <= 0 or span_y <= 0:
+        return None
+    below = (x - x[0]) / span_x - (y - y[0]) / span_y
+    best = int(np.argmax(below))
+    return best if below[best] > 1e-9 else None
+
+
+def thin(frontier: Frontier, n: int) -> Frontier:
+    """``n`` of the frontier's plans spread evenly over throughput: both ends always, the knee when
+    ``n >= 3``; ``n = 1`` is the knee (the cheapest plan when there is no knee)."""
+    size = len(frontier.plans)
+    if n >= size:
+        return frontier
+    if n == 1:
+        chosen = [frontier.knee_plan if frontier.knee_plan is not None else 0]
+    else:
+        thr = np.array([plan.throughput for plan in frontier.plans])
+        chosen = []
+        for target in np.linspace(thr[0], thr[-1], n):
+            order = np.argsort(np.abs(thr - target), kind="stable")
+            chosen.append(int(next(i for i in order if i not in chosen)))
+        knee_at = frontier.knee_plan
+        if knee_at is not None and knee_at not in chosen and n >= 3:
+            inner = [i for i in chosen if i not in (0, size - 1)]
+            chosen.remove(min(inner, key=lambda i: abs(thr[i] - thr[knee_at])))
+            chosen.append(knee_at)
+    chosen.sort()
+    return Frontier(
+        frontier.problem,
+        tuple(frontier.plans[i] for i in chosen),
+        tuple(frontier.positions[i] for i in chosen),
+        frontier.size,
+        frontier.knee,
+        frontier.steps,
+        frontier.solve_s,
+    )
+
+
+def layout(plan: Plan, most: int | None = None) -> str:
+    """The stages in short form: ``cpu×34 | v100×1 | cpu×1``; with more than ``most`` stages, the
+    first ``most - 1``, an ellipsis, the last and the count: ``cpu×34 | v100×1 | … | cpu×6 (27 stages)``."""
+    parts = [f"{s.resource}×{s.replicas}" for s in plan.stages]
+    if most is not None and len(parts) > most:
+        parts = [*parts[: most - 1], "…", f"{parts[-1]} ({len(parts)} stages)"]
+    return " | ".join(parts)
+
+
+PLAN_FILE = re.compile(r"plan-\d+\.yaml")
+
+
+def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
+    """Each plan as ``plan-NNN.yaml`` (its position on the whole frontier, from 1), atomically;
+    ``plan-NNN.yaml`` files a previous frontier left there are removed, nothing else."""
+    from heterps_cli.yamlio import dump_yaml, write_atomic
+
+    folder = Path(directory)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(str(folder), None, "--out", f"cannot create the directory: {exc.strerror}") from None
+    width = max(3, len(str(frontier.size)))
+    written = []
+    for position, plan in zip(frontier.positions, frontier.plans):
+        path = folder / f"plan-{position + 1:0{width}d}.yaml"
+        write_atomic(path, dump_yaml(plan.to_dict()))
+        written.append(path)
+    keep = {p.name for p in written}
+    for old in folder.iterdir():
+        if PLAN_FILE.fullmatch(old.name) and old.name not in keep and old.is_file():
+            old.unlink()
+    return written
