@@ -149,9 +149,15 @@ def test_the_table_shows_the_ends_and_the_knee_and_says_what_the_knee_is(runner)
     assert "cpu×34 |" in first_row  # the cheapest plan's layout begins on its row
 
 
-def test_a_long_frontier_is_thinned_to_20_rows_by_default_and_says_so(runner):
+@pytest.fixture(scope="module")
+def chain8x2(runner) -> tuple[str, str, dict]:
+    """A generated 8-layer instance whose frontier has over 100 plans, and that frontier."""
     profile, cluster = _instance("chain8x2")
-    whole = _json(runner, [profile, cluster])
+    return profile, cluster, _json(runner, [profile, cluster])
+
+
+def test_a_long_frontier_is_thinned_to_20_rows_by_default_and_says_so(runner, chain8x2):
+    profile, cluster, whole = chain8x2
     assert whole["size"] > 100 and len(whole["plans"]) == whole["size"]  # --json keeps every plan
     result = runner.invoke(app, ["frontier", profile, cluster])
     assert result.exit_code == 0, result.output
@@ -162,9 +168,8 @@ def test_a_long_frontier_is_thinned_to_20_rows_by_default_and_says_so(runner):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
-def test_points_keeps_n_plans_with_both_ends_and_the_knee(runner, n):
-    profile, cluster = _instance("chain8x2")
-    whole = _json(runner, [profile, cluster])
+def test_points_keeps_n_plans_with_both_ends_and_the_knee(runner, chain8x2, n):
+    profile, cluster, whole = chain8x2
     thinned = _json(runner, [profile, cluster, "--points", str(n)])
     positions = thinned["positions"]
     assert len(positions) == n == len(thinned["plans"]) and positions == sorted(set(positions))
