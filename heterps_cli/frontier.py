@@ -255,6 +255,8 @@ def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
     from heterps_cli.yamlio import dump_yaml, write_atomic
 
     folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(str(folder), None, "--out", "exists and is not a directory: give a directory for the plans")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

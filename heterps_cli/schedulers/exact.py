@@ -6,9 +6,11 @@ over stage boundaries: ``f[i, t]`` = cheapest way to run layers ``0..i-1`` with
 the last stage on type ``t`` (the next stage must change type, SPEC section 1).
 
 Type limits couple the stages. When the unconstrained path breaks a limit, the
-DP is re-run with the units of each type whose limit can bind at ``X`` as part
-of the state (a dense array per boundary and type), which is exact; a type
-whose most greedy possible use still fits its limit needs no tracking.
+DP is re-run with the units of each type it overuses as part of the state (a
+dense array per boundary and type), again while the answer overuses another
+type: a plan cheapest under some of the limits that honours them all is the
+cheapest. :class:`StepSolver` answers "the cheapest plan reaching ``X``" at
+rising ``X`` cheaply, which :mod:`heterps_cli.frontier` walks too.
 
 Over ``X`` (see costmodel's docstring): objective ``cost`` walks the right ends of
 the price-rate steps upwards from ``min_throughput`` and stops at the first ``X``
