@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import chain  # noqa: E402
+from benchmarks.verdicts import worst_times  # noqa: E402
 from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
@@ -82,18 +83,13 @@ def table(rows: list[dict]) -> str:
 
 
 def targets(rows: list[dict]) -> str:
-    """The issue's targets, each with the worst time measured against it."""
-    lines = []
-    for label, pick, limit in [
-        ("64 layers x 3 types", lambda r: r["layers"] == 64 and r["types"] == 3, 1.0),
-        ("256 layers", lambda r: r["layers"] == 256, 30.0),
-    ]:
-        chosen = [r for r in rows if pick(r)]
-        if chosen:
-            worst = max(r["seconds"] for r in chosen)
-            verdict = "met" if worst < limit else "MISSED"
-            lines.append(f"- {label}: worst {worst:.2f} s over {len(chosen)} runs (target < {limit:g} s): {verdict}")
-    return "\n".join(lines)
+    return worst_times(
+        rows,
+        [
+            ("64 layers x 3 types", lambda r: r["layers"] == 64 and r["types"] == 3, 1.0),
+            ("256 layers", lambda r: r["layers"] == 256, 30.0),
+        ],
+    )
 
 
 if __name__ == "__main__":
