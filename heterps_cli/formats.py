@@ -126,6 +126,7 @@ class PlanFile(_Strict):
     memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
     bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
     optimal: bool | None = None
+    gap: Annotated[float, Field(ge=0)] | None = None  # exact cut short by --time-limit
     evaluations: Annotated[int, Field(ge=0)] | None = None
     notes: list[str] = []
 

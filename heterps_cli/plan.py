@@ -56,6 +56,9 @@ class Plan:
     optimal: bool | None = None  # True only when a scheduler proves it (exact)
     evaluations: int | None = None  # schedules the scheduler scored with the cost model
     notes: tuple[str, ...] = ()  # what a reader should know about how the plan was found
+    # exact stopped by --time-limit: how far the plan may be from the optimum, proven (cost:
+    # cost / lower bound - 1; time: 1 - throughput / upper bound). None otherwise.
+    gap: float | None = None
     # Not written to plan files: they are for the run that made the plan.
     units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
     interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
@@ -104,6 +107,7 @@ class Plan:
             "optimal": self.optimal,
             "evaluations": self.evaluations,
             "notes": list(self.notes),
+            **({"gap": self.gap} if self.gap is not None else {}),  # absent unless exact was cut short
             "solve_s": round(self.solve_s, 6),
         }
 

@@ -254,8 +254,8 @@ TimeLimitOpt = Annotated[
     float | None,
     typer.Option(
         callback=_positive,
-        help="rl, tapp, genetic, random: stop searching after this many seconds "
-        "(the plan may then depend on machine speed).",
+        help="Stop searching after this many seconds (the plan may then depend on machine speed). "
+        "exact then returns its best plan with the proven gap to the optimum.",
         show_default=False,
         rich_help_panel="Search budget",
     ),

@@ -94,6 +94,8 @@ def plan_view(plan: Plan) -> Group:
     budget = f" (budget {usd(plan.max_cost)})" if plan.max_cost is not None else ""
     summary.add_row("cost", Text.assemble((usd(plan.cost_usd), "bold green"), budget))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
+    if plan.gap is not None:
+        verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"
     scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
     for note in plan.notes:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,6 +43,7 @@ from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
+from heterps_cli.schedulers.scoring import deadline
 
 # Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
 MAX_STATE_CELLS = 40_000_000
@@ -49,7 +51,10 @@ MAX_STATE_CELLS = 40_000_000
 
 @dataclass
 class _Table:
-    """Cost terms of every contiguous stage: index ``[j, i, t]`` = layers ``j..i-1`` on type ``t``."""
+    """Cost terms of every contiguous stage: index ``[i, j, t]`` = layers ``j..i-1`` on type ``t``.
+
+    End first: the DP reads all the stages that end at one boundary at a time, and
+    in this order they are contiguous (twice as fast at 1,000 layers)."""
 
     sc: np.ndarray
     pc: np.ndarray
@@ -63,14 +68,14 @@ def _table(problem: Problem) -> _Table:
     def spans(per_layer):
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where sizes overflow: ruled out below
             prefix = np.vstack([np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)])
-            return prefix[None, :, :] - prefix[:, None, :]
+            return prefix[:, None, :] - prefix[None, :, :]  # [i, j]: layers j..i-1
 
     n, T = problem.n_layers, problem.n_types
-    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)[:, :, None]
-    ok = upper & (spans((~problem.runnable).astype(float)) == 0)
+    below = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)[:, :, None]  # j < i
+    ok = below & (spans((~problem.runnable).astype(float)) == 0)
     sc, pc, sd, pd = (spans(part) for part in problem.parts)
     if np.isfinite(problem.bandwidth).any():
-        bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i
+        bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i (a sum: symmetric)
         with np.errstate(invalid="ignore"):
             pd = pd + (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
     min_k = np.ones((n + 1, n + 1, T))
@@ -91,12 +96,12 @@ class Candidate:
 
 
 def _chain_dp(C: np.ndarray):
-    """Cheapest chain of stages covering all layers; ``C[j, i, t]`` prices stage ``j..i-1`` on ``t``.
+    """Cheapest chain of stages covering all layers; ``C[i, j, t]`` prices stage ``j..i-1`` on ``t``.
 
     Returns (value, [(j, i, t), ...]) or (inf, None). The recurrence (docs/exact.md,
     section 3) is a shortest path over stage boundaries::
 
-        f[i, t] = min over j < i of  g[j, t] + C[j, i, t],    g[j, t] = min over t' != t of f[j, t']
+        f[i, t] = min over j < i of  g[j, t] + C[i, j, t],    g[j, t] = min over t' != t of f[j, t']
 
     where ``f[i, t]`` is the cheapest way to run layers ``0..i-1`` with the last
     stage on ``t``, and ``g[0, t] = 0``. ``t' != t`` keeps stages maximal (two
@@ -111,7 +116,7 @@ def _chain_dp(C: np.ndarray):
     others = ~np.eye(T, dtype=bool)
     cols = np.arange(T)
     for i in range(1, n1):
-        total = g[:i] + C[:i, i]
+        total = g[:i] + C[i, :i]
         j = total.argmin(axis=0)
         arg_j[i], f[i] = j, total[j, cols]
         choice = np.where(others, f[i][None, :], np.inf)
@@ -184,7 +189,7 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
     others = [[u for u in range(T) if u != t] for t in range(T)]
     # Every feasible (i, t, j), sorted by end, type and start; a run starts where any of them
     # breaks (another end or type, a gap in the starts, another replica count).
-    Kt = K.transpose(1, 2, 0)
+    Kt = K.transpose(0, 2, 1)  # [i, t, j]
     ii, tt, jj = np.nonzero(np.isfinite(Kt))
     kk = Kt[ii, tt, jj].astype(np.int64)
     pair = ii * T + tt
@@ -238,8 +243,8 @@ def _backtrack(
     stages, i = [], n1 - 1
     while i > 0:
         value = f[(i, t, *cell)]
-        for j in np.flatnonzero(np.isfinite(K[:i, i, t])):
-            k = int(K[j, i, t])
+        for j in np.flatnonzero(np.isfinite(K[i, :i, t])):
+            k = int(K[i, j, t])
             src = list(cell)
             if t in axis:
                 src[axis[t]] -= k
@@ -267,17 +272,13 @@ class StepSolver:
         self.evaluations = 0
         self.type_index = np.arange(problem.n_types)[None, None, :]
         self._target: float | None = None  # the target the grid below was computed for
-        self._K = self._rate = self._reach = np.empty(0)
+        self._K = self._rate = self._reach = self._bound = np.empty(0)
 
     def replicas(self, target: float) -> np.ndarray:
-        """``K[j, i, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
+        """``K[i, j, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
         within its type's limit and memory (inf: none). Read-only; valid until the next call."""
         if self._target is None or target < self._target:
-            t = self.tab
-            K = np.maximum(min_replicas(t.sc, t.pc, t.sd, t.pd, self.p.batch_size, target), t.min_k)
-            self._K = np.where(t.ok & (K <= self.p.limits[None, None, :]), K, np.inf)
-            self._reach = self._throughput(np.arange(self._K.size), self._K.ravel()).reshape(self._K.shape)
-            self._rate = self._priced(self._K, self.type_index)
+            self._fill(target)
         elif target > self._target:
             # Walks go upwards: only cells whose throughput falls short of the new target change.
             # Replica counts only grow with the target, so the others keep theirs exactly.
@@ -286,6 +287,26 @@ class StepSolver:
                 self._raise(cells, target)
         self._target = target
         return self._K
+
+    def _fill(self, target: float) -> None:
+        """The whole grid for ``target``, a block of ends at a time: the temporaries of the closed
+        form then take a block's memory, not the grid's (a 2,000-layer grid is 96 MB per array)."""
+        t = self.tab
+        shape = t.sc.shape
+        if self._K.shape != shape:
+            self._K, self._reach, self._rate, self._bound = (np.empty(shape) for _ in range(4))
+        block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
+        for lo in range(0, shape[0], block):
+            rows = slice(lo, lo + block)
+            K = np.maximum(
+                min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.batch_size, target), t.min_k[rows]
+            )
+            K = np.where(t.ok[rows] & (K <= self.p.limits[None, None, :]), K, np.inf)
+            cells = np.arange(lo * shape[1] * shape[2], lo * shape[1] * shape[2] + K.size)
+            self._K[rows] = K
+            self._reach[rows] = self._throughput(cells, K.ravel()).reshape(K.shape)
+            self._rate[rows] = self._priced(K, self.type_index)
+            self._bound[rows] = self._per_stage_bound(K, self._reach[rows], self.type_index)
 
     def _raise(self, cells: np.ndarray, target: float) -> None:
         t = self.tab
@@ -296,6 +317,7 @@ class StepSolver:
         self._K.ravel()[cells] = k
         self._reach.ravel()[cells] = self._throughput(cells, k)
         self._rate.ravel()[cells] = self._priced(k, types)
+        self._bound.ravel()[cells] = self._per_stage_bound(k, self._reach.ravel()[cells], types)
 
     def _throughput(self, cells: np.ndarray, k: np.ndarray) -> np.ndarray:
         """The throughput of each cell with ``k`` replicas; inf where it has none (it never changes again)."""
@@ -310,11 +332,14 @@ class StepSolver:
         with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
             return np.where(np.isfinite(K), self.p.prices[types] * K, np.inf)
 
+    def _per_stage_bound(self, K: np.ndarray, reach: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """costmodel.cost_lower_bound per stage (inf where a stage cannot reach the target)."""
+        return np.where(np.isfinite(K), cost_lower_bound(self.p.prices[types], K, reach), np.inf)
+
     def lower_bound(self, target: float) -> float:
         """No plan reaching ``target`` or any higher throughput costs less than this."""
-        K = self.replicas(target)
-        lb = cost_lower_bound(self.p.prices[None, None, :], K, self._reach)
-        value, _ = _chain_dp(np.where(np.isfinite(K), lb, np.inf))
+        self.replicas(target)
+        value, _ = _chain_dp(self._bound)
         return self.p.work / 3600.0 * value
 
     def cheapest(self, target: float) -> Candidate | None:
@@ -335,8 +360,8 @@ class StepSolver:
             stages = _chain_dp_limited(K, p.prices, p.limits, *self._state(tracked))
             if stages is None:
                 return None
-        k = [int(K[j, i, t]) for j, i, t in stages]
-        thr = min(float(self._reach[j, i, t]) for j, i, t in stages)
+        k = [int(K[i, j, t]) for j, i, t in stages]
+        thr = min(float(self._reach[i, j, t]) for j, i, t in stages)
         rate = sum(p.prices[t] * kk for (_, _, t), kk in zip(stages, k))
         return Candidate(stages, k, thr, p.work / thr / 3600.0 * rate, rate)
 
@@ -365,7 +390,7 @@ class StepSolver:
     def _used(self, stages, K) -> np.ndarray:
         used = np.zeros(self.p.n_types)
         for j, i, t in stages:
-            used[t] += K[j, i, t]
+            used[t] += K[i, j, t]
         return used
 
     def _within(self, stages, K) -> bool:
@@ -373,22 +398,65 @@ class StepSolver:
 
     # -- the two objectives -------------------------------------------------
 
-    def min_cost(self) -> Candidate | None:
-        best, target = None, throughput_floor(self.p)
-        while True:
-            if best is not None and self.lower_bound(target) >= best.cost * (1 - SLACK):
-                return best
-            cand = self.cheapest(target)
-            if cand is None:
-                return best
-            if best is None or cand.cost < best.cost or (cand.cost == best.cost and cand.throughput > best.throughput):
-                best = cand
+    def min_cost(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+        """The cheapest plan, and a proven lower bound on the optimum's cost: the plan's own cost
+        when the walk finished, less when ``out_of_time()`` stopped it first.
+
+        A coarse scan first (targets 2% apart) finds a plan close to the best, so that the walk's
+        skip rule, which grows with how far a step's plan is from the best, takes long jumps.
+        """
+        floor = throughput_floor(self.p)
+        best, end = self._scan(floor, out_of_time)
+        if best is None:
+            return None, math.inf
+        target = floor
+        since, every = 0, 1  # cheapest-plan steps since the bound was last checked; check every `every`
+        while target < end:
             if best.cost <= 0:
-                return best  # free: nothing is cheaper
+                return best, 0.0  # free: nothing is cheaper
+            if since >= every:
+                since, bound = 0, self.lower_bound(target)
+                if bound >= best.cost * (1 - SLACK):
+                    return best, best.cost
+                # The bound only rises with the target, so checking it less often only delays the
+                # stop: far below the best cost, once in 8 steps halves the walk's DPs.
+                every = 1 if bound >= 0.9 * best.cost else 8
+            if out_of_time():
+                # Plans below the target were all walked (or skipped as unable to win).
+                return best, min(best.cost, self.lower_bound(target))
+            cand = self.cheapest(target)
+            since += 1
+            if cand is None:
+                break
+            if cand.cost < best.cost or (cand.cost == best.cost and cand.throughput > best.throughput):
+                best = cand
             # cand's price rate is the least any plan this fast can have, so a plan with
             # throughput X costs at least W * rate / X: below the skip point none can win.
             skip = cand.cost * cand.throughput / best.cost * (1 - SLACK)
             target = max(float(np.nextafter(cand.throughput, np.inf)), skip)
+        return best, best.cost
+
+    def _scan(self, floor: float, out_of_time: Callable[[], bool]) -> tuple[Candidate | None, float]:
+        """The best plan at targets 2% apart from ``floor`` up, and the target from which on no plan
+        can beat it (no plan reaches it, or the lower bound there reaches its cost)."""
+        best: Candidate | None = None
+        target, since, every = floor, 0, 1
+        while (cand := self.cheapest(target)) is not None:
+            if best is None or cand.cost < best.cost or (cand.cost == best.cost and cand.throughput > best.throughput):
+                best = cand
+            if out_of_time():
+                return best, math.inf  # nothing proven about what lies above
+            if best.cost <= 0:
+                return best, target
+            since += 1
+            if since >= every:
+                since, bound = 0, self.lower_bound(target)
+                if bound >= best.cost * (1 - SLACK):
+                    return best, target
+                every = 1 if bound >= 0.9 * best.cost else 4
+            skip = cand.cost * cand.throughput / best.cost * (1 - SLACK)  # as in the walk
+            target = max(float(np.nextafter(cand.throughput, np.inf)), target * 1.02, skip)
+        return best, target
 
     def reachable(self, target: float) -> bool:
         """Does some plan reach ``target`` within the limits?
@@ -412,14 +480,17 @@ class StepSolver:
             w = np.where(used > p.limits, 2 * w, w)
         return self.cheapest(target) is not None
 
-    def max_throughput(self) -> Candidate | None:
-        """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost."""
+    def max_throughput(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+        """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost, and a
+        proven upper bound on the fastest throughput: the plan's own when the search finished."""
         lo = self.cheapest(0.0)
         if lo is None:
-            return None
+            return None, 0.0
         hi = speed_bound(self.p)
         floor = lo.throughput
         while hi > floor * (1 + 1e-7):
+            if out_of_time():
+                return self.cheapest(floor) or lo, hi
             mid = float(np.sqrt(floor * hi))
             if self.reachable(mid):
                 floor = mid
@@ -430,9 +501,14 @@ class StepSolver:
         best = self.cheapest(floor) or lo
         while (cand := self.cheapest(float(np.nextafter(best.throughput, np.inf)))) is not None:
             best = cand
-        return best
+            if out_of_time():
+                return best, hi
+        return best, best.throughput
 
-    def max_throughput_within_budget(self) -> Candidate | None:
+    def max_throughput_within_budget(
+        self, out_of_time: Callable[[], bool] = lambda: False
+    ) -> tuple[Candidate | None, float]:
+        """The fastest plan within max_cost, and an upper bound on the fastest throughput."""
         best, target, budget = None, 0.0, self.p.max_cost
         assert budget is not None, "a budget search needs max_cost"
         while (cand := self.cheapest(target)) is not None:
@@ -440,7 +516,9 @@ class StepSolver:
                 if best is None or cand.throughput > best.throughput:
                     best = cand
             target = float(np.nextafter(cand.throughput, np.inf))
-        return best
+            if best is not None and out_of_time():
+                return best, speed_bound(self.p)
+        return best, best.throughput if best is not None else 0.0
 
 
 def speed_bound(problem: Problem) -> float:
@@ -459,7 +537,7 @@ def schedule_of(problem: Problem, stages) -> np.ndarray:
 
 def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
     """Explain why no plan meets the constraints, with the best figure that can be reached."""
-    fastest = solver.max_throughput()
+    fastest, _ = solver.max_throughput()
     if fastest is None:
         blocked = _memory_blocked(problem)
         if blocked is not None:
@@ -474,7 +552,7 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
             f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.1f} samples/s "
             f"(costing ${fastest.cost:,.2f}). Lower the required throughput (--min-throughput) or raise the limits."
         )
-    cheapest = StepSolver(problem.replace(objective="cost", max_cost=None), None).min_cost()
+    cheapest, _ = StepSolver(problem.replace(objective="cost", max_cost=None), None).min_cost()
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     return InfeasibleError(
         f"no plan costs at most ${problem.max_cost:,.2f}: the cheapest plan that reaches "
@@ -530,23 +608,43 @@ def _limits(problem: Problem) -> str:
 def solve(
     problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
 ) -> Plan:
-    """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none."""
+    """The provably cheapest (``cost``) or fastest (``time``) plan; raises InfeasibleError if none.
+
+    With ``options.time_limit``, a search that has not finished by then returns its best plan
+    with ``optimal: false`` and the proven ``gap`` to the optimum (cost / lower bound - 1, or
+    1 - throughput / upper bound) instead of running on.
+    """
     start = time.perf_counter()
+    limit = options.time_limit if options is not None else None
+    out_of_time = deadline(start, limit)
     solver = StepSolver(problem, progress)
     if problem.objective == "cost":
-        best = solver.min_cost()
+        best, bound = solver.min_cost(out_of_time)
         if best is not None and not meets_targets(problem, best.throughput, best.cost):
             best = None
-    elif problem.max_cost is None:
-        best = solver.max_throughput()
-        if best is not None and best.throughput < throughput_floor(problem):
-            best = None
     else:
-        best = solver.max_throughput_within_budget()
+        search = solver.max_throughput if problem.max_cost is None else solver.max_throughput_within_budget
+        best, bound = search(out_of_time)
         if best is not None and best.throughput < throughput_floor(problem):
             best = None
     if best is None:
         raise infeasible_error(problem, solver)
+    if problem.objective == "cost":
+        gap = float(best.cost / bound - 1) if bound > 0 else 0.0
+    else:
+        gap = float(1 - best.throughput / bound) if bound > 0 else 0.0
+    proved = bool(gap <= 1e-12)
+    notes: tuple[str, ...] = ()
+    if not proved:
+        what = (
+            f"no plan costs less than ${bound:,.2f}"
+            if problem.objective == "cost"
+            else f"no plan is faster than {bound:,.1f} samples/s"
+        )
+        notes = (
+            f"exact stopped at the --time-limit of {limit:g} s before proving this plan optimal: {what}, "
+            f"so it is within {100 * gap:.2f}% of the optimum",
+        )
     plan = make_plan(
         problem,
         schedule_of(problem, best.stages),
@@ -554,7 +652,8 @@ def solve(
         scheduler="exact",
         seed=seed,
         solve_s=time.perf_counter() - start,
-        optimal=True,
+        optimal=proved,
+        notes=notes,
     )
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
-    return plan
+    return plan if proved else replace(plan, gap=gap)
