@@ -272,7 +272,11 @@ class StepSolver:
         self.evaluations = 0
         self.type_index = np.arange(problem.n_types)[None, None, :]
         self._target: float | None = None  # the target the grid below was computed for
-        self._K = self._rate = self._reach = self._bound = np.empty(0)
+        # The grid for _target (see replicas): replicas, their throughput, price rate and cost bound.
+        self._K: np.ndarray = np.empty(0)
+        self._reach: np.ndarray = np.empty(0)
+        self._rate: np.ndarray = np.empty(0)
+        self._bound: np.ndarray = np.empty(0)
 
     def replicas(self, target: float) -> np.ndarray:
         """``K[i, j, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
