@@ -64,6 +64,12 @@ class _Table:
     min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
 
 
+# Cells of the stage grid ((layers + 1)^2 x types) the solver may hold: each costs about 90 bytes
+# over the table and the grid's arrays (2,000 x 3 layers: 12 M cells, 1.1 GB measured), so this
+# keeps it under 2 GB.
+MAX_GRID_CELLS = 20_000_000
+
+
 def _table(problem: Problem) -> _Table:
     def spans(per_layer):
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where sizes overflow: ruled out below
@@ -71,6 +77,16 @@ def _table(problem: Problem) -> _Table:
             return prefix[:, None, :] - prefix[None, :, :]  # [i, j]: layers j..i-1
 
     n, T = problem.n_layers, problem.n_types
+    cells = (n + 1) ** 2 * T
+    if cells > MAX_GRID_CELLS:
+        raise InputError(
+            None,
+            None,
+            "exact scheduler",
+            f"the exact solver would hold {cells:,} stage cells for {n:,} layers x {T} types (about "
+            f"{cells * 90 / 1e9:.1f} GB), more than it may use ({MAX_GRID_CELLS:,}); use --scheduler greedy or rl, "
+            "or profile the model at a coarser granularity (fewer, larger layers)",
+        )
     below = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)[:, :, None]  # j < i
     ok = below & (spans((~problem.runnable).astype(float)) == 0)
     sc, pc, sd, pd = (spans(part) for part in problem.parts)
@@ -493,8 +509,8 @@ class StepSolver:
         hi = speed_bound(self.p)
         floor = lo.throughput
         while hi > floor * (1 + 1e-7):
-            if out_of_time():
-                return self.cheapest(floor) or lo, hi
+            if out_of_time():  # the best plan known to exist, at least as fast as required
+                return self.cheapest(max(floor, throughput_floor(self.p))) or lo, hi
             mid = float(np.sqrt(floor * hi))
             if self.reachable(mid):
                 floor = mid
@@ -599,6 +615,8 @@ def diagnose(problem: Problem, failure: str, hint: str) -> InfeasibleError:
         found = solve(problem)
     except InfeasibleError as exc:
         return exc
+    except InputError:  # too large for the exact solver: only the heuristic's own words
+        return InfeasibleError(f"{failure}: {hint}")
     return InfeasibleError(
         f"{failure}, but a feasible plan exists (the exact solver finds one costing ${found.cost_usd:,.2f} "
         f"at {found.throughput:,.1f} samples/s): {hint}"

@@ -172,6 +172,9 @@ def train(
     run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit))
     try:
         for step in range(cfg.pretrain_steps if pretrain else 0):
+            if run.out_of_time():  # on thousands of layers one step takes a second: the limit holds here too
+                run.notes.append(f"pre-training stopped at the time limit after {step} of {cfg.pretrain_steps} steps")
+                break
             step_on(-agent.log_prob(elite).mean())
             report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
 

@@ -1,0 +1,46 @@
+"""--time-limit: exact returns its best plan with a proven gap instead of running on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from heterps_cli.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTANCES = ROOT / "benchmarks" / "instances"
+PROFILE, CLUSTER = str(INSTANCES / "chain64x3.profile.yaml"), str(INSTANCES / "chain64x3.cluster.yaml")
+
+
+def _plan(runner, *args):
+    result = runner.invoke(app, ["plan", PROFILE, CLUSTER, "--scheduler", "exact", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("objective", ["cost", "time"])
+def test_exact_cut_short_returns_a_feasible_plan_with_a_gap_that_holds(runner, objective):
+    optimum = _plan(runner, "--objective", objective)
+    assert optimum["optimal"] is True and "gap" not in optimum
+    cut = _plan(runner, "--objective", objective, "--time-limit", "1e-9")
+    assert cut["feasible"] is True and cut["optimal"] is False and cut["gap"] > 0
+    assert "--time-limit" in cut["notes"][-1] and "within" in cut["notes"][-1]
+    if objective == "cost":  # the proven lower bound is at most the optimum, the plan at least
+        assert cut["cost_usd"] >= optimum["cost_usd"] * (1 - 1e-12)
+        assert cut["cost_usd"] / (1 + cut["gap"]) <= optimum["cost_usd"] * (1 + 1e-9)
+    else:  # the proven upper bound is at least the optimum's throughput
+        assert cut["throughput"] <= optimum["throughput"] * (1 + 1e-12)
+        assert cut["throughput"] / (1 - cut["gap"]) >= optimum["throughput"] * (1 - 1e-9)
+
+
+def test_a_plan_with_a_gap_is_written_checked_and_shown(runner, tmp_path):
+    out = tmp_path / "plan.yaml"
+    shown = runner.invoke(app, ["plan", PROFILE, CLUSTER, "--scheduler", "exact", "--time-limit", "1e-9", "-o", str(out)])
+    assert shown.exit_code == 0, shown.output
+    written = yaml.safe_load(out.read_text())
+    assert written["gap"] > 0 and written["optimal"] is False
+    check = runner.invoke(app, ["check", str(out), "--profile", PROFILE, "--cluster", CLUSTER])
+    assert check.exit_code == 0, check.output
