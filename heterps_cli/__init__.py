@@ -13,6 +13,7 @@ Use from Python (each name is imported when first used, so ``import heterps_cli`
 from __future__ import annotations
 
 import importlib
+import time
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -62,6 +63,9 @@ def __getattr__(name: str):
     if name == "api":
         return importlib.import_module("heterps_cli.api")
     return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+STARTED = time.perf_counter()  # when this process imported heterps: --time-limit's clock on the command line
 
 
 def main() -> None:

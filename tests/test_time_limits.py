@@ -38,9 +38,28 @@ def test_exact_cut_short_returns_a_feasible_plan_with_a_gap_that_holds(runner, o
 
 def test_a_plan_with_a_gap_is_written_checked_and_shown(runner, tmp_path):
     out = tmp_path / "plan.yaml"
-    shown = runner.invoke(app, ["plan", PROFILE, CLUSTER, "--scheduler", "exact", "--time-limit", "1e-9", "-o", str(out)])
+    shown = runner.invoke(
+        app, ["plan", PROFILE, CLUSTER, "--scheduler", "exact", "--time-limit", "1e-9", "-o", str(out)]
+    )
     assert shown.exit_code == 0, shown.output
     written = yaml.safe_load(out.read_text())
     assert written["gap"] > 0 and written["optimal"] is False
     check = runner.invoke(app, ["check", str(out), "--profile", PROFILE, "--cluster", CLUSTER])
     assert check.exit_code == 0, check.output
+
+
+def test_greedy_stops_its_local_search_at_the_time_limit(runner):
+    result = runner.invoke(app, ["plan", PROFILE, CLUSTER, "--scheduler", "greedy", "--time-limit", "1e-9", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["feasible"] and "the local search stopped at the time limit" in plan["notes"]
+
+
+def test_a_search_out_of_time_and_plans_says_so_without_running_exact(monkeypatch):
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.schedulers import exact
+
+    monkeypatch.setattr(exact, "solve", lambda *a, **k: pytest.fail("exact ran after the time limit"))
+    error = exact.diagnose(None, "the rl scheduler found no feasible plan", "try more steps", time_limit=0.0)
+    assert isinstance(error, InfeasibleError)
+    assert "within the time limit" in str(error) and "--scheduler exact says whether" in str(error)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from heterps_cli import __version__
+from heterps_cli import STARTED, __version__
 from heterps_cli.errors import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -354,6 +354,7 @@ def plan(
             policy_in=policy_in,
             policy_out=policy_out,
             evaluations=evaluations,
+            started=STARTED if time_limit is not None else None,  # loading the files counts too
         )
         with _progress_bar() as report:
             result = api.plan(

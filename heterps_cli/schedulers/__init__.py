@@ -9,6 +9,7 @@ search fails, :func:`solve` asks the exact solver whether a plan exists at all.
 from __future__ import annotations
 
 import importlib
+import time
 from typing import TYPE_CHECKING
 
 from heterps_cli.errors import SearchFailed
@@ -32,9 +33,14 @@ def solve(
 ) -> Plan:
     """The plan scheduler ``name`` finds; when a search finds none, the exact solver says why
     (no plan exists, or one does and the error names it)."""
+    options = options or SolveOptions()
+    start = time.perf_counter()
     try:
-        return solver(name)(problem, seed=seed, progress=progress, options=options or SolveOptions())
+        return solver(name)(problem, seed=seed, progress=progress, options=options)
     except SearchFailed as exc:
         from heterps_cli.schedulers.exact import diagnose
 
-        raise diagnose(problem, exc.failure, exc.hint) from None
+        # The explanation runs within what is left of the time limit, if there is one.
+        origin = start if options.started is None else options.started
+        left = None if options.time_limit is None else options.time_limit - (time.perf_counter() - origin)
+        raise diagnose(problem, exc.failure, exc.hint, time_limit=left) from None

@@ -24,7 +24,10 @@ class SolveOptions:
 
     steps: int | None = None  # training steps (None: the scheduler's default)
     batch: int | None = None  # schedules sampled per step
-    time_limit: float | None = None  # seconds of training at most
+    time_limit: float | None = None  # seconds of searching at most
+    # When the time limit's clock started (time.perf_counter()); None: when the scheduler starts.
+    # The command line starts it with the process, so that loading the files counts too.
+    started: float | None = None
     policy_in: Path | None = None  # warm-start from this saved policy
     policy_out: Path | None = None  # save the trained policy here
     evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)

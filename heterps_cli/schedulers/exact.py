@@ -608,11 +608,16 @@ def _memory_blocked(problem: Problem) -> str | None:
     return None
 
 
-def diagnose(problem: Problem, failure: str, hint: str) -> InfeasibleError:
+def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None = None) -> InfeasibleError:
     """The error for a heuristic that found no feasible plan: the true reason if there is none,
-    else the heuristic's failure, the optimum it missed and ``hint`` (what to try)."""
+    else the heuristic's failure, the optimum it missed and ``hint`` (what to try). The exact
+    search gets ``time_limit`` seconds (None: all it needs; 0 or less: none, and the error says so)."""
+    if time_limit is not None and time_limit <= 0:
+        return InfeasibleError(
+            f"{failure} within the time limit: {hint}; --scheduler exact says whether a feasible plan exists"
+        )
     try:
-        found = solve(problem)
+        found = solve(problem, options=SolveOptions(time_limit=time_limit))
     except InfeasibleError as exc:
         return exc
     except InputError:  # too large for the exact solver: only the heuristic's own words
@@ -638,7 +643,7 @@ def solve(
     """
     start = time.perf_counter()
     limit = options.time_limit if options is not None else None
-    out_of_time = deadline(start, limit)
+    out_of_time = deadline(start, limit, options.started if options is not None else None)
     solver = StepSolver(problem, progress)
     if problem.objective == "cost":
         best, bound = solver.min_cost(out_of_time)

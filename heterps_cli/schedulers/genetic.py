@@ -83,7 +83,9 @@ def solve(
     start = time.perf_counter()
     report = progress or quiet
     budget = evaluation_budget(options)
-    out_of_time = deadline(start, options.time_limit if options is not None else None)
+    out_of_time = deadline(
+        start, options.time_limit if options is not None else None, options.started if options is not None else None
+    )
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
     heuristics = heuristic_schedules(problem)
@@ -144,7 +146,7 @@ def _within_budget(children: np.ndarray, evaluate: Evaluator, budget: int, keep:
     left = budget - evaluate.evaluations
     seen: set[bytes] = set()
     for i in range(keep, len(children)):
-        key = children[i].tobytes()
+        key = evaluate.key(children[i])
         if key in evaluate.cache or key in seen:
             continue
         if len(seen) >= left:

@@ -20,7 +20,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import polish
 from heterps_cli.schedulers.names import GREEDY_RULE
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, result
+from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, deadline, result
 
 RULE = GREEDY_RULE
 
@@ -42,7 +42,20 @@ def solve(
     best.offer(problem, schedule[None], scored)
     notes = [f"the rule alone: {_figure(problem, scored)}"]
     report("greedy: local search")
-    polish(problem, evaluate, best, Reference.of(scored), np.random.default_rng(seed), starts=[schedule])
+    out_of_time = deadline(
+        start, options.time_limit if options is not None else None, options.started if options is not None else None
+    )
+    polish(
+        problem,
+        evaluate,
+        best,
+        Reference.of(scored),
+        np.random.default_rng(seed),
+        starts=[schedule],
+        out_of_time=out_of_time,
+    )
+    if out_of_time():
+        notes.append("the local search stopped at the time limit")
     return result(
         problem,
         best,

@@ -23,7 +23,7 @@ then kicks and descents from the best plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -38,6 +38,8 @@ from heterps_cli.schedulers.scoring import (
 )
 
 SEGMENT = 12  # longest run of layers the wide move recolours
+MOVE_BYTES = 16_000_000  # the most one batch of moves may hold (int64 rows of the whole schedule); scoring
+# a batch takes about 20 times that in temporaries (measured: 2 GB at 2,000 layers with 64 MB)
 
 
 def _stages(schedule: np.ndarray) -> list[tuple[int, int]]:
@@ -47,33 +49,40 @@ def _stages(schedule: np.ndarray) -> list[tuple[int, int]]:
 
 def neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     """Every distinct schedule one move away that runs each layer on a type it can run on."""
-    n, T = problem.n_layers, problem.n_types
-    out = []
+    return _distinct(list(_neighbour_rows(problem, schedule)), problem.n_layers)
 
-    def add(row: np.ndarray) -> None:
-        if problem.usable[np.arange(n), row].all():
-            out.append(row)
+
+def _neighbour_rows(problem: Problem, schedule: np.ndarray) -> Iterator[np.ndarray]:
+    """The rows of :func:`neighbours`, one at a time (with repeats)."""
+    n, T = problem.n_layers, problem.n_types
+    layers = np.arange(n)
+
+    def ok(row: np.ndarray) -> bool:
+        return bool(problem.usable[layers, row].all())
 
     for layer in range(n):
         for t in range(T):
             if t != schedule[layer]:
                 row = schedule.copy()
                 row[layer] = t
-                add(row)
+                if ok(row):
+                    yield row
     stages = _stages(schedule)
     for a, z in stages:
         for t in range(T):
             if t != schedule[a] and z - a > 1:
                 row = schedule.copy()
                 row[a:z] = t
-                add(row)
+                if ok(row):
+                    yield row
     for (a, m), (_, z) in zip(stages, stages[1:]):
         left, right = schedule[a], schedule[m]
         for moved in range(a + 1, z):
             if moved != m:
                 row = schedule.copy()
                 row[a:moved], row[moved:z] = left, right
-                add(row)
+                if ok(row):
+                    yield row
     for (p, a), (_, z), (_, q) in zip(stages, stages[1:], stages[2:]):
         left, mine, right = schedule[p], schedule[a], schedule[z]
         for shift in range(p + 1 - a, q - z):
@@ -81,22 +90,25 @@ def neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
                 row = schedule.copy()
                 row[p:q] = right
                 row[p : a + shift], row[a + shift : z + shift] = left, mine
-                add(row)
-    return _distinct(out, n)
+                if ok(row):
+                    yield row
 
 
 def wide_neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     """Every schedule with one run of 2..SEGMENT layers put on another (runnable) type."""
+    return _distinct(list(_wide_rows(problem, schedule)), problem.n_layers)
+
+
+def _wide_rows(problem: Problem, schedule: np.ndarray) -> Iterator[np.ndarray]:
+    """The rows of :func:`wide_neighbours`, one at a time."""
     n, T = problem.n_layers, problem.n_types
-    out = []
     for a in range(n):
         for z in range(a + 2, min(n, a + SEGMENT) + 1):
             for t in range(T):
                 if problem.usable[a:z, t].all() and (schedule[a:z] != t).any():
                     row = schedule.copy()
                     row[a:z] = t
-                    out.append(row)
-    return _distinct(out, n)
+                    yield row
 
 
 def _distinct(rows: list[np.ndarray], n: int) -> np.ndarray:
@@ -105,21 +117,54 @@ def _distinct(rows: list[np.ndarray], n: int) -> np.ndarray:
     return np.unique(np.array(rows, dtype=np.int64), axis=0)
 
 
+def _batches(rows: Callable[[Problem, np.ndarray], Iterator[np.ndarray]], problem: Problem, schedule: np.ndarray):
+    """The moves from ``schedule`` in batches of distinct rows: one batch (sorted, as ``np.unique``
+    gives them) while all of them fit in :data:`MOVE_BYTES`; else batches that do, in the order
+    they are made, so that a model of thousands of layers never holds them all at once."""
+    n = problem.n_layers
+    if 8 * n * n * problem.n_types * 2 <= MOVE_BYTES:
+        yield _distinct(list(rows(problem, schedule)), n)
+        return
+    size = max(16, MOVE_BYTES // (8 * n))
+    batch: list[np.ndarray] = []
+    for row in rows(problem, schedule):
+        batch.append(row)
+        if len(batch) == size:
+            yield _distinct(batch, n)
+            batch = []
+    if batch:
+        yield _distinct(batch, n)
+
+
 def improve(
-    problem: Problem, schedule: np.ndarray, score: Callable[[np.ndarray], np.ndarray], max_rounds: int = 200
+    problem: Problem,
+    schedule: np.ndarray,
+    score: Callable[[np.ndarray], np.ndarray],
+    max_rounds: int = 200,
+    out_of_time: Callable[[], bool] = lambda: False,
 ) -> tuple[np.ndarray, float]:
-    """Steepest ascent from ``schedule`` under ``score`` (higher is better); (schedule, score)."""
+    """Steepest ascent from ``schedule`` under ``score`` (higher is better); (schedule, score).
+
+    ``out_of_time()`` is asked before every batch of moves: on thousands of layers one round
+    scores thousands of neighbours, and a whole ascent can take minutes."""
     current = np.asarray(schedule, dtype=np.int64)
     value = float(score(current[None])[0])
     for _ in range(max_rounds):
-        for moves in (neighbours, wide_neighbours):
-            candidates = moves(problem, current)
-            if len(candidates) == 0:
-                continue
-            values = score(candidates)
-            i = int(values.argmax())
-            if values[i] > value + 1e-12 * abs(value):
-                current, value = candidates[i], float(values[i])
+        if out_of_time():
+            break
+        for moves in (_neighbour_rows, _wide_rows):
+            found, found_value = None, value
+            for candidates in _batches(moves, problem, current):
+                if len(candidates) == 0:
+                    continue
+                values = score(candidates)
+                i = int(values.argmax())
+                if values[i] > (found_value if found is not None else value + 1e-12 * abs(value)):
+                    found, found_value = candidates[i].copy(), float(values[i])
+                if out_of_time():
+                    break
+            if found is not None:
+                current, value = found, found_value
                 break
         else:
             break
@@ -148,8 +193,7 @@ def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, c
     A local search cannot turn a cpu|a100|cpu plan into a cpu|v100|cpu one when
     every step in between is worse; starting one search per sequence can.
     """
-    keys = list(evaluate.cache)
-    rows = np.stack([np.frombuffer(k, dtype=np.int64) for k in keys])
+    rows = evaluate.rows()
     order = np.argsort(-rewards(problem, evaluate(rows), reference), kind="stable")
     chosen: list[np.ndarray] = []
     seen: set[tuple[int, ...]] = set()
@@ -207,10 +251,10 @@ def polish(
         return score
 
     def descend(begin: np.ndarray) -> None:
-        found, _ = improve(problem, begin, scorer(soft=False))
-        improve(problem, found, scorer(soft=True))
+        found, _ = improve(problem, begin, scorer(soft=False), out_of_time=out_of_time)
+        improve(problem, found, scorer(soft=True), out_of_time=out_of_time)
         if best.schedule is not None:
-            improve(problem, best.schedule, scorer(soft=False))
+            improve(problem, best.schedule, scorer(soft=False), out_of_time=out_of_time)
 
     for begin in starts:
         if out_of_time() and best.schedule is not None:

@@ -63,6 +63,7 @@ class Config:
     pool: int = 1024  # random schedules scored for pre-training
     pretrain_steps: int = 20
     time_limit: float | None = None
+    started: float | None = None  # SolveOptions.started
     polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
     kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
     extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
@@ -113,6 +114,7 @@ def configured(cfg, options: SolveOptions | None):
         steps=options.steps if options.steps is not None else cfg.steps,
         batch=options.batch if options.batch is not None else cfg.batch,
         time_limit=options.time_limit,
+        started=options.started,
     )
 
 
@@ -169,7 +171,7 @@ def train(
     elite = torch.from_numpy(
         pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
     )
-    run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit))
+    run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
     try:
         for step in range(cfg.pretrain_steps if pretrain else 0):
             if run.out_of_time():  # on thousands of layers one step takes a second: the limit holds here too

@@ -35,7 +35,9 @@ def solve(
     start = time.perf_counter()
     report = progress or quiet
     budget = evaluation_budget(options)
-    out_of_time = deadline(start, options.time_limit if options is not None else None)
+    out_of_time = deadline(
+        start, options.time_limit if options is not None else None, options.started if options is not None else None
+    )
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
     notes, drawn, dry = [], 0, 0
@@ -48,7 +50,7 @@ def solve(
             break
         schedules = random_schedules(problem, CHUNK, rng)
         drawn += CHUNK
-        fresh = _new_rows(schedules, evaluate.cache)[: budget - evaluate.evaluations]
+        fresh = _new_rows(schedules, evaluate)[: budget - evaluate.evaluations]
         if len(fresh):
             best.offer(problem, fresh, evaluate(fresh))
         dry = 0 if len(fresh) else dry + 1
@@ -65,12 +67,12 @@ def solve(
     )
 
 
-def _new_rows(schedules: np.ndarray, seen) -> np.ndarray:
-    """The distinct rows of ``schedules`` not in ``seen``, in the order drawn (so the budget is exact)."""
+def _new_rows(schedules: np.ndarray, evaluate: Evaluator) -> np.ndarray:
+    """The distinct rows of ``schedules`` not scored yet, in the order drawn (so the budget is exact)."""
     keep, keys = [], set()
     for i, row in enumerate(schedules):
-        key = row.tobytes()
-        if key not in seen and key not in keys:
+        key = evaluate.key(row)
+        if key not in evaluate.cache and key not in keys:
             keys.add(key)
             keep.append(i)
     return schedules[keep]

@@ -1,0 +1,119 @@
+"""Plan long generated chains (500 to 10,000 layers) with every scheduler: wall time against
+--time-limit, peak memory, and cost against the exact optimum where exact can give one.
+
+    python benchmarks/bench_scale.py            # the cases below (about 15 minutes on 2 cores)
+    python benchmarks/bench_scale.py --quick    # 500 and 1,000 layers only
+
+Each run is a fresh `heterps plan` process, measured by GNU time (wall seconds and peak resident
+memory, set-up and imports included). Targets (issue 18): exact 1,000 x 4 with binding limits under
+60 s and 2 GB, 2,000 x 3 under 60 s; every scheduler within its --time-limit + 10% + 2 s; 10,000
+layers under 2 GB in every scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.generate import chain  # noqa: E402
+
+# layers, types, tight limits, scheduler, --time-limit (None: none)
+CASES = [
+    (500, 3, False, "exact", None),
+    (500, 3, False, "rl", 30),
+    (1000, 4, True, "exact", None),
+    (1000, 4, True, "rl", 30),
+    (2000, 3, False, "exact", None),
+    (2000, 3, True, "exact", None),
+    (2000, 3, False, "exact", 10),
+    (2000, 3, False, "rl", 20),
+    (2000, 3, False, "tapp", 20),
+    (2000, 3, False, "genetic", 20),
+    (2000, 3, False, "greedy", 20),
+    (2000, 3, False, "random", 20),
+    (10000, 2, False, "rl", 30),
+    (10000, 2, False, "greedy", 30),
+    (10000, 2, False, "exact", None),
+]
+
+
+def files(n: int, T: int, tight: bool, folder: Path) -> tuple[str, str]:
+    profile, cluster = chain(n, T, seed=0, tight=tight)
+    stem = folder / f"chain{n}x{T}{'-tight' if tight else ''}"
+    p, c = stem.with_suffix(".profile.yaml"), stem.with_suffix(".cluster.yaml")
+    if not p.exists():
+        p.write_text(yaml.safe_dump(profile, sort_keys=False))
+        c.write_text(yaml.safe_dump(cluster, sort_keys=False))
+    return str(p), str(c)
+
+
+def run(case, folder: Path) -> dict:
+    n, T, tight, scheduler, limit = case
+    profile, cluster = files(n, T, tight, folder)
+    command = ["heterps", "plan", profile, cluster, "--scheduler", scheduler, "--json"]
+    if limit is not None:
+        command += ["--time-limit", str(limit)]
+    timed = ["/usr/bin/time", "-f", "%e %M", *command]
+    done = subprocess.run(timed, capture_output=True, text=True, timeout=1800)
+    wall, kb = done.stderr.strip().splitlines()[-1].split()
+    row = {
+        "layers": n,
+        "types": T,
+        "limits": "tight" if tight else "loose",
+        "scheduler": scheduler,
+        "time_limit": limit,
+        "seconds": float(wall),
+        "peak_mb": int(kb) / 1024,
+        "exit": done.returncode,
+    }
+    if done.returncode == 0:
+        plan = json.loads(done.stdout)
+        row.update(cost=plan["cost_usd"], optimal=plan["optimal"], gap=plan.get("gap"), stages=len(plan["stages"]))
+    else:
+        row["error"] = done.stderr.strip().splitlines()[0][:160] if done.stderr.strip() else ""
+    within = "" if limit is None else (" within" if row["seconds"] <= limit * 1.1 + 2 else " OVER")
+    print(
+        f"  {n:>6} x {T} {row['limits']:5} {scheduler:8} {row['seconds']:7.1f} s{within} {row['peak_mb']:7.0f} MB",
+        file=sys.stderr,
+    )
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    optimum = {(r["layers"], r["types"], r["limits"]): r["cost"] for r in rows if r.get("optimal")}
+    out = [
+        "| layers | types | limits | scheduler | --time-limit | wall s | within limit + 10% + 2 s | peak MB "
+        "| cost $ | vs exact |",
+        "|---:|---:|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        limit = "—" if r["time_limit"] is None else f"{r['time_limit']}"
+        within = "—" if r["time_limit"] is None else ("yes" if r["seconds"] <= r["time_limit"] * 1.1 + 2 else "**no**")
+        if r["exit"] != 0:
+            cost, versus = f"exit {r['exit']}", r.get("error", "")
+        else:
+            best = optimum.get((r["layers"], r["types"], r["limits"]))
+            cost = f"{r['cost']:,.2f}"
+            versus = "optimal" if r["optimal"] else (f"+{100 * (r['cost'] / best - 1):.1f}%" if best else "—")
+            if r.get("gap") is not None:
+                versus += f" (proven gap {100 * r['gap']:.1f}%)"
+        out.append(
+            f"| {r['layers']:,} | {r['types']} | {r['limits']} | {r['scheduler']} | {limit} | {r['seconds']:.1f} | "
+            f"{within} | {r['peak_mb']:,.0f} | {cost} | {versus} |"
+        )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    cases = [c for c in CASES if c[0] <= 1000] if "--quick" in sys.argv else CASES
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [run(case, Path(tmp)) for case in cases]
+    print(json.dumps(rows, indent=2) if "--json" in sys.argv else table(rows))
