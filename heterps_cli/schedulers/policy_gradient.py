@@ -21,6 +21,7 @@ ends a phase early and keeps that plan; the run's notes say so.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ from heterps_cli.schedulers.scoring import (
 HINT = "give it more --steps, or use --scheduler exact"
 
 
+POOL_LAYERS = 250_000  # random pool schedules times layers, at most (but never fewer than 64 schedules)
+
+
 @dataclass(frozen=True)
 class Config:
     steps: int = DEFAULT_STEPS
@@ -60,7 +64,7 @@ class Config:
     entropy_end: float = 0.01
     grad_clip: float = 1.0
     imitation: float = 0.05  # weight of the self-imitation term in phase 2
-    pool: int = 1024  # random schedules scored for pre-training
+    pool: int = 1024  # random schedules scored for pre-training (fewer on long models: POOL_LAYERS)
     pretrain_steps: int = 20
     time_limit: float | None = None
     started: float | None = None  # SolveOptions.started
@@ -164,7 +168,11 @@ def train(
         optimiser.step()
 
     # -- phase 1: pre-train on the best of a pool of random and heuristic schedules ------------------
-    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, cfg.pool, rng)])
+    # The pool's cost grows with its schedules times their layers: on 2,000 layers 1,024 random
+    # schedules took 18 s to provision, and random ones that long are poor targets anyway. Up to
+    # 244 layers (every benchmark instance) the pool is cfg.pool, as before.
+    size = min(cfg.pool, max(64, POOL_LAYERS // problem.n_layers))
+    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, size, rng)])
     scores = evaluate(pool)
     best.offer(problem, pool, scores)
     reference = Reference.of(scores)
@@ -172,19 +180,32 @@ def train(
         pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
     )
     run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
+    origin = start if cfg.started is None else cfg.started
+
+    def late(took: float) -> bool:
+        """Would a step taking ``took`` seconds end past the time limit? On thousands of layers
+        one step takes seconds, so the limit is kept by not starting it."""
+        limit = cfg.time_limit
+        return run.out_of_time() or (limit is not None and time.perf_counter() + took - origin > limit)
+
     try:
+        took = 0.0
         for step in range(cfg.pretrain_steps if pretrain else 0):
-            if run.out_of_time():  # on thousands of layers one step takes a second: the limit holds here too
+            if late(took):
                 run.notes.append(f"pre-training stopped at the time limit after {step} of {cfg.pretrain_steps} steps")
                 break
+            began = time.perf_counter()
             step_on(-agent.log_prob(elite).mean())
+            took = time.perf_counter() - began
             report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
 
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
+        took = 0.0
         for step in range(cfg.steps):
-            if run.out_of_time():
+            if late(took):
                 run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
                 break
+            began = time.perf_counter()
             actions, logp, entropy = agent.sample(cfg.batch, generator)
             schedules = actions.numpy()
             scores = evaluate(schedules)
@@ -204,6 +225,7 @@ def train(
             )
             if on_step is not None:
                 on_step(step + 1, learned.key)
+            took = time.perf_counter() - began
     except KeyboardInterrupt:
         run.interrupted = True
         run.notes.append("training interrupted (Ctrl-C): the best plan found so far")
