@@ -43,7 +43,7 @@ from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
-from heterps_cli.schedulers.scoring import deadline
+from heterps_cli.schedulers.scoring import limit_reached
 
 # Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
 MAX_STATE_CELLS = 40_000_000
@@ -644,7 +644,7 @@ def solve(
     """
     start = time.perf_counter()
     limit = options.time_limit if options is not None else None
-    out_of_time = deadline(start, limit, options.started if options is not None else None)
+    out_of_time = limit_reached(start, options)
     solver = StepSolver(problem, progress)
     if problem.objective == "cost":
         best, bound = solver.min_cost(out_of_time)

@@ -30,9 +30,9 @@ from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
     Reference,
-    deadline,
     evaluation_budget,
     heuristic_schedules,
+    limit_reached,
     random_schedules,
     result,
     rewards,
@@ -83,9 +83,7 @@ def solve(
     start = time.perf_counter()
     report = progress or quiet
     budget = evaluation_budget(options)
-    out_of_time = deadline(
-        start, options.time_limit if options is not None else None, options.started if options is not None else None
-    )
+    out_of_time = limit_reached(start, options)
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
     heuristics = heuristic_schedules(problem)

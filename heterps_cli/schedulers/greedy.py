@@ -20,7 +20,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import polish
 from heterps_cli.schedulers.names import GREEDY_RULE
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, deadline, result
+from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, limit_reached, result
 
 RULE = GREEDY_RULE
 
@@ -42,9 +42,7 @@ def solve(
     best.offer(problem, schedule[None], scored)
     notes = [f"the rule alone: {_figure(problem, scored)}"]
     report("greedy: local search")
-    out_of_time = deadline(
-        start, options.time_limit if options is not None else None, options.started if options is not None else None
-    )
+    out_of_time = limit_reached(start, options)
     polish(
         problem,
         evaluate,

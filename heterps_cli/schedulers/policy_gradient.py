@@ -104,7 +104,7 @@ class Run:
     rng: np.random.Generator
     generator: torch.Generator
     start: float
-    out_of_time: Callable[[], bool]
+    out_of_time: Callable[..., bool]  # out_of_time(ahead=0.0): see scoring.deadline
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
 
@@ -180,18 +180,12 @@ def train(
         pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
     )
     run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
-    origin = start if cfg.started is None else cfg.started
-
-    def late(took: float) -> bool:
-        """Would a step taking ``took`` seconds end past the time limit? On thousands of layers
-        one step takes seconds, so the limit is kept by not starting it."""
-        limit = cfg.time_limit
-        return run.out_of_time() or (limit is not None and time.perf_counter() + took - origin > limit)
-
+    # On thousands of layers one step takes seconds: a step that the last one's duration says
+    # would end past the time limit is not started.
     try:
         took = 0.0
         for step in range(cfg.pretrain_steps if pretrain else 0):
-            if late(took):
+            if run.out_of_time(took):
                 run.notes.append(f"pre-training stopped at the time limit after {step} of {cfg.pretrain_steps} steps")
                 break
             began = time.perf_counter()
@@ -202,7 +196,7 @@ def train(
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
         took = 0.0
         for step in range(cfg.steps):
-            if late(took):
+            if run.out_of_time(took):
                 run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
                 break
             began = time.perf_counter()

@@ -20,8 +20,8 @@ from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
-    deadline,
     evaluation_budget,
+    limit_reached,
     random_schedules,
     result,
 )
@@ -35,9 +35,7 @@ def solve(
     start = time.perf_counter()
     report = progress or quiet
     budget = evaluation_budget(options)
-    out_of_time = deadline(
-        start, options.time_limit if options is not None else None, options.started if options is not None else None
-    )
+    out_of_time = limit_reached(start, options)
     rng = np.random.default_rng(seed)
     evaluate, best = Evaluator(problem), Best(problem.objective)
     notes, drawn, dry = [], 0, 0

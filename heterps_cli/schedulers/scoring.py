@@ -133,11 +133,24 @@ class Best:
             self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
 
 
-def deadline(start: float, limit: float | None, started: float | None = None) -> Callable[[], bool]:
+def limit_reached(start: float, options: SolveOptions | None) -> Callable[..., bool]:
+    """:func:`deadline` for a scheduler's options (none: no limit), its clock from ``options.started``
+    when the caller started it, else from ``start``."""
+    if options is None:
+        return deadline(start, None)
+    return deadline(start, options.time_limit, options.started)
+
+
+def deadline(start: float, limit: float | None, started: float | None = None) -> Callable[..., bool]:
     """Whether ``limit`` seconds (``--time-limit``; None: no limit) have passed since ``started``
-    (``SolveOptions.started``), or else since ``start``."""
+    (``SolveOptions.started``), or else since ``start``; ``check(ahead)``: whether they will have
+    in ``ahead`` seconds (a step that long would end past the limit)."""
     origin = start if started is None else started
-    return lambda: limit is not None and time.perf_counter() - origin > limit
+
+    def check(ahead: float = 0.0) -> bool:
+        return limit is not None and time.perf_counter() + ahead - origin > limit
+
+    return check
 
 
 def result(
