@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from heterps_cli.cli.app import app
+from heterps_cli.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "benchmarks" / "instances"
@@ -60,6 +61,31 @@ def test_a_search_out_of_time_and_plans_says_so_without_running_exact(monkeypatc
     from heterps_cli.schedulers import exact
 
     monkeypatch.setattr(exact, "solve", lambda *a, **k: pytest.fail("exact ran after the time limit"))
-    error = exact.diagnose(None, "the rl scheduler found no feasible plan", "try more steps", time_limit=0.0)
+    error = exact.diagnose(load_problem(PROFILE, CLUSTER), "the rl scheduler found no plan", "try more", time_limit=0.0)
     assert isinstance(error, InfeasibleError)
     assert "within the time limit" in str(error) and "--scheduler exact says whether" in str(error)
+
+
+def test_a_search_on_a_model_too_long_for_exact_does_not_point_to_it(monkeypatch, tmp_path, runner):
+    from heterps_cli.schedulers import exact
+
+    monkeypatch.setattr(exact, "MAX_GRID_CELLS", 100)  # chain16x2: 17 x 17 x 2 = 578 cells
+    monkeypatch.setattr(exact, "solve", lambda *a, **k: pytest.fail("exact ran on a model too long for it"))
+    tight = INSTANCES / "chain16x2-tight.profile.yaml", INSTANCES / "chain16x2-tight.cluster.yaml"
+    for limit in ([], ["--time-limit", "1e-9"]):
+        result = runner.invoke(
+            app,
+            [
+                "plan",
+                *map(str, tight),
+                "--scheduler",
+                "random",
+                "--evaluations",
+                "1",
+                "--min-throughput",
+                "1e12",
+                *limit,
+            ],
+        )
+        assert result.exit_code == 3, result.output
+        assert "found no feasible plan" in result.output and "--scheduler exact" not in result.output

@@ -27,7 +27,15 @@ from heterps_cli.errors import (
     InputError,
 )
 from heterps_cli.figures import count, plural, usd
-from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_EVALUATIONS, DEFAULT_STEPS, POLICY_VARIANTS, SCHEDULERS
+from heterps_cli.schedulers.names import (
+    BATCH_LAYERS,
+    DEFAULT_BATCH,
+    DEFAULT_EVALUATIONS,
+    DEFAULT_STEPS,
+    MIN_BATCH,
+    POLICY_VARIANTS,
+    SCHEDULERS,
+)
 
 TABLE_ROWS = 20  # heterps frontier: rows its table shows unless --points says otherwise
 # Start-up time is part of the interface (benchmarks/bench_startup.py): each command imports the
@@ -245,7 +253,10 @@ BatchOpt = Annotated[
     typer.Option(
         min=1,
         max=65536,
-        help=f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}).",
+        help=(
+            f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}; on models over "
+            f"{BATCH_LAYERS // DEFAULT_BATCH:,} layers fewer, {BATCH_LAYERS:,} / layers but at least {MIN_BATCH})."
+        ),
         show_default=False,
         rich_help_panel="Search budget",
     ),

@@ -70,6 +70,11 @@ class _Table:
 MAX_GRID_CELLS = 20_000_000
 
 
+def too_large(problem: Problem) -> bool:
+    """Whether the model is too long for the exact solver's stage grid (:data:`MAX_GRID_CELLS`)."""
+    return (problem.n_layers + 1) ** 2 * problem.n_types > MAX_GRID_CELLS
+
+
 def _table(problem: Problem) -> _Table:
     def spans(per_layer):
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where sizes overflow: ruled out below
@@ -77,8 +82,8 @@ def _table(problem: Problem) -> _Table:
             return prefix[:, None, :] - prefix[None, :, :]  # [i, j]: layers j..i-1
 
     n, T = problem.n_layers, problem.n_types
-    cells = (n + 1) ** 2 * T
-    if cells > MAX_GRID_CELLS:
+    if too_large(problem):
+        cells = (n + 1) ** 2 * T
         raise InputError(
             None,
             None,
@@ -611,8 +616,12 @@ def _memory_blocked(problem: Problem) -> str | None:
 
 def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None = None) -> InfeasibleError:
     """The error for a heuristic that found no feasible plan: the true reason if there is none,
-    else the heuristic's failure, the optimum it missed and ``hint`` (what to try). The exact
+    else the heuristic's failure, the optimum it missed and ``hint`` (what to try in it; where the
+    exact solver can run, the message points to it too). The exact
     search gets ``time_limit`` seconds (None: all it needs; 0 or less: none, and the error says so)."""
+    if too_large(problem):  # only the heuristic's own words
+        within = " within the time limit" if time_limit is not None and time_limit <= 0 else ""
+        return InfeasibleError(f"{failure}{within}: {hint}")
     if time_limit is not None and time_limit <= 0:
         return InfeasibleError(
             f"{failure} within the time limit: {hint}; --scheduler exact says whether a feasible plan exists"
@@ -621,11 +630,11 @@ def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None
         found = solve(problem, options=SolveOptions(time_limit=time_limit))
     except InfeasibleError as exc:
         return exc
-    except InputError:  # too large for the exact solver: only the heuristic's own words
+    except InputError:  # the binding limits need more states than the solver may hold
         return InfeasibleError(f"{failure}: {hint}")
     return InfeasibleError(
         f"{failure}, but a feasible plan exists (the exact solver finds one costing ${found.cost_usd:,.2f} "
-        f"at {found.throughput:,.1f} samples/s): {hint}"
+        f"at {found.throughput:,.1f} samples/s): {hint}, or use --scheduler exact"
     )
 
 

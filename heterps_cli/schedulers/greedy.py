@@ -18,7 +18,7 @@ import numpy as np
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
-from heterps_cli.schedulers.local import polish
+from heterps_cli.schedulers.local import budget_note, polish
 from heterps_cli.schedulers.names import GREEDY_RULE
 from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, limit_reached, result
 
@@ -43,7 +43,7 @@ def solve(
     notes = [f"the rule alone: {_figure(problem, scored)}"]
     report("greedy: local search")
     out_of_time = limit_reached(start, options)
-    polish(
+    stopped = polish(
         problem,
         evaluate,
         best,
@@ -54,6 +54,8 @@ def solve(
     )
     if out_of_time():
         notes.append("the local search stopped at the time limit")
+    elif stopped:
+        notes.append(budget_note(problem))
     return result(
         problem,
         best,
@@ -62,7 +64,7 @@ def solve(
         seed=seed,
         start=start,
         notes=notes,
-        hint="use --scheduler rl or exact",
+        hint="use --scheduler rl",
     )
 
 

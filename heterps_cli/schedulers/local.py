@@ -38,6 +38,11 @@ from heterps_cli.schedulers.scoring import (
 )
 
 SEGMENT = 12  # longest run of layers the wide move recolours
+# The most one polish may score, in schedules x layers: a round of moves scores ~n schedules of n
+# layers, so without a bound the polish of a 10,000-layer model ran for hours. At 10,000 layers
+# this is 50,000 schedules (about 2 minutes on 2 cores); up to 1,000 layers it has not bound on
+# any benchmark instance (see the README, "Large models"). --time-limit bounds it in seconds.
+SEARCH_CELLS = 500_000_000
 MOVE_BYTES = 16_000_000  # the most one batch of moves may hold (int64 rows of the whole schedule); scoring
 # a batch takes about 20 times that in temporaries (measured: 2 GB at 2,000 layers with 64 MB)
 
@@ -193,21 +198,29 @@ def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, c
     A local search cannot turn a cpu|a100|cpu plan into a cpu|v100|cpu one when
     every step in between is worse; starting one search per sequence can.
     """
-    rows = evaluate.rows()
-    order = np.argsort(-rewards(problem, evaluate(rows), reference), kind="stable")
+    keys, scored = evaluate.history()
     chosen: list[np.ndarray] = []
     seen: set[tuple[int, ...]] = set()
-    for row in rows[order]:
+    for i in np.argsort(-rewards(problem, scored, reference), kind="stable"):
         if len(chosen) == count:
             break
+        row = evaluate.schedule(keys[i])
         if signature(row) not in seen:
             seen.add(signature(row))
-            chosen.append(row.copy())
+            chosen.append(row)
     for row in heuristic_schedules(problem):
         if signature(row) not in seen:
             seen.add(signature(row))
             chosen.append(row.copy())
     return chosen
+
+
+def budget_note(problem: Problem) -> str:
+    """What a plan's notes say when :func:`polish` stopped at :data:`SEARCH_CELLS`."""
+    return (
+        f"the local search stopped at its budget, {SEARCH_CELLS // problem.n_layers:,} schedules scored "
+        f"on {problem.n_layers:,} layers ({SEARCH_CELLS:,} schedules x layers)"
+    )
 
 
 def polish(
@@ -221,8 +234,9 @@ def polish(
     kicks: int = 0,
     extra_kicks: int = 0,
     out_of_time: Callable[[], bool] = lambda: False,
-) -> None:
+) -> bool:
     """Local search from each of ``starts``, then iterated local search; improves ``best`` in place.
+    True when it stopped at its budget, :data:`SEARCH_CELLS` (``out_of_time()`` stops it too).
 
     Each descent climbs the hard reward, then the soft one (which may cross
     mildly infeasible plans), then the hard one again from the best plan. The
@@ -236,6 +250,13 @@ def polish(
     # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
     # it is kept up to date here rather than found again in the whole cache for every kick.
     least_bad: list = []  # [reward, schedule] once the kicks need it
+    scored_before = evaluate.evaluations
+
+    def spent() -> bool:
+        return (evaluate.evaluations - scored_before) * problem.n_layers > SEARCH_CELLS
+
+    def stop() -> bool:
+        return out_of_time() or spent()
 
     def scorer(soft: bool):
         def score(rows: np.ndarray) -> np.ndarray:
@@ -251,13 +272,13 @@ def polish(
         return score
 
     def descend(begin: np.ndarray) -> None:
-        found, _ = improve(problem, begin, scorer(soft=False), out_of_time=out_of_time)
-        improve(problem, found, scorer(soft=True), out_of_time=out_of_time)
+        found, _ = improve(problem, begin, scorer(soft=False), out_of_time=stop)
+        improve(problem, found, scorer(soft=True), out_of_time=stop)
         if best.schedule is not None:
-            improve(problem, best.schedule, scorer(soft=False), out_of_time=out_of_time)
+            improve(problem, best.schedule, scorer(soft=False), out_of_time=stop)
 
     for begin in starts:
-        if out_of_time() and best.schedule is not None:
+        if stop() and best.schedule is not None:
             break
         descend(begin)
     if best.schedule is None:
@@ -267,10 +288,11 @@ def polish(
     # and more kicks while they still improve it brought it to the optimum on some seeds.
     quiet = 0
     for _ in range(kicks + extra_kicks):
-        if out_of_time() or quiet >= kicks:
+        if stop() or quiet >= kicks:
             break
         anchor = best.schedule if best.schedule is not None else least_bad[1]
         before = best.key
         descend(kick(problem, anchor, rng))
         if best.schedule is not None:
             quiet = 0 if extra_kicks and best.key < before else quiet + 1
+    return spent()

@@ -6,7 +6,17 @@ from __future__ import annotations
 DEFAULT_EVALUATIONS = 6000  # genetic, random: cost-model evaluations
 DEFAULT_STEPS = 120  # rl, tapp: training steps
 DEFAULT_BATCH = 64  # rl, tapp: schedules sampled per step
+# rl, tapp: the default batch's schedules times layers, at most. One step's time grows with both, and
+# a 10,000-layer step at 64 schedules took 13.7 s (most of a 30 s limit) and 4.3 GB.
+BATCH_LAYERS = 65_536
+MIN_BATCH = 8
 POLICY_VARIANTS = 16  # rl --policy-out: nearby models whose locally optimised plans the saved policy learns
+
+
+def default_batch(n_layers: int) -> int:
+    """rl and tapp's schedules per step without --batch: 64 up to 1,024 layers, then fewer (at least 8)."""
+    return min(DEFAULT_BATCH, max(MIN_BATCH, BATCH_LAYERS // max(1, n_layers)))
+
 
 GREEDY_RULE = (
     "each layer on its cheapest type by price x OCT (fastest by OCT for --objective time), "

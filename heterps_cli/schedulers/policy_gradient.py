@@ -34,8 +34,8 @@ from torch import nn
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
-from heterps_cli.schedulers.local import polish, polish_starts
-from heterps_cli.schedulers.names import DEFAULT_BATCH, DEFAULT_STEPS
+from heterps_cli.schedulers.local import budget_note, polish, polish_starts
+from heterps_cli.schedulers.names import DEFAULT_STEPS, default_batch
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
@@ -48,7 +48,7 @@ from heterps_cli.schedulers.scoring import (
     rewards,
 )
 
-HINT = "give it more --steps, or use --scheduler exact"
+HINT = "give it more --steps"
 
 
 POOL_LAYERS = 250_000  # random pool schedules times layers, at most (but never fewer than 64 schedules)
@@ -57,7 +57,7 @@ POOL_LAYERS = 250_000  # random pool schedules times layers, at most (but never 
 @dataclass(frozen=True)
 class Config:
     steps: int = DEFAULT_STEPS
-    batch: int = DEFAULT_BATCH  # schedules sampled per step
+    batch: int | None = None  # schedules sampled per step (None: names.default_batch for the model's depth)
     hidden: int = 64
     lr: float = 3e-3
     entropy_start: float = 0.1  # decays linearly to entropy_end over the steps
@@ -180,8 +180,10 @@ def train(
         pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
     )
     run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
+    batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
     # On thousands of layers one step takes seconds: a step that the last one's duration says
-    # would end past the time limit is not started.
+    # would end past the time limit is not started. Before the first training step, the last
+    # pre-training step (a pass over the elite) scaled to the batch stands in for it.
     try:
         took = 0.0
         for step in range(cfg.pretrain_steps if pretrain else 0):
@@ -194,13 +196,13 @@ def train(
             report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
 
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
-        took = 0.0
+        took *= batch / len(elite)
         for step in range(cfg.steps):
             if run.out_of_time(took):
                 run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
                 break
             began = time.perf_counter()
-            actions, logp, entropy = agent.sample(cfg.batch, generator)
+            actions, logp, entropy = agent.sample(batch, generator)
             schedules = actions.numpy()
             scores = evaluate(schedules)
             best.offer(problem, schedules, scores)
@@ -230,7 +232,7 @@ def train(
     best.offer(problem, greedy, evaluate(greedy))
     report(f"{name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
     try:
-        polish(
+        stopped = polish(
             problem,
             evaluate,
             best,
@@ -241,6 +243,8 @@ def train(
             extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
             out_of_time=run.out_of_time,
         )
+        if stopped and not run.out_of_time():
+            run.notes.append(budget_note(problem))
     except KeyboardInterrupt:
         run.interrupted = True
         run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")

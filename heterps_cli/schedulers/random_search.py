@@ -61,7 +61,7 @@ def solve(
         seed=seed,
         start=start,
         notes=notes,
-        hint="give it more --evaluations, or use --scheduler exact",
+        hint="give it more --evaluations",
     )
 
 
