@@ -1,7 +1,7 @@
 """Plan long generated chains (500 to 10,000 layers) with every scheduler: wall time against
 --time-limit, peak memory, and cost against the exact optimum where exact can give one.
 
-    python benchmarks/bench_scale.py            # the cases below (about 8 minutes on 2 cores)
+    python benchmarks/bench_scale.py            # the cases below (about 16 minutes on 2 cores)
     python benchmarks/bench_scale.py --quick    # 500 and 1,000 layers only
 
 Each run is a fresh `heterps plan` process, measured by GNU time (wall seconds and peak resident
@@ -25,23 +25,30 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.generate import chain  # noqa: E402
 
-# layers, types, tight limits, scheduler, --time-limit (None: none)
+# layers, types, tight limits, scheduler, --time-limit (None: none), SPEC 1b (None, "memory", "bandwidth")
 CASES = [
-    (500, 3, False, "exact", None),
-    (500, 3, False, "rl", 30),
-    (1000, 4, True, "exact", None),
-    (1000, 4, True, "rl", 30),
-    (2000, 3, False, "exact", None),
-    (2000, 3, True, "exact", None),
-    (2000, 3, False, "exact", 10),
-    (2000, 3, False, "rl", 20),
-    (2000, 3, False, "tapp", 20),
-    (2000, 3, False, "genetic", 20),
-    (2000, 3, False, "greedy", 20),
-    (2000, 3, False, "random", 20),
-    (10000, 2, False, "rl", 30),
-    (10000, 2, False, "greedy", 30),
-    (10000, 2, False, "exact", None),
+    (500, 3, False, "exact", None, None),
+    (500, 3, False, "rl", 30, None),
+    (1000, 4, True, "exact", None, None),
+    (1000, 4, True, "rl", 30, None),
+    (1000, 3, False, "exact", None, "memory"),
+    (1000, 3, False, "rl", 30, "memory"),
+    (1000, 3, False, "exact", None, "bandwidth"),
+    (1000, 3, False, "rl", 30, "bandwidth"),
+    (2000, 3, False, "exact", None, None),
+    (2000, 3, True, "exact", None, None),
+    (2000, 3, False, "exact", 10, None),
+    (2000, 3, False, "rl", 20, None),
+    (2000, 3, False, "tapp", 20, None),
+    (2000, 3, False, "genetic", 20, None),
+    (2000, 3, False, "greedy", 20, None),
+    (2000, 3, False, "random", 20, None),
+    (2000, 3, False, "rl", None, None),  # the default budgets, no time limit
+    (10000, 2, False, "rl", 30, None),
+    (10000, 2, False, "tapp", 30, None),
+    (10000, 2, False, "greedy", 30, None),
+    (10000, 2, False, "greedy", None, None),  # the local search's default budget, no time limit
+    (10000, 2, False, "exact", None, None),
 ]
 
 
@@ -50,9 +57,9 @@ def held(seconds: float, limit: float) -> bool:
     return seconds <= limit * 1.1 + 2
 
 
-def files(n: int, T: int, tight: bool, folder: Path) -> tuple[str, str]:
-    profile, cluster = chain(n, T, seed=0, tight=tight)
-    stem = folder / f"chain{n}x{T}{'-tight' if tight else ''}"
+def files(n: int, T: int, tight: bool, hardware: str | None, folder: Path) -> tuple[str, str]:
+    profile, cluster = chain(n, T, seed=0, tight=tight, hardware=hardware)
+    stem = folder / f"chain{n}x{T}{'-tight' if tight else ''}{'-' + hardware if hardware else ''}"
     p, c = stem.with_suffix(".profile.yaml"), stem.with_suffix(".cluster.yaml")
     if not p.exists():
         p.write_text(yaml.safe_dump(profile, sort_keys=False))
@@ -61,8 +68,8 @@ def files(n: int, T: int, tight: bool, folder: Path) -> tuple[str, str]:
 
 
 def run(case, folder: Path) -> dict:
-    n, T, tight, scheduler, limit = case
-    profile, cluster = files(n, T, tight, folder)
+    n, T, tight, scheduler, limit, hardware = case
+    profile, cluster = files(n, T, tight, hardware, folder)
     command = ["heterps", "plan", profile, cluster, "--scheduler", scheduler, "--json"]
     if limit is not None:
         command += ["--time-limit", str(limit)]
@@ -72,7 +79,7 @@ def run(case, folder: Path) -> dict:
     row = {
         "layers": n,
         "types": T,
-        "limits": "tight" if tight else "loose",
+        "limits": ("tight" if tight else "loose") + (f", {hardware}" if hardware else ""),
         "scheduler": scheduler,
         "time_limit": limit,
         "seconds": float(wall),
@@ -82,11 +89,12 @@ def run(case, folder: Path) -> dict:
     if done.returncode == 0:
         plan = json.loads(done.stdout)
         row.update(cost=plan["cost_usd"], optimal=plan["optimal"], gap=plan.get("gap"), stages=len(plan["stages"]))
+        row["budget"] = any("stopped at its budget" in note for note in plan["notes"])
     else:
         row["error"] = done.stderr.strip().splitlines()[0][:160] if done.stderr.strip() else ""
     within = "" if limit is None else (" within" if held(row["seconds"], limit) else " OVER")
     print(
-        f"  {n:>6} x {T} {row['limits']:5} {scheduler:8} {row['seconds']:7.1f} s{within} {row['peak_mb']:7.0f} MB",
+        f"  {n:>6} x {T} {row['limits']:16} {scheduler:8} {row['seconds']:7.1f} s{within} {row['peak_mb']:7.0f} MB",
         file=sys.stderr,
     )
     return row
@@ -110,6 +118,8 @@ def table(rows: list[dict]) -> str:
             versus = "optimal" if r["optimal"] else (f"+{100 * (r['cost'] / best - 1):.1f}%" if best else "—")
             if r.get("gap") is not None:
                 versus += f" (proven gap {100 * r['gap']:.1f}%)"
+            if r.get("budget"):
+                versus += " (local search stopped at its budget)"
         out.append(
             f"| {r['layers']:,} | {r['types']} | {r['limits']} | {r['scheduler']} | {limit} | {r['seconds']:.1f} | "
             f"{within} | {r['peak_mb']:,.0f} | {cost} | {versus} |"

@@ -96,12 +96,12 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None) -> Fr
     """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
     (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none."""
     start = time.perf_counter()
-    walker = StepSolver(problem, None)
+    walker = StepSolver(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
     floor = throughput_floor(problem)
     first = walker.cheapest(floor)
     if first is None:
         raise infeasible_error(problem, walker)
-    prober = StepSolver(problem, None, walker.tab)
+    prober = StepSolver(problem, None, walker.tab, relax=False)
     found = _walk(walker, prober, first, progress)
     frontier = _pareto(found)
     if problem.max_cost is not None:

@@ -45,8 +45,11 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
 from heterps_cli.schedulers.scoring import limit_reached
 
-# Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: ~1 GiB.
-MAX_STATE_CELLS = 40_000_000
+# Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: its two tables take
+# 16 bytes a cell, 0.96 GB (1,000 x 4 layers with loose limits needs 48 M: 13 s, 1.3 GB in all).
+# Past it, the solver relaxes the largest limits instead (StepSolver.cheapest).
+MAX_STATE_CELLS = 60_000_000
+REPAIR_ROUNDS = 12  # penalty doublings that look for a plan within every limit at one relaxed step
 
 
 @dataclass
@@ -114,6 +117,7 @@ class Candidate:
     throughput: float
     cost: float
     rate: float  # USD per hour of all its units
+    within: bool = True  # within every limit (False only for a bound while limits are relaxed)
 
 
 def _chain_dp(C: np.ndarray):
@@ -286,11 +290,17 @@ def _backtrack(
 class StepSolver:
     """Cheapest plan at a given bottleneck throughput, over all schedules, within the limits."""
 
-    def __init__(self, problem: Problem, progress: Progress | None, table: _Table | None = None):
+    def __init__(self, problem: Problem, progress: Progress | None, table: _Table | None = None, relax: bool = True):
         self.p = problem
+        self.relax = relax  # False: refuse (InputError) rather than relax a limit (see cheapest)
         self.tab = _table(problem) if table is None else table
         self.progress = progress
         self.evaluations = 0
+        # Types whose limits the DP stopped tracking (too many states): see cheapest. While any is
+        # relaxed, the candidates are lower bounds, and the plans found within every limit are kept.
+        self.relaxed: set[int] = set()
+        self.cheapest_found: Candidate | None = None  # the cheapest within every limit and the targets
+        self.fastest_found: Candidate | None = None  # the fastest within every limit and the targets
         self.type_index = np.arange(problem.n_types)[None, None, :]
         self._target: float | None = None  # the target the grid below was computed for
         # The grid for _target (see replicas): replicas, their throughput, price rate and cost bound.
@@ -368,6 +378,15 @@ class StepSolver:
         return self.p.work / 3600.0 * value
 
     def cheapest(self, target: float) -> Candidate | None:
+        """The plan of least price rate reaching ``target`` within the limits (None: no plan does).
+
+        Exact unless honouring the binding limits needs more than :data:`MAX_STATE_CELLS` states.
+        Then the limit of the tracked type with the most units is relaxed (:attr:`relaxed`, for
+        the rest of the search) and the answer is the cheapest plan within the other limits: a
+        lower bound, since every plan within all limits is among those it chose from. A plan
+        within every limit is then looked for by pricing the overused types higher
+        (:meth:`_repair`), and the best such plans are kept (:attr:`cheapest_found`).
+        """
         self.evaluations += 1
         if self.progress:
             self.progress(f"exact: DP {self.evaluations} at {target:,.1f} samples/s")
@@ -377,18 +396,69 @@ class StepSolver:
         if stages is None:
             return None
         tracked: set[int] = set()
-        while not self._within(stages, K):
+        while over := self._overused(stages, K) - self.relaxed:
             # Track the units of every type the best plan so far overuses, and solve again: a
             # plan that is cheapest while honouring only some limits and honours them all is
             # the cheapest. A type that was never overused needs no state.
-            tracked |= set(np.flatnonzero(self._used(stages, K) > p.limits).tolist())
-            stages = _chain_dp_limited(K, p.prices, p.limits, *self._state(tracked))
+            tracked |= over
+            state = self._state(tracked)
+            while self.relax and self._states(state) > MAX_STATE_CELLS:
+                self.relaxed.add(max(tracked - self.relaxed, key=lambda t: p.limits[t]))
+                tracked -= self.relaxed
+                state = self._state(tracked)
+            stages = self._limited(K, p.prices, state)
             if stages is None:
                 return None
+        found = self._candidate(stages, K)
+        if self.relaxed:
+            within = found if found.within else self._repair(K, stages, tracked)
+            if within is not None:
+                self._keep(within)
+        return found
+
+    def _candidate(self, stages, K) -> Candidate:
+        p = self.p
         k = [int(K[i, j, t]) for j, i, t in stages]
         thr = min(float(self._reach[i, j, t]) for j, i, t in stages)
         rate = sum(p.prices[t] * kk for (_, _, t), kk in zip(stages, k))
-        return Candidate(stages, k, thr, p.work / thr / 3600.0 * rate, rate)
+        return Candidate(stages, k, thr, p.work / thr / 3600.0 * rate, rate, not self._overused(stages, K))
+
+    def _repair(self, K: np.ndarray, stages, tracked: set[int]) -> Candidate | None:
+        """A plan within every limit at the current target, if pricing the overused (relaxed) types
+        higher finds one: a heuristic, used only while limits are relaxed."""
+        p = self.p
+        price = p.prices.astype(float).copy()
+        state = self._state(tracked)
+        for _ in range(REPAIR_ROUNDS):
+            over = list(self._overused(stages, K))
+            if not over:
+                return self._candidate(stages, K)
+            price[over] = np.maximum(2 * price[over], max(float(price.max()), 1.0) / 8)
+            stages = self._limited(K, price, state)
+            if stages is None:
+                return None
+        return None
+
+    def _limited(self, K: np.ndarray, prices: np.ndarray, state: tuple[list[int], int | None]):
+        """:func:`_chain_dp_limited`, or the plain DP when every limit it would track is relaxed."""
+        if state[0] or state[1] is not None:
+            return _chain_dp_limited(K, prices, self.p.limits, *state)
+        with np.errstate(invalid="ignore"):
+            return _chain_dp(np.where(np.isfinite(K), prices[None, None, :] * K, np.inf))[1]
+
+    def _keep(self, cand: Candidate) -> None:
+        if not meets_targets(self.p, cand.throughput, cand.cost):
+            return
+        kept = self.cheapest_found
+        if kept is None or (cand.cost, -cand.throughput) < (kept.cost, -kept.throughput):
+            self.cheapest_found = cand
+        kept = self.fastest_found
+        if kept is None or (-cand.throughput, cand.cost) < (-kept.throughput, kept.cost):
+            self.fastest_found = cand
+
+    def _states(self, state: tuple[list[int], int | None]) -> int:
+        n1, _, T = self.tab.sc.shape
+        return n1 * T * math.prod(int(self.p.limits[t]) + 1 for t in state[0])
 
     def _state(self, tracked: set[int]) -> tuple[list[int], int | None]:
         """The types whose units the limit-aware DP tracks, and the one it caps, for ``tracked`` limits.
@@ -418,8 +488,8 @@ class StepSolver:
             used[t] += K[i, j, t]
         return used
 
-    def _within(self, stages, K) -> bool:
-        return bool((self._used(stages, K) <= self.p.limits).all())
+    def _overused(self, stages, K) -> set[int]:
+        return set(np.flatnonzero(self._used(stages, K) > self.p.limits).tolist())
 
     # -- the two objectives -------------------------------------------------
 
@@ -666,6 +736,24 @@ def solve(
             best = None
     if best is None:
         raise infeasible_error(problem, solver)
+    why = f"exact stopped at the --time-limit of {limit or 0:g} s before proving this plan optimal"
+    if not best.within:
+        # The search ran on relaxed limits: its best is a bound, and the plan is the best one found
+        # within every limit.
+        best = solver.cheapest_found if problem.objective == "cost" else solver.fastest_found
+        names = ", ".join(problem.types[t] for t in sorted(solver.relaxed))
+        if best is None:
+            raise InputError(
+                None,
+                None,
+                "exact scheduler",
+                f"honouring the limits of {names} needs more than {MAX_STATE_CELLS:,} states, and no plan "
+                "within every limit was found without them; use --scheduler rl or genetic, or lower the limits",
+            )
+        why = (
+            f"exact relaxed the limits of {names} (honouring them needs more than {MAX_STATE_CELLS:,} states), "
+            "so it could not prove this plan optimal"
+        )
     if problem.objective == "cost":
         gap = float(best.cost / bound - 1) if bound > 0 else 0.0
     else:
@@ -678,10 +766,7 @@ def solve(
             if problem.objective == "cost"
             else f"no plan is faster than {bound:,.1f} samples/s"
         )
-        notes = (
-            f"exact stopped at the --time-limit of {limit:g} s before proving this plan optimal: {what}, "
-            f"so it is within {100 * gap:.2f}% of the optimum",
-        )
+        notes = (f"{why}: {what}, so it is within {100 * gap:.2f}% of the optimum",)
     plan = make_plan(
         problem,
         schedule_of(problem, best.stages),

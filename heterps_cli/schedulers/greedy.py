@@ -41,7 +41,6 @@ def solve(
     scored = evaluate(schedule[None])
     best.offer(problem, schedule[None], scored)
     notes = [f"the rule alone: {_figure(problem, scored)}"]
-    report("greedy: local search")
     out_of_time = limit_reached(start, options)
     stopped = polish(
         problem,
@@ -51,6 +50,8 @@ def solve(
         np.random.default_rng(seed),
         starts=[schedule],
         out_of_time=out_of_time,
+        progress=report,
+        name="greedy",
     )
     if out_of_time():
         notes.append("the local search stopped at the time limit")

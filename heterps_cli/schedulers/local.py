@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from heterps_cli.problem import Problem
+from heterps_cli.progress import Progress
+from heterps_cli.progress import quiet as silent
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
@@ -234,6 +236,8 @@ def polish(
     kicks: int = 0,
     extra_kicks: int = 0,
     out_of_time: Callable[[], bool] = lambda: False,
+    progress: Progress | None = None,
+    name: str = "local search",
 ) -> bool:
     """Local search from each of ``starts``, then iterated local search; improves ``best`` in place.
     True when it stopped at its budget, :data:`SEARCH_CELLS` (``out_of_time()`` stops it too).
@@ -251,6 +255,7 @@ def polish(
     # it is kept up to date here rather than found again in the whole cache for every kick.
     least_bad: list = []  # [reward, schedule] once the kicks need it
     scored_before = evaluate.evaluations
+    report = progress or silent
 
     def spent() -> bool:
         return (evaluate.evaluations - scored_before) * problem.n_layers > SEARCH_CELLS
@@ -262,6 +267,10 @@ def polish(
         def score(rows: np.ndarray) -> np.ndarray:
             scored = evaluate(rows)
             best.offer(problem, rows, scored)
+            report(
+                f"{name}: local search · {evaluate.evaluations - scored_before:,} schedules scored "
+                f"(at most {SEARCH_CELLS // problem.n_layers:,}) · best {best.shown}"
+            )
             if least_bad and best.schedule is None:
                 hard = rewards(problem, scored, reference)
                 i = int(hard.argmax())

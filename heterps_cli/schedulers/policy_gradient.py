@@ -242,6 +242,8 @@ def train(
             kicks=cfg.kicks,
             extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
             out_of_time=run.out_of_time,
+            progress=report,
+            name=name,
         )
         if stopped and not run.out_of_time():
             run.notes.append(budget_note(problem))

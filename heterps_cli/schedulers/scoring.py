@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +32,13 @@ CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
 TIE_BREAK = 1e-3
 # Evaluations genetic and random get when no rl run sets the budget: about what rl uses on a
 # 32-64 layer model with default settings (``compare`` passes rl's own count instead).
+
+
+CACHE_BYTES = 256 << 20  # what an Evaluator's cache may hold; never reached up to 1,000 layers (README)
+
+
+def _entry_bytes(key: bytes, entry: tuple) -> int:
+    return len(key) + entry[3].nbytes + entry[4].nbytes + 400  # 400: the tuple, floats and dict slot
 
 
 @dataclass
@@ -53,11 +61,14 @@ class Evaluator:
     is a cache hit; ``evaluations`` counts the schedules actually scored. The cache
     keeps a schedule as one byte per layer and only its stages' replica counts: on
     10,000 layers a schedule in int64 with replicas padded to every layer took 160 KB.
+    Past :data:`CACHE_BYTES` the oldest entries go (a schedule scored again then counts
+    again): a greedy search on 10,000 layers kept 50,000 schedules of thousands of stages, 2.5 GB.
     """
 
     def __init__(self, problem: Problem):
         self.problem = problem
-        self.cache: dict[bytes, tuple] = {}
+        self.cache: OrderedDict[bytes, tuple] = OrderedDict()
+        self.bytes = 0  # what the cache holds, about
         self.evaluations = 0
         self._dtype = np.int8 if problem.n_types <= 127 else np.int16
 
@@ -88,7 +99,8 @@ class Evaluator:
 
     def __call__(self, schedules: np.ndarray) -> Provisioned:
         keys = [self.key(row) for row in schedules]
-        new = {k: i for i, k in enumerate(keys) if k not in self.cache}
+        found = {k: self.cache[k] for k in keys if k in self.cache}
+        new = {k: i for i, k in enumerate(keys) if k not in found}
         if new:
             rows = schedules[list(new.values())]
             stages = split_stages(self.problem, rows)
@@ -96,7 +108,7 @@ class Evaluator:
             self.evaluations += len(rows)
             count = stages.valid.sum(axis=1)
             for j, key in enumerate(new):
-                self.cache[key] = (
+                found[key] = self.cache[key] = (
                     bool(scores.feasible[j]),
                     float(scores.cost[j]),
                     float(scores.throughput[j]),
@@ -104,7 +116,11 @@ class Evaluator:
                     scores.replicas[j, : count[j]].astype(np.int64),
                     float(scores.memory_miss[j]),
                 )
-        feasible, cost, thr, used, replicas, memory_miss = zip(*(self.cache[k] for k in keys))
+                self.bytes += _entry_bytes(key, found[key])
+            while self.bytes > CACHE_BYTES and len(self.cache) > 1:
+                key, entry = self.cache.popitem(last=False)
+                self.bytes -= _entry_bytes(key, entry)
+        feasible, cost, thr, used, replicas, memory_miss = zip(*(found[k] for k in keys))
         padded = np.zeros((len(keys), max(len(r) for r in replicas)))  # per stage, 0 past a row's last
         for i, r in enumerate(replicas):
             padded[i, : len(r)] = r
