@@ -53,7 +53,6 @@ def test_sampling_respects_the_mask():
     assert logp.item() < -1e6
 
 
-
 def test_the_segmented_training_pass_gives_the_same_values_and_gradients(monkeypatch):
     """Long models run the decoder a segment at a time with activation checkpointing; the
     log-probabilities, entropies and gradients must be those of one pass over all layers."""
@@ -77,6 +76,7 @@ def test_the_segmented_training_pass_gives_the_same_values_and_gradients(monkeyp
         torch.testing.assert_close(entropy, whole[1])
         for g, w in zip(grads, whole[2]):
             torch.testing.assert_close(g, w)
+
 
 def _scored(problem, feasible, cost, throughput) -> scoring.Provisioned:
     B = len(feasible)

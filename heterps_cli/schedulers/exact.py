@@ -410,10 +410,10 @@ class StepSolver:
             if stages is None:
                 return None
         found = self._candidate(stages, K)
-        if self.relaxed:
-            within = found if found.within else self._repair(K, stages, tracked)
-            if within is not None:
-                self._keep(within)
+        # Every plan within all limits is kept (the steps before a relaxation are exact and count too).
+        within = found if found.within else self._repair(K, stages, tracked)
+        if within is not None:
+            self._keep(within)
         return found
 
     def _candidate(self, stages, K) -> Candidate:

@@ -28,8 +28,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from heterps_cli.problem import Problem
-from heterps_cli.progress import Progress
-from heterps_cli.progress import quiet as silent
+from heterps_cli.progress import Progress, quiet
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
@@ -255,7 +254,7 @@ def polish(
     # it is kept up to date here rather than found again in the whole cache for every kick.
     least_bad: list = []  # [reward, schedule] once the kicks need it
     scored_before = evaluate.evaluations
-    report = progress or silent
+    report = progress or quiet
 
     def spent() -> bool:
         return (evaluate.evaluations - scored_before) * problem.n_layers > SEARCH_CELLS
@@ -295,13 +294,13 @@ def polish(
         least_bad[:] = [float(rewards(problem, evaluate(row[None]), reference)[0]), row]
     # Measured on the tight instances: a plan first found late in the kicks was 5-10% off,
     # and more kicks while they still improve it brought it to the optimum on some seeds.
-    quiet = 0
+    unimproved = 0
     for _ in range(kicks + extra_kicks):
-        if stop() or quiet >= kicks:
+        if stop() or unimproved >= kicks:
             break
         anchor = best.schedule if best.schedule is not None else least_bad[1]
         before = best.key
         descend(kick(problem, anchor, rng))
         if best.schedule is not None:
-            quiet = 0 if extra_kicks and best.key < before else quiet + 1
+            unimproved = 0 if extra_kicks and best.key < before else unimproved + 1
     return spent()
