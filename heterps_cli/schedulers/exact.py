@@ -689,10 +689,10 @@ def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None
     else the heuristic's failure, the optimum it missed and ``hint`` (what to try in it; where the
     exact solver can run, the message points to it too). The exact
     search gets ``time_limit`` seconds (None: all it needs; 0 or less: none, and the error says so)."""
+    out_of_time = time_limit is not None and time_limit <= 0
     if too_large(problem):  # only the heuristic's own words
-        within = " within the time limit" if time_limit is not None and time_limit <= 0 else ""
-        return InfeasibleError(f"{failure}{within}: {hint}")
-    if time_limit is not None and time_limit <= 0:
+        return InfeasibleError(f"{failure}{' within the time limit' if out_of_time else ''}: {hint}")
+    if out_of_time:
         return InfeasibleError(
             f"{failure} within the time limit: {hint}; --scheduler exact says whether a feasible plan exists"
         )

@@ -216,10 +216,16 @@ def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, c
     return chosen
 
 
+def search_budget(n_layers: int, share: int = 1) -> int:
+    """How many schedules of ``n_layers`` layers a local search may score: :data:`SEARCH_CELLS`
+    (schedules x layers), or ``1 / share`` of it for one of ``share`` searches that split it."""
+    return SEARCH_CELLS // share // n_layers
+
+
 def budget_note(problem: Problem) -> str:
     """What a plan's notes say when :func:`polish` stopped at :data:`SEARCH_CELLS`."""
     return (
-        f"the local search stopped at its budget, {SEARCH_CELLS // problem.n_layers:,} schedules scored "
+        f"the local search stopped at its budget, {search_budget(problem.n_layers):,} schedules scored "
         f"on {problem.n_layers:,} layers ({SEARCH_CELLS:,} schedules x layers)"
     )
 
@@ -254,10 +260,11 @@ def polish(
     # it is kept up to date here rather than found again in the whole cache for every kick.
     least_bad: list = []  # [reward, schedule] once the kicks need it
     scored_before = evaluate.evaluations
+    budget = search_budget(problem.n_layers)
     report = progress or quiet
 
     def spent() -> bool:
-        return (evaluate.evaluations - scored_before) * problem.n_layers > SEARCH_CELLS
+        return evaluate.evaluations - scored_before > budget
 
     def stop() -> bool:
         return out_of_time() or spent()
@@ -268,7 +275,7 @@ def polish(
             best.offer(problem, rows, scored)
             report(
                 f"{name}: local search · {evaluate.evaluations - scored_before:,} schedules scored "
-                f"(at most {SEARCH_CELLS // problem.n_layers:,}) · best {best.shown}"
+                f"(at most {budget:,}) · best {best.shown}"
             )
             if least_bad and best.schedule is None:
                 hard = rewards(problem, scored, reference)

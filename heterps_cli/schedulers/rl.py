@@ -54,7 +54,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers import policy_gradient
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.features import layer_features, n_features
-from heterps_cli.schedulers.local import SEARCH_CELLS, improve
+from heterps_cli.schedulers.local import improve, search_budget
 from heterps_cli.schedulers.names import POLICY_VARIANTS
 from heterps_cli.schedulers.scoring import (
     Evaluator,
@@ -314,8 +314,10 @@ def generalise(
             return rewards(variant, evaluate(rows), reference)
 
         # The variants share one polish's budget: on thousands of layers an unbounded search runs for hours.
-        def spent(evaluate=evaluate, n=variant.n_layers) -> bool:
-            return evaluate.evaluations * n > SEARCH_CELLS // cfg.variants
+        budget = search_budget(variant.n_layers, cfg.variants)
+
+        def spent(evaluate=evaluate, budget=budget) -> bool:
+            return evaluate.evaluations > budget
 
         found = [improve(variant, start, score, out_of_time=spent) for start in starts]
         examples.append((feats, mask, torch.from_numpy(max(found, key=lambda f: f[1])[0])))
