@@ -306,34 +306,39 @@ def provision(problem: Problem, stages: Stages) -> Scores:
     if problem.objective == "time" and problem.max_cost is None:
         return score(problem, stages, fastest_replicas(problem, stages))
     B = stages.type.shape[0]
-    price = np.where(stages.valid, problem.prices[stages.type], 0.0)
     best_k = np.where(stages.valid, 1.0, 0.0)
     best_cost = np.full(B, np.inf)
     best_thr = np.zeros(B)
-    target = np.full(B, throughput_floor(problem))
-    active = stages.runnable.copy()
+    # The walk goes on only for the rows still active, gathered into a smaller batch as rows drop out:
+    # the walks' lengths differ widely (a few steps to hundreds), and the long tail was most of the work.
+    rows = np.flatnonzero(stages.runnable)
+    live = stages.take(rows)
+    price = np.where(live.valid, problem.prices[live.type], 0.0)
+    target = np.full(len(rows), throughput_floor(problem))
     for _ in range(int(problem.limits.sum()) + 2):
-        k, ok = _replicas_at(problem, stages, target)
-        active &= ok
-        if not active.any():
+        if len(rows) == 0:
             break
-        thr_s = stage_throughputs(problem, stages, np.maximum(k, 1.0))
+        k, active = _replicas_at(problem, live, target)
+        thr_s = stage_throughputs(problem, live, np.maximum(k, 1.0))
         rate = (price * k).sum(axis=1)
         if problem.objective == "cost":
             # No plan at least as fast as the target can cost less than this bound.
             bound = problem.work / 3600.0 * cost_lower_bound(price, k, thr_s).sum(axis=1)
-            active &= bound < best_cost * (1 - SLACK)
+            active &= bound < best_cost[rows] * (1 - SLACK)
         thr = thr_s.min(axis=1)
         cost = problem.work / thr / 3600.0 * rate
-        take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost, best_thr)
-        best_k[take], best_cost[take], best_thr[take] = k[take], cost[take], thr[take]
-        target = np.where(active, np.nextafter(thr, np.inf), target)
+        take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost[rows], best_thr[rows])
+        won = rows[take]
+        best_k[won], best_cost[won], best_thr[won] = k[take], cost[take], thr[take]
+        target = np.nextafter(thr, np.inf)
         if problem.objective == "cost":
             # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
             # this rate), so targets below W * rate / best_cost cannot win: skip them.
             with np.errstate(divide="ignore", invalid="ignore"):
-                skip = problem.work / 3600.0 * rate / best_cost * (1 - SLACK)
-            target = np.where(active & np.isfinite(skip), np.maximum(target, skip), target)
+                skip = problem.work / 3600.0 * rate / best_cost[rows] * (1 - SLACK)
+            target = np.where(np.isfinite(skip), np.maximum(target, skip), target)
+        if not active.all():
+            rows, live, price, target = rows[active], live.take(active), price[active], target[active]
     missed = ~np.isfinite(best_cost)
     if missed.any():
         best_k[missed] = fastest_replicas(problem, stages.take(missed))

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
+from heterps_cli.plan import make_plan
 from heterps_cli.problem import load_problem
-from heterps_cli.schedulers import SolveOptions, rl, scoring
+from heterps_cli.schedulers import SolveOptions, optimiser, rl, scoring
 from tests.helpers import instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
@@ -78,6 +79,24 @@ def test_the_segmented_training_pass_gives_the_same_values_and_gradients(monkeyp
             torch.testing.assert_close(g, w)
 
 
+def test_the_own_adam_steps_exactly_as_torch_optim_adam():
+    """The schedulers' Adam avoids torch.optim's 1.2 s import; it must move the weights as torch's does,
+    bit for bit, including a parameter that has no gradient on some steps."""
+    torch.manual_seed(3)
+    ours, theirs = rl.Policy(rl.n_features(2), 2), rl.Policy(rl.n_features(2), 2)
+    theirs.load_state_dict(ours.state_dict())
+    mine, reference = optimiser.Adam(ours.parameters(), lr=3e-3), torch.optim.Adam(theirs.parameters(), lr=3e-3)
+    for step in range(7):
+        for net, opt in ((ours, mine), (theirs, reference)):
+            opt.zero_grad()
+            torch.manual_seed(step)
+            used = [p for name, p in net.named_parameters() if step % 3 != 1 or name != "stay"]
+            sum((p * torch.randn_like(p)).sum() for p in used).backward()
+            opt.step()
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)
+
+
 def _scored(problem, feasible, cost, throughput) -> scoring.Provisioned:
     B = len(feasible)
     return scoring.Provisioned(
@@ -87,6 +106,45 @@ def _scored(problem, feasible, cost, throughput) -> scoring.Provisioned:
         np.zeros((B, problem.n_types)),
         np.ones((B, problem.n_layers)),
     )
+
+
+def test_reward_to_go_is_the_cost_of_the_stages_a_layer_can_change():
+    """Layer i's credit is the cost of layer i-1's stage and every later one, from the plan's own figures
+    (price x replicas per stage, the plan's throughput); layer 0's is the whole reward; an infeasible
+    plan gets its whole reward at every layer."""
+    checked = 0
+    for seed in range(6):
+        _, problem = _problem(seed=seed, n=7, T=3)
+        rng = np.random.default_rng(seed)
+        schedules = scoring.random_schedules(problem, 40, rng)
+        evaluate = scoring.Evaluator(problem)
+        scores = evaluate(schedules)
+        reference = scoring.Reference.of(scores)
+        togo = scoring.rewards_to_go(problem, schedules, scores, reference)
+        whole = scoring.rewards(problem, scores, reference)
+        np.testing.assert_allclose(togo[:, 0], whole, rtol=1e-12)
+        for b, row in enumerate(schedules):
+            if not scores.feasible[b]:
+                assert (togo[b] == whole[b]).all()
+                continue
+            plan = make_plan(problem, row, scores.replicas[b][scores.replicas[b] > 0], scheduler="test")
+            price = dict(zip(problem.types, problem.prices))
+            for i in range(1, problem.n_layers):
+                rate = sum(price[s.resource] * s.replicas for s in plan.stages if s.last >= i - 1)
+                cost = problem.work / plan.throughput / 3600 * rate
+                assert togo[b, i] == pytest.approx(-min(cost / reference.cost, scoring.CAP), rel=1e-9)
+                checked += 1
+    assert checked > 100
+
+
+def test_per_layer_log_probabilities_sum_to_the_schedules():
+    _, problem = _problem(seed=2, n=9, T=3)
+    policy = rl.Policy(rl.n_features(3), 3)
+    feats, mask = torch.from_numpy(rl.layer_features(problem)), torch.from_numpy(problem.usable)
+    actions = policy.sample(feats, mask, 5, torch.Generator().manual_seed(0))
+    per_layer, _ = policy.log_prob(feats, mask, actions, per_layer=True)
+    assert per_layer.shape == (5, 9)
+    torch.testing.assert_close(per_layer.sum(dim=1), policy.log_prob(feats, mask, actions)[0])
 
 
 def test_rewards_order_cheaper_feasible_dearer_feasible_infeasible():

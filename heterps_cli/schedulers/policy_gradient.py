@@ -10,7 +10,10 @@ samples); this module trains it against the cost model and returns the best plan
   advantages (the batch's own ranking is the baseline), an entropy bonus that
   decays linearly, self-imitation of the best schedule found so far (which keeps
   what was learned from being lost to noise), and gradient clipping. Each batch
-  is scored in one vectorised call, each distinct schedule once.
+  is scored in one vectorised call, each distinct schedule once. An agent with
+  per-layer log-probabilities may take per-layer credit (``credit_to_go``) and
+  imitate the least infeasible sample while none is feasible (``imitate_leader``):
+  rl does both, tapp neither.
 * **polish**: the agent's greedy decode is scored, then a local search runs from
   the most promising schedules seen (more kicks when no feasible plan was sampled).
 
@@ -36,6 +39,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import budget_note, polish, polish_starts
 from heterps_cli.schedulers.names import DEFAULT_STEPS, default_batch
+from heterps_cli.schedulers.optimiser import Adam
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
@@ -46,6 +50,7 @@ from heterps_cli.schedulers.scoring import (
     rank_advantage,
     result,
     rewards,
+    rewards_to_go,
 )
 
 HINT = "give it more --steps"
@@ -71,6 +76,11 @@ class Config:
     polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
     kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
     extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
+    # Per-layer credit (scoring.rewards_to_go) for an agent whose log-probabilities are per layer:
+    # each layer's choice is judged by the cost of the stages it can change, not by the whole plan's.
+    credit_to_go: bool = False
+    # While no plan is feasible, imitate the least infeasible schedule sampled so far.
+    imitate_leader: bool = False
 
 
 class Agent(Protocol):
@@ -79,7 +89,8 @@ class Agent(Protocol):
     def parameters(self) -> Iterator[nn.Parameter]: ...
 
     def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``batch`` schedules ``[B, n]`` with their log-probabilities and entropies ``[B]`` (differentiable)."""
+        """``batch`` schedules ``[B, n]`` with their log-probabilities (``[B]``, or ``[B, n]`` per layer)
+        and entropies ``[B]``, differentiable."""
         ...
 
     def log_prob(self, schedules: torch.Tensor) -> torch.Tensor:
@@ -156,7 +167,7 @@ def train(
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     agent = make_agent()
-    optimiser = torch.optim.Adam(agent.parameters(), lr=cfg.lr)
+    optimiser = Adam(agent.parameters(), lr=cfg.lr)
     best, evaluate = Best(problem.objective), Evaluator(problem)
     learned = Best(problem.objective)  # the agent's own samples only: the learning curve
     report = progress or quiet
@@ -197,6 +208,8 @@ def train(
 
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
         took *= batch / len(elite)
+        leader = pool[int(np.argmax(rewards(problem, scores, reference)))]
+        leader_reward = float(np.max(rewards(problem, scores, reference)))
         for step in range(cfg.steps):
             if run.out_of_time(took):
                 run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
@@ -208,11 +221,20 @@ def train(
             best.offer(problem, schedules, scores)
             if on_step is not None:
                 learned.offer(problem, schedules, scores)
-            advantage = torch.from_numpy(rank_advantage(rewards(problem, scores, reference))).float()
+            reward = rewards(problem, scores, reference)
+            if logp.dim() == 2 and cfg.credit_to_go and problem.objective == "cost":
+                advantage = rank_advantage(rewards_to_go(problem, schedules, scores, reference))
+                loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
+            else:
+                logp = logp.sum(dim=1) if logp.dim() == 2 else logp
+                loss = -(torch.from_numpy(rank_advantage(reward)).float() * logp).mean()
             beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
-            loss = -(advantage * logp).mean() - beta * entropy.mean()
-            if best.schedule is not None and cfg.imitation > 0:
-                loss = loss - cfg.imitation * agent.log_prob(torch.from_numpy(best.schedule)[None]).mean()
+            loss = loss - beta * entropy.mean()
+            if reward.max() > leader_reward:
+                leader, leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
+            model = best.schedule if best.schedule is not None or not cfg.imitate_leader else leader
+            if model is not None and cfg.imitation > 0:
+                loss = loss - cfg.imitation * agent.log_prob(torch.from_numpy(model)[None]).mean()
             step_on(loss)
             report(
                 f"{name}: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",

@@ -278,17 +278,49 @@ def rewards(problem: Problem, scores: Provisioned, reference: Reference, soft: b
     return np.where(scores.feasible, quality, -CAP - 1.0 - shortfall(problem, scores))
 
 
+def rewards_to_go(problem: Problem, schedules: np.ndarray, scores: Provisioned, reference: Reference) -> np.ndarray:
+    """``[B, n]``: per layer, the reward of the part of the plan its type choice can change.
+
+    Layer ``i``'s choice decides whether it joins layer ``i - 1``'s stage, so it
+    changes that stage and every later one, never the stages before. A feasible
+    plan's cost is ``W / 3600 / X * sum(price_s * k_s)``, so the cost of the
+    stages from layer ``i - 1``'s on is a sum over them; an infeasible plan keeps
+    its whole (lower) reward at every layer.
+    """
+    B, n = schedules.shape
+    starts = np.ones((B, n), dtype=bool)
+    starts[:, 1:] = schedules[:, 1:] != schedules[:, :-1]
+    sid = np.cumsum(starts, axis=1) - 1
+    S = scores.replicas.shape[1]
+    stype = np.zeros((B, S), dtype=np.int64)
+    stype[np.arange(B)[:, None], sid] = schedules
+    rate = problem.prices[stype] * scores.replicas  # [B, S], 0 past a row's stages
+    togo = np.cumsum(rate[:, ::-1], axis=1)[:, ::-1]  # from stage s on
+    owner = np.concatenate([np.zeros((B, 1), dtype=np.int64), sid[:, :-1]], axis=1)  # layer i - 1's stage
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cost = problem.work / 3600.0 / scores.throughput[:, None] * np.take_along_axis(togo, owner, axis=1)
+    whole = rewards(problem, scores, reference)
+    quality = -np.minimum(np.nan_to_num(cost / reference.cost, nan=CAP, posinf=CAP), CAP)
+    return np.where(scores.feasible[:, None], quality, whole[:, None])
+
+
 def rank_advantage(r: np.ndarray) -> np.ndarray:
-    """Centred, scaled ranks of the rewards (ties share a rank).
+    """Centred, scaled ranks of the rewards (ties share a rank); ``[B, n]``: of each column.
 
     Ranks rather than raw rewards: the gap between feasible and infeasible
     samples would otherwise drown the 1-5% cost differences among feasible ones.
     """
     if len(r) < 2:
-        return np.zeros_like(r)
-    ranks = np.searchsorted(np.sort(r), r, side="left") + np.searchsorted(np.sort(r), r, side="right")
-    mid = ranks / 2.0
-    return (mid - mid.mean()) / (mid.std() + 1e-8)
+        return np.zeros_like(r, dtype=float)
+    columns = r.reshape(len(r), -1)
+    mid = np.empty(columns.shape)
+    step = max(1, (1 << 24) // len(r) ** 2)  # columns compared at once: at most 16 M comparisons
+    for lo in range(0, columns.shape[1], step):
+        part = columns[:, lo : lo + step]
+        above = part[:, None, :] > part[None, :, :]  # [b, b', column]: r[b] > r[b']
+        mid[:, lo : lo + step] = above.sum(axis=1) + 0.5 * (part[:, None, :] == part[None, :, :]).sum(axis=1)
+    out = (mid - mid.mean(axis=0)) / (mid.std(axis=0) + 1e-8)
+    return out.reshape(r.shape)
 
 
 def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
