@@ -2,6 +2,7 @@
 
     python benchmarks/bench_rl.py                       # 30 instances x seeds 0-3, default settings
     python benchmarks/bench_rl.py --only chain64x3 --seeds 0 1
+    python benchmarks/bench_rl.py --hardware            # the 6 instances of SPEC section 1b
     python benchmarks/bench_rl.py --json rl.json        # also write every run (resumes from the file)
 
 The instances are the 24 of the paper's model and the 6 of SPEC section 1b
@@ -107,11 +108,13 @@ def summary(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run the instances whose name contains this")
+    parser.add_argument("--hardware", action="store_true", help="only the 6 instances of SPEC section 1b")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--steps", type=int)
     parser.add_argument("--json", type=Path, help="keep every run here; runs already in it are not repeated")
     args = parser.parse_args()
-    chosen = [n for n in names() + names(hardware=True) if not args.only or args.only in n]
+    every = names(hardware=True) if args.hardware else names() + names(hardware=True)
+    chosen = [n for n in every if not args.only or args.only in n]
     done = json.loads(args.json.read_text()) if args.json and args.json.exists() else []
     have = {(r["instance"], r["seed"]) for r in done}
     rows = [r for r in done if r["instance"] in chosen and r["seed"] in args.seeds]
