@@ -137,6 +137,17 @@ def test_reward_to_go_is_the_cost_of_the_stages_a_layer_can_change():
     assert checked > 100
 
 
+def test_ranks_per_layer_are_each_columns_ranks_with_ties_shared():
+    rng = np.random.default_rng(0)
+    r = rng.integers(0, 4, size=(9, 5)).astype(float)
+    by_column = scoring.rank_advantage(r)
+    for j in range(5):
+        np.testing.assert_array_equal(by_column[:, j], scoring.rank_advantage(r[:, j]))
+        ranks = [(r[:, j] < x).sum() + ((r[:, j] == x).sum() + 1) / 2 for x in r[:, j]]  # 1-based, ties averaged
+        expected = (np.array(ranks) - np.mean(ranks)) / (np.std(ranks) + 1e-8)
+        np.testing.assert_allclose(by_column[:, j], expected, rtol=1e-12)
+
+
 def test_per_layer_log_probabilities_sum_to_the_schedules():
     _, problem = _problem(seed=2, n=9, T=3)
     policy = rl.Policy(rl.n_features(3), 3)

@@ -314,11 +314,10 @@ def rank_advantage(r: np.ndarray) -> np.ndarray:
         return np.zeros_like(r, dtype=float)
     columns = r.reshape(len(r), -1)
     mid = np.empty(columns.shape)
-    step = max(1, (1 << 24) // len(r) ** 2)  # columns compared at once: at most 16 M comparisons
-    for lo in range(0, columns.shape[1], step):
-        part = columns[:, lo : lo + step]
-        above = part[:, None, :] > part[None, :, :]  # [b, b', column]: r[b] > r[b']
-        mid[:, lo : lo + step] = above.sum(axis=1) + 0.5 * (part[:, None, :] == part[None, :, :]).sum(axis=1)
+    for j in range(columns.shape[1]):  # a sort per column: --batch may be 65,536, so no B x B comparisons
+        ordered = np.sort(columns[:, j])
+        left = np.searchsorted(ordered, columns[:, j], side="left")
+        mid[:, j] = (left + np.searchsorted(ordered, columns[:, j], side="right")) / 2.0
     out = (mid - mid.mean(axis=0)) / (mid.std(axis=0) + 1e-8)
     return out.reshape(r.shape)
 
