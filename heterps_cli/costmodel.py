@@ -115,15 +115,20 @@ class Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
 
+def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[B, n]`` schedules: where a stage starts (bool), and each layer's stage index."""
+    starts = np.ones(schedules.shape, dtype=bool)
+    starts[:, 1:] = schedules[:, 1:] != schedules[:, :-1]
+    return starts, np.cumsum(starts, axis=1) - 1
+
+
 def split_stages(problem: Problem, schedules) -> Stages:
     """Group each schedule's layers into stages and sum their cost terms, all in numpy."""
     sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
     B, n = sched.shape
     if n != problem.n_layers:
         raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
-    starts = np.ones((B, n), dtype=bool)
-    starts[:, 1:] = sched[:, 1:] != sched[:, :-1]
-    sid = np.cumsum(starts, axis=1) - 1
+    starts, sid = stage_ids(sched)
     S = int(sid.max()) + 1
     flat = (np.arange(B)[:, None] * S + sid).ravel()
     layers = np.arange(n)[None, :]

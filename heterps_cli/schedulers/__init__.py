@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from heterps_cli.errors import SearchFailed
-from heterps_cli.schedulers.base import Progress, SolveOptions, Solver
+from heterps_cli.schedulers.base import Progress, SolveOptions, Solver, time_left
 from heterps_cli.schedulers.names import SCHEDULERS
 
 if TYPE_CHECKING:
@@ -41,6 +41,6 @@ def solve(
         from heterps_cli.schedulers.exact import diagnose
 
         # The explanation runs within what is left of the time limit, if there is one.
-        origin = start if options.started is None else options.started
-        left = None if options.time_limit is None else options.time_limit - (time.perf_counter() - origin)
-        raise diagnose(problem, exc.failure, exc.hint, time_limit=left) from None
+        raise diagnose(
+            problem, exc.failure, exc.hint, time_limit=time_left(options.time_limit, start, options.started)
+        ) from None

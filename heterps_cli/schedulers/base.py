@@ -5,13 +5,14 @@ No imports of numpy or torch here, so that the registry and the CLI can load it 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from heterps_cli.progress import Progress, quiet
 
-__all__ = ["Progress", "SolveOptions", "Solver", "quiet"]
+__all__ = ["Progress", "SolveOptions", "Solver", "quiet", "time_left"]
 
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
@@ -31,6 +32,14 @@ class SolveOptions:
     policy_in: Path | None = None  # warm-start from this saved policy
     policy_out: Path | None = None  # save the trained policy here
     evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)
+
+
+def time_left(limit: float | None, start: float, started: float | None = None) -> float | None:
+    """Seconds left of ``limit`` (None: no limit) on a clock that started at ``started``
+    (``SolveOptions.started``), or else at ``start`` (when the scheduler started)."""
+    if limit is None:
+        return None
+    return limit - (time.perf_counter() - (start if started is None else started))
 
 
 class Solver(Protocol):

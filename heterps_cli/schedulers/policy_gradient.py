@@ -187,9 +187,8 @@ def train(
     scores = evaluate(pool)
     best.offer(problem, pool, scores)
     reference = Reference.of(scores)
-    elite = torch.from_numpy(
-        pool[np.argsort(-rewards(problem, scores, reference), kind="stable")[: max(8, len(pool) // 20)]]
-    )
+    pool_reward = rewards(problem, scores, reference)
+    elite = torch.from_numpy(pool[np.argsort(-pool_reward, kind="stable")[: max(8, len(pool) // 20)]])
     run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
     batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
     # On thousands of layers one step takes seconds: a step that the last one's duration says
@@ -208,8 +207,7 @@ def train(
 
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
         took *= batch / len(elite)
-        leader = pool[int(np.argmax(rewards(problem, scores, reference)))]
-        leader_reward = float(np.max(rewards(problem, scores, reference)))
+        leader, leader_reward = pool[int(np.argmax(pool_reward))], float(np.max(pool_reward))
         for step in range(cfg.steps):
             if run.out_of_time(took):
                 run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import better, provision, split_stages
+from heterps_cli.costmodel import better, provision, split_stages, stage_ids
 from heterps_cli.errors import SearchFailed
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import SolveOptions
+from heterps_cli.schedulers.base import SolveOptions, time_left
 from heterps_cli.schedulers.names import DEFAULT_EVALUATIONS
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
@@ -178,10 +178,10 @@ def deadline(start: float, limit: float | None, started: float | None = None) ->
     """Whether ``limit`` seconds (``--time-limit``; None: no limit) have passed since ``started``
     (``SolveOptions.started``), or else since ``start``; ``check(ahead)``: whether they will have
     in ``ahead`` seconds (a step that long would end past the limit)."""
-    origin = start if started is None else started
 
     def check(ahead: float = 0.0) -> bool:
-        return limit is not None and time.perf_counter() + ahead - origin > limit
+        left = time_left(limit, start, started)
+        return left is not None and ahead > left
 
     return check
 
@@ -287,10 +287,8 @@ def rewards_to_go(problem: Problem, schedules: np.ndarray, scores: Provisioned, 
     stages from layer ``i - 1``'s on is a sum over them; an infeasible plan keeps
     its whole (lower) reward at every layer.
     """
-    B, n = schedules.shape
-    starts = np.ones((B, n), dtype=bool)
-    starts[:, 1:] = schedules[:, 1:] != schedules[:, :-1]
-    sid = np.cumsum(starts, axis=1) - 1
+    B = len(schedules)
+    _, sid = stage_ids(schedules)
     S = scores.replicas.shape[1]
     stype = np.zeros((B, S), dtype=np.int64)
     stype[np.arange(B)[:, None], sid] = schedules
