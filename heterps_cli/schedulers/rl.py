@@ -43,7 +43,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -58,6 +58,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers import policy_gradient
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.features import layer_features, n_features
+from heterps_cli.schedulers.headroom import Headroom, masks
 from heterps_cli.schedulers.local import improve, search_budget
 from heterps_cli.schedulers.names import POLICY_VARIANTS
 from heterps_cli.schedulers.optimiser import Adam
@@ -83,6 +84,7 @@ class Config(policy_gradient.Config):
     variants: int = POLICY_VARIANTS  # --policy-out: nearby models whose locally optimised plans the saved policy learns
     variant_spread: float = 0.1  # their per-layer times differ by up to this factor (log-uniform)
     generalise_epochs: int = 150
+    headroom: bool = True  # mask the types no completion of the schedule could fit in the limits
 
 
 # -- policy ---------------------------------------------------------------------
@@ -121,7 +123,7 @@ class Policy(nn.Module):
         B, n = actions.shape
         if feats.dim() == 2:
             enc = self.encoder(feats[None])[0].expand(B, n, -1)
-            mask = mask[None]
+            mask = mask[None] if mask.dim() == 2 else mask
         else:
             enc = self.encoder(feats)[0]
         prev = self._previous(actions)
@@ -153,7 +155,13 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def sample(
-        self, feats: torch.Tensor, mask: torch.Tensor, batch: int, generator: torch.Generator, greedy: bool = False
+        self,
+        feats: torch.Tensor,
+        mask: torch.Tensor,
+        batch: int,
+        generator: torch.Generator,
+        greedy: bool = False,
+        room: Headroom | None = None,
     ) -> torch.Tensor:
         """Sample ``batch`` schedules layer by layer.
 
@@ -181,12 +189,15 @@ class Policy(nn.Module):
             i, f, g, o = gates.chunk(4, dim=1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
-            logits = torch.addmm(head_bias + stay[prev], h, head).masked_fill(blocked[layer], -1e9)
+            shut = blocked[layer] if room is None else torch.from_numpy(~room.allowed(layer))
+            logits = torch.addmm(head_bias + stay[prev], h, head).masked_fill(shut, -1e9)
             if greedy:
                 prev = logits.argmax(dim=1)
             else:
                 prev = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0]
             actions[layer] = prev
+            if room is not None:
+                room.take(layer, prev.numpy())
         actions = actions.T.contiguous()
         return actions
 
@@ -356,21 +367,36 @@ class Agent:
     """The policy on one problem's features, as :func:`policy_gradient.train` drives it."""
 
     policy: Policy
+    problem: Problem
     feats: torch.Tensor
     mask: torch.Tensor
+    headroom: bool = True
+    _masks: dict = field(default_factory=dict)  # imitation targets' masks, by schedule bytes
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.policy.parameters()
 
     def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        actions = self.policy.sample(self.feats, self.mask, batch, generator)
-        return (actions, *self.policy.log_prob(self.feats, self.mask, actions, per_layer=True))
+        if not self.headroom:
+            actions = self.policy.sample(self.feats, self.mask, batch, generator)
+            return (actions, *self.policy.log_prob(self.feats, self.mask, actions, per_layer=True))
+        room = Headroom(self.problem, batch)
+        actions = self.policy.sample(self.feats, self.mask, batch, generator, room=room)
+        return (actions, *self.policy.log_prob(self.feats, torch.from_numpy(room.seen), actions, per_layer=True))
 
     def log_prob(self, schedules: torch.Tensor) -> torch.Tensor:
-        return self.policy.log_prob(self.feats, self.mask, schedules)[0]
+        if not self.headroom:
+            return self.policy.log_prob(self.feats, self.mask, schedules)[0]
+        key = schedules.numpy().tobytes()
+        if key not in self._masks:
+            if len(self._masks) > 4:
+                self._masks.clear()
+            self._masks[key] = torch.from_numpy(masks(self.problem, schedules.numpy()))
+        return self.policy.log_prob(self.feats, self._masks[key], schedules)[0]
 
     def greedy(self) -> np.ndarray:
-        return self.policy.sample(self.feats, self.mask, 1, torch.Generator(), greedy=True).numpy()
+        room = Headroom(self.problem, 1) if self.headroom else None
+        return self.policy.sample(self.feats, self.mask, 1, torch.Generator(), greedy=True, room=room).numpy()
 
 
 def solve(
@@ -396,8 +422,8 @@ def solve(
 
     def make_agent() -> Agent:
         if policy_in is not None:
-            return Agent(load_policy(policy_in, problem), feats, mask)
-        return Agent(Policy(feats.shape[1], problem.n_types, cfg.hidden), feats, mask)
+            return Agent(load_policy(policy_in, problem), problem, feats, mask, cfg.headroom)
+        return Agent(Policy(feats.shape[1], problem.n_types, cfg.hidden), problem, feats, mask, cfg.headroom)
 
     with policy_gradient.one_thread():
         # A warm-started policy skips pre-training: fitting the pool's elite would overwrite what the
