@@ -221,6 +221,7 @@ def measure(
     repetitions: int = 20,
     link_gbps: float | None = None,
     processes: int = 1,
+    granularity: str = "layers",
     progress: Progress | None = None,
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
@@ -231,7 +232,7 @@ def measure(
 
     if progress is not None:
         progress(f"loading {model}")
-    loaded = load_model(model, batch_size, input_shape)  # here too: its errors name the user's lines
+    loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
     if processes == 1:
         return measure_model(
             loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress
@@ -245,6 +246,38 @@ def measure(
         repetitions=repetitions,
         link_gbps=link_gbps,
         processes=processes,
+        granularity=granularity,
+        progress=progress,
+    )
+
+
+def estimate(
+    model: str,
+    resource: str,
+    batch_size: int,
+    device: str,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    catalogue: str | None = None,
+    calibrate: str | None = None,
+    calibrate_on: str | None = None,
+    granularity: str = "layers",
+    progress: Progress | None = None,
+):
+    """``heterps profile --estimate``: a roofline estimate of the model's layers on catalogue device
+    ``device`` (:class:`~heterps_cli.profiling.estimate.Estimated`; imports torch)."""
+    from heterps_cli.profiling.estimate import estimate as estimate_model
+    from heterps_cli.profiling.measure import load_model
+
+    if progress is not None:
+        progress(f"loading {model}")
+    return estimate_model(
+        load_model(model, batch_size, input_shape, granularity),
+        resource,
+        device,
+        catalogue_path=catalogue,
+        calibrate=calibrate,
+        calibrate_on=calibrate_on,
         progress=progress,
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -135,7 +135,35 @@ KINDS = {  # what each file is, and the keys that say so
     "profile": ("a model profile", "layers"),
     "cluster": ("a cluster", "resources"),
     "plan": ("a plan", "stages"),
+    "catalogue": ("a device catalogue", "devices"),
 }
+
+
+class Peaks(_Strict):
+    """Peak dense TFLOP/s per precision; null where the device has no such path."""
+
+    fp32: Annotated[float, Field(gt=0, le=1e6)]
+    tf32: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    fp16: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    bf16: Annotated[float, Field(gt=0, le=1e6)] | None = None
+
+
+class DeviceSpec(_Strict):
+    title: Name
+    tflops: Peaks
+    memory_gbps: GigaPerUnit  # GB/s
+    memory_gb: GigaPerUnit
+    network_gbps: GigaPerUnit  # Gbit/s per device
+    launch_us: Annotated[float, Field(ge=0, le=1e6)]
+
+
+class Catalogue(_Strict):
+    """The device catalogue of ``heterps profile --estimate`` (heterps_cli/profiling/devices.yaml)."""
+
+    catalogue: Literal["heterps-devices/1"]
+    efficiency: Annotated[dict[Name, Annotated[float, Field(gt=0, le=1)]], Field(min_length=1)]
+    memory_efficiency: Annotated[float, Field(gt=0, le=1)]
+    devices: Annotated[dict[Name, DeviceSpec], Field(min_length=1)]
 
 
 def _strip(annotation: Any) -> Any:
@@ -284,6 +312,14 @@ def load_profile(path: str) -> tuple[Profile, Document]:
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
     return _validate(Cluster, doc, "cluster"), doc
+
+
+def load_catalogue(path: str) -> Catalogue:
+    doc = load_yaml(path)
+    catalogue: Catalogue = _validate(Catalogue, doc, "catalogue")
+    if "other" not in catalogue.efficiency:
+        raise doc.error(("efficiency",), "needs an 'other' entry: the efficiency of kinds not listed")
+    return catalogue
 
 
 def load_plan(path: str) -> tuple[PlanFile, Document]:

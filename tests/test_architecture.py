@@ -97,7 +97,7 @@ RENDERING = {
     "heterps_cli.yamlio",  # dump_yaml: the plan file's text
     "heterps_cli.plots",  # frontier_png, compare_png: the pictures
     "heterps_cli.frontier",  # thin, write_plans: which plans to show, and their files
-    "heterps_cli.profiling.write",  # measured_text: the profile file's text
+    "heterps_cli.profiling.write",  # measured_text, estimated_text, cluster_snippet: the profile file's text
     "heterps_cli.profiling.measure",  # NOISY_CV: when the profile view flags a layer
     "heterps_cli.schedulers",  # SolveOptions: the budget flags
     "heterps_cli",  # api itself
@@ -119,8 +119,8 @@ def test_each_command_makes_one_library_call_and_renders():
             and isinstance(n.func.value, ast.Name)
             and n.func.value.id == "api"
         ]
-        # profile has two modes, measure and merge: one call in each.
-        assert len(calls) == (2 if name == "profile_command" else 1), (name, calls)
+        # profile has three modes, measure, estimate and merge: one call in each.
+        assert len(calls) == (3 if name == "profile_command" else 1), (name, calls)
 
 
 def test_the_library_is_usable_from_python_and_imports_lazily():

@@ -42,7 +42,7 @@ TABLE_ROWS = 20  # heterps frontier: rows its table shows unless --points says o
 # library it uses when it runs, so `heterps --help` loads no numpy and `validate` no numpy or torch.
 # torch (seconds) is imported only by `heterps profile`, rl and tapp. The zoo's names are here so
 # that --help does not import the zoo.
-ZOO_NAMES = ("ctr", "vgg16", "mlp", "transformer")
+ZOO_NAMES = ("ctr", "vgg16", "mlp", "transformer", "resnet")
 
 app = typer.Typer(
     name="heterps",
@@ -583,6 +583,11 @@ def compare(
         )
 
 
+class Granularity(str, enum.Enum):
+    layers = "layers"
+    blocks = "blocks"
+
+
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -666,10 +671,55 @@ def profile_command(
             "N times longer.",
         ),
     ] = 1,
+    estimate: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DEVICE",
+            help="Estimate, do not measure: each layer's time on this device of the catalogue (a100-80gb, h100, "
+            "t4, ...; see --catalogue) by a roofline model of its FLOPs and bytes, counted here.",
+            show_default=False,
+        ),
+    ] = None,
+    catalogue: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="--estimate: your own device catalogue (laid out as the built-in heterps_cli/profiling/devices.yaml).",
+            show_default=False,
+        ),
+    ] = None,
+    calibrate: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PROFILE",
+            help="--estimate: fit the efficiencies per layer kind to this measured profile of the same model "
+            "(e.g. this machine's cpu profile).",
+            show_default=False,
+        ),
+    ] = None,
+    granularity: Annotated[
+        Granularity,
+        typer.Option(
+            help="layers: every leaf module; blocks: the finest modules at which the model is a chain (a "
+            "ResNet's residual blocks, a transformer's blocks), each one layer of the profile. A plan can "
+            "only cut a model where it is a chain; profiling layers warns when they are not one.",
+        ),
+    ] = Granularity.layers,
+    calibrate_on: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DEVICE",
+            help="--calibrate: the catalogue device the profile was measured on (default: its type, if the "
+            "catalogue has it).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Measure a PyTorch model's layers on this machine and write a profile; or merge profiles.
+    """Measure a PyTorch model's layers on this machine and write a profile; estimate them on a device you do
+    not have; or merge profiles.
 
     [bold]heterps profile MODEL --as TYPE --batch-size B0 --out P.yaml[/] measures;
+    [bold]heterps profile MODEL --as a100 --estimate a100-80gb --batch-size B0 --out P.yaml[/] estimates;
     [bold]heterps profile merge A.yaml B.yaml -o OUT.yaml[/] joins profiles of one model from several machines.
     """
     with _exit_codes():
@@ -697,6 +747,47 @@ def profile_command(
         if missing:
             raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
         assert as_type is not None and batch_size is not None and out_file is not None
+        if estimate is None:
+            for flag, given in (
+                ("--catalogue", catalogue),
+                ("--calibrate", calibrate),
+                ("--calibrate-on", calibrate_on),
+            ):
+                if given is not None:
+                    raise InputError(None, None, flag, f"{flag} goes with --estimate DEVICE")
+        else:
+            for flag, measuring in (
+                ("--device", device is not Device.cpu),
+                ("--processes", processes != 1),
+                ("--link-gbps", link_gbps is not None),
+            ):
+                if measuring:
+                    raise InputError(
+                        None, None, flag, f"{flag} applies to measuring; --estimate runs nothing on the device"
+                    )
+            if calibrate_on is not None and calibrate is None:
+                raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
+            from heterps_cli.cli.render import estimate_view
+            from heterps_cli.profiling.write import cluster_snippet, estimated_text
+
+            with _progress_bar() as report:
+                estimated = api.estimate(
+                    model,
+                    as_type,
+                    batch_size,
+                    estimate,
+                    input_shape=cast(tuple[int, ...] | None, input_shape),
+                    catalogue=None if catalogue is None else str(catalogue),
+                    calibrate=None if calibrate is None else str(calibrate),
+                    calibrate_on=calibrate_on,
+                    granularity=granularity.value,
+                    progress=report,
+                )
+            _write(out_file, estimated_text(estimated))
+            if out_file != "-":
+                out.print(estimate_view(estimated, cluster_snippet(estimated)))
+                out.print(Text(f"wrote {out_file}"))
+            return
 
         with _progress_bar() as report:
             measured = api.measure(
@@ -708,6 +799,7 @@ def profile_command(
                 repetitions=repetitions,
                 link_gbps=link_gbps,
                 processes=processes,
+                granularity=granularity.value,
                 progress=report,
             )
         _write(out_file, measured_text(measured))

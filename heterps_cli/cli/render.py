@@ -352,6 +352,41 @@ def _seconds(x: float) -> str:
     return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
 
 
+def estimate_view(estimated, snippet: str) -> Group:
+    """Per layer: type, FLOPs, bytes, kernels, the peak it runs at, whether compute or memory bounds it, oct."""
+    title = Text.assemble(
+        _bold(estimated.model),
+        " as ",
+        _bold(estimated.resource),
+        f" on {estimated.device} ({estimated.spec.title}), batch {estimated.batch_size}: ",
+        Text("estimated, not measured", style="yellow"),
+    )
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    table.add_column("layer", max_width=28)
+    table.add_column("type", no_wrap=True)
+    for name in ("GFLOP", "MB moved", "kernels", "peak", "oct"):
+        table.add_column(name, **number)
+    for x in estimated.estimates:
+        table.add_row(
+            Text(clip(x.name)),
+            Text(clip(x.kind)),
+            f"{x.work.flops / 1e9:.3g}",
+            f"{x.work.bytes / 1e6:.3g}",
+            str(x.work.kernels),
+            x.peak,
+            _seconds(x.oct),
+        )
+    total = sum(x.oct for x in estimated.estimates)
+    lines = [Text(f"sum of oct {_seconds(total)} per batch")]
+    if estimated.calibrated_on:
+        factors = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(estimated.calibration.items()))
+        lines.append(Text(f"calibrated on {estimated.calibrated_on}: {factors}"))
+    lines += [Text(note, style="yellow") for note in estimated.notes]
+    lines += [Text("for the cluster file (resources:):", style="dim"), Text(snippet)]
+    return Group(table, *lines)
+
+
 def profile_view(measured, noisy_cv: float) -> Group:
     """Per layer: type, oct, odt, alpha, the spread of the repetitions; noisy layers flagged."""
     title = Text.assemble(

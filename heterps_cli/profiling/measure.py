@@ -100,8 +100,21 @@ class Model:
     source: str | None = None  # the user's file the factory came from (errors name its lines)
 
 
-def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None) -> Model:
-    """A zoo name, ``path/to/file.py:factory`` or ``package.module:factory``; errors are exit-2 InputErrors."""
+def load_model(
+    spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None, granularity: str = "layers"
+) -> Model:
+    """A zoo name, ``path/to/file.py:factory`` or ``package.module:factory``; errors are exit-2 InputErrors.
+    ``granularity="blocks"``: its layers are the finest modules at which it is a chain
+    (:mod:`heterps_cli.profiling.granularity`), unless the factory gave its own blocks."""
+    model = _load_model(spec, batch_size, input_shape)
+    if granularity == "blocks" and model.blocks is None:
+        from heterps_cli.profiling.granularity import at_blocks
+
+        model = at_blocks(model)
+    return model
+
+
+def _load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None) -> Model:
     if spec in MODELS:
         module, example = MODELS[spec](batch_size, input_shape)
         return Model(spec, module, example if isinstance(example, tuple) else (example,))
@@ -556,6 +569,12 @@ def measure(
         raise model_error(model, exc, "the model's forward pass failed") from None
     if not calls:
         raise InputError(None, None, "MODEL", "the forward pass called no layer module")
+    if model.blocks is None:
+        from heterps_cli.profiling.granularity import chain_note
+
+        found = chain_note(model)
+        if found is not None:
+            notes.append(found)
     bandwidth, how = _bandwidth(device, link_gbps, report, notes)
     if not steady_allocator():
         notes.append(

@@ -36,6 +36,7 @@ def measure_in_processes(
     repetitions: int,
     link_gbps: float | None,
     processes: int,
+    granularity: str = "layers",
     progress: Progress | None = None,
 ) -> Profiled:
     """``processes`` independent profiles of the model ``spec``, each in a fresh Python process, combined."""
@@ -48,6 +49,7 @@ def measure_in_processes(
         "device": device,
         "repetitions": repetitions,
         "link_gbps": link_gbps,
+        "granularity": granularity,
     }
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,7 +120,10 @@ def from_dict(data: dict) -> Profiled:
 def _worker(args: dict, out: Path) -> int:
     try:
         model = load_model(
-            args["spec"], args["batch_size"], tuple(args["input_shape"]) if args["input_shape"] else None
+            args["spec"],
+            args["batch_size"],
+            tuple(args["input_shape"]) if args["input_shape"] else None,
+            args["granularity"],
         )
         measured = measure(
             model, args["resource"], device=args["device"], repetitions=args["repetitions"], link_gbps=args["link_gbps"]

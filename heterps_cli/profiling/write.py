@@ -18,6 +18,7 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
+from heterps_cli.profiling.estimate import Estimated
 from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, Profiled, python_path_note
 
 
@@ -101,6 +102,60 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
             )
         )
     return render(p.model, p.batch_size, rows, header)
+
+
+def estimated_text(e: Estimated) -> str:
+    """The profile file of an estimate: every entry says it is one, and how it was found."""
+    spec = e.spec
+    peaks = ", ".join(
+        f"{getattr(spec.tflops, p):g} {p}" for p in ("fp32", "tf32", "fp16", "bf16") if getattr(spec.tflops, p)
+    )
+    header = [
+        f"estimated by heterps profile: model {e.model} as resource type {e.resource!r} on {e.device} "
+        f"({spec.title}), NOT measured: a roofline model, device catalogue {e.catalogue}",
+        f"{e.device}: {peaks} TFLOP/s peak, {spec.memory_gbps:g} GB/s memory, {spec.memory_gb:g} GB, "
+        f"{spec.network_gbps:g} Gbit/s network, {spec.launch_us:g} us launch floor per kernel",
+        "oct = max(flops / (peak x efficiency), bytes / (bandwidth x memory efficiency)) + kernels x launch floor; "
+        f"flops, bytes and kernels of each layer's forward+backward counted on the cpu, batch {e.batch_size}",
+        "odt: gradient all-reduce bytes per batch (as big as the weights) / the device's network bandwidth",
+        "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
+        f"sum of the layers' oct {sum(x.oct for x in e.estimates):.4g} s",
+    ]
+    if e.calibrated_on:
+        factors = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(e.calibration.items()))
+        header.append(f"calibrated on {e.calibrated_on}: measured / roofline time per kind, {factors}")
+    header += e.notes
+    rows = []
+    for layer, x in zip(e.layers, e.estimates):
+        how = (
+            f"estimated: roofline on {e.device}, {x.work.flops:.3g} flops at {x.peak} x{x.efficiency:.2g}, "
+            f"{x.work.bytes:.3g} bytes, {x.work.kernels} kernels" + (" (calibrated)" if e.calibrated_on else "")
+        )
+        rows.append(
+            LayerRow(
+                layer.name,
+                layer.kind,
+                layer.input_size,
+                layer.weight_size,
+                {e.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, how)},
+                layer.activation_size,
+                layer.sharded,
+            )
+        )
+    return render(e.model, e.batch_size, rows, header)
+
+
+def cluster_snippet(e: Estimated) -> str:
+    """The cluster file's entry for the estimated type: memory and network from the catalogue."""
+    return "\n".join(
+        [
+            f"  {e.resource}:  # {e.spec.title}, from the device catalogue",
+            "    price: ...  # USD per device-hour: yours to fill in",
+            "    limit: ...  # devices available",
+            f"    memory_gb: {e.spec.memory_gb:g}",
+            f"    bandwidth_gbps: {e.spec.network_gbps:g}",
+        ]
+    )
 
 
 def merge_profiles(paths: list[str]) -> str:

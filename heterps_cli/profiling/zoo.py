@@ -125,4 +125,48 @@ def transformer(batch_size: int, input_shape: tuple[int, ...] | None = None):
     return Transformer(), tokens
 
 
-MODELS = {"ctr": ctr, "vgg16": vgg16, "mlp": mlp, "transformer": transformer}
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions and a shortcut (a 1x1 convolution where the shape changes)."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False), nn.BatchNorm2d(outputs)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def resnet(batch_size: int, input_shape: tuple[int, ...] | None = None):
+    """A small ResNet for 32x32 images (ResNet-18's layout at a quarter of its width): a 3x3 stem, four
+    stages of two basic blocks (16, 32, 64, 128 channels), pooling and a classifier.
+    Its residual blocks make it a chain of blocks, not of layers (``--granularity blocks``)."""
+    channels, height, width = input_shape or (3, 32, 32)
+    widths = (16, 32, 64, 128)
+    stages, inputs = [], widths[0]
+    for i, w in enumerate(widths):
+        stages.append(nn.Sequential(BasicBlock(inputs, w, 1 if i == 0 else 2), BasicBlock(w, w)))
+        inputs = w
+    model = nn.Sequential(
+        nn.Conv2d(channels, widths[0], 3, padding=1, bias=False),
+        nn.BatchNorm2d(widths[0]),
+        nn.ReLU(),
+        *stages,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(widths[-1], 10),
+    )
+    example = torch.randn(batch_size, channels, height, width, generator=torch.Generator().manual_seed(0))
+    return model, example
+
+
+MODELS = {"ctr": ctr, "vgg16": vgg16, "mlp": mlp, "transformer": transformer, "resnet": resnet}

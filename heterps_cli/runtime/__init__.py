@@ -89,6 +89,7 @@ def run_plan(
     import torch
 
     from heterps_cli.formats import load_plan
+    from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
@@ -117,7 +118,8 @@ def run_plan(
         )
     report(f"loading {model} and checking it against the plan")
     torch.manual_seed(seed)
-    chain = trace_chain(load_model(model, plan.batch_size, input_shape))
+    names = [name for s in plan.stages for name in s.layers]
+    chain = trace_chain(use_layers(load_model(model, plan.batch_size, input_shape), names))
     check_plan_layers(chain, [s.layers for s in plan.stages], plan_path)
     cfg = RunConfig(
         model=model,

@@ -5,8 +5,10 @@ layer's whole input. So the model's forward pass is traced once (forward hooks
 on the same layers ``heterps profile`` measures) and it must be such a chain:
 the model's input goes into the first layer, each layer's only tensor argument
 is the tensor the layer before returned, and the model returns the last layer's
-output. ``nn.Sequential`` models are chains; a factory may return its blocks as a
-third item to make a model with residual connections one (each block a layer).
+output (:func:`heterps_cli.profiling.granularity.breaks`). ``nn.Sequential`` models are
+chains; a model with residual connections is a chain of its blocks, which a profile
+lists with ``--granularity blocks`` (or a factory returns as a third item); the
+layers a plan names are the modules the run splits at (:func:`~heterps_cli.profiling.granularity.use_layers`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.measure import Model, layers_of, model_error
+from heterps_cli.profiling.granularity import breaks, record_calls
+from heterps_cli.profiling.measure import Model, layers_of
 
 
 @dataclass(frozen=True)
@@ -59,51 +62,15 @@ def trace_chain(model: Model) -> Chain:
     if len(model.inputs) != 1:
         raise _not_chain(model, f"its forward takes {len(model.inputs)} inputs, a chain takes one")
     layers = layers_of(model)
-    calls: list[tuple[str, nn.Module, object, object]] = []  # name, module, input, output
-    problems: list[str] = []
-
-    def record(module, args, kwargs, output):
-        name = layers[module] or type(module).__name__.lower()
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
-        if any(m is module for _, m, _, _ in calls):
-            problems.append(f"layer {name!r} is called more than once")
-        elif len(tensors) != 1 or not args or args[0] is not tensors[0]:
-            problems.append(f"layer {name!r} takes {len(tensors)} tensors, a link of a chain takes one")
-        elif not isinstance(output, torch.Tensor):
-            problems.append(f"layer {name!r} returns a {type(output).__name__}, not one tensor")
-        calls.append((name, module, args[0] if args else None, output))
-
-    # Two samples in eval mode: only shapes matter, and no batch-norm statistics or random numbers change.
-    example = model.inputs[0][:2]
-    training = model.module.training
-    handles = [m.register_forward_hook(record, with_kwargs=True) for m in layers]
-    try:
-        model.module.eval()
-        with torch.no_grad():
-            result = model.module(example)
-    except Exception as exc:
-        raise model_error(model, exc, "the model's forward pass failed") from None
-    finally:
-        model.module.train(training)
-        for h in handles:
-            h.remove()
+    recorded = record_calls(model)
+    problems = breaks(recorded, layers)
     if problems:
-        raise _not_chain(model, problems[0])
-    if not calls:
-        raise _not_chain(model, "its forward calls none of its layers")
-    previous: object = example
-    for name, _, given, output in calls:
-        if given is not previous:
-            before = "the model's input" if previous is example else "the output of the layer before"
-            raise _not_chain(model, f"layer {name!r} does not take {before}")
-        previous = output
-    if result is not calls[-1][3]:
-        raise _not_chain(model, f"the model does not return the output of its last layer {calls[-1][0]!r}")
-    outputs = [cast(torch.Tensor, output) for *_, output in calls]  # record() refused any other kind
+        raise _not_chain(model, problems[0][1])
+    calls = [c for c in recorded.calls if c.module in layers]
+    outputs = [cast(torch.Tensor, c.output) for c in calls]  # breaks() refused any other kind
     return Chain(
-        names=[name for name, *_ in calls],
-        modules=[module for _, module, _, _ in calls],
+        names=[layers[c.module] or type(c.module).__name__.lower() for c in calls],
+        modules=[c.module for c in calls],
         outputs=[Boundary(tuple(out.shape[1:]), out.dtype) for out in outputs],
     )
 

@@ -90,6 +90,7 @@ def _synchronise(device: torch.device) -> None:
 
 def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
+    from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import trace_chain
 
@@ -106,7 +107,7 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
     ]
     torch.manual_seed(cfg.seed)
     model = load_model(cfg.model, lay.samples, cfg.input_shape)
-    chain = trace_chain(model)
+    chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
     module = chain.stage(stage.layers).to(device).train()
     optimiser = torch.optim.SGD(module.parameters(), lr=cfg.lr)
     params = [p for p in module.parameters() if p.requires_grad]

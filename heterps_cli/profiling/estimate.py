@@ -1,0 +1,354 @@
+"""Estimated profiles: each layer's time on a device you do not have, from a roofline model.
+
+``heterps profile MODEL --as a100 --estimate a100-80gb`` runs nothing on an A100.
+It counts what each layer does, here on the CPU, and prices that on a device
+of the catalogue (``devices.yaml``, or ``--catalogue FILE``):
+
+* **FLOPs** of the layer's forward and backward, from
+  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products, convolutions,
+  attention; element-wise work counts as none);
+* **bytes** moved, from the tensors' sizes: the forward reads its input and
+  weights and writes its output; the backward reads the output's gradient, the
+  input and the weights, and writes the input's and the weights' gradients
+  (``3 x input + 2 x output + 3 x weights``; a lookup, whose inputs are integer
+  indices, counts its weights once: it reads only the rows it indexes);
+* **kernels**: the operators dispatched in that forward and backward.
+
+``oct = max(flops / (peak x efficiency), bytes / (bandwidth x memory_efficiency))
++ kernels x launch``. The peak is that of the model's precision: an fp32
+matrix product runs at the fp32 peak (PyTorch does not use TF32 for them by
+default), an fp32 convolution at the TF32 peak where the device has one
+(cuDNN does, by default). ``efficiency`` is per layer kind.
+
+``--calibrate MEASURED.yaml`` fits the efficiencies to a measured profile of the
+same model on a catalogued device (this machine's CPU, say): per kind, the
+median over its layers of measured / estimated time (launch floor aside)
+divides both efficiencies, so that the estimate inherits what the measurement
+saw. odt is the gradient all-reduce over the device's typical network; alpha
+is the kind's default and beta is 0, as in a measured GPU profile.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from heterps_cli.errors import InputError
+from heterps_cli.formats import Catalogue, DeviceSpec, load_catalogue
+from heterps_cli.profiling.measure import (
+    ALPHA_DEFAULTS,
+    ALPHA_OTHER,
+    Call,
+    Model,
+    _fresh,
+    _tensors,
+    bytes_of,
+    kind,
+    model_error,
+    saved_bytes,
+    trace,
+)
+from heterps_cli.progress import Progress, quiet
+
+CATALOGUE = Path(__file__).with_name("devices.yaml")
+# Operators that only re-describe a tensor's memory: no kernel runs for them.
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "detach",
+    "alias",
+    "as_strided",
+    "unsqueeze",
+    "squeeze",
+    "reshape",
+    "slice",
+    "select",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "_reshape_alias",
+}
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one layer does in a forward and backward pass, on one batch."""
+
+    flops: float
+    bytes: float
+    kernels: int
+
+
+class _Kernels(TorchDispatchMode):
+    """Counts the operators that run a kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in VIEWS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def work(call: Call) -> Work:
+    """FLOPs, bytes and kernels of ``call``'s layer alone, forward then backward (ones as the output's
+    gradient), on fresh copies of its recorded inputs: what ``heterps profile`` times."""
+    args, kwargs = _fresh(call.args, "cpu"), _fresh(call.kwargs, "cpu")
+    for p in call.module.parameters():
+        p.grad = None
+    flops = FlopCounterMode(display=False)
+    kernels = _Kernels()
+    with flops, kernels:
+        out = call.module(*args, **kwargs)
+        outs = [o for o in _tensors(out) if o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    weights = float(sum(p.numel() * p.element_size() for p in call.module.parameters()))
+    # A lookup (integer inputs: an embedding) reads only the rows it indexes and needs no input gradient,
+    # so of its weights only the gradient's write is counted.
+    lookup = not any(t.is_floating_point() for t in _tensors((call.args, call.kwargs)))
+    moved = 3 * bytes_of((call.args, call.kwargs)) + 2 * bytes_of(out) + (1 if lookup else 3) * weights
+    return Work(float(flops.get_total_flops()), moved, kernels.count)
+
+
+def precision(call: Call, layer_kind: str, device: DeviceSpec) -> str:
+    """Which of the device's peaks the layer runs at (see the module docstring)."""
+    dtypes = {p.dtype for p in call.module.parameters()} | {
+        t.dtype for t in _tensors(call.args) if t.is_floating_point()
+    }
+    if torch.bfloat16 in dtypes:
+        return "bf16"
+    if torch.float16 in dtypes:
+        return "fp16"
+    if layer_kind == "conv" and device.tflops.tf32 is not None:
+        return "tf32"
+    return "fp32"
+
+
+def roofline(w: Work, device: DeviceSpec, peak: str, efficiency: float, memory_efficiency: float) -> float:
+    """The layer's time without its launch floor: compute-bound or memory-bound, whichever is longer."""
+    tflops = getattr(device.tflops, peak) or device.tflops.fp32
+    assert tflops is not None  # the catalogue requires fp32
+    return max(w.flops / (tflops * 1e12 * efficiency), w.bytes / (device.memory_gbps * 1e9 * memory_efficiency))
+
+
+@dataclass
+class Estimate:
+    """One layer's estimate: its work, the peak it runs at, its time and how it was found."""
+
+    name: str
+    kind: str
+    work: Work
+    peak: str
+    oct: float
+    efficiency: float
+
+
+@dataclass
+class Estimated:
+    """An estimated profile, ready to write (:func:`heterps_cli.profiling.write.estimated_text`)."""
+
+    model: str
+    resource: str
+    device: str  # catalogue name
+    spec: DeviceSpec
+    batch_size: int
+    layers: list  # LayerProfile, as measure() gives them
+    estimates: list[Estimate]
+    calibration: dict[str, float] = field(default_factory=dict)  # kind -> factor on the time
+    calibrated_on: str | None = None  # "path (device)"
+    catalogue: str = "built in"
+    notes: list[str] = field(default_factory=list)
+
+
+def catalogue_device(catalogue: Catalogue, name: str, path: str, option: str) -> DeviceSpec:
+    if name not in catalogue.devices:
+        raise InputError(
+            None,
+            None,
+            option,
+            f"{name!r} is not in the device catalogue {path} (it has: {', '.join(catalogue.devices)})",
+        )
+    return catalogue.devices[name]
+
+
+def _efficiency(catalogue: Catalogue, layer_kind: str) -> float:
+    return catalogue.efficiency.get(layer_kind, catalogue.efficiency["other"])
+
+
+def _time(w: Work, call: Call, layer_kind: str, device: DeviceSpec, catalogue: Catalogue, factor: float = 1.0):
+    peak = precision(call, layer_kind, device)
+    core = roofline(w, device, peak, _efficiency(catalogue, layer_kind), catalogue.memory_efficiency)
+    return peak, core * factor + w.kernels * device.launch_us * 1e-6
+
+
+def fit(
+    calls: list[Call], works: list[Work], measured: dict[str, float], device: DeviceSpec, catalogue: Catalogue
+) -> dict[str, float]:
+    """Per layer kind, the median of (measured - launch floor) / roofline over that kind's layers; "other"
+    is the median over all layers (for kinds the measurement did not see)."""
+    ratios: dict[str, list[float]] = {}
+    for call, w in zip(calls, works):
+        layer_kind = kind(call.module)
+        core = roofline(
+            w,
+            device,
+            precision(call, layer_kind, device),
+            _efficiency(catalogue, layer_kind),
+            catalogue.memory_efficiency,
+        )
+        floor = w.kernels * device.launch_us * 1e-6
+        if core > 0:
+            ratios.setdefault(layer_kind, []).append(max(measured[call.name] - floor, 0.0) / core)
+    factors = {k: max(statistics.median(v), 1e-3) for k, v in ratios.items()}
+    everything = [r for v in ratios.values() for r in v]
+    factors["other"] = max(statistics.median(everything), 1e-3) if everything else 1.0
+    return factors
+
+
+def estimate(
+    model: Model,
+    resource: str,
+    device_name: str,
+    *,
+    catalogue_path: str | None = None,
+    calibrate: str | None = None,
+    calibrate_on: str | None = None,
+    progress: Progress | None = None,
+) -> Estimated:
+    """The estimated profile of ``model`` as type ``resource`` on catalogue device ``device_name``."""
+    from heterps_cli.formats import load_profile
+    from heterps_cli.profiling.measure import LayerProfile
+
+    report = progress or quiet
+    path = catalogue_path or str(CATALOGUE)
+    catalogue = load_catalogue(path)
+    device = catalogue_device(catalogue, device_name, path, "--estimate")
+    report("tracing the model")
+    try:
+        calls = trace(model)
+    except Exception as exc:
+        raise model_error(model, exc, "the model's forward pass failed") from None
+    if not calls:
+        raise InputError(None, None, "MODEL", "the forward pass called no layer module")
+    B0 = len(model.inputs[0])
+    notes = []
+    if model.blocks is None:
+        from heterps_cli.profiling.granularity import chain_note
+
+        found = chain_note(model)
+        if found is not None:
+            notes.append(found)
+    works: list[Work] = []
+    current: list[Call] = []
+    try:
+        for i, call in enumerate(calls):
+            current[:] = [call]
+            report(f"counting layer {i + 1}/{len(calls)}: {call.name}", completed=i, total=len(calls))
+            works.append(work(call))
+    except Exception as exc:
+        raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
+    factors: dict[str, float] = {}
+    calibrated_on = None
+    if calibrate is not None:
+        profile, doc = load_profile(calibrate)
+        names = [layer.name for layer in profile.layers]
+        if names != [c.name for c in calls]:
+            raise doc.error(
+                ("layers",),
+                f"the layers ({len(names)}) differ from the model's ({len(calls)}) in number, names or order: "
+                "calibrate with a measured profile of the same model",
+            )
+        types = sorted({t for layer in profile.layers for t in layer.times})
+        on = calibrate_on or (types[0] if len(types) == 1 else None)
+        if on is None:
+            raise InputError(
+                calibrate,
+                None,
+                "--calibrate-on",
+                f"the profile has several types ({', '.join(types)}): name the one to fit to",
+            )
+        if on not in types:
+            raise InputError(calibrate, None, "--calibrate-on", f"the profile has no type {on!r} ({', '.join(types)})")
+        if on not in catalogue.devices:
+            raise InputError(
+                calibrate,
+                None,
+                "--calibrate-on",
+                f"type {on!r} of the profile is not a catalogue device ({', '.join(catalogue.devices)}): "
+                "name the device it was measured on with --calibrate-on DEVICE",
+            )
+        measured = {layer.name: layer.times[on].oct for layer in profile.layers}
+        factors = fit(calls, works, measured, catalogue.devices[on], catalogue)
+        calibrated_on = f"{calibrate} ({on})"
+    layers, estimates = [], []
+    network = device.network_gbps * 1e9 / 8
+    for call, w in zip(calls, works):
+        layer_kind = kind(call.module)
+        factor = factors.get(layer_kind, factors.get("other", 1.0)) if factors else 1.0
+        peak, seconds = _time(w, call, layer_kind, device, catalogue, factor)
+        weights = float(sum(p.numel() * p.element_size() for p in call.module.parameters()))
+        layers.append(
+            LayerProfile(
+                call.name,
+                layer_kind,
+                bytes_of((call.args, call.kwargs)) / B0,
+                weights,
+                seconds,
+                weights / network,
+                ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER),
+                0.0,
+                0.0,
+                activation_size=saved_bytes(call, "cpu") / B0,
+                sharded=bool(getattr(call.module, "heterps_sharded", False)),
+            )
+        )
+        estimates.append(Estimate(call.name, layer_kind, w, peak, seconds, _efficiency(catalogue, layer_kind) / factor))
+    report("done", completed=len(calls), total=len(calls))
+    shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
+    return Estimated(
+        model.name, resource, device_name, device, B0, layers, estimates, factors, calibrated_on, shown, notes
+    )
+
+
+def measure_cpu_core() -> tuple[float, float]:
+    """(TFLOP/s, GB/s) of one core of this machine: the better of a one-thread 2048 x 2048 fp32
+    matmul and a one-thread 3x3 convolution (256 channels, 16 x 16, batch 32: oneDNN reached twice
+    the matmul's rate here), and a one-thread add of 128 MiB tensors into a preallocated output
+    (best of 5 each)."""
+    import time
+
+    def best(run: Callable[[], object]) -> float:
+        run()
+        fastest = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            run()
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+        conv, image = torch.nn.Conv2d(256, 256, 3, padding=1), torch.randn(32, 256, 16, 16)
+        x, y, z = torch.randn(32 << 20), torch.randn(32 << 20), torch.empty(32 << 20)
+        with torch.no_grad():
+            matmul = 2 * 2048**3 / best(lambda: a @ b)
+            convolution = 2 * 32 * 256 * 256 * 9 * 16 * 16 / best(lambda: conv(image))
+        bandwidth = 3 * x.numel() * 4 / best(lambda: torch.add(x, y, out=z))
+    finally:
+        torch.set_num_threads(threads)
+    return max(matmul, convolution) / 1e12, bandwidth / 1e9

@@ -1,0 +1,203 @@
+"""At which modules a model is a chain: the layers a profile may list and a plan may cut between.
+
+A pipeline can cut a model only where one layer's output is the next layer's
+whole input. A ResNet profiled leaf by leaf is not such a chain: a block's
+shortcut reads the block's input, and the residual addition is code between
+modules, in no layer at all. So one forward pass is recorded, every module call
+with the tensors it took and gave (:func:`record_calls`), and a list of modules
+is checked against it (:func:`breaks`): each called once, the first on the
+model's input, each next one on exactly the tensor the one before returned, and
+the model returning the last one's output.
+
+:func:`blocks` finds the finest such list: it starts from the whole model and
+replaces a module by its children (in the order they are called) wherever the
+list stays a chain, so a ResNet becomes its stem's layers, its residual blocks
+and its head, and a transformer its embedding, its blocks and its head.
+``heterps profile --granularity blocks`` profiles those; ``heterps run`` splits
+at whatever modules the plan names (:func:`use_layers`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from heterps_cli.errors import InputError
+from heterps_cli.profiling.measure import Model, layers_of, model_error
+
+
+@dataclass
+class Recorded:
+    """One module call: the tensors it took (positional and keyword) and what it returned."""
+
+    module: nn.Module
+    args: tuple
+    tensors: list[torch.Tensor]
+    output: object
+
+
+@dataclass
+class Calls:
+    """Every module call of one forward pass, in the order the calls began."""
+
+    calls: list[Recorded]
+    input: torch.Tensor | None  # the model's input, when it takes one tensor
+    result: object
+
+
+def record_calls(model: Model) -> Calls:
+    """One forward pass on two samples in eval mode (only shapes and identities matter, and no
+    batch-norm statistics or random numbers change), every module call recorded."""
+    calls: list[Recorded] = []
+    started: dict[int, list[int]] = {}  # id(module) -> indices of its calls still running
+
+    def before(module, args, kwargs):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+        started.setdefault(id(module), []).append(len(calls))
+        calls.append(Recorded(module, args, tensors, None))
+
+    def after(module, args, kwargs, output):
+        calls[started[id(module)].pop()].output = output
+
+    example = tuple(x[:2] for x in model.inputs)
+    training = model.module.training
+    handles = []
+    for m in model.module.modules():
+        handles.append(m.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(m.register_forward_hook(after, with_kwargs=True))
+    try:
+        model.module.eval()
+        with torch.no_grad():
+            result = model.module(*example)
+    except Exception as exc:
+        raise model_error(model, exc, "the model's forward pass failed") from None
+    finally:
+        model.module.train(training)
+        for h in handles:
+            h.remove()
+    return Calls(calls, example[0] if len(example) == 1 else None, result)
+
+
+def breaks(recorded: Calls, layers: dict[nn.Module, str]) -> list[tuple[str, str]]:
+    """Where ``layers`` fail to be a chain of the recorded pass: (layer name, why), in call order."""
+    out: list[tuple[str, str]] = []
+    if recorded.input is None:
+        return [("", "the model's forward takes several inputs, a chain takes one")]
+    chosen = [c for c in recorded.calls if c.module in layers]
+    if not chosen:
+        return [("", "its forward calls none of its layers")]
+    seen: set[int] = set()
+    previous: object = recorded.input
+    for c in chosen:
+        name = layers[c.module] or type(c.module).__name__.lower()
+        if id(c.module) in seen:
+            out.append((name, f"layer {name!r} is called more than once"))
+        elif len(c.tensors) != 1 or not c.args or c.args[0] is not c.tensors[0]:
+            out.append((name, f"layer {name!r} takes {len(c.tensors)} tensors, a link of a chain takes one"))
+        elif not isinstance(c.output, torch.Tensor):
+            out.append((name, f"layer {name!r} returns a {type(c.output).__name__}, not one tensor"))
+        elif c.tensors[0] is not previous:
+            before = "the model's input" if previous is recorded.input else "the output of the layer before"
+            out.append((name, f"layer {name!r} does not take {before}"))
+        seen.add(id(c.module))
+        previous = c.output
+    if not out and recorded.result is not previous:
+        last = layers[chosen[-1].module]
+        out.append((last, f"the model does not return the output of its last layer {last!r}"))
+    return out
+
+
+def blocks(model: Model, recorded: Calls | None = None) -> dict[nn.Module, str]:
+    """The finest modules at which the model is a chain, in call order, by their module paths
+    (the whole model, named after it, when no split of it is a chain)."""
+    recorded = recorded or record_calls(model)
+    named = {m: n for n, m in model.module.named_modules()}
+    first_call: dict[nn.Module, int] = {}
+    for i, c in enumerate(recorded.calls):
+        first_call.setdefault(c.module, i)
+    sequence = [model.module]
+    i = 0
+    while i < len(sequence):
+        children = sorted((c for c in sequence[i].children() if c in first_call), key=first_call.__getitem__)
+        candidate = sequence[:i] + children + sequence[i + 1 :]
+        if children and not breaks(recorded, {m: named[m] or model.name for m in candidate}):
+            sequence = candidate  # look at the first child next
+        else:
+            i += 1
+    return {m: named[m] or model.name for m in sequence}
+
+
+def at_blocks(model: Model) -> Model:
+    """``model`` with its layers set to :func:`blocks` (``--granularity blocks``); an exit-2 error when
+    the model is a chain only as a whole, or not even that (several inputs)."""
+    recorded = record_calls(model)
+    found = blocks(model, recorded)
+    problems = breaks(recorded, found)
+    if problems or len(found) < 2:
+        why = problems[0][1] if problems else "no split of it into modules is a chain"
+        raise InputError(
+            None,
+            None,
+            "--granularity",
+            f"model {model.name} has no blocks that form a chain: {why}. Code between modules (an addition, "
+            "torch.flatten) must sit inside a module for a cut there to be possible",
+        )
+    model.blocks = list(found)
+    return model
+
+
+def chain_note(model: Model) -> str | None:
+    """What a profile of ``model``'s layers should warn about when they are not a chain: which blocks
+    hold the breaks, and the fix. None when they are a chain."""
+    recorded = record_calls(model)
+    layers = layers_of(model)
+    problems = breaks(recorded, layers)
+    if not problems:
+        return None
+    if recorded.input is None:
+        return f"the layers are not a chain ({problems[0][1]}): heterps run cannot split this model"
+    found = blocks(model, recorded)
+    by_name = {name: m for m, name in layers.items()}
+    holders: list[str] = []
+    for name, _ in problems:
+        layer = by_name.get(name)
+        holder = next(
+            (f"{bname} ({type(b).__name__})" for b, bname in found.items() if layer is not None and _inside(layer, b)),
+            None,
+        )
+        if holder is not None and holder not in holders:
+            holders.append(holder)
+    where = f" inside {', '.join(holders[:6])}" + (f" and {len(holders) - 6} more" if len(holders) > 6 else "")
+    fix = (
+        f"profile with --granularity blocks ({len(found)} blocks that chain)"
+        if len(found) >= 2 and not breaks(recorded, found)
+        else "no split of the model into modules is a chain"
+    )
+    return (
+        f"the layers are not a chain: {len(problems)} of {len(layers)} do not take the output of the layer "
+        f"before{where} (first: {problems[0][1]}); a plan that cuts there cannot run, and code between "
+        f"modules (residual additions) is in no layer's time; {fix}"
+    )
+
+
+def _inside(module: nn.Module, block: nn.Module) -> bool:
+    return any(m is module for m in block.modules())
+
+
+def use_layers(model: Model, names: list[str]) -> Model:
+    """``model`` with the layers a plan of it names: its leaves if every name is one (the default),
+    else its :func:`blocks` if every name is one of those (a ``--granularity blocks`` profile), else the
+    modules the names give by path. The plan is then checked against them, so a missing or extra
+    layer is reported by its position."""
+    if model.blocks is not None or set(names) <= set(layers_of(model).values()):
+        return model
+    found = blocks(model)
+    named = dict(model.module.named_modules())
+    if set(names) <= set(found.values()):
+        model.blocks = list(found)
+    elif names and all(n in named for n in names) and len(set(names)) == len(names):
+        model.blocks = [named[n] for n in names]
+    return model

@@ -1,0 +1,177 @@
+"""`heterps profile --estimate`: roofline counts against hand-computed ones, the file it writes, merge,
+calibration, and the errors of its options and catalogue."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import yaml
+from torch import nn
+from typer.testing import CliRunner
+
+from heterps_cli.cli.app import app
+from heterps_cli.formats import load_catalogue, load_profile
+from heterps_cli.profiling import estimate as est
+from heterps_cli.profiling.measure import Call, Model, trace
+
+runner = CliRunner()
+
+
+def _cli(args, expect=0):
+    result = runner.invoke(app, ["profile", *args])
+    assert result.exit_code == expect, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def _call(module: nn.Module, *inputs: torch.Tensor) -> Call:
+    return trace(Model("m", nn.Sequential(module), inputs))[0]
+
+
+def test_flops_bytes_and_kernels_of_a_linear_layer_by_hand():
+    B, n_in, n_out = 8, 32, 16
+    w = est.work(_call(nn.Linear(n_in, n_out), torch.randn(B, n_in)))
+    # forward 2*B*in*out; backward twice that (input gradient and weight gradient)
+    assert w.flops == 3 * 2 * B * n_in * n_out
+    weights = (n_in * n_out + n_out) * 4
+    assert w.bytes == 3 * B * n_in * 4 + 2 * B * n_out * 4 + 3 * weights
+    assert 3 <= w.kernels <= 8  # addmm; ones_like; two mm and a sum in the backward
+
+
+def test_a_lookup_counts_its_weights_once():
+    table = nn.Embedding(1000, 8)
+    w = est.work(_call(table, torch.randint(0, 1000, (4, 3))))
+    assert w.flops == 0
+    assert w.bytes == 3 * 4 * 3 * 8 + 2 * 4 * 3 * 8 * 4 + 1000 * 8 * 4
+
+
+def test_the_roofline_takes_the_longer_of_compute_and_memory_plus_the_launch_floor():
+    catalogue = load_catalogue(str(est.CATALOGUE))
+    device = catalogue.devices["a100-80gb"]
+    compute = est.Work(flops=1e12, bytes=1.0, kernels=4)
+    memory = est.Work(flops=1.0, bytes=1e10, kernels=4)
+    assert est.roofline(compute, device, "fp32", 0.5, 0.7) == pytest.approx(1e12 / (19.5e12 * 0.5))
+    assert est.roofline(memory, device, "fp32", 0.5, 0.7) == pytest.approx(1e10 / (2039e9 * 0.7))
+    assert est.roofline(compute, device, "tf32", 0.5, 0.7) == pytest.approx(1e12 / (156e12 * 0.5))
+    # a device without the precision falls back to its fp32 peak
+    assert est.roofline(compute, catalogue.devices["t4"], "tf32", 0.5, 0.7) == pytest.approx(1e12 / (8.1e12 * 0.5))
+
+
+def test_estimate_writes_a_profile_that_says_so_and_prints_the_cluster_snippet(tmp_path):
+    out = tmp_path / "a100.yaml"
+    shown = _cli(["mlp", "--as", "a100", "--estimate", "a100-80gb", "--batch-size", "16", "--out", str(out)]).stdout
+    assert "estimated, not measured" in shown and f"wrote {out}" in shown
+    assert "memory_gb: 80" in shown and "bandwidth_gbps: 50" in shown and "  a100:" in shown
+    profile, _ = load_profile(str(out))
+    assert [layer.type for layer in profile.layers] == ["fc", "activation"] * 3 + ["fc"]
+    text = out.read_text()
+    assert "NOT measured" in text.splitlines()[0]
+    entries = [line for line in text.splitlines() if line.strip().startswith('"a100"')]
+    assert len(entries) == 7 and all("# estimated: roofline on a100-80gb" in line for line in entries)
+    # odt: the gradient all-reduce over the catalogue's 50 Gbit/s
+    first = profile.layers[0]
+    assert first.times["a100"].odt == pytest.approx(first.weight_size / (50e9 / 8), rel=1e-5)
+
+
+def test_two_estimates_merge_with_their_comments_and_plan(tmp_path):
+    a, b, merged = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "m.yaml"
+    _cli(["mlp", "--as", "t4", "--estimate", "t4", "--batch-size", "16", "--out", str(a)])
+    _cli(["mlp", "--as", "h100", "--estimate", "h100", "--batch-size", "16", "--out", str(b)])
+    _cli(["merge", str(a), str(b), "-o", str(merged)])
+    lines = merged.read_text().splitlines()
+    assert sum("# estimated: roofline on t4" in line for line in lines) == 7
+    assert sum("# estimated: roofline on h100" in line for line in lines) == 7
+    profile, _ = load_profile(str(merged))
+    # the faster device is faster on every matrix product
+    for layer in profile.layers:
+        if layer.type == "fc":
+            assert layer.times["h100"].oct < layer.times["t4"].oct
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "cluster: c\nresources:\n  t4: {price: 0.5, limit: 4, memory_gb: 16, bandwidth_gbps: 12.5}\n"
+        "  h100: {price: 4.0, limit: 2, memory_gb: 80, bandwidth_gbps: 400}\n"
+    )
+    result = runner.invoke(app, ["plan", str(merged), str(cluster), "--samples", "1e6", "-s", "exact"])
+    assert result.exit_code == 0, result.output
+
+
+def test_calibration_divides_each_kind_by_its_measured_over_estimated_ratio(tmp_path):
+    """A 'measured' cpu profile whose fc layers take exactly twice the roofline (launch floor aside) and
+    whose activations take the roofline: calibrated, the cpu estimate gives those times back."""
+    plain = tmp_path / "plain.yaml"
+    _cli(["mlp", "--as", "cpu", "--estimate", "cpu", "--batch-size", "16", "--out", str(plain)])
+    catalogue = load_catalogue(str(est.CATALOGUE))
+    cpu = catalogue.devices["cpu"]
+    from heterps_cli.profiling.measure import load_model
+
+    loaded = load_model("mlp", 16)
+    expected = {}
+    for call in trace(loaded):
+        w = est.work(call)
+        kind = "fc" if isinstance(call.module, nn.Linear) else "activation"
+        core = est.roofline(w, cpu, "fp32", catalogue.efficiency.get(kind, catalogue.efficiency["other"]), 0.7)
+        expected[call.name] = (2.0 if kind == "fc" else 1.0) * core + w.kernels * cpu.launch_us * 1e-6
+    data = yaml.safe_load(plain.read_text())
+    for layer in data["layers"]:
+        layer["times"]["cpu"]["oct"] = expected[layer["name"]]
+    measured = tmp_path / "measured.yaml"
+    measured.write_text(yaml.safe_dump(data))
+    out = tmp_path / "calibrated.yaml"
+    shown = _cli(
+        [
+            "mlp",
+            "--as",
+            "cpu",
+            "--estimate",
+            "cpu",
+            "--batch-size",
+            "16",
+            "--calibrate",
+            str(measured),
+            "--out",
+            str(out),
+        ]
+    ).stdout
+    assert re.search(r"fc x2\b", shown) and re.search(r"activation x1\b", shown)
+    profile, _ = load_profile(str(out))
+    for layer in profile.layers:
+        assert layer.times["cpu"].oct == pytest.approx(expected[layer.name], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--estimate", "a100"], r"'a100' is not in the device catalogue .*a100-80gb"),
+        (["--estimate", "h100", "--device", "cuda"], r"--device applies to measuring"),
+        (["--estimate", "h100", "--processes", "2"], r"--processes applies to measuring"),
+        (["--calibrate", "x.yaml"], r"--calibrate goes with --estimate"),
+    ],
+)
+def test_estimate_option_errors_exit_2(tmp_path, extra, message):
+    result = _cli(["mlp", "--as", "x", "--batch-size", "4", "--out", str(tmp_path / "o.yaml"), *extra], expect=2)
+    assert re.search(message, result.output.replace("\n", " ")), result.output
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_a_bad_catalogue_names_its_file_line_and_field(tmp_path):
+    text = est.CATALOGUE.read_text().replace("memory_gbps: 2039", "memory_gbps: -5", 1)
+    bad = tmp_path / "devices.yaml"
+    bad.write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "memory_gbps: -5" in row)
+    result = _cli(
+        ["mlp", "--as", "a", "--estimate", "a100-80gb", "--catalogue", str(bad), "--batch-size", "4", "--out", "-"],
+        expect=2,
+    )
+    assert f"devices.yaml:{line}: devices.a100-80gb.memory_gbps" in result.output.replace("\n", " ")
+
+
+def test_calibrating_with_another_models_profile_is_refused(tmp_path):
+    other = tmp_path / "vgg.yaml"
+    _cli(["vgg16", "--as", "cpu", "--estimate", "cpu", "--batch-size", "2", "--out", str(other)])
+    result = _cli(
+        ["mlp", "--as", "a", "--estimate", "t4", "--batch-size", "4", "--calibrate", str(other), "--out", "-"],
+        expect=2,
+    )
+    assert "calibrate with a measured profile of the same model" in result.output.replace("\n", " ")
