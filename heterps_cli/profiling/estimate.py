@@ -45,6 +45,7 @@ from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
     ALPHA_OTHER,
     Call,
+    LayerProfile,
     Model,
     _fresh,
     _tensors,
@@ -52,7 +53,7 @@ from heterps_cli.profiling.measure import (
     kind,
     model_error,
     saved_bytes,
-    trace,
+    traced,
 )
 from heterps_cli.progress import Progress, quiet
 
@@ -218,6 +219,47 @@ def fit(
     return factors
 
 
+def _calibration(
+    path: str, on: str | None, calls: list[Call], batch_size: int, catalogue: Catalogue
+) -> tuple[str, dict[str, float]]:
+    """The catalogue device whose measurement in the profile ``path`` calibrates the estimate, and each
+    layer's measured oct on it: the profile must be of the same layers at the same batch size (else an
+    exit-2 error naming it)."""
+    from heterps_cli.formats import load_profile
+
+    profile, doc = load_profile(path)
+    names = [layer.name for layer in profile.layers]
+    if names != [c.name for c in calls]:
+        raise doc.error(
+            ("layers",),
+            f"the layers ({len(names)}) differ from the model's ({len(calls)}) in number, names or order: "
+            "calibrate with a measured profile of the same model (and --granularity)",
+        )
+    if profile.batch_size != batch_size:
+        raise doc.error(
+            ("batch_size",),
+            f"measured at batch size {profile.batch_size}, the estimate is for {batch_size}: calibrate with a "
+            "profile measured at the same --batch-size",
+        )
+    types = sorted({t for layer in profile.layers for t in layer.times})
+    on = on or (types[0] if len(types) == 1 else None)
+    if on is None:
+        raise InputError(
+            path, None, "--calibrate-on", f"the profile has several types ({', '.join(types)}): name the one to fit to"
+        )
+    if on not in types:
+        raise InputError(path, None, "--calibrate-on", f"the profile has no type {on!r} ({', '.join(types)})")
+    if on not in catalogue.devices:
+        raise InputError(
+            path,
+            None,
+            "--calibrate-on",
+            f"type {on!r} of the profile is not a catalogue device ({', '.join(catalogue.devices)}): "
+            "name the device it was measured on with --calibrate-on DEVICE",
+        )
+    return on, {layer.name: layer.times[on].oct for layer in profile.layers}
+
+
 def estimate(
     model: Model,
     resource: str,
@@ -229,28 +271,13 @@ def estimate(
     progress: Progress | None = None,
 ) -> Estimated:
     """The estimated profile of ``model`` as type ``resource`` on catalogue device ``device_name``."""
-    from heterps_cli.formats import load_profile
-    from heterps_cli.profiling.measure import LayerProfile
-
     report = progress or quiet
     path = catalogue_path or str(CATALOGUE)
     catalogue = load_catalogue(path)
     device = catalogue_device(catalogue, device_name, path, "--estimate")
     report("tracing the model")
-    try:
-        calls = trace(model)
-    except Exception as exc:
-        raise model_error(model, exc, "the model's forward pass failed") from None
-    if not calls:
-        raise InputError(None, None, "MODEL", "the forward pass called no layer module")
+    calls, notes = traced(model)
     B0 = len(model.inputs[0])
-    notes = []
-    if model.blocks is None:
-        from heterps_cli.profiling.granularity import chain_note
-
-        found = chain_note(model)
-        if found is not None:
-            notes.append(found)
     works: list[Work] = []
     current: list[Call] = []
     try:
@@ -263,34 +290,7 @@ def estimate(
     factors: dict[str, float] = {}
     calibrated_on = None
     if calibrate is not None:
-        profile, doc = load_profile(calibrate)
-        names = [layer.name for layer in profile.layers]
-        if names != [c.name for c in calls]:
-            raise doc.error(
-                ("layers",),
-                f"the layers ({len(names)}) differ from the model's ({len(calls)}) in number, names or order: "
-                "calibrate with a measured profile of the same model",
-            )
-        types = sorted({t for layer in profile.layers for t in layer.times})
-        on = calibrate_on or (types[0] if len(types) == 1 else None)
-        if on is None:
-            raise InputError(
-                calibrate,
-                None,
-                "--calibrate-on",
-                f"the profile has several types ({', '.join(types)}): name the one to fit to",
-            )
-        if on not in types:
-            raise InputError(calibrate, None, "--calibrate-on", f"the profile has no type {on!r} ({', '.join(types)})")
-        if on not in catalogue.devices:
-            raise InputError(
-                calibrate,
-                None,
-                "--calibrate-on",
-                f"type {on!r} of the profile is not a catalogue device ({', '.join(catalogue.devices)}): "
-                "name the device it was measured on with --calibrate-on DEVICE",
-            )
-        measured = {layer.name: layer.times[on].oct for layer in profile.layers}
+        on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
         factors = fit(calls, works, measured, catalogue.devices[on], catalogue)
         calibrated_on = f"{calibrate} ({on})"
     layers, estimates = [], []

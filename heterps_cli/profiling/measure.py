@@ -561,20 +561,8 @@ def measure(
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     B0 = len(model.inputs[0])
-    notes: list[str] = []
     report("tracing the model")
-    try:
-        calls = trace(model)
-    except Exception as exc:
-        raise model_error(model, exc, "the model's forward pass failed") from None
-    if not calls:
-        raise InputError(None, None, "MODEL", "the forward pass called no layer module")
-    if model.blocks is None:
-        from heterps_cli.profiling.granularity import chain_note
-
-        found = chain_note(model)
-        if found is not None:
-            notes.append(found)
+    calls, notes = traced(model)
     bandwidth, how = _bandwidth(device, link_gbps, report, notes)
     if not steady_allocator():
         notes.append(
@@ -618,6 +606,26 @@ def measure(
     return Profiled(
         model.name, resource, device, B0, bandwidth, how, ROUNDS * -(-repetitions // ROUNDS), layers, step, notes
     )
+
+
+def traced(model: Model) -> tuple[list[Call], list[str]]:
+    """The model's layers as :func:`trace` gives them (an exit-2 error if the forward fails or calls no
+    layer), and the profile's notes on them: whether they form a chain
+    (:func:`heterps_cli.profiling.granularity.chain_note`) when they are the leaves."""
+    try:
+        calls = trace(model)
+    except Exception as exc:
+        raise model_error(model, exc, "the model's forward pass failed") from None
+    if not calls:
+        raise InputError(None, None, "MODEL", "the forward pass called no layer module")
+    notes: list[str] = []
+    if model.blocks is None:
+        from heterps_cli.profiling.granularity import chain_note
+
+        found = chain_note(model)
+        if found is not None:
+            notes.append(found)
+    return calls, notes
 
 
 def _bandwidth(device: str, link_gbps: float | None, report: Progress, notes: list[str]) -> tuple[float, str]:

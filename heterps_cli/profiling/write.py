@@ -19,7 +19,7 @@ from pathlib import Path
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
 from heterps_cli.profiling.estimate import Estimated
-from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, Profiled, python_path_note
+from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, LayerProfile, Profiled, python_path_note
 
 
 @dataclass
@@ -90,18 +90,21 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
     rows = []
     for layer in p.layers:
         why = "; ".join(f"{f}: {r}" for f, r in layer.estimated.items())
-        rows.append(
-            LayerRow(
-                layer.name,
-                layer.kind,
-                layer.input_size,
-                layer.weight_size,
-                {p.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, f"estimated: {why}" if why else "")},
-                layer.activation_size,
-                layer.sharded,
-            )
-        )
+        rows.append(_row(layer, p.resource, f"estimated: {why}" if why else ""))
     return render(p.model, p.batch_size, rows, header)
+
+
+def _row(layer: LayerProfile, resource: str, comment: str) -> LayerRow:
+    """A profiled layer as a profile row with one ``times`` entry, for ``resource``."""
+    return LayerRow(
+        layer.name,
+        layer.kind,
+        layer.input_size,
+        layer.weight_size,
+        {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment)},
+        layer.activation_size,
+        layer.sharded,
+    )
 
 
 def estimated_text(e: Estimated) -> str:
@@ -131,17 +134,7 @@ def estimated_text(e: Estimated) -> str:
             f"estimated: roofline on {e.device}, {x.work.flops:.3g} flops at {x.peak} x{x.efficiency:.2g}, "
             f"{x.work.bytes:.3g} bytes, {x.work.kernels} kernels" + (" (calibrated)" if e.calibrated_on else "")
         )
-        rows.append(
-            LayerRow(
-                layer.name,
-                layer.kind,
-                layer.input_size,
-                layer.weight_size,
-                {e.resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, how)},
-                layer.activation_size,
-                layer.sharded,
-            )
-        )
+        rows.append(_row(layer, e.resource, how))
     return render(e.model, e.batch_size, rows, header)
 
 
