@@ -175,3 +175,13 @@ def test_calibrating_with_another_models_profile_is_refused(tmp_path):
         expect=2,
     )
     assert "calibrate with a measured profile of the same model" in result.output.replace("\n", " ")
+
+
+def test_calibrating_with_a_profile_of_another_batch_size_is_refused(tmp_path):
+    other = tmp_path / "b8.yaml"
+    _cli(["mlp", "--as", "cpu", "--estimate", "cpu", "--batch-size", "8", "--out", str(other)])
+    result = _cli(
+        ["mlp", "--as", "a", "--estimate", "t4", "--batch-size", "4", "--calibrate", str(other), "--out", "-"],
+        expect=2,
+    )
+    assert "b8.yaml:" in result.output and "measured at batch size 8, the estimate is for 4" in result.output
