@@ -39,8 +39,8 @@ def _fraction(serial, parallel, budget) -> np.ndarray:
 
 
 def _replicas(fraction: np.ndarray) -> np.ndarray:
-    """The integer lower bound from :meth:`Headroom._fractions`' three bounds (axis 0)."""
-    return np.maximum(np.ceil(fraction.max(axis=0) * (1 - MARGIN)), 1.0)
+    """The integer lower bound from :meth:`Headroom._need`'s real one."""
+    return np.maximum(np.ceil(fraction * (1 - MARGIN)), 1.0)
 
 
 class Headroom:
@@ -55,21 +55,13 @@ class Headroom:
         self.parts = np.stack(problem.parts, axis=2)  # [n, T, 4]: sc, pc, sd, pd
         self.fixed, self.split = problem.memory_parts
         types = np.arange(problem.n_types)
+        self.memory_bound = bool(np.isfinite(problem.memory).any())
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             self.transfer = problem.boundary_bytes[:, None] / problem.bandwidth[None, :]  # [n + 1, T]
             # A stage of layer i alone on type t, with the boundary it starts at.
             alone = self.parts.copy()
             alone[:, :, 3] += self.transfer[:-1]
-            self.alone = _replicas(self._fractions(alone, self.fixed[:, None], self.split[:, None], types))
-            # Lookahead: every later layer needs some units of some type. A stage's replicas are at least
-            # the sum over its layers of parallel / (tau - serial) (each layer's term only grows when the
-            # others' serial parts join its denominator), for compute, communication and memory alike:
-            # three additive bounds. Weighting each type's units by 1 / limit, the later layers need at
-            # least the suffix sum of their lightest type's weighted bound; what is left must cover it.
-            self.weights = 1.0 / np.maximum(self.limits, 1e-300)
-            self.solo = self._fractions(self.parts, self.fixed[:, None], self.split[:, None], types)  # [3, n, T]
-            lightest = np.where(problem.usable[None], self.solo * self.weights, np.inf).min(axis=2)  # [3, n]
-        self.later = np.concatenate([np.cumsum(lightest[:, ::-1], axis=1)[:, ::-1], np.zeros((3, 1))], axis=1)
+            self.alone = _replicas(self._need(alone, self.fixed[:, None], self.split[:, None], types))
         self.rows = np.arange(batch)
         self.used = np.zeros((batch, problem.n_types))  # units of the closed stages
         self.current = np.full(batch, -1)  # the open stage's type (-1 before the first layer)
@@ -77,19 +69,18 @@ class Headroom:
         self.memory = np.zeros((batch, 2))  # the open stage's fixed and split bytes
         self.closing: tuple | None = None  # (layer, *_ends(layer)) from the last allowed()
 
-    def _fractions(self, parts, fixed, split, types) -> np.ndarray:
-        """``[3, ...]``: the real replicas a stage's compute, communication and memory each need."""
-        return np.stack(
-            [
-                _fraction(parts[..., 0], parts[..., 1], self.tau),
-                _fraction(parts[..., 2], parts[..., 3], self.tau),
-                np.broadcast_to(_fraction(fixed, split, self.problem.memory[types]), parts.shape[:-1]),
-            ]
-        )
+    def _need(self, parts, fixed, split, types) -> np.ndarray:
+        """The real replicas a stage with these summed parts needs on ``types``: the most of what its
+        compute, its communication (serial and parallel halves interleaved in ``parts``) and its memory
+        each need."""
+        need = _fraction(parts[..., ::2], parts[..., 1::2], self.tau).max(axis=-1)
+        if self.memory_bound:
+            need = np.maximum(need, _fraction(fixed, split, self.problem.memory[types]))
+        return need
 
     def _ends(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """The open stage's lower bound if it ends before ``layer`` (replicas ``[B]``, its last
-        boundary's transfer added), and its fractions ``[3, B]`` if it takes ``layer`` instead."""
+        """The open stage's lower bounds ``[B]`` on its replicas if it ends before ``layer`` (its last
+        boundary's transfer added), and if it takes ``layer`` instead."""
         if self.closing is not None and self.closing[0] == layer:
             return self.closing[1], self.closing[2]
         cur = self.current
@@ -97,15 +88,15 @@ class Headroom:
         ends[0, :, 3] += self.transfer[layer, cur]
         here = np.array([[0.0, 0.0], [self.fixed[layer], self.split[layer]]])[:, None, :]
         memory = self.memory[None] + here
-        fractions = self._fractions(ends, memory[..., 0], memory[..., 1], cur)  # [3, 2, B]
-        self.closing = (layer, _replicas(fractions[:, 0]), fractions[:, 1])
+        closed, grown = _replicas(self._need(ends, memory[..., 0], memory[..., 1], cur))  # [2, B]
+        self.closing = (layer, closed, grown)
         return self.closing[1], self.closing[2]
 
     def allowed(self, layer: int) -> np.ndarray:
         """``[B, T]``: the types layer ``layer`` may take (its usable types, less those no completion fits)."""
         usable = self.problem.usable[layer]
         if layer == 0:
-            ok = usable & (self.alone[0] <= self.limits) & self._room_for_later(layer, self.solo[:, 0], None)[0]
+            ok = usable & (self.alone[0] <= self.limits)
             self.seen[:, 0] = ok if ok.any() else usable
             return self.seen[:, 0]
         cur, rows = self.current, self.rows
@@ -113,26 +104,10 @@ class Headroom:
             closed, grown = self._ends(layer)
             room = self.limits[cur] - self.used[rows, cur]
             ok = (self.used + self.alone[layer][None, :] <= self.limits) & (closed <= room)[:, None]
-            ok[rows, cur] = _replicas(grown) <= room
-            ok &= usable[None, :] & self._room_for_later(layer, grown, closed)
+            ok[rows, cur] = grown <= room
+            ok &= usable[None, :]
         self.seen[:, layer] = np.where(ok.any(axis=1)[:, None], ok, usable[None, :])
         return self.seen[:, layer]
-
-    def _room_for_later(self, layer: int, grown: np.ndarray, closed: np.ndarray | None) -> np.ndarray:
-        """``[B, T]``: after layer ``layer`` takes each type, do the units left cover the later layers'
-        weighted lower bound, by each of the three bounds? ``grown`` ``[3, B]``: the open stage's
-        fractions if it takes this layer; ``closed`` ``[B]``: its replicas if it ends before it."""
-        w, rows = self.weights, self.rows
-        spent = self.used @ w  # [B]
-        solo = self.solo[:, layer] * w  # [3, T]: taking another type opens a stage of this layer alone
-        if closed is None:  # the first layer: nothing is open
-            spent_new = spent[None, :, None] + solo[:, None, :]
-        else:
-            cur = self.current
-            spent_new = (spent + w[cur] * closed)[None, :, None] + solo[:, None, :]  # [3, B, T]
-            spent_new[:, rows, cur] = spent[None, :] + grown * w[cur][None, :]
-        left = (self.limits @ w - spent_new) * (1 + MARGIN)
-        return (left >= self.later[:, layer + 1][:, None, None]).all(axis=0)
 
     def take(self, layer: int, actions: np.ndarray) -> None:
         """Record layer ``layer``'s types ``[B]``."""

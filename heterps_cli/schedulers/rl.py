@@ -71,6 +71,11 @@ from heterps_cli.schedulers.scoring import (
 from heterps_cli.yamlio import write_atomic
 
 POLICY_FORMAT = "heterps-policy/1"
+# The limit mask (schedulers/headroom.py) up to this many layers. It costs about 50 us a layer of every
+# sampling step: at 1,000 layers under a 30 s limit it still paid (1,000 x 4 tight: a plan where there
+# was none; 1,000 x 3 memory: $5,736 instead of $12,464), at 2,000 x 3 under 20 s it left 18-20 training
+# steps instead of 25-26 and plans 40-120% dearer on three seeds.
+HEADROOM_LAYERS = 1000
 SEGMENT_SAMPLES = 65_536  # schedules x layers whose decoder activations a training pass holds at once
 
 
@@ -84,7 +89,7 @@ class Config(policy_gradient.Config):
     variants: int = POLICY_VARIANTS  # --policy-out: nearby models whose locally optimised plans the saved policy learns
     variant_spread: float = 0.1  # their per-layer times differ by up to this factor (log-uniform)
     generalise_epochs: int = 150
-    headroom: bool = True  # mask the types no completion of the schedule could fit in the limits
+    headroom: bool = True  # mask the types no completion could fit in the limits (up to HEADROOM_LAYERS)
 
 
 # -- policy ---------------------------------------------------------------------
@@ -420,10 +425,12 @@ def solve(
     policy_in = options.policy_in if options is not None else None
     policy_out = options.policy_out if options is not None else None
 
+    headroom = cfg.headroom and problem.n_layers <= HEADROOM_LAYERS
+
     def make_agent() -> Agent:
         if policy_in is not None:
-            return Agent(load_policy(policy_in, problem), problem, feats, mask, cfg.headroom)
-        return Agent(Policy(feats.shape[1], problem.n_types, cfg.hidden), problem, feats, mask, cfg.headroom)
+            return Agent(load_policy(policy_in, problem), problem, feats, mask, headroom)
+        return Agent(Policy(feats.shape[1], problem.n_types, cfg.hidden), problem, feats, mask, headroom)
 
     with policy_gradient.one_thread():
         # A warm-started policy skips pre-training: fitting the pool's elite would overwrite what the
