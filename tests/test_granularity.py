@@ -3,6 +3,8 @@ splitting at the modules a plan names."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
+from heterps_cli.profiling import measure
 from heterps_cli.profiling.granularity import blocks, breaks, chain_note, record_calls, use_layers
 from heterps_cli.profiling.measure import Model, layers_of, load_model
 from heterps_cli.runtime.chain import trace_chain
@@ -78,8 +81,7 @@ def test_run_splits_at_the_modules_the_plan_names():
 
 
 def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
-    """The leaf profile says which blocks break the chain; the block profile is a chain whose layers'
-    oct add up to a whole step within the profiler's usual tolerance (its view warns beyond 25%)."""
+    """The leaf profile says which blocks break the chain; the block profile is a chain of the blocks."""
     leaves, by_blocks = tmp_path / "leaves.yaml", tmp_path / "blocks.yaml"
     args = ["resnet", "--as", "cpu", "--batch-size", "8", "--link-gbps", "10"]
     result = runner.invoke(app, ["profile", *args, "--out", str(leaves)])
@@ -92,6 +94,24 @@ def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
     profile, _ = load_profile(str(by_blocks))
     assert [layer.name for layer in profile.layers][3:5] == ["3.0", "3.1"]
     assert "not a chain" not in by_blocks.read_text()
-    line = next(x for x in by_blocks.read_text().splitlines() if "whole-model forward+backward step" in x)
-    ratio = float(line.split("(ratio ")[1].split(":")[0])
-    assert 0.75 <= ratio <= 1.25, line
+
+
+def test_the_blocks_oct_add_up_to_a_whole_step():
+    """Within the profiler's usual tolerance (its view warns beyond 25%), as for a plain chain
+    (test_profile_command): up to three rounds, since one can be skewed by whatever else runs."""
+    model = load_model("resnet", 16, granularity="blocks")
+    calls = measure.trace(model)
+    assert len(calls) == 14
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ratios = []
+    try:
+        for _ in range(3):
+            layers = sum(statistics.median(measure.run_times(c, "cpu", 20)) for c in calls)
+            step = statistics.median(measure.step_times(model, "cpu", 20))
+            ratios.append(layers / step)
+            if 0.75 <= ratios[-1] <= 1.25:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    assert 0.75 <= ratios[-1] <= 1.25, ratios

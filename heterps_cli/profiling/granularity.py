@@ -91,6 +91,8 @@ def breaks(recorded: Calls, layers: dict[nn.Module, str]) -> list[tuple[str, str
         return [("", "its forward calls none of its layers")]
     seen: set[int] = set()
     previous: object = recorded.input
+    made_by: dict[int, str] = {id(recorded.input): "the model's input"}  # which layer returned each tensor
+    expected = "the model's input"
     for c in chosen:
         name = layers[c.module] or type(c.module).__name__.lower()
         if id(c.module) in seen:
@@ -100,10 +102,12 @@ def breaks(recorded: Calls, layers: dict[nn.Module, str]) -> list[tuple[str, str
         elif not isinstance(c.output, torch.Tensor):
             out.append((name, f"layer {name!r} returns a {type(c.output).__name__}, not one tensor"))
         elif c.tensors[0] is not previous:
-            before = "the model's input" if previous is recorded.input else "the output of the layer before"
-            out.append((name, f"layer {name!r} does not take {before}"))
+            source = made_by.get(id(c.tensors[0]))
+            fed = "a tensor computed between layers (an addition, say)" if source is None else source
+            out.append((name, f"layer {name!r} takes {fed}, not {expected}"))
         seen.add(id(c.module))
-        previous = c.output
+        previous, expected = c.output, f"the output of layer {name!r}"
+        made_by[id(c.output)] = expected
     if not out and recorded.result is not previous:
         last = layers[chosen[-1].module]
         out.append((last, f"the model does not return the output of its last layer {last!r}"))
