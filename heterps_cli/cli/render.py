@@ -424,8 +424,8 @@ def profile_view(measured, noisy_cv: float) -> Group:
             Text(
                 "the layers' sum is far from a whole step: code between modules (e.g. torch.cat, "
                 "indexing, residual adds) is in no layer, and a layer timed alone keeps its data in "
-                "cache where a whole step may not; a factory can return its own list of blocks to "
-                "profile instead",
+                "cache where a whole step may not; --granularity blocks (or a factory's own list of "
+                "blocks) profiles whole blocks instead",
                 style="yellow",
             )
         )
