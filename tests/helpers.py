@@ -109,3 +109,29 @@ def random_instance(rng: np.random.Generator, n: int, T: int, max_limit: int = 5
     prices = np.where(rng.random(T) < 0.1, 0.0, rng.uniform(0.01, 5.0, T)).round(4)
     limits = rng.integers(1, max_limit + 1, T)
     return oct_, odt, alpha, beta, runnable, prices, limits
+
+
+def layers_over_step(model) -> list[float]:
+    """Sum of the layers' median oct over a whole step's median (one thread, 20 runs each), up to
+    three rounds until one lands within 25%: one round can be skewed by whatever else the machine
+    runs meanwhile (seen once in a full-suite run); the claim is that a quiet round agrees."""
+    import statistics
+
+    import torch
+
+    from heterps_cli.profiling import measure
+
+    calls = measure.trace(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ratios: list[float] = []
+    try:
+        for _ in range(3):
+            layers = sum(statistics.median(measure.run_times(c, "cpu", 20)) for c in calls)
+            step = statistics.median(measure.step_times(model, "cpu", 20))
+            ratios.append(layers / step)
+            if 0.75 <= ratios[-1] <= 1.25:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    return ratios

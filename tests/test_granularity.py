@@ -3,8 +3,6 @@ splitting at the modules a plan names."""
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 import torch
 from torch import nn
@@ -17,6 +15,7 @@ from heterps_cli.profiling import measure
 from heterps_cli.profiling.granularity import blocks, breaks, chain_note, record_calls, use_layers
 from heterps_cli.profiling.measure import Model, layers_of, load_model
 from heterps_cli.runtime.chain import trace_chain
+from tests.helpers import layers_over_step
 
 runner = CliRunner()
 
@@ -97,21 +96,8 @@ def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
 
 
 def test_the_blocks_oct_add_up_to_a_whole_step():
-    """Within the profiler's usual tolerance (its view warns beyond 25%), as for a plain chain
-    (test_profile_command): up to three rounds, since one can be skewed by whatever else runs."""
+    """Within the profiler's usual tolerance (its view warns beyond 25%), as for a plain chain."""
     model = load_model("resnet", 16, granularity="blocks")
-    calls = measure.trace(model)
-    assert len(calls) == 14
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ratios = []
-    try:
-        for _ in range(3):
-            layers = sum(statistics.median(measure.run_times(c, "cpu", 20)) for c in calls)
-            step = statistics.median(measure.step_times(model, "cpu", 20))
-            ratios.append(layers / step)
-            if 0.75 <= ratios[-1] <= 1.25:
-                break
-    finally:
-        torch.set_num_threads(threads)
+    assert len(measure.trace(model)) == 14
+    ratios = layers_over_step(model)
     assert 0.75 <= ratios[-1] <= 1.25, ratios

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import statistics
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
 from heterps_cli.profiling import measure
 from heterps_cli.profiling.processes import combine
+from tests.helpers import layers_over_step
 
 runner = CliRunner()
 
@@ -105,22 +105,7 @@ def test_zoo_ctr_profiles(tmp_path):
 
 
 def test_sum_of_layer_times_matches_a_full_step():
-    model = measure.load_model("mlp", 256)
-    calls = measure.trace(model)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ratios = []
-    try:
-        # Up to three rounds: one round can be skewed by whatever else the machine runs meanwhile
-        # (seen once in a full-suite run); the claim is that a quiet round agrees.
-        for _ in range(3):
-            layers = sum(statistics.median(measure.run_times(c, "cpu", 20)) for c in calls)
-            step = statistics.median(measure.step_times(model, "cpu", 20))
-            ratios.append(layers / step)
-            if 0.75 <= ratios[-1] <= 1.25:
-                break
-    finally:
-        torch.set_num_threads(threads)
+    ratios = layers_over_step(measure.load_model("mlp", 256))
     assert 0.75 <= ratios[-1] <= 1.25, ratios
 
 
