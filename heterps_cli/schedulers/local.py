@@ -19,8 +19,9 @@ infeasible plans below them by how far they miss, so a walk can also climb
 into feasibility. :func:`kick` perturbs a schedule for iterated local search,
 and :func:`polish` runs the whole thing: a descent from each promising start,
 then kicks and descents from the best plan. Where limits bind so hard that no
-descent reaches a feasible plan, :func:`price_repair` gets there another way:
-it searches with the limits loosened and the overused types made dearer.
+descent reaches a feasible plan, or the best plan uses all of some type,
+:func:`price_repair` searches another way: with the limits loosened and the
+overused types made dearer.
 """
 
 from __future__ import annotations
@@ -245,9 +246,10 @@ def price_repair(
     the plan uses more of a type than the real limit, double that type's price
     and descend again from it, up to :data:`REPAIR_ROUNDS` times. ``check(row)``
     takes each round's plan to the real problem (:func:`polish` descends from
-    it by the shortfall, which closes a small overuse) and says whether a
-    feasible plan was found, which ends the repair; the relaxed scorings are
-    added to ``evaluate``'s count.
+    it by the shortfall, which closes a small overuse) and says whether it
+    found what the repair is for (a feasible plan, or one better than the best
+    so far), which ends the repair; the relaxed scorings are added to
+    ``evaluate``'s count.
     """
     prices, row = problem.prices.astype(float), np.asarray(start, dtype=np.int64)
     floor = 0.1 * max(float(prices.max()), 1e-9)  # a free type gets a price once it is overused
@@ -351,12 +353,16 @@ def polish(
         if stop() and best.schedule is not None:
             break
         descend(begin)
-    if best.schedule is None and problem.objective == "cost" and not stop():
-        report(f"{name}: no feasible plan yet · searching with the limits loosened and overused types dearer")
+    # The repair also runs when the best plan uses all of some type: on chain64x4-tight the policy's
+    # feasible samples (17-26% off) led the descents to plans 5.6-9.8% off, the repair to 3.0-6.4%.
+    binding = best.schedule is not None and bool((evaluate(best.schedule[None]).used[0] >= problem.limits).any())
+    if (best.schedule is None or binding) and problem.objective == "cost" and not stop():
+        report(f"{name}: searching with the limits loosened and overused types dearer")
+        before = best.key
 
         def check(row: np.ndarray) -> bool:
             improve(problem, row, scorer(soft=False), out_of_time=stop)  # the last few units, by shortfall
-            return best.schedule is not None
+            return best.key < before  # a (better) feasible plan
 
         price_repair(problem, polish_starts(problem, evaluate, reference, 1)[0], check, evaluate, stop)
     if best.schedule is None:
