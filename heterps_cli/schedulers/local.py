@@ -355,8 +355,11 @@ def polish(
         descend(begin)
     # The repair also runs when the best plan uses all of some type: on chain64x4-tight the policy's
     # feasible samples (17-26% off) led the descents to plans 5.6-9.8% off, the repair to 3.0-6.4%.
-    binding = best.schedule is not None and bool((evaluate(best.schedule[None]).used[0] >= problem.limits).any())
-    if (best.schedule is None or binding) and problem.objective == "cost" and not stop():
+    cost = problem.objective == "cost"
+    binding = (
+        cost and best.schedule is not None and bool((evaluate(best.schedule[None]).used[0] >= problem.limits).any())
+    )
+    if (best.schedule is None or binding) and cost and not stop():
         report(f"{name}: searching with the limits loosened and overused types dearer")
         before = best.key
 
