@@ -164,3 +164,22 @@ def test_rl_finds_a_feasible_plan_where_only_the_price_repair_leads_to_one():
     profile, cluster = paths("chain64x4-tight")
     plan = solve("rl", load_problem(str(profile), str(cluster)), seed=3)
     assert plan.feasible
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plans_on_binding_limits_hold_and_never_beat_brute_force(seed):
+    """Targets at 90% of the fastest plan within the limits, so the best plans use all of some type
+    and the polish runs the price repair on them too: what it reports holds by SPEC's figures and is
+    never cheaper than the brute-force optimum."""
+    arrays = random_instance(np.random.default_rng(50 + seed), 6, 3, max_limit=3)
+    fastest = brute_force(*arrays, 32, 1.0, objective="time")
+    assert fastest is not None
+    profile, cluster = instance_dicts(*arrays, min_throughput=0.9 * fastest[1])
+    problem = problem_from_dicts(profile, cluster)
+    optimum = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
+    assert optimum is not None
+    plan = solve("greedy", problem, seed=seed)
+    figures = spec_figures(profile, cluster, plan.to_dict())
+    assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
+    assert all(figures["resources"][t] <= cluster["resources"][t]["limit"] for t in figures["resources"])
+    assert plan.cost_usd >= optimum[0] * (1 - 1e-9)
