@@ -120,8 +120,8 @@ def test_reward_to_go_is_the_cost_of_the_stages_a_layer_can_change():
         evaluate = scoring.Evaluator(problem)
         scores = evaluate(schedules)
         reference = scoring.Reference.of(scores)
-        togo = scoring.rewards_to_go(problem, schedules, scores, reference)
         whole = scoring.rewards(problem, scores, reference)
+        togo = scoring.rewards_to_go(problem, schedules, scores, reference, whole)
         np.testing.assert_allclose(togo[:, 0], whole, rtol=1e-12)
         for b, row in enumerate(schedules):
             if not scores.feasible[b]:

@@ -367,21 +367,19 @@ def estimate_view(estimated, snippet: str) -> Group:
     table.add_column("type", no_wrap=True)
     for name in ("GFLOP", "MB moved", "kernels", "peak", "oct"):
         table.add_column(name, **number)
-    for x in estimated.estimates:
+    for layer, x in zip(estimated.layers, estimated.estimates):
         table.add_row(
-            Text(clip(x.name)),
-            Text(clip(x.kind)),
+            Text(clip(layer.name)),
+            Text(clip(layer.kind)),
             f"{x.work.flops / 1e9:.3g}",
             f"{x.work.bytes / 1e6:.3g}",
             str(x.work.kernels),
             x.peak,
-            _seconds(x.oct),
+            _seconds(layer.oct),
         )
-    total = sum(x.oct for x in estimated.estimates)
-    lines = [Text(f"sum of oct {_seconds(total)} per batch")]
+    lines = [Text(f"sum of oct {_seconds(estimated.total_oct)} per batch")]
     if estimated.calibrated_on:
-        factors = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(estimated.calibration.items()))
-        lines.append(Text(f"calibrated on {estimated.calibrated_on}: {factors}"))
+        lines.append(Text(f"calibrated on {estimated.calibrated_on}: {estimated.factors}"))
     lines += [Text(note, style="yellow") for note in estimated.notes]
     lines += [Text("for the cluster file (resources:):", style="dim"), Text(snippet)]
     return Group(table, *lines)

@@ -51,9 +51,10 @@ from heterps_cli.profiling.measure import (
     _tensors,
     bytes_of,
     kind,
+    layer_profile,
     model_error,
-    saved_bytes,
     traced,
+    weight_bytes,
 )
 from heterps_cli.progress import Progress, quiet
 
@@ -116,7 +117,7 @@ def work(call: Call) -> Work:
         outs = [o for o in _tensors(out) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-    weights = float(sum(p.numel() * p.element_size() for p in call.module.parameters()))
+    weights = weight_bytes(call.module)
     # A lookup (integer inputs: an embedding) reads only the rows it indexes and needs no input gradient,
     # so of its weights only the gradient's write is counted.
     lookup = not any(t.is_floating_point() for t in _tensors((call.args, call.kwargs)))
@@ -147,13 +148,11 @@ def roofline(w: Work, device: DeviceSpec, peak: str, efficiency: float, memory_e
 
 @dataclass
 class Estimate:
-    """One layer's estimate: its work, the peak it runs at, its time and how it was found."""
+    """How one layer's time was found (the time itself is its LayerProfile's oct): its work, the peak
+    it runs at, and the compute efficiency applied (after calibration)."""
 
-    name: str
-    kind: str
     work: Work
     peak: str
-    oct: float
     efficiency: float
 
 
@@ -166,12 +165,21 @@ class Estimated:
     device: str  # catalogue name
     spec: DeviceSpec
     batch_size: int
-    layers: list  # LayerProfile, as measure() gives them
-    estimates: list[Estimate]
+    layers: list[LayerProfile]  # as measure() gives them
+    estimates: list[Estimate]  # one per layer
     calibration: dict[str, float] = field(default_factory=dict)  # kind -> factor on the time
     calibrated_on: str | None = None  # "path (device)"
     catalogue: str = "built in"
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_oct(self) -> float:
+        return sum(layer.oct for layer in self.layers)
+
+    @property
+    def factors(self) -> str:
+        """The calibration's factors per kind, as the file and the view show them."""
+        return ", ".join(f"{k} x{v:.3g}" for k, v in sorted(self.calibration.items()))
 
 
 def catalogue_device(catalogue: Catalogue, name: str, path: str, option: str) -> DeviceSpec:
@@ -189,10 +197,14 @@ def _efficiency(catalogue: Catalogue, layer_kind: str) -> float:
     return catalogue.efficiency.get(layer_kind, catalogue.efficiency["other"])
 
 
-def _time(w: Work, call: Call, layer_kind: str, device: DeviceSpec, catalogue: Catalogue, factor: float = 1.0):
+def _core(w: Work, call: Call, layer_kind: str, device: DeviceSpec, catalogue: Catalogue) -> tuple[str, float]:
+    """The peak the layer runs at on ``device``, and its roofline time with the catalogue's efficiencies."""
     peak = precision(call, layer_kind, device)
-    core = roofline(w, device, peak, _efficiency(catalogue, layer_kind), catalogue.memory_efficiency)
-    return peak, core * factor + w.kernels * device.launch_us * 1e-6
+    return peak, roofline(w, device, peak, _efficiency(catalogue, layer_kind), catalogue.memory_efficiency)
+
+
+def _launch(w: Work, device: DeviceSpec) -> float:
+    return w.kernels * device.launch_us * 1e-6
 
 
 def fit(
@@ -203,16 +215,9 @@ def fit(
     ratios: dict[str, list[float]] = {}
     for call, w in zip(calls, works):
         layer_kind = kind(call.module)
-        core = roofline(
-            w,
-            device,
-            precision(call, layer_kind, device),
-            _efficiency(catalogue, layer_kind),
-            catalogue.memory_efficiency,
-        )
-        floor = w.kernels * device.launch_us * 1e-6
+        _, core = _core(w, call, layer_kind, device, catalogue)
         if core > 0:
-            ratios.setdefault(layer_kind, []).append(max(measured[call.name] - floor, 0.0) / core)
+            ratios.setdefault(layer_kind, []).append(max(measured[call.name] - _launch(w, device), 0.0) / core)
     factors = {k: max(statistics.median(v), 1e-3) for k, v in ratios.items()}
     everything = [r for v in ratios.values() for r in v]
     factors["other"] = max(statistics.median(everything), 1e-3) if everything else 1.0
@@ -297,25 +302,11 @@ def estimate(
     network = device.network_gbps * 1e9 / 8
     for call, w in zip(calls, works):
         layer_kind = kind(call.module)
-        factor = factors.get(layer_kind, factors.get("other", 1.0)) if factors else 1.0
-        peak, seconds = _time(w, call, layer_kind, device, catalogue, factor)
-        weights = float(sum(p.numel() * p.element_size() for p in call.module.parameters()))
-        layers.append(
-            LayerProfile(
-                call.name,
-                layer_kind,
-                bytes_of((call.args, call.kwargs)) / B0,
-                weights,
-                seconds,
-                weights / network,
-                ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER),
-                0.0,
-                0.0,
-                activation_size=saved_bytes(call, "cpu") / B0,
-                sharded=bool(getattr(call.module, "heterps_sharded", False)),
-            )
-        )
-        estimates.append(Estimate(call.name, layer_kind, w, peak, seconds, _efficiency(catalogue, layer_kind) / factor))
+        factor = factors.get(layer_kind, factors["other"]) if factors else 1.0
+        peak, core = _core(w, call, layer_kind, device, catalogue)
+        alpha = ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER)
+        layers.append(layer_profile(call, B0, core * factor + _launch(w, device), network, alpha, "cpu"))
+        estimates.append(Estimate(w, peak, _efficiency(catalogue, layer_kind) / factor))
     report("done", completed=len(calls), total=len(calls))
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(

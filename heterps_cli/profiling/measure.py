@@ -668,10 +668,44 @@ def _time_layers(
     return times
 
 
+def weight_bytes(module: nn.Module) -> float:
+    return float(sum(p.numel() * p.element_size() for p in module.parameters()))
+
+
+def layer_profile(
+    call: Call,
+    B0: int,
+    oct_: float,
+    bandwidth: float,
+    alpha: float,
+    device: str,
+    *,
+    cv: float = 0.0,
+    estimated: dict[str, str] | None = None,
+    residual: float | None = None,
+) -> LayerProfile:
+    """A layer's profile from its time and alpha: its sizes and section 1b fields from the recorded call,
+    odt its gradient all-reduce (as big as its weights) over ``bandwidth`` bytes/s, beta 0 (derived)."""
+    weights = weight_bytes(call.module)
+    return LayerProfile(
+        call.name,
+        kind(call.module),
+        bytes_of((call.args, call.kwargs)) / B0,
+        weights,
+        oct_,
+        weights / bandwidth,
+        alpha,
+        0.0,
+        cv,
+        estimated or {},
+        residual,
+        activation_size=saved_bytes(call, device) / B0,
+        sharded=bool(getattr(call.module, "heterps_sharded", False)),
+    )
+
+
 def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str, cores: int) -> LayerProfile:
     k = kind(call.module)
-    act = bytes_of((call.args, call.kwargs))
-    weights = float(sum(p.numel() * p.element_size() for p in call.module.parameters()))
     oct_ = statistics.median(times)
     cv = statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
     estimated = {}
@@ -698,21 +732,7 @@ def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: st
     if alpha is None:
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
     estimated["beta"] = "derived: odt is the gradient all-reduce, which does not shrink with more replicas"
-    return LayerProfile(
-        call.name,
-        k,
-        act / B0,
-        weights,
-        oct_,
-        weights / bandwidth,
-        alpha,
-        0.0,
-        cv,
-        estimated,
-        residual,
-        activation_size=saved_bytes(call, device) / B0,
-        sharded=bool(getattr(call.module, "heterps_sharded", False)),
-    )
+    return layer_profile(call, B0, oct_, bandwidth, alpha, device, cv=cv, estimated=estimated, residual=residual)
 
 
 def saved_bytes(call: Call, device: str) -> float:

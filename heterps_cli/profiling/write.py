@@ -122,11 +122,10 @@ def estimated_text(e: Estimated) -> str:
         f"flops, bytes and kernels of each layer's forward+backward counted on the cpu, batch {e.batch_size}",
         "odt: gradient all-reduce bytes per batch (as big as the weights) / the device's network bandwidth",
         "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
-        f"sum of the layers' oct {sum(x.oct for x in e.estimates):.4g} s",
+        f"sum of the layers' oct {e.total_oct:.4g} s",
     ]
     if e.calibrated_on:
-        factors = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(e.calibration.items()))
-        header.append(f"calibrated on {e.calibrated_on}: measured / roofline time per kind, {factors}")
+        header.append(f"calibrated on {e.calibrated_on}: measured / roofline time per kind, {e.factors}")
     header += e.notes
     rows = []
     for layer, x in zip(e.layers, e.estimates):

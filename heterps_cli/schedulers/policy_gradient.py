@@ -221,7 +221,7 @@ def train(
                 learned.offer(problem, schedules, scores)
             reward = rewards(problem, scores, reference)
             if logp.dim() == 2 and cfg.credit_to_go and problem.objective == "cost":
-                advantage = rank_advantage(rewards_to_go(problem, schedules, scores, reference))
+                advantage = rank_advantage(rewards_to_go(problem, schedules, scores, reference, reward))
                 loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
             else:
                 logp = logp.sum(dim=1) if logp.dim() == 2 else logp

@@ -272,14 +272,22 @@ def rewards(problem: Problem, scores: Provisioned, reference: Reference, soft: b
             ratio = reference.throughput / scores.throughput + TIE_BREAK * scores.cost / reference.cost
         else:
             ratio = scores.cost / reference.cost
-    quality = -np.minimum(np.nan_to_num(ratio, nan=CAP, posinf=CAP), CAP)
+    quality = _capped(ratio)
     if soft:
         return quality - 3.0 * shortfall(problem, scores)
     return np.where(scores.feasible, quality, -CAP - 1.0 - shortfall(problem, scores))
 
 
-def rewards_to_go(problem: Problem, schedules: np.ndarray, scores: Provisioned, reference: Reference) -> np.ndarray:
-    """``[B, n]``: per layer, the reward of the part of the plan its type choice can change.
+def _capped(ratio: np.ndarray) -> np.ndarray:
+    """A feasible plan's reward from its ratio to the reference: ``-ratio``, never below ``-CAP``."""
+    return -np.minimum(np.nan_to_num(ratio, nan=CAP, posinf=CAP), CAP)
+
+
+def rewards_to_go(
+    problem: Problem, schedules: np.ndarray, scores: Provisioned, reference: Reference, whole: np.ndarray
+) -> np.ndarray:
+    """``[B, n]``: per layer, the reward of the part of the plan its type choice can change; ``whole``
+    is the plans' :func:`rewards` (the training loop has it already).
 
     Layer ``i``'s choice decides whether it joins layer ``i - 1``'s stage, so it
     changes that stage and every later one, never the stages before. A feasible
@@ -297,8 +305,7 @@ def rewards_to_go(problem: Problem, schedules: np.ndarray, scores: Provisioned, 
     owner = np.concatenate([np.zeros((B, 1), dtype=np.int64), sid[:, :-1]], axis=1)  # layer i - 1's stage
     with np.errstate(divide="ignore", invalid="ignore"):
         cost = problem.work / 3600.0 / scores.throughput[:, None] * np.take_along_axis(togo, owner, axis=1)
-    whole = rewards(problem, scores, reference)
-    quality = -np.minimum(np.nan_to_num(cost / reference.cost, nan=CAP, posinf=CAP), CAP)
+        quality = _capped(cost / reference.cost)
     return np.where(scores.feasible[:, None], quality, whole[:, None])
 
 
