@@ -267,6 +267,12 @@ def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, 
     return k, ok
 
 
+# fastest_replicas bisects to this relative width, then jumps exactly to the fastest plan: the answer is the
+# same at any width (checked on 2,000 random schedules of each benchmark instance, from 1e-13 to 1e-2), the
+# time is not (1e-13: 1.14 s for those schedules; 1e-6: 0.59 s; 1e-2: 10 s, each jump adds just one replica).
+BRACKET = 1e-6
+
+
 def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     """Per schedule, the replicas of its fastest plan within the limits, cheapest among the fastest.
 
@@ -283,7 +289,7 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     hi = stage_throughputs(problem, stages, problem.limits[stages.type].astype(float)).min(axis=1)
     hi = np.maximum(hi, lo)
     for _ in range(80):
-        open_ = fits & (hi > lo * (1 + 1e-13))
+        open_ = fits & (hi > lo * (1 + BRACKET))
         if not open_.any():
             break
         mid = np.sqrt(lo * hi)

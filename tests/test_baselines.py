@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -183,3 +184,62 @@ def test_plans_on_binding_limits_hold_and_never_beat_brute_force(seed):
     assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
     assert all(figures["resources"][t] <= cluster["resources"][t]["limit"] for t in figures["resources"])
     assert plan.cost_usd >= optimum[0] * (1 - 1e-9)
+
+
+def _stage_list(schedule):
+    bounds = [0, *(np.flatnonzero(np.diff(schedule)) + 1).tolist(), len(schedule)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def test_a_kick_recolours_one_run_or_makes_two_stages_trade_types():
+    _, _, _, problem = _instance(seed=9, n=12, T=3)
+    rng = np.random.default_rng(0)
+    schedule = np.array([0, 0, 1, 1, 1, 2, 2, 0, 0, 0, 1, 2])
+    schedule = np.where(problem.runnable[np.arange(12), schedule], schedule, problem.runnable.argmax(axis=1))
+    stages = _stage_list(schedule)
+    trades = runs = 0
+    for _ in range(300):
+        row = local.kick(problem, schedule, rng)
+        assert problem.runnable[np.arange(12), row].all()
+        changed = np.flatnonzero(row != schedule)
+        whole = [(a, z) for a, z in stages if (row[a:z] != schedule[a:z]).any()]
+        if (
+            len(whole) == 2
+            and all((row[a:z] == row[a]).all() for a, z in whole)
+            and row[whole[0][0]] == schedule[whole[1][0]]
+            and row[whole[1][0]] == schedule[whole[0][0]]
+        ):
+            trades += 1
+        else:
+            assert changed.size and changed[-1] - changed[0] < 8 and len(set(row[changed])) == 1  # within 2..8 layers
+            runs += 1
+    assert trades > 50 and runs > 50
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_window_search_finds_at_least_the_best_plan_of_three_stages(seed):
+    """With the whole model inside one window, window_search tries every schedule of up to three stages:
+    its plan is at least as cheap as the best of them by enumeration, and holds by SPEC's figures."""
+    n = 7
+    arrays = random_instance(np.random.default_rng(80 + seed), n, 3, max_limit=3)
+    few = [s for s in itertools.product(range(3), repeat=n) if len(_stage_list(np.array(s))) <= 3]
+    fastest = brute_force(*arrays, 32, 1.0, objective="time", schedules=few)
+    assert fastest is not None
+    # 90% of the fastest such plan: the limits bind, and the cheapest plans are not the fastest
+    profile, cluster = instance_dicts(*arrays, min_throughput=0.9 * fastest[1])
+    problem = problem_from_dicts(profile, cluster)
+    best = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput, schedules=few)
+    assert best is not None
+    evaluate = scoring.Evaluator(problem)
+    start = greedy.rule_schedule(problem)
+    # The reward's scale, as the schedulers set it: from a pool of random schedules (with only the greedy
+    # rule's and the heuristics', every plan here can be over CAP times the scale, and all rank equal)
+    pool = scoring.random_schedules(problem, 256, np.random.default_rng(seed))
+    reference = scoring.Reference.of(evaluate(np.concatenate([start[None], pool])))
+    row, _ = local.window_search(problem, start, lambda rows: scoring.rewards(problem, evaluate(rows), reference))
+    scores = evaluate(row[None])
+    assert scores.feasible[0] and scores.cost[0] <= best[0] * (1 + 1e-9)
+    plan = make_plan(problem, row, scores.replicas[0][scores.replicas[0] > 0], scheduler="test")
+    figures = spec_figures(profile, cluster, plan.to_dict())
+    assert math.isclose(figures["cost_usd"], plan.cost_usd, rel_tol=1e-9)
+    assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
