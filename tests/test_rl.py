@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -327,3 +328,33 @@ def test_a_tampered_policy_file_is_refused_before_a_network_is_built(tmp_path, t
     result = runner.invoke(app, ["plan", CTR, PAPER, "--policy-in", str(policy), "--steps", "1"])
     assert result.exit_code == 2, result.output
     assert f"policy.pt: not a heterps policy file: {message}" in result.stderr, result.stderr
+
+
+def test_a_stalled_agent_restarts_and_the_run_stays_deterministic(monkeypatch):
+    """On a small model the agent's best comes within a few steps; 20 steps later a new agent starts
+    (from a new pool), at most once per 20 steps, and a rerun with the seed gives the same plan."""
+    arrays, problem = _problem(seed=2, n=5, T=2)
+
+    def run() -> tuple[list[str], list[float], float]:
+        messages: list[str] = []
+        curve: list[float] = []
+        plan = rl.solve(
+            problem,
+            seed=4,
+            options=SolveOptions(steps=70, batch=8),
+            progress=lambda message, **_: messages.append(message),
+            on_step=lambda step, key: curve.append(key),
+        )
+        return messages, curve, plan.cost_usd
+
+    messages, curve, cost = run()
+    restarts = sum("starting a new agent" in m for m in messages)
+    assert 1 <= restarts <= 70 // rl.Config().restart_after
+    assert curve == sorted(curve, reverse=True), "the policy's best never gets worse across a restart"
+    assert run() == (messages, curve, cost)
+    expected = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
+    assert expected is not None and math.isclose(cost, expected[0], rel_tol=1e-9)
+
+    original = rl.Config
+    monkeypatch.setattr(rl, "Config", lambda: dataclasses.replace(original(), restart_after=0))
+    assert not any("starting a new agent" in m for m in run()[0])

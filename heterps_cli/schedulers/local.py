@@ -18,10 +18,11 @@ The search climbs a score that ranks feasible plans by the objective and
 infeasible plans below them by how far they miss, so a walk can also climb
 into feasibility. :func:`kick` perturbs a schedule for iterated local search,
 and :func:`polish` runs the whole thing: a descent from each promising start,
-then kicks and descents from the best plan. Where limits bind so hard that no
-descent reaches a feasible plan, or the best plan uses all of some type,
-:func:`price_repair` searches another way: with the limits loosened and the
-overused types made dearer.
+then kicks and descents from the best plan, then :func:`window_search`, which
+re-plans every window of :data:`WINDOW` layers in every way with up to three
+stages inside. Where limits bind so hard that no descent reaches a feasible
+plan, or the best plan uses all of some type, :func:`price_repair` searches
+another way: with the limits loosened and the overused types made dearer.
 """
 
 from __future__ import annotations

@@ -12,10 +12,12 @@ samples); this module trains it against the cost model and returns the best plan
   what was learned from being lost to noise), and gradient clipping. Each batch
   is scored in one vectorised call, each distinct schedule once. An agent with
   per-layer log-probabilities may take per-layer credit (``credit_to_go``) and
-  imitate the least infeasible sample while none is feasible (``imitate_leader``):
-  rl does both, tapp neither.
+  imitate the least infeasible sample while none is feasible (``imitate_leader``),
+  and be replaced by a new agent, pre-trained on a new pool, once its samples stop
+  improving (``restart_after``): rl does all three, tapp none.
 * **polish**: the agent's greedy decode is scored, then a local search runs from
-  the most promising schedules seen (more kicks when no feasible plan was sampled).
+  the most promising schedules seen (more kicks when no feasible plan was sampled),
+  ending with a re-plan of every window of layers (:func:`~heterps_cli.schedulers.local.window_search`).
 
 The best feasible plan ever scored is kept throughout. Ctrl-C or the time limit
 ends a phase early and keeps that plan; the run's notes say so.
@@ -43,6 +45,7 @@ from heterps_cli.schedulers.optimiser import Adam
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
+    Provisioned,
     Reference,
     deadline,
     heuristic_schedules,
@@ -81,6 +84,9 @@ class Config:
     credit_to_go: bool = False
     # While no plan is feasible, imitate the least infeasible schedule sampled so far.
     imitate_leader: bool = False
+    # Start a new agent (a new pool, pre-trained again) once the agent's samples have not improved on
+    # its own best for this many steps, while as many steps remain (0: never).
+    restart_after: int = 0
 
 
 class Agent(Protocol):
@@ -183,18 +189,16 @@ def train(
     # schedules took 18 s to provision, and random ones that long are poor targets anyway. Up to
     # 244 layers (every benchmark instance) the pool is cfg.pool, as before.
     size = min(cfg.pool, max(64, POOL_LAYERS // problem.n_layers))
-    pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, size, rng)])
-    scores = evaluate(pool)
-    best.offer(problem, pool, scores)
-    reference = Reference.of(scores)
-    pool_reward = rewards(problem, scores, reference)
-    elite = torch.from_numpy(pool[np.argsort(-pool_reward, kind="stable")[: max(8, len(pool) // 20)]])
-    run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
-    batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
-    # On thousands of layers one step takes seconds: a step that the last one's duration says
-    # would end past the time limit is not started. Before the first training step, the last
-    # pre-training step (a pass over the elite) scaled to the batch stands in for it.
-    try:
+
+    def draw_pool() -> tuple[np.ndarray, Provisioned]:
+        pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, size, rng)])
+        scores = evaluate(pool)
+        best.offer(problem, pool, scores)
+        return pool, scores
+
+    def pretrain_on(pool: np.ndarray, pool_reward: np.ndarray, completed: int = 0) -> float:
+        """Fit the agent to the pool's elite; the seconds a training step may take, by the last one's."""
+        elite = torch.from_numpy(pool[np.argsort(-pool_reward, kind="stable")[: max(8, len(pool) // 20)]])
         took = 0.0
         for step in range(cfg.pretrain_steps if pretrain else 0):
             if run.out_of_time(took):
@@ -203,20 +207,51 @@ def train(
             began = time.perf_counter()
             step_on(-agent.log_prob(elite).mean())
             took = time.perf_counter() - began
-            report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=0, total=cfg.steps)
+            report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=completed, total=cfg.steps)
+        return took * batch / len(elite)
+
+    pool, scores = draw_pool()
+    reference = Reference.of(scores)
+    pool_reward = rewards(problem, scores, reference)
+    run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
+    batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
+    # On thousands of layers one step takes seconds: a step that the last one's duration says
+    # would end past the time limit is not started. Before the first training step, the last
+    # pre-training step (a pass over the elite) scaled to the batch stands in for it.
+    try:
+        took = pretrain_on(pool, pool_reward)
 
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
-        took *= batch / len(elite)
         leader, leader_reward = pool[int(np.argmax(pool_reward))], float(np.max(pool_reward))
+        # The agent's own best, since it started: what it imitates, and what a restart waits on.
+        own = Best(problem.objective)
+        own.offer(problem, pool, scores)
+        own_key, improved = own.key, 0
         for step in range(cfg.steps):
             if run.out_of_time(took):
                 run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
                 break
+            if cfg.restart_after and step - improved >= cfg.restart_after and cfg.steps - step >= cfg.restart_after:
+                # Measured: the agent's best comes by step 5-20 and then stays to step 120 (chain64x2,
+                # chain64x3, chain32x2-tight); a new agent from a new pool often finds another stage structure.
+                report(f"{name}: no better sample in {cfg.restart_after} steps, starting a new agent")
+                agent = make_agent()
+                optimiser = Adam(agent.parameters(), lr=cfg.lr)
+                pool, scores = draw_pool()
+                pool_reward = rewards(problem, scores, reference)
+                pretrain_on(pool, pool_reward, completed=step)
+                leader, leader_reward = pool[int(np.argmax(pool_reward))], float(np.max(pool_reward))
+                own = Best(problem.objective)
+                own.offer(problem, pool, scores)
+                own_key, improved = own.key, step
             began = time.perf_counter()
             actions, logp, entropy = agent.sample(batch, generator)
             schedules = actions.numpy()
             scores = evaluate(schedules)
             best.offer(problem, schedules, scores)
+            own.offer(problem, schedules, scores)
+            if own.key < own_key:
+                own_key, improved = own.key, step
             if on_step is not None:
                 learned.offer(problem, schedules, scores)
             reward = rewards(problem, scores, reference)
@@ -230,7 +265,7 @@ def train(
             loss = loss - beta * entropy.mean()
             if reward.max() > leader_reward:
                 leader, leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
-            model = best.schedule if best.schedule is not None or not cfg.imitate_leader else leader
+            model = own.schedule if own.schedule is not None or not cfg.imitate_leader else leader
             if model is not None and cfg.imitation > 0:
                 loss = loss - cfg.imitation * agent.log_prob(torch.from_numpy(model)[None]).mean()
             step_on(loss)
