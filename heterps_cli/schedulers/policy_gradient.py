@@ -222,10 +222,14 @@ def train(
         took = pretrain_on(pool, pool_reward)
 
         # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
-        leader, leader_reward = pool[int(np.argmax(pool_reward))], float(np.max(pool_reward))
-        # The agent's own best, since it started: what it imitates, and what a restart waits on.
-        own = Best(problem.objective)
-        own.offer(problem, pool, scores)
+        def begin(pool: np.ndarray, scores: Provisioned, pool_reward: np.ndarray) -> tuple[np.ndarray, float, Best]:
+            """The pool's best-rewarded schedule, its reward, and the agent's own best since it
+            started (with its pool): what it imitates, and what a restart waits on."""
+            own = Best(problem.objective)
+            own.offer(problem, pool, scores)
+            return pool[int(np.argmax(pool_reward))], float(np.max(pool_reward)), own
+
+        leader, leader_reward, own = begin(pool, scores, pool_reward)
         own_key, improved = own.key, 0
         for step in range(cfg.steps):
             if run.out_of_time(took):
@@ -240,9 +244,7 @@ def train(
                 pool, scores = draw_pool()
                 pool_reward = rewards(problem, scores, reference)
                 pretrain_on(pool, pool_reward, completed=step)
-                leader, leader_reward = pool[int(np.argmax(pool_reward))], float(np.max(pool_reward))
-                own = Best(problem.objective)
-                own.offer(problem, pool, scores)
+                leader, leader_reward, own = begin(pool, scores, pool_reward)
                 own_key, improved = own.key, step
             began = time.perf_counter()
             actions, logp, entropy = agent.sample(batch, generator)
@@ -296,6 +298,7 @@ def train(
             starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
             kicks=cfg.kicks,
             extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
+            windows=True,
             out_of_time=run.out_of_time,
             progress=report,
             name=name,
