@@ -243,3 +243,11 @@ def test_window_search_finds_at_least_the_best_plan_of_three_stages(seed):
     figures = spec_figures(profile, cluster, plan.to_dict())
     assert math.isclose(figures["cost_usd"], plan.cost_usd, rel_tol=1e-9)
     assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
+
+
+def test_window_ways_are_counted_before_any_is_built():
+    for width, types, cuts in [(14, 3, 2), (14, 4, 2), (7, 2, 1), (5, 3, 0), (1, 3, 2)]:
+        patterns = local._patterns(width, types, cuts)
+        assert local._ways(width, types, cuts) == len(patterns) == len(np.unique(patterns, axis=0))
+        assert all(len(_stage_list(row)) <= cuts + 1 for row in patterns)
+    assert local._ways(local.WINDOW, 100, 2) > local.WINDOW_ROWS  # so window_search never builds those

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -190,7 +191,12 @@ def improve(
 
 
 WINDOW = 14  # window_search: layers re-planned at once
-WINDOW_ROWS = 200_000  # ... with up to 2 changes of type inside while windows x patterns stay under this, else 1
+WINDOW_ROWS = 200_000  # ... with up to 2 changes of type inside while windows x ways stay under this, else fewer
+
+
+def _ways(width: int, n_types: int, cuts: int) -> int:
+    """How many rows :func:`_patterns` has."""
+    return sum(math.comb(width - 1, k) * n_types * (n_types - 1) ** k for k in range(cuts + 1))
 
 
 @functools.lru_cache(maxsize=8)
@@ -213,8 +219,9 @@ def window_search(
     out_of_time: Callable[[], bool] = lambda: False,
 ) -> tuple[np.ndarray, float]:
     """Re-plan every window of :data:`WINDOW` consecutive layers in every way with up to three stages
-    inside (two where that many ways over all windows would pass :data:`WINDOW_ROWS`: many types or
-    layers), take the best improvement and descend from it (:func:`improve`); repeat until none improves.
+    inside (fewer where that many ways over all windows would pass :data:`WINDOW_ROWS`: many types or
+    layers; none past it with one), take the best improvement and descend from it (:func:`improve`);
+    repeat until none improves.
 
     Where limits bind, a cheaper plan can differ from a local optimum by three stages at once (on
     chain64x3-bandwidth: cpu | a100 x9 | v100 x4 where the optimum has v100 x4 | cpu x4 | v100 x6),
@@ -222,11 +229,13 @@ def window_search(
     n, T = problem.n_layers, problem.n_types
     width = min(WINDOW, n)
     starts = n - width + 1
-    patterns = _patterns(width, T, 2)
-    if starts * len(patterns) > WINDOW_ROWS:
-        patterns = _patterns(width, T, 1)
     current = np.asarray(schedule, dtype=np.int64)
     value = float(score(current[None])[0])
+    # Counted before any is built: 14 layers on 100 types with two changes is 76 million ways.
+    fitting = [c for c in (2, 1, 0) if starts * _ways(width, T, c) <= WINDOW_ROWS]
+    if not fitting:
+        return current, value
+    patterns = _patterns(width, T, fitting[0])
     per_batch = max(1, MOVE_BYTES // (8 * n * len(patterns)))
     while not out_of_time():
         found, found_value = None, value + 1e-12 * abs(value)
