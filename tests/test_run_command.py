@@ -341,3 +341,29 @@ def test_a_worker_that_raises_is_named_with_its_error(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "worker rank 1 (stage 1, replica 1 of 1, cpu2 on cpu) failed" in done.stderr
     assert "the second stage broke" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_worker_that_ends_while_the_launcher_looks_is_not_taken_for_a_success():
+    """A worker's exit code can change between two readings (its sentinel fires a moment before it is
+    reaped): the launcher reads each once, so one that failed is kept until seen failing, never dropped."""
+    from heterps_cli.runtime.launch import _still_running
+
+    class Ending:
+        """A process whose exit code is None at the first reading and ``code`` after it."""
+
+        def __init__(self, code):
+            self.code, self.read = code, 0
+
+        @property
+        def exitcode(self):
+            self.read += 1
+            return None if self.read == 1 else self.code
+
+    pending = {0: Ending(1), 1: Ending(1)}
+    failed, still = _still_running(pending)
+    assert not failed and set(still) == {0, 1}, "both were running when read"
+    failed, still = _still_running(still)
+    assert failed and still == {}
+    done, still = _still_running({0: Ending(0)})
+    assert not done and set(still) == {0}
+    assert _still_running(still) == (False, {})

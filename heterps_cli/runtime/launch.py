@@ -79,6 +79,18 @@ def _failure(process, rank: int, cfg: RunConfig, out: Path) -> tuple[int, str]:
     return 0, f"{_describe(rank, cfg)} exited with code {code}"
 
 
+def _still_running(pending: dict) -> tuple[bool, dict]:
+    """Whether any of ``pending`` failed, and those still running, from one reading of each exit code.
+
+    Read twice, a worker that ended between the readings was dropped as if it had succeeded (its
+    sentinel fires as its pipes close, a moment before it can be reaped), and when every rank went
+    that way the launcher looked for a result that was never written: an internal error instead of
+    the failing worker's message (seen once in CI, with both cores busy)."""
+    codes = {r: p.exitcode for r, p in pending.items()}
+    failed = any(code not in (None, 0) for code in codes.values())
+    return failed, {r: p for r, p in pending.items() if codes[r] is None}
+
+
 def _stop(processes: list) -> None:
     for p in processes:
         if p.is_alive():
@@ -115,13 +127,12 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
             pending = dict(enumerate(processes))
             while pending:
                 wait([p.sentinel for p in pending.values()], timeout=1.0)
-                failed = [(r, p) for r, p in pending.items() if p.exitcode not in (None, 0)]
-                if failed:
+                any_failed, pending = _still_running(pending)
+                if any_failed:
                     time.sleep(0.2)  # let the echoes of a failure land, so the root cause can be told apart
                     failed = [(r, p) for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
                     causes = sorted(_failure(p, r, cfg, out) for r, p in failed)
                     raise InputError(None, None, None, causes[0][1])
-                pending = {r: p for r, p in pending.items() if p.exitcode is None}
             return json.loads((out / "result.json").read_text())
         finally:
             _stop(processes)
