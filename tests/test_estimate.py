@@ -167,21 +167,20 @@ def test_a_bad_catalogue_names_its_file_line_and_field(tmp_path):
     assert f"devices.yaml:{line}: devices.a100-80gb.memory_gbps" in result.output.replace("\n", " ")
 
 
-def test_calibrating_with_another_models_profile_is_refused(tmp_path):
-    other = tmp_path / "vgg.yaml"
-    _cli(["vgg16", "--as", "cpu", "--estimate", "cpu", "--batch-size", "2", "--out", str(other)])
+@pytest.mark.parametrize(
+    "model,batch,expected",
+    [
+        ("vgg16", "2", ["calibrate with a measured profile of the same model"]),
+        ("mlp", "8", ["other.yaml:", "measured at batch size 8, the estimate is for 4"]),
+    ],
+    ids=["another-model", "another-batch-size"],
+)
+def test_calibrating_with_a_profile_of_another_model_or_batch_size_is_refused(tmp_path, model, batch, expected):
+    other = tmp_path / "other.yaml"
+    _cli([model, "--as", "cpu", "--estimate", "cpu", "--batch-size", batch, "--out", str(other)])
     result = _cli(
         ["mlp", "--as", "a", "--estimate", "t4", "--batch-size", "4", "--calibrate", str(other), "--out", "-"],
         expect=2,
     )
-    assert "calibrate with a measured profile of the same model" in result.output.replace("\n", " ")
-
-
-def test_calibrating_with_a_profile_of_another_batch_size_is_refused(tmp_path):
-    other = tmp_path / "b8.yaml"
-    _cli(["mlp", "--as", "cpu", "--estimate", "cpu", "--batch-size", "8", "--out", str(other)])
-    result = _cli(
-        ["mlp", "--as", "a", "--estimate", "t4", "--batch-size", "4", "--calibrate", str(other), "--out", "-"],
-        expect=2,
-    )
-    assert "b8.yaml:" in result.output and "measured at batch size 8, the estimate is for 4" in result.output
+    output = result.output.replace("\n", " ")
+    assert all(text in output for text in expected), output

@@ -386,12 +386,10 @@ class Agent:
         return self.policy.parameters()
 
     def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if not self.headroom:
-            actions = self.policy.sample(self.feats, self.mask, batch, generator)
-            return (actions, *self.policy.log_prob(self.feats, self.mask, actions, per_layer=True))
-        room = Headroom(self.problem, batch)
+        room = Headroom(self.problem, batch) if self.headroom else None
         actions = self.policy.sample(self.feats, self.mask, batch, generator, room=room)
-        return (actions, *self.policy.log_prob(self.feats, torch.from_numpy(room.seen), actions, per_layer=True))
+        mask = self.mask if room is None else torch.from_numpy(room.seen)  # the masks the samples were drawn under
+        return (actions, *self.policy.log_prob(self.feats, mask, actions, per_layer=True))
 
     def log_prob(self, schedules: torch.Tensor) -> torch.Tensor:
         if not self.headroom:
