@@ -308,6 +308,36 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     return k
 
 
+# provision's walk (objective cost) seeds the rows still walking after SEED_AFTER plans with the cheapest
+# of SEEDS plans spread over their range of throughputs. Most walks end at once where limits bind, so
+# the seed waits for those to drop out; on a 64 x 3 rl run's batches the rest walked 39 plans on average,
+# the best one found at the 32nd, and every plan before it was walked one at a time because the skip
+# had nothing cheap to measure against. Measured on those batches: 2.5 s without, 2.1 s with (8 seeds: 2.0 s,
+# but on chain64x4-tight 4.7 s against 4.4 s).
+SEED_AFTER = 2
+SEEDS = 4
+
+
+def _seed(problem: Problem, stages: Stages, price) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, the replicas, cost and throughput of the cheapest of :data:`SEEDS` plans at throughputs
+    spread geometrically from its slowest plan to its fastest (inf cost where none meets the targets)."""
+    R = len(price)
+    k, _ = _replicas_at(problem, stages, np.full(R, throughput_floor(problem)))
+    lo = stage_throughputs(problem, stages, np.maximum(k, 1.0)).min(axis=1)
+    hi = np.maximum(stage_throughputs(problem, stages, problem.limits[stages.type].astype(float)).min(axis=1), lo)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a model of no work: lo is inf, and no seed
+        grid = lo[:, None] * (hi / lo)[:, None] ** (np.arange(1, SEEDS + 1) / SEEDS)
+    each = np.repeat(np.arange(R), SEEDS)
+    wide = stages.take(each)
+    k, ok = _replicas_at(problem, wide, grid.ravel())
+    thr = stage_throughputs(problem, wide, np.maximum(k, 1.0)).min(axis=1)
+    cost = problem.work / thr / 3600.0 * (price[each] * k).sum(axis=1)
+    cost = np.where(ok & meets_targets(problem, thr, cost), cost, np.inf).reshape(R, SEEDS)
+    col = np.argmin(cost, axis=1)
+    pick = np.arange(R) * SEEDS + col
+    return k[pick], cost[np.arange(R), col], thr[pick]
+
+
 def provision(problem: Problem, stages: Stages) -> Scores:
     """Exact replica counts for each schedule of the batch, under the problem's objective.
 
@@ -326,9 +356,14 @@ def provision(problem: Problem, stages: Stages) -> Scores:
     live = stages.take(rows)
     price = np.where(live.valid, problem.prices[live.type], 0.0)
     target = np.full(len(rows), throughput_floor(problem))
-    for _ in range(int(problem.limits.sum()) + 2):
+    for step in range(int(problem.limits.sum()) + 2):
         if len(rows) == 0:
             break
+        if step == SEED_AFTER and problem.objective == "cost":
+            seed_k, seed_cost, seed_thr = _seed(problem, live, price)
+            won = better(problem, seed_cost, seed_thr, best_cost[rows], best_thr[rows])
+            at = rows[won]
+            best_k[at], best_cost[at], best_thr[at] = seed_k[won], seed_cost[won], seed_thr[won]
         k, active = _replicas_at(problem, live, target)
         thr_s = stage_throughputs(problem, live, np.maximum(k, 1.0))
         rate = (price * k).sum(axis=1)

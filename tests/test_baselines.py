@@ -251,3 +251,68 @@ def test_window_ways_are_counted_before_any_is_built():
         assert local._ways(width, types, cuts) == len(patterns) == len(np.unique(patterns, axis=0))
         assert all(len(_stage_list(row)) <= cuts + 1 for row in patterns)
     assert local._ways(local.WINDOW, 100, 2) > local.WINDOW_ROWS  # so window_search never builds those
+
+
+def _one_move_away(schedule: np.ndarray, row: np.ndarray) -> bool:
+    """Is ``row`` one of the local search's four moves from ``schedule``, by the moves' definitions?"""
+    changed = np.flatnonzero(row != schedule)
+    if changed.size == 0:
+        return False
+    if changed.size == 1:
+        return True  # one layer on another type
+    stages = _stage_list(schedule)
+    if any(
+        changed[0] == a and changed[-1] == z - 1 and changed.size == z - a and len(set(row[a:z])) == 1
+        for a, z in stages
+    ):
+        return True  # a whole stage on another type
+    for (a, m), (_, z) in zip(stages, stages[1:]):  # a boundary moved to any layer between the outer ends
+        if (
+            changed[0] >= a
+            and changed[-1] < z
+            and any((row[a:b] == schedule[a]).all() and (row[b:z] == schedule[m]).all() for b in range(a + 1, z))
+        ):
+            return True
+    for (p, a), (_, z), (_, q) in zip(stages, stages[1:], stages[2:]):  # a middle stage slid along
+        left, mine, right = schedule[p], schedule[a], schedule[z]
+        for shift in range(p + 1 - a, q - z):
+            slid = schedule.copy()
+            slid[p : a + shift], slid[a + shift : z + shift], slid[z + shift : q] = left, mine, right
+            if (slid == row).all():
+                return True
+    return False
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_neighbours_are_every_schedule_one_move_away(seed):
+    """Every schedule of a 7-layer, 3-type model, enumerated: the neighbourhood is exactly those one move
+    away whose every layer can run on its type; the wide moves, every run of 2..SEGMENT layers on another
+    type; and batched small (as on thousands of layers) the moves are the same."""
+    n, T = 7, 3
+    _, _, _, problem = _instance(seed=40 + seed, n=n, T=T)
+    runnable = problem.runnable.copy()
+    runnable[np.random.default_rng(seed).random((n, T)) < 0.2] = False
+    runnable[np.arange(n), np.arange(n) % T] = True
+    problem = problem.replace(runnable=runnable)
+    every = np.array(list(itertools.product(range(T), repeat=n)))
+    every = every[problem.usable[np.arange(n), every].all(axis=1)]
+    rng = np.random.default_rng(seed)
+    for schedule in every[rng.choice(len(every), 12, replace=False)]:
+        expected = {tuple(row) for row in every if _one_move_away(schedule, row)}
+        assert {tuple(row) for row in local.neighbours(problem, schedule)} == expected
+        wide = set()
+        for a in range(n):
+            for z in range(a + 2, min(n, a + local.SEGMENT) + 1):
+                for t in range(T):
+                    row = schedule.copy()
+                    row[a:z] = t
+                    if problem.usable[a:z, t].all() and (row != schedule).any():
+                        wide.add(tuple(row))
+        assert {tuple(row) for row in local.wide_neighbours(problem, schedule)} == wide
+        for moves, whole in ((local._neighbour_moves, expected), (local._wide_moves, wide)):
+            saved, local.MOVE_BYTES = local.MOVE_BYTES, 1
+            try:
+                batched = [tuple(row) for batch in local._batches(moves, problem, schedule) for row in batch]
+            finally:
+                local.MOVE_BYTES = saved
+            assert set(batched) == whole

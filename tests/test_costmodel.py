@@ -104,3 +104,23 @@ def test_infeasible_schedules_get_the_fastest_counts_the_limits_allow():
     fastest = provision(problem.replace(objective="time", min_throughput=0.0), split_stages(problem, scheds))
     assert not scores.feasible.any()
     np.testing.assert_allclose(scores.throughput, fastest.throughput)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_walks_seed_changes_no_answer(seed, monkeypatch):
+    """provision seeds long walks with a good plan, so the skip and the bound work sooner: the replicas
+    are the same as the walk's alone, on limits generous enough for walks of many plans."""
+    from heterps_cli import costmodel
+
+    rng = np.random.default_rng(300 + seed)
+    n, T = 12, 3
+    arrays = random_instance(rng, n, T, max_limit=40)
+    reference = 32 / arrays[0].min(axis=1).sum()
+    profile, cluster = instance_dicts(*arrays, min_throughput=float(rng.choice([0.0, 0.5, 2.0])) * reference)
+    problem = problem_from_dicts(profile, cluster)
+    stages = split_stages(problem, _random_schedules(rng, arrays[4], 400))
+    seeded = provision(problem, stages)
+    monkeypatch.setattr(costmodel, "SEED_AFTER", 10**9)
+    alone = provision(problem, stages)
+    np.testing.assert_array_equal(seeded.replicas, alone.replicas)
+    assert (seeded.replicas.sum(axis=1) > 2 * stages.valid.sum(axis=1)).any(), "some walks were long"

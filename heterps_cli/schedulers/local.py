@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -60,68 +60,103 @@ def _stages(schedule: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
-    """Every distinct schedule one move away that runs each layer on a type it can run on."""
-    return _distinct(list(_neighbour_rows(problem, schedule)), problem.n_layers)
+# A move is one or two runs of layers put on a type each, a row (a1, z1, t1, a2, z2, t2) of layers
+# [a1, z1) on t1 and [a2, z2) on t2 (a2 == z2: one run). Moves are listed in numpy and made into
+# schedules only a batch at a time: made one row at a time in Python, the moves of a 64-layer model
+# took 6 ms a round, as long as scoring them.
 
 
-def _neighbour_rows(problem: Problem, schedule: np.ndarray) -> Iterator[np.ndarray]:
-    """The rows of :func:`neighbours`, one at a time (with repeats)."""
+def _runs_ok(problem: Problem, schedule: np.ndarray, moves: np.ndarray) -> np.ndarray:
+    """Does each move give a schedule whose every layer is on a type that can run it?"""
+    cu = np.zeros((problem.n_layers + 1, problem.n_types), dtype=np.int64)
+    np.cumsum(~problem.usable, axis=0, out=cu[1:])  # unusable layers per type, up to each layer
+    cb = np.concatenate([[0], np.cumsum(~problem.usable[np.arange(problem.n_layers), schedule])])
+    a1, z1, t1, a2, z2, t2 = moves.T
+    outside = cb[-1] - (cb[z1] - cb[a1]) - (cb[z2] - cb[a2])
+    inside = cu[z1, t1] - cu[a1, t1] + cu[z2, t2] - cu[a2, t2]
+    return (outside == 0) & (inside == 0)
+
+
+def _one_run(a, z, t) -> np.ndarray:
+    a, z, t = (np.asarray(x, dtype=np.int64).ravel() for x in (a, z, t))
+    zero = np.zeros_like(a)
+    return np.stack([a, z, t, zero, zero, zero], axis=1)
+
+
+def _neighbour_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
+    """The moves of :func:`neighbours`, in a fixed order (with repeats)."""
     n, T = problem.n_layers, problem.n_types
-    layers = np.arange(n)
-
-    def ok(row: np.ndarray) -> bool:
-        return bool(problem.usable[layers, row].all())
-
-    for layer in range(n):
-        for t in range(T):
-            if t != schedule[layer]:
-                row = schedule.copy()
-                row[layer] = t
-                if ok(row):
-                    yield row
+    layer, t = (x.ravel() for x in np.meshgrid(np.arange(n), np.arange(T), indexing="ij"))
+    keep = t != schedule[layer]
+    moves = [_one_run(layer[keep], layer[keep] + 1, t[keep])]
     stages = _stages(schedule)
     for a, z in stages:
-        for t in range(T):
-            if t != schedule[a] and z - a > 1:
-                row = schedule.copy()
-                row[a:z] = t
-                if ok(row):
-                    yield row
+        if z - a > 1:
+            others = np.flatnonzero(np.arange(T) != schedule[a])
+            moves.append(_one_run(np.full(len(others), a), np.full(len(others), z), others))
     for (a, m), (_, z) in zip(stages, stages[1:]):
-        left, right = schedule[a], schedule[m]
-        for moved in range(a + 1, z):
-            if moved != m:
-                row = schedule.copy()
-                row[a:moved], row[moved:z] = left, right
-                if ok(row):
-                    yield row
+        moved = np.setdiff1d(np.arange(a + 1, z), [m])  # the boundary to any layer between the outer ends
+        later = moved > m
+        moves.append(
+            _one_run(np.where(later, m, moved), np.where(later, moved, m), np.where(later, schedule[a], schedule[m]))
+        )
     for (p, a), (_, z), (_, q) in zip(stages, stages[1:], stages[2:]):
+        shift = np.setdiff1d(np.arange(p + 1 - a, q - z), [0])  # the middle stage slid along
         left, mine, right = schedule[p], schedule[a], schedule[z]
-        for shift in range(p + 1 - a, q - z):
-            if shift != 0:
-                row = schedule.copy()
-                row[p:q] = right
-                row[p : a + shift], row[a + shift : z + shift] = left, mine
-                if ok(row):
-                    yield row
+        ahead = shift > 0
+        zero = np.zeros_like(shift)
+        moves.append(
+            np.stack(
+                [
+                    np.where(ahead, a, a + shift),
+                    np.where(ahead, a + shift, np.minimum(a, z + shift)),
+                    np.where(ahead, left, mine) + zero,
+                    np.where(ahead, np.maximum(z, a + shift), z + shift),
+                    np.where(ahead, z + shift, z),
+                    np.where(ahead, mine, right) + zero,
+                ],
+                axis=1,
+            )
+        )
+    listed = np.concatenate(moves)
+    return listed[_runs_ok(problem, schedule, listed)]
+
+
+def _wide_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
+    """The moves of :func:`wide_neighbours`: every run of 2..SEGMENT layers on every other type it can
+    run on, in a fixed order."""
+    n, T = problem.n_layers, problem.n_types
+    a, length, t = (
+        x.ravel() for x in np.meshgrid(np.arange(n), np.arange(2, SEGMENT + 1), np.arange(T), indexing="ij")
+    )
+    z = a + length
+    a, z, t = a[z <= n], z[z <= n], t[z <= n]
+    cu = np.zeros((n + 1, T), dtype=np.int64)
+    np.cumsum(~problem.usable, axis=0, out=cu[1:])
+    same = np.zeros((n + 1, T), dtype=np.int64)
+    np.cumsum(schedule[:, None] == np.arange(T), axis=0, out=same[1:])
+    keep = (cu[z, t] == cu[a, t]) & (same[z, t] - same[a, t] < z - a)
+    return _one_run(a[keep], z[keep], t[keep])
+
+
+def _made(schedule: np.ndarray, moves: np.ndarray) -> np.ndarray:
+    """The schedules ``moves`` make from ``schedule``: ``[m, n]``."""
+    layers = np.arange(len(schedule))
+    rows = np.repeat(schedule[None], len(moves), axis=0)
+    for a, z, t in (moves[:, :3].T, moves[:, 3:].T):
+        inside = (layers >= a[:, None]) & (layers < z[:, None])
+        rows = np.where(inside, t[:, None], rows)
+    return rows
+
+
+def neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
+    """Every distinct schedule one move away that runs each layer on a type it can run on."""
+    return _distinct(_made(schedule, _neighbour_moves(problem, schedule)), problem.n_layers)
 
 
 def wide_neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     """Every schedule with one run of 2..SEGMENT layers put on another (runnable) type."""
-    return _distinct(list(_wide_rows(problem, schedule)), problem.n_layers)
-
-
-def _wide_rows(problem: Problem, schedule: np.ndarray) -> Iterator[np.ndarray]:
-    """The rows of :func:`wide_neighbours`, one at a time."""
-    n, T = problem.n_layers, problem.n_types
-    for a in range(n):
-        for z in range(a + 2, min(n, a + SEGMENT) + 1):
-            for t in range(T):
-                if problem.usable[a:z, t].all() and (schedule[a:z] != t).any():
-                    row = schedule.copy()
-                    row[a:z] = t
-                    yield row
+    return _distinct(_made(schedule, _wide_moves(problem, schedule)), problem.n_layers)
 
 
 def _distinct(rows: list[np.ndarray] | np.ndarray, n: int) -> np.ndarray:
@@ -136,23 +171,15 @@ def _distinct(rows: list[np.ndarray] | np.ndarray, n: int) -> np.ndarray:
     return stacked[np.unique(keys, return_index=True)[1]]
 
 
-def _batches(rows: Callable[[Problem, np.ndarray], Iterator[np.ndarray]], problem: Problem, schedule: np.ndarray):
+def _batches(moves: Callable[[Problem, np.ndarray], np.ndarray], problem: Problem, schedule: np.ndarray):
     """The moves from ``schedule`` in batches of distinct rows: one batch (sorted, as ``np.unique``
     gives them) while all of them fit in :data:`MOVE_BYTES`; else batches that do, in the order
-    they are made, so that a model of thousands of layers never holds them all at once."""
+    they are listed, so that a model of thousands of layers never holds them all at once."""
     n = problem.n_layers
-    if 8 * n * n * problem.n_types * 2 <= MOVE_BYTES:
-        yield _distinct(list(rows(problem, schedule)), n)
-        return
-    size = max(16, MOVE_BYTES // (8 * n))
-    batch: list[np.ndarray] = []
-    for row in rows(problem, schedule):
-        batch.append(row)
-        if len(batch) == size:
-            yield _distinct(batch, n)
-            batch = []
-    if batch:
-        yield _distinct(batch, n)
+    listed = moves(problem, schedule)
+    size = len(listed) if 8 * n * n * problem.n_types * 2 <= MOVE_BYTES else max(16, MOVE_BYTES // (8 * n))
+    for lo in range(0, max(len(listed), 1), max(size, 1)):
+        yield _distinct(_made(schedule, listed[lo : lo + size]), n)
 
 
 def improve(
@@ -171,7 +198,7 @@ def improve(
     for _ in range(max_rounds):
         if out_of_time():
             break
-        for moves in (_neighbour_rows, _wide_rows):
+        for moves in (_neighbour_moves, _wide_moves):
             found, found_value = None, value
             for candidates in _batches(moves, problem, current):
                 if len(candidates) == 0:
