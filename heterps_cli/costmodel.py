@@ -316,6 +316,12 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
 # but on chain64x4-tight 4.7 s against 4.4 s).
 SEED_AFTER = 2
 SEEDS = 4
+# Between two plans of a walk only the bottleneck stages gain a replica, one each: two numpy calls
+# instead of the closed form's forty. The closed form (which also takes the skip) runs every
+# CLOSED_EVERY steps; in between a walk may visit plans the skip would have passed, none of which can
+# win. Measured on a 64 x 3 rl run's batches: 2.1 s with the closed form at every step, 1.8 s every
+# 2nd, 1.7 s every 3rd to 8th; the replicas are the same.
+CLOSED_EVERY = 4
 
 
 def _seed(problem: Problem, stages: Stages, price) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -343,6 +349,11 @@ def provision(problem: Problem, stages: Stages) -> Scores:
 
     Infeasible schedules get the fastest replica counts the limits allow (so a
     caller can see how far they miss); their ``feasible`` flag is False.
+
+    Two shortcuts change the work, not the answer: walks still going after
+    :data:`SEED_AFTER` plans are seeded with a good plan (:func:`_seed`), and
+    between closed forms a step adds one replica to each bottleneck stage
+    (:data:`CLOSED_EVERY`).
     """
     if problem.objective == "time" and problem.max_cost is None:
         return score(problem, stages, fastest_replicas(problem, stages))
@@ -356,6 +367,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
     live = stages.take(rows)
     price = np.where(live.valid, problem.prices[live.type], 0.0)
     target = np.full(len(rows), throughput_floor(problem))
+    k = thr_s = thr = np.zeros(0)  # the first step takes the closed form
     for step in range(int(problem.limits.sum()) + 2):
         if len(rows) == 0:
             break
@@ -364,7 +376,13 @@ def provision(problem: Problem, stages: Stages) -> Scores:
             won = better(problem, seed_cost, seed_thr, best_cost[rows], best_thr[rows])
             at = rows[won]
             best_k[at], best_cost[at], best_thr[at] = seed_k[won], seed_cost[won], seed_thr[won]
-        k, active = _replicas_at(problem, live, target)
+        if step % CLOSED_EVERY == 0:
+            k, active = _replicas_at(problem, live, target)
+        else:
+            # Just above the last plan's throughput the fewest replicas differ only at its bottleneck, by one
+            # each; where one more gains a stage nothing, the plan is dearer and as fast, and cannot win.
+            k = k + (live.valid & (thr_s == thr[:, None]))
+            active = np.asarray((used_per_type(problem, live, k) <= problem.limits).all(axis=1))
         thr_s = stage_throughputs(problem, live, np.maximum(k, 1.0))
         rate = (price * k).sum(axis=1)
         if problem.objective == "cost":
@@ -385,6 +403,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
             target = np.where(np.isfinite(skip), np.maximum(target, skip), target)
         if not active.all():
             rows, live, price, target = rows[active], live.take(active), price[active], target[active]
+            k, thr_s, thr = k[active], thr_s[active], thr[active]
     missed = ~np.isfinite(best_cost)
     if missed.any():
         best_k[missed] = fastest_replicas(problem, stages.take(missed))

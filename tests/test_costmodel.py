@@ -107,9 +107,10 @@ def test_infeasible_schedules_get_the_fastest_counts_the_limits_allow():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_walks_seed_changes_no_answer(seed, monkeypatch):
-    """provision seeds long walks with a good plan, so the skip and the bound work sooner: the replicas
-    are the same as the walk's alone, on limits generous enough for walks of many plans."""
+def test_the_walks_shortcuts_change_no_answer(seed, monkeypatch):
+    """provision seeds long walks with a good plan and steps between closed forms by adding a replica
+    to each bottleneck stage: the replicas are those of the plain walk (closed form at every step, no
+    seed), on limits generous enough for walks of many plans, under both objectives."""
     from heterps_cli import costmodel
 
     rng = np.random.default_rng(300 + seed)
@@ -119,8 +120,10 @@ def test_the_walks_seed_changes_no_answer(seed, monkeypatch):
     profile, cluster = instance_dicts(*arrays, min_throughput=float(rng.choice([0.0, 0.5, 2.0])) * reference)
     problem = problem_from_dicts(profile, cluster)
     stages = split_stages(problem, _random_schedules(rng, arrays[4], 400))
-    seeded = provision(problem, stages)
+    capped = problem.replace(objective="time", max_cost=float(np.median(provision(problem, stages).cost)))
+    answers = [provision(p, stages).replicas for p in (problem, capped)]
     monkeypatch.setattr(costmodel, "SEED_AFTER", 10**9)
-    alone = provision(problem, stages)
-    np.testing.assert_array_equal(seeded.replicas, alone.replicas)
-    assert (seeded.replicas.sum(axis=1) > 2 * stages.valid.sum(axis=1)).any(), "some walks were long"
+    monkeypatch.setattr(costmodel, "CLOSED_EVERY", 1)
+    for p, shortcut in zip((problem, capped), answers):
+        np.testing.assert_array_equal(shortcut, provision(p, stages).replicas)
+    assert (answers[0].sum(axis=1) > 2 * stages.valid.sum(axis=1)).any(), "some walks were long"
