@@ -299,6 +299,7 @@ def train(
             kicks=cfg.kicks,
             extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
             windows=True,
+            repair_again=True,
             out_of_time=run.out_of_time,
             progress=report,
             name=name,
