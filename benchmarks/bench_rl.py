@@ -10,8 +10,8 @@ The instances are the 24 of the paper's model and the 6 of SPEC section 1b
 table of gaps per instance and seed, then the issue's targets over all runs:
 feasible on every run; within 2% of the optimum on >= 95% of runs and within 5%
 on every run; the policy's own samples (not the pre-training pool, not the
-final polish) within 2% on >= 75% of runs; 64 layers x 3 types under 8 s median
-and every instance under 15 s.
+final polish) within 2% on >= 75% of runs; 64 layers x 3 types (chain64x3)
+under 8 s median and every instance under 15 s.
 """
 
 from __future__ import annotations
@@ -96,11 +96,19 @@ def summary(rows: list[dict]) -> str:
         f"- the policy's own samples within 2%: {policy2}/{n} = {policy2 / n:.0%} of runs (target >= 75%)",
         f"- slowest run: {slowest['seconds']:.1f} s ({slowest['instance']} seed {slowest['seed']}; target < 15 s)",
     ]
-    big = [r["seconds"] for r in rows if r["layers"] == 64 and r["types"] == 3]
-    if big:
+    # The issue sets the 8 s against "64 x 3 layers" (13-17 s then) apart from "tight instances" (25+ s then,
+    # under the 15 s for every instance), so the target is the plain chain64x3; all four of that size are shown.
+    plain = [r["seconds"] for r in rows if r["instance"] == "chain64x3"]
+    if plain:
         lines.append(
-            f"- 64 layers x 3 types: median {statistics.median(big):.1f} s, worst {max(big):.1f} s "
-            f"over {len(big)} runs (target: median < 8 s)"
+            f"- chain64x3 (64 layers x 3 types): median {statistics.median(plain):.1f} s, worst {max(plain):.1f} s "
+            f"over {len(plain)} runs (target: median < 8 s)"
+        )
+    big = [r["seconds"] for r in rows if r["layers"] == 64 and r["types"] == 3]
+    if len(big) > len(plain):
+        lines.append(
+            f"- all 64 x 3 instances (with -tight, -memory, -bandwidth): median {statistics.median(big):.1f} s, "
+            f"worst {max(big):.1f} s over {len(big)} runs"
         )
     return "\n".join(lines)
 
