@@ -180,23 +180,35 @@ def test_rl_is_within_5_percent_where_the_kicks_end_on_binding_limits():
     assert plan.feasible and plan.cost_usd <= 1.05 * optimum.cost_usd
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_plans_on_binding_limits_hold_and_never_beat_brute_force(seed):
-    """Targets at 90% of the fastest plan within the limits, so the best plans use all of some type
-    and the polish runs the price repair on them too: what it reports holds by SPEC's figures and is
-    never cheaper than the brute-force optimum."""
-    arrays = random_instance(np.random.default_rng(50 + seed), 6, 3, max_limit=3)
+def _binding_instance(seed: int):
+    """A random 6-layer, 3-type instance whose target is 90% of the fastest plan within the limits (by
+    enumeration), so the limits bind; with its brute-force optimum."""
+    arrays = random_instance(np.random.default_rng(seed), 6, 3, max_limit=3)
     fastest = brute_force(*arrays, 32, 1.0, objective="time")
     assert fastest is not None
     profile, cluster = instance_dicts(*arrays, min_throughput=0.9 * fastest[1])
     problem = problem_from_dicts(profile, cluster)
     optimum = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
     assert optimum is not None
-    plan = solve("greedy", problem, seed=seed)
+    return profile, cluster, problem, optimum
+
+
+def _assert_holds_and_never_beats(profile, cluster, problem, plan, optimum_cost: float) -> None:
+    """The plan meets the target and every limit by SPEC's figures, and is no cheaper than the optimum."""
     figures = spec_figures(profile, cluster, plan.to_dict())
     assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
     assert all(figures["resources"][t] <= cluster["resources"][t]["limit"] for t in figures["resources"])
-    assert plan.cost_usd >= optimum[0] * (1 - 1e-9)
+    assert plan.cost_usd >= optimum_cost * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plans_on_binding_limits_hold_and_never_beat_brute_force(seed):
+    """Targets at 90% of the fastest plan within the limits, so the best plans use all of some type
+    and the polish runs the price repair on them too: what it reports holds by SPEC's figures and is
+    never cheaper than the brute-force optimum."""
+    profile, cluster, problem, optimum = _binding_instance(50 + seed)
+    plan = solve("greedy", problem, seed=seed)
+    _assert_holds_and_never_beats(profile, cluster, problem, plan, optimum[0])
 
 
 def _stage_list(schedule):
@@ -337,13 +349,7 @@ def test_the_repair_runs_again_from_the_kicks_best_plan_when_a_limit_binds(seed,
     type, the price repair runs once more, from that best plan; otherwise, and without it (greedy), no
     repair follows the kicks. The plan either way holds by SPEC's figures and is never cheaper than the
     brute-force optimum."""
-    arrays = random_instance(np.random.default_rng(60 + seed), 6, 3, max_limit=3)
-    fastest = brute_force(*arrays, 32, 1.0, objective="time")
-    assert fastest is not None
-    profile, cluster = instance_dicts(*arrays, min_throughput=0.9 * fastest[1])
-    problem = problem_from_dicts(profile, cluster)
-    optimum = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
-    assert optimum is not None
+    profile, cluster, problem, optimum = _binding_instance(60 + seed)
     real_repair, real_kick = local.price_repair, local.kick
     for again in (False, True):
         evaluate, best = scoring.Evaluator(problem), scoring.Best()
@@ -376,7 +382,4 @@ def test_the_repair_runs_again_from_the_kicks_best_plan_when_a_limit_binds(seed,
             assert after == [] and (not again or not binds())
         assert best.schedule is not None and best.replicas is not None
         plan = make_plan(problem, best.schedule, best.replicas[best.replicas > 0], scheduler="test")
-        figures = spec_figures(profile, cluster, plan.to_dict())
-        assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
-        assert all(figures["resources"][t] <= cluster["resources"][t]["limit"] for t in figures["resources"])
-        assert plan.cost_usd >= optimum[0] * (1 - 1e-9)
+        _assert_holds_and_never_beats(profile, cluster, problem, plan, optimum[0])
