@@ -63,8 +63,8 @@ def _stages(schedule: np.ndarray) -> list[tuple[int, int]]:
 
 # A move is one or two runs of layers put on a type each, a row (a1, z1, t1, a2, z2, t2) of layers
 # [a1, z1) on t1 and [a2, z2) on t2 (a2 == z2: one run). Moves are listed in numpy and made into
-# schedules only a batch at a time: made one row at a time in Python, the moves of a 64-layer model
-# took 6 ms a round, as long as scoring them.
+# schedules only a batch at a time: made one row at a time in Python, the wide moves of a 64-layer
+# model took 5.5 ms a round (now 0.8 ms), and every row was checked layer by layer.
 
 
 def _runs_ok(problem: Problem, schedule: np.ndarray, moves: np.ndarray) -> np.ndarray:
