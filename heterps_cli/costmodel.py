@@ -267,6 +267,16 @@ def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, 
     return k, ok
 
 
+def _step_past(problem: Problem, stages: Stages, k, thr_s, thr) -> tuple[np.ndarray, np.ndarray]:
+    """The fewest replicas just above the plan ``k`` (stage throughputs ``thr_s``, throughput ``thr``),
+    given that ``k`` are the fewest reaching something at most ``thr``: one more on each bottleneck
+    stage, the others as they are; and whether those fit the limits. Where one more gains a stage
+    nothing, the plan is dearer and as fast (the closed form would say no count reaches past ``thr``).
+    Two numpy calls where :func:`_replicas_at` makes forty."""
+    ahead = k + (stages.valid & (thr_s == thr[:, None]))
+    return ahead, np.asarray((used_per_type(problem, stages, ahead) <= problem.limits).all(axis=1))
+
+
 # fastest_replicas bisects to this relative width, then steps exactly to the fastest plan: the answer is the
 # same at any width (checked on 2,000 random schedules of each benchmark instance, from 1e-13 to 1e-2), the
 # time is not (1e-13: 1.14 s for those schedules; 1e-6: 0.59 s; 1e-2: 10 s, each step adds one replica to a
@@ -305,12 +315,11 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     thr_s = stage_throughputs(problem, stages, np.maximum(k, 1.0))
     thr = thr_s.min(axis=1)
     for _ in range(int(problem.limits.sum()) + 1):  # exact finish: a handful of steps at most
-        # The fewest replicas just above thr: one more on each bottleneck stage (as between provision's closed forms);
-        # a step that gains nothing, or breaks a limit, ends the row.
-        ahead = k + (stages.valid & (thr_s == thr[:, None]))
+        # A step that gains nothing, or breaks a limit, ends the row.
+        ahead, within = _step_past(problem, stages, k, thr_s, thr)
         ahead_s = stage_throughputs(problem, stages, np.maximum(ahead, 1.0))
         ahead_thr = ahead_s.min(axis=1)
-        ok = fits & (ahead_thr > thr) & (used_per_type(problem, stages, ahead) <= problem.limits).all(axis=1)
+        ok = fits & (ahead_thr > thr) & within
         if not ok.any():
             break
         k = np.where(ok[:, None], ahead, k)
@@ -327,11 +336,10 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
 # but on chain64x4-tight 4.7 s against 4.4 s).
 SEED_AFTER = 2
 SEEDS = 4
-# Between two plans of a walk only the bottleneck stages gain a replica, one each: two numpy calls
-# instead of the closed form's forty. The closed form (which also takes the skip) runs every
-# CLOSED_EVERY steps; in between a walk may visit plans the skip would have passed, none of which can
-# win. Measured on a 64 x 3 rl run's batches: 2.1 s with the closed form at every step, 1.8 s every
-# 2nd, 1.7 s every 3rd to 8th; the replicas are the same.
+# A walk steps by _step_past, with the closed form (which also takes the skip) every CLOSED_EVERY
+# steps; in between it may visit plans the skip would have passed, none of which can win. Measured on
+# a 64 x 3 rl run's batches: 2.1 s with the closed form at every step, 1.8 s every 2nd, 1.7 s every 3rd
+# to 8th; the replicas are the same.
 CLOSED_EVERY = 4
 
 
@@ -390,10 +398,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         if step % CLOSED_EVERY == 0:
             k, active = _replicas_at(problem, live, target)
         else:
-            # Just above the last plan's throughput the fewest replicas differ only at its bottleneck, by one
-            # each; where one more gains a stage nothing, the plan is dearer and as fast, and cannot win.
-            k = k + (live.valid & (thr_s == thr[:, None]))
-            active = np.asarray((used_per_type(problem, live, k) <= problem.limits).all(axis=1))
+            k, active = _step_past(problem, live, k, thr_s, thr)  # a plan that gains nothing cannot win
         thr_s = stage_throughputs(problem, live, np.maximum(k, 1.0))
         rate = (price * k).sum(axis=1)
         if problem.objective == "cost":

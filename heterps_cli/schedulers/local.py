@@ -67,11 +67,18 @@ def _stages(schedule: np.ndarray) -> list[tuple[int, int]]:
 # model took 5.5 ms a round (now 0.8 ms), and every row was checked layer by layer.
 
 
+def _before(flags: np.ndarray) -> np.ndarray:
+    """Per layer ``i`` (0 to n), how many of the layers before it are flagged (per column, if any):
+    layers ``[a, z)`` hold ``_before(flags)[z] - _before(flags)[a]``."""
+    counts = np.zeros((len(flags) + 1, *flags.shape[1:]), dtype=np.int64)
+    np.cumsum(flags, axis=0, out=counts[1:])
+    return counts
+
+
 def _runs_ok(problem: Problem, schedule: np.ndarray, moves: np.ndarray) -> np.ndarray:
     """Does each move give a schedule whose every layer is on a type that can run it?"""
-    cu = np.zeros((problem.n_layers + 1, problem.n_types), dtype=np.int64)
-    np.cumsum(~problem.usable, axis=0, out=cu[1:])  # unusable layers per type, up to each layer
-    cb = np.concatenate([[0], np.cumsum(~problem.usable[np.arange(problem.n_layers), schedule])])
+    cu = _before(~problem.usable)  # [n + 1, T]
+    cb = _before(~problem.usable[np.arange(problem.n_layers), schedule])  # [n + 1], as the schedule stands
     a1, z1, t1, a2, z2, t2 = moves.T
     outside = cb[-1] - (cb[z1] - cb[a1]) - (cb[z2] - cb[a2])
     inside = cu[z1, t1] - cu[a1, t1] + cu[z2, t2] - cu[a2, t2]
@@ -132,10 +139,7 @@ def _wide_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     )
     z = a + length
     a, z, t = a[z <= n], z[z <= n], t[z <= n]
-    cu = np.zeros((n + 1, T), dtype=np.int64)
-    np.cumsum(~problem.usable, axis=0, out=cu[1:])
-    same = np.zeros((n + 1, T), dtype=np.int64)
-    np.cumsum(schedule[:, None] == np.arange(T), axis=0, out=same[1:])
+    cu, same = _before(~problem.usable), _before(schedule[:, None] == np.arange(T))
     keep = (cu[z, t] == cu[a, t]) & (same[z, t] - same[a, t] < z - a)
     return _one_run(a[keep], z[keep], t[keep])
 
@@ -160,10 +164,10 @@ def wide_neighbours(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     return _distinct(_made(schedule, _wide_moves(problem, schedule)), problem.n_layers)
 
 
-def _distinct(rows: list[np.ndarray] | np.ndarray, n: int) -> np.ndarray:
+def _distinct(rows: np.ndarray, n: int) -> np.ndarray:
     if len(rows) == 0:
         return np.zeros((0, n), dtype=np.int64)
-    stacked = np.array(rows, dtype=np.int64)
+    stacked = np.asarray(rows, dtype=np.int64)
     if stacked.max() > 255:
         return np.unique(stacked, axis=0)
     # Each row as one n-byte string: sorting those bytes is the rows' lexicographic order (so the
