@@ -13,8 +13,10 @@ function (:mod:`heterps_cli.schedulers.exact`). The exact solver's
 (``--min-throughput``) to the fastest plan visits a plan of every step, and that
 suffices: a frontier plan ``P`` of throughput ``y_P`` lies on some step
 ``[X_i, y_i]``, whose plan costs ``W rate(X_i) / y_i <= W rate(P) / y_P``, so it
-is ``P`` or a plan as good. A last pass keeps the candidates no faster one
-matches in cost.
+is ``P`` or a plan as good. A last pass keeps the candidates no plan at least
+as fast matches in cost, where throughputs within float noise are equal (a
+repeated block puts one bottleneck at several places, and its sums there differ
+in the last bits).
 
 **Skipping dominated steps.** Most steps are dominated (a plan just after a
 frontier point adds a replica and costs more than a plan further on). Probes
@@ -168,10 +170,25 @@ def _walk(walker: StepSolver, prober: StepSolver, first: Candidate, progress: Pr
 
 
 def _pareto(found: list[Candidate]) -> list[Candidate]:
-    """The candidates no other matches: from the fastest down, each one cheaper than all faster ones
-    (by more than float noise: of two plans that cost the same, only the faster is kept)."""
+    """The candidates no other matches, by rising throughput.
+
+    Two throughputs within :data:`SLACK` (relative) are equal, as ``--min-throughput`` reads them:
+    the same bottleneck stage summed over other stage boundaries differs in the last bits, and
+    the dearer of two such plans is beaten by the cheaper. Of each class of equal throughputs only
+    the cheapest stays (the fastest of those); then, from the fastest class down, each must cost
+    less than every faster one (by more than float noise)."""
+    order = sorted(found, key=lambda c: (-c.throughput, c.cost))
+    classes: list[Candidate] = []
+    head = math.inf
+    for c in order:
+        if c.throughput >= head * (1 - SLACK):
+            if c.cost < classes[-1].cost * (1 - SLACK):
+                classes[-1] = c
+        else:
+            head = c.throughput
+            classes.append(c)
     kept: list[Candidate] = []
-    for c in sorted(found, key=lambda c: (-c.throughput, c.cost)):
+    for c in classes:
         if not kept or c.cost < kept[-1].cost * (1 - SLACK):
             kept.append(c)
     return kept[::-1]

@@ -134,10 +134,20 @@ def brute_force(*arrays, objective="cost", **kwargs):
 
 
 def pareto(cost, thr):
-    """The (throughput, cost) pairs no other plan matches: from the fastest down, each plan
-    cheaper (by more than 1e-12, relative) than every faster one; rising throughput."""
+    """The (throughput, cost) pairs no other plan matches, by rising throughput.
+
+    A plan at least as fast as another is one whose throughput is at least the other's times
+    (1 - 1e-12), as ``--min-throughput`` reads it: so of plans whose throughputs are that close,
+    only the cheapest can be on the frontier. From the fastest down, each kept plan is cheaper (by
+    more than 1e-12, relative) than every plan at least as fast as it."""
+    up = np.argsort(thr, kind="stable")
+    cheapest_from = np.minimum.accumulate(cost[up][::-1])[::-1]  # least cost among the j-th slowest and faster
+    as_fast = np.searchsorted(thr[up], thr * (1 - 1e-12), side="left")
+    beaten = cheapest_from[as_fast] < cost * (1 - 1e-12)
     kept: list[tuple[float, float]] = []
     for i in np.lexsort((cost, -thr)):
+        if beaten[i] or (kept and math.isclose(kept[-1][0], thr[i], rel_tol=1e-12)):
+            continue  # beaten, or as fast as a plan kept and no cheaper (it would be beaten otherwise)
         if not kept or cost[i] < kept[-1][1] * (1 - 1e-12):
             kept.append((float(thr[i]), float(cost[i])))
     return kept[::-1]

@@ -19,7 +19,7 @@ from heterps_cli.errors import InfeasibleError
 from heterps_cli.frontier import knee, pareto_frontier
 from tests.helpers import instance_dicts, problem_from_dicts, write_yaml
 from tests.oracle import feasible_plans, pareto, spec_figures
-from tests.strategies import SETTINGS, hardware_instances, instances
+from tests.strategies import SETTINGS, hardware_instances, instances, repeated_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
@@ -90,6 +90,14 @@ def test_the_frontier_is_the_brute_force_frontier_with_memory_and_transfer(inst,
     _frontier_against_brute_force(arrays, B0, min_throughput, budget_scale, hardware)
 
 
+@settings(max_examples=150, **SETTINGS)
+@given(repeated_blocks(), st.sampled_from([None, None, 2.0]))
+def test_the_frontier_is_the_brute_force_frontier_when_plans_tie_on_throughput(inst, budget_scale):
+    # A repeated block gives plans with the same bottleneck at equal throughput and different other
+    # stages: only the cheapest of them is on the frontier, whatever its float sums' last bits.
+    _frontier_against_brute_force(*inst, budget_scale)
+
+
 def test_the_knee_is_the_plan_farthest_below_the_chord():
     # scaled: (0, 0), (0.5, 0.1), (0.75, 0.5), (1, 1): distances below the chord 0, 0.4, 0.25, 0
     assert knee([100, 150, 175, 200], [10, 11, 15, 20]) == 1
@@ -115,9 +123,31 @@ def _json(runner, args, expect=0):
     return json.loads(result.stdout) if expect == 0 else result.output
 
 
-@pytest.mark.parametrize("name", ["ctr", "chain8x3"])
+BUNDLED = [
+    (str(ROOT / f"profiles/{model}.yaml"), str(ROOT / f"clusters/{cluster}.yaml"))
+    for model in ("ctr", "transformer", "vgg16")
+    for cluster in ("paper", "paper-hardware", "three-type", "three-type-hardware")
+]
+
+
+@pytest.mark.parametrize("files", BUNDLED, ids=[f"{Path(p).stem}-{Path(c).stem}" for p, c in BUNDLED])
+def test_no_bundled_frontier_plan_is_matched_by_another(runner, files):
+    # transformer on three-type once listed 19 plans, 8 of them dearer than one as fast.
+    plans = _json(runner, list(files))["plans"]
+    for p in plans:
+        for q in plans:
+            if q is not p:
+                assert not (q["throughput"] >= p["throughput"] * (1 - 1e-12) and q["cost_usd"] <= p["cost_usd"]), (
+                    f"{q['throughput']} at ${q['cost_usd']} beats {p['throughput']} at ${p['cost_usd']}"
+                )
+
+
+@pytest.mark.parametrize("name", ["ctr", "chain8x3", "transformer"])
 def test_each_point_is_what_plan_exact_answers_at_its_throughput(runner, name):
-    profile, cluster = (CTR, PAPER) if name == "ctr" else _instance(name)
+    profile, cluster = {
+        "ctr": (CTR, PAPER),
+        "transformer": (str(ROOT / "profiles/transformer.yaml"), str(ROOT / "clusters/three-type.yaml")),
+    }.get(name) or _instance(name)
     frontier = _json(runner, [profile, cluster])
     plans = frontier["plans"]
     picks = range(len(plans)) if len(plans) <= 16 else np.linspace(0, len(plans) - 1, 12).astype(int)
