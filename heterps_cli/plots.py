@@ -36,20 +36,47 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def _abbreviated(x: float) -> str:
-    """Tick labels short enough not to run into each other: 950, 12k, 3.5M."""
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.4g}{suffix}"
-    return count(x)
+def tick_labels(values, money: bool = False) -> list[str]:
+    """Labels for one axis's ticks: one scale for all (from the largest: 950, 12k, 3.5M, 2G; money
+    in dollars with digit groups up to a million) and the fewest decimals that tell every tick apart
+    (``$0.016, $0.018`` rather than ``$0.02`` twice)."""
+    values = [float(v) for v in values]
+    top = max((abs(v) for v in values), default=0.0)
+    scale, suffix = 1.0, ""
+    for size, name in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if top >= size and (not money or size >= 1e6):
+            scale, suffix = size, name
+            break
+    prefix = "$" if money else ""
+    for decimals in range(0, 10):
+        if money and not suffix and decimals < 2 and top < 10:
+            continue  # cents at least under $10: "$0.50", not "$0" and "$1"
+        labels = [f"{prefix}{v / scale:,.{decimals}f}{suffix}" if v else f"{prefix}0" for v in values]
+        if len(set(labels)) == len(labels):
+            return [label.replace(f"{prefix}-", f"-{prefix}") for label in labels]
+    return [f"{prefix}{v:.6g}" for v in values]
+
+
+def _formatter(money: bool):
+    """A matplotlib tick formatter over :func:`tick_labels`, which must see all of an axis's ticks at once."""
+    from matplotlib.ticker import Formatter
+
+    class Labels(Formatter):
+        def format_ticks(self, values):
+            return tick_labels(values, money)
+
+        def __call__(self, x, pos=None):
+            return tick_labels([x], money)[0]
+
+    return Labels()
 
 
 def _axes_style(ax) -> None:
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(7))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _abbreviated(x)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: usd(y) if y >= 10 or y == 0 else f"${y:.2f}"))
+    ax.xaxis.set_major_formatter(_formatter(money=False))
+    ax.yaxis.set_major_formatter(_formatter(money=True))
     ax.set_xlabel("throughput (samples/s)")
     ax.set_ylabel("cost of the training run (USD)")
     ax.grid(True, linewidth=0.3)

@@ -442,7 +442,7 @@ def test_help_shows_no_bool_placeholder_for_flags():
 
 def test_plan_summary_shows_the_units_and_singular_counts():
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact"], env={"COLUMNS": "200"})
-    assert "cpu 35/480 CPU cores, v100 1/32" in result.stdout, result.stdout
+    assert "cpu 35 of 480 CPU cores, v100 1 of 32" in result.stdout, result.stdout
     result = runner.invoke(app, ["validate", CTR, str(ROOT / "clusters/paper.yaml")], env={"COLUMNS": "200"})
     assert "cluster paper, 2 resource types" in result.stdout
 

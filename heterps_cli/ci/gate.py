@@ -18,7 +18,7 @@ import numpy as np
 from heterps_cli.ci.diff import incomparable
 from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
-from heterps_cli.figures import count, plural, setting, signed_usd, usd
+from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import PlanFile
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -173,23 +173,32 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
 
 
 def plan_command(
-    profile: str, cluster: str, problem: Problem, plan: PlanFile, plan_path: str, scheduler: str | None = None
+    profile: str,
+    cluster: str,
+    problem: Problem,
+    plan: PlanFile,
+    plan_path: str,
+    scheduler: str | None = None,
+    seed: int = 0,
 ) -> str:
     """The ``heterps plan`` command that plans this job (the files' and flags', not the plan's) into the plan's file.
 
-    It ends up in pull-request comments, so nothing from the plan file is copied into it
-    verbatim: the scheduler must be a known one (else exact), and every path is quoted."""
-    job = f" --samples {problem.samples:g} --epochs {problem.epochs:g}"
+    Run, it must make a plan that passes the check that suggested it: so every job setting is
+    spelled out to its last digit, the objective always (tapp's default differs from the others'),
+    and the seed a stochastic search was given. It ends up in pull-request comments, so nothing
+    from the plan file is copied into it verbatim: the scheduler must be a known one (else exact),
+    and every path is quoted."""
+    job = f" --samples {exact(problem.samples)} --epochs {exact(problem.epochs)}"
     if problem.min_throughput > 0:
-        job += f" --min-throughput {problem.min_throughput:g}"
+        job += f" --min-throughput {exact(problem.min_throughput)}"
     if problem.max_cost is not None:
-        job += f" --max-cost {problem.max_cost:g}"
-    objective = f" --objective {problem.objective}" if problem.objective != "cost" else ""
+        job += f" --max-cost {exact(problem.max_cost)}"
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
+    stochastic = f" --seed {seed}" if seed and name not in ("exact", "greedy") else ""
     return (
-        f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name}{objective}{job} "
-        f"--out {shlex.quote(plan_path)}"
+        f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name} "
+        f"--objective {problem.objective}{job}{stochastic} --out {shlex.quote(plan_path)}"
     )
 
 
@@ -218,7 +227,9 @@ class Gate:
 
     @property
     def replan_command(self) -> str:
-        return plan_command(self.profile_path, self.cluster_path, self.problem, self.plan, self.plan_path)
+        return plan_command(
+            self.profile_path, self.cluster_path, self.problem, self.plan, self.plan_path, seed=self.seed
+        )
 
 
 def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
@@ -290,7 +301,9 @@ def _limits(g: Gate, fresh: Plan) -> Finding:
     for i, s in enumerate(fresh.stages):  # section 1b: every replica must fit its unit's memory
         memory = fresh.memory.get(s.resource)
         if memory is not None and s.memory_gb > memory * (1 + SLACK):
-            over.append(f"stage {i} needs {s.memory_gb:.3g} GB per replica on {s.resource} (memory {memory:g} GB)")
+            over.append(
+                f"stage {i} needs {s.memory_gb:.3g} GB per replica on {s.resource} (memory {number(memory)} GB)"
+            )
     if not over:
         return Finding("limits", True, "within every resource limit" + (" and memory" if _has(fresh.memory) else ""))
     return Finding(
@@ -327,8 +340,17 @@ def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
         "max-cost",
         ok,
         f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the --max-cost {usd(g.max_cost)}{by}",
-        "" if ok else f"find a cheaper plan: {g.replan_command}, or raise the budget",
+        "" if ok else f"find the cheapest plan: {_cheapest_command(g)}, or raise the budget",
     )
+
+
+def _cheapest_command(g: Gate) -> str:
+    """The replan command with the exact solver, which finds a plan within the budget whenever one
+    exists (a heuristic may not); the plan's own scheduler where the model is too long for exact."""
+    from heterps_cli.schedulers.exact import too_large
+
+    name = None if too_large(g.problem) else "exact"
+    return plan_command(g.profile_path, g.cluster_path, g.problem, g.plan, g.plan_path, name, g.seed)
 
 
 def _min_throughput(g: Gate, fresh: Plan) -> Finding | None:
@@ -341,7 +363,7 @@ def _min_throughput(g: Gate, fresh: Plan) -> Finding | None:
         ok,
         f"throughput {count(fresh.throughput, 1)} samples/s "
         f"{'meets' if ok else 'is under'} --min-throughput {count(g.min_throughput, 1)}{by}",
-        "" if ok else f"re-plan with --min-throughput {g.min_throughput:g}: {g.replan_command}",
+        "" if ok else f"re-plan: {g.replan_command}",
     )
 
 
@@ -387,7 +409,7 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
             f"({100 * saving:.1f}% cheaper; tolerance {g.tolerance:g}%)"
         )
     ok = saving <= g.tolerance / 100 + 1e-12
-    adopt = f"adopt it: {plan_command(g.profile_path, g.cluster_path, problem, g.plan, g.plan_path, name)}"
+    adopt = f"adopt it: {plan_command(g.profile_path, g.cluster_path, problem, g.plan, g.plan_path, name, g.seed)}"
     findings = [Finding("replan", ok, found, "" if ok else adopt, warn=saving > 1e-9)]
     if g.plan.optimal and name == "exact" and saving > 1e-9:  # a false claim, whatever the tolerance
         findings.append(

@@ -100,8 +100,26 @@ def plan_view(plan: Plan) -> Group:
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
     for note in plan.notes:
         summary.add_row("note", Text(note))
+    assumed = assumptions(plan)
+    if assumed:
+        summary.add_row("assumes", Text(assumed, style="yellow"))
     hardware = _hardware_view(plan)
     return Group(table, *([hardware] if hardware is not None else []), summary)
+
+
+def assumptions(plan: Plan) -> str:
+    """What the plan's figures leave out because the cluster does not say: free transfer across a
+    stage boundary on a type with no ``bandwidth_gbps``, unchecked memory on one with no ``memory_gb``."""
+    edges = [s.resource for s in plan.stages[1:]] + [s.resource for s in plan.stages[:-1]]
+    free = [t for t in dict.fromkeys(edges) if plan.bandwidth.get(t) is None]
+    used = [t for t, n in plan.resources.items() if n]
+    unchecked = [t for t in used if plan.memory.get(t) is None]
+    parts = []
+    if free:
+        parts.append(f"activations cross stage boundaries for free on {', '.join(map(clip, free))} (no bandwidth_gbps)")
+    if unchecked:
+        parts.append(f"memory unchecked on {', '.join(map(clip, unchecked))} (no memory_gb)")
+    return "; ".join(parts)
 
 
 def _gb(x: float) -> str:
@@ -144,10 +162,10 @@ def _hardware_view(plan: Plan) -> Table | None:
 
 
 def _units(plan: Plan, t: str) -> str:
-    """'cpu 35/480 CPU cores': the type, units used of its limit, and the cluster's unit label."""
+    """'cpu 35 of 480 CPU cores': the type, units used of its limit, and the cluster's unit label."""
     label = plan.units.get(t, t)
     used = plan.resources[t]
-    shown = f"{clip(t)} {count(used)}/{count(plan.limits[t])}"
+    shown = f"{clip(t)} {count(used)} of {count(plan.limits[t])}"
     if label.lower() == t.lower():
         return shown
     return f"{shown} {clip(label) if used == 1 or label.endswith('s') else clip(label) + 's'}"

@@ -40,6 +40,7 @@ from heterps_cli.costmodel import (
     throughput_floor,
 )
 from heterps_cli.errors import InfeasibleError, InputError
+from heterps_cli.figures import count, usd
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
@@ -643,17 +644,47 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
             f"the limits ({_limits(problem)}) are too small for this model"
         )
     if fastest.throughput < throughput_floor(problem):
+        cap, why = serial_cap(problem)
+        if cap < throughput_floor(problem):
+            fix = f"{why}. No number of units changes that: lower the required throughput (--min-throughput)"
+        else:
+            fix = "Lower the required throughput (--min-throughput) or raise the limits"
         return InfeasibleError(
-            f"no plan reaches the required {problem.min_throughput:,.1f} samples/s within the limits "
-            f"({_limits(problem)}); the fastest possible plan reaches {fastest.throughput:,.1f} samples/s "
-            f"(costing ${fastest.cost:,.2f}). Lower the required throughput (--min-throughput) or raise the limits."
+            f"no plan reaches the required {count(problem.min_throughput, 1)} samples/s within the limits "
+            f"({_limits(problem)}); the fastest possible plan reaches {count(fastest.throughput, 1)} samples/s "
+            f"(costing {usd(fastest.cost)}). {fix}."
         )
     cheapest, _ = StepSolver(problem.replace(objective="cost", max_cost=None), None).min_cost()
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     return InfeasibleError(
-        f"no plan costs at most ${problem.max_cost:,.2f}: the cheapest plan that reaches "
-        f"{problem.min_throughput:,.1f} samples/s costs ${cheapest.cost:,.2f} "
-        f"({cheapest.throughput:,.1f} samples/s). Raise the budget (--max-cost)."
+        f"no plan costs at most {usd(problem.max_cost)}: the cheapest plan that reaches "
+        f"{count(problem.min_throughput, 1)} samples/s costs {usd(cheapest.cost)} "
+        f"({count(cheapest.throughput, 1)} samples/s). Raise the budget (--max-cost)."
+    )
+
+
+def serial_cap(problem: Problem) -> tuple[float, str]:
+    """The throughput no plan passes on any number of units, and why: the layer whose serial part
+    (compute ``oct (1 - alpha)`` or gradient synchronisation ``odt (1 - beta)``, which replicas do
+    not divide) is the largest even on its best type, alone in a stage."""
+    serial_c, _, serial_d, _ = problem.parts
+    serial = np.where(problem.usable, np.maximum(serial_c, serial_d), np.inf)
+    best_t = np.argmin(serial, axis=1)
+    per_layer = serial[np.arange(problem.n_layers), best_t]
+    layer = int(np.argmax(per_layer))
+    t = int(best_t[layer])
+    if not per_layer[layer] > 0:
+        return math.inf, ""
+    sync = serial_d[layer, t] >= serial_c[layer, t]
+    term = (
+        f"gradient synchronisation, odt x (1 - beta) = {serial_d[layer, t]:.3g} s"
+        if sync
+        else f"serial compute, oct x (1 - alpha) = {serial_c[layer, t]:.3g} s"
+    )
+    cap = problem.batch_size / float(per_layer[layer])
+    return cap, (
+        f"Layer {problem.layer_names[layer]} caps every plan at {count(cap, 1)} samples/s: its {term} per batch "
+        f"of {problem.batch_size:,} on {problem.types[t]}, its fastest type, does not shrink with replicas"
     )
 
 
@@ -703,8 +734,8 @@ def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None
     except InputError:  # the binding limits need more states than the solver may hold
         return InfeasibleError(f"{failure}: {hint}")
     return InfeasibleError(
-        f"{failure}, but a feasible plan exists (the exact solver finds one costing ${found.cost_usd:,.2f} "
-        f"at {found.throughput:,.1f} samples/s): {hint}, or use --scheduler exact"
+        f"{failure}, but a feasible plan exists (the exact solver finds one costing {usd(found.cost_usd)} "
+        f"at {count(found.throughput, 1)} samples/s): {hint}, or use --scheduler exact"
     )
 
 
@@ -762,9 +793,9 @@ def solve(
     notes: tuple[str, ...] = ()
     if not proved:
         what = (
-            f"no plan costs less than ${bound:,.2f}"
+            f"no plan costs less than {usd(bound)}"
             if problem.objective == "cost"
-            else f"no plan is faster than {bound:,.1f} samples/s"
+            else f"no plan is faster than {count(bound, 1)} samples/s"
         )
         notes = (f"{why}: {what}, so it is within {100 * gap:.2f}% of the optimum",)
     plan = make_plan(

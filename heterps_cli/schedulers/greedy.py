@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from heterps_cli.figures import count, usd
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
@@ -73,5 +74,5 @@ def _figure(problem: Problem, scored) -> str:
     if not scored.feasible[0]:
         return "infeasible"
     if problem.objective == "time":
-        return f"{scored.throughput[0]:,.1f} samples/s"
-    return f"${scored.cost[0]:,.2f}"
+        return f"{count(scored.throughput[0], 1)} samples/s"
+    return usd(scored.cost[0])

@@ -22,6 +22,7 @@ import numpy as np
 
 from heterps_cli.costmodel import better, provision, split_stages, stage_ids
 from heterps_cli.errors import SearchFailed
+from heterps_cli.figures import count, usd
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import SolveOptions, time_left
@@ -144,7 +145,7 @@ class Best:
         """The best figure so far, for a progress line."""
         if self.schedule is None:
             return "none yet"
-        return f"{self.throughput:,.1f} samples/s" if self.objective == "time" else f"${self.cost:,.2f}"
+        return f"{count(self.throughput, 1)} samples/s" if self.objective == "time" else usd(self.cost)
 
     @property
     def key(self) -> float:
