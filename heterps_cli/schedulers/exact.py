@@ -656,6 +656,7 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
         )
     cheapest, _ = StepSolver(problem.replace(objective="cost", max_cost=None), None).min_cost()
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
+    assert problem.max_cost is not None, "within the limits and the throughput, only the budget can rule a plan out"
     return InfeasibleError(
         f"no plan costs at most {usd(problem.max_cost)}: the cheapest plan that reaches "
         f"{count(problem.min_throughput, 1)} samples/s costs {usd(cheapest.cost)} "
