@@ -157,3 +157,31 @@ def test_the_plan_says_when_transfer_is_free_or_memory_unchecked():
     hardware = str(ROOT / "clusters/paper-hardware.yaml")
     shown = runner.invoke(app, ["plan", CTR, hardware, "-s", "exact"], env={"COLUMNS": "200"}).stdout
     assert "assumes" not in shown
+
+
+def test_a_target_past_every_layers_serial_part_names_the_layer_not_the_limits(tmp_path):
+    import yaml
+
+    profile = yaml.safe_load(Path(CTR).read_text())
+    offered = yaml.safe_load(Path(PAPER).read_text())["resources"]
+    # Independently: a layer alone in a stage on its best type, on any number of units, is at best
+    # B0 / max(oct (1 - alpha), odt (1 - beta)); the least of those over layers caps every plan.
+    caps = {
+        layer["name"]: max(
+            profile["batch_size"] / max(e["oct"] * (1 - e["alpha"]), e["odt"] * (1 - e["beta"]), 1e-300)
+            for t, e in layer["times"].items()
+            if t in offered
+        )
+        for layer in profile["layers"]
+    }
+    name = min(caps, key=caps.get)
+    result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact", "--min-throughput", "1e9"])
+    assert result.exit_code == 3
+    said = " ".join(result.stderr.split())
+    assert f"Layer {name} caps every plan at {caps[name]:,.0f} samples/s" in said
+    assert "No number of units changes that" in said and "raise the limits" not in said
+    # Within reach of more units, the limits are what to raise.
+    small = tmp_path / "small.yaml"
+    small.write_text(Path(PAPER).read_text().replace("limit: 480", "limit: 40").replace("limit: 32", "limit: 1"))
+    result = runner.invoke(app, ["plan", CTR, str(small), "-s", "exact", "--min-throughput", "5e6"])
+    assert result.exit_code == 3 and "raise the limits" in result.stderr and "caps" not in result.stderr
