@@ -148,14 +148,14 @@ def check(
     baseline_path: str | None = None,
     max_increase: str = "0%",
     replan: str | None = None,
-    tolerance: float = 1.0,
+    tolerance: str = "1%",
     seed: int = 0,
     progress: Progress | None = None,
 ) -> list[Finding]:
     """``heterps check``: the findings of every gate on a committed plan (all ``ok``: it still holds).
 
     ``job.max_cost`` and ``job.min_throughput``, when given, are also gates the plan must meet."""
-    from heterps_cli.ci.gate import Gate, Increase, gate
+    from heterps_cli.ci.gate import Gate, Increase, gate, percent
     from heterps_cli.formats import load_plan
 
     committed, _ = load_plan(plan_path)
@@ -177,7 +177,7 @@ def check(
             baseline_path=str(baseline_path),
             max_increase=increase,
             replan=replan,
-            tolerance=tolerance,
+            tolerance=percent(tolerance, "tolerance"),
             seed=seed,
         ),
         progress,

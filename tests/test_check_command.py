@@ -92,9 +92,9 @@ def test_baseline_gate(files):
     assert "$0.80 -> $0.853, +$0.0525 (+6.6%); allowed increase 5%" in shown
     assert "heterps diff plans/ctr.yaml plans/ctr-3m.yaml" in shown
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml", job=THREE_M)
-    _check("--baseline", "plans/ctr.yaml", "--max-increase", "0.10", plan="plans/ctr-3m.yaml", job=THREE_M)
+    _check("--baseline", "plans/ctr.yaml", "--max-increase", "$0.10", plan="plans/ctr-3m.yaml", job=THREE_M)
     assert "allowed increase $0.01" in _check(
-        "--baseline", "plans/ctr.yaml", "--max-increase", "0.01", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1
+        "--baseline", "plans/ctr.yaml", "--max-increase", "0.01usd", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1
     )
 
 
@@ -105,9 +105,9 @@ def test_replan_finds_a_wasteful_plan(files):
     replicas = [s["replicas"] + 4 for s in plan["stages"]]  # more than the throughput needs
     wasteful = make_plan(problem, [problem.types.index(t) for t in schedule], replicas, scheduler="manual")
     (files / "plans/wasteful.yaml").write_text(yaml.safe_dump(wasteful.to_dict(), sort_keys=False))
-    shown = _check("--replan", "exact", "--tolerance", "1", plan="plans/wasteful.yaml", expect=1)
+    shown = _check("--replan", "exact", "--tolerance", "1%", plan="plans/wasteful.yaml", expect=1)
     assert "exact finds $0.80 against the plan's" in shown and "adopt it: heterps plan" in shown
-    _check("--replan", "exact", "--tolerance", "99", plan="plans/wasteful.yaml")
+    _check("--replan", "exact", "--tolerance", "99%", plan="plans/wasteful.yaml")
 
 
 def test_replan_of_a_time_plan_looks_for_a_faster_one(files):
@@ -131,6 +131,22 @@ def test_bad_files_exit_2(files):
     assert "--max-increase" in _check(
         "--baseline", "plans/ctr-3m.yaml", "--max-increase", "lots", plan="plans/ctr-3m.yaml", job=THREE_M, expect=2
     )
+
+
+@pytest.mark.parametrize("flag, value", [("--max-increase", "10"), ("--tolerance", "1.0"), ("--max-increase", "$5%")])
+def test_a_figure_without_its_unit_is_refused(files, flag, value):
+    # "--max-increase 10" was dollars while "--tolerance 1.0" was percent: a +145% rise once passed.
+    shown = _check("--baseline", "plans/ctr.yaml", "--replan", "greedy", flag, value, expect=2)
+    assert flag in shown and "%" in shown
+
+
+def test_units_as_written(files):
+    old = ("--baseline", "plans/ctr.yaml", "--max-increase")
+    _check(*old, "$0.06", plan="plans/ctr-3m.yaml", job=THREE_M)  # +$0.0525
+    _check(*old, "0.05usd", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
+    _check(*old, "7%", plan="plans/ctr-3m.yaml", job=THREE_M)  # +6.6%
+    _check(*old, "6%", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
+    _check("--max-increase", "0", "--tolerance", "0")
 
 
 def test_markdown_report(files):
@@ -180,7 +196,7 @@ def test_github_annotations_and_step_summary(files, monkeypatch):
     )
     assert result.exit_code == 1
     first = result.stdout.splitlines()[0]
-    assert first.startswith("::error file=plans/ctr-3m.yaml,title=heterps check baseline::cost $0.80 -> $0.85")
+    assert first.startswith("::error file=plans/ctr-3m.yaml,title=heterps check baseline::cost $0.80 -> $0.853")
     assert "(+6.6%25)" in first  # GitHub's escaping of %
     assert "### heterps check" in summary.read_text()
 
@@ -293,7 +309,7 @@ def test_an_objective_other_than_the_flags_is_stale(files):
 def test_a_false_optimal_claim_and_an_infeasible_plan_fail(files):
     wasteful = _replicas_plus(files, 4)
     _edit(wasteful, "optimal: null", "optimal: true")
-    shown = _check("--replan", "exact", "--tolerance", "99", plan=str(wasteful), expect=1)
+    shown = _check("--replan", "exact", "--tolerance", "99%", plan=str(wasteful), expect=1)
     assert "✗ FAIL optimal the plan says it is optimal, but exact finds one" in shown
     _edit(Path("plans/ctr.yaml"), "feasible: true", "feasible: false")
     assert "the plan file itself says it is infeasible" in _check(expect=1)

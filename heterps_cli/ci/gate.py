@@ -44,24 +44,31 @@ class Finding:
 
 @dataclass(frozen=True)
 class Increase:
-    """``--max-increase``: "10%" (relative) or "25" (USD)."""
+    """``--max-increase``: "10%" (of the baseline's cost) or "$25" / "25usd" (dollars). A bare number
+    other than 0 is refused: "10" once meant ten dollars to the tool and ten percent to its readers."""
 
     value: float
     percent: bool
 
     @classmethod
     def parse(cls, text: str) -> Increase:
-        raw = text.strip()
+        raw = text.strip().lower().replace(" ", "")
         percent = raw.endswith("%")
+        dollars = raw.startswith("$") or raw.endswith("usd")
+        figure = raw.removesuffix("%").removeprefix("$").removesuffix("usd")
         try:
-            value = float(raw.rstrip("%").lstrip("$"))
+            value = float(figure)
         except ValueError:
             value = -1.0
-        if not value >= 0 or not math.isfinite(value):
+        unit = percent != dollars or value == 0  # exactly one unit; 0 needs none
+        if not value >= 0 or not math.isfinite(value) or not unit:
             raise InputError(
-                None, None, "max_increase", f"expected a percentage like 10% or dollars like 25 (got {text!r})"
+                None,
+                None,
+                "max_increase",
+                f"expected a percentage of the baseline's cost like 10% or dollars like $25 or 25usd (got {text!r})",
             )
-        return cls(value, percent)
+        return cls(value, not dollars)
 
     def allows(self, old: float, new: float) -> bool:
         limit = old * self.value / 100 if self.percent else self.value
@@ -69,6 +76,18 @@ class Increase:
 
     def __str__(self) -> str:
         return f"{self.value:g}%" if self.percent else usd(self.value)
+
+
+def percent(text: str, field: str) -> float:
+    """A percentage as ``--tolerance`` takes it: "1%" (a bare 0 too); a bare other number is refused."""
+    raw = text.strip().replace(" ", "")
+    try:
+        value = float(raw.removesuffix("%"))
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or not math.isfinite(value) or (not raw.endswith("%") and value != 0):
+        raise InputError(None, None, field, f"expected a percentage like 1% or 0.5% (got {text!r})")
+    return value
 
 
 def schedule_of(problem: Problem, plan: PlanFile) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -232,6 +232,16 @@ def _increase(value: str) -> str:
     return value
 
 
+def _tolerance(value: str) -> str:
+    from heterps_cli.ci.gate import percent
+
+    try:
+        percent(value, "tolerance")
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+    return value
+
+
 def _seed(value: int) -> int:
     if not 0 <= value < 2**63:
         raise typer.BadParameter(f"must be a whole number from 0 to 2**63 - 1 (got {value})")
@@ -984,7 +994,9 @@ def check(
     max_increase: Annotated[
         str,
         typer.Option(
-            callback=_increase, help="With --baseline: the allowed cost increase, as a percentage (10%) or USD (25)."
+            callback=_increase,
+            help="With --baseline: the allowed cost increase, with its unit: a percentage of the baseline's cost "
+            "(10%) or dollars ('$25' or 25usd).",
         ),
     ] = "0%",
     replan: Annotated[
@@ -996,12 +1008,13 @@ def check(
         ),
     ] = None,
     tolerance: Annotated[
-        float,
+        str,
         typer.Option(
-            callback=_non_negative,
-            help="With --replan: percent cheaper a new plan may be before the committed one counts as wasteful.",
+            callback=_tolerance,
+            help="With --replan: how much cheaper (faster, for a time plan) a new plan may be before the committed "
+            "one counts as wasteful, as a percentage (1%).",
         ),
-    ] = 1.0,
+    ] = "1%",
     seed: SeedOpt = 0,
     fmt: Annotated[
         Format,
