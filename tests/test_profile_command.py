@@ -296,3 +296,43 @@ def test_activation_size_is_what_autograd_saves_per_sample(factory, tmp_path):
     assert prof.layers[0].activation_size == 64 * 4
     assert prof.layers[1].activation_size == 256 * 4
     assert not any(layer.sharded for layer in prof.layers)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
+def test_ctrl_c_during_the_bandwidth_probe_is_one_line_and_ends_its_processes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_run_command import children, session_processes
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "heterps_cli", "profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the probe's two gloo processes are spawned children
+            spawned = [c for c in children(process.pid) if b"spawn" in Path(f"/proc/{c}/cmdline").read_bytes()]
+            if len(spawned) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the bandwidth probe's processes did not start")
+        time.sleep(0.5)  # inside their start-up (they import torch): where the tracebacks came from
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the whole group
+        _, stderr = process.communicate(timeout=30)
+        time.sleep(1.0)
+        leftover = session_processes(process.pid)
+    finally:
+        for pid in session_processes(process.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 130 and stderr.strip() == "interrupted", stderr
+    assert not leftover and not (tmp_path / "p.yaml").exists()

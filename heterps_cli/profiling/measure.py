@@ -42,16 +42,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import importlib
 import importlib.util
 import inspect
 import os
+import signal
 import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -477,17 +480,36 @@ def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout
         procs = [
             ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True) for r in range(2)
         ]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+        try:
+            with _sigint_ignored():
+                for p in procs:
+                    p.start()
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:  # on Ctrl-C too: heterps exits with os._exit, which runs no atexit clean-up of daemons
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
         if not Path(out).exists():
             return None
         return size / float(Path(out).read_text())
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Children started inside ignore SIGINT (a spawned interpreter keeps an ignored SIGINT ignored):
+    Ctrl-C reaches the whole foreground process group, and only this process should answer it,
+    by ending them, rather than each child printing its own KeyboardInterrupt traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def host_to_device_bandwidth(size: int = 64 << 20, rounds: int = 10) -> float:
