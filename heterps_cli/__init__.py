@@ -65,6 +65,10 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(_EXPORTS[name]), name)
 
 
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
 STARTED = time.perf_counter()  # when this process imported heterps: --time-limit's clock on the command line
 
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from heterps_cli.ci.diff import Change
     from heterps_cli.ci.gate import Finding
     from heterps_cli.compare import Entry
-    from heterps_cli.formats import Cluster, Profile
+    from heterps_cli.formats import Cluster, PlanFile, Profile
     from heterps_cli.frontier import Frontier
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
@@ -200,13 +200,14 @@ def diff(old_path: str, new_path: str) -> PlanDiff:
     return PlanDiff(diff_plans(old, new), incomparable(old, new))
 
 
-def validate(profile_path: str, cluster_path: str | None = None) -> tuple[Profile, Cluster | None]:
-    """``heterps validate``: the profile (and cluster), checked against the format and each other."""
-    from heterps_cli.formats import check_pair, load_pair, load_profile
+def validate(path: str, cluster_path: str | None = None) -> tuple[Profile | Cluster | PlanFile, Cluster | None]:
+    """``heterps validate``: a profile, a cluster or a plan alone, checked against its format; or a
+    profile and a cluster, checked against each other too."""
+    from heterps_cli.formats import check_pair, load_any, load_pair
 
     if cluster_path is None:
-        return load_profile(profile_path)[0], None
-    (profile, pdoc), (cluster, cdoc) = load_pair(profile_path, cluster_path)
+        return load_any(path)[1], None
+    (profile, pdoc), (cluster, cdoc) = load_pair(path, cluster_path)
     check_pair(profile, pdoc, cluster, cdoc)
     return profile, cluster
 

@@ -283,8 +283,24 @@ def _raise_all(problems: list[InputError]) -> None:
         raise InputError.joined(problems)
 
 
+def load_any(path: str) -> tuple[str, Profile | Cluster | PlanFile, Document]:
+    """A profile, a cluster or a plan, whichever the file is (read once): its kind, model and document.
+    A file that says none of them is read as a profile, whose errors then say what is missing."""
+    doc = load_yaml(path)
+    kind = _kind_of(doc.data) if isinstance(doc.data, dict) else None
+    if kind == "cluster":
+        return kind, _validate(Cluster, doc, kind), doc
+    if kind == "plan":
+        return kind, _validate(PlanFile, doc, kind), doc
+    return "profile", _profile_of(doc), doc
+
+
 def load_profile(path: str) -> tuple[Profile, Document]:
     doc = load_yaml(path)
+    return _profile_of(doc), doc
+
+
+def _profile_of(doc: Document) -> Profile:
     profile: Profile = _validate(Profile, doc, "profile")
     problems = []
     seen: dict[str, int] = {}
@@ -306,7 +322,7 @@ def load_profile(path: str) -> tuple[Profile, Document]:
                         )
                     )
     _raise_all(problems)
-    return profile, doc
+    return profile
 
 
 def load_cluster(path: str) -> tuple[Cluster, Document]:

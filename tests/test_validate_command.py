@@ -48,3 +48,49 @@ def test_yaml_12_floats_and_lines(tmp_path):
     doc = load_yaml(doc_path)
     assert doc.data == {"a": 4.2e9, "b": 1e-3, "c": [{"x": 1, "y": "z"}]}
     assert doc.line(("c", 0, "y")) == 5 and doc.line(("c", 0, "missing")) == 4
+
+
+def test_a_cluster_alone_is_checked_and_summarised(tmp_path):
+    result = runner.invoke(app, ["validate", str(ROOT / "clusters/paper-hardware.yaml")], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "cluster paper-hardware, 2 resource types" in result.stdout
+    assert "CPU core" in result.stdout and "12.5" in result.stdout and "not given" not in result.stdout
+    result = runner.invoke(app, ["validate", str(ROOT / "clusters/paper.yaml")], env={"COLUMNS": "120"})
+    assert result.exit_code == 0 and "memory is not checked" in result.stdout
+    bad = tmp_path / "c.yaml"
+    bad.write_text("cluster: x\nresources:\n  cpu: {price: -1, limit: 4}\n")
+    result = runner.invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:3" in result.stderr and "price" in result.stderr
+
+
+def test_a_plan_alone_is_checked_and_summarised(tmp_path):
+    result = runner.invoke(app, ["validate", str(ROOT / "docs/plans/ctr.yaml")], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "a plan of ctr on paper by exact, 3 stages: cpu×34 | v100×1 | cpu×1" in result.stdout
+    assert "heterps check" in result.stdout
+    bad = tmp_path / "p.yaml"
+    bad.write_text((ROOT / "docs/plans/ctr.yaml").read_text().replace("replicas: 34", "replicas: -34"))
+    result = runner.invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 2 and "replicas" in result.stderr and "Traceback" not in result.output
+
+
+def test_the_package_lists_its_public_names():
+    import heterps_cli
+
+    assert dir(heterps_cli) == sorted(heterps_cli.__all__)
+    assert "STARTED" not in dir(heterps_cli) and "load_problem" in dir(heterps_cli)
+
+
+def test_plot_to_a_terminal_is_refused(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    from heterps_cli.cli import app as cli
+
+    try:
+        cli._one_stdout(False, "-")
+    except Exception as exc:  # typer.BadParameter: exit 2 with the option named
+        assert "terminal" in str(exc)
+    else:
+        raise AssertionError("--plot - on a terminal was accepted")
+    cli._one_stdout(False, "picture.png")

@@ -490,6 +490,10 @@ def frontier(
 def _one_stdout(as_json: bool, plot: str | None) -> None:
     if as_json and plot == "-":
         raise typer.BadParameter("--json and --plot - both write to standard output: give --plot a file")
+    if plot == "-" and sys.stdout.isatty():
+        raise typer.BadParameter(
+            "--plot - writes PNG bytes, and standard output is a terminal: give a file, or pipe it"
+        )
 
 
 def _scheduler_list(value: str) -> list[str]:
@@ -1093,15 +1097,27 @@ def diff(
 
 @app.command()
 def validate(
-    profile: ProfileArg,
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="A model profile, a cluster or a plan (YAML; which one, the file's keys say).", show_default=False
+        ),
+    ],
     cluster: Annotated[
-        Path | None, typer.Argument(help="Optional cluster YAML to check against the profile.", show_default=False)
+        Path | None,
+        typer.Argument(help="With a profile: a cluster to check it against.", show_default=False),
     ] = None,
 ) -> None:
-    """Check a profile (and a cluster) and summarise them: layers, types, which layers each type runs."""
+    """Check a profile, a cluster or a plan file, or a profile against a cluster, and summarise it."""
     with _exit_codes():
         from heterps_cli import api
-        from heterps_cli.cli.render import print_summary
+        from heterps_cli.cli.render import print_cluster, print_plan_file, print_summary
+        from heterps_cli.formats import Cluster, PlanFile
 
-        prof, clus = api.validate(str(profile), str(cluster) if cluster is not None else None)
-        print_summary(out, prof, str(profile), clus, str(cluster) if cluster else None)
+        found, clus = api.validate(str(file), str(cluster) if cluster is not None else None)
+        if isinstance(found, Cluster):
+            print_cluster(out, found, str(file))
+        elif isinstance(found, PlanFile):
+            print_plan_file(out, found, str(file))
+        else:
+            print_summary(out, found, str(file), clus, str(cluster) if cluster else None)

@@ -9,8 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from heterps_cli.figures import count, duration, plural, usd
-from heterps_cli.formats import Cluster, Profile
+from heterps_cli.figures import count, duration, number, plural, usd
+from heterps_cli.formats import Cluster, PlanFile, Profile
 
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
@@ -189,7 +189,7 @@ def print_summary(
     )
     if job.samples or job.epochs or job.min_throughput:
         parts = [
-            f"{field} {getattr(job, field):,g}"
+            f"{field} {number(getattr(job, field))}"
             for field in ("samples", "epochs", "min_throughput")
             if getattr(job, field) is not None
         ]
@@ -207,7 +207,7 @@ def print_summary(
         kinds[layer.type] = kinds.get(layer.type, 0) + 1
     console.print(Text("  layer kinds: " + ", ".join(f"{clip(k)} ×{n}" for k, n in kinds.items())))
     types = list(dict.fromkeys(t for layer in profile.layers for t in layer.times))
-    table = Table(header_style="bold")
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("resource")
     table.add_column("runs layers")
     table.add_column("total OCT s/batch", justify="right")
@@ -254,6 +254,50 @@ def print_summary(
                     f" cluster types the profile never times cannot be used: {', '.join(clip(t) for t in unused)}",
                 )
             )
+
+
+def print_cluster(console: Console, cluster: Cluster, path: str) -> None:
+    """``heterps validate CLUSTER``: each type's price, limit and what section 1b knows of it."""
+    console.print(
+        Text.assemble(
+            ("✓", "bold green"),
+            f" {clip(path)}: cluster ",
+            _bold(cluster.cluster),
+            f", {plural(len(cluster.resources), 'resource type')}",
+        )
+    )
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD)
+    for name in ("resource", "unit", "price $/h", "limit", "memory GB", "link Gbit/s"):
+        table.add_column(name, justify="left" if name in ("resource", "unit") else "right")
+    for t, r in cluster.resources.items():
+        table.add_row(
+            Text(clip(t)),
+            Text(clip(r.unit or t)),
+            usd(r.price).removeprefix("$"),
+            count(r.limit),
+            "—" if r.memory_gb is None else f"{r.memory_gb:,.6g}",
+            "—" if r.bandwidth_gbps is None else f"{r.bandwidth_gbps:,.6g}",
+        )
+    console.print(table)
+    if any(r.memory_gb is None or r.bandwidth_gbps is None for r in cluster.resources.values()):
+        console.print("  — not given: memory is not checked, or stage-boundary transfer is free, on that type")
+
+
+def print_plan_file(console: Console, plan: PlanFile, path: str) -> None:
+    """``heterps validate PLAN``: what the plan file says, well-formed; its figures are check's to judge."""
+    layout = " | ".join(f"{clip(s.resource)}×{s.replicas}" for s in plan.stages)
+    console.print(
+        Text.assemble(
+            ("✓", "bold green"),
+            f" {clip(path)}: a plan of ",
+            _bold(plan.model),
+            " on ",
+            _bold(plan.cluster),
+            f" by {clip(plan.scheduler)}, {plural(len(plan.stages), 'stage')}: {layout}",
+        )
+    )
+    console.print(f"  throughput {count(plan.throughput, 1)} samples/s, cost {usd(plan.cost_usd)}")
+    console.print("  well-formed; to recompute its figures from the files: heterps check PLAN --profile P --cluster C")
 
 
 def compare_view(entries, objective: str) -> Group:
