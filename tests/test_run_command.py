@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -367,3 +368,36 @@ def test_a_worker_that_ends_while_the_launcher_looks_is_not_taken_for_a_success(
     done, still = _still_running({0: Ending(0)})
     assert not done and set(still) == {0}
     assert _still_running(still) == (False, {})
+
+
+@pytest.mark.slow
+def test_the_plans_own_model_name_runs_without_model_and_a_stand_in_device_is_said(tmp_path):
+    # A profile of mymodel.py:small names its model mymodel:small; --model mymodel:small failed
+    # (No module named 'mymodel') under the console script, and --model was required.
+    (tmp_path / "mymodel.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+
+            def small(batch_size):
+                return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), torch.randn(batch_size, 4)
+            """
+        )
+    )
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1"]), ("a100", 1, ["2"])], batch_size=8)
+    data = json.loads(plan.read_text())
+    data["model"] = "mymodel:small"
+    plan.write_text(json.dumps(data))
+    done = subprocess.run(
+        [shutil.which("heterps") or "heterps", "run", "plan.json", "--map", "a100=cpu", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    shown = " ".join(done.stdout.split())
+    assert "with mymodel:small" in shown and "measured end to end" in shown and "stage alone" in shown
+    assert "note: a100 on cpu (--map): the plan predicts the hardware it was profiled on" in shown

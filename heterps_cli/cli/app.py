@@ -837,13 +837,14 @@ def run_command(
         Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
     ],
     model: Annotated[
-        str,
+        str | None,
         typer.Option(
             help=f"The model the plan's profile was measured from: {', '.join(ZOO_NAMES)}, FILE.py:FACTORY or "
-            "package.module:FACTORY.",
+            "module:FACTORY (a module.py in the current directory is found by that name too). "
+            "Default: the model the plan names.",
             show_default=False,
         ),
-    ],
+    ] = None,
     device_map: Annotated[
         list[str] | None,
         typer.Option(

@@ -556,6 +556,10 @@ def diff_view(old_path: str, new_path: str, changes, warnings: list[str]) -> Gro
     return Group(*(Text(f"warning: {w}", style="yellow") for w in warnings), table)
 
 
+def _cpu_type(name: str) -> bool:
+    return name.lower().startswith("cpu")
+
+
 def run_view(report) -> Group:
     """``heterps run``: what each stage spent per batch, then the plan's prediction beside the run."""
     title = Text.assemble(
@@ -576,7 +580,7 @@ def run_view(report) -> Group:
         spent.add_column(name, **number)
     versus = Table(title="per batch, against the plan", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     versus.add_column("stage", no_wrap=True)
-    for name in ("plan CT", "plan DT", "plan samples/s", "run samples/s", "run/plan"):
+    for name in ("plan CT", "plan DT", "plan samples/s", "stage alone", "run/plan"):
         versus.add_column(name, **number)
     for s in report.stages:
         stage = Text(f"{s.index} {clip(s.resource)}×{s.replicas}" + (" ◀" if s.index == report.bottleneck else ""))
@@ -600,8 +604,8 @@ def run_view(report) -> Group:
     lines = [
         Text.assemble(
             "throughput ",
-            _bold(f"{report.throughput:,.1f} samples/s"),
-            f" measured, {report.predicted_throughput:,.1f} predicted: measured/predicted ",
+            _bold(f"{count(report.throughput, 1)} samples/s"),
+            f" measured end to end, {count(report.predicted_throughput, 1)} predicted: measured/predicted ",
             _bold(f"{report.ratio:.2f}"),
         ),
         Text(
@@ -611,11 +615,21 @@ def run_view(report) -> Group:
         Text(
             "compute: the stage's layers forward and backward (its slowest replica); wait: blocked on a "
             "neighbour stage, receiving or until it received (its work, the pipeline's fill and drain, the "
-            "transfer); sync: the gradient all-reduce among the replicas; idle: the rest; run samples/s: "
-            "batch / (compute + sync)",
+            "transfer); sync: the gradient all-reduce among the replicas; idle: the rest; stage alone: the "
+            "samples/s the stage would sustain by itself, batch / (compute + sync), where the end-to-end "
+            "throughput above also pays the waits",
             style="dim",
         ),
     ]
+    stand_ins = [f"{s.resource} on {s.device}" for s in report.stages if (s.device == "cpu") != _cpu_type(s.resource)]
+    if stand_ins:
+        lines.append(
+            Text(
+                f"note: {', '.join(dict.fromkeys(stand_ins))} (--map): the plan predicts the hardware it was "
+                "profiled on, so measured/predicted here compares two machines, not the model's accuracy",
+                style="yellow",
+            )
+        )
     if report.losses:
         lines.append(
             Text(f"loss {report.losses[0]:.6g} at step 1, {report.losses[-1]:.6g} at step {len(report.losses)}")

@@ -160,7 +160,15 @@ def _factory(where: str, name: str) -> Callable:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
-            module = importlib.import_module(where)
+            try:
+                module = importlib.import_module(where)
+            except ModuleNotFoundError as exc:
+                # A profile of FILE.py:FACTORY names its model STEM:FACTORY; the file is found again
+                # where it was, the current directory, which a console script does not put on sys.path.
+                beside = Path(*where.split(".")).with_suffix(".py")
+                if exc.name != where.split(".")[0] or not beside.is_file():
+                    raise
+                return _factory(str(beside), name)
     except InputError:
         raise
     except Exception as exc:

@@ -70,7 +70,7 @@ def devices_for(types: list[str], mapping: dict[str, str]) -> dict[str, str]:
 
 def run_plan(
     plan_path: str,
-    model: str,
+    model: str | None = None,
     *,
     mapping: dict[str, str] | None = None,
     input_shape: tuple[int, ...] | None = None,
@@ -85,7 +85,8 @@ def run_plan(
     progress: Progress | None = None,
 ) -> RunReport | None:
     """``heterps run``: train with the plan (one process per replica) and measure it against its
-    prediction; a :class:`~.report.RunReport` (None on a torchrun rank other than 0)."""
+    prediction; a :class:`~.report.RunReport` (None on a torchrun rank other than 0). ``model``
+    defaults to the one the plan names."""
     import torch
 
     from heterps_cli.formats import load_plan
@@ -98,6 +99,7 @@ def run_plan(
 
     report = progress or quiet
     plan, _ = load_plan(plan_path)
+    model = model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})
     world = sum(s.replicas for s in plan.stages)
