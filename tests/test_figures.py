@@ -78,3 +78,31 @@ def test_a_drawn_frontier_labels_its_axes_with_its_own_values():
                 assert value == pytest.approx(loc, rel=0.01, abs=1e-9), (text, loc)
     finally:
         plt.close(fig)
+
+
+def test_tables_keep_one_line_per_row_in_80_columns():
+    # Pipes and CI logs: frontier's stage cells once wrapped to 5-7 lines, plan's layer names and
+    # compare's resources wrapped too.
+    import re
+
+    from typer.testing import CliRunner
+
+    from heterps_cli.cli.app import app
+    from tests.test_frontier_command import ROOT
+
+    runner = CliRunner()
+    transformer = [str(ROOT / "profiles/transformer.yaml"), str(ROOT / "clusters/three-type.yaml")]
+    runs = {
+        "frontier": ["frontier", *transformer],
+        "plan": ["plan", *transformer, "-s", "exact"],
+        "compare": ["compare", CTR, PAPER, "--schedulers", "greedy,exact"],
+    }
+    for name, args in runs.items():
+        result = runner.invoke(app, args, env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        after = result.stdout.split("───", 1)[1].splitlines()[1:]
+        table = after[: next(i for i, line in enumerate(after) if not line.strip())]
+        assert all(len(line) <= 80 for line in table), name
+        assert all(re.match(r"^ *(\d|greedy|exact)", line) for line in table), (name, table)
+        figures = [line[-45:] if name == "plan" else line[:40] for line in table]
+        assert "…" not in "".join(figures), (name, table)  # only names give way, never a figure

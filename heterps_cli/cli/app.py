@@ -480,7 +480,7 @@ def frontier(
             print(json.dumps(kept.to_dict(), indent=2, allow_nan=False))
         elif plot != "-":
             shown = thin(kept, TABLE_ROWS) if points is None else kept
-            out.print(frontier_view(shown, thinned_by_default=len(shown.plans) < len(kept.plans)))
+            out.print(frontier_view(shown, thinned_by_default=len(shown.plans) < len(kept.plans), width=out.width))
             if out_dir is not None:
                 out.print(Text(f"wrote {plural(len(kept.plans), 'plan')} to {out_dir}"))
             if plot is not None:
@@ -586,7 +586,7 @@ def compare(
         if as_json:
             print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False))
         elif plot != "-":
-            out.print(compare_view(entries, comparison.problem.objective))
+            out.print(compare_view(entries, comparison.problem.objective, width=out.width))
             if plot is not None:
                 out.print(Text(f"wrote {plot}"))
     cut = [e.scheduler for e in entries if e.plan is not None and e.plan.interrupted]

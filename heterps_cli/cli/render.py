@@ -49,7 +49,7 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
-def plan_view(plan: Plan) -> Group:
+def plan_view(plan: Plan, width: int = 120) -> Group:
     title = Text.assemble(
         _bold(plan.model), " on ", _bold(plan.cluster), f" · objective {plan.objective} · scheduler {plan.scheduler}"
     )
@@ -64,7 +64,8 @@ def plan_view(plan: Plan) -> Group:
     # Numbers keep their width; only the layer names give way on a narrow terminal.
     number: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("stage", **number)
-    table.add_column("layers", max_width=36)  # the only column that may wrap
+    # The only column that gives way: cut to one line at the terminal's width (the file holds every name).
+    table.add_column("layers", no_wrap=True, overflow="ellipsis", max_width=max(12, min(36, width - 64)))
     table.add_column("on", no_wrap=True)
     table.add_column("replicas", **number)
     table.add_column("CT s", **number)
@@ -168,11 +169,11 @@ def _units(plan: Plan, t: str) -> str:
     shown = f"{clip(t)} {count(used)} of {count(plan.limits[t])}"
     if label.lower() == t.lower():
         return shown
-    return f"{shown} {clip(label) if used == 1 or label.endswith('s') else clip(label) + 's'}"
+    return f"{shown} {clip(label) if plan.limits[t] == 1 or label.endswith('s') else clip(label) + 's'}"
 
 
 def print_plan(console: Console, plan: Plan) -> None:
-    console.print(plan_view(plan))
+    console.print(plan_view(plan, console.width))
 
 
 def print_summary(
@@ -300,7 +301,7 @@ def print_plan_file(console: Console, plan: PlanFile, path: str) -> None:
     console.print("  well-formed; to recompute its figures from the files: heterps check PLAN --profile P --cluster C")
 
 
-def compare_view(entries, objective: str) -> Group:
+def compare_view(entries, objective: str, width: int = 120) -> Group:
     """One row per scheduler: feasible, cost, throughput, resources, evaluations, seconds, gap.
 
     Fits 80 columns: one space between columns, and the legend under the table."""
@@ -310,7 +311,7 @@ def compare_view(entries, objective: str) -> Group:
     table.add_column("ok", no_wrap=True)
     table.add_column("cost $", **number)
     table.add_column("samples/s", **number)
-    table.add_column("resources", min_width=9)
+    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=max(9, width - 66))
     table.add_column("evals", **number)
     table.add_column("solve s", **number)
     table.add_column("gap", **number)
@@ -347,11 +348,11 @@ def compare_view(entries, objective: str) -> Group:
 STAGES = 6  # heterps frontier's table cuts a longer layout (--json and --out give it whole)
 
 
-def frontier_view(frontier, *, thinned_by_default: bool) -> Group:
+def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Group:
     """One row per frontier plan, cheapest first, with what each costs and gains against the cheapest.
 
     ``thinned_by_default``: the table shows fewer plans than the frontier has because
-    no ``--points`` was given, which the footer says."""
+    no ``--points`` was given, which the footer says. ``width``: the terminal's, which every row fits."""
     from heterps_cli.frontier import KNEE_RULE, layout
 
     p = frontier.problem
@@ -364,9 +365,13 @@ def frontier_view(frontier, *, thinned_by_default: bool) -> Group:
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     number: dict[str, Any] = dict(justify="right", no_wrap=True)
     for name in ("#", "samples/s", "faster", "time", "cost", "dearer"):
-        table.add_column(name, **number)
-    table.add_column("resources", min_width=9)
-    table.add_column("stages", min_width=12)
+        table.add_column(name, min_width=len(name), **number)
+    # One line per plan at any width (pipes and CI logs are 80 columns): cut, never wrapped; the
+    # stage count leads its cell so a cut keeps it. --json and --out hold every plan whole.
+    spare = width - 64  # what the six figure columns, their padding and separators leave
+    shown = max(7, min(18, spare // 3))
+    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=shown)
+    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=max(10, spare - shown))
     base = frontier.plans[0] if frontier.positions[0] == 0 else None
     for position, plan in zip(frontier.positions, frontier.plans):
         knee = position == frontier.knee
@@ -382,7 +387,7 @@ def frontier_view(frontier, *, thinned_by_default: bool) -> Group:
             usd(plan.cost_usd),
             dearer,
             Text(", ".join(f"{clip(t)} {count(n)}" for t, n in plan.resources.items() if n)),
-            Text(layout(plan, STAGES)),
+            Text(f"{len(plan.stages)}: {layout(plan, STAGES)}"),
             style="bold" if knee else None,
         )
     notes = [Text("faster, dearer: against plan 1, the cheapest", style="dim")] if base is not None else []
