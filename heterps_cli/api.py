@@ -46,6 +46,7 @@ __all__ = [
     "check",
     "diff",
     "validate",
+    "Validated",
     "measure",
     "merge",
     "run",
@@ -200,16 +201,27 @@ def diff(old_path: str, new_path: str) -> PlanDiff:
     return PlanDiff(diff_plans(old, new), incomparable(old, new))
 
 
-def validate(path: str, cluster_path: str | None = None) -> tuple[Profile | Cluster | PlanFile, Cluster | None]:
+@dataclass(frozen=True)
+class Validated:
+    """What ``heterps validate`` read: ``kind`` is profile, cluster or plan, ``found`` its contents,
+    and ``cluster`` the cluster a profile was checked against (None without one)."""
+
+    kind: str
+    found: Profile | Cluster | PlanFile
+    cluster: Cluster | None = None
+
+
+def validate(path: str, cluster_path: str | None = None) -> Validated:
     """``heterps validate``: a profile, a cluster or a plan alone, checked against its format; or a
     profile and a cluster, checked against each other too."""
     from heterps_cli.formats import check_pair, load_any, load_pair
 
     if cluster_path is None:
-        return load_any(path)[1], None
+        kind, found, _ = load_any(path)
+        return Validated(kind, found)
     (profile, pdoc), (cluster, cdoc) = load_pair(path, cluster_path)
     check_pair(profile, pdoc, cluster, cdoc)
-    return profile, cluster
+    return Validated("profile", profile, cluster)
 
 
 def measure(

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from heterps_cli.errors import InputError
+from heterps_cli.figures import number
 from heterps_cli.yamlio import Document, load_yaml
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -212,7 +213,7 @@ def _describe(error: Any, root: type[BaseModel], missing_beside: list[str]) -> s
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
         (limit,) = ctx.values()
-        return f"must be {bounds[kind]} {limit:g} (got {_shown(got)})"
+        return f"must be {bounds[kind]} {number(limit)} (got {_shown(got)})"
     if kind == "finite_number":
         return f"must be a finite number (got {_shown(got)})"
     if kind in ("float_type", "int_type", "string_type", "dict_type", "list_type", "model_type", "bool_type"):

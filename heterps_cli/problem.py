@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from heterps_cli.errors import InputError
+from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, usable_types
 from heterps_cli.yamlio import Document
 
@@ -244,6 +245,6 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
         pdoc.path if in_file else None,
         pdoc.line(("job", "samples")) if in_file else None,
         f"{'samples' if samples_given else 'job.samples'} x {'epochs' if epochs_given else 'job.epochs'}",
-        f"{problem.samples:g} samples x {problem.epochs:g} epochs is too large: the job's {figure} would "
+        f"{number(problem.samples)} samples x {number(problem.epochs)} epochs is too large: the job's {figure} would "
         "overflow a float (over 1.8e308); give a real job size",
     )

@@ -170,8 +170,8 @@ def test_small_costs_keep_significant_digits():
 @pytest.mark.parametrize(
     "field,value,message",
     [
-        ("limit", 10**400, "resources.cpu.limit: must be <= 1e+09"),
-        ("limit", 9 * 10**18, "resources.cpu.limit: must be <= 1e+09"),
+        ("limit", 10**400, "resources.cpu.limit: must be <= 1,000,000,000"),
+        ("limit", 9 * 10**18, "resources.cpu.limit: must be <= 1,000,000,000"),
         ("price", 1e400, "resources.cpu.price: must be a finite number"),
     ],
 )

@@ -75,7 +75,7 @@ class Increase:
         return new - old <= limit * (1 + FIGURE_TOL) + 1e-12
 
     def __str__(self) -> str:
-        return f"{self.value:g}%" if self.percent else usd(self.value)
+        return f"{number(self.value)}%" if self.percent else usd(self.value)
 
 
 def percent(text: str, field: str) -> float:
@@ -419,13 +419,13 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
         saving = 1 - fresh.throughput / better.throughput if better.throughput > 0 else 0.0
         found = (
             f"{name} finds {count(better.throughput, 1)} samples/s against the plan's "
-            f"{count(fresh.throughput, 1)} ({100 * saving:.1f}% faster; tolerance {g.tolerance:g}%)"
+            f"{count(fresh.throughput, 1)} ({100 * saving:.1f}% faster; tolerance {number(g.tolerance)}%)"
         )
     else:
         saving = 1 - better.cost_usd / fresh.cost_usd if fresh.cost_usd > 0 else 0.0
         found = (
             f"{name} finds {usd(better.cost_usd)} against the plan's {usd(fresh.cost_usd)} "
-            f"({100 * saving:.1f}% cheaper; tolerance {g.tolerance:g}%)"
+            f"({100 * saving:.1f}% cheaper; tolerance {number(g.tolerance)}%)"
         )
     ok = saving <= g.tolerance / 100 + 1e-12
     adopt = f"adopt it: {plan_command(g.profile_path, g.cluster_path, problem, g.plan, g.plan_path, name, g.seed)}"

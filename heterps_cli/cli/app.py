@@ -9,7 +9,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 from rich.console import Console
@@ -26,7 +26,7 @@ from heterps_cli.errors import (
     InfeasibleError,
     InputError,
 )
-from heterps_cli.figures import count, plural, usd
+from heterps_cli.figures import count, number, plural, usd
 from heterps_cli.schedulers.names import (
     BATCH_LAYERS,
     DEFAULT_BATCH,
@@ -36,6 +36,9 @@ from heterps_cli.schedulers.names import (
     POLICY_VARIANTS,
     SCHEDULERS,
 )
+
+if TYPE_CHECKING:
+    from heterps_cli.formats import Cluster, PlanFile, Profile
 
 TABLE_ROWS = 20  # heterps frontier: rows its table shows unless --points says otherwise
 # Start-up time is part of the interface (benchmarks/bench_startup.py): each command imports the
@@ -94,13 +97,13 @@ def _root(
 
 def _positive(value: float | None) -> float | None:
     if value is not None and not (value > 0 and math.isfinite(value)):
-        raise typer.BadParameter(f"must be a finite number > 0 (got {value:g})")
+        raise typer.BadParameter(f"must be a finite number > 0 (got {number(value)})")
     return value
 
 
 def _non_negative(value: float | None) -> float | None:
     if value is not None and not (value >= 0 and math.isfinite(value)):
-        raise typer.BadParameter(f"must be a finite number >= 0 (got {value:g})")
+        raise typer.BadParameter(f"must be a finite number >= 0 (got {number(value)})")
     return value
 
 
@@ -1113,12 +1116,11 @@ def validate(
     with _exit_codes():
         from heterps_cli import api
         from heterps_cli.cli.render import print_cluster, print_plan_file, print_summary
-        from heterps_cli.formats import Cluster, PlanFile
 
-        found, clus = api.validate(str(file), str(cluster) if cluster is not None else None)
-        if isinstance(found, Cluster):
-            print_cluster(out, found, str(file))
-        elif isinstance(found, PlanFile):
-            print_plan_file(out, found, str(file))
+        read = api.validate(str(file), str(cluster) if cluster is not None else None)
+        if read.kind == "cluster":
+            print_cluster(out, cast("Cluster", read.found), str(file))
+        elif read.kind == "plan":
+            print_plan_file(out, cast("PlanFile", read.found), str(file))
         else:
-            print_summary(out, found, str(file), clus, str(cluster) if cluster else None)
+            print_summary(out, cast("Profile", read.found), str(file), read.cluster, str(cluster) if cluster else None)

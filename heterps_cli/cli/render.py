@@ -62,15 +62,15 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         caption_justify="left",
     )
     # Numbers keep their width; only the layer names give way on a narrow terminal.
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
-    table.add_column("stage", **number)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
+    table.add_column("stage", **numeric)
     # The only column that gives way: cut to one line at the terminal's width (the file holds every name).
     table.add_column("layers", no_wrap=True, overflow="ellipsis", max_width=max(12, min(36, width - 64)))
     table.add_column("on", no_wrap=True)
-    table.add_column("replicas", **number)
-    table.add_column("CT s", **number)
-    table.add_column("DT s", **number)
-    table.add_column("samples/s", **number)
+    table.add_column("replicas", **numeric)
+    table.add_column("CT s", **numeric)
+    table.add_column("DT s", **numeric)
+    table.add_column("samples/s", **numeric)
     for i, s in enumerate(plan.stages):
         bottleneck = i == plan.bottleneck
         table.add_row(
@@ -88,7 +88,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     summary.add_column()
     need = f" (required ≥ {count(plan.min_throughput)})" if plan.min_throughput > 0 else ""
     summary.add_row("throughput", f"{count(plan.throughput, 1)} samples/s{need}")
-    epochs = f"{plan.epochs:g} epoch{'s' if plan.epochs != 1 else ''}"
+    epochs = f"{number(plan.epochs)} epoch{'s' if plan.epochs != 1 else ''}"
     exact_s = f" ({count(plan.time_s)} s)" if plan.time_s >= 120 else ""  # shorter ones are already in seconds
     summary.add_row("training time", f"{duration(plan.time_s)}{exact_s} for {epochs} × {count(plan.samples)} samples")
     summary.add_row("resources", Text(", ".join(_units(plan, t) for t in plan.resources)))
@@ -134,26 +134,26 @@ def _hardware_view(plan: Plan) -> Table | None:
     transfer = any(v is not None for v in plan.bandwidth.values())
     if not (memory or transfer):
         return None  # the paper's model: nothing to show
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     table = Table(
         box=box.SIMPLE_HEAD, header_style="bold", title="memory and stage-boundary transfer", title_justify="left"
     )
-    table.add_column("stage", **number)
+    table.add_column("stage", **numeric)
     table.add_column("on", no_wrap=True)
     if memory:
-        table.add_column("GB per replica", **number)
-        table.add_column("of unit GB", **number)
-        table.add_column("used", **number)
+        table.add_column("GB per replica", **numeric)
+        table.add_column("of unit GB", **numeric)
+        table.add_column("used", **numeric)
     if transfer:
-        table.add_column("transfer s", **number)
-        table.add_column("of DT", **number)
+        table.add_column("transfer s", **numeric)
+        table.add_column("of DT", **numeric)
     for i, s in enumerate(plan.stages):
         row: list[str | Text] = [str(i), Text(clip(s.resource))]
         if memory:
             of = plan.memory.get(s.resource)
             row += [
                 _gb(s.memory_gb),
-                "no limit" if of is None else f"{of:g}",
+                "no limit" if of is None else number(of),
                 "" if of is None else f"{100 * s.memory_gb / of:.0f}%",
             ]
         if transfer:
@@ -226,7 +226,7 @@ def print_summary(
         ]
         if cluster is not None:
             res = cluster.resources.get(t)
-            row += [f"{res.price:g}", count(res.limit)] if res else ["[dim]not in cluster[/]", ""]
+            row += [usd(res.price).removeprefix("$"), count(res.limit)] if res else ["[dim]not in cluster[/]", ""]
         table.add_row(*row)
     console.print(table)
     if cluster is not None:
@@ -306,15 +306,15 @@ def compare_view(entries, objective: str, width: int = 120) -> Group:
 
     Fits 80 columns: one space between columns, and the legend under the table."""
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("scheduler", no_wrap=True)
     table.add_column("ok", no_wrap=True)
-    table.add_column("cost $", **number)
-    table.add_column("samples/s", **number)
+    table.add_column("cost $", **numeric)
+    table.add_column("samples/s", **numeric)
     table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=max(9, width - 66))
-    table.add_column("evals", **number)
-    table.add_column("solve s", **number)
-    table.add_column("gap", **number)
+    table.add_column("evals", **numeric)
+    table.add_column("solve s", **numeric)
+    table.add_column("gap", **numeric)
     failures = []
     for e in entries:
         p = e.plan
@@ -363,9 +363,9 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Gr
         f" · cost-throughput frontier · {plural(frontier.size, 'Pareto-optimal plan')}",
     )
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     for name in ("#", "samples/s", "faster", "time", "cost", "dearer"):
-        table.add_column(name, min_width=len(name), **number)
+        table.add_column(name, min_width=len(name), **numeric)
     # One line per plan at any width (pipes and CI logs are 80 columns): cut, never wrapped; the
     # stage count leads its cell so a cut keeps it. --json and --out hold every plan whole.
     spare = width - 64  # what the six figure columns, their padding and separators leave
@@ -429,11 +429,11 @@ def estimate_view(estimated, snippet: str) -> Group:
         Text("estimated, not measured", style="yellow"),
     )
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("layer", max_width=28)
     table.add_column("type", no_wrap=True)
     for name in ("GFLOP", "MB moved", "kernels", "peak", "oct"):
-        table.add_column(name, **number)
+        table.add_column(name, **numeric)
     for layer, x in zip(estimated.layers, estimated.estimates):
         table.add_row(
             Text(clip(layer.name)),
@@ -458,11 +458,11 @@ def profile_view(measured, noisy_cv: float) -> Group:
         _bold(measured.model), " as ", _bold(measured.resource), f" on {measured.device}, batch {measured.batch_size}"
     )
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("layer", max_width=28)
     table.add_column("type", no_wrap=True)
     for name in ("oct", "odt", "alpha", "spread"):
-        table.add_column(name, **number)
+        table.add_column(name, **numeric)
     noisy = 0
     for layer in measured.layers:
         flag = layer.cv > noisy_cv
@@ -576,17 +576,17 @@ def run_view(report) -> Group:
         f"{report.warmup} warm-up, each {plural(report.micro_batches, 'batch', 'batches')} of {report.batch_size} "
         "(micro-batches), then a flush",
     )
-    number: dict[str, Any] = dict(justify="right", no_wrap=True)
+    numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     spent = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     spent.add_column("stage", no_wrap=True)
     spent.add_column("layers", max_width=24)
     spent.add_column("device", no_wrap=True)
     for name in ("compute", "wait", "sync", "idle"):
-        spent.add_column(name, **number)
+        spent.add_column(name, **numeric)
     versus = Table(title="per batch, against the plan", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     versus.add_column("stage", no_wrap=True)
     for name in ("plan CT", "plan DT", "plan samples/s", "stage alone", "run/plan"):
-        versus.add_column(name, **number)
+        versus.add_column(name, **numeric)
     for s in report.stages:
         stage = Text(f"{s.index} {clip(s.resource)}×{s.replicas}" + (" ◀" if s.index == report.bottleneck else ""))
         spent.add_row(
@@ -602,8 +602,8 @@ def run_view(report) -> Group:
             stage.copy(),
             _seconds(s.predicted_compute_s),
             _seconds(s.predicted_comm_s),
-            f"{s.predicted_throughput:,.0f}",
-            f"{s.throughput:,.0f}",
+            count(s.predicted_throughput),
+            count(s.throughput),
             f"{s.ratio:.2f}",
         )
     lines = [

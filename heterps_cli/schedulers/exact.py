@@ -40,7 +40,7 @@ from heterps_cli.costmodel import (
     throughput_floor,
 )
 from heterps_cli.errors import InfeasibleError, InputError
-from heterps_cli.figures import count, usd
+from heterps_cli.figures import count, number, usd
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
@@ -390,7 +390,7 @@ class StepSolver:
         """
         self.evaluations += 1
         if self.progress:
-            self.progress(f"exact: DP {self.evaluations} at {target:,.1f} samples/s")
+            self.progress(f"exact: DP {self.evaluations} at {count(target, 1)} samples/s")
         p = self.p
         K = self.replicas(target)
         _, stages = _chain_dp(self._rate)
@@ -710,8 +710,8 @@ def _memory_blocked(problem: Problem) -> str | None:
         shard = "" if problem.sharded[layer] else "mark it `sharded: true`, "
         return (
             f"layer {name} needs {need[t] / 1e9:,.3g} GB per replica on {problem.types[t]} "
-            f"(memory {problem.memory[t] / 1e9:g} GB) even on all {int(limits[t]):,} units; the largest memory "
-            f"on offer is {largest / 1e9:g} GB: {shard}add memory, or allow more replicas"
+            f"(memory {number(problem.memory[t] / 1e9)} GB) even on all {int(limits[t]):,} units; the largest memory "
+            f"on offer is {number(largest / 1e9)} GB: {shard}add memory, or allow more replicas"
         )
     return None
 
