@@ -95,7 +95,7 @@ def test_tables_keep_one_line_per_row_in_80_columns():
     runs = {
         "frontier": ["frontier", *transformer],
         "plan": ["plan", *transformer, "-s", "exact"],
-        "compare": ["compare", CTR, PAPER, "--schedulers", "greedy,exact"],
+        "compare": ["compare", CTR, PAPER, "--schedulers", "greedy,random,exact", "--evaluations", "100"],
     }
     for name, args in runs.items():
         result = runner.invoke(app, args, env={"COLUMNS": "80"})
@@ -103,6 +103,6 @@ def test_tables_keep_one_line_per_row_in_80_columns():
         after = result.stdout.split("───", 1)[1].splitlines()[1:]
         table = after[: next(i for i, line in enumerate(after) if not line.strip())]
         assert all(len(line) <= 80 for line in table), name
-        assert all(re.match(r"^ *(\d|greedy|exact)", line) for line in table), (name, table)
+        assert all(re.match(r"^ *(\d|greedy|random|exact)", line) for line in table), (name, table)
         figures = [line[-45:] if name == "plan" else line[:40] for line in table]
         assert "…" not in "".join(figures), (name, table)  # only names give way, never a figure

@@ -176,7 +176,7 @@ def test_the_table_shows_the_ends_and_the_knee_and_says_what_the_knee_is(runner)
     assert f"{knee_at + 1} ◆" in result.stdout and "knee" in result.stdout
     assert "farthest below the straight line" in result.stdout
     first_row = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["1"])
-    assert "cpu×34 |" in first_row  # the cheapest plan's layout begins on its row
+    assert "3: cpu×34" in first_row  # the cheapest plan's stage count and layout begin on its row
 
 
 @pytest.fixture(scope="module")

@@ -311,7 +311,7 @@ def compare_view(entries, objective: str, width: int = 120) -> Group:
     table.add_column("ok", no_wrap=True)
     table.add_column("cost $", **numeric)
     table.add_column("samples/s", **numeric)
-    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=max(9, width - 66))
+    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=max(9, width - 67))
     table.add_column("evals", **numeric)
     table.add_column("solve s", **numeric)
     table.add_column("gap", **numeric)
