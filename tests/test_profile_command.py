@@ -336,3 +336,17 @@ def test_ctrl_c_during_the_bandwidth_probe_is_one_line_and_ends_its_processes(tm
             os.kill(pid, signal.SIGKILL)
     assert process.returncode == 130 and stderr.strip() == "interrupted", stderr
     assert not leftover and not (tmp_path / "p.yaml").exists()
+
+
+def test_profile_is_a_group_whose_subcommands_have_their_own_help():
+    # `heterps profile merge --help` once showed profile's own help.
+    merge = runner.invoke(app, ["profile", "merge", "--help"], env={"COLUMNS": "120"})
+    assert merge.exit_code == 0 and "Usage: heterps profile merge" in merge.stdout and "--as" not in merge.stdout
+    measure = runner.invoke(app, ["profile", "measure", "--help"], env={"COLUMNS": "120"})
+    assert measure.exit_code == 0 and "--batch-size" in measure.stdout and "--estimate" in measure.stdout
+    group = runner.invoke(app, ["profile", "--help"], env={"COLUMNS": "120"})
+    assert group.exit_code == 0 and "merge" in group.stdout and "measure" in group.stdout
+    # The short spelling still measures: its own options reach measure.
+    short = runner.invoke(app, ["profile", "mlp", "--as", "cpu"])
+    assert short.exit_code == 2 and "profiling needs --batch-size, --out" in short.output
+    assert runner.invoke(app, ["profile", "merge", "a.yaml"]).exit_code == 2  # --out is required

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
@@ -622,21 +623,65 @@ def _shape(value: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-@app.command(name="profile")
+class _MeasureByDefault(typer.core.TyperGroup):
+    """``heterps profile MODEL ...`` is ``heterps profile measure MODEL ...``: a first word that names
+    no subcommand (and is no option) is the model, as it was before profile had subcommands."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["measure", *args]
+        return super().resolve_command(ctx, args)
+
+
+profile_app = typer.Typer(
+    cls=_MeasureByDefault,
+    help="Measure a PyTorch model's layers (or estimate them on a device you do not have) and write a profile; "
+    "or merge profiles of one model from several machines.\n\n"
+    "[bold]heterps profile MODEL[/] (with measure's options) is short for [bold]heterps profile measure MODEL[/].",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command(name="merge")
+def merge_command(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="The profiles to join, one per resource type, of one model.", show_default=False),
+    ],
+    out_file: Annotated[
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Write the merged profile YAML here, atomically (- for standard output).",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Join profiles of one model measured (or estimated) on several machines into one profile.
+
+    [bold]heterps profile merge cpu.yaml a100.yaml -o model.yaml[/]
+    """
+    with _exit_codes():
+        from heterps_cli import api
+
+        _write(out_file, api.merge([str(f) for f in files]))
+        if out_file != "-":
+            out.print(Text(f"wrote {out_file} ({len(files)} profiles merged)"))
+
+
+@profile_app.command(name="measure")
 def profile_command(
     model: Annotated[
         str,
         typer.Argument(
-            help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY; "
-            "or [bold]merge[/] "
-            "followed by profiles to join.",
+            help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY.",
             show_default=False,
         ),
     ],
-    files: Annotated[
-        list[Path] | None,
-        typer.Argument(help="merge: the profiles to join, one per resource type.", show_default=False),
-    ] = None,
     as_type: Annotated[
         str | None,
         typer.Option(
@@ -732,12 +777,10 @@ def profile_command(
         ),
     ] = None,
 ) -> None:
-    """Measure a PyTorch model's layers on this machine and write a profile; estimate them on a device you do
-    not have; or merge profiles.
+    """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
 
     [bold]heterps profile MODEL --as TYPE --batch-size B0 --out P.yaml[/] measures;
-    [bold]heterps profile MODEL --as a100 --estimate a100-80gb --batch-size B0 --out P.yaml[/] estimates;
-    [bold]heterps profile merge A.yaml B.yaml -o OUT.yaml[/] joins profiles of one model from several machines.
+    [bold]heterps profile MODEL --as a100 --estimate a100-80gb --batch-size B0 --out P.yaml[/] estimates.
     """
     with _exit_codes():
         from heterps_cli import api
@@ -745,17 +788,6 @@ def profile_command(
         from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
         from heterps_cli.profiling.write import measured_text
 
-        if model == "merge":
-            if out_file is None:
-                raise InputError(None, None, "--out", "merge needs --out FILE for the merged profile")
-            _write(out_file, api.merge([str(f) for f in files or []]))
-            if out_file != "-":
-                out.print(Text(f"wrote {out_file} ({len(files or [])} profiles merged)"))
-            return
-        if files:
-            raise InputError(
-                None, None, "MODEL", f"unexpected extra arguments {[str(f) for f in files]} (only merge takes files)"
-            )
         missing = [
             flag
             for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file))
