@@ -36,6 +36,7 @@ class Finding:
     message: str
     fix: str = ""  # what to run when it failed
     warn: bool = False  # passed, but worth a look (cost rose within the allowance, a cheaper plan within tolerance)
+    interrupted: bool = False  # Ctrl-C cut its search short: nothing was judged, and check exits 130
 
     @property
     def status(self) -> str:
@@ -415,6 +416,16 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
         better = solve(name, problem, seed=g.seed, progress=progress, options=SolveOptions())
     except InfeasibleError as exc:
         return [Finding("replan", True, f"{name} finds no feasible plan ({exc}); the committed plan stands")]
+    if better.interrupted:  # a search cut short proves nothing either way: the gate must not pass
+        return [
+            Finding(
+                "replan",
+                False,
+                f"{name} was interrupted (Ctrl-C) before it finished, so the plan was not judged against it",
+                "run the check again and let it finish",
+                interrupted=True,
+            )
+        ]
     if problem.objective == "time":  # the plan's own objective decides what wasteful means
         saving = 1 - fresh.throughput / better.throughput if better.throughput > 0 else 0.0
         found = (

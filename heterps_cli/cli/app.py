@@ -1092,6 +1092,8 @@ def check(
             fmt, findings_markdown(shown, findings), findings_json(shown, findings), github_annotations(shown, findings)
         ):
             out.print(findings_view(shown, findings))
+    if any(f.interrupted for f in findings):
+        _interrupted("the replan gate's search was cut short, so the check did not pass (exit 130)")
     if not all(f.ok for f in findings):
         raise typer.Exit(EXIT_CHECK_FAILED)
 
