@@ -11,13 +11,23 @@ import difflib
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
+from heterps_cli.untrusted import first_unprintable
 from heterps_cli.yamlio import Document, load_yaml
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+def _printable(text: str) -> str:
+    if (bad := first_unprintable(text)) is not None:
+        raise ValueError(f"must hold no control characters (has {bad}, which can rewrite a terminal or a log)")
+    return text
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)]
+Label = Annotated[str, StringConstraints(max_length=256), AfterValidator(_printable)]
+Prose = Annotated[str, AfterValidator(_printable)]
 # Bounds on whole numbers: what the model can use, and far inside int64 so that sums never wrap.
 MAX_UNITS = 10**9
 MAX_BATCH = 10**9
@@ -79,7 +89,7 @@ class Profile(_Strict):
 class Resource(_Strict):
     price: NonNegative
     limit: Annotated[int, Field(ge=1, le=MAX_UNITS)]
-    unit: Annotated[str, StringConstraints(max_length=256)] | None = None
+    unit: Label | None = None
     memory_gb: GigaPerUnit | None = None  # section 1b: memory of one unit, 1e9 bytes
     bandwidth_gbps: GigaPerUnit | None = None  # section 1b: network bandwidth of one unit, Gbit/s
 
@@ -129,7 +139,7 @@ class PlanFile(_Strict):
     optimal: bool | None = None
     gap: Annotated[float, Field(ge=0)] | None = None  # exact cut short by --time-limit
     evaluations: Annotated[int, Field(ge=0)] | None = None
-    notes: list[str] = []
+    notes: list[Prose] = []
 
 
 KINDS = {  # what each file is, and the keys that say so
@@ -229,6 +239,8 @@ def _describe(error: Any, root: type[BaseModel], missing_beside: list[str]) -> s
         return f"must be {wanted} (got {type(got).__name__} {_shown(got)})"
     if kind == "too_short":
         return "must not be empty"
+    if kind == "value_error":
+        return f"{str(ctx.get('error', error['msg']))} (got {_shown(got)})"
     return f"{error['msg']} (got {_shown(got)})"
 
 

@@ -7,6 +7,7 @@ import json
 from heterps_cli.ci.diff import Change
 from heterps_cli.ci.gate import Finding
 from heterps_cli.figures import count, signed_usd, usd
+from heterps_cli.untrusted import markdown_text, printable
 
 ICON = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
 
@@ -35,7 +36,8 @@ def findings_markdown(plan_path: str, findings: list[Finding]) -> str:
         "|---|---|---|---|",
     ]
     for f in findings:
-        lines.append(f"| {ICON[f.status]} | {f.gate} | {_cell(f.message)} | {_cell(f'`{f.fix}`') if f.fix else ''} |")
+        fix = _code(printable(f.fix)).replace("|", "\\|") if f.fix else ""
+        lines.append(f"| {ICON[f.status]} | {f.gate} | {markdown_text(f.message)} | {fix} |")
     return "\n".join(lines) + "\n"
 
 
@@ -75,7 +77,8 @@ def diff_markdown(old_path: str, new_path: str, changes: list[Change], warnings:
     lines += [f"> ⚠️ **warning:** {_cell(w)}" for w in warnings] + ([""] if warnings else [])
     lines += ["| | old | new | change |", "|---|---:|---:|---:|"]
     for c in changes:
-        lines.append(f"| {c.what} | {value(c.old, c.what)} | {value(c.new, c.what)} | {change(c)} |")
+        cells = (c.what, value(c.old, c.what), value(c.new, c.what), change(c))
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -105,12 +108,13 @@ def change(c: Change) -> str:
 
 def _code(text: str) -> str:
     """Inline code that a backtick in the text cannot end early."""
+    text = printable(text)
     fence = "``" if "`" in text else "`"
     return f"{fence} {text} {fence}" if fence == "``" else f"`{text}`"
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return markdown_text(text)
 
 
 def _escape(text: str) -> str:

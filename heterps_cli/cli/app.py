@@ -37,6 +37,7 @@ from heterps_cli.schedulers.names import (
     POLICY_VARIANTS,
     SCHEDULERS,
 )
+from heterps_cli.untrusted import printable
 
 if TYPE_CHECKING:
     from heterps_cli.formats import Cluster, PlanFile, Profile
@@ -112,8 +113,8 @@ INTERRUPT_REPORTED = {"done": False}  # heterps_cli.main says "interrupted" only
 
 
 def _print_error(prefix: str, lines: list[str]) -> None:
-    for line in lines:
-        err.print(Text(prefix, style="bold red") + Text(line))
+    for line in lines:  # a message may quote what a file held (an unknown key): never raw
+        err.print(Text(prefix, style="bold red") + Text(printable(line)))
 
 
 @contextmanager

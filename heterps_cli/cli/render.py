@@ -11,6 +11,7 @@ from rich.text import Text
 
 from heterps_cli.figures import count, duration, number, plural, usd
 from heterps_cli.formats import Cluster, PlanFile, Profile
+from heterps_cli.untrusted import printable
 
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
@@ -21,7 +22,8 @@ NAME_WIDTH = 60  # a name longer than this is cut for the screen (files keep it 
 
 
 def clip(text: str) -> str:
-    """A user string cut to NAME_WIDTH, for Text() or after escape()."""
+    """A user string made printable and cut to NAME_WIDTH, for Text() or after escape()."""
+    text = printable(text)
     return text if len(text) <= NAME_WIDTH else text[: NAME_WIDTH - 1] + "…"
 
 
