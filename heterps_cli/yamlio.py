@@ -129,8 +129,9 @@ def format_path(path: FieldPath) -> str:
 class Document:
     """A loaded YAML file: its data and the line where each field path starts."""
 
-    def __init__(self, path: str, data: Any, lines: dict[FieldPath, int]):
+    def __init__(self, path: str, data: Any, lines: dict[FieldPath, int], text: str = ""):
         self.path, self.data, self._lines = path, data, lines
+        self.text = text  # as read, once: a pipe or FIFO cannot be read a second time
 
     def line(self, field: FieldPath) -> int:
         """Line of ``field``, or of its nearest ancestor that exists (e.g. for a missing key)."""
@@ -271,7 +272,7 @@ def load_yaml(path: str | os.PathLike) -> Document:
             loader.dispose()
     if not isinstance(data, dict):
         raise InputError(shown, 1, None, f"expected a YAML mapping at the top, found {type(data).__name__}")
-    return Document(shown, data, walk.lines)
+    return Document(shown, data, walk.lines, text)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:

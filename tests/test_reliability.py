@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +87,72 @@ def test_markdown_reports_show_names_as_text(tmp_path):
     assert result.exit_code == 1, result.output
     assert "<!--" not in result.stdout and "fc2&lt;!--" in result.stdout
     assert result.stdout.count("\n| ") >= 2  # the table's rows all there
+
+
+# -- profile merge keeps every field ---------------------------------------------------------------
+
+
+def _two_types(tmp_path: Path, extra_a: str = "", extra_b: str = "") -> tuple[Path, Path]:
+    """Two one-type profiles of one model (cpu and v100 of the bundled ctr), with extra top-level text."""
+    import yaml
+
+    whole = yaml.safe_load(Path(CTR).read_text())
+    paths = []
+    for t, extra in (("cpu", extra_a), ("v100", extra_b)):
+        part = {k: v for k, v in whole.items() if k not in ("layers", "job", "state_factor")}
+        part["layers"] = [{**layer, "times": {t: layer["times"][t]}} for layer in whole["layers"]]
+        path = tmp_path / f"{t}.yaml"
+        path.write_text(extra + yaml.safe_dump(part, sort_keys=False))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_merge_keeps_state_factor_and_job(tmp_path):
+    # Merging two profiles with state_factor 16 gave one with the default 4: a model that cannot fit
+    # a 10 GB unit then planned as fitting.
+    job = "job: {samples: 1234567, min_throughput: 1234.56789}\nstate_factor: 16\n"
+    a, b = _two_types(tmp_path, job, job)
+    merged = tmp_path / "m.yaml"
+    result = runner.invoke(app, ["profile", "merge", str(a), str(b), "-o", str(merged)])
+    assert result.exit_code == 0, result.output
+    from heterps_cli.formats import load_profile
+
+    profile, _ = load_profile(str(merged))
+    assert profile.state_factor == 16
+    assert profile.job.samples == 1234567 and profile.job.min_throughput == 1234.56789
+    assert set(profile.layers[0].times) == {"cpu", "v100"}
+
+
+@pytest.mark.parametrize(
+    "extra_b, field",
+    [("state_factor: 8\njob: {samples: 7}\n", "state_factor"), ("state_factor: 16\njob: {samples: 5}\n", "job")],
+)
+def test_merge_refuses_profiles_that_disagree(tmp_path, extra_b, field):
+    a, b = _two_types(tmp_path, "state_factor: 16\njob: {samples: 7}\n", extra_b)
+    result = runner.invoke(app, ["profile", "merge", str(a), str(b), "-o", str(tmp_path / "m.yaml")])
+    assert result.exit_code == 2 and re.search(rf"{re.escape(str(b))}:\d+: {field}:", result.stderr), result.stderr
+    assert "must agree" in result.stderr
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_merge_reads_each_file_once(tmp_path):
+    # `profile merge <(cat a) <(cat b)`: a pipe can be read once; merge read each file twice.
+    import os
+    import threading
+
+    a, b = _two_types(tmp_path)
+    fifos = []
+    for path in (a, b):
+        fifo = tmp_path / f"{path.stem}.fifo"
+        os.mkfifo(fifo)
+        fifos.append(fifo)
+
+        def feed(fifo: Path, text: str) -> None:
+            with open(fifo, "w") as fh:
+                fh.write(text)
+
+        threading.Thread(target=feed, args=(fifo, path.read_text()), daemon=True).start()
+    merge = [sys.executable, "-m", "heterps_cli", "profile", "merge", *map(str, fifos), "-o", str(tmp_path / "m.yaml")]
+    result = subprocess.run(merge, capture_output=True, text=True, timeout=60)  # a second read would block
+    assert result.returncode == 0, result.stderr
+    assert "cpu" in (tmp_path / "m.yaml").read_text()

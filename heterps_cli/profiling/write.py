@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heterps_cli.errors import InputError
+from heterps_cli.figures import exact
 from heterps_cli.formats import load_profile
 from heterps_cli.profiling.estimate import Estimated
 from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, LayerProfile, Profiled, python_path_note
@@ -48,9 +49,22 @@ def _number(x: float) -> str:
     return f"{x:.6g}"
 
 
-def render(model: str, batch_size: int, layers: list[LayerRow], header: list[str]) -> str:
+def render(
+    model: str,
+    batch_size: int,
+    layers: list[LayerRow],
+    header: list[str],
+    *,
+    state_factor: float | None = None,
+    job: dict[str, float] | None = None,
+) -> str:
     lines = [f"# {h}" for h in header]
-    lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}", "layers:"]
+    lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}"]
+    if job:
+        lines += ["job:", *(f"  {key}: {exact(value)}" for key, value in job.items())]
+    if state_factor is not None:
+        lines.append(f"state_factor: {exact(state_factor)}")
+    lines.append("layers:")
     for row in layers:
         lines += [
             f"  - name: {json.dumps(row.name)}",
@@ -156,7 +170,7 @@ def merge_profiles(paths: list[str]) -> str:
         raise InputError(None, None, "merge", "give at least two profiles to merge")
     loaded = [load_profile(path) for path in paths]
     (first, fdoc) = loaded[0]
-    text_lines = {path: Path(path).read_text(encoding="utf-8").splitlines() for path in paths}
+    text_lines = {path: doc.text.splitlines() for path, (_, doc) in zip(paths, loaded)}
     # activation_size and sharded come from the first profile: they describe the model, not the machine.
     rows = [
         LayerRow(layer.name, layer.type, layer.input_size, layer.weight_size, {}, layer.activation_size, layer.sharded)
@@ -182,6 +196,13 @@ def merge_profiles(paths: list[str]) -> str:
                 f"batch size {prof.batch_size} differs from {first.batch_size} in "
                 f"{paths[0]}: measure every machine at the same --batch-size",
             )
+        for field in ("state_factor", "job"):  # the model's and the job's: every profile must say the same
+            if getattr(prof, field) != getattr(first, field):
+                raise doc.error(
+                    (field,),
+                    f"{field} {_said(getattr(prof, field))} differs from {_said(getattr(first, field))} in "
+                    f"{paths[0]}: profiles of one model must agree on it (set it alike in each, then merge)",
+                )
         if [layer.name for layer in prof.layers] != [layer.name for layer in first.layers]:
             raise doc.error(
                 ("layers",),
@@ -209,7 +230,19 @@ def merge_profiles(paths: list[str]) -> str:
                 found = re.search(r"#\s*(estimated:.*)$", line)
                 row.times[t] = Entry(e.oct, e.odt, alpha, beta, found.group(1).strip() if found else "")
                 owner[t] = path
-    return render(first.model, first.batch_size, rows, header)
+    given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
+    return render(
+        first.model,
+        first.batch_size,
+        rows,
+        header,
+        state_factor=first.state_factor if "state_factor" in given else None,
+        job=first.job.model_dump(exclude_none=True) if "job" in given else None,
+    )
+
+
+def _said(value) -> str:
+    return repr(value.model_dump(exclude_none=True)) if hasattr(value, "model_dump") else repr(value)
 
 
 def _close(a: float, b: float) -> bool:
