@@ -37,6 +37,7 @@ curve with fewer than three plans, or none below the line, has no knee.
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -267,25 +268,41 @@ PLAN_FILE = re.compile(r"plan-\d+\.yaml")
 
 
 def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
-    """Each plan as ``plan-NNN.yaml`` (its position on the whole frontier, from 1), atomically;
-    ``plan-NNN.yaml`` files a previous frontier left there are removed, nothing else."""
-    from heterps_cli.yamlio import dump_yaml, write_atomic
+    """Each plan as ``plan-NNN.yaml`` (its position on the whole frontier, from 1), and the
+    ``plan-NNN.yaml`` files a previous frontier left there removed, nothing else.
+
+    The whole set is written into a staging folder inside ``directory`` first, then renamed into
+    place: a run that fails while writing leaves the folder as it was, never two runs' plans mixed.
+    A rename replaces a directory entry, so a ``plan-NNN.yaml`` that is a symlink is replaced by the
+    plan, and nothing outside the folder is written through it."""
+    import shutil
+    import tempfile
+
+    from heterps_cli.yamlio import dump_yaml
 
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():
         raise InputError(str(folder), None, "--out", "exists and is not a directory: give a directory for the plans")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".heterps-frontier-", dir=folder))
     except OSError as exc:
         raise InputError(str(folder), None, "--out", f"cannot create the directory: {exc.strerror}") from None
     width = max(3, len(str(frontier.size)))
-    written = []
-    for position, plan in zip(frontier.positions, frontier.plans):
-        path = folder / f"plan-{position + 1:0{width}d}.yaml"
-        write_atomic(path, dump_yaml(plan.to_dict()))
-        written.append(path)
-    keep = {p.name for p in written}
+    names = [f"plan-{position + 1:0{width}d}.yaml" for position in frontier.positions]
+    try:
+        try:
+            for name, plan in zip(names, frontier.plans):
+                (staging / name).write_text(dump_yaml(plan.to_dict()), encoding="utf-8")  # mode 0666 less umask
+            for name in names:
+                os.replace(staging / name, folder / name)
+        except OSError as exc:
+            raise InputError(str(folder), None, "--out", f"cannot write the plans: {exc.strerror}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    keep = set(names)
     for old in folder.iterdir():
-        if PLAN_FILE.fullmatch(old.name) and old.name not in keep and old.is_file():
+        if PLAN_FILE.fullmatch(old.name) and old.name not in keep and (old.is_symlink() or old.is_file()):
             old.unlink()
-    return written
+    return [folder / name for name in names]
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -156,3 +157,76 @@ def test_merge_reads_each_file_once(tmp_path):
     result = subprocess.run(merge, capture_output=True, text=True, timeout=60)  # a second read would block
     assert result.returncode == 0, result.stderr
     assert "cpu" in (tmp_path / "m.yaml").read_text()
+
+
+# -- files damaged or lost -----------------------------------------------------------------------------
+
+
+def test_frontier_out_never_writes_through_a_planted_link(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not yours\n")
+    folder = tmp_path / "fr"
+    folder.mkdir()
+    (folder / "plan-001.yaml").symlink_to("../outside.txt")
+    result = runner.invoke(app, ["frontier", CTR, PAPER, "--out", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert outside.read_text() == "not yours\n"
+    assert not (folder / "plan-001.yaml").is_symlink() and "stages" in (folder / "plan-001.yaml").read_text()
+
+
+def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    from heterps_cli import plan as plan_module
+
+    folder = tmp_path / "fr"
+    assert runner.invoke(app, ["frontier", CTR, PAPER, "--out", str(folder)]).exit_code == 0
+    before = {p.name: p.read_text() for p in folder.iterdir()}
+    calls = {"n": 0}
+    original = plan_module.Plan.to_dict
+
+    def fails_on_the_fifth(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError(28, "No space left on device")
+        return original(self)
+
+    monkeypatch.setattr(plan_module.Plan, "to_dict", fails_on_the_fifth)
+    result = runner.invoke(app, ["frontier", CTR, PAPER, "--min-throughput", "2e6", "--out", str(folder)])
+    assert result.exit_code == 2 and "cannot write the plans" in result.stderr, result.output
+    assert {p.name: p.read_text() for p in folder.iterdir()} == before
+
+
+def test_plan_out_is_never_its_own_input(tmp_path):
+    profile = tmp_path / "p.yaml"
+    shutil.copy(CTR, profile)
+    text = profile.read_text()
+    result = runner.invoke(app, ["plan", str(profile), PAPER, "-s", "greedy", "--out", str(profile)])
+    assert result.exit_code == 2 and "an input of this command" in result.stderr
+    assert profile.read_text() == text
+
+
+@pytest.mark.parametrize("args", [["--json"], [], ["--out", "-"]])
+def test_a_plan_that_cannot_reach_standard_output_is_an_error(args):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "-s", "exact", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "error: cannot write standard output (No space left on device): what heterps printed there is incomplete"
+    )
+
+
+def test_closed_standard_output_is_refused_before_any_work():
+    done = subprocess.run(
+        [sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "-s", "exact", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 2 and "standard output is closed" in done.stderr, done.stderr

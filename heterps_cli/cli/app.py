@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import math
 import os
@@ -121,7 +122,16 @@ def _print_error(prefix: str, lines: list[str]) -> None:
 def _exit_codes():
     """Turn the library's errors into one-paragraph messages and SPEC exit codes."""
     try:
+        if sys.stdout is None:  # `>&-`: whatever the command wrote would be lost without a word
+            raise InputError(
+                None,
+                None,
+                "stdout",
+                "standard output is closed, and heterps writes its result there: redirect it (> FILE, or "
+                "> /dev/null to keep only --out) instead of closing it",
+            )
         yield
+        sys.stdout.flush()  # a full disk or a closed pipe fails here, while it can still be said
     except InputError as exc:
         _print_error("error: ", exc.lines())
         raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -134,6 +144,13 @@ def _exit_codes():
     except typer.Exit:
         raise
     except Exception as exc:  # a bug: one line and its own exit code, the traceback on request
+        if isinstance(exc, OSError) and exc.errno in STDOUT_ERRNOS:
+            _silence_stdout()
+            _print_error(
+                "error: ",
+                [f"cannot write standard output ({exc.strerror or exc}): what heterps printed there is incomplete"],
+            )
+            raise typer.Exit(EXIT_BAD_INPUT) from None
         if DEBUG["on"]:
             raise
         _print_error(
@@ -144,6 +161,22 @@ def _exit_codes():
             ],
         )
         raise typer.Exit(EXIT_INTERNAL) from None
+
+
+# Write failures only standard output can still raise here: files are read and written through
+# yamlio, which turns every OSError into an InputError naming the file.
+STDOUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null once it has refused a write (a full disk, a reader that went
+    away), so that Python's own flush at exit neither fails again nor changes the exit code."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner's buffer)
+        pass
 
 
 @contextmanager
@@ -158,6 +191,19 @@ def _progress_bar():
             bar.update(task, description=description, completed=completed, total=total)
 
         yield report
+
+
+def _not_an_input(out_file: str | Path | None, *inputs: Path | str | None) -> None:
+    """Refuse an ``--out`` that names one of the command's own input files (``plan p.yaml c.yaml
+    --out p.yaml`` replaced the profile with a plan)."""
+    if out_file is None or str(out_file) == "-":
+        return
+    target = Path(out_file)
+    for given in inputs:
+        if given is not None and target.exists() and Path(given).exists() and os.path.samefile(target, given):
+            raise InputError(
+                str(out_file), None, "--out", f"is {given}, an input of this command: write the result elsewhere"
+            )
 
 
 def _write(path: str, data: str | bytes) -> None:
@@ -371,6 +417,7 @@ def plan(
         from heterps_cli.schedulers import SolveOptions
         from heterps_cli.yamlio import dump_yaml
 
+        _not_an_input(out_file, profile, cluster, policy_in)
         if objective is None:
             objective = Objective.time if scheduler.value == "tapp" else Objective.cost
         options = SolveOptions(
@@ -669,6 +716,7 @@ def merge_command(
     with _exit_codes():
         from heterps_cli import api
 
+        _not_an_input(out_file, *files)
         _write(out_file, api.merge([str(f) for f in files]))
         if out_file != "-":
             out.print(Text(f"wrote {out_file} ({len(files)} profiles merged)"))
