@@ -305,4 +305,3 @@ def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
         if PLAN_FILE.fullmatch(old.name) and old.name not in keep and (old.is_symlink() or old.is_file()):
             old.unlink()
     return [folder / name for name in names]
-

@@ -230,3 +230,65 @@ def test_closed_standard_output_is_refused_before_any_work():
         preexec_fn=lambda: os.close(1),
     )
     assert done.returncode == 2 and "standard output is closed" in done.stderr, done.stderr
+
+
+# -- a user's code runs inside heterps: contained -------------------------------------------------------
+
+MODEL = """
+import sys
+import torch
+from torch import nn
+
+class Boom(BaseException):
+    pass
+
+class Explodes(nn.Module):
+    def forward(self, x):
+        raise Boom("from forward")
+
+{body}
+"""
+
+
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ("sys.exit(0)", "the module called sys.exit(0): it must return or raise, not exit"),
+        ("def f(batch_size):\n    sys.exit(3)", "factory f() called sys.exit(3)"),
+        (
+            "def f(batch_size):\n    return nn.Sequential(nn.Linear(4, 4), Explodes()), torch.randn(batch_size, 4)",
+            "Boom: from forward",
+        ),
+    ],
+)
+def test_a_factory_that_exits_or_raises_a_base_exception_is_bad_input(tmp_path, body, said):
+    # sys.exit(0) once made profile exit 0 with no profile; sys.exit(3) exited 3 ("infeasible");
+    # a BaseException subclass printed a 45-line traceback.
+    source = tmp_path / "hostile.py"
+    source.write_text(MODEL.format(body=body))
+    result = runner.invoke(
+        app, ["profile", f"{source}:f", "--as", "cpu", "--batch-size", "8", "--link-gbps", "10", "--out", "-"]
+    )
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.stderr.split()) and "Traceback" not in result.output
+    assert str(source) in result.stderr
+
+
+def test_a_factory_that_prints_does_not_corrupt_the_profile_on_stdout(tmp_path):
+    source = tmp_path / "chatty.py"
+    source.write_text(
+        MODEL.format(
+            body="def f(batch_size):\n    print('hello from the factory')\n"
+            "    return nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(batch_size, 4)"
+        )
+    )
+    result = runner.invoke(
+        app,
+        ["profile", f"{source}:f", "--as", "cpu", "--batch-size", "8", "--link-gbps", "10", "--repetitions", "20",
+         "--out", "-"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    assert yaml.safe_load(result.stdout)["layers"][0]["name"] == "0"
+    assert "hello from the factory" in result.stderr and "hello" not in result.stdout

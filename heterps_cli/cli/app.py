@@ -8,7 +8,7 @@ import json
 import math
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -177,6 +177,12 @@ def _silence_stdout() -> None:
         os.close(null)
     except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner's buffer)
         pass
+
+
+def _users_prints_to_stderr():
+    """Around the user's model code (its module, factory and forward): what it prints goes to stderr,
+    since stdout carries heterps's result (a profile with --out -, run's JSON)."""
+    return redirect_stdout(sys.stderr)
 
 
 @contextmanager
@@ -868,7 +874,7 @@ def profile_command(
             from heterps_cli.cli.render import estimate_view
             from heterps_cli.profiling.write import cluster_snippet, estimated_text
 
-            with _progress_bar() as report:
+            with _progress_bar() as report, _users_prints_to_stderr():
                 estimated = api.estimate(
                     model,
                     as_type,
@@ -887,7 +893,7 @@ def profile_command(
                 out.print(Text(f"wrote {out_file}"))
             return
 
-        with _progress_bar() as report:
+        with _progress_bar() as report, _users_prints_to_stderr():
             measured = api.measure(
                 model,
                 as_type,
@@ -991,7 +997,7 @@ def run_command(
         from heterps_cli.cli.render import run_view
         from heterps_cli.runtime import parse_map
 
-        with _progress_bar() as report:
+        with _progress_bar() as report, _users_prints_to_stderr():
             result = api.run(
                 str(plan_file),
                 model,

@@ -290,7 +290,9 @@ def estimate(
             current[:] = [call]
             report(f"counting layer {i + 1}/{len(calls)}: {call.name}", completed=i, total=len(calls))
             works.append(work(call))
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     factors: dict[str, float] = {}
     calibrated_on = None

@@ -72,7 +72,9 @@ def record_calls(model: Model) -> Calls:
         model.module.eval()
         with torch.no_grad():
             result = model.module(*example)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, "the model's forward pass failed") from None
     finally:
         model.module.train(training)

@@ -138,7 +138,9 @@ def _load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None)
         kwargs["input_shape"] = input_shape
     try:
         made = factory(**kwargs)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise _user_error(where, name, exc, "raised") from None
     model = _model_from(made, where, name, batch_size, input_shape)
     try:
@@ -171,7 +173,9 @@ def _factory(where: str, name: str) -> Callable:
                 return _factory(str(beside), name)
     except InputError:
         raise
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise _user_error(where, None, exc, "could not be loaded:") from None
     factory = getattr(module, name, None)
     if not callable(factory):
@@ -198,15 +202,26 @@ def model_error(model: Model, exc: BaseException, what: str) -> InputError:
         where,
         line,
         "MODEL" if where is None else None,
-        f"{what}: {type(exc).__name__}: {exc}" + ("" if where else f" (model {model.name})"),
+        f"{what}: {failure(exc)}" + ("" if where else f" (model {model.name})"),
     )
+
+
+def failure(exc: BaseException) -> str:
+    """How the user's code failed, in words: ``ValueError: ...``, or ``it called sys.exit(0)``."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}): the model must return or raise, not exit"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _user_error(where: str, name: str | None, exc: BaseException, what: str) -> InputError:
     """The user's code failed: name their file and the line that raised."""
     line = _user_line(where, exc) if where.endswith(".py") else None
     subject = f"factory {name}()" if name else "the module"
-    return InputError(where, line, name, f"{subject} {what} {type(exc).__name__}: {exc}")
+    if isinstance(exc, SystemExit):
+        return InputError(
+            where, line, name, f"{subject} called sys.exit({exc.code!r}): it must return or raise, not exit"
+        )
+    return InputError(where, line, name, f"{subject} {what} {failure(exc)}")
 
 
 def _model_from(made, where: str, name: str, batch_size: int, input_shape) -> Model:
@@ -612,7 +627,9 @@ def measure(
         report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
         try:
             step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
         times = _time_layers(calls, device, repetitions, report, total, current)
         for i, call in enumerate(calls):
@@ -627,7 +644,9 @@ def measure(
         report("done", completed=total, total=total)
     except InputError:
         raise
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     finally:
         torch.set_num_threads(threads)
@@ -644,7 +663,9 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
     (:func:`heterps_cli.profiling.granularity.chain_note`) when they are the leaves."""
     try:
         calls = trace(model)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, "the model's forward pass failed") from None
     if not calls:
         raise InputError(None, None, "MODEL", "the forward pass called no layer module")

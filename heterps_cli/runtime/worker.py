@@ -251,6 +251,7 @@ def spawned(rank: int, world_size: int, port: int, cfg: RunConfig, out_dir: str,
     ``rank{N}.err`` for the launcher to report; rank 0's results to ``result.json``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdout = sys.stderr  # the user's model may print: stdout is the launcher's (run --json)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     out = Path(out_dir)
     try:
