@@ -8,6 +8,7 @@ than a refusal. Every error names the file, the line and the field path.
 from __future__ import annotations
 
 import difflib
+import sys
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -34,11 +35,21 @@ MAX_BATCH = 10**9
 MAX_INDEX = 10**7  # layers, stages
 Index = Annotated[int, Field(ge=0, le=MAX_INDEX)]
 Units = Annotated[int, Field(ge=0, le=MAX_UNITS)]
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+def _normal(x: float) -> float:
+    # A subnormal figure (1e-320) is no measurement, and dividing by it gives inf: a throughput of
+    # infinity, a cost of $0.00 and a plan file that check then refuses.
+    if x != 0 and abs(x) < sys.float_info.min:
+        raise ValueError(f"is below the smallest normal float ({sys.float_info.min:.3g}): no real figure is that small")
+    return x
+
+
+Positive = Annotated[float, Field(gt=0), AfterValidator(_normal)]
+NonNegative = Annotated[float, Field(ge=0), AfterValidator(_normal)]
+Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_normal)]
 # SPEC section 1b: per unit, so far beyond any real part that only a typo reaches the bound.
-GigaPerUnit = Annotated[float, Field(gt=0, le=1e9)]
+GigaPerUnit = Annotated[float, Field(gt=0, le=1e9), AfterValidator(_normal)]
 
 
 class _Strict(BaseModel):
@@ -82,7 +93,8 @@ class Profile(_Strict):
     model: Name
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
     job: Job = Job()
-    state_factor: Annotated[float, Field(gt=0, le=1e6)] = 4.0  # section 1b: training-state bytes per weight byte
+    # section 1b: training-state bytes per weight byte
+    state_factor: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] = 4.0
     layers: Annotated[list[Layer], Field(min_length=1)]
 
 
@@ -102,7 +114,7 @@ class Cluster(_Strict):
 class PlanStage(_Strict):
     first: Index
     last: Index
-    layers: list[Name]
+    layers: Annotated[list[Name], Field(min_length=1)]
     resource: Name
     replicas: Annotated[int, Field(ge=1, le=MAX_UNITS)]
     compute_s: NonNegative
@@ -137,7 +149,7 @@ class PlanFile(_Strict):
     memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
     bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
     optimal: bool | None = None
-    gap: Annotated[float, Field(ge=0)] | None = None  # exact cut short by --time-limit
+    gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
     evaluations: Annotated[int, Field(ge=0)] | None = None
     notes: list[Prose] = []
 
@@ -153,10 +165,10 @@ KINDS = {  # what each file is, and the keys that say so
 class Peaks(_Strict):
     """Peak dense TFLOP/s per precision; null where the device has no such path."""
 
-    fp32: Annotated[float, Field(gt=0, le=1e6)]
-    tf32: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    fp16: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    bf16: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    fp32: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)]
+    tf32: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] | None = None
+    fp16: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] | None = None
+    bf16: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] | None = None
 
 
 class DeviceSpec(_Strict):
@@ -165,15 +177,15 @@ class DeviceSpec(_Strict):
     memory_gbps: GigaPerUnit  # GB/s
     memory_gb: GigaPerUnit
     network_gbps: GigaPerUnit  # Gbit/s per device
-    launch_us: Annotated[float, Field(ge=0, le=1e6)]
+    launch_us: Annotated[float, Field(ge=0, le=1e6), AfterValidator(_normal)]
 
 
 class Catalogue(_Strict):
     """The device catalogue of ``heterps profile --estimate`` (heterps_cli/profiling/devices.yaml)."""
 
     catalogue: Literal["heterps-devices/1"]
-    efficiency: Annotated[dict[Name, Annotated[float, Field(gt=0, le=1)]], Field(min_length=1)]
-    memory_efficiency: Annotated[float, Field(gt=0, le=1)]
+    efficiency: Annotated[dict[Name, Annotated[float, Field(gt=0, le=1), AfterValidator(_normal)]], Field(min_length=1)]
+    memory_efficiency: Annotated[float, Field(gt=0, le=1), AfterValidator(_normal)]
     devices: Annotated[dict[Name, DeviceSpec], Field(min_length=1)]
 
 

@@ -225,6 +225,45 @@ def build_problem(
     )
 
 
+def _check_sizes(problem: Problem, pdoc: Document) -> None:
+    """Refuse a size whose bytes per batch overflow a float (the transfer or memory it feeds would be
+    infinite and silently drop out of the model), naming the first such layer and field."""
+    B0 = float(problem.batch_size)
+    with np.errstate(over="ignore"):
+        scaled = {
+            "input_size": (2.0 * B0 * problem.input_size, "2 x batch_size x input_size"),
+            "activation_size": (B0 * problem.activation_size, "batch_size x activation_size"),
+            "weight_size": (problem.state_factor * problem.weight_size, "state_factor x weight_size"),
+        }
+    for field, (values, product) in scaled.items():
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise pdoc.error(
+                ("layers", int(bad[0]), field),
+                f"{product} overflows a float (over 1.8e308 bytes): give the real size in bytes",
+            )
+
+
+def _check_fastest(problem: Problem, pdoc: Document) -> None:
+    """Refuse times so small that a plan's throughput would be infinite. A layer alone on all the
+    units of a type is as fast as any stage holding it can be, so when every layer's best is beyond
+    a float, so is some plan's; the error names the layer and type whose time is smallest."""
+    serial_c, parallel_c, serial_d, parallel_d = problem.parts
+    units = problem.limits.astype(float)[None, :]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        seconds = np.maximum(serial_c + parallel_c / units, serial_d + parallel_d / units)
+        best = np.where(problem.runnable, problem.batch_size / seconds, 0.0).max(axis=1)
+    if np.isfinite(best).any():
+        return
+    layer = 0
+    t = int(np.argmin(np.where(problem.runnable[layer], problem.oct[layer], np.inf)))
+    raise pdoc.error(
+        ("layers", layer, "times", problem.types[t], "oct"),
+        f"{problem.oct[layer, t]:.3g} s per batch of {problem.batch_size:,} is so small that the throughput "
+        "would be infinite (every layer is): give the measured time",
+    )
+
+
 def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bool, epochs_given: bool) -> None:
     """Refuse a job whose training time or cost would overflow a float, before any search.
 
@@ -232,11 +271,14 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
     stage takes at most the sum of its layers' times), nor dearer per hour than
     every unit of every type, so these bounds hold for every plan.
     """
+    _check_sizes(problem, pdoc)
+    _check_fastest(problem, pdoc)
     work = problem.work
     per_batch = problem.oct + problem.odt
     slowest = problem.batch_size / max(float(per_batch.max(axis=1).sum()), 1e-300)
     worst_time = work / slowest
-    worst_cost = worst_time / 3600 * float(problem.prices @ problem.limits)
+    with np.errstate(over="ignore"):
+        worst_cost = worst_time / 3600 * float(problem.prices @ problem.limits)
     if math.isfinite(work) and math.isfinite(worst_time) and math.isfinite(worst_cost):
         return
     figure = "samples" if not math.isfinite(work) else "training time" if not math.isfinite(worst_time) else "cost"

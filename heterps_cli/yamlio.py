@@ -33,6 +33,7 @@ FieldPath = tuple[str | int, ...]
 MAX_BYTES = 64 << 20  # a 10,000-layer profile is a few MB
 MAX_DEPTH = 64  # profiles nest 5 deep; this only stops a hostile file before Python's recursion limit does
 MAX_ALIAS_NODES = 100_000  # nodes that aliases may add by repetition
+MAX_DIGITS = 100  # characters of a number: a float holds 17 significant digits, an int64 19
 
 
 class _Scalars(SafeConstructor):
@@ -48,6 +49,8 @@ class _Scalars(SafeConstructor):
         text = node.value.replace("_", "")
         sign = -1 if text.startswith("-") else 1
         digits = text.lstrip("+-")
+        if len(digits) > MAX_DIGITS:  # int() refuses past 4,300 digits, and no figure needs 100
+            raise _not_a_number(node, f"a whole number of {len(digits):,} digits is no figure heterps can use")
         if digits[:2] in ("0o", "0x"):
             return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
         return sign * int(digits, 10)
@@ -58,7 +61,17 @@ class _Scalars(SafeConstructor):
             return float("-inf") if text.startswith("-") else float("inf")
         if text == ".nan":
             return float("nan")
-        return float(text)
+        if len(text) > MAX_DIGITS:
+            raise _not_a_number(node, f"a number written with {len(text):,} characters is no figure heterps can use")
+        try:
+            return float(text)
+        except ValueError:  # the resolver lets underscores through (1_.5); Python's float() does not
+            problem = f"{node.value!r} is not a number (write digits, a point and an exponent)"
+            raise _not_a_number(node, problem) from None
+
+
+def _not_a_number(node: yaml.ScalarNode, problem: str) -> yaml.MarkedYAMLError:
+    return yaml.constructor.ConstructorError(None, None, problem, node.start_mark)
 
 
 class _Loader(yaml.SafeLoader, _Scalars):
@@ -153,6 +166,7 @@ class _Walk:
         self.seen: set[int] = set()
         self.repeated = 0  # nodes visited again through an alias
         self.open: set[int] = set()  # the nodes on the way down to this one
+        self.at: dict[tuple[int, int], FieldPath] = {}  # a scalar's field by where it starts
 
     def refuse(self, node: yaml.Node, path: FieldPath, message: str) -> InputError:
         return InputError(self.doc_path, node.start_mark.line + 1, format_path(path) or None, message)
@@ -174,6 +188,7 @@ class _Walk:
         self.seen.add(id(node))
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.ScalarNode):
+            self.at.setdefault((node.start_mark.line, node.start_mark.column), path)
             return
         self.open.add(id(node))
         if isinstance(node, yaml.MappingNode):
@@ -236,6 +251,7 @@ def load_yaml(path: str | os.PathLike) -> Document:
     shown = str(path)
     text = _read(path, shown)
     loader = None
+    walk: _Walk | None = None
     try:
         loader = _LOADERS[0](text)  # the pure-Python reader checks for control characters here
         node = loader.get_single_node()
@@ -264,7 +280,10 @@ def load_yaml(path: str | os.PathLike) -> Document:
         elif "constructor for the tag" in problem:
             problem += " (heterps reads plain data only: tags that build objects are refused)"
         what = "refused" if isinstance(exc, _Refused) else "not valid YAML"
-        raise InputError(shown, at, None, f"{what}: {problem}") from None
+        # A value the reader parsed but cannot build (a number no float holds) has a field by now.
+        found = walk.at.get((mark.line, mark.column)) if walk and mark else None
+        field = format_path(found) if found else None
+        raise InputError(shown, at, field, f"{what}: {problem}") from None
     except yaml.YAMLError as exc:
         raise InputError(shown, None, None, f"not valid YAML: {exc}") from None
     finally:

@@ -292,3 +292,62 @@ def test_a_factory_that_prints_does_not_corrupt_the_profile_on_stdout(tmp_path):
 
     assert yaml.safe_load(result.stdout)["layers"][0]["name"] == "0"
     assert "hello from the factory" in result.stderr and "hello" not in result.stdout
+
+
+# -- figures that stop being numbers, and bad input that was an internal error -----------------------------
+
+
+def _layer_yaml(name: str = "a", oct: str = "0.001", **fields: str) -> str:
+    sizes = {"input_size": "4", "weight_size": "4", **fields}
+    inner = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+    return f"  - {{name: {name}, type: fc, {inner}, times: {{cpu: {{oct: {oct}, odt: 0, alpha: 1, beta: 1}}}}}}\n"
+
+
+FIGURES = {  # id: (layers, field, what the message says)
+    "denormal-oct": (_layer_yaml(oct="1e-320") + _layer_yaml("b"), "oct", "smallest normal float"),
+    "infinite-throughput": (_layer_yaml(oct="1e-307") + _layer_yaml("b", oct="1e-307"), "oct", "would be infinite"),
+    "input-size-overflow": (_layer_yaml() + _layer_yaml("b", input_size="1e308"), "input_size", "overflows a float"),
+    "activation-overflow": (_layer_yaml(activation_size="1e308") + _layer_yaml("b"), "activation_size", "overflows"),
+    "underscore-float": (_layer_yaml(oct="1_.5") + _layer_yaml("b"), "oct", "is not a number"),
+    "huge-decimal": (_layer_yaml(weight_size="9" * 5000) + _layer_yaml("b"), "weight_size", "5,000 digits"),
+    "huge-hex": (_layer_yaml(weight_size="0x" + "f" * 5000) + _layer_yaml("b"), "weight_size", "digits"),
+}
+
+
+@pytest.mark.parametrize("case", FIGURES)
+def test_figures_that_stop_being_numbers_are_bad_input(tmp_path, case):
+    layers, field, said = FIGURES[case]
+    profile = tmp_path / "p.yaml"
+    profile.write_text("model: m\nbatch_size: 32\njob: {samples: 1000}\nlayers:\n" + layers)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("cluster: c\nresources:\n  cpu: {price: 1, limit: 4, bandwidth_gbps: 10, memory_gb: 16}\n")
+    for args in (
+        ["plan", str(profile), str(cluster), "-s", "exact", "--json"],
+        ["compare", str(profile), str(cluster)],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert f"{profile}:" in result.stderr and field in result.stderr and said in result.stderr, result.stderr
+        assert "Warning" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("value", ["1e-320", "4.9e-324"])
+def test_denormal_settings_are_refused_in_clusters(tmp_path, value):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"cluster: c\nresources:\n  cpu: {{price: 1, limit: 4, bandwidth_gbps: {value}}}\n")
+    result = runner.invoke(app, ["validate", str(cluster)])
+    assert result.exit_code == 2 and "bandwidth_gbps" in result.stderr and "normal float" in result.stderr
+
+
+@pytest.mark.parametrize("timeout", ["0.001", "1e300"])
+def test_run_refuses_a_timeout_gloo_cannot_keep_before_starting_anything(timeout):
+    result = runner.invoke(app, ["run", PLAN, "--model", "ctr", "--timeout", timeout])
+    assert result.exit_code == 2 and "--timeout" in result.output and "Traceback" not in result.output
+
+
+def test_a_stage_without_layers_is_refused(tmp_path):
+    plan = tmp_path / "p.yaml"
+    text = Path(PLAN).read_text()
+    plan.write_text(text.replace("layers: [fc1, relu1, fc2, relu2, fc3, relu3]", "layers: []", 1))
+    result = runner.invoke(app, ["run", str(plan), "--model", "ctr"])
+    assert result.exit_code == 2 and "layers" in result.stderr and "must not be empty" in result.stderr

@@ -976,7 +976,12 @@ def run_command(
     lr: Annotated[float, typer.Option(callback=_positive, help="SGD learning rate.")] = 0.01,
     timeout: Annotated[
         float,
-        typer.Option(callback=_positive, help="Seconds any process may wait for another before the run fails."),
+        typer.Option(
+            min=1.0,
+            max=86_400.0,
+            help="Seconds any process may wait for another before the run fails (1 to 86,400: gloo's own timers "
+            "take whole milliseconds and a day at most).",
+        ),
     ] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     out_file: Annotated[

@@ -98,6 +98,8 @@ def run_plan(
     from heterps_cli.runtime.worker import RunConfig
 
     report = progress or quiet
+    if not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole milliseconds, up to a day here
+        raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
     plan, _ = load_plan(plan_path)
     model = model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
