@@ -8,6 +8,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERNAL = 4  # a bug in heterps: not a failed check (1), so CI cannot mistake one for the other
+EXIT_NOT_FOUND = 5  # a search found no plan and nothing proved that none exists: not 3, which is that proof
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 EXIT_TERMINATED = 143  # SIGTERM
 
@@ -68,3 +69,8 @@ class SearchFailed(InfeasibleError):
     def __init__(self, failure: str, hint: str):
         super().__init__(f"{failure}: {hint}")
         self.failure, self.hint = failure, hint
+
+
+class SearchGaveUp(InfeasibleError):
+    """A search found no feasible plan, and nothing proved that none exists: a feasible plan exists
+    (the message names it), or the exact solver could not tell (too large, out of time). Exit 5."""

@@ -25,8 +25,10 @@ from heterps_cli.errors import (
     EXIT_INFEASIBLE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
     InfeasibleError,
     InputError,
+    SearchGaveUp,
 )
 from heterps_cli.figures import count, number, plural, usd
 from heterps_cli.schedulers.names import (
@@ -135,6 +137,9 @@ def _exit_codes():
     except InputError as exc:
         _print_error("error: ", exc.lines())
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except SearchGaveUp as exc:  # before InfeasibleError, its base: no proof, so not exit 3
+        _print_error("no plan found: ", [str(exc)])
+        raise typer.Exit(EXIT_NOT_FOUND) from None
     except InfeasibleError as exc:
         _print_error("infeasible: ", [str(exc)])
         raise typer.Exit(EXIT_INFEASIBLE) from None

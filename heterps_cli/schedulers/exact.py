@@ -39,7 +39,7 @@ from heterps_cli.costmodel import (
     stage_throughput,
     throughput_floor,
 )
-from heterps_cli.errors import InfeasibleError, InputError
+from heterps_cli.errors import InfeasibleError, InputError, SearchGaveUp
 from heterps_cli.figures import count, number, usd
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -723,9 +723,9 @@ def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None
     search gets ``time_limit`` seconds (None: all it needs; 0 or less: none, and the error says so)."""
     out_of_time = time_limit is not None and time_limit <= 0
     if too_large(problem):  # only the heuristic's own words
-        return InfeasibleError(f"{failure}{' within the time limit' if out_of_time else ''}: {hint}")
+        return SearchGaveUp(f"{failure}{' within the time limit' if out_of_time else ''}: {hint}")
     if out_of_time:
-        return InfeasibleError(
+        return SearchGaveUp(
             f"{failure} within the time limit: {hint}; --scheduler exact says whether a feasible plan exists"
         )
     try:
@@ -733,8 +733,8 @@ def diagnose(problem: Problem, failure: str, hint: str, time_limit: float | None
     except InfeasibleError as exc:
         return exc
     except InputError:  # the binding limits need more states than the solver may hold
-        return InfeasibleError(f"{failure}: {hint}")
-    return InfeasibleError(
+        return SearchGaveUp(f"{failure}: {hint}")
+    return SearchGaveUp(
         f"{failure}, but a feasible plan exists (the exact solver finds one costing {usd(found.cost_usd)} "
         f"at {count(found.throughput, 1)} samples/s): {hint}, or use --scheduler exact"
     )
