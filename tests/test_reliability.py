@@ -364,3 +364,55 @@ def test_a_search_that_gives_up_where_a_plan_exists_is_not_exit_3():
     assert "no plan found: " in result.stderr and "but a feasible plan exists" in result.stderr
     exact = runner.invoke(app, ["plan", *tight, "-s", "exact", "--json"])
     assert exact.exit_code == 0
+
+
+# -- hangs and resources -----------------------------------------------------------------------------
+
+
+def _long_plan(path: Path, stages: int, shift: int = 0) -> Path:
+    """A plan of ``stages`` one-layer stages alternating two types (as a hostile pull request might)."""
+    rows = [
+        {
+            "first": i,
+            "last": i,
+            "layers": [f"l{i}"],
+            "resource": "ab"[(i + shift) % 2],
+            "replicas": 1,
+            "compute_s": 0.1,
+            "comm_s": 0.0,
+            "throughput": 10.0,
+        }
+        for i in range(stages)
+    ]
+    plan = {
+        "model": "m", "cluster": "c", "objective": "cost", "scheduler": "exact", "seed": 0, "batch_size": 1,
+        "samples": 10, "epochs": 1, "min_throughput": 0, "stages": rows, "resources": {"a": stages, "b": stages},
+        "throughput": 10.0, "bottleneck": 0, "time_s": 1.0, "cost_usd": 1.0 + shift, "feasible": True, "solve_s": 0,
+    }  # fmt: skip
+    path.write_text(json.dumps(plan))  # JSON is YAML, and written in a blink
+    return path
+
+
+@pytest.mark.slow  # reading two 5 MB plans takes 12 s of the 13
+def test_diff_of_two_long_plans_is_linear(tmp_path):
+    import time
+
+    # 30,000 stages each: no result after 90 s (a quadratic alignment in Python); 100,000 asked 74.5 GiB.
+    old, new = _long_plan(tmp_path / "old.yaml", 30_000), _long_plan(tmp_path / "new.yaml", 30_000, shift=1)
+    started = time.perf_counter()
+    result = runner.invoke(app, ["diff", str(old), str(new), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert time.perf_counter() - started < 60  # seconds here; quadratic never finished
+    changes = json.loads(result.stdout)["changes"]
+    stages = [c for c in changes if c["what"].startswith("stage")]
+    assert len(stages) == 30_000 and all(c["what"] == f"stage {i}" for i, c in enumerate(stages[:5]))
+
+
+def test_the_sweep_pairs_as_the_alignment_does_when_ranges_match():
+    from heterps_cli.ci.diff import _sweep, pair_stages
+    from heterps_cli.formats import load_plan
+
+    plan, _ = load_plan(PLAN)
+    stages = list(plan.stages)
+    assert _sweep(stages, stages) == pair_stages(stages, stages) == [(i, i) for i in range(len(stages))]
+    assert _sweep(stages, stages[1:]) == [(0, None), (1, 0), (2, 1)] == pair_stages(stages, stages[1:])

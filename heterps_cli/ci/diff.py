@@ -9,6 +9,10 @@ import numpy as np
 from heterps_cli.figures import setting
 from heterps_cli.formats import PlanFile
 
+# Stage pairs the alignment may score (it is quadratic in Python): 500 x 500 stages take about a
+# second; past it stages pair by a linear sweep of their layer ranges (30,000 x 30,000 took hours).
+MAX_ALIGNED = 250_000
+
 
 @dataclass(frozen=True)
 class Change:
@@ -41,14 +45,18 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
     stages after it pair with themselves and only the new one shows as new.
     """
 
-    def score(a, b) -> float:
-        return len(set(a.layers) & set(b.layers)) + 0.5 * (a.resource == b.resource)
-
     n, m = len(old), len(new)
+    if n * m > MAX_ALIGNED:
+        return _sweep(old, new)
+    old_layers, new_layers = [set(s.layers) for s in old], [set(s.layers) for s in new]
+
+    def score(i: int, j: int) -> float:
+        return len(old_layers[i] & new_layers[j]) + 0.5 * (old[i].resource == new[j].resource)
+
     best = np.zeros((n + 1, m + 1))
     for i in range(1, n + 1):
         for j in range(1, m + 1):
-            s = score(old[i - 1], new[j - 1])
+            s = score(i - 1, j - 1)
             best[i, j] = max(best[i - 1, j], best[i, j - 1], best[i - 1, j - 1] + s if s > 0 else -1.0)
     pairs: list[tuple[int | None, int | None]] = []
     i, j = n, m
@@ -56,8 +64,8 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
         if (
             i
             and j
-            and score(old[i - 1], new[j - 1]) > 0
-            and best[i, j] == best[i - 1, j - 1] + score(old[i - 1], new[j - 1])
+            and score(i - 1, j - 1) > 0
+            and best[i, j] == best[i - 1, j - 1] + score(i - 1, j - 1)
         ):
             pairs.append((i - 1, j - 1))
             i, j = i - 1, j - 1
@@ -68,6 +76,25 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
             pairs.append((None, j - 1))
             j -= 1
     return pairs[::-1]
+
+
+def _sweep(old: list, new: list) -> list[tuple[int | None, int | None]]:
+    """Pairs by layer ranges in one pass, for plans too long to align (time and memory n x m): stages
+    whose ranges overlap pair in order, each once; the rest are removed or new."""
+    pairs: list[tuple[int | None, int | None]] = []
+    i = j = 0
+    while i < len(old) and j < len(new):
+        if old[i].last < new[j].first:
+            pairs.append((i, None))
+            i += 1
+        elif new[j].last < old[i].first:
+            pairs.append((None, j))
+            j += 1
+        else:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+    pairs += [(k, None) for k in range(i, len(old))] + [(None, k) for k in range(j, len(new))]
+    return pairs
 
 
 JOB_FIELDS = ("model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput", "max_cost")
