@@ -33,7 +33,7 @@ FieldPath = tuple[str | int, ...]
 MAX_BYTES = 64 << 20  # a 10,000-layer profile is a few MB
 MAX_DEPTH = 64  # profiles nest 5 deep; this only stops a hostile file before Python's recursion limit does
 MAX_ALIAS_NODES = 100_000  # nodes that aliases may add by repetition
-MAX_DIGITS = 100  # characters of a number: a float holds 17 significant digits, an int64 19
+MAX_DIGITS = 4300  # digits of a whole number Python converts (sys.get_int_max_str_digits); the bounds say the rest
 
 
 class _Scalars(SafeConstructor):
@@ -49,7 +49,7 @@ class _Scalars(SafeConstructor):
         text = node.value.replace("_", "")
         sign = -1 if text.startswith("-") else 1
         digits = text.lstrip("+-")
-        if len(digits) > MAX_DIGITS:  # int() refuses past 4,300 digits, and no figure needs 100
+        if len(digits) > MAX_DIGITS:  # int() refuses past 4,300 digits
             raise _not_a_number(node, f"a whole number of {len(digits):,} digits is no figure heterps can use")
         if digits[:2] in ("0o", "0x"):
             return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
@@ -61,8 +61,6 @@ class _Scalars(SafeConstructor):
             return float("-inf") if text.startswith("-") else float("inf")
         if text == ".nan":
             return float("nan")
-        if len(text) > MAX_DIGITS:
-            raise _not_a_number(node, f"a number written with {len(text):,} characters is no figure heterps can use")
         try:
             return float(text)
         except ValueError:  # the resolver lets underscores through (1_.5); Python's float() does not
