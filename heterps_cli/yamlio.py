@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import stat
 import tempfile
 from pathlib import Path
@@ -33,6 +34,7 @@ FieldPath = tuple[str | int, ...]
 MAX_BYTES = 64 << 20  # a 10,000-layer profile is a few MB
 MAX_DEPTH = 64  # profiles nest 5 deep; this only stops a hostile file before Python's recursion limit does
 MAX_ALIAS_NODES = 100_000  # nodes that aliases may add by repetition
+FIFO_WAIT = 10  # seconds a named pipe may stay silent before reading it is given up
 MAX_DIGITS = 4300  # digits of a whole number Python converts (sys.get_int_max_str_digits); the bounds say the rest
 
 
@@ -213,9 +215,28 @@ class _Walk:
         self.open.discard(id(node))
 
 
+def _open(path: str | os.PathLike, shown: str):
+    """The file for reading. A FIFO opens without waiting for a writer (open() would block until one
+    came, forever if none does), then must have something to read within :data:`FIFO_WAIT` seconds."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            waiting = select.poll()
+            waiting.register(fd, select.POLLIN)
+            if not waiting.poll(FIFO_WAIT * 1000):
+                raise InputError(
+                    shown, None, None, f"a pipe with nothing written to it in {FIFO_WAIT} s: is anything writing it?"
+                )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read(path: str | os.PathLike, shown: str) -> str:
     try:
-        with open(path, "rb") as fh:
+        with _open(path, shown) as fh:
             if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) and os.fstat(fh.fileno()).st_size > MAX_BYTES:
                 raise InputError(
                     shown,

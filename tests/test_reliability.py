@@ -416,3 +416,15 @@ def test_the_sweep_pairs_as_the_alignment_does_when_ranges_match():
     stages = list(plan.stages)
     assert _sweep(stages, stages) == pair_stages(stages, stages) == [(i, i) for i in range(len(stages))]
     assert _sweep(stages, stages[1:]) == [(0, None), (1, 0), (2, 1)] == pair_stages(stages, stages[1:])
+
+
+def test_validate_of_a_fifo_nothing_writes_ends(tmp_path, monkeypatch):
+    import os
+
+    from heterps_cli import yamlio
+
+    monkeypatch.setattr(yamlio, "FIFO_WAIT", 1)  # blocked forever before
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    result = runner.invoke(app, ["validate", str(fifo)])
+    assert result.exit_code == 2 and f"{fifo}: a pipe with nothing written to it in 1 s" in result.stderr
