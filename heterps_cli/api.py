@@ -84,12 +84,20 @@ def plan(
     return solve(scheduler, job.problem(profile_path, cluster_path), seed=seed, progress=progress, options=options)
 
 
-def frontier(profile_path: str, cluster_path: str, job: Job = Job(), *, progress: Progress | None = None) -> Frontier:
+def frontier(
+    profile_path: str,
+    cluster_path: str,
+    job: Job = Job(),
+    *,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> Frontier:
     """``heterps frontier``: every Pareto-optimal plan from the cheapest meeting ``job.min_throughput``
-    to the fastest (within ``job.max_cost``); ``job.objective`` plays no part."""
+    to the fastest (within ``job.max_cost``); ``job.objective`` plays no part. ``time_limit``
+    (seconds) stops the walk where it is, with the frontier exact up to there."""
     from heterps_cli.frontier import pareto_frontier
 
-    return pareto_frontier(job.problem(profile_path, cluster_path), progress=progress)
+    return pareto_frontier(job.problem(profile_path, cluster_path), progress=progress, time_limit=time_limit)
 
 
 @dataclass(frozen=True)

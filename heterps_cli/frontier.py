@@ -72,6 +72,7 @@ class Frontier:
     knee: int | None  # index on the whole frontier (see KNEE_RULE)
     steps: int  # exact-solver evaluations the walk took
     solve_s: float
+    cut_at: float | None = None  # the time limit stopped the walk here: exact up to it, nothing faster
 
     @property
     def knee_plan(self) -> int | None:
@@ -91,21 +92,31 @@ class Frontier:
             "knee_rule": KNEE_RULE,
             "steps": self.steps,
             "solve_s": self.solve_s,
+            "cut_at": self.cut_at,
             "plans": [plan.to_dict() for plan in self.plans],
         }
 
 
-def pareto_frontier(problem: Problem, *, progress: Progress | None = None) -> Frontier:
+def pareto_frontier(
+    problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None
+) -> Frontier:
     """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
-    (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none."""
+    (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none.
+
+    With ``time_limit`` (seconds), a walk still going then stops: the plans up to the throughput
+    it reached are exactly the frontier's there (the walk rises), and :attr:`Frontier.cut_at` says
+    where it stopped."""
     start = time.perf_counter()
+    deadline = math.inf if time_limit is None else start + time_limit
     walker = StepSolver(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
     floor = throughput_floor(problem)
     first = walker.cheapest(floor)
     if first is None:
         raise infeasible_error(problem, walker)
     prober = StepSolver(problem, None, walker.tab, relax=False)
-    found = _walk(walker, prober, first, progress)
+    found, cut_at = _walk(walker, prober, first, progress, deadline)
+    if cut_at is not None:  # probes ran ahead of the walk: past it, a plan may be beaten by one unseen
+        found = [c for c in found if c.throughput <= cut_at]
     frontier = _pareto(found)
     if problem.max_cost is not None:
         frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
@@ -121,12 +132,15 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None) -> Fr
         knee([c.throughput for c in frontier], [c.cost for c in frontier]),
         walker.evaluations + prober.evaluations,
         solve_s,
+        cut_at,
     )
 
 
-def _walk(walker: StepSolver, prober: StepSolver, first: Candidate, progress: Progress | None) -> list[Candidate]:
+def _walk(
+    walker: StepSolver, prober: StepSolver, first: Candidate, progress: Progress | None, deadline: float = math.inf
+) -> tuple[list[Candidate], float | None]:
     """From ``first`` up to the fastest plan: a plan of every step of ``rate`` that no probe shows
-    dominated, and the probes."""
+    dominated, and the probes; and the throughput the walk had reached if ``deadline`` stopped it."""
     p = walker.p
     hours = p.work / 3600.0  # cost = hours * rate / throughput
     lo, bound = first.throughput, speed_bound(p)
@@ -137,6 +151,8 @@ def _walk(walker: StepSolver, prober: StepSolver, first: Candidate, progress: Pr
     current = first
     while True:
         y = current.throughput
+        if time.perf_counter() > deadline:
+            return found, y
         while (target := lo * (1 + PROBE_STEP) ** next_probe) <= y * (1 + PROBE_AHEAD) and target < unreachable:
             next_probe += 1
             if target <= y:
@@ -153,12 +169,12 @@ def _walk(walker: StepSolver, prober: StepSolver, first: Candidate, progress: Pr
                 jump = max(jump, q.throughput if q.cost <= 0 else min(q.throughput, hours * current.rate / q.cost))
         target = float(np.nextafter(jump, np.inf))
         if target >= unreachable:
-            return found
+            return found, None
         # A probe whose step holds the target is that step's plan: no need to solve it again.
         held = next((q for x, q in probes if x <= target <= q.throughput), None)
         step = held or walker.cheapest(target)
         if step is None:
-            return found
+            return found, None
         found.append(step)
         current = step
         if progress is not None:
@@ -244,14 +260,10 @@ def thin(frontier: Frontier, n: int) -> Frontier:
             chosen.remove(min(inner, key=lambda i: abs(thr[i] - thr[knee_at])))
             chosen.append(knee_at)
     chosen.sort()
-    return Frontier(
-        frontier.problem,
-        tuple(frontier.plans[i] for i in chosen),
-        tuple(frontier.positions[i] for i in chosen),
-        frontier.size,
-        frontier.knee,
-        frontier.steps,
-        frontier.solve_s,
+    return replace(
+        frontier,
+        plans=tuple(frontier.plans[i] for i in chosen),
+        positions=tuple(frontier.positions[i] for i in chosen),
     )
 
 

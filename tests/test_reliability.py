@@ -428,3 +428,36 @@ def test_validate_of_a_fifo_nothing_writes_ends(tmp_path, monkeypatch):
     os.mkfifo(fifo)
     result = runner.invoke(app, ["validate", str(fifo)])
     assert result.exit_code == 2 and f"{fifo}: a pipe with nothing written to it in 1 s" in result.stderr
+
+
+PARALLEL = """model: par
+batch_size: 32
+job: {samples: 1000000}
+layers:
+  - {name: a, type: fc, input_size: 4, weight_size: 4, times: {cpu: {oct: 0.01, odt: 0.001, alpha: 0.99999, beta: 1},
+     gpu: {oct: 0.001, odt: 0.0001, alpha: 0.99999, beta: 1}}}
+  - {name: b, type: fc, input_size: 4, weight_size: 4, times: {cpu: {oct: 0.02, odt: 0.001, alpha: 0.99999, beta: 1},
+     gpu: {oct: 0.003, odt: 0.0001, alpha: 0.99999, beta: 1}}}
+"""
+
+
+def test_frontier_stops_at_its_time_limit_exact_up_to_where_it_got(tmp_path):
+    # Nearly perfectly parallel layers and 10^9 units: a frontier of millions of plans (no result after 90 s).
+    profile, cluster = tmp_path / "p.yaml", tmp_path / "c.yaml"
+    profile.write_text(PARALLEL)
+    cluster.write_text("cluster: c\nresources:\n  cpu: {price: 0.04, limit: 1000000000}\n"
+                       "  gpu: {price: 2.5, limit: 1000000000}\n")  # fmt: skip
+    result = runner.invoke(app, ["frontier", str(profile), str(cluster), "--time-limit", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    frontier = json.loads(result.stdout)
+    assert frontier["cut_at"] is not None and frontier["solve_s"] < 3
+    plans = frontier["plans"]
+    assert len(plans) > 3 and all(p["throughput"] <= frontier["cut_at"] for p in plans)
+    for point in plans[:3]:  # each point is the exact solver's answer at its throughput
+        answer = runner.invoke(
+            app, ["plan", str(profile), str(cluster), "-s", "exact", "--min-throughput", repr(point["throughput"]),
+                  "--json"],
+        )  # fmt: skip
+        assert json.loads(answer.stdout)["cost_usd"] == pytest.approx(point["cost_usd"], rel=1e-12)
+    table = runner.invoke(app, ["frontier", str(profile), str(cluster), "--time-limit", "0.5"])
+    assert "stopped at the time limit" in " ".join(table.stdout.split())

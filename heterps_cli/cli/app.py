@@ -64,6 +64,7 @@ app = typer.Typer(
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
+FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under one (README, Commands)
 
 # Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
 SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
@@ -518,6 +519,15 @@ def frontier(
             show_default=False,
         ),
     ] = None,
+    time_limit: Annotated[
+        float,
+        typer.Option(
+            callback=_positive,
+            help="Stop walking the frontier after this many seconds: the plans up to the throughput reached are "
+            "exact, and the output says where it stopped (limits of millions of units make frontiers of "
+            "hundreds of thousands of plans).",
+        ),
+    ] = FRONTIER_TIME_LIMIT,
 ) -> None:
     """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact)."""
     _one_stdout(as_json, plot)
@@ -532,6 +542,7 @@ def frontier(
                 str(profile),
                 str(cluster),
                 _job(Objective.cost, samples, epochs, min_throughput, max_cost),
+                time_limit=time_limit,
                 progress=report,
             )
         kept = whole if points is None else thin(whole, points)

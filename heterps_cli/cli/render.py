@@ -414,6 +414,14 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Gr
             style="dim",
         )
     )
+    if frontier.cut_at is not None:
+        notes.append(
+            Text(
+                f"stopped at the time limit: the frontier above is exact up to {count(frontier.cut_at, 1)} samples/s; "
+                "faster plans were not explored (raise --time-limit)",
+                style="yellow",
+            )
+        )
     return Group(table, *notes)
 
 
