@@ -247,10 +247,12 @@ def measure(
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
     (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch)."""
+    from heterps_cli.formats import check_name
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.profiling.measure import measure as measure_model
     from heterps_cli.profiling.processes import measure_in_processes
 
+    check_name(resource, "--as")
     if progress is not None:
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
@@ -287,9 +289,11 @@ def estimate(
 ):
     """``heterps profile --estimate``: a roofline estimate of the model's layers on catalogue device
     ``device`` (:class:`~heterps_cli.profiling.estimate.Estimated`; imports torch)."""
+    from heterps_cli.formats import check_name
     from heterps_cli.profiling.estimate import estimate as estimate_model
     from heterps_cli.profiling.measure import load_model
 
+    check_name(resource, "--as")
     if progress is not None:
         progress(f"loading {model}")
     return estimate_model(

@@ -12,7 +12,7 @@ import sys
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
@@ -249,8 +249,10 @@ def _describe(error: Any, root: type[BaseModel], missing_beside: list[str]) -> s
             "model": "a mapping",
         }[kind.split("_")[0]]
         return f"must be {wanted} (got {type(got).__name__} {_shown(got)})"
-    if kind == "too_short":
+    if kind in ("too_short", "string_too_short"):
         return "must not be empty"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters (got {len(got):,})"
     if kind == "value_error":
         return f"{str(ctx.get('error', error['msg']))} (got {_shown(got)})"
     return f"{error['msg']} (got {_shown(got)})"
@@ -301,6 +303,16 @@ def _validate(model: type[_Strict], doc: Document, kind: str) -> Any:
             problems.append(doc.error(loc, _describe(error, model, missing.get(loc[:-1], []))))
         problems.sort(key=lambda e: e.line or 0)
         raise InputError.joined(problems) from None
+
+
+def check_name(text: str, field: str) -> str:
+    """A name given on the command line (``--as``) or made from one (a model's), held to the rules a
+    file's names meet, so that heterps never writes a profile it would then refuse to read."""
+    try:
+        return TypeAdapter(Name).validate_python(text)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        raise InputError(None, None, field, _describe(error, Profile, [])) from None
 
 
 def _raise_all(problems: list[InputError]) -> None:

@@ -461,3 +461,21 @@ def test_frontier_stops_at_its_time_limit_exact_up_to_where_it_got(tmp_path):
         assert json.loads(answer.stdout)["cost_usd"] == pytest.approx(point["cost_usd"], rel=1e-12)
     table = runner.invoke(app, ["frontier", str(profile), str(cluster), "--time-limit", "0.5"])
     assert "stopped at the time limit" in " ".join(table.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "as_type, said", [("", "must not be empty"), ("x" * 300, "at most 256 characters"), ("a\x1bb", "control")]
+)
+def test_profile_refuses_a_type_name_it_could_not_read_back(as_type, said):
+    # `--as ''` or 300 characters wrote profiles that validate then refused.
+    result = runner.invoke(app, ["profile", "mlp", "--as", as_type, "--batch-size", "8", "--out", "-"])
+    assert result.exit_code == 2 and "--as" in result.stderr and said in result.stderr, result.output
+    assert result.stdout == ""
+
+
+def test_profile_refuses_a_model_name_it_could_not_read_back(tmp_path):
+    source, factory = tmp_path / ("m" * 200 + ".py"), "f" * 100  # named in the profile m...m:f...f
+    source.write_text(f"import torch\nfrom torch import nn\n\ndef {factory}(batch_size):\n"
+                      "    return nn.Sequential(nn.Linear(4, 4)), torch.randn(batch_size, 4)\n")  # fmt: skip
+    result = runner.invoke(app, ["profile", f"{source}:{factory}", "--as", "cpu", "--batch-size", "8", "--out", "-"])
+    assert result.exit_code == 2 and "MODEL" in result.stderr and "at most 256" in result.stderr, result.output

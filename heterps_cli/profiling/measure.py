@@ -67,6 +67,7 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import InputError
+from heterps_cli.formats import check_name
 from heterps_cli.profiling.zoo import MODELS
 from heterps_cli.progress import Progress, quiet
 
@@ -110,6 +111,7 @@ def load_model(
     ``granularity="blocks"``: its layers are the finest modules at which it is a chain
     (:mod:`heterps_cli.profiling.granularity`), unless the factory gave its own blocks."""
     model = _load_model(spec, batch_size, input_shape)
+    check_name(model.name, "MODEL")  # the profile's model: a file name of 300 characters would not read back
     if granularity == "blocks" and model.blocks is None:
         from heterps_cli.profiling.granularity import at_blocks
 
