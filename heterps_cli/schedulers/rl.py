@@ -254,7 +254,15 @@ def _policy_problem(saved) -> str | None:
             return f"weight {name} should be a float tensor of shape {tuple(shape)}"
         if not torch.isfinite(tensor).all():
             return f"weight {name} holds NaN or infinite values"
+        if tensor.numel() and float(tensor.abs().max()) > MAX_WEIGHT:
+            return (
+                f"weight {name} reaches {float(tensor.abs().max()):.3g}, past {MAX_WEIGHT:g} where no trained "
+                "policy goes (its probabilities would not be numbers)"
+            )
     return None
+
+
+MAX_WEIGHT = 1e4  # |weight| of a loaded policy; trained ones stay under 100
 
 
 def load_policy(path: Path, problem: Problem) -> Policy:
