@@ -316,7 +316,7 @@ def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
         (lambda d: d["state"].update(stay=torch.zeros(3)), "weight stay should be a float tensor of shape ()"),
         (lambda d: d["state"]["head.weight"].fill_(float("nan")), "weight head.weight holds NaN or infinite values"),
         # Finite in float32, yet the probabilities became nan: an internal error once.
-        (lambda d: d["state"]["head.weight"].fill_(3e38), "weight head.weight reaches 3e+38, past 1e+04"),
+        (lambda d: d["state"]["head.weight"].fill_(3e38), "weight head.weight reaches 3e+38, past 10000"),
         (lambda d: d.update(state=[1, 2]), "the network's weights are not those of a heterps policy"),
     ],
 )
