@@ -372,6 +372,23 @@ def load_catalogue(path: str) -> Catalogue:
     catalogue: Catalogue = _validate(Catalogue, doc, "catalogue")
     if "other" not in catalogue.efficiency:
         raise doc.error(("efficiency",), "needs an 'other' entry: the efficiency of kinds not listed")
+    # The roofline divides by peak x efficiency: a product under one operation (or byte) a second
+    # underflows or makes a layer's time infinite, which no profile can hold.
+    least = min(catalogue.efficiency.values())
+    for name, device in catalogue.devices.items():
+        for peak, tflops in device.tflops.model_dump(exclude_none=True).items():
+            if tflops * 1e12 * least < 1:
+                raise doc.error(
+                    ("devices", name, "tflops", peak),
+                    f"{tflops:.3g} TFLOP/s at an efficiency of {least:.3g} is under one operation a second: "
+                    "give the device's real peak (and efficiencies)",
+                )
+        if device.memory_gbps * 1e9 * catalogue.memory_efficiency < 1:
+            raise doc.error(
+                ("devices", name, "memory_gbps"),
+                f"{device.memory_gbps:.3g} GB/s at a memory efficiency of {catalogue.memory_efficiency:.3g} is "
+                "under one byte a second: give the device's real bandwidth",
+            )
     return catalogue
 
 

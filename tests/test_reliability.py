@@ -479,3 +479,27 @@ def test_profile_refuses_a_model_name_it_could_not_read_back(tmp_path):
                       "    return nn.Sequential(nn.Linear(4, 4)), torch.randn(batch_size, 4)\n")  # fmt: skip
     result = runner.invoke(app, ["profile", f"{source}:{factory}", "--as", "cpu", "--batch-size", "8", "--out", "-"])
     assert result.exit_code == 2 and "MODEL" in result.stderr and "at most 256" in result.stderr, result.output
+
+
+@pytest.mark.parametrize(
+    "old, new, field",
+    [
+        ("tflops: {fp32: 0.223,", "tflops: {fp32: 1e-300,", "devices.cpu.tflops.fp32"),  # ZeroDivisionError once
+        ("  other: 0.5\n", "  other: 1e-320\n", "efficiency.other"),  # oct: inf once, which validate refused
+        ("memory_gbps: 38\n", "memory_gbps: 1e-300\n", "devices.cpu.memory_gbps"),
+    ],
+)
+def test_a_catalogue_whose_rates_underflow_is_bad_input(tmp_path, old, new, field):
+    from heterps_cli.profiling import estimate
+
+    text = (Path(estimate.__file__).parent / "devices.yaml").read_text()
+    assert old in text
+    catalogue = tmp_path / "devices.yaml"
+    catalogue.write_text(text.replace(old, new, 1))
+    result = runner.invoke(
+        app,
+        ["profile", "mlp", "--as", "cpu", "--estimate", "cpu", "--catalogue", str(catalogue), "--batch-size", "8",
+         "--out", "-"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert f"{catalogue}:" in result.stderr and field in result.stderr and "Traceback" not in result.output
