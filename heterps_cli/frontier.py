@@ -97,9 +97,7 @@ class Frontier:
         }
 
 
-def pareto_frontier(
-    problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None
-) -> Frontier:
+def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None) -> Frontier:
     """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
     (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none.
 

@@ -503,3 +503,12 @@ def test_a_catalogue_whose_rates_underflow_is_bad_input(tmp_path, old, new, fiel
     )  # fmt: skip
     assert result.exit_code == 2, result.output
     assert f"{catalogue}:" in result.stderr and field in result.stderr and "Traceback" not in result.output
+
+
+def test_a_batch_past_this_machines_memory_is_bad_input(tmp_path):
+    result = runner.invoke(app, ["profile", "mlp", "--as", "cpu", "--batch-size", "1000000000", "--out", "-"])
+    assert result.exit_code == 2 and "batch_size" in result.stderr and "this machine can hold" in result.stderr
+    plan = tmp_path / "p.yaml"
+    plan.write_text(Path(PLAN).read_text().replace("batch_size: 4096", "batch_size: 1000000000", 1))
+    result = runner.invoke(app, ["run", str(plan), "--model", "ctr", "--map", "v100=cpu", "--max-processes", "64"])
+    assert result.exit_code == 2 and "this machine can hold" in result.stderr, result.output

@@ -61,12 +61,7 @@ def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:
     pairs: list[tuple[int | None, int | None]] = []
     i, j = n, m
     while i or j:
-        if (
-            i
-            and j
-            and score(i - 1, j - 1) > 0
-            and best[i, j] == best[i - 1, j - 1] + score(i - 1, j - 1)
-        ):
+        if i and j and score(i - 1, j - 1) > 0 and best[i, j] == best[i - 1, j - 1] + score(i - 1, j - 1):
             pairs.append((i - 1, j - 1))
             i, j = i - 1, j - 1
         elif i and (not j or best[i, j] == best[i - 1, j]):

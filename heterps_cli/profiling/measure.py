@@ -121,7 +121,16 @@ def load_model(
 
 def _load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None) -> Model:
     if spec in MODELS:
-        module, example = MODELS[spec](batch_size, input_shape)
+        try:
+            module, example = MODELS[spec](batch_size, input_shape)
+        except (RuntimeError, MemoryError) as exc:  # the allocator: a batch past this machine's memory
+            raise InputError(
+                None,
+                None,
+                "batch_size",
+                f"building {spec}'s example batch of {batch_size:,} samples failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'out of memory'}): give a batch this machine can hold",
+            ) from None
         return Model(spec, module, example if isinstance(example, tuple) else (example,))
     if ":" not in spec:
         raise InputError(
