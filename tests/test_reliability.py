@@ -512,3 +512,16 @@ def test_a_batch_past_this_machines_memory_is_bad_input(tmp_path):
     plan.write_text(Path(PLAN).read_text().replace("batch_size: 4096", "batch_size: 1000000000", 1))
     result = runner.invoke(app, ["run", str(plan), "--model", "ctr", "--map", "v100=cpu", "--max-processes", "64"])
     assert result.exit_code == 2 and "this machine can hold" in result.stderr, result.output
+
+
+def test_every_search_has_a_default_budget_linear_in_the_model(monkeypatch):
+    # plan (rl) on a 50,000-layer profile gave no answer after 15 minutes; exact refuses in seconds.
+    from heterps_cli import schedulers
+
+    assert schedulers.default_time_limit(50_000) == 560.0 and schedulers.default_time_limit(0) == 60.0
+    monkeypatch.setattr(schedulers, "DEFAULT_BUDGET_S", 0.3)
+    for name in ("rl", "tapp", "random"):  # genetic converges on ctr first
+        result = runner.invoke(app, ["plan", CTR, PAPER, "-s", name, "--evaluations", "100000000", "--json"])
+        assert result.exit_code == 0, result.output
+        notes = json.loads(result.stdout)["notes"]
+        assert any("the time limit was the default budget for 10 layers" in n for n in notes), (name, notes)
