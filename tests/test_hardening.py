@@ -496,6 +496,6 @@ def test_a_40_kb_name_is_refused_not_rendered(tmp_path):
     text = Path(CTR).read_text().replace("name: fc1", "name: " + "x" * 40_000, 1)
     (tmp_path / "p.yaml").write_text(text)
     stderr = _bad(
-        ["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], "name: String should have at most 256 characters"
+        ["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], "name: must be at most 256 characters (got 40,000)"
     )
     assert len(stderr) < 400  # the value is cut short in the message too
