@@ -56,7 +56,17 @@ HOSTILE_VALUES = [
     [1, 2],
     {"a": 1},
     {"oct": 1, "odt": 0},
+    # issue 32: names that rewrite a terminal, figures that stop being numbers
+    "A\x1b[31mRED\x1b]0;TITLE\x07",
+    "\x1b[2J\x1b[H",
+    "ctr\u202e",
+    "x\x9b2J",
+    "embedding<!--",
+    5e-324,
+    2.2e-309,
+    1e-307,
 ]
+RAW_CONTROLS = ("\x1b", "\x9b", "\u202e", "\x07")
 SNIPPETS = [
     ":",
     "- ",
@@ -81,6 +91,11 @@ SNIPPETS = [
     "? ",
     "0o17",
     "0x1f",
+    "1_.5",
+    "9" * 5000,
+    "0x" + "f" * 5000,
+    '"\\e[2J"',
+    "5e-324",
     "1:04",
     ".nan",
     "~",
@@ -166,7 +181,8 @@ def _never_a_traceback(case) -> None:
                 ctext,
             )
             assert result.exit_code in (0, 2, 3), (args, result.exit_code, result.output)
-            assert "Traceback" not in result.output
+            assert "Traceback" not in result.output and "Warning" not in result.output
+            assert not any(c in result.output for c in RAW_CONTROLS), (args, result.output)
             if result.exit_code == 2:
                 assert "error: " in result.stderr and "p.yaml" in result.stderr or "c.yaml" in result.stderr
 
@@ -283,3 +299,66 @@ def test_mutated_plans_never_pass_the_gate_wrongly(plan, optimum):
 @given(plan=mutated_plans())
 def test_a_thousand_mutated_plans_never_pass_the_gate_wrongly(plan, optimum):
     _gate_never_passes_a_lie(plan, optimum)
+
+
+# -- hostile surroundings: a standard output that is full or closed, and a factory that misbehaves --------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "-s", "exact"],
+        ["plan", "profiles/ctr.yaml", "clusters/paper.yaml", "-s", "greedy", "--json"],
+        ["frontier", "profiles/ctr.yaml", "clusters/paper.yaml", "--json"],
+        ["compare", "profiles/ctr.yaml", "clusters/paper.yaml", "--schedulers", "greedy,exact"],
+        ["validate", "profiles/ctr.yaml", "clusters/paper.yaml"],
+        ["diff", "docs/plans/ctr.yaml", "docs/plans/ctr-3m.yaml", "--format", "markdown"],
+        ["check", "docs/plans/ctr.yaml", "--profile", "profiles/ctr.yaml", "--cluster", "clusters/paper.yaml"],
+    ],
+    ids=lambda a: " ".join(a[:1] + a[-1:]),
+)
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_a_standard_output_that_cannot_be_written_is_exit_2(args, stdout):
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "heterps_cli", *args]
+    if stdout == "full":
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    else:
+        done = subprocess.run(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120,
+            preexec_fn=lambda: os.close(1),
+        )  # fmt: skip
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    last = done.stderr.strip().splitlines()[-1]  # compare reports each scheduler on stderr before it
+    assert last.startswith("error: ") and "standard output" in last and "Traceback" not in done.stderr
+
+
+FACTORIES = {
+    "exits 0 at import": "sys.exit(0)\ndef f(batch_size):\n    pass",
+    "exits 3": "def f(batch_size):\n    sys.exit(3)",
+    "exits with a message": "def f(batch_size):\n    sys.exit('no')",
+    "raises a BaseException": "class Boom(BaseException):\n    pass\ndef f(batch_size):\n    raise Boom('x')",
+    "recurses forever": "def f(batch_size):\n    return f(batch_size)",
+    "returns nothing": "def f(batch_size):\n    return None",
+    "forward exits": "class M(nn.Module):\n    def forward(self, x):\n        sys.exit(0)\n"
+    "def f(batch_size):\n    return nn.Sequential(nn.Linear(4, 4), M()), torch.randn(batch_size, 4)",
+    "forward raises GeneratorExit": "class M(nn.Module):\n    def forward(self, x):\n        raise GeneratorExit\n"
+    "def f(batch_size):\n    return nn.Sequential(nn.Linear(4, 4), M()), torch.randn(batch_size, 4)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("mode", ["measure", "estimate"])
+def test_a_hostile_factory_is_bad_input(tmp_path, name, mode):
+    source = tmp_path / "hostile.py"
+    source.write_text("import sys\nimport torch\nfrom torch import nn\n" + FACTORIES[name] + "\n")
+    extra = ["--link-gbps", "10"] if mode == "measure" else ["--estimate", "cpu"]
+    result = runner.invoke(app, ["profile", f"{source}:f", "--as", "cpu", "--batch-size", "8", "--out", "-", *extra])
+    assert result.exit_code == 2, (name, result.exit_code, result.output)
+    assert result.stdout == "" and "Traceback" not in result.output and str(source) in result.stderr
