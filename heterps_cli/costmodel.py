@@ -55,7 +55,7 @@ def min_replicas(sc, pc, sd, pd, batch_size, target):
     Closed form from the Amdahl terms, then corrected by one step either way so
     the answer agrees bit for bit with :func:`stage_throughput`.
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny target: every k reaches it
         tau = np.divide(batch_size, np.asarray(target, dtype=float))
     k = np.maximum(np.maximum(_need(sc, pc, tau), _need(sd, pd, tau)), 1.0)
     finite = np.isfinite(k)

@@ -525,3 +525,11 @@ def test_every_search_has_a_default_budget_linear_in_the_model(monkeypatch):
         assert result.exit_code == 0, result.output
         notes = json.loads(result.stdout)["notes"]
         assert any("the time limit was the default budget for 10 layers" in n for n in notes), (name, notes)
+
+
+@pytest.mark.parametrize("flag", ["--min-throughput", "--max-cost", "--samples"])
+def test_subnormal_flags_are_refused_and_tiny_ones_print_no_warning(flag):
+    result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact", flag, "1e-320", "--json"])
+    assert result.exit_code == 2 and "smallest normal float" in result.output
+    result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "greedy", flag, "1e-300", "--json"])
+    assert result.exit_code in (0, 3) and "Warning" not in result.output, result.output

@@ -104,12 +104,19 @@ def _root(
 def _positive(value: float | None) -> float | None:
     if value is not None and not (value > 0 and math.isfinite(value)):
         raise typer.BadParameter(f"must be a finite number > 0 (got {number(value)})")
-    return value
+    return _normal(value)
 
 
 def _non_negative(value: float | None) -> float | None:
     if value is not None and not (value >= 0 and math.isfinite(value)):
         raise typer.BadParameter(f"must be a finite number >= 0 (got {number(value)})")
+    return _normal(value)
+
+
+def _normal(value: float | None) -> float | None:
+    # As in the files: a subnormal figure is no setting, and dividing by it overflows.
+    if value is not None and value != 0 and abs(value) < sys.float_info.min:
+        raise typer.BadParameter(f"is below the smallest normal float ({sys.float_info.min:.3g}; got {value!r})")
     return value
 
 

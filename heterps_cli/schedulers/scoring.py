@@ -235,11 +235,12 @@ def signature(schedule: np.ndarray) -> tuple[int, ...]:
 def shortfall(problem: Problem, scores: Provisioned) -> np.ndarray:
     """How far each plan misses its constraints, as a sum of relative excesses (0 when it meets them)."""
     miss = np.zeros(len(scores.cost))
-    if problem.min_throughput > 0:
-        miss += np.maximum(0.0, 1.0 - scores.throughput / problem.min_throughput)
-    miss += (np.maximum(0.0, scores.used - problem.limits[None, :]) / problem.limits[None, :]).sum(axis=1)
-    if problem.max_cost is not None:
-        miss += np.maximum(0.0, scores.cost / problem.max_cost - 1.0)
+    with np.errstate(over="ignore"):  # a target of 1e-300: the ratio overflows to inf, and meets it
+        if problem.min_throughput > 0:
+            miss += np.maximum(0.0, 1.0 - scores.throughput / problem.min_throughput)
+        miss += (np.maximum(0.0, scores.used - problem.limits[None, :]) / problem.limits[None, :]).sum(axis=1)
+        if problem.max_cost is not None:
+            miss += np.maximum(0.0, scores.cost / problem.max_cost - 1.0)
     if scores.memory_miss is not None and np.isfinite(problem.memory).any():
         miss += scores.memory_miss
     return miss
