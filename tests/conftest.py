@@ -7,6 +7,7 @@ strategies and loops, where a fixture cannot go.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,16 @@ QUICK_TRAINING = ["--steps", "15", "--batch", "16"]
 @pytest.fixture(scope="session")
 def runner() -> CliRunner:
     return CliRunner()
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch) -> Path:
+    """A working directory holding copies of profiles/, clusters/ and the committed plans (plans/)."""
+    for folder in ("profiles", "clusters"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    shutil.copytree(ROOT / "docs/plans", tmp_path / "plans")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.fixture

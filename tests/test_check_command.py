@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from heterps_cli.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-
-
-@pytest.fixture()
-def files(tmp_path, monkeypatch):
-    for folder in ("profiles", "clusters"):
-        shutil.copytree(ROOT / folder, tmp_path / folder)
-    shutil.copytree(ROOT / "docs/plans", tmp_path / "plans")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 THREE_M = ("--min-throughput", "3000000")  # the job ctr-3m.yaml was planned for

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,15 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 PROFILE, CLUSTER, PLAN = "profiles/ctr.yaml", "clusters/paper.yaml", "plans/ctr.yaml"
 COMMAND = re.compile(r"heterps plan .*? --out [^\s;,]+")
-
-
-@pytest.fixture()
-def files(tmp_path, monkeypatch):
-    for folder in ("profiles", "clusters"):
-        shutil.copytree(ROOT / folder, tmp_path / folder)
-    shutil.copytree(ROOT / "docs/plans", tmp_path / "plans")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _check(args: list[str]) -> tuple[int, list[dict]]:
@@ -85,24 +75,18 @@ def test_job_of_a_tapp_plan_for_cost_keeps_the_objective(files):
     assert "--scheduler tapp --objective cost" in command
 
 
-def test_feasible(files):
-    _edit(PLAN, "feasible: true", "feasible: false")
-    _fix_and_recheck(_args(), "feasible")
-
-
-def test_fresh(files):
-    _edit(CLUSTER, "price: 2.42", "price: 2.9")
-    _fix_and_recheck(_args(), "fresh")
-
-
-def test_limits(files):
-    _edit(CLUSTER, "limit: 480", "limit: 20")
-    _fix_and_recheck(_args(), "limits")
-
-
-def test_plan_throughput(files):
-    _edit(PROFILE, "min_throughput: 150000", "min_throughput: 2345678.9")
-    _fix_and_recheck(_args(), "plan-throughput")
+@pytest.mark.parametrize(
+    "path, old, new, gate",
+    [
+        (PLAN, "feasible: true", "feasible: false", "feasible"),
+        (CLUSTER, "price: 2.42", "price: 2.9", "fresh"),
+        (CLUSTER, "limit: 480", "limit: 20", "limits"),
+        (PROFILE, "min_throughput: 150000", "min_throughput: 2345678.9", "plan-throughput"),
+    ],
+)
+def test_a_changed_file(files, path, old, new, gate):
+    _edit(path, old, new)
+    _fix_and_recheck(_args(), gate)
 
 
 def test_min_throughput(files):

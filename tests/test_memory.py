@@ -17,14 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HARDWARE = "clusters/paper-hardware.yaml"
 
 
-@pytest.fixture()
-def files(tmp_path, monkeypatch):
-    for folder in ("profiles", "clusters"):
-        shutil.copytree(ROOT / folder, tmp_path / folder)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def _run(runner, args, expect=0):
     result = runner.invoke(app, args)
     assert result.exit_code == expect, result.output
