@@ -571,7 +571,7 @@ def frontier(
 def _one_stdout(as_json: bool, plot: str | None) -> None:
     if as_json and plot == "-":
         raise typer.BadParameter("--json and --plot - both write to standard output: give --plot a file")
-    if plot == "-" and sys.stdout.isatty():
+    if plot == "-" and sys.stdout is not None and sys.stdout.isatty():
         raise typer.BadParameter(
             "--plot - writes PNG bytes, and standard output is a terminal: give a file, or pipe it"
         )
