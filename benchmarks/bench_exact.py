@@ -2,7 +2,7 @@
 
     python benchmarks/bench_exact.py            # 16, 64, 256 layers x 2-4 types
     python benchmarks/bench_exact.py --quick    # 16 and 64 layers only
-    python benchmarks/bench_exact.py --hardware # 64 and 256 layers x 3 types with memory, then bandwidth (SPEC 1b)
+    python benchmarks/bench_exact.py --hardware # 64 and 256 layers x 3 types with memory, then bandwidth (spec 1b)
 
 Targets (issue 2): 64 layers x 3 types under 1 s; 256 layers under 30 s, on 2 cores.
 """

@@ -7,7 +7,7 @@ Each model is profiled here with ``heterps profile`` on the CPU twice, as
 resource types ``cpu`` (price 1) and ``cpu2`` (price 1.5), one thread per unit,
 and the two profiles merged. The cluster gives both types the loopback
 bandwidth this machine measures, so the plan pays for the activations that
-cross a stage boundary (SPEC 1b). Two plans per model, objective time:
+cross a stage boundary (docs/spec.md section 1b). Two plans per model, objective time:
 
 * one stage: a limit of one ``cpu`` unit and no ``cpu2``;
 * two stages: one unit of each type (2 units in all), so the plan splits the

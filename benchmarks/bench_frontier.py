@@ -27,7 +27,7 @@ from heterps_cli.frontier import pareto_frontier  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
 from heterps_cli.schedulers import exact  # noqa: E402
 
-CASES = [  # layers, types, tight limits, SPEC 1b hardware
+CASES = [  # layers, types, tight limits, docs/spec.md section 1b hardware
     (64, 2, False, None),
     (64, 2, True, None),
     (64, 3, False, None),

@@ -2,10 +2,10 @@
 
     python benchmarks/bench_rl.py                       # 30 instances x seeds 0-3, default settings
     python benchmarks/bench_rl.py --only chain64x3 --seeds 0 1
-    python benchmarks/bench_rl.py --hardware            # the 6 instances of SPEC section 1b
+    python benchmarks/bench_rl.py --hardware            # the 6 instances of docs/spec.md section 1b
     python benchmarks/bench_rl.py --json rl.json        # also write every run (resumes from the file)
 
-The instances are the 24 of the paper's model and the 6 of SPEC section 1b
+The instances are the 24 of the paper's model and the 6 of docs/spec.md section 1b
 (memory-tight, bandwidth-heavy). Every run is reported, not the best seed: a
 table of gaps per instance and seed, then the issue's targets over all runs:
 feasible on every run; within 2% of the optimum on >= 95% of runs and within 5%
@@ -116,7 +116,7 @@ def summary(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run the instances whose name contains this")
-    parser.add_argument("--hardware", action="store_true", help="only the 6 instances of SPEC section 1b")
+    parser.add_argument("--hardware", action="store_true", help="only the 6 instances of docs/spec.md section 1b")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--steps", type=int)
     parser.add_argument("--json", type=Path, help="keep every run here; runs already in it are not repeated")

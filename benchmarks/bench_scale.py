@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.generate import chain  # noqa: E402
 
-# layers, types, tight limits, scheduler, --time-limit (None: none), SPEC 1b (None, "memory", "bandwidth")
+# layers, types, tight limits, scheduler, --time-limit (None: none), spec section 1b (None, "memory", "bandwidth")
 CASES = [
     (500, 3, False, "exact", None, None),
     (500, 3, False, "rl", 30, None),

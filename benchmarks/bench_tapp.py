@@ -82,7 +82,9 @@ def summary(rows: list[dict]) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run the instances whose name contains this")
-    parser.add_argument("--hardware", action="store_true", help="the 6 instances with memory or bandwidth (SPEC 1b)")
+    parser.add_argument(
+        "--hardware", action="store_true", help="the 6 instances with memory or bandwidth (spec section 1b)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rows = []

@@ -7,7 +7,7 @@ heterogeneity HeterPS exploits. Types are a CPU core (cheap, plentiful) and up t
 three GPU kinds (faster, dearer, scarce). ``tight=True`` shrinks the GPU limits
 and raises the throughput target so that the limits bind.
 
-``hardware`` adds SPEC section 1b (drawn from a second random stream, so the
+``hardware`` adds docs/spec.md section 1b (drawn from a second random stream, so the
 chain itself is the same): ``"memory"`` gives every layer an activation size,
 shards some embedding tables and gives each type a memory of a fraction of the
 whole model's, so that memory binds; ``"bandwidth"`` gives each type a network

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent / "instances"
 SIZES, TYPES = (8, 16, 32, 64), (2, 3, 4)
 
 
-# SPEC section 1b: memory-tight variants of the loose 3-type chains, bandwidth-heavy ones of the tight.
+# docs/spec.md section 1b: memory-tight variants of the loose 3-type chains, bandwidth-heavy ones of the tight.
 HARDWARE = tuple((n, kind) for kind in ("memory", "bandwidth") for n in (16, 32, 64))
 
 

@@ -55,7 +55,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Job:
-    """The job settings a caller gives; None takes the profile's ``job`` section (SPEC section 2)."""
+    """The job settings a caller gives; None takes the profile's ``job`` section (docs/spec.md section 2)."""
 
     objective: str = "cost"  # cost: cheapest plan meeting min_throughput; time: fastest within limits and max_cost
     samples: float | None = None  # per epoch

@@ -1,4 +1,4 @@
-"""The HeterPS cost model (SPEC section 1), vectorised over batches of schedules.
+"""The HeterPS cost model (docs/spec.md section 1), vectorised over batches of schedules.
 
 A *schedule* is an int array ``[n_layers]`` of resource-type indices; a batch
 is ``[B, n_layers]``. Stages are maximal runs of one type. For a stage,
@@ -6,7 +6,7 @@ is ``[B, n_layers]``. Stages are maximal runs of one type. For a stage,
     CT(k) = sc + pc / k      DT(k) = sd + pd / k      ET(k) = max(CT, DT)
 
 where ``sc, pc, sd, pd`` are the summed serial/parallel halves of its layers'
-OCT and ODT (``Problem.parts``); this is SPEC's per-layer Amdahl sum, regrouped.
+OCT and ODT (``Problem.parts``); this is docs/spec.md section 1's per-layer Amdahl sum, regrouped.
 
 Exact provisioning rests on one fact: an optimal plan's bottleneck throughput
 ``X`` equals ``thr_s(k)`` for some stage ``s`` and count ``k``, and once ``X`` is
@@ -18,7 +18,7 @@ above the plan's actual throughput, stop when the limits break (feasibility only
 shrinks as ``X`` grows) or when a lower bound on every later cost exceeds the
 best found. Each jump adds at least one replica, so the walk is finite.
 
-SPEC section 1b (optional fields) fits in without changing any of this: a
+docs/spec.md section 1b (optional fields) fits in without changing any of this: a
 stage's boundary transfer ``X_s`` joins its parallel communication ``pd`` (it is
 divided by ``k``), and its memory need ``fixed + split / k`` gives a second
 closed-form lower bound on ``k`` (:func:`min_memory_replicas`), so "the fewest
@@ -164,7 +164,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
 
 @dataclass
 class Scores:
-    """Every figure of SPEC section 1 for a batch of provisioned schedules."""
+    """Every figure of docs/spec.md section 1 for a batch of provisioned schedules."""
 
     replicas: np.ndarray  # [B, S] (0 in padding)
     stage_throughput: np.ndarray  # [B, S] (inf in padding)

@@ -1,4 +1,4 @@
-"""Errors the CLI turns into exit codes (SPEC section 5), never into tracebacks."""
+"""Errors the CLI turns into exit codes (docs/spec.md section 5), never into tracebacks."""
 
 from __future__ import annotations
 

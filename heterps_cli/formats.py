@@ -1,4 +1,4 @@
-"""The input file formats of SPEC sections 2 and 3, as strict pydantic models.
+"""The input file formats of docs/spec.md sections 2 and 3, as strict pydantic models.
 
 Strict on purpose: unknown keys, quoted numbers, booleans for numbers, NaN and
 infinities are all errors, because a typo that silently changes a plan is worse
@@ -48,7 +48,7 @@ def _normal(x: float) -> float:
 Positive = Annotated[float, Field(gt=0), AfterValidator(_normal)]
 NonNegative = Annotated[float, Field(ge=0), AfterValidator(_normal)]
 Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_normal)]
-# SPEC section 1b: per unit, so far beyond any real part that only a typo reaches the bound.
+# docs/spec.md section 1b: per unit, so far beyond any real part that only a typo reaches the bound.
 GigaPerUnit = Annotated[float, Field(gt=0, le=1e9), AfterValidator(_normal)]
 
 
@@ -125,7 +125,7 @@ class PlanStage(_Strict):
 
 
 class PlanFile(_Strict):
-    """A plan as ``heterps plan --out`` writes it (SPEC section 4, plus heterps' own extra fields)."""
+    """A plan as ``heterps plan --out`` writes it (docs/spec.md section 4, plus heterps' own extra fields)."""
 
     model: Name
     cluster: Name

@@ -1,4 +1,4 @@
-"""The plan every scheduler returns (SPEC section 4), built from a schedule and replica counts.
+"""The plan every scheduler returns (docs/spec.md section 4), built from a schedule and replica counts.
 
 A plan's figures are never taken from a scheduler: :func:`make_plan` recomputes
 them with the cost model from the stages, so every scheduler's plan is
@@ -68,7 +68,7 @@ class Plan:
         return [s.resource for s in self.stages for _ in range(s.first, s.last + 1)]
 
     def to_dict(self) -> dict:
-        """The SPEC section 4 mapping (plus ``max_cost``, ``limits``, ``optimal``, ``evaluations``, ``notes``)."""
+        """The spec section 4 mapping (plus ``max_cost``, ``limits``, ``optimal``, ``evaluations``, ``notes``)."""
         return {
             "model": self.model,
             "cluster": self.cluster,

@@ -41,7 +41,7 @@ class Problem:
     alpha: np.ndarray  # [n, T]
     beta: np.ndarray  # [n, T]
     runnable: np.ndarray  # [n, T] bool
-    # SPEC section 1b; the defaults (inf, inf, 0, False) are the paper's model.
+    # docs/spec.md section 1b; the defaults (inf, inf, 0, False) are the paper's model.
     bandwidth: np.ndarray  # [T] bytes/s of one unit's link; inf: no stage-boundary transfer
     memory: np.ndarray  # [T] bytes of one unit; inf: no memory limit
     activation_size: np.ndarray  # [n] bytes per sample kept for backward
@@ -71,7 +71,7 @@ class Problem:
     def parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per layer and type: serial and parallel compute, serial and parallel communication.
 
-        ``CT(k) = serial + parallel / k`` is SPEC section 1's Amdahl term summed
+        ``CT(k) = serial + parallel / k`` is docs/spec.md section 1's Amdahl term summed
         over a stage's layers; keeping the two halves apart lets a whole stage be
         summed once and evaluated for any replica count.
         """

@@ -13,19 +13,19 @@ the device constants below, so anyone can check or change the assumptions:
          is a ring all-reduce (2 x weight bytes). Data in is the training input
          for the first layer (for the CTR embedding, whose table sits on
          parameter servers, the rows each sample pulls and pushes). Activations
-         passed between layers are not counted: SPEC's model charges a layer's
+         passed between layers are not counted: the spec's model (docs/spec.md) charges a layer's
          odt wherever it runs, while real activations only cross a link at a
          stage boundary, so counting them would reward splitting stages.
 * alpha = the share of oct that shrinks with more replicas: everything but the
          launch overhead (each replica still launches every kernel).
 * beta  = the share of odt that shrinks with more replicas: the input data is
          split between replicas, the all-reduce volume per replica is not.
-* activation_size (SPEC section 1b) = bytes per sample a layer keeps for its
+* activation_size (docs/spec.md section 1b) = bytes per sample a layer keeps for its
          backward pass, from its shapes: a dense layer or convolution its input,
          an elementwise layer or norm its input, dropout a one-byte mask, a max
          pool its input, a sum pool nothing, attention its input, Q, K, V, the
          attention probabilities and the context, an embedding its ids.
-* sharded (SPEC section 1b): the CTR embedding table lives on parameter
+* sharded (docs/spec.md section 1b): the CTR embedding table lives on parameter
          servers, split across them.
 """
 
@@ -89,8 +89,8 @@ class LayerShape:
     weight_size: float  # bytes of parameters
     sync: float  # bytes each replica exchanges per batch for its parameters (0 if none)
     moved: float = 0.0  # bytes per sample this layer reads from off the device
-    saved: float = 0.0  # bytes per sample kept for the backward pass (SPEC 1b activation_size)
-    sharded: bool = False  # weights split across the stage's replicas (SPEC 1b)
+    saved: float = 0.0  # bytes per sample kept for the backward pass (docs/spec.md section 1b activation_size)
+    sharded: bool = False  # weights split across the stage's replicas (docs/spec.md section 1b)
 
 
 def fc(name, n_in, n_out, tokens=1):

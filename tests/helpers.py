@@ -12,7 +12,7 @@ from heterps_cli.problem import Problem, build_problem
 def instance_dicts(
     oct_, odt, alpha, beta, runnable, prices, limits, B0=32, samples=1e6, min_throughput=0.0, hardware=None
 ):
-    """Profile and cluster mappings; ``hardware`` (from :func:`random_hardware`) adds SPEC section 1b's fields."""
+    """Profile and cluster mappings; ``hardware`` (from :func:`random_hardware`) adds spec section 1b's fields."""
     n, T = oct_.shape
     types = [f"r{t}" for t in range(T)]
     layers = []

@@ -1,7 +1,7 @@
-"""Independent reference implementations for the tests, written from SPEC section 1 only.
+"""Independent reference implementations for the tests, written from docs/spec.md section 1 only.
 
 Nothing here imports the package's cost model or solvers: figures are recomputed
-layer by layer exactly as SPEC words them, and optima come from enumeration.
+layer by layer exactly as docs/spec.md words them, and optima come from enumeration.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 
 def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
-    """Recompute every figure of a plan from the raw profile and cluster mappings (SPEC sections 1, 1b)."""
+    """Recompute every figure of a plan from the raw profile and cluster mappings (docs/spec.md sections 1, 1b)."""
     layers = profile["layers"]
     B0 = profile["batch_size"]
     n = len(layers)
@@ -82,7 +82,7 @@ def feasible_plans(
     hardware=None,
 ):
     """(cost, throughput) arrays of every feasible plan, by enumerating every schedule (or only
-    ``schedules``) and every replica vector within the limits (and, with ``hardware``, SPEC
+    ``schedules``) and every replica vector within the limits (and, with ``hardware``, docs/spec.md
     section 1b: transfer and memory)."""
     n, T = oct_.shape
     costs, thrs = [np.zeros(0)], [np.zeros(0)]
@@ -155,7 +155,7 @@ def pareto(cost, thr):
 
 def _section_1b(hw, B0, n, t, ls, k, c, d):
     """A stage's compute and communication with its boundary transfer, and whether each replica's
-    memory fits, written from SPEC section 1b's formulas."""
+    memory fits, written from docs/spec.md section 1b's formulas."""
     first, last = ls[0], ls[-1]
     if hw["bandwidth_gbps"][t] is not None:
         moved = (hw["input_size"][first] if first > 0 else 0.0) + (hw["input_size"][last + 1] if last < n - 1 else 0.0)
@@ -182,7 +182,7 @@ def _better(objective, cost, thr, best_cost, best_thr):
 def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, work: float):
     """Cheapest plan over every schedule, for limits too large to enumerate replica vectors.
 
-    Uses only SPEC's own remark that an optimal bottleneck throughput is some
+    Uses only the spec's own remark that an optimal bottleneck throughput is some
     stage's ``thr_s(k)``: for every schedule, every stage and every ``k`` up to its
     limit, give each other stage the fewest replicas reaching that throughput
     (a search in its tabulated, monotone throughput curve). Returns (cost, thr, schedule).

@@ -29,7 +29,7 @@ def instances(draw, layers=((2, 8), (3, 6)), limits=(2, 3, 5), targets=(0.0, 0.2
 
 @st.composite
 def hardware_instances(draw, **options):
-    """As :func:`instances` (with the same options), plus SPEC section 1b's memory and bandwidth fields."""
+    """As :func:`instances` (with the same options), plus docs/spec.md section 1b's memory and bandwidth fields."""
     arrays, B0, min_throughput = draw(instances(**options))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return arrays, B0, min_throughput, random_hardware(rng, arrays[0], B0)

@@ -103,8 +103,8 @@ def test_infeasible_reports_the_reason():
 
 @pytest.mark.parametrize("name", ["greedy", "genetic", "random", "rl", "tapp"])
 def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
-    """SPEC section 1b: with memory and bandwidth, every plan a search returns fits every replica's
-    memory and states SPEC's figures; when it finds none, no plan exists or the error says so."""
+    """docs/spec.md section 1b: with memory and bandwidth, every plan a search returns fits every replica's
+    memory and states the spec's figures; when it finds none, no plan exists or the error says so."""
     found = 0
     for seed in range({"rl": 3, "tapp": 3, "genetic": 8}.get(name, 16)):
         rng = np.random.default_rng(100 + seed)
@@ -127,7 +127,7 @@ def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
 @pytest.mark.parametrize("seed", range(12))
 def test_price_repair_reports_only_plans_within_every_limit(seed):
     """The repair searches a loosened problem; what it hands back as feasible must hold on the real one
-    (SPEC's figures, recomputed independently), and it stops after REPAIR_ROUNDS searches at most."""
+    (the spec's figures, recomputed independently), and it stops after REPAIR_ROUNDS searches at most."""
     arrays = random_instance(np.random.default_rng(seed), 7, 3, max_limit=3)
     # The target: 90% of the fastest plan within the limits (by enumeration), so the limits bind.
     fastest = brute_force(*arrays, 32, 1.0, objective="time")
@@ -194,7 +194,7 @@ def _binding_instance(seed: int):
 
 
 def _assert_holds_and_never_beats(profile, cluster, problem, plan, optimum_cost: float) -> None:
-    """The plan meets the target and every limit by SPEC's figures, and is no cheaper than the optimum."""
+    """The plan meets the target and every limit by the spec's figures, and is no cheaper than the optimum."""
     figures = spec_figures(profile, cluster, plan.to_dict())
     assert figures["throughput"] >= problem.min_throughput * (1 - 1e-9)
     assert all(figures["resources"][t] <= cluster["resources"][t]["limit"] for t in figures["resources"])
@@ -204,7 +204,7 @@ def _assert_holds_and_never_beats(profile, cluster, problem, plan, optimum_cost:
 @pytest.mark.parametrize("seed", range(6))
 def test_plans_on_binding_limits_hold_and_never_beat_brute_force(seed):
     """Targets at 90% of the fastest plan within the limits, so the best plans use all of some type
-    and the polish runs the price repair on them too: what it reports holds by SPEC's figures and is
+    and the polish runs the price repair on them too: what it reports holds by the spec's figures and is
     never cheaper than the brute-force optimum."""
     profile, cluster, problem, optimum = _binding_instance(50 + seed)
     plan = solve("greedy", problem, seed=seed)
@@ -244,7 +244,7 @@ def test_a_kick_recolours_one_run_or_makes_two_stages_trade_types():
 @pytest.mark.parametrize("seed", range(6))
 def test_window_search_finds_at_least_the_best_plan_of_three_stages(seed):
     """With the whole model inside one window, window_search tries every schedule of up to three stages:
-    its plan is at least as cheap as the best of them by enumeration, and holds by SPEC's figures."""
+    its plan is at least as cheap as the best of them by enumeration, and holds by the spec's figures."""
     n = 7
     arrays = random_instance(np.random.default_rng(80 + seed), n, 3, max_limit=3)
     few = [s for s in itertools.product(range(3), repeat=n) if len(_stage_list(np.array(s))) <= 3]
@@ -347,7 +347,7 @@ def test_neighbours_are_every_schedule_one_move_away(seed):
 def test_the_repair_runs_again_from_the_kicks_best_plan_when_a_limit_binds(seed, monkeypatch):
     """With ``repair_again`` (rl and tapp), once the kicks are done and the best plan uses all of some
     type, the price repair runs once more, from that best plan; otherwise, and without it (greedy), no
-    repair follows the kicks. The plan either way holds by SPEC's figures and is never cheaper than the
+    repair follows the kicks. The plan either way holds by the spec's figures and is never cheaper than the
     brute-force optimum."""
     profile, cluster, problem, optimum = _binding_instance(60 + seed)
     real_repair, real_kick = local.price_repair, local.kick

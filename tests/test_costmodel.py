@@ -1,4 +1,4 @@
-"""The vectorised cost model and exact provisioning, against SPEC recomputed by hand."""
+"""The vectorised cost model and exact provisioning, against docs/spec.md recomputed by hand."""
 
 from __future__ import annotations
 

@@ -107,3 +107,17 @@ def test_the_use_from_python_example_runs_and_prints_the_plan(monkeypatch, capsy
     exec(compile(example, "README.md", "exec"), {})
     shown = capsys.readouterr().out
     assert shown.startswith("$0.80 ") and "('v100', 1)" in shown
+
+
+def test_the_spec_page_is_the_contract_the_code_cites():
+    spec = (ROOT / "docs/spec.md").read_text()
+    table = {int(k) for k in re.findall(r"^\| (\d+) \| .+ \|$", spec, flags=re.M)}
+    codes = {getattr(errors, name) for name in dir(errors) if name.startswith("EXIT_")}
+    assert table == {0} | codes
+    sections = set(re.findall(r"^## (\d+b?)\.", spec, flags=re.M))
+    cited = set()
+    for path in (ROOT / "heterps_cli").rglob("*.py"):
+        text = path.read_text()
+        assert "SPEC" not in text, f"{path} cites the founding SPEC.md: cite docs/spec.md"
+        cited |= set(re.findall(r"spec(?:\.md)? sections? (\d+b?)", text))
+    assert cited and cited <= sections, cited - sections

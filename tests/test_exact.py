@@ -32,7 +32,7 @@ def _solve_both(arrays, B0, min_throughput, objective, max_cost=None, hardware=N
         plan = exact.solve(problem)
     except InfeasibleError:
         plan = None
-    # Both find no plan, or both find one; then the plan must check out against SPEC.
+    # Both find no plan, or both find one; then the plan must check out against docs/spec.md.
     assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
     if plan is not None:
         _check_plan(profile, cluster, plan)
@@ -40,7 +40,7 @@ def _solve_both(arrays, B0, min_throughput, objective, max_cost=None, hardware=N
 
 
 def _check_plan(profile, cluster, plan, optimal=True):
-    """The plan is feasible and its figures are SPEC's, recomputed independently."""
+    """The plan is feasible and its figures are the spec's, recomputed independently."""
     d = plan.to_dict()
     ref = spec_figures(profile, cluster, d)
     assert math.isclose(d["throughput"], ref["throughput"], rel_tol=1e-9)
@@ -87,7 +87,7 @@ def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
 
 
-# -- SPEC section 1b: memory per replica and stage-boundary transfer ------------------------------
+# -- docs/spec.md section 1b: memory per replica and stage-boundary transfer ------------------------------
 
 
 @settings(max_examples=300, **SETTINGS)

@@ -60,7 +60,7 @@ def _frontier_against_brute_force(arrays, B0, min_throughput, budget_scale, hard
     first_as_fast = np.searchsorted(xs, thr * (1 - 1e-9), side="left")
     assert (first_as_fast < len(xs)).all(), "a feasible plan is faster than the frontier's fastest"
     assert (cost >= cs[first_as_fast] * (1 - 1e-9) - 1e-12).all()
-    for plan in frontier.plans:  # every plan checks out against SPEC, independently recomputed
+    for plan in frontier.plans:  # every plan checks out against docs/spec.md, independently recomputed
         figures = spec_figures(profile, cluster, plan.to_dict())
         assert math.isclose(figures["cost_usd"], plan.cost_usd, rel_tol=1e-9, abs_tol=1e-12)
         assert figures["memory_fits"] and plan.feasible and plan.optimal

@@ -1,4 +1,4 @@
-"""SPEC section 1b through the real CLI: the new fields, plans that show and honour them, check and diff."""
+"""docs/spec.md section 1b through the real CLI: the new fields, plans that show and honour them, check and diff."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_a_plan_on_hardware_shows_memory_and_transfer_and_states_them(files, run
     assert plan["memory_gb"] == {"cpu": 8, "v100": 16} and plan["bandwidth_gbps"] == {"cpu": 2.08, "v100": 12.5}
     profile = yaml.safe_load((files / "profiles/ctr.yaml").read_text())
     cluster = yaml.safe_load((files / HARDWARE).read_text())
-    ref = spec_figures(profile, cluster, plan)  # written from SPEC section 1b, not from the code
+    ref = spec_figures(profile, cluster, plan)  # written from docs/spec.md section 1b, not from the code
     assert ref["memory_fits"] and math.isclose(plan["throughput"], ref["throughput"], rel_tol=1e-9)
     for stage, transfer, memory in zip(plan["stages"], ref["transfer_s"], ref["memory_gb"]):
         assert math.isclose(stage["transfer_s"], transfer, rel_tol=1e-9) and stage["transfer_s"] > 0

@@ -94,7 +94,7 @@ def test_zoo_ctr_profiles(tmp_path):
     assert kinds.count("embedding") == 8 and "fc" in kinds
     assert prof.layers[0].weight_size == 100_000 * 16 * 4
     # odt = the gradient all-reduce (as big as the weights) / 10 Gbit/s; activations move at stage
-    # boundaries (SPEC 1b), so they are in input_size and activation_size, not in odt
+    # boundaries (docs/spec.md section 1b), so they are in input_size and activation_size, not in odt
     first = prof.layers[0]
     assert first.times["cpu"].odt == pytest.approx(first.weight_size / 1.25e9, rel=1e-4)
     assert first.times["cpu"].beta == 0.0

@@ -130,11 +130,12 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
     schedule, replicas, problems = schedule_of(problem, plan)
     if problems:
         return None, problems
-    # Consecutive plan stages on one type would be one stage by SPEC's maximal-run rule.
+    # Consecutive plan stages on one type would be one stage by the maximal-run rule (docs/spec.md section 1).
     merged = [i for i in range(1, len(plan.stages)) if plan.stages[i].resource == plan.stages[i - 1].resource]
     if merged:
         return None, [
-            f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: SPEC makes them one stage" for i in merged
+            f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: docs/spec.md makes them one stage"
+            for i in merged
         ]
     return make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed), []
 

@@ -130,7 +130,7 @@ def _print_error(prefix: str, lines: list[str]) -> None:
 
 @contextmanager
 def _exit_codes():
-    """Turn the library's errors into one-paragraph messages and SPEC exit codes."""
+    """Turn the library's errors into one-paragraph messages and exit codes of docs/spec.md section 5."""
     try:
         if sys.stdout is None:  # `>&-`: whatever the command wrote would be lost without a word
             raise InputError(
@@ -253,8 +253,8 @@ def _report_interrupt(what: str) -> None:
     _print_error("interrupted: " if what else "interrupted", [what])
 
 
-ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (SPEC section 2).", show_default=False)]
-ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (SPEC section 3).", show_default=False)]
+ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (docs/spec.md section 2).", show_default=False)]
+ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (docs/spec.md section 3).", show_default=False)]
 
 
 OBJECTIVE_HELP = "cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost)."
@@ -360,7 +360,7 @@ OutOpt = Annotated[
         "-o",
         metavar="FILE",
         show_default=False,
-        help="Write the plan as YAML (SPEC section 4), atomically; - for standard output.",
+        help="Write the plan as YAML (docs/spec.md section 4), atomically; - for standard output.",
     ),
 ]
 

@@ -1,4 +1,4 @@
-"""Measure a PyTorch model's layers: the numbers of a SPEC profile, from the machine it runs on.
+"""Measure a PyTorch model's layers: the numbers of a profile (docs/spec.md section 2), from the machine it runs on.
 
 * **Layers** are the modules a forward pass calls, in the order it calls them:
   the leaf modules (``nn.MultiheadAttention`` counts as one), or the factory's
@@ -21,9 +21,9 @@
   gradient synchronisation (an all-reduce as big as its weights), over the link
   bandwidth: measured (cpu: an all-reduce between two processes over loopback
   gloo; cuda: a pinned host-to-device copy) or given (``--link-gbps``).
-  Activations are not in it: they move only at stage boundaries, which SPEC
+  Activations are not in it: they move only at stage boundaries, which docs/spec.md
   section 1b charges from ``input_size`` and the cluster's ``bandwidth_gbps``.
-* **activation_size** (SPEC section 1b): the bytes per sample a layer keeps for
+* **activation_size** (docs/spec.md section 1b): the bytes per sample a layer keeps for
   its backward pass, counted with ``torch.autograd.graph.saved_tensors_hooks``
   around one forward of the layer alone, each storage once, its own parameters
   left out (they are training state, counted from ``weight_size``).
@@ -302,7 +302,7 @@ KIND_OF = [  # (class-name test, kind), first match wins
 
 
 def kind(module: nn.Module) -> str:
-    """The SPEC layer type of a module: Linear -> fc, Conv* -> conv, ..., else its class name, lower-cased."""
+    """The profile's layer type of a module: Linear -> fc, Conv* -> conv, ..., else its class name, lower-cased."""
     name = type(module).__name__
     return next((k for test, k in KIND_OF if test(name)), name.lower())
 
@@ -577,8 +577,8 @@ class LayerProfile:
     cv: float  # coefficient of variation of the oct repetitions
     estimated: dict[str, str] = field(default_factory=dict)  # field -> why it is not measured
     fit_residual: float | None = None
-    activation_size: float = 0.0  # bytes per sample kept for backward (SPEC 1b)
-    sharded: bool = False  # SPEC 1b: the module says its weights are split across replicas
+    activation_size: float = 0.0  # bytes per sample kept for backward (docs/spec.md section 1b)
+    sharded: bool = False  # docs/spec.md section 1b: the module says its weights are split across replicas
 
 
 @dataclass

@@ -1,10 +1,10 @@
-"""Writing measured profiles (SPEC section 2) and merging profiles of one model from several machines.
+"""Writing measured profiles (docs/spec.md section 2) and merging profiles of one model from several machines.
 
 A written profile says how every number was obtained: a header comment for the
 run, and on each ``times`` entry a ``# estimated: ...`` comment naming the
-fields that were not measured and why. Comments keep the file a plain SPEC
+fields that were not measured and why. Comments keep the file a plain
 profile; ``merge`` reads them back from the source lines so they survive it.
-Each type's alpha and beta go on its ``times`` entry (SPEC's per-type
+Each type's alpha and beta go on its ``times`` entry (docs/spec.md section 2's per-type
 override), so that merging is a union of entries.
 """
 
@@ -39,7 +39,7 @@ class LayerRow:
     input_size: float
     weight_size: float
     times: dict[str, Entry]
-    activation_size: float = 0.0  # SPEC 1b
+    activation_size: float = 0.0  # docs/spec.md section 1b
     sharded: bool = False
 
 
@@ -93,7 +93,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"{MIN_SECONDS:g} s of them, up to {MAX_RUNS}), batch {p.batch_size}"
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", device synchronised"),
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
-        f"{p.bandwidth_how}; activations move at stage boundaries (SPEC 1b: input_size over bandwidth_gbps)",
+        f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
         "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "

@@ -18,7 +18,7 @@ class CTR(nn.Module):
         super().__init__()
         self.embeddings = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
         for table in self.embeddings:
-            # On parameter servers, split across them (SPEC 1b sharded); a plain flag, not a tensor or module.
+            # On parameter servers, split across them (spec section 1b sharded); a plain flag, not a tensor or module.
             table.heterps_sharded = True  # type: ignore[assignment]
         self.bottom = nn.Sequential(nn.Linear(dense, dim), nn.ReLU())
         self.top = nn.Sequential(

@@ -3,7 +3,7 @@
 For a fixed bottleneck throughput ``X`` every stage's cheapest replica count is
 known in closed form, so the cheapest schedule reaching ``X`` is a shortest path
 over stage boundaries: ``f[i, t]`` = cheapest way to run layers ``0..i-1`` with
-the last stage on type ``t`` (the next stage must change type, SPEC section 1).
+the last stage on type ``t`` (the next stage must change type, docs/spec.md section 1).
 
 Type limits couple the stages. When the unconstrained path breaks a limit, the
 DP is re-run with the units of each type it overuses as part of the state (a

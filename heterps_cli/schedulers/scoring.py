@@ -264,7 +264,7 @@ def rewards(problem: Problem, scores: Provisioned, reference: Reference, soft: b
     """Higher is better: cheaper feasible > dearer feasible > infeasible, graded by the miss.
 
     Objective ``time`` ranks by ``reference / throughput`` and, among equally
-    fast plans, by cost (SPEC: ties go to the cheaper plan). ``soft`` trades
+    fast plans, by cost (docs/spec.md section 1: ties go to the cheaper plan). ``soft`` trades
     objective against miss instead (``-ratio - 3 * miss`` for every plan), which
     lets a local search cross mildly infeasible plans when limits bind; only
     feasible plans are ever kept.

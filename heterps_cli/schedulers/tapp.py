@@ -21,7 +21,7 @@ Read top to bottom: encoding, the two networks, sampling, training, solve.
   encodings plus a one-hot of the group it feeds (the next; the last feeds
   none). One multi-head self-attention layer over all groups of the sample,
   then a softmax over the types every layer of the group can run on.
-  Consecutive groups on the same type form one stage (SPEC section 1);
+  Consecutive groups on the same type form one stage (docs/spec.md section 1);
   replicas come from exact provisioning.
 * **Training** is the loop rl uses (:mod:`heterps_cli.schedulers.policy_gradient`): rank-normalised
   REINFORCE on the *sum* of both networks' log-probabilities, a decaying
