@@ -79,6 +79,7 @@ def test_run_splits_at_the_modules_the_plan_names():
     assert torch.allclose(staged, whole)
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
     """The leaf profile says which blocks break the chain; the block profile is a chain of the blocks."""
     leaves, by_blocks = tmp_path / "leaves.yaml", tmp_path / "blocks.yaml"
@@ -95,6 +96,7 @@ def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
     assert "not a chain" not in by_blocks.read_text()
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_the_blocks_oct_add_up_to_a_whole_step():
     """Within the profiler's usual tolerance (its view warns beyond 25%), as for a plain chain."""
     model = load_model("resnet", 16, granularity="blocks")

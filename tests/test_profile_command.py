@@ -60,6 +60,7 @@ def _profile(args, expect=0):
     return result
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_measure_two_types_merge_and_plan(factory, tmp_path):
     cpu, gpu, merged = tmp_path / "cpu.yaml", tmp_path / "gpu.yaml", tmp_path / "merged.yaml"
     # the cpu run measures its link (loopback gloo); the second run is given one
@@ -104,6 +105,7 @@ def test_zoo_ctr_profiles(tmp_path):
     assert "model ctr" in out.read_text().splitlines()[0]  # the header says which model the numbers are for
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_sum_of_layer_times_matches_a_full_step():
     ratios = layers_over_step(measure.load_model("mlp", 256))
     assert 0.75 <= ratios[-1] <= 1.25, ratios
@@ -255,6 +257,7 @@ def test_processes_take_each_layers_median_over_fresh_processes(factory, tmp_pat
     assert [layer.name for layer in load_profile(str(out))[0].layers] == ["0", "1", "2", "3", "4"]
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
     result = _profile(
         [

@@ -136,6 +136,7 @@ def test_merge_refuses_profiles_that_disagree(tmp_path, extra_b, field):
     assert not (tmp_path / "m.yaml").exists()
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_merge_reads_each_file_once(tmp_path):
     # `profile merge <(cat a) <(cat b)`: a pipe can be read once; merge read each file twice.
     import os
@@ -441,6 +442,7 @@ layers:
 """
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
 def test_frontier_stops_at_its_time_limit_exact_up_to_where_it_got(tmp_path):
     # Nearly perfectly parallel layers and 10^9 units: a frontier of millions of plans (no result after 90 s).
     profile, cluster = tmp_path / "p.yaml", tmp_path / "c.yaml"
@@ -533,3 +535,21 @@ def test_subnormal_flags_are_refused_and_tiny_ones_print_no_warning(flag):
     assert result.exit_code == 2 and "smallest normal float" in result.output
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "greedy", flag, "1e-300", "--json"])
     assert result.exit_code in (0, 3) and "Warning" not in result.output, result.output
+
+
+def test_a_huge_time_on_one_type_does_not_fool_the_exact_solver(tmp_path):
+    # Found by the 2,000-case fuzz: oct 2**63 on one layer's cpu made the stage sums of prefix
+    # differences lose every other layer's time, and exact returned a plan breaking the target.
+    from tests.oracle import spec_figures
+
+    profile = tmp_path / "p.yaml"
+    profile.write_text(Path(CTR).read_text().replace("oct: 0.0341", "oct: 9223372036854775808", 1))
+    result = runner.invoke(app, ["plan", str(profile), PAPER, "-s", "exact", "--json"])
+    assert result.exit_code in (0, 3), result.output
+    if result.exit_code == 0:
+        import yaml
+
+        plan = json.loads(result.stdout)
+        figures = spec_figures(yaml.safe_load(profile.read_text()), yaml.safe_load(Path(PAPER).read_text()), plan)
+        assert figures["throughput"] >= plan["min_throughput"] * (1 - 1e-9)
+        assert figures["cost_usd"] == pytest.approx(plan["cost_usd"], rel=1e-9)

@@ -81,9 +81,15 @@ def too_large(problem: Problem) -> bool:
 
 def _table(problem: Problem) -> _Table:
     def spans(per_layer):
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where sizes overflow: ruled out below
-            prefix = np.vstack([np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)])
-            return prefix[:, None, :] - prefix[None, :, :]  # [i, j]: layers j..i-1
+        """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
+        A difference of prefix sums loses a stage's small times beside a huge one earlier in the
+        chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine."""
+        n1 = per_layer.shape[0] + 1
+        out = np.zeros((n1, n1, per_layer.shape[1]))
+        with np.errstate(over="ignore"):  # inf where sizes overflow: ruled out below
+            for j in range(n1 - 1):
+                out[j + 1 :, j] = np.cumsum(per_layer[j:], axis=0)
+        return out
 
     n, T = problem.n_layers, problem.n_types
     if too_large(problem):
