@@ -50,6 +50,8 @@ NonNegative = Annotated[float, Field(ge=0), AfterValidator(_normal)]
 Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_normal)]
 # docs/spec.md section 1b: per unit, so far beyond any real part that only a typo reaches the bound.
 GigaPerUnit = Annotated[float, Field(gt=0, le=1e9), AfterValidator(_normal)]
+Peak = Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)]  # TFLOP/s of a catalogue device
+Efficiency = Annotated[float, Field(gt=0, le=1), AfterValidator(_normal)]  # a fraction of a peak reached
 
 
 class _Strict(BaseModel):
@@ -165,10 +167,10 @@ KINDS = {  # what each file is, and the keys that say so
 class Peaks(_Strict):
     """Peak dense TFLOP/s per precision; null where the device has no such path."""
 
-    fp32: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)]
-    tf32: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] | None = None
-    fp16: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] | None = None
-    bf16: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] | None = None
+    fp32: Peak
+    tf32: Peak | None = None
+    fp16: Peak | None = None
+    bf16: Peak | None = None
 
 
 class DeviceSpec(_Strict):
@@ -184,8 +186,8 @@ class Catalogue(_Strict):
     """The device catalogue of ``heterps profile --estimate`` (heterps_cli/profiling/devices.yaml)."""
 
     catalogue: Literal["heterps-devices/1"]
-    efficiency: Annotated[dict[Name, Annotated[float, Field(gt=0, le=1), AfterValidator(_normal)]], Field(min_length=1)]
-    memory_efficiency: Annotated[float, Field(gt=0, le=1), AfterValidator(_normal)]
+    efficiency: Annotated[dict[Name, Efficiency], Field(min_length=1)]
+    memory_efficiency: Efficiency
     devices: Annotated[dict[Name, DeviceSpec], Field(min_length=1)]
 
 

@@ -248,8 +248,12 @@ class Gate:
 
     @property
     def replan_command(self) -> str:
+        return self.command()
+
+    def command(self, scheduler: str | None = None) -> str:
+        """:func:`plan_command` for this job, with ``scheduler`` (default: the plan's) and the check's seed."""
         return plan_command(
-            self.profile_path, self.cluster_path, self.problem, self.plan, self.plan_path, seed=self.seed
+            self.profile_path, self.cluster_path, self.problem, self.plan, self.plan_path, scheduler, self.seed
         )
 
 
@@ -361,17 +365,16 @@ def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
         "max-cost",
         ok,
         f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the --max-cost {usd(g.max_cost)}{by}",
-        "" if ok else f"find the cheapest plan: {_cheapest_command(g)}, or raise the budget",
+        "" if ok else f"find the cheapest plan: {g.command(_cheapest(g.problem))}, or raise the budget",
     )
 
 
-def _cheapest_command(g: Gate) -> str:
-    """The replan command with the exact solver, which finds a plan within the budget whenever one
-    exists (a heuristic may not); the plan's own scheduler where the model is too long for exact."""
+def _cheapest(problem: Problem) -> str | None:
+    """exact, which finds a plan within the budget whenever one exists (a heuristic may not); the
+    plan's own scheduler (None) where the model is too long for exact."""
     from heterps_cli.schedulers.exact import too_large
 
-    name = None if too_large(g.problem) else "exact"
-    return plan_command(g.profile_path, g.cluster_path, g.problem, g.plan, g.plan_path, name, g.seed)
+    return None if too_large(problem) else "exact"
 
 
 def _min_throughput(g: Gate, fresh: Plan) -> Finding | None:
@@ -440,7 +443,7 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
             f"({100 * saving:.1f}% cheaper; tolerance {number(g.tolerance)}%)"
         )
     ok = saving <= g.tolerance / 100 + 1e-12
-    adopt = f"adopt it: {plan_command(g.profile_path, g.cluster_path, problem, g.plan, g.plan_path, name, g.seed)}"
+    adopt = f"adopt it: {g.command(name)}"
     findings = [Finding("replan", ok, found, "" if ok else adopt, warn=saving > 1e-9)]
     if g.plan.optimal and name == "exact" and saving > 1e-9:  # a false claim, whatever the tolerance
         findings.append(

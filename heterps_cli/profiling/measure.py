@@ -218,9 +218,9 @@ def model_error(model: Model, exc: BaseException, what: str) -> InputError:
 
 
 def failure(exc: BaseException) -> str:
-    """How the user's code failed, in words: ``ValueError: ...``, or ``it called sys.exit(0)``."""
+    """How the user's code failed, in words: ``ValueError: ...``, or ``called sys.exit(0): ...``."""
     if isinstance(exc, SystemExit):
-        return f"it called sys.exit({exc.code!r}): the model must return or raise, not exit"
+        return f"called sys.exit({exc.code!r}): it must return or raise, not exit"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -228,11 +228,8 @@ def _user_error(where: str, name: str | None, exc: BaseException, what: str) -> 
     """The user's code failed: name their file and the line that raised."""
     line = _user_line(where, exc) if where.endswith(".py") else None
     subject = f"factory {name}()" if name else "the module"
-    if isinstance(exc, SystemExit):
-        return InputError(
-            where, line, name, f"{subject} called sys.exit({exc.code!r}): it must return or raise, not exit"
-        )
-    return InputError(where, line, name, f"{subject} {what} {failure(exc)}")
+    said = failure(exc) if isinstance(exc, SystemExit) else f"{what} {failure(exc)}"  # "raised" an exit reads wrong
+    return InputError(where, line, name, f"{subject} {said}")
 
 
 def _model_from(made, where: str, name: str, batch_size: int, input_shape) -> Model:
