@@ -62,6 +62,7 @@ class Job:
     epochs: float | None = None
     min_throughput: float | None = None  # samples/s
     max_cost: float | None = None  # USD
+    global_batch: int | None = None  # samples per optimiser step (docs/spec.md section 1d)
 
     def problem(self, profile_path: str, cluster_path: str) -> Problem:
         """The problem these settings make of the two files (:func:`heterps_cli.problem.load_problem`)."""

@@ -24,6 +24,15 @@ divided by ``k``), and its memory need ``fixed + split / k`` gives a second
 closed-form lower bound on ``k`` (:func:`min_memory_replicas`), so "the fewest
 replicas reaching ``X``" becomes the larger of the two. Throughput and memory
 both only improve as ``k`` grows, so every argument above still holds.
+
+docs/spec.md section 1d (a pipeline schedule of ``M`` micro-batches per step) fits in
+the same way: a stage's time per step ``(M + S - 1) c(k) + 2 Y (1 - 1/k) + U`` is
+again ``serial + parallel / k``, with ``parallel`` negative when the gradient
+all-reduce outgrows the compute replicas divide (then one replica is fastest,
+and :func:`_need` says so). Its step time ``k T(k) = k serial + parallel`` still
+never falls as ``k`` grows, which is all :func:`cost_lower_bound` needs. ``S`` and a
+stage's place in the pipeline are known for a whole schedule; the exact solver,
+which builds schedules stage by stage, carries them (:mod:`.schedulers.pipeline`).
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ from heterps_cli.problem import SLACK, Problem
 
 
 def stage_throughput(sc, pc, sd, pd, batch_size, k):
-    """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))``."""
+    """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))`` (section 1d:
+    samples per step over the stage's step time, with ``sd = pd = 0``)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return batch_size / np.maximum(sc + pc / k, sd + pd / k)
 
@@ -46,7 +56,8 @@ def _need(serial, parallel, tau):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         gap = tau - serial
         k = np.ceil(parallel / gap)
-    return np.where(parallel > 0, np.where(gap > 0, k, np.inf), np.where(serial <= tau, 1.0, np.inf))
+    # parallel <= 0: more replicas never help (section 1d's all-reduce can outgrow what they divide)
+    return np.where(parallel > 0, np.where(gap > 0, k, np.inf), np.where(serial + parallel <= tau, 1.0, np.inf))
 
 
 def min_replicas(sc, pc, sd, pd, batch_size, target):
@@ -110,6 +121,12 @@ class Stages:
     mem_fixed: np.ndarray  # [B, S] bytes every replica holds
     mem_split: np.ndarray  # [B, S] bytes split across the replicas
     min_k: np.ndarray  # [B, S] the fewest replicas whose memory fits (inf: none within any count)
+    # Section 1d (zeros without a pipeline schedule): the parts of a stage's step time.
+    micro_serial: np.ndarray  # [B, S] compute per micro-batch that replicas do not divide
+    micro_parallel: np.ndarray  # [B, S] compute and boundary transfer per micro-batch that they do
+    sync: np.ndarray  # [B, S] Y: the gradient all-reduce between two replicas, per step
+    update: np.ndarray  # [B, S] U: the optimiser step, per step
+    in_flight: np.ndarray  # [B, S] micro-batches whose activations a replica holds at once (1 without)
 
     def take(self, rows) -> Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
@@ -149,17 +166,68 @@ def split_stages(problem: Problem, schedules) -> Stages:
     if np.isfinite(problem.bandwidth).any():  # only then: the paper's model pays nothing for this
         bytes_ = problem.boundary_bytes
         transfer = np.where(valid, (bytes_[first] + bytes_[last + 1]) / problem.bandwidth[stype], 0.0)
+    zeros: np.ndarray = np.zeros((B, S))
+    in_flight: np.ndarray = np.ones((B, S))
+    micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)
+    if problem.pipelined:
+        count = sid[:, -1:] + 1  # S of each row
+        in_flight = np.where(valid, np.minimum(count - np.arange(S)[None, :], problem.micro_batches), 1.0)
+        sync, update = (
+            np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S)
+            for part in (problem.odt, problem.update_times)
+        )
+        micro = (sc, pc + transfer, sync, update)  # odt: the all-reduce between two replicas (beta unused)
+        sc, pc = pipeline_terms(problem.micro_batches, count, *micro)
+        sd = pd = zeros
+    else:
         pd = pd + transfer
-    mem_fixed: np.ndarray = np.zeros((B, S))
-    mem_split: np.ndarray = np.zeros((B, S))
+    mem_fixed: np.ndarray = zeros
+    mem_split: np.ndarray = zeros
     min_k: np.ndarray = np.ones((B, S))
     if np.isfinite(problem.memory).any():
-        mem_fixed, mem_split = (
-            np.bincount(flat, weights=np.broadcast_to(part, (B, n)).ravel(), minlength=B * S).reshape(B, S)
-            for part in problem.memory_parts
-        )
+
+        def summed(part):
+            return np.bincount(flat, weights=np.broadcast_to(part, (B, n)).ravel(), minlength=B * S).reshape(B, S)
+
+        if problem.pipelined:  # the activations of in_flight micro-batches
+            with np.errstate(over="ignore", invalid="ignore"):
+                mem_fixed = summed(problem.state_parts[0])
+                mem_split = summed(problem.state_parts[1]) + in_flight * summed(problem.activation_bytes)
+        else:
+            mem_fixed, mem_split = (summed(part) for part in problem.memory_parts)
+        if problem.reserved is not None:
+            mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
         min_k = np.where(valid, min_memory_replicas(mem_fixed, mem_split, problem.memory[stype]), 1.0)
-    return Stages(sched, sc, pc, sd, pd, stype, first, last, valid, runnable, transfer, mem_fixed, mem_split, min_k)
+    return Stages(
+        sched,
+        sc,
+        pc,
+        sd,
+        pd,
+        stype,
+        first,
+        last,
+        valid,
+        runnable,
+        transfer,
+        mem_fixed,
+        mem_split,
+        min_k,
+        *micro,
+        in_flight,
+    )
+
+
+def pipeline_terms(micro_batches, stages, micro_serial, micro_parallel, sync, update):
+    """Section 1d: a stage's step time ``(M + S - 1) c(k) + 2 Y (1 - 1/k) + U`` as ``serial + parallel / k``.
+
+    ``c(k) = micro_serial + micro_parallel / k`` is a replica's time per micro-batch (compute and the
+    boundary transfer it waits for); ``S`` stages fill and drain the pipeline around ``M`` micro-batches;
+    ``Y`` is the stage's gradient all-reduce between two replicas, ``2 (k - 1) / k`` of it at ``k`` (a
+    ring); ``U`` its optimiser step."""
+    slots = micro_batches + stages - 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        return slots * micro_serial + 2.0 * sync + update, slots * micro_parallel - 2.0 * sync
 
 
 @dataclass
@@ -191,7 +259,7 @@ def stage_throughputs(problem: Problem, stages: Stages, replicas) -> np.ndarray:
     """``[B, S]`` samples/s of every stage with the given replica counts (inf in padding)."""
     k = np.where(stages.valid, replicas, 1.0)
     return np.where(
-        stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, k), np.inf
+        stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, k), np.inf
     )
 
 
@@ -258,8 +326,11 @@ def better(problem: Problem, cost, thr, best_cost, best_thr):
 def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, np.ndarray]:
     """Fewest replicas per stage reaching ``target`` (per row), 0 in padding; and whether they fit the limits."""
     limit = problem.limits[stages.type].astype(float)
-    k = min_replicas(stages.sc, stages.pc, stages.sd, stages.pd, problem.batch_size, np.asarray(target)[:, None])
+    k = min_replicas(stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, np.asarray(target)[:, None])
     k = np.maximum(k, stages.min_k)  # section 1b: memory's own lower bound
+    if problem.pipelined:  # more replicas can slow a section 1d stage: memory's count may miss the target
+        reach = stage_throughputs(problem, stages, np.where(np.isfinite(k), np.maximum(k, 1.0), 1.0))
+        k = np.where(reach >= np.asarray(target)[:, None], k, np.inf)
     k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
     ok = stages.runnable & np.isfinite(k).all(axis=1)
     k = np.where(np.isfinite(k), k, 0.0)

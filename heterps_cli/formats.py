@@ -33,6 +33,7 @@ Prose = Annotated[str, AfterValidator(_printable)]
 MAX_UNITS = 10**9
 MAX_BATCH = 10**9
 MAX_INDEX = 10**7  # layers, stages
+MAX_MICRO_BATCHES = 10**6  # section 1d: micro-batches per step (a step longer than that is no pipeline)
 Index = Annotated[int, Field(ge=0, le=MAX_INDEX)]
 Units = Annotated[int, Field(ge=0, le=MAX_UNITS)]
 
@@ -61,6 +62,7 @@ class _Strict(BaseModel):
 class TimeEntry(_Strict):
     oct: Positive
     odt: NonNegative
+    update: NonNegative | None = None  # section 1d: the optimiser step on the layer's weights, s per step
     alpha: Fraction | None = None
     beta: Fraction | None = None
 
@@ -89,6 +91,7 @@ class Job(_Strict):
     samples: Positive | None = None
     epochs: Positive | None = None
     min_throughput: NonNegative | None = None
+    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
 
 
 class Profile(_Strict):
@@ -106,6 +109,7 @@ class Resource(_Strict):
     unit: Label | None = None
     memory_gb: GigaPerUnit | None = None  # section 1b: memory of one unit, 1e9 bytes
     bandwidth_gbps: GigaPerUnit | None = None  # section 1b: network bandwidth of one unit, Gbit/s
+    memory_reserved_gb: Annotated[float, Field(ge=0, le=1e9), AfterValidator(_normal)] | None = None  # section 1d
 
 
 class Cluster(_Strict):
@@ -124,6 +128,9 @@ class PlanStage(_Strict):
     throughput: NonNegative
     transfer_s: NonNegative | None = None  # section 1b; absent in plans made before it
     memory_gb: NonNegative | None = None
+    update_s: NonNegative | None = None  # section 1d; only in plans with a pipeline schedule
+    step_s: NonNegative | None = None
+    in_flight: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
 
 
 class PlanFile(_Strict):
@@ -150,6 +157,9 @@ class PlanFile(_Strict):
     limits: dict[Name, Units] | None = None
     memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
     bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
+    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
+    micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
+    memory_reserved_gb: dict[Name, Annotated[float, Field(ge=0, le=1e9)] | None] | None = None
     optimal: bool | None = None
     gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
     evaluations: Annotated[int, Field(ge=0)] | None = None
@@ -360,13 +370,44 @@ def _profile_of(doc: Document) -> Profile:
                             f"no {frac}: give the layer a default '{frac}' or this entry its own",
                         )
                     )
+    if profile.job.global_batch is not None:
+        try:
+            micro_batches(profile.job.global_batch, profile.batch_size, "job.global_batch")
+        except ValueError as exc:
+            problems.append(doc.error(("job", "global_batch"), str(exc)))
     _raise_all(problems)
     return profile
 
 
+def micro_batches(global_batch: int, batch_size: int, what: str = "--global-batch") -> int:
+    """Section 1d's M: the micro-batches of ``batch_size`` samples in a step of ``global_batch``
+    (ValueError, in words, when it is not a whole number of them or too many)."""
+    count_, left = divmod(global_batch, batch_size)
+    if left or count_ < 1:
+        raise ValueError(
+            f"{what} {global_batch:,} is not a whole number of micro-batches of batch_size {batch_size:,} "
+            f"(the batch the times were measured at): give a multiple of {batch_size:,}, e.g. "
+            f"{max(1, round(global_batch / batch_size)) * batch_size:,}"
+        )
+    if count_ > MAX_MICRO_BATCHES:
+        raise ValueError(
+            f"{what} {global_batch:,} is {count_:,} micro-batches of {batch_size:,}, more than "
+            f"{MAX_MICRO_BATCHES:,}: a step that long is no pipeline; profile at a larger batch_size"
+        )
+    return count_
+
+
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
-    return _validate(Cluster, doc, "cluster"), doc
+    cluster: Cluster = _validate(Cluster, doc, "cluster")
+    for name, r in cluster.resources.items():
+        if r.memory_reserved_gb is not None and r.memory_gb is not None and r.memory_reserved_gb >= r.memory_gb:
+            raise doc.error(
+                ("resources", name, "memory_reserved_gb"),
+                f"{number(r.memory_reserved_gb)} GB reserved is not below the unit's memory_gb of "
+                f"{number(r.memory_gb)}: nothing would be left for training",
+            )
+    return cluster, doc
 
 
 def load_catalogue(path: str) -> Catalogue:

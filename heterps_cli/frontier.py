@@ -51,7 +51,8 @@ from heterps_cli.figures import count
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
-from heterps_cli.schedulers.exact import Candidate, StepSolver, infeasible_error, schedule_of, speed_bound
+from heterps_cli.schedulers.exact import Candidate, StepSolver, infeasible_error, schedule_of
+from heterps_cli.schedulers.pipeline import solver_for
 
 PROBE_STEP = 0.02  # probes every 2% of throughput (chosen by measurement: benchmarks/bench_frontier.py)
 PROBE_AHEAD = 1.0  # ... up to twice the walk's throughput ahead of it
@@ -106,12 +107,16 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
     where it stopped."""
     start = time.perf_counter()
     deadline = math.inf if time_limit is None else start + time_limit
-    walker = StepSolver(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
+    walker = solver_for(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
     floor = throughput_floor(problem)
     first = walker.cheapest(floor)
     if first is None:
         raise infeasible_error(problem, walker)
-    prober = StepSolver(problem, None, walker.tab, relax=False)
+    prober = (
+        solver_for(problem, None, relax=False)
+        if problem.pipelined
+        else StepSolver(problem, None, walker.tab, relax=False)
+    )
     found, cut_at = _walk(walker, prober, first, progress, deadline)
     if cut_at is not None:  # probes ran ahead of the walk: past it, a plan may be beaten by one unseen
         found = [c for c in found if c.throughput <= cut_at]
@@ -141,7 +146,7 @@ def _walk(
     dominated, and the probes; and the throughput the walk had reached if ``deadline`` stopped it."""
     p = walker.p
     hours = p.work / 3600.0  # cost = hours * rate / throughput
-    lo, bound = first.throughput, speed_bound(p)
+    lo, bound = first.throughput, walker.speed_bound()
     unreachable = math.inf  # the least throughput a probe found no plan reaching (none reaches more)
     found = [first]
     probes: list[tuple[float, Candidate]] = []  # (target, plan), rising

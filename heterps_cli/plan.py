@@ -28,6 +28,11 @@ class Stage:
     throughput: float
     transfer_s: float = 0.0  # section 1b: the stage-boundary part of comm_s (X_s / k)
     memory_gb: float = 0.0  # section 1b: what each replica holds, 1e9 bytes
+    # Section 1d, None without a pipeline schedule: compute_s and transfer_s are then per micro-batch,
+    # comm_s the gradient all-reduce per step, and these the rest of a step.
+    update_s: float | None = None  # the optimiser step
+    step_s: float | None = None  # (M + S - 1) (compute_s + transfer_s) + comm_s + update_s
+    in_flight: int | None = None  # micro-batches whose activations a replica holds at once
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Plan:
     # cost / lower bound - 1; time: 1 - throughput / upper bound). None otherwise.
     gap: float | None = None
     # Not written to plan files: they are for the run that made the plan.
+    micro_batches: int = 0  # section 1d: M per step (0: no pipeline schedule)
+    reserved: dict[str, float | None] | None = None  # section 1d: memory_reserved_gb per type, if any is given
     units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
     interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
 
@@ -92,6 +99,11 @@ class Plan:
                     "throughput": s.throughput,
                     "transfer_s": s.transfer_s,
                     "memory_gb": s.memory_gb,
+                    **(
+                        {"update_s": s.update_s, "step_s": s.step_s, "in_flight": s.in_flight}
+                        if self.micro_batches
+                        else {}
+                    ),
                 }
                 for s in self.stages
             ],
@@ -99,6 +111,12 @@ class Plan:
             "limits": dict(self.limits),
             "memory_gb": dict(self.memory),
             "bandwidth_gbps": dict(self.bandwidth),
+            **({"memory_reserved_gb": dict(self.reserved)} if self.reserved is not None else {}),
+            **(
+                {"global_batch": self.batch_size * self.micro_batches, "micro_batches": self.micro_batches}
+                if self.micro_batches
+                else {}
+            ),
             "throughput": self.throughput,
             "bottleneck": self.bottleneck,
             "time_s": self.time_s,
@@ -138,25 +156,47 @@ def make_plan(
     k = np.zeros(stages.valid.shape)
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
-    tau_c = stages.sc + stages.pc / np.maximum(k, 1)
-    tau_d = stages.sd + stages.pd / np.maximum(k, 1)
+    kk = np.maximum(k, 1)
+    tau_c = stages.sc + stages.pc / kk
+    tau_d = stages.sd + stages.pd / kk
     fixed, split = problem.memory_parts
+    state_fixed, state_split = problem.state_parts
+    reserved = problem.reserved_bytes
     out = []
     for s in range(S):
         a, b = int(stages.first[0, s]), int(stages.last[0, s])
-        memory = float(fixed[a : b + 1].sum() + split[a : b + 1].sum() / max(k[0, s], 1.0))
+        t = int(stages.type[0, s])
+        pipeline: dict = {}
+        if problem.pipelined:
+            in_flight = int(stages.in_flight[0, s])
+            memory = float(
+                state_fixed[a : b + 1].sum()
+                + reserved[t]
+                + (state_split[a : b + 1].sum() + in_flight * problem.activation_bytes[a : b + 1].sum()) / kk[0, s]
+            )
+            transfer = float(stages.transfer[0, s] / kk[0, s])
+            compute = float(stages.micro_serial[0, s] + stages.micro_parallel[0, s] / kk[0, s]) - transfer
+            comm = float(2.0 * stages.sync[0, s] * (1.0 - 1.0 / kk[0, s]))
+            pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(tau_c[0, s]), "in_flight": in_flight}
+        else:
+            memory = float(fixed[a : b + 1].sum() + split[a : b + 1].sum() / kk[0, s])
+            if problem.reserved is not None:
+                memory += float(reserved[t])
+            transfer = float(stages.transfer[0, s] / kk[0, s])
+            compute, comm = float(tau_c[0, s]), float(tau_d[0, s])
         out.append(
             Stage(
                 first=a,
                 last=b,
                 layers=problem.layer_names[a : b + 1],
-                resource=problem.types[int(stages.type[0, s])],
+                resource=problem.types[t],
                 replicas=int(k[0, s]),
-                compute_s=float(tau_c[0, s]),
-                comm_s=float(tau_d[0, s]),
+                compute_s=compute,
+                comm_s=comm,
                 throughput=float(sc.stage_throughput[0, s]),
-                transfer_s=float(stages.transfer[0, s] / max(k[0, s], 1.0)),
+                transfer_s=transfer,
                 memory_gb=memory / 1e9,
+                **pipeline,
             )
         )
     return Plan(
@@ -184,6 +224,12 @@ def make_plan(
         optimal=optimal,
         evaluations=evaluations,
         notes=notes,
+        micro_batches=problem.micro_batches,
+        reserved=(
+            {t: float(r / 1e9) for t, r in zip(problem.types, problem.reserved)}
+            if problem.reserved is not None
+            else None
+        ),
         units=dict(zip(problem.types, problem.units)),
         interrupted=interrupted,
     )

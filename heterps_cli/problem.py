@@ -16,7 +16,7 @@ import numpy as np
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
-from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, usable_types
+from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
 from heterps_cli.yamlio import Document
 
 # Relative slack for constraint checks, so a plan that meets a limit to the last
@@ -53,6 +53,29 @@ class Problem:
     min_throughput: float = 0.0
     max_cost: float | None = None
     objective: str = "cost"
+    # docs/spec.md section 1d; the defaults (0: no pipeline schedule, no update times, nothing
+    # reserved) keep sections 1 and 1b exactly.
+    micro_batches: int = 0  # M, micro-batches of batch_size per optimiser step
+    update: np.ndarray | None = None  # [n, T] seconds of the optimiser step per step on one unit
+    reserved: np.ndarray | None = None  # [T] bytes of a unit's memory the runtime takes
+
+    @property
+    def pipelined(self) -> bool:
+        """Section 1d: a step is ``micro_batches`` micro-batches through a 1F1B pipeline."""
+        return self.micro_batches > 0
+
+    @property
+    def step_samples(self) -> int:
+        """Samples per step: what a stage's time is for (B0, or M x B0 under section 1d)."""
+        return self.batch_size * self.micro_batches if self.pipelined else self.batch_size
+
+    @property
+    def update_times(self) -> np.ndarray:
+        return self.update if self.update is not None else np.zeros((self.n_layers, self.n_types))
+
+    @property
+    def reserved_bytes(self) -> np.ndarray:
+        return self.reserved if self.reserved is not None else np.zeros(self.n_types)
 
     @property
     def n_layers(self) -> int:
@@ -90,7 +113,9 @@ class Problem:
             return self.runnable
         fixed, split = self.memory_parts
         with np.errstate(invalid="ignore"):
-            fits = fixed[:, None] + split[:, None] / self.limits[None, :] <= self.memory[None, :] * (1 + SLACK)
+            fits = self.reserved_bytes[None, :] + fixed[:, None] + split[:, None] / self.limits[None, :] <= self.memory[
+                None, :
+            ] * (1 + SLACK)
         return self.runnable & fits
 
     @cached_property
@@ -114,11 +139,25 @@ class Problem:
     def memory_parts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per layer, bytes every replica holds whatever ``k`` (unsharded training state) and bytes
         split across ``k`` replicas (sharded state and one batch of activations): section 1b's
-        ``MEM(k) = fixed + split / k`` summed over a stage."""
+        ``MEM(k) = fixed + split / k`` summed over a stage. Under section 1d a stage holds the
+        activations of up to ``M`` micro-batches at once: :attr:`state_parts` and
+        :attr:`activation_bytes` are the two halves of ``split``."""
+        fixed, sharded = self.state_parts
+        with np.errstate(over="ignore"):
+            return fixed, sharded + self.activation_bytes
+
+    @cached_property
+    def state_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, training-state bytes every replica holds, and those split across the replicas."""
         with np.errstate(over="ignore"):  # inf when absurd sizes overflow: no memory holds that
             state = self.state_factor * self.weight_size
-            split = np.where(self.sharded, state, 0.0) + self.batch_size * self.activation_size
-        return np.where(self.sharded, 0.0, state), split
+        return np.where(self.sharded, 0.0, state), np.where(self.sharded, state, 0.0)
+
+    @cached_property
+    def activation_bytes(self) -> np.ndarray:
+        """Per layer, the bytes one (micro-)batch keeps for its backward pass, split across the replicas."""
+        with np.errstate(over="ignore"):
+            return self.batch_size * self.activation_size
 
     def replace(self, **changes) -> Problem:
         return dataclasses.replace(self, **changes)
@@ -133,6 +172,7 @@ def load_problem(
     epochs: float | None = None,
     min_throughput: float | None = None,
     max_cost: float | None = None,
+    global_batch: int | None = None,
 ) -> Problem:
     """Read, validate and join a profile and a cluster file into the problem every scheduler takes.
 
@@ -142,6 +182,11 @@ def load_problem(
     """
     (profile, pdoc), (cluster, cdoc) = load_pair(profile_path, cluster_path)
     check_pair(profile, pdoc, cluster, cdoc)
+    if global_batch is not None:
+        try:
+            micro_batches(global_batch, profile.batch_size)
+        except ValueError as exc:
+            raise InputError(None, None, "--global-batch", str(exc)) from None
     if samples is None and profile.job.samples is None:
         raise pdoc.error(
             ("job", "samples"),
@@ -156,6 +201,7 @@ def load_problem(
         epochs=epochs,
         min_throughput=min_throughput,
         max_cost=max_cost,
+        global_batch=global_batch,
     )
     _check_finite_figures(problem, pdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     return problem
@@ -170,6 +216,7 @@ def build_problem(
     epochs: float | None = None,
     min_throughput: float | None = None,
     max_cost: float | None = None,
+    global_batch: int | None = None,
 ) -> Problem:
     """Join a validated profile and cluster (:func:`load_problem` checks them against each other
     first); the keyword values override the profile's ``job``."""
@@ -182,19 +229,22 @@ def build_problem(
     n, T = len(profile.layers), len(types)
     if T == 0:
         raise ValueError("the cluster offers none of the resource types the profile times")
-    oct_, odt, alpha, beta = (np.zeros((n, T)) for _ in range(4))
+    oct_, odt, alpha, beta, update = (np.zeros((n, T)) for _ in range(5))
     runnable = np.zeros((n, T), dtype=bool)
     for i, layer in enumerate(profile.layers):
         for j, t in enumerate(types):
             if t in layer.times:
                 entry = layer.times[t]
                 oct_[i, j], odt[i, j] = entry.oct, entry.odt
+                update[i, j] = entry.update or 0.0
                 alpha[i, j], beta[i, j] = layer.fractions(t)
                 runnable[i, j] = True
     if not runnable.any(axis=1).all():
         layer = profile.layers[int(np.argmin(runnable.any(axis=1)))]
         raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
     res = [cluster.resources[t] for t in types]
+    steps = global_batch if global_batch is not None else profile.job.global_batch
+    M = micro_batches(steps, profile.batch_size) if steps is not None else 0
     return Problem(
         model=profile.model,
         cluster=cluster.cluster,
@@ -222,6 +272,13 @@ def build_problem(
         min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
         max_cost=max_cost,
         objective=objective,
+        micro_batches=M,
+        update=update if update.any() else None,
+        reserved=(
+            np.array([(r.memory_reserved_gb or 0.0) * 1e9 for r in res])
+            if any(r.memory_reserved_gb for r in res)
+            else None
+        ),
     )
 
 

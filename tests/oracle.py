@@ -232,3 +232,79 @@ def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, w
         if best is None or cost[i] < best[0]:
             best = (float(cost[i]), float(candidates[ok][i]), sched)
     return best
+
+
+def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas: list[int]) -> dict:
+    """Every figure of a plan under docs/spec.md section 1d, written from its formulas alone: stage
+    ``s`` of ``S`` on ``t`` with ``k`` replicas takes ``(M + S - 1) c + 2 Y (k - 1) / k + U`` per step,
+    ``c`` its compute and boundary transfer per micro-batch, and holds ``min(S - s, M)`` micro-batches
+    of activations."""
+    layers, B0 = profile["layers"], profile["batch_size"]
+    M = profile["job"]["global_batch"] // B0
+    n = len(layers)
+    stages: list[tuple[str, list[int]]] = []
+    for layer, t in enumerate(schedule):
+        if stages and stages[-1][0] == t:
+            stages[-1][1].append(layer)
+        else:
+            stages.append((t, [layer]))
+    S = len(stages)
+    step, memory, fits, k_t = [], [], [], {t: 0 for t in cluster["resources"]}
+    for s, ((t, ls), k) in enumerate(zip(stages, replicas)):
+        res = cluster["resources"][t]
+        c = y = u = 0.0
+        for layer in ls:
+            e = layers[layer]["times"][t]
+            a = e.get("alpha", layers[layer].get("alpha"))
+            c += e["oct"] * (1 - a + a / k)
+            y += e["odt"]
+            u += e.get("update", 0.0)
+        first, last = ls[0], ls[-1]
+        if res.get("bandwidth_gbps"):
+            moved = (layers[first]["input_size"] if first > 0 else 0.0) + (
+                layers[last + 1]["input_size"] if last < n - 1 else 0.0
+            )
+            c += 2 * B0 * moved / (res["bandwidth_gbps"] * 1e9 / 8) / k
+        step.append((M + S - 1) * c + 2 * y * (k - 1) / k + u)
+        sf = profile.get("state_factor", 4.0)
+        held = min(S - s, M)
+        mem = (res.get("memory_reserved_gb") or 0.0) * 1e9
+        for layer in ls:
+            w = sf * layers[layer]["weight_size"]
+            mem += (w / k if layers[layer].get("sharded") else w) + held * B0 / k * layers[layer].get(
+                "activation_size", 0.0
+            )
+        memory.append(mem / 1e9)
+        fits.append(res.get("memory_gb") is None or mem <= res["memory_gb"] * 1e9 * (1 + 1e-12))
+        k_t[t] += k
+    thr = M * B0 / max(step)
+    time_s = profile["job"]["epochs"] * profile["job"]["samples"] / thr
+    rate = sum(cluster["resources"][t]["price"] * k for t, k in k_t.items())
+    within = all(k <= cluster["resources"][t]["limit"] for t, k in k_t.items())
+    return {
+        "step_s": step,
+        "throughput": thr,
+        "cost_usd": time_s / 3600 * rate,
+        "memory_gb": memory,
+        "feasible": within and all(fits),
+        "resources": k_t,
+    }
+
+
+def pipeline_optimum(profile: dict, cluster: dict, objective: str = "cost", min_throughput: float = 0.0):
+    """(cost, throughput) of the best plan under section 1d by enumerating every schedule and every
+    replica vector within the limits; None when no plan is feasible."""
+    types = list(cluster["resources"])
+    layers = profile["layers"]
+    best = None
+    for sched in itertools.product(types, repeat=len(layers)):
+        if not all(t in layer["times"] for t, layer in zip(sched, layers)):
+            continue
+        run = [t for i, t in enumerate(sched) if i == 0 or sched[i - 1] != t]
+        for ks in itertools.product(*(range(1, cluster["resources"][t]["limit"] + 1) for t in run)):
+            f = pipeline_figures(profile, cluster, list(sched), list(ks))
+            if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
+                continue
+            if best is None or _better(objective, f["cost_usd"], f["throughput"], *best):
+                best = (f["cost_usd"], f["throughput"])
+    return best

@@ -158,6 +158,7 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
         "samples": problem.samples,
         "epochs": problem.epochs,
         "min_throughput": problem.min_throughput,
+        "global_batch": problem.step_samples if problem.pipelined else None,  # section 1d
     }
     if plan.max_cost is not None:  # a budget the plan was made under must still be the budget
         now["max_cost"] = problem.max_cost
@@ -183,10 +184,12 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     if written.bottleneck != fresh.bottleneck:
         out.append(f"bottleneck {written.bottleneck} -> {fresh.bottleneck}")
     for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):
-        for name in ("compute_s", "comm_s", "throughput", "transfer_s", "memory_gb"):
-            written_value = getattr(w, name)  # section 1b's are absent from plans made before it
-            if written_value is not None and _differs(written_value, getattr(f, name)):
-                out.append(f"stages[{i}].{name} {written_value:.6g} -> {getattr(f, name):.6g}")
+        for name in ("compute_s", "comm_s", "throughput", "transfer_s", "memory_gb", "update_s", "step_s", "in_flight"):
+            written_value = getattr(w, name)  # section 1b's and 1d's are absent from plans made without them
+            fresh_value = getattr(f, name)
+            if written_value is not None and (fresh_value is None or _differs(written_value, fresh_value)):
+                now = "none" if fresh_value is None else f"{fresh_value:.6g}"
+                out.append(f"stages[{i}].{name} {written_value:.6g} -> {now}")
     used = {t: u for t, u in fresh.resources.items() if u}
     if {t: u for t, u in written.resources.items() if u} != used:
         out.append(f"resources {dict(written.resources)} -> {used}")
@@ -214,6 +217,8 @@ def plan_command(
         job += f" --min-throughput {exact(problem.min_throughput)}"
     if problem.max_cost is not None:
         job += f" --max-cost {exact(problem.max_cost)}"
+    if problem.pipelined:
+        job += f" --global-batch {problem.step_samples}"
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
     stochastic = f" --seed {seed}" if seed and name not in ("exact", "greedy") else ""

@@ -282,6 +282,16 @@ EpochsOpt = Annotated[
     float | None,
     typer.Option(callback=_positive, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False),
 ]
+GlobalBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Samples per optimiser step: a whole number of micro-batches of the profile's batch_size, run "
+        "through a 1F1B pipeline (docs/spec.md section 1d). Default: the profile's job.global_batch, else none "
+        "(sections 1 and 1b: no pipeline schedule).",
+        show_default=False,
+    ),
+]
 MaxCostOpt = Annotated[
     float | None,
     typer.Option(
@@ -371,10 +381,11 @@ def _job(
     epochs: float | None,
     min_throughput: float | None,
     max_cost: float | None,
+    global_batch: int | None = None,
 ):
     from heterps_cli.api import Job
 
-    return Job(objective.value, samples, epochs, min_throughput, max_cost)
+    return Job(objective.value, samples, epochs, min_throughput, max_cost, global_batch)
 
 
 @app.command()
@@ -393,6 +404,7 @@ def plan(
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
+    global_batch: GlobalBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
     out_file: OutOpt = None,
@@ -453,7 +465,7 @@ def plan(
                 str(profile),
                 str(cluster),
                 scheduler.value,
-                _job(objective, samples, epochs, min_throughput, max_cost),
+                _job(objective, samples, epochs, min_throughput, max_cost, global_batch),
                 seed=seed,
                 options=options,
                 progress=report,
@@ -490,6 +502,7 @@ def frontier(
     ] = None,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
+    global_batch: GlobalBatchOpt = None,
     max_cost: Annotated[
         float | None,
         typer.Option(callback=_positive, help="Leave out plans costing more than this (USD).", show_default=False),
@@ -548,7 +561,7 @@ def frontier(
             whole = api.frontier(
                 str(profile),
                 str(cluster),
-                _job(Objective.cost, samples, epochs, min_throughput, max_cost),
+                _job(Objective.cost, samples, epochs, min_throughput, max_cost, global_batch),
                 time_limit=time_limit,
                 progress=report,
             )
@@ -598,6 +611,7 @@ def compare(
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
+    global_batch: GlobalBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
     as_json: Annotated[
@@ -654,7 +668,7 @@ def compare(
                 str(profile),
                 str(cluster),
                 cast(list[str], schedulers),  # the callback made the text a list
-                _job(objective, samples, epochs, min_throughput, max_cost),
+                _job(objective, samples, epochs, min_throughput, max_cost, global_batch),
                 seed=seed,
                 options=options,
                 progress=report,
@@ -1095,6 +1109,7 @@ def check(
     ] = Objective.cost,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
+    global_batch: GlobalBatchOpt = None,
     max_cost: Annotated[
         float | None,
         typer.Option(
@@ -1162,7 +1177,7 @@ def check(
                 str(plan_file),
                 str(profile),
                 str(cluster),
-                _job(objective, samples, epochs, min_throughput, max_cost),
+                _job(objective, samples, epochs, min_throughput, max_cost, global_batch),
                 baseline_path=str(baseline) if baseline is not None else None,
                 max_increase=max_increase,
                 replan=replan.value if replan else None,

@@ -70,18 +70,23 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     table.add_column("layers", no_wrap=True, overflow="ellipsis", max_width=max(12, min(36, width - 64)))
     table.add_column("on", no_wrap=True)
     table.add_column("replicas", **numeric)
-    table.add_column("CT s", **numeric)
-    table.add_column("DT s", **numeric)
+    piped = bool(plan.micro_batches)  # section 1d: per micro-batch compute, per step all-reduce and step
+    table.add_column("µbatch s" if piped else "CT s", **numeric)
+    table.add_column("sync s" if piped else "DT s", **numeric)
+    if piped:
+        table.add_column("step s", **numeric)
     table.add_column("samples/s", **numeric)
     for i, s in enumerate(plan.stages):
         bottleneck = i == plan.bottleneck
+        step = [f"{s.step_s:.3g}"] if piped and s.step_s is not None else []
         table.add_row(
             str(i),
             _layers(s),
             Text(clip(s.resource)),
             count(s.replicas),
-            f"{s.compute_s:.3g}",
+            f"{s.compute_s + (s.transfer_s if piped else 0.0):.3g}",
             f"{s.comm_s:.3g}",
+            *step,
             count(s.throughput) + (" ◀" if bottleneck else "  "),
             style="bold yellow" if bottleneck else None,
         )
@@ -96,6 +101,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     summary.add_row("resources", Text(", ".join(_units(plan, t) for t in plan.resources)))
     budget = f" (budget {usd(plan.max_cost)})" if plan.max_cost is not None else ""
     summary.add_row("cost", Text.assemble((usd(plan.cost_usd), "bold green"), budget))
+    summary.add_row("schedule", Text(schedule_line(plan), style=None if plan.micro_batches else "yellow"))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
     if plan.gap is not None:
         verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"
@@ -108,6 +114,14 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         summary.add_row("assumes", Text(assumed, style="yellow"))
     hardware = _hardware_view(plan)
     return Group(table, *([hardware] if hardware is not None else []), summary)
+
+
+def schedule_line(plan: Plan) -> str:
+    """How a step runs (docs/spec.md section 1d), or that the plan has no pipeline schedule."""
+    if not plan.micro_batches:
+        return "none (no job.global_batch): no fill or drain, sync overlaps compute"
+    M, B0 = plan.micro_batches, plan.batch_size
+    return f"1F1B, {count(M)} micro-batch{'es' if M != 1 else ''} of {count(B0)} per step, then sync and update"
 
 
 def assumptions(plan: Plan) -> str:
@@ -148,7 +162,7 @@ def _hardware_view(plan: Plan) -> Table | None:
         table.add_column("used", **numeric)
     if transfer:
         table.add_column("transfer s", **numeric)
-        table.add_column("of DT", **numeric)
+        table.add_column("of µbatch" if plan.micro_batches else "of DT", **numeric)
     for i, s in enumerate(plan.stages):
         row: list[str | Text] = [str(i), Text(clip(s.resource))]
         if memory:
@@ -159,7 +173,8 @@ def _hardware_view(plan: Plan) -> Table | None:
                 "" if of is None else f"{100 * s.memory_gb / of:.0f}%",
             ]
         if transfer:
-            row += [f"{s.transfer_s:.3g}", f"{100 * s.transfer_s / s.comm_s:.0f}%" if s.comm_s > 0 else "—"]
+            whole = s.compute_s + s.transfer_s if plan.micro_batches else s.comm_s  # section 1d: waited for
+            row += [f"{s.transfer_s:.3g}", f"{100 * s.transfer_s / whole:.0f}%" if whole > 0 else "—"]
         table.add_row(*row)
     return table
 

@@ -576,6 +576,7 @@ class LayerProfile:
     fit_residual: float | None = None
     activation_size: float = 0.0  # bytes per sample kept for backward (docs/spec.md section 1b)
     sharded: bool = False  # docs/spec.md section 1b: the module says its weights are split across replicas
+    update: float = 0.0  # docs/spec.md section 1d: seconds of the optimiser step on the layer's weights
 
 
 @dataclass
@@ -727,6 +728,33 @@ def _time_layers(
     return times
 
 
+UPDATE_RUNS = 21  # optimiser steps timed per layer; the median is kept
+
+
+def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> float:
+    """Median seconds of one optimiser step on the layer's own weights (section 1d's ``update``), with
+    the optimiser ``heterps run`` trains with (SGD) and gradients in place; 0 for a layer with none."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    saved = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimiser = torch.optim.SGD(params, lr=0.0)  # lr 0: the weights stay as they were measured with
+    times = []
+    with torch.no_grad():
+        for _ in range(runs + 1):
+            _synchronise(device)
+            start = time.perf_counter()
+            optimiser.step()
+            _synchronise(device)
+            times.append(time.perf_counter() - start)
+        for p, old in zip(params, saved):
+            p.copy_(old)
+            p.grad = None
+    return statistics.median(times[1:])
+
+
 def weight_bytes(module: nn.Module) -> float:
     return float(sum(p.numel() * p.element_size() for p in module.parameters()))
 
@@ -760,6 +788,7 @@ def layer_profile(
         residual,
         activation_size=saved_bytes(call, device) / B0,
         sharded=bool(getattr(call.module, "heterps_sharded", False)),
+        update=update_time(call.module, device),
     )
 
 

@@ -30,6 +30,7 @@ class Entry:
     alpha: float
     beta: float
     comment: str = ""  # "estimated: ..." or empty
+    update: float | None = None  # docs/spec.md section 1d, where measured
 
 
 @dataclass
@@ -76,9 +77,10 @@ def render(
             "    times:",
         ]
         for t, e in row.times.items():
+            update = f", update: {_number(e.update)}" if e.update is not None else ""
             entry = (
                 f"      {json.dumps(t)}: {{oct: {_number(e.oct)}, odt: {_number(e.odt)}, "
-                f"alpha: {e.alpha:.4g}, beta: {e.beta:.4g}}}"
+                f"alpha: {e.alpha:.4g}, beta: {e.beta:.4g}{update}}}"
             )
             lines.append(entry + (f"  # {e.comment}" if e.comment else ""))
     return "\n".join(lines) + "\n"
@@ -95,6 +97,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
+        "update: median of the optimiser step (SGD) on the layer's weights, s per step (spec section 1d)",
         "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
         f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and a layer alone runs "
@@ -115,7 +118,7 @@ def _row(layer: LayerProfile, resource: str, comment: str) -> LayerRow:
         layer.kind,
         layer.input_size,
         layer.weight_size,
-        {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment)},
+        {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment, layer.update)},
         layer.activation_size,
         layer.sharded,
     )
@@ -228,7 +231,8 @@ def merge_profiles(paths: list[str]) -> str:
                 alpha, beta = layer.fractions(t)
                 line = text_lines[path][doc.line(("layers", i, "times", t)) - 1]
                 found = re.search(r"#\s*(estimated:.*)$", line)
-                row.times[t] = Entry(e.oct, e.odt, alpha, beta, found.group(1).strip() if found else "")
+                comment = found.group(1).strip() if found else ""
+                row.times[t] = Entry(e.oct, e.odt, alpha, beta, comment, e.update)
                 owner[t] = path
     given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
     return render(

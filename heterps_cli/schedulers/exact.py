@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -68,29 +69,77 @@ class _Table:
     min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
 
 
+@dataclass(frozen=True)
+class Chain:
+    """Which stage may follow which in the DP. Its "types" are the resource types themselves, or
+    (section 1d, :mod:`.pipeline`) a type paired with the stage's place in the pipeline."""
+
+    base: np.ndarray  # [P] the resource type of each DP type
+    follows: np.ndarray  # [P, P] bool: a stage on [a] may come right before one on [b]
+    starts: np.ndarray  # [P] bool: may run the first layer
+    ends: np.ndarray  # [P] bool: may run the last layer
+
+    @staticmethod
+    def of_types(n_types: int) -> Chain:
+        """Sections 1 and 1b: any type, but never the same type twice in a row (stages are maximal)."""
+        every = np.ones(n_types, dtype=bool)
+        return Chain(np.arange(n_types), ~np.eye(n_types, dtype=bool), every, every)
+
+    @cached_property
+    def before(self) -> list[list[int]]:
+        """For each DP type, the DP types whose stage may come right before it."""
+        return [np.flatnonzero(self.follows[:, t]).tolist() for t in range(len(self.base))]
+
+
 # Cells of the stage grid ((layers + 1)^2 x types) the solver may hold: each costs about 90 bytes
 # over the table and the grid's arrays (2,000 x 3 layers: 12 M cells, 1.1 GB measured), so this
 # keeps it under 2 GB.
 MAX_GRID_CELLS = 20_000_000
 
 
+def most_stages(problem: Problem) -> int:
+    """No plan has more stages than layers, nor than units (each stage takes one at least)."""
+    return int(min(problem.n_layers, problem.limits.sum()))
+
+
+def grid_cells(problem: Problem) -> int:
+    """Stage cells the solver's grids hold: one grid, or under a pipeline schedule (section 1d,
+    :mod:`.pipeline`) one per stage count ``S``, on ``S`` times the types."""
+    cells = (problem.n_layers + 1) ** 2 * problem.n_types
+    if problem.pipelined:
+        S = most_stages(problem)
+        cells *= S * (S + 1) // 2
+    return cells
+
+
 def too_large(problem: Problem) -> bool:
     """Whether the model is too long for the exact solver's stage grid (:data:`MAX_GRID_CELLS`)."""
-    return (problem.n_layers + 1) ** 2 * problem.n_types > MAX_GRID_CELLS
+    return grid_cells(problem) > MAX_GRID_CELLS
+
+
+def spans(per_layer: np.ndarray) -> np.ndarray:
+    """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
+    A difference of prefix sums loses a stage's small times beside a huge one earlier in the
+    chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine."""
+    n1 = per_layer.shape[0] + 1
+    out = np.zeros((n1, n1, per_layer.shape[1]))
+    with np.errstate(over="ignore"):  # inf where sizes overflow: ruled out below
+        for j in range(n1 - 1):
+            out[j + 1 :, j] = np.cumsum(per_layer[j:], axis=0)
+    return out
+
+
+def boundary_transfer(problem: Problem) -> np.ndarray:
+    """``[i, j, t]``: section 1b's ``X_s`` of stage ``j..i-1`` on ``t`` (0 without bandwidths)."""
+    n1 = problem.n_layers + 1
+    if not np.isfinite(problem.bandwidth).any():
+        return np.zeros((n1, n1, problem.n_types))
+    bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i (a sum: symmetric)
+    with np.errstate(invalid="ignore"):
+        return (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
 
 
 def _table(problem: Problem) -> _Table:
-    def spans(per_layer):
-        """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
-        A difference of prefix sums loses a stage's small times beside a huge one earlier in the
-        chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine."""
-        n1 = per_layer.shape[0] + 1
-        out = np.zeros((n1, n1, per_layer.shape[1]))
-        with np.errstate(over="ignore"):  # inf where sizes overflow: ruled out below
-            for j in range(n1 - 1):
-                out[j + 1 :, j] = np.cumsum(per_layer[j:], axis=0)
-        return out
-
     n, T = problem.n_layers, problem.n_types
     if too_large(problem):
         cells = (n + 1) ** 2 * T
@@ -106,14 +155,17 @@ def _table(problem: Problem) -> _Table:
     ok = below & (spans((~problem.runnable).astype(float)) == 0)
     sc, pc, sd, pd = (spans(part) for part in problem.parts)
     if np.isfinite(problem.bandwidth).any():
-        bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i (a sum: symmetric)
-        with np.errstate(invalid="ignore"):
-            pd = pd + (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
+        pd = pd + boundary_transfer(problem)
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
         fixed, split = (spans(part[:, None])[:, :, 0] for part in problem.memory_parts)
+        if problem.reserved is not None:
+            fixed = fixed[:, :, None] + problem.reserved_bytes[None, None, :]
+            split = split[:, :, None]
+        else:
+            fixed, split = fixed[:, :, None], split[:, :, None]
         with np.errstate(invalid="ignore"):
-            min_k = min_memory_replicas(fixed[:, :, None], split[:, :, None], problem.memory[None, None, :])
+            min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :])
     return _Table(sc, pc, sd, pd, ok, min_k)
 
 
@@ -127,7 +179,7 @@ class Candidate:
     within: bool = True  # within every limit (False only for a bound while limits are relaxed)
 
 
-def _chain_dp(C: np.ndarray):
+def _chain_dp(C: np.ndarray, chain: Chain | None = None):
     """Cheapest chain of stages covering all layers; ``C[i, j, t]`` prices stage ``j..i-1`` on ``t``.
 
     Returns (value, [(j, i, t), ...]) or (inf, None). The recurrence (docs/exact.md,
@@ -137,15 +189,17 @@ def _chain_dp(C: np.ndarray):
 
     where ``f[i, t]`` is the cheapest way to run layers ``0..i-1`` with the last
     stage on ``t``, and ``g[0, t] = 0``. ``t' != t`` keeps stages maximal (two
-    consecutive stages on one type would be one stage).
+    consecutive stages on one type would be one stage); a :class:`Chain` says more generally
+    which ``t'`` may come before ``t``, and which types may start and end the chain.
     """
     n1, _, T = C.shape
+    chain = chain or Chain.of_types(T)
     f = np.full((n1, T), np.inf)
     g = np.full((n1, T), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
-    g[0] = 0.0
+    g[0] = np.where(chain.starts, 0.0, np.inf)
     arg_j = np.zeros((n1, T), dtype=np.int64)
     prev_t = np.zeros((n1, T), dtype=np.int64)
-    others = ~np.eye(T, dtype=bool)
+    others = chain.follows.T  # [t, t']: t' may come before t
     cols = np.arange(T)
     for i in range(1, n1):
         total = g[:i] + C[i, :i]
@@ -153,7 +207,8 @@ def _chain_dp(C: np.ndarray):
         arg_j[i], f[i] = j, total[j, cols]
         choice = np.where(others, f[i][None, :], np.inf)
         prev_t[i], g[i] = choice.argmin(axis=1), choice.min(axis=1)
-    t = int(f[-1].argmin())
+    last = np.where(chain.ends, f[-1], np.inf)
+    t = int(last.argmin())
     value = float(f[-1, t])
     if not np.isfinite(value):
         return np.inf, None
@@ -165,7 +220,14 @@ def _chain_dp(C: np.ndarray):
     return value, stages[::-1]
 
 
-def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tracked: list[int], capped: int | None):
+def _chain_dp_limited(
+    K: np.ndarray,
+    prices: np.ndarray,
+    limits: np.ndarray,
+    tracked: list[int],
+    capped: int | None,
+    chain: Chain | None = None,
+):
     """Cheapest chain whose units per type respect ``limits``; a list of (j, i, t) or None.
 
     The units of each ``tracked`` type are part of the state (a dense array per
@@ -174,6 +236,8 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
     units, and its limit is checked at the end (docs/exact.md, section 3, "Limits").
     """
     n1, _, T = K.shape
+    chain = chain or Chain.of_types(T)
+    base = chain.base
     dims = tuple(int(limits[t]) + 1 for t in tracked)
     cells = int(np.prod(dims)) if dims else 1
     if n1 * T * cells > MAX_STATE_CELLS:
@@ -185,25 +249,28 @@ def _chain_dp_limited(K: np.ndarray, prices: np.ndarray, limits: np.ndarray, tra
             f"{len(tracked)} resource types, more than it may use ({MAX_STATE_CELLS:,}); "
             "lower the limits of the scarce types or use another scheduler",
         )
-    axis = {t: a for a, t in enumerate(tracked)}
-    weight = prices.astype(float).copy()
+    type_axis = {t: a for a, t in enumerate(tracked)}
+    axis = {p: type_axis[int(base[p])] for p in range(T) if int(base[p]) in type_axis}  # DP type -> state axis
+    weight = prices.astype(float).copy()  # per DP type
+    price_of = {int(base[p]): float(prices[p]) for p in range(T)}
     if capped is not None:
-        weight[capped] = 1.0  # count units: exact integers, compared with the limit at the end
-    f, g = _limited_tables(K, weight, axis, dims)
+        weight[base == capped] = 1.0  # count units: exact integers, compared with the limit at the end
+    f, g = _limited_tables(K, weight, axis, dims, chain)
     grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
-    extra = sum((prices[t] * grids[a] for t, a in axis.items()), np.zeros(dims))
+    extra = sum((price_of[t] * grids[a] for t, a in type_axis.items()), np.zeros(dims))
+    ends = np.asarray(chain.ends).reshape((T,) + (1,) * len(dims))
     if capped is None:
-        total = f[-1] + extra[None]
+        total = np.where(ends, f[-1] + extra[None], np.inf)
     else:
-        total = np.where(f[-1] <= limits[capped], f[-1] * prices[capped] + extra[None], np.inf)
+        total = np.where(ends & (f[-1] <= limits[capped]), f[-1] * price_of[capped] + extra[None], np.inf)
     flat = int(total.argmin())
     if not np.isfinite(total.flat[flat]):
         return None
     t, *cell = (int(c) for c in np.unravel_index(flat, total.shape))
-    return _backtrack(K, f, g, weight, axis, t, cell)
+    return _backtrack(K, f, g, weight, axis, t, cell, chain)
 
 
-def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...]):
+def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...], chain: Chain):
     """The forward pass of :func:`_chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`_chain_dp`.
 
     For a fixed end ``i`` and type ``t``, the feasible starts ``j`` are cut into
@@ -217,8 +284,8 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
     shape = (n1, T) + dims
     f = np.full(shape, np.inf)
     g = np.full(shape, np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
-    g[(0, slice(None)) + (0,) * len(dims)] = 0.0
-    others = [[u for u in range(T) if u != t] for t in range(T)]
+    g[(0, slice(None)) + (0,) * len(dims)] = np.where(chain.starts, 0.0, np.inf)
+    others = chain.before
     # Every feasible (i, t, j), sorted by end, type and start; a run starts where any of them
     # breaks (another end or type, a gap in the starts, another replica count).
     Kt = K.transpose(0, 2, 1)  # [i, t, j]
@@ -267,7 +334,14 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
 
 
 def _backtrack(
-    K: np.ndarray, f: np.ndarray, g: np.ndarray, weight: np.ndarray, axis: dict[int, int], t: int, cell: list[int]
+    K: np.ndarray,
+    f: np.ndarray,
+    g: np.ndarray,
+    weight: np.ndarray,
+    axis: dict[int, int],
+    t: int,
+    cell: list[int],
+    chain: Chain,
 ) -> list[tuple[int, int, int]]:
     """The stages of the chain that ends on type ``t`` with tracked units ``cell``: walking back,
     at each boundary the predecessor that produced the stored value."""
@@ -290,17 +364,28 @@ def _backtrack(
         stages.append((int(j), i, t))
         cell, i = src, int(j)
         if i > 0:
-            t = next(u for u in range(T) if u != t and f[(i, u, *cell)] == g[(i, t, *cell)])
+            t = next(u for u in chain.before[t] if f[(i, u, *cell)] == g[(i, t, *cell)])
     return stages[::-1]
 
 
 class StepSolver:
     """Cheapest plan at a given bottleneck throughput, over all schedules, within the limits."""
 
-    def __init__(self, problem: Problem, progress: Progress | None, table: _Table | None = None, relax: bool = True):
+    def __init__(
+        self,
+        problem: Problem,
+        progress: Progress | None,
+        table: _Table | None = None,
+        relax: bool = True,
+        chain: Chain | None = None,
+    ):
         self.p = problem
         self.relax = relax  # False: refuse (InputError) rather than relax a limit (see cheapest)
         self.tab = _table(problem) if table is None else table
+        # The DP's types (the table's last axis): the resource types, or section 1d's (type, place) pairs.
+        self.chain = chain or Chain.of_types(problem.n_types)
+        self.price = problem.prices[self.chain.base]  # per DP type
+        self.unit_limit = problem.limits[self.chain.base]
         self.progress = progress
         self.evaluations = 0
         # Types whose limits the DP stopped tracking (too many states): see cheapest. While any is
@@ -308,7 +393,7 @@ class StepSolver:
         self.relaxed: set[int] = set()
         self.cheapest_found: Candidate | None = None  # the cheapest within every limit and the targets
         self.fastest_found: Candidate | None = None  # the fastest within every limit and the targets
-        self.type_index = np.arange(problem.n_types)[None, None, :]
+        self.type_index = np.arange(len(self.chain.base))[None, None, :]
         self._target: float | None = None  # the target the grid below was computed for
         # The grid for _target (see replicas): replicas, their throughput, price rate and cost bound.
         self._K: np.ndarray = np.empty(0)
@@ -341,23 +426,31 @@ class StepSolver:
         for lo in range(0, shape[0], block):
             rows = slice(lo, lo + block)
             K = np.maximum(
-                min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.batch_size, target), t.min_k[rows]
+                min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.step_samples, target), t.min_k[rows]
             )
-            K = np.where(t.ok[rows] & (K <= self.p.limits[None, None, :]), K, np.inf)
+            K = np.where(t.ok[rows] & (K <= self.unit_limit[None, None, :]), K, np.inf)
             cells = np.arange(lo * shape[1] * shape[2], lo * shape[1] * shape[2] + K.size)
+            reach = self._throughput(cells, K.ravel()).reshape(K.shape)
+            if self.p.pipelined:  # more replicas can slow a section 1d stage: memory's count may miss the target
+                K = np.where(reach >= target, K, np.inf)
+                reach = np.where(reach >= target, reach, np.inf)
             self._K[rows] = K
-            self._reach[rows] = self._throughput(cells, K.ravel()).reshape(K.shape)
+            self._reach[rows] = reach
             self._rate[rows] = self._priced(K, self.type_index)
             self._bound[rows] = self._per_stage_bound(K, self._reach[rows], self.type_index)
 
     def _raise(self, cells: np.ndarray, target: float) -> None:
         t = self.tab
-        types = cells % self.p.n_types
+        types = cells % len(self.chain.base)
         sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
-        k = np.maximum(min_replicas(sc, pc, sd, pd, self.p.batch_size, target), t.min_k.ravel()[cells])
-        k = np.where(k <= self.p.limits[types], k, np.inf)
+        k = np.maximum(min_replicas(sc, pc, sd, pd, self.p.step_samples, target), t.min_k.ravel()[cells])
+        k = np.where(k <= self.unit_limit[types], k, np.inf)
+        reach = self._throughput(cells, k)
+        if self.p.pipelined:
+            k = np.where(reach >= target, k, np.inf)
+            reach = np.where(reach >= target, reach, np.inf)
         self._K.ravel()[cells] = k
-        self._reach.ravel()[cells] = self._throughput(cells, k)
+        self._reach.ravel()[cells] = reach
         self._rate.ravel()[cells] = self._priced(k, types)
         self._bound.ravel()[cells] = self._per_stage_bound(k, self._reach.ravel()[cells], types)
 
@@ -367,21 +460,21 @@ class StepSolver:
         sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
         finite = np.isfinite(k)
         with np.errstate(invalid="ignore"):
-            thr = stage_throughput(sc, pc, sd, pd, self.p.batch_size, np.where(finite, k, 1.0))
+            thr = stage_throughput(sc, pc, sd, pd, self.p.step_samples, np.where(finite, k, 1.0))
         return np.where(finite, thr, np.inf)
 
     def _priced(self, K: np.ndarray, types: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
-            return np.where(np.isfinite(K), self.p.prices[types] * K, np.inf)
+            return np.where(np.isfinite(K), self.price[types] * K, np.inf)
 
     def _per_stage_bound(self, K: np.ndarray, reach: np.ndarray, types: np.ndarray) -> np.ndarray:
         """costmodel.cost_lower_bound per stage (inf where a stage cannot reach the target)."""
-        return np.where(np.isfinite(K), cost_lower_bound(self.p.prices[types], K, reach), np.inf)
+        return np.where(np.isfinite(K), cost_lower_bound(self.price[types], K, reach), np.inf)
 
     def lower_bound(self, target: float) -> float:
         """No plan reaching ``target`` or any higher throughput costs less than this."""
         self.replicas(target)
-        value, _ = _chain_dp(self._bound)
+        value, _ = _chain_dp(self._bound, self.chain)
         return self.p.work / 3600.0 * value
 
     def cheapest(self, target: float) -> Candidate | None:
@@ -399,7 +492,7 @@ class StepSolver:
             self.progress(f"exact: DP {self.evaluations} at {count(target, 1)} samples/s")
         p = self.p
         K = self.replicas(target)
-        _, stages = _chain_dp(self._rate)
+        _, stages = _chain_dp(self._rate, self.chain)
         if stages is None:
             return None
         tracked: set[int] = set()
@@ -413,7 +506,7 @@ class StepSolver:
                 self.relaxed.add(max(tracked - self.relaxed, key=lambda t: p.limits[t]))
                 tracked -= self.relaxed
                 state = self._state(tracked)
-            stages = self._limited(K, p.prices, state)
+            stages = self._limited(K, self.price, state)
             if stages is None:
                 return None
         found = self._candidate(stages, K)
@@ -427,18 +520,17 @@ class StepSolver:
         p = self.p
         k = [int(K[i, j, t]) for j, i, t in stages]
         thr = min(float(self._reach[i, j, t]) for j, i, t in stages)
-        rate = sum(p.prices[t] * kk for (_, _, t), kk in zip(stages, k))
+        rate = sum(self.price[t] * kk for (_, _, t), kk in zip(stages, k))
         return Candidate(stages, k, thr, p.work / thr / 3600.0 * rate, rate, not self._overused(stages, K))
 
     def _repair(self, K: np.ndarray, stages, tracked: set[int]) -> Candidate | None:
         """A plan within every limit at the current target, if pricing the overused (relaxed) types
         higher finds one: a heuristic, used only while limits are relaxed."""
-        p = self.p
-        price = p.prices.astype(float).copy()
+        price = self.price.astype(float).copy()
         state = self._state(tracked)
         for _ in range(REPAIR_ROUNDS):
-            over = list(self._overused(stages, K))
-            if not over:
+            over = np.isin(self.chain.base, list(self._overused(stages, K)))
+            if not over.any():
                 return self._candidate(stages, K)
             price[over] = np.maximum(2 * price[over], max(float(price.max()), 1.0) / 8)
             stages = self._limited(K, price, state)
@@ -449,9 +541,9 @@ class StepSolver:
     def _limited(self, K: np.ndarray, prices: np.ndarray, state: tuple[list[int], int | None]):
         """:func:`_chain_dp_limited`, or the plain DP when every limit it would track is relaxed."""
         if state[0] or state[1] is not None:
-            return _chain_dp_limited(K, prices, self.p.limits, *state)
+            return _chain_dp_limited(K, prices, self.p.limits, *state, self.chain)
         with np.errstate(invalid="ignore"):
-            return _chain_dp(np.where(np.isfinite(K), prices[None, None, :] * K, np.inf))[1]
+            return _chain_dp(np.where(np.isfinite(K), prices[None, None, :] * K, np.inf), self.chain)[1]
 
     def _keep(self, cand: Candidate) -> None:
         if not meets_targets(self.p, cand.throughput, cand.cost):
@@ -492,7 +584,7 @@ class StepSolver:
     def _used(self, stages, K) -> np.ndarray:
         used = np.zeros(self.p.n_types)
         for j, i, t in stages:
-            used[t] += K[i, j, t]
+            used[self.chain.base[t]] += K[i, j, t]
         return used
 
     def _overused(self, stages, K) -> set[int]:
@@ -574,7 +666,7 @@ class StepSolver:
         finite = np.isfinite(K)
         w = 1.0 / p.limits.astype(float)
         for _ in range(8):
-            value, stages = _chain_dp(np.where(finite, K * w[None, None, :], np.inf))
+            value, stages = _chain_dp(np.where(finite, K * w[self.chain.base][None, None, :], np.inf), self.chain)
             if stages is None or value > float(w @ p.limits) * (1 + SLACK):
                 return False
             used = self._used(stages, K)
@@ -583,13 +675,16 @@ class StepSolver:
             w = np.where(used > p.limits, 2 * w, w)
         return self.cheapest(target) is not None
 
+    def speed_bound(self) -> float:
+        return speed_bound(self.p)
+
     def max_throughput(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
         """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost, and a
         proven upper bound on the fastest throughput: the plan's own when the search finished."""
         lo = self.cheapest(0.0)
         if lo is None:
             return None, 0.0
-        hi = speed_bound(self.p)
+        hi = self.speed_bound()
         floor = lo.throughput
         while hi > floor * (1 + 1e-7):
             if out_of_time():  # the best plan known to exist, at least as fast as required
@@ -620,7 +715,7 @@ class StepSolver:
                     best = cand
             target = float(np.nextafter(cand.throughput, np.inf))
             if best is not None and out_of_time():
-                return best, speed_bound(self.p)
+                return best, self.speed_bound()
         return best, best.throughput if best is not None else 0.0
 
 
@@ -660,7 +755,9 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
             f"({_limits(problem)}); the fastest possible plan reaches {count(fastest.throughput, 1)} samples/s "
             f"(costing {usd(fastest.cost)}). {fix}."
         )
-    cheapest, _ = StepSolver(problem.replace(objective="cost", max_cost=None), None).min_cost()
+    from heterps_cli.schedulers.pipeline import solver_for
+
+    cheapest, _ = solver_for(problem.replace(objective="cost", max_cost=None), None).min_cost()
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     assert problem.max_cost is not None, "within the limits and the throughput, only the budget can rule a plan out"
     return InfeasibleError(
@@ -673,7 +770,10 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
 def serial_cap(problem: Problem) -> tuple[float, str]:
     """The throughput no plan passes on any number of units, and why: the layer whose serial part
     (compute ``oct (1 - alpha)`` or gradient synchronisation ``odt (1 - beta)``, which replicas do
-    not divide) is the largest even on its best type, alone in a stage."""
+    not divide) is the largest even on its best type, alone in a stage. Sections 1 and 1b only (inf
+    under section 1d, whose all-reduce grows with replicas)."""
+    if problem.pipelined:
+        return math.inf, ""
     serial_c, _, serial_d, _ = problem.parts
     serial = np.where(problem.usable, np.maximum(serial_c, serial_d), np.inf)
     best_t = np.argmin(serial, axis=1)
@@ -759,10 +859,12 @@ def solve(
     with ``optimal: false`` and the proven ``gap`` to the optimum (cost / lower bound - 1, or
     1 - throughput / upper bound) instead of running on.
     """
+    from heterps_cli.schedulers.pipeline import solver_for  # it builds on this module
+
     start = time.perf_counter()
     limit = options.time_limit if options is not None else None
     out_of_time = limit_reached(start, options)
-    solver = StepSolver(problem, progress)
+    solver = solver_for(problem, progress)
     if problem.objective == "cost":
         best, bound = solver.min_cost(out_of_time)
         if best is not None and not meets_targets(problem, best.throughput, best.cost):
