@@ -101,7 +101,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     summary.add_row("resources", Text(", ".join(_units(plan, t) for t in plan.resources)))
     budget = f" (budget {usd(plan.max_cost)})" if plan.max_cost is not None else ""
     summary.add_row("cost", Text.assemble((usd(plan.cost_usd), "bold green"), budget))
-    summary.add_row("schedule", Text(schedule_line(plan), style=None if plan.micro_batches else "yellow"))
+    summary.add_row("schedule", Text(schedule_line(plan), style="" if plan.micro_batches else "yellow"))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
     if plan.gap is not None:
         verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"
