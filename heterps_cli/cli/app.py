@@ -994,9 +994,9 @@ def run_command(
         int | None,
         typer.Option(
             min=1,
-            help="Batches of the plan's batch size per step (GPipe: they fill the pipeline, then a flush and "
-            "one optimiser step). Default 16 x (stages - 1), at most 64: the fill and drain then idle a "
-            "stage 6% of a step.",
+            help="Batches of the plan's batch size per step (1F1B: they fill the pipeline, then a flush and "
+            "one optimiser step). Default: the plan's micro_batches (docs/spec.md section 1d), else 16 x "
+            "(stages - 1), at most 64: the fill and drain then idle a stage 6% of a step.",
             show_default=False,
         ),
     ] = None,
@@ -1030,7 +1030,7 @@ def run_command(
 ) -> None:
     """Train with a plan on real processes (torch.distributed) and measure it against its prediction.
 
-    One process per replica of every stage; the stages form a pipeline (GPipe, micro-batches and a flush),
+    One process per replica of every stage; the stages form a pipeline (1F1B, micro-batches and a flush),
     the replicas of a stage split each micro-batch and sum their gradients. Synthetic data: the model's
     example batch and a fixed random target. Under torchrun each process is one rank (see the README).
     """

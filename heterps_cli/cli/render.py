@@ -599,7 +599,7 @@ def run_view(report) -> Group:
         _bold(report.model),
         f": {plural(report.processes, 'process', 'processes')}, {report.steps} measured steps after "
         f"{report.warmup} warm-up, each {plural(report.micro_batches, 'batch', 'batches')} of {report.batch_size} "
-        "(micro-batches), then a flush",
+        "(micro-batches, 1F1B), then a flush",
     )
     numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     spent = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
@@ -612,6 +612,11 @@ def run_view(report) -> Group:
     versus.add_column("stage", no_wrap=True)
     for name in ("plan CT", "plan DT", "plan samples/s", "stage alone", "run/plan"):
         versus.add_column(name, **numeric)
+    memory = Table(title="memory per process", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    memory.add_column("stage", no_wrap=True)
+    memory.add_column("peak GB", **numeric)
+    memory.add_column("plan GB", **numeric)
+    memory.add_column("measured as", overflow="fold")
     for s in report.stages:
         stage = Text(f"{s.index} {clip(s.resource)}×{s.replicas}" + (" ◀" if s.index == report.bottleneck else ""))
         spent.add_row(
@@ -630,6 +635,12 @@ def run_view(report) -> Group:
             count(s.predicted_throughput),
             count(s.throughput),
             f"{s.ratio:.2f}",
+        )
+        memory.add_row(
+            stage.copy(),
+            f"{s.peak_memory_gb:.3g}",
+            "—" if s.predicted_memory_gb is None else f"{s.predicted_memory_gb:.3g}",
+            s.peak_memory_how or "not measured",
         )
     lines = [
         Text.assemble(
@@ -664,4 +675,4 @@ def run_view(report) -> Group:
         lines.append(
             Text(f"loss {report.losses[0]:.6g} at step 1, {report.losses[-1]:.6g} at step {len(report.losses)}")
         )
-    return Group(spent, versus, *lines)
+    return Group(spent, versus, memory, *lines)

@@ -23,9 +23,9 @@ MAX_DEFAULT_MICRO_BATCHES = 64
 
 
 def default_micro_batches(stages: int) -> int:
-    """GPipe's fill and drain idle a stage (S - 1) / (M + S - 1) of a step: with M = 16 (S - 1) that
-    is 1/17 (6%) at any depth. One stage needs no pipeline. Capped: every micro-batch's activations
-    are kept until the flush."""
+    """For a plan without micro_batches: the fill and drain idle a stage (S - 1) / (M + S - 1) of a
+    step, with M = 16 (S - 1) that is 1/17 (6%) at any depth. One stage needs no pipeline. Capped, as
+    a longer step only adds to the time between optimiser steps."""
     return max(1, min(16 * (stages - 1), MAX_DEFAULT_MICRO_BATCHES))
 
 
@@ -131,7 +131,9 @@ def run_plan(
         batch_size=plan.batch_size,
         stages=tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages),
         devices=devices,
-        micro_batches=micro_batches if micro_batches is not None else default_micro_batches(len(plan.stages)),
+        micro_batches=micro_batches
+        if micro_batches is not None
+        else plan.micro_batches or default_micro_batches(len(plan.stages)),  # section 1d: the plan's own M
         steps=steps,
         warmup=warmup,
         threads=threads,

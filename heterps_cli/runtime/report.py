@@ -25,6 +25,9 @@ class StageReport:
     sync_s: float  # the gradient all-reduce among the replicas
     idle_s: float  # the rest of the step
     throughput: float  # batch_size / (compute_s + sync_s): what the stage alone could sustain
+    predicted_memory_gb: float | None = None  # the plan's memory_gb per replica (section 1b/1d)
+    peak_memory_gb: float = 0.0  # measured: the largest of its replicas' (see peak_memory_how)
+    peak_memory_how: str = ""
 
     @property
     def ratio(self) -> float:
@@ -94,6 +97,9 @@ def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], 
                 sync_s=sync,
                 idle_s=max(0.0, wall - compute - wait - sync),
                 throughput=B / busy if busy > 0 else float("inf"),
+                predicted_memory_gb=stage.memory_gb,
+                peak_memory_gb=max(r.get("peak_memory", 0.0) for r in mine) / 1e9,
+                peak_memory_how=mine[0].get("peak_memory_how", ""),
             )
         )
     steps = len(ranks[0]["wall"])

@@ -1,11 +1,14 @@
-"""One process of a run: one replica of one stage, trained with a GPipe schedule, and timed.
+"""One process of a run: one replica of one stage, trained with a 1F1B schedule, and timed.
 
-Every step, the batch's micro-batches go forward through the stage one after
-another (activations in from the stage before, out to the stage after, by
-interval overlap: :mod:`heterps_cli.runtime.layout`), then backward in reverse
-(gradients the other way), then the stage's replicas sum their gradients and
-each takes the same optimiser step: a flush, so training is synchronous and the
-loss is that of one process running the whole model.
+Every step, the batch's micro-batches go through the stage in the 1F1B order
+(docs/spec.md section 1d): as many forwards as there are stages after this one,
+then one forward and one backward in turn, then the last backwards; activations
+come in from the stage before and go out to the stage after, by interval
+overlap (:mod:`heterps_cli.runtime.layout`), and gradients the other way. A
+micro-batch's activations are kept only until its backward. After the last
+backward the stage's replicas sum their gradients and each takes the same
+optimiser step: a flush, so training is synchronous and the loss is that of one
+process running the whole model.
 
 The loss of a sample is the mean squared error between the model's output and a
 fixed random target; a replica's loss is the sum over its samples divided by the
@@ -88,6 +91,17 @@ def _synchronise(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def peak_memory(device: torch.device) -> tuple[float, str]:
+    """Bytes this process held at its peak, and what that figure is: CUDA, the allocator's peak over the
+    measured steps (tensors only); CPU, the process's peak resident memory (ru_maxrss), which also
+    counts the interpreter, torch itself and the warm-up steps."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device)), "CUDA allocator peak"
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident memory (ru_maxrss)"
+
+
 def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
     from heterps_cli.profiling.granularity import use_layers
@@ -136,55 +150,75 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
         for dst, lo, hi in lay.overlaps(stage, replica, target_stage, j):
             handles.append(dist.isend(host[lo - offset : hi - offset].contiguous(), dst=dst, tag=tag))
 
+    warm = min(len(lay.stages) - 1 - stage.index, M)  # 1F1B: forwards before the first backward
+
+    handles: list = []  # this step's sends, waited on before the all-reduce
+    kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
+    acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0}  # this step's sums
+
+    def forward(j: int) -> None:
+        a, b = lay.shard(stage, replica, j)
+        if before is None:
+            x = inputs[a:b].to(device)
+        else:
+            x, waited = receive(before, j, j, incoming)
+            acc["wait"] += waited
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        _synchronise(device)
+        start = time.perf_counter()
+        y = module(x)
+        if last:
+            assert target is not None
+            y = per_sample_loss(y, target[a:b].to(device), lay.samples)
+        _synchronise(device)
+        acc["compute"] += time.perf_counter() - start
+        if last:
+            acc["loss"] += float(y.detach())
+        else:
+            send(y, a, after, j, j, handles)
+        kept[j] = (x, y, a)
+
+    def backward(j: int) -> None:
+        x, y, a = kept.pop(j)  # its activations are freed once its backward is done
+        gradient = None
+        if after is not None and outgoing.dtype.is_floating_point:
+            gradient, waited = receive(after, j, M + j, outgoing)
+            acc["wait"] += waited
+        _synchronise(device)
+        start = time.perf_counter()
+        if y.requires_grad and (last or gradient is not None):
+            y.backward(gradient)
+        _synchronise(device)
+        acc["compute"] += time.perf_counter() - start
+        if before is not None and x.is_floating_point():
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)
+            send(grad, a, before, j, M + j, handles)
+
     for step in range(cfg.warmup + cfg.steps):
         if step == cfg.warmup:
             dist.barrier()
-        compute = wait = sync = 0.0
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+        acc.update(compute=0.0, wait=0.0, loss=0.0)
+        sync = 0.0
         began = time.perf_counter()
-        handles: list = []
-        kept = []
-        step_loss = 0.0
-        for j in range(M):
-            a, b = lay.shard(stage, replica, j)
-            if before is None:
-                x = inputs[a:b].to(device)
-            else:
-                x, waited = receive(before, j, j, incoming)
-                wait += waited
-                if x.is_floating_point():
-                    x.requires_grad_(True)
-            _synchronise(device)
-            start = time.perf_counter()
-            y = module(x)
-            if last:
-                assert target is not None
-                y = per_sample_loss(y, target[a:b].to(device), lay.samples)
-            _synchronise(device)
-            compute += time.perf_counter() - start
-            if last:
-                step_loss += float(y.detach())
-            else:
-                send(y, a, after, j, j, handles)
-            kept.append((x, y, a))
-        for j in reversed(range(M)):
-            x, y, a = kept[j]
-            gradient = None
-            if after is not None and outgoing.dtype.is_floating_point:
-                gradient, waited = receive(after, j, M + j, outgoing)
-                wait += waited
-            _synchronise(device)
-            start = time.perf_counter()
-            if y.requires_grad and (last or gradient is not None):
-                y.backward(gradient)
-            _synchronise(device)
-            compute += time.perf_counter() - start
-            if before is not None and x.is_floating_point():
-                grad = x.grad if x.grad is not None else torch.zeros_like(x)
-                send(grad, a, before, j, M + j, handles)
+        handles.clear()
+        kept.clear()
+
+        # 1F1B (docs/spec.md section 1d): `warm` forwards, then one forward and one backward in turn,
+        # then the remaining backwards; micro-batches go backward in the order they went forward.
+        for j in range(warm):
+            forward(j)
+        for j in range(warm, M):
+            forward(j)
+            backward(j - warm)
+        for j in range(M - warm, M):
+            backward(j)
         start = time.perf_counter()
         for handle in handles:
             handle.wait()  # done once the neighbour has received: waiting on it, like a receive
-        wait += time.perf_counter() - start
+        acc["wait"] += time.perf_counter() - start
         start = time.perf_counter()
         group = groups[stage.index]
         if group is not None and params:
@@ -198,14 +232,17 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
         sync += time.perf_counter() - start
         optimiser.step()
         optimiser.zero_grad(set_to_none=False)
-        losses.append(step_loss)
+        losses.append(acc["loss"])
         if step >= cfg.warmup:
-            times.compute.append(compute)
-            times.wait.append(wait)
+            times.compute.append(acc["compute"])
+            times.wait.append(acc["wait"])
             times.sync.append(sync)
             times.wall.append(time.perf_counter() - began)
     dist.barrier()
+    peak, how = peak_memory(device)
     return {
+        "peak_memory": peak,
+        "peak_memory_how": how,
         "rank": rank,
         "stage": stage.index,
         "replica": replica,
