@@ -60,11 +60,14 @@ def _need(serial, parallel, tau):
     return np.where(parallel > 0, np.where(gap > 0, k, np.inf), np.where(serial + parallel <= tau, 1.0, np.inf))
 
 
-def min_replicas(sc, pc, sd, pd, batch_size, target):
-    """The smallest integer ``k >= 1`` with ``stage_throughput(k) >= target`` (inf if none).
+def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0):
+    """The smallest integer ``k >= at_least`` with ``stage_throughput(k) >= target`` (inf if none).
 
     Closed form from the Amdahl terms, then corrected by one step either way so
-    the answer agrees bit for bit with :func:`stage_throughput`.
+    the answer agrees bit for bit with :func:`stage_throughput`. ``at_least`` is
+    memory's own lower bound (section 1b); the last check then also catches a
+    section 1d stage that more replicas slow down, which that bound can push
+    past the target.
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny target: every k reaches it
         tau = np.divide(batch_size, np.asarray(target, dtype=float))
@@ -74,7 +77,7 @@ def min_replicas(sc, pc, sd, pd, batch_size, target):
     k = np.where(finite & (stage_throughput(sc, pc, sd, pd, batch_size, safe) < target), k + 1, k)
     safe = np.where(finite, k, 2.0)
     lower = finite & (k > 1) & (stage_throughput(sc, pc, sd, pd, batch_size, np.maximum(safe - 1, 1)) >= target)
-    k = np.where(lower, k - 1, k)
+    k = np.maximum(np.where(lower, k - 1, k), at_least)
     safe = np.where(np.isfinite(k), k, 1.0)
     return np.where(stage_throughput(sc, pc, sd, pd, batch_size, safe) >= target, k, np.inf)
 
@@ -326,11 +329,9 @@ def better(problem: Problem, cost, thr, best_cost, best_thr):
 def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, np.ndarray]:
     """Fewest replicas per stage reaching ``target`` (per row), 0 in padding; and whether they fit the limits."""
     limit = problem.limits[stages.type].astype(float)
-    k = min_replicas(stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, np.asarray(target)[:, None])
-    k = np.maximum(k, stages.min_k)  # section 1b: memory's own lower bound
-    if problem.pipelined:  # more replicas can slow a section 1d stage: memory's count may miss the target
-        reach = stage_throughputs(problem, stages, np.where(np.isfinite(k), np.maximum(k, 1.0), 1.0))
-        k = np.where(reach >= np.asarray(target)[:, None], k, np.inf)
+    k = min_replicas(
+        stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, np.asarray(target)[:, None], stages.min_k
+    )
     k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
     ok = stages.runnable & np.isfinite(k).all(axis=1)
     k = np.where(np.isfinite(k), k, 0.0)

@@ -112,11 +112,7 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
     first = walker.cheapest(floor)
     if first is None:
         raise infeasible_error(problem, walker)
-    prober = (
-        solver_for(problem, None, relax=False)
-        if problem.pipelined
-        else StepSolver(problem, None, walker.tab, relax=False)
-    )
+    prober = solver_for(problem, None, relax=False, like=walker)
     found, cut_at = _walk(walker, prober, first, progress, deadline)
     if cut_at is not None:  # probes ran ahead of the walk: past it, a plan may be beaten by one unseen
         found = [c for c in found if c.throughput <= cut_at]

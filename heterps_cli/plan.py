@@ -64,9 +64,9 @@ class Plan:
     # exact stopped by --time-limit: how far the plan may be from the optimum, proven (cost:
     # cost / lower bound - 1; time: 1 - throughput / upper bound). None otherwise.
     gap: float | None = None
-    # Not written to plan files: they are for the run that made the plan.
     micro_batches: int = 0  # section 1d: M per step (0: no pipeline schedule)
     reserved: dict[str, float | None] | None = None  # section 1d: memory_reserved_gb per type, if any is given
+    # Not written to plan files: they are for the run that made the plan.
     units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
     interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
 

@@ -139,6 +139,13 @@ def boundary_transfer(problem: Problem) -> np.ndarray:
         return (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
 
 
+def runnable_spans(problem: Problem) -> np.ndarray:
+    """``[i, j, t]``: ``j < i``, and every layer of stage ``j..i-1`` can run on ``t``."""
+    n1 = problem.n_layers + 1
+    below = np.tril(np.ones((n1, n1), dtype=bool), k=-1)[:, :, None]  # j < i
+    return below & (spans((~problem.runnable).astype(float)) == 0)
+
+
 def _table(problem: Problem) -> _Table:
     n, T = problem.n_layers, problem.n_types
     if too_large(problem):
@@ -151,19 +158,15 @@ def _table(problem: Problem) -> _Table:
             f"{cells * 90 / 1e9:.1f} GB), more than it may use ({MAX_GRID_CELLS:,}); use --scheduler greedy or rl, "
             "or profile the model at a coarser granularity (fewer, larger layers)",
         )
-    below = np.tril(np.ones((n + 1, n + 1), dtype=bool), k=-1)[:, :, None]  # j < i
-    ok = below & (spans((~problem.runnable).astype(float)) == 0)
+    ok = runnable_spans(problem)
     sc, pc, sd, pd = (spans(part) for part in problem.parts)
     if np.isfinite(problem.bandwidth).any():
         pd = pd + boundary_transfer(problem)
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
-        fixed, split = (spans(part[:, None])[:, :, 0] for part in problem.memory_parts)
+        fixed, split = (spans(part[:, None]) for part in problem.memory_parts)
         if problem.reserved is not None:
-            fixed = fixed[:, :, None] + problem.reserved_bytes[None, None, :]
-            split = split[:, :, None]
-        else:
-            fixed, split = fixed[:, :, None], split[:, :, None]
+            fixed = fixed + problem.reserved_bytes[None, None, :]
         with np.errstate(invalid="ignore"):
             min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :])
     return _Table(sc, pc, sd, pd, ok, min_k)
@@ -425,17 +428,11 @@ class StepSolver:
         block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
         for lo in range(0, shape[0], block):
             rows = slice(lo, lo + block)
-            K = np.maximum(
-                min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.step_samples, target), t.min_k[rows]
-            )
+            K = min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.step_samples, target, t.min_k[rows])
             K = np.where(t.ok[rows] & (K <= self.unit_limit[None, None, :]), K, np.inf)
             cells = np.arange(lo * shape[1] * shape[2], lo * shape[1] * shape[2] + K.size)
-            reach = self._throughput(cells, K.ravel()).reshape(K.shape)
-            if self.p.pipelined:  # more replicas can slow a section 1d stage: memory's count may miss the target
-                K = np.where(reach >= target, K, np.inf)
-                reach = np.where(reach >= target, reach, np.inf)
             self._K[rows] = K
-            self._reach[rows] = reach
+            self._reach[rows] = self._throughput(cells, K.ravel()).reshape(K.shape)
             self._rate[rows] = self._priced(K, self.type_index)
             self._bound[rows] = self._per_stage_bound(K, self._reach[rows], self.type_index)
 
@@ -443,14 +440,10 @@ class StepSolver:
         t = self.tab
         types = cells % len(self.chain.base)
         sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
-        k = np.maximum(min_replicas(sc, pc, sd, pd, self.p.step_samples, target), t.min_k.ravel()[cells])
+        k = min_replicas(sc, pc, sd, pd, self.p.step_samples, target, t.min_k.ravel()[cells])
         k = np.where(k <= self.unit_limit[types], k, np.inf)
-        reach = self._throughput(cells, k)
-        if self.p.pipelined:
-            k = np.where(reach >= target, k, np.inf)
-            reach = np.where(reach >= target, reach, np.inf)
         self._K.ravel()[cells] = k
-        self._reach.ravel()[cells] = reach
+        self._reach.ravel()[cells] = self._throughput(cells, k)
         self._rate.ravel()[cells] = self._priced(k, types)
         self._bound.ravel()[cells] = self._per_stage_bound(k, self._reach.ravel()[cells], types)
 

@@ -35,6 +35,8 @@ from heterps_cli.schedulers.exact import (
     boundary_transfer,
     grid_cells,
     most_stages,
+    runnable_spans,
+    schedule_of,
     spans,
 )
 
@@ -43,8 +45,6 @@ def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
     """The stage table and chain for plans of at most ``stages`` stages: DP type ``(r - 1) T + t`` is a
     stage on ``t`` with ``r`` stages from it to the last."""
     n1, T = problem.n_layers + 1, problem.n_types
-    below = np.tril(np.ones((n1, n1), dtype=bool), k=-1)[:, :, None]
-    ok = below & (spans((~problem.runnable).astype(float)) == 0)
     serial, parallel, _, _ = problem.parts
     micro_serial = spans(serial)
     micro_parallel = spans(parallel) + boundary_transfer(problem)
@@ -65,9 +65,9 @@ def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
                 np.broadcast_to(split, shape),
                 problem.memory[None, None, None, :],
             ).reshape(n1, n1, stages * T)
-    wide = lambda a: np.tile(a, (1, 1, stages))  # noqa: E731 - the same figure for every place r
+    sc, pc, ok = (np.tile(a, (1, 1, stages)) for a in (sc, pc, runnable_spans(problem)))  # the same at every r
     zeros = np.zeros((n1, n1, T * stages))
-    table = _Table(wide(sc), wide(pc), zeros, zeros, wide(ok), min_k)
+    table = _Table(sc, pc, zeros, zeros, ok, min_k)
     base = np.tile(np.arange(T), stages)
     place = np.repeat(places, T)
     follows = (base[:, None] != base[None, :]) & (place[None, :] == place[:, None] - 1)
@@ -77,7 +77,13 @@ def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
 class PipelineSolver(StepSolver):
     """:class:`StepSolver`'s questions answered over every stage count (see the module's docstring)."""
 
-    def __init__(self, problem: Problem, progress: Progress | None, relax: bool = True):
+    def __init__(
+        self,
+        problem: Problem,
+        progress: Progress | None,
+        relax: bool = True,
+        grids: list[tuple[_Table, Chain]] | None = None,
+    ):
         cells = grid_cells(problem)
         if cells > MAX_GRID_CELLS:
             raise InputError(
@@ -93,11 +99,11 @@ class PipelineSolver(StepSolver):
         self.progress = progress
         self.relax = relax
         self.evaluations = 0
-        self.counts = list(range(1, most_stages(problem) + 1))
-        self.subs = []
-        for S in self.counts:
-            table, chain = stage_grid(problem, S)
-            self.subs.append(StepSolver(problem, None, table, relax, chain))
+        # One grid per stage count S = 1, 2, ...; another solver of the same problem may share them (read-only).
+        if grids is None:
+            grids = [stage_grid(problem, S) for S in range(1, most_stages(problem) + 1)]
+        self.grids = grids
+        self.subs = [StepSolver(problem, None, table, relax, chain) for table, chain in grids]
 
     # The aggregated state StepSolver's walks read.
     @property
@@ -118,10 +124,7 @@ class PipelineSolver(StepSolver):
         """``cand`` (a plan of ``sub``'s grid) with resource types for DP types, and the figures its
         real stage count gives."""
         stages = [(j, i, int(sub.chain.base[t])) for j, i, t in cand.stages]
-        schedule = np.zeros(self.p.n_layers, dtype=np.int64)
-        for j, i, t in stages:
-            schedule[j:i] = t
-        split = split_stages(self.p, schedule[None, :])
+        split = split_stages(self.p, schedule_of(self.p, stages)[None, :])
         k = np.zeros(split.valid.shape)
         k[0, : len(stages)] = cand.replicas
         figures = score(self.p, split, k)
@@ -133,7 +136,7 @@ class PipelineSolver(StepSolver):
         self.evaluations += 1
         if self.progress:
             self.progress(
-                f"exact: DP {self.evaluations} at {count(target, 1)} samples/s, up to {self.counts[-1]} stages"
+                f"exact: DP {self.evaluations} at {count(target, 1)} samples/s, up to {len(self.grids)} stages"
             )
         best: Candidate | None = None
         for sub in self.subs:
@@ -160,8 +163,11 @@ class PipelineSolver(StepSolver):
         return float(np.where(self.p.runnable, alone, 0.0).max(axis=1).min())
 
 
-def solver_for(problem: Problem, progress: Progress | None = None, relax: bool = True) -> StepSolver:
-    """The exact solver's question-answerer for ``problem``'s model."""
+def solver_for(
+    problem: Problem, progress: Progress | None = None, relax: bool = True, like: StepSolver | None = None
+) -> StepSolver:
+    """The exact solver's question-answerer for ``problem``'s model; sharing the stage grids of ``like``,
+    a solver of the same problem, when given (they are only read)."""
     if problem.pipelined:
-        return PipelineSolver(problem, progress, relax)
-    return StepSolver(problem, progress, relax=relax)
+        return PipelineSolver(problem, progress, relax, like.grids if isinstance(like, PipelineSolver) else None)
+    return StepSolver(problem, progress, like.tab if like is not None else None, relax=relax)
