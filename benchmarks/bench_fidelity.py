@@ -1,27 +1,33 @@
-"""Predicted against measured: plan a zoo model from its measured profile, run the plan, compare.
+"""Predicted against measured on this machine: plan a zoo model from its measured profile, run the plan, compare.
 
-    python benchmarks/bench_fidelity.py                  # mlp and vgg16, one and two stages
-    python benchmarks/bench_fidelity.py --only mlp --steps 30
+    python benchmarks/bench_fidelity.py                  # every row: mlp at 64 and 256, vgg16 at 64
+    python benchmarks/bench_fidelity.py --only mlp --rounds 1
+    python benchmarks/bench_fidelity.py --docs docs/fidelity.md   # also write the table into that page
 
 Each model is profiled here with ``heterps profile`` on the CPU twice, as
 resource types ``cpu`` (price 1) and ``cpu2`` (price 1.5), one thread per unit,
 and the two profiles merged. The cluster gives both types the loopback
-bandwidth this machine measures, so the plan pays for the activations that
-cross a stage boundary (docs/spec.md section 1b). Two plans per model, objective time:
+bandwidth this machine measures. Every plan has a global batch of
+``MICRO_BATCHES`` micro-batches (docs/spec.md section 1d) and objective time,
+planned by the exact solver on one of two clusters:
 
-* one stage: a limit of one ``cpu`` unit and no ``cpu2``;
-* two stages: one unit of each type (2 units in all), so the plan splits the
-  model into a pipeline.
+* data-parallel: two ``cpu`` units and no ``cpu2``, so one stage whose replicas
+  split each micro-batch and all-reduce their gradients once per step;
+* two stages: one unit of each type, so a two-stage 1F1B pipeline.
 
-Each plan then runs with ``heterps run`` (default micro-batches) and the table
-shows predicted and measured throughput and their ratio. Target: within 15% on
-every row.
+Each plan runs ``--rounds`` times with ``heterps run`` (fresh processes each
+round); a row shows the median round. Memory: the plan's per-replica figure
+against what the training added to a replica's process (peak resident memory
+less what the process held before its model was built: the interpreter, torch
+and the process group, the part ``memory_reserved_gb`` stands for). Target:
+throughput within 15% on every row.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from heterps_cli.profiling.measure import loopback_allreduce_bandwidth  # noqa: E402
 
-MODELS = {"mlp": 256, "vgg16": 64}  # the chain models of the zoo, and the batch size to profile and run at
+ROWS = [("mlp", 64), ("mlp", 256), ("vgg16", 64)]  # the zoo's chain models, at the micro-batch to profile and run at
+MICRO_BATCHES = 8
+PLANS = {"data-parallel": {"cpu": 2}, "two stages": {"cpu": 1, "cpu2": 1}}
+PRICES = {"cpu": 1.0, "cpu2": 1.5}
+BEGIN, END = "<!-- bench_fidelity.py: begin -->", "<!-- bench_fidelity.py: end -->"
 
 
 def heterps(*args: str) -> str:
@@ -41,42 +51,37 @@ def heterps(*args: str) -> str:
     return done.stdout
 
 
-def run_model(model: str, batch: int, tmp: Path, gbps: float, steps: int) -> list[dict]:
-    profiles = []
-    for resource in ("cpu", "cpu2"):
-        path = tmp / f"{model}-{resource}.yaml"
-        heterps(
-            "profile",
-            model,
-            "--as",
-            resource,
-            "--batch-size",
-            str(batch),
-            "--out",
-            str(path),
-            "--link-gbps",
-            f"{gbps:.4g}",
-        )
-        profiles.append(str(path))
-    merged = tmp / f"{model}.yaml"
-    heterps("profile", "merge", *profiles, "--out", str(merged))
-    rows = []
-    for label, limits in (("1 stage", {"cpu": 1}), ("2 stages", {"cpu": 1, "cpu2": 1})):
-        cluster = tmp / f"{model}-{len(limits)}.cluster.yaml"
-        lines = ["cluster: here", "resources:"]
-        for resource, price in (("cpu", 1.0), ("cpu2", 1.5)):
-            if resource in limits:
-                lines.append(f"  {resource}: {{price: {price}, limit: {limits[resource]}, bandwidth_gbps: {gbps:.4g}}}")
-        cluster.write_text("\n".join(lines) + "\n")
-        plan = tmp / f"{model}-{len(limits)}.plan.yaml"
-        heterps(
-            "plan", str(merged), str(cluster), "--objective", "time", "--scheduler", "exact",
-            "--samples", "100000", "--out", str(plan),
-        )  # fmt: skip
-        report = json.loads(
+def profile(model: str, batch: int, tmp: Path, gbps: float) -> Path:
+    """The model measured as cpu and as cpu2, merged into one profile."""
+    paths = []
+    for resource in PRICES:
+        path = tmp / f"{model}-{batch}-{resource}.yaml"
+        heterps("profile", model, "--as", resource, "--batch-size", str(batch), "--out", str(path),
+                "--link-gbps", f"{gbps:.4g}")  # fmt: skip
+        paths.append(str(path))
+    merged = tmp / f"{model}-{batch}.yaml"
+    heterps("profile", "merge", *paths, "--out", str(merged))
+    return merged
+
+
+def plan(merged: Path, batch: int, label: str, tmp: Path, gbps: float) -> Path:
+    limits = PLANS[label]
+    cluster = tmp / f"{merged.stem}-{len(limits)}.cluster.yaml"
+    lines = ["cluster: here", "resources:"]
+    lines += [f"  {r}: {{price: {PRICES[r]}, limit: {n}, bandwidth_gbps: {gbps:.4g}}}" for r, n in limits.items()]
+    cluster.write_text("\n".join(lines) + "\n")
+    out = tmp / f"{merged.stem}-{len(limits)}.plan.yaml"
+    heterps("plan", str(merged), str(cluster), "--objective", "time", "--scheduler", "exact", "--samples", "100000",
+            "--global-batch", str(MICRO_BATCHES * batch), "--out", str(out))  # fmt: skip
+    return out
+
+
+def measure(plan_path: Path, model: str, steps: int, rounds: int) -> list[dict]:
+    return [
+        json.loads(
             heterps(
                 "run",
-                str(plan),
+                str(plan_path),
                 "--model",
                 model,
                 "--map",
@@ -86,64 +91,95 @@ def run_model(model: str, batch: int, tmp: Path, gbps: float, steps: int) -> lis
                 "--warmup",
                 "1",
                 "--json",
-            )
+            )  # fmt: skip
         )
-        rows.append(
+        for _ in range(rounds)
+    ]
+
+
+def row(model: str, batch: int, label: str, reports: list[dict]) -> dict:
+    ratios = [r["ratio"] for r in reports]
+    median = sorted(reports, key=lambda r: r["ratio"])[len(reports) // 2]
+    return {
+        "model": model,
+        "plan": label,
+        "batch": batch,
+        "stages": " → ".join(f"{s['resource']}×{s['replicas']} {s['first']}…{s['last']}" for s in median["stages"]),
+        "micro_batches": median["micro_batches"],
+        "predicted": median["predicted_throughput"],
+        "measured": statistics.median(r["throughput"] for r in reports),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "memory": [
             {
-                "model": model,
-                "plan": label,
-                "batch": batch,
-                "stages": " → ".join(
-                    f"{s['resource']}×{s['replicas']} {s['first']}…{s['last']}" for s in report["stages"]
-                ),
-                "micro_batches": report["micro_batches"],
-                "predicted": report["predicted_throughput"],
-                "measured": report["throughput"],
-                "ratio": report["ratio"],
-                "per_stage": [
-                    {
-                        "predicted_ct": s["predicted_compute_s"],
-                        "predicted_dt": s["predicted_comm_s"],
-                        "compute": s["compute_s"],
-                        "wait": s["wait_s"],
-                        "sync": s["sync_s"],
-                        "idle": s["idle_s"],
-                    }
-                    for s in report["stages"]
-                ],
+                "predicted_gb": s["predicted_memory_gb"],
+                "added_gb": s["peak_memory_gb"] - s["baseline_memory_gb"],
+                "baseline_gb": s["baseline_memory_gb"],
             }
-        )
-        print(f"  {model}, {label}: {rows[-1]['ratio']:.2f}", file=sys.stderr, flush=True)
-    return rows
+            for s in median["stages"]
+        ],
+        "per_stage": [  # seconds per micro-batch, but comm: the plan's all-reduce per step
+            {k: s[k] for k in ("predicted_compute_s", "predicted_comm_s", "compute_s", "wait_s", "sync_s", "idle_s")}
+            for s in median["stages"]
+        ],
+    }
 
 
 def table(rows: list[dict]) -> str:
     out = [
-        "| model | plan | batch | stages | micro-batches | predicted samples/s | measured | measured/predicted |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
+        "| model | plan | batch | stages | M | predicted samples/s | measured | measured/predicted (rounds) "
+        "| memory GB: plan / added |",
+        "|---|---|---:|---|---:|---:|---:|---|---|",
     ]
     for r in rows:
+        rounds = ", ".join(f"{x:.2f}" for x in r["ratios"])
+        memory = "; ".join(f"{m['predicted_gb']:.3f} / {m['added_gb']:.3f}" for m in r["memory"])
         out.append(
             f"| {r['model']} | {r['plan']} | {r['batch']} | {r['stages']} | {r['micro_batches']} | "
-            f"{r['predicted']:,.0f} | {r['measured']:,.0f} | {r['ratio']:.2f} |"
+            f"{r['predicted']:,.0f} | {r['measured']:,.0f} | **{r['ratio']:.2f}** ({rounds}) | {memory} |"
         )
     return "\n".join(out)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--only", help="the models whose name contains this")
-    parser.add_argument("--steps", type=int, default=5)
+def write_docs(page: Path, text: str) -> None:
+    """Replace the block between the benchmark's markers in ``page`` with ``text``."""
+    doc = page.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{page}: no {BEGIN} … {END} block to write the table into")
+    head, rest = doc.split(BEGIN, 1)
+    page.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="the rows whose model name contains this")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps per round (after one warm-up step)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="every figure, per stage too, as JSON")
+    parser.add_argument("--docs", type=Path, help="write the table into this page, between the benchmark's markers")
     args = parser.parse_args()
     bandwidth = loopback_allreduce_bandwidth()
     gbps = 8 * bandwidth / 1e9 if bandwidth else 10.0
     print(f"loopback bandwidth: {gbps:.2f} Gbit/s", file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model, batch in MODELS.items():
-            if not args.only or args.only in model:
-                rows += run_model(model, batch, Path(tmp), gbps, args.steps)
-    print(json.dumps(rows, indent=2) if args.json else table(rows))
+        for model, batch in ROWS:
+            if args.only and args.only not in model:
+                continue
+            merged = profile(model, batch, Path(tmp), gbps)
+            for label in PLANS:
+                reports = measure(plan(merged, batch, label, Path(tmp), gbps), model, args.steps, args.rounds)
+                rows.append(row(model, batch, label, reports))
+                print(f"  {model} at {batch}, {label}: {rows[-1]['ratio']:.2f}", file=sys.stderr, flush=True)
     worst = max(abs(r["ratio"] - 1) for r in rows)
-    print(f"\nworst |measured/predicted - 1|: {worst:.0%} (target <= 15%)")
+    summary = (
+        f"loopback bandwidth {gbps:.2f} Gbit/s; {args.rounds} rounds of {args.steps} steps; "
+        f"worst |measured/predicted − 1| over the rows' medians: {worst:.0%} (target ≤ 15%)"
+    )
+    print(json.dumps(rows, indent=2) if args.json else f"{table(rows)}\n\n{summary}")
+    if args.docs:
+        write_docs(args.docs, f"{table(rows)}\n\n{summary}")
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,36 @@ def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     assert measure.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
     assert measure.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
     assert measure.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
+
+
+class _Sleeps(torch.nn.Module):
+    """A layer whose time is known: ``fixed`` seconds, plus ``per_sample`` seconds per sample of its input."""
+
+    def __init__(self, fixed: float, per_sample: float, needs: int | None = None):
+        super().__init__()
+        self.fixed, self.per_sample, self.needs = fixed, per_sample, needs
+        self.weight = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        if self.needs is not None and x.shape[0] != self.needs:
+            raise ValueError(f"this layer takes batches of {self.needs}")
+        time.sleep(self.fixed + self.per_sample * x.shape[0])
+        return x * self.weight
+
+
+def _alpha_of(layer: torch.nn.Module, batch: int) -> measure.LayerProfile:
+    call = measure.Call("0", layer, (torch.ones(batch, 2),), {})
+    return measure._layer(call, batch, [0.02], 1e9, "cpu")
+
+
+def test_alpha_is_fitted_over_the_batch_shares_that_replicas_run():
+    # T(b) = 4 ms + 1 ms per sample: at 16 samples 20 ms, of which 16 ms divide between replicas
+    fitted = _alpha_of(_Sleeps(0.004, 0.001), 16)
+    assert fitted.alpha == pytest.approx(0.8, abs=0.05) and "alpha" not in fitted.estimated
+    odd = _alpha_of(_Sleeps(0.004, 0.001), 3)  # 3 samples: no share of 2 or 4 replicas
+    assert odd.alpha == measure.ALPHA_OTHER and "cannot be split" in odd.estimated["alpha"]
+    fixed = _alpha_of(_Sleeps(0.004, 0.001, needs=16), 16)  # the user's layer refuses a smaller batch
+    assert "failed on a share of the batch (ValueError)" in fixed.estimated["alpha"]
 
 
 @pytest.mark.slow

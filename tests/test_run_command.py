@@ -178,6 +178,8 @@ def test_replicas_of_a_stage_split_the_batch_and_still_match(tmp_path):
     reference = single_process_losses("mlp", 30 * 4, 5)
     assert max(abs(a - b) for a, b in zip(_losses(report), reference)) < 1e-5
     assert [s["replicas"] for s in report["stages"]] == [1, 2] and report["processes"] == 3
+    replicated = report["stages"][1]
+    assert replicated["sync_s"] > 0 and 0 < replicated["baseline_memory_gb"] < replicated["peak_memory_gb"]
     assert report["losses"][-1] < report["losses"][0]  # it trains
 
 
@@ -215,6 +217,23 @@ def test_a_plan_from_heterps_plan_runs(tmp_path):
     report = json.loads(done.stdout)
     assert [(s["resource"], s["first"], s["last"]) for s in report["stages"]] == [("cpu", "0", "3"), ("cpu2", "4", "6")]
     assert report["predicted_throughput"] > 0 and report["stages"][0]["predicted_compute_s"] > 0
+
+
+def test_gradients_live_in_one_bucket_per_dtype_that_backward_adds_into():
+    import torch
+
+    from heterps_cli.runtime.worker import gradient_buckets
+
+    first, second = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1).double()
+    params = [*first.parameters(), *second.parameters()]
+    buckets = gradient_buckets(params, torch.device("cpu"))
+    assert [b.dtype for b in buckets] == [torch.float32, torch.float64]
+    for _ in range(2):  # two micro-batches: the second adds into the first's gradients, in place
+        second(first(torch.ones(4, 3)).double()).sum().backward()
+    for bucket, dtype in zip(buckets, (torch.float32, torch.float64)):
+        mine = [p for p in params if p.dtype == dtype]
+        assert torch.equal(bucket, torch.cat([p.grad.reshape(-1) for p in mine]))  # the views are the gradients
+    assert float(buckets[1][-1]) == 8.0  # the last bias: 4 samples, 2 micro-batches
 
 
 # -- bad input: one paragraph, exit 2, before any process starts -------------------------------------

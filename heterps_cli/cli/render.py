@@ -615,6 +615,7 @@ def run_view(report) -> Group:
     memory = Table(title="memory per process", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     memory.add_column("stage", no_wrap=True)
     memory.add_column("peak GB", **numeric)
+    memory.add_column("before model GB", **numeric)
     memory.add_column("plan GB", **numeric)
     memory.add_column("measured as", overflow="fold")
     for s in report.stages:
@@ -639,6 +640,7 @@ def run_view(report) -> Group:
         memory.add_row(
             stage.copy(),
             f"{s.peak_memory_gb:.3g}",
+            f"{s.baseline_memory_gb:.3g}",
             "—" if s.predicted_memory_gb is None else f"{s.predicted_memory_gb:.3g}",
             s.peak_memory_how or "not measured",
         )
@@ -656,7 +658,8 @@ def run_view(report) -> Group:
         Text(
             "compute: the stage's layers forward and backward (its slowest replica); wait: blocked on a "
             "neighbour stage, receiving or until it received (its work, the pipeline's fill and drain, the "
-            "transfer); sync: the gradient all-reduce among the replicas; idle: the rest; stage alone: the "
+            "transfer), or on the stage's slowest replica before the all-reduce; sync: the gradient all-reduce "
+            "among the replicas; idle: the rest (the optimiser step among it); all per micro-batch; stage alone: the "
             "samples/s the stage would sustain by itself, batch / (compute + sync), where the end-to-end "
             "throughput above also pays the waits",
             style="dim",

@@ -29,12 +29,13 @@
   left out (they are training state, counted from ``weight_size``).
 * **sharded**: a module with the attribute ``heterps_sharded = True`` (the zoo's
   CTR embedding tables, which live on parameter servers) is marked ``sharded``.
-* **alpha** on cpu: a least-squares fit of T(k) = T1 (1 - a + a/k) to the best
-  of 5 runs at k = 1..K threads (K: the cores this process may use). When
-  K < 2, the times are too short to fit (< 50 us), or the fit misses its points
-  by more than 10%, the layer gets :data:`ALPHA_DEFAULTS` for its kind, marked
-  estimated. On cuda alpha is not measured (one device cannot show scaling
-  across devices): the default, marked estimated.
+* **alpha**: a least-squares fit of T(k) = T1 (1 - a + a/k) to the best of 5
+  runs of the layer at batch B0/k for k = 1, 2, 4 (those that divide B0): what
+  each of k replicas runs, as the model's k splits a batch between replicas
+  (docs/spec.md section 1). When fewer than two k divide B0, the inputs cannot
+  be split along their first dimension, the times are too short to fit
+  (< 50 us), or the fit misses its points by more than 10%, the layer gets
+  :data:`ALPHA_DEFAULTS` for its kind, marked estimated.
 * **beta** is derived, not measured: odt is the gradient all-reduce, whose
   volume per replica does not shrink with more replicas, so beta is 0; marked
   estimated.
@@ -48,7 +49,6 @@ import ctypes.util
 import importlib
 import importlib.util
 import inspect
-import os
 import signal
 import socket
 import statistics
@@ -76,8 +76,9 @@ WARMUP_STEPS = 3  # whole-model forward+backward steps before any layer is timed
 ROUNDS = 4  # the timed runs of every layer are split over this many interleaved rounds
 MIN_SECONDS = 0.25  # short layers get more runs, up to MAX_RUNS, until their runs add up to this
 MAX_RUNS = 200
-FIT_TRIALS = 5  # runs per thread count for the alpha fit; the minimum is kept
-SHORTEST_FIT = 50e-6  # s: below this, thread scaling is noise
+FIT_TRIALS = 5  # runs per batch share for the alpha fit; the minimum is kept
+FIT_SPLITS = (1, 2, 4)  # the alpha fit times the layer at batch B0/k: one of k replicas' share
+SHORTEST_FIT = 50e-6  # s: below this, scaling is noise
 ALPHA_DEFAULTS = {
     "fc": 0.9,
     "conv": 0.9,
@@ -419,13 +420,18 @@ def _timed(
     module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int, warmup: int
 ) -> list[float]:
     """Seconds of ``module``'s forward on ``inputs()`` then the backward of its outputs (ones as their
-    gradient), parameter gradients reset before each run; ``repetitions`` runs after ``warmup``."""
-    params = list(module.parameters())
+    gradient); ``repetitions`` runs after ``warmup``. The parameter gradients are zeroed before each
+    run, not dropped: the backward then adds into them, as every micro-batch of a training step
+    does (an add over the weights that a fresh gradient skips; docs/fidelity.md)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
     times = []
     for i in range(warmup + repetitions):
         args, kwargs = inputs()
         for p in params:
-            p.grad = None
+            if p.grad is not None:
+                p.grad.zero_()
         _synchronise(device)
         start = time.perf_counter()
         out = module(*args, **kwargs)
@@ -451,15 +457,11 @@ def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP
     return _timed(model.module, lambda: (inputs, {}), device, repetitions, warmup)
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def fit_alpha(threads: list[int], seconds: list[float]) -> tuple[float, float] | None:
+def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | None:
     """(alpha, relative rms residual) of T(k) = T1 (1 - a + a/k) by least squares, or None if unusable."""
-    if len(threads) < 2 or min(seconds) < SHORTEST_FIT:
+    if len(splits) < 2 or min(seconds) < SHORTEST_FIT:
         return None
-    k, t = np.asarray(threads, dtype=float), np.asarray(seconds)
+    k, t = np.asarray(splits, dtype=float), np.asarray(seconds)
     design = np.stack([np.ones_like(k), 1.0 / k], axis=1)  # T = c0 + c1 / k, c0 = T1 (1 - a), c1 = T1 a
     (c0, c1), *_ = np.linalg.lstsq(design, t, rcond=None)
     if c0 + c1 <= 0:
@@ -625,8 +627,7 @@ def measure(
         )
     model.module.to(device)
     threads = torch.get_num_threads()
-    cores = usable_cores()
-    fits = len(calls) if device == "cpu" and cores >= 2 else 0
+    fits = len(calls)
     total = ROUNDS * len(calls) + fits
     layers = []
     current: list[Call] = []  # the layer being run, for the error message
@@ -643,13 +644,10 @@ def measure(
         times = _time_layers(calls, device, repetitions, report, total, current)
         for i, call in enumerate(calls):
             current[:] = [call]
-            if fits:
-                report(
-                    f"alpha fit, layer {i + 1}/{len(calls)}: {call.name}",
-                    completed=ROUNDS * len(calls) + i,
-                    total=total,
-                )
-            layers.append(_layer(call, B0, times[i], bandwidth, device, cores))
+            report(
+                f"alpha fit, layer {i + 1}/{len(calls)}: {call.name}", completed=ROUNDS * len(calls) + i, total=total
+            )
+            layers.append(_layer(call, B0, times[i], bandwidth, device))
         report("done", completed=total, total=total)
     except InputError:
         raise
@@ -659,8 +657,6 @@ def measure(
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     finally:
         torch.set_num_threads(threads)
-    if device == "cpu" and cores < 2:
-        notes.append("one usable core: alpha could not be fitted and is estimated for every layer")
     return Profiled(
         model.name, resource, device, B0, bandwidth, how, ROUNDS * -(-repetitions // ROUNDS), layers, step, notes
     )
@@ -732,8 +728,9 @@ UPDATE_RUNS = 21  # optimiser steps timed per layer; the median is kept
 
 
 def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> float:
-    """Median seconds of one optimiser step on the layer's own weights (section 1d's ``update``), with
-    the optimiser ``heterps run`` trains with (SGD) and gradients in place; 0 for a layer with none."""
+    """Median seconds of one optimiser step on the layer's own weights and the reset of their gradients
+    (section 1d's ``update``: what a training step does once after its all-reduce), with the optimiser
+    ``heterps run`` trains with (SGD); 0 for a layer with none."""
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return 0.0
@@ -747,6 +744,7 @@ def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> floa
             _synchronise(device)
             start = time.perf_counter()
             optimiser.step()
+            optimiser.zero_grad(set_to_none=False)
             _synchronise(device)
             times.append(time.perf_counter() - start)
         for p, old in zip(params, saved):
@@ -792,35 +790,51 @@ def layer_profile(
     )
 
 
-def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str, cores: int) -> LayerProfile:
+def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str) -> LayerProfile:
     k = kind(call.module)
     oct_ = statistics.median(times)
     cv = statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
     estimated = {}
     alpha, residual = None, None
-    if device == "cpu" and cores >= 2:
-        counts = list(range(1, cores + 1))
-        best = []
-        for n in counts:
-            torch.set_num_threads(n)
-            best.append(min(run_times(call, device, FIT_TRIALS, warmup=1)))
-        torch.set_num_threads(1)
-        fitted = fit_alpha(counts, best)
-        if fitted is not None:
-            alpha, residual = fitted
-        else:
-            estimated["alpha"] = (
-                f"the fit over 1..{cores} threads was unusable "
-                f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}"
-            )
-    elif device == "cpu":
-        estimated["alpha"] = f"one usable core, nothing to fit: default for {k}"
+    splits = [n for n in FIT_SPLITS if B0 % n == 0]
+    if len(splits) < 2:
+        estimated["alpha"] = f"batch {B0} cannot be split between replicas, nothing to fit: default for {k}"
     else:
-        estimated["alpha"] = f"not measurable on one {device} device: default for {k}"
+        try:
+            best = [min(split_times(call, device, B0, B0 // n)) for n in splits]
+        except Exception as exc:  # the user's layer may not take a share of its inputs' first dimension
+            estimated["alpha"] = f"the layer failed on a share of the batch ({type(exc).__name__}): default for {k}"
+        else:
+            fitted = fit_alpha(splits, best)
+            if fitted is not None:
+                alpha, residual = fitted
+            else:
+                estimated["alpha"] = (
+                    f"the fit over batch shares 1/{', 1/'.join(map(str, splits))} was unusable "
+                    f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}"
+                )
     if alpha is None:
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
     estimated["beta"] = "derived: odt is the gradient all-reduce, which does not shrink with more replicas"
     return layer_profile(call, B0, oct_, bandwidth, alpha, device, cv=cv, estimated=estimated, residual=residual)
+
+
+def split_times(call: Call, device: str, batch: int, samples: int) -> list[float]:
+    """:func:`run_times` on ``samples`` of the ``batch``: every recorded input whose first dimension
+    is the batch is cut to that many (a replica's share, as ``heterps run`` splits them), the rest
+    kept whole."""
+
+    def share(value):
+        if isinstance(value, torch.Tensor):
+            return value[:samples] if value.dim() and value.shape[0] == batch else value
+        if isinstance(value, tuple | list):
+            return type(value)(share(v) for v in value)
+        if isinstance(value, dict):
+            return {key: share(v) for key, v in value.items()}
+        return value
+
+    args, kwargs = share(call.args), share(call.kwargs)
+    return _timed(call.module, lambda: (_fresh(args, device), _fresh(kwargs, device)), device, FIT_TRIALS, 1)
 
 
 def saved_bytes(call: Call, device: str) -> float:

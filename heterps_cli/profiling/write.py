@@ -97,8 +97,10 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
-        "update: median of the optimiser step (SGD) on the layer's weights, s per step (spec section 1d)",
-        "alpha: fitted over thread counts unless the entry says estimated; beta: derived (see the entry)",
+        "update: median of the optimiser step (SGD) and the gradients' reset on the layer's weights, s per step "
+        "(spec section 1d)",
+        "alpha: fitted over batch shares (B0/k, what each of k replicas runs) unless the entry says estimated; "
+        "beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
         f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and a layer alone runs "
         "with warm caches)",

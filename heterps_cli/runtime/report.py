@@ -18,16 +18,17 @@ class StageReport:
     first: str
     last: str
     predicted_compute_s: float  # the plan's CT_s per batch
-    predicted_comm_s: float  # the plan's DT_s per batch
+    predicted_comm_s: float  # the plan's DT_s per batch (section 1d: its all-reduce per step, over M)
     predicted_throughput: float
     compute_s: float  # measured per batch: the slowest replica's forward + backward
-    wait_s: float  # blocked on a neighbour stage: receiving, or until it received (mean over replicas)
+    wait_s: float  # blocked: on a neighbour stage, or on the stage's slowest replica (mean over replicas)
     sync_s: float  # the gradient all-reduce among the replicas
     idle_s: float  # the rest of the step
     throughput: float  # batch_size / (compute_s + sync_s): what the stage alone could sustain
     predicted_memory_gb: float | None = None  # the plan's memory_gb per replica (section 1b/1d)
     peak_memory_gb: float = 0.0  # measured: the largest of its replicas' (see peak_memory_how)
     peak_memory_how: str = ""
+    baseline_memory_gb: float = 0.0  # measured: what that replica held before its model was built
 
     @property
     def ratio(self) -> float:
@@ -90,7 +91,7 @@ def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], 
                 first=stage.layers[0],
                 last=stage.layers[-1],
                 predicted_compute_s=stage.compute_s,
-                predicted_comm_s=stage.comm_s,
+                predicted_comm_s=stage.comm_s / plan.micro_batches if plan.micro_batches else stage.comm_s,
                 predicted_throughput=stage.throughput,
                 compute_s=compute,
                 wait_s=wait,
@@ -100,6 +101,7 @@ def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], 
                 predicted_memory_gb=stage.memory_gb,
                 peak_memory_gb=max(r.get("peak_memory", 0.0) for r in mine) / 1e9,
                 peak_memory_how=mine[0].get("peak_memory_how", ""),
+                baseline_memory_gb=max(mine, key=lambda r: r.get("peak_memory", 0.0)).get("baseline_memory", 0.0) / 1e9,
             )
         )
     steps = len(ranks[0]["wall"])

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -102,6 +103,36 @@ def peak_memory(device: torch.device) -> tuple[float, str]:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident memory (ru_maxrss)"
 
 
+def baseline_memory(device: torch.device) -> float:
+    """Bytes this process holds before its stage's model is built, in :func:`peak_memory`'s measure:
+    on CPU the interpreter, torch and the process group (the part ``memory_reserved_gb`` stands
+    for); on CUDA the allocator's tensors so far (none)."""
+    if device.type == "cuda":
+        return float(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/statm") as statm:
+            return float(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_memory(device)[0]  # no /proc: the peak so far, an upper bound on what is resident now
+
+
+def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Flat tensors, one per dtype, that every parameter's ``.grad`` is a view into, so the stage's
+    all-reduce runs in place: packing the gradients into a fresh tensor and unpacking them again
+    each step cost more than the all-reduce itself on a CPU (new pages each time), a cost the
+    model does not charge. DDP's ``gradient_as_bucket_view`` does the same."""
+    buckets = []
+    for dtype in dict.fromkeys(p.dtype for p in params):
+        members = [p for p in params if p.dtype == dtype]
+        flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
+        offset = 0
+        for p in members:
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        buckets.append(flat)
+    return buckets
+
+
 def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
     from heterps_cli.profiling.granularity import use_layers
@@ -120,11 +151,14 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
         for s in lay.stages
     ]
     torch.manual_seed(cfg.seed)
+    baseline = baseline_memory(device)
     model = load_model(cfg.model, lay.samples, cfg.input_shape)
     chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
     module = chain.stage(stage.layers).to(device).train()
     optimiser = torch.optim.SGD(module.parameters(), lr=cfg.lr)
     params = [p for p in module.parameters() if p.requires_grad]
+    group = groups[stage.index]
+    buckets = gradient_buckets(params, device) if group is not None else []
     last = stage.index == len(lay.stages) - 1
     before = lay.stages[stage.index - 1] if stage.index > 0 else None
     after = lay.stages[stage.index + 1] if not last else None
@@ -218,16 +252,12 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
         start = time.perf_counter()
         for handle in handles:
             handle.wait()  # done once the neighbour has received: waiting on it, like a receive
+        if buckets:
+            dist.barrier(group=group)  # the stage's slowest replica: waiting, so that sync is the all-reduce alone
         acc["wait"] += time.perf_counter() - start
         start = time.perf_counter()
-        group = groups[stage.index]
-        if group is not None and params:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-            dist.all_reduce(flat, group=group)
-            offset = 0
-            for p in params:
-                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
+        for bucket in buckets:
+            dist.all_reduce(bucket, group=group)
         _synchronise(device)
         sync += time.perf_counter() - start
         optimiser.step()
@@ -242,6 +272,7 @@ def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = N
     peak, how = peak_memory(device)
     return {
         "peak_memory": peak,
+        "baseline_memory": baseline,
         "peak_memory_how": how,
         "rank": rank,
         "stage": stage.index,
