@@ -1,4 +1,4 @@
-"""The README's promises, checked: its commands run, its tables match the code and CI."""
+"""The README's and the docs site's promises, checked: their commands run, their tables match the code and CI."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from heterps_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 runner = CliRunner()
+DOCUMENTED = [  # the pages whose heterps commands run against the bundled files as written
+    "model.md", "files.md", "commands.md", "frontier.md", "large-models.md", "api.md", "development.md",
+    "schedulers/index.md", "schedulers/exact.md", "schedulers/rl.md", "schedulers/tapp.md",
+    "guide/profiling.md", "guide/running.md", "guide/check.md",
+]  # fmt: skip
 
 
 def _code_blocks(text: str, lang: str) -> list[str]:
@@ -47,15 +53,21 @@ def test_quick_start_output_is_what_the_command_prints():
     assert normal(result.stdout) == normal(shown)
 
 
+JOURNEY = README.split("## Your own model, start to finish", 1)[1].split("\n## ", 1)[0]
 COMMANDS = [
-    line for block in _code_blocks(README, "bash") for line in block.splitlines() if line.startswith("heterps ")
+    line
+    for text in [README.replace(JOURNEY, ""), *((DOCS / page).read_text() for page in DOCUMENTED)]
+    for block in _code_blocks(text, "bash")
+    for line in block.splitlines()
+    if line.startswith("heterps ")
 ]
+SLOW = (" compare ", "heterps profile ", "heterps run ")  # trainings and measurements: seconds each
 
 
 @pytest.mark.parametrize(
-    "command", [pytest.param(c, marks=pytest.mark.slow) if " compare " in c else c for c in COMMANDS]
+    "command", [pytest.param(c, marks=pytest.mark.slow) if any(s in c for s in SLOW) else c for c in COMMANDS]
 )
-def test_readme_commands_run(command, tmp_path, monkeypatch):
+def test_documented_commands_run(command, tmp_path, monkeypatch):
     for folder in ("profiles", "clusters", "docs/plans"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     monkeypatch.chdir(tmp_path)
@@ -63,8 +75,52 @@ def test_readme_commands_run(command, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow  # measures a model and trains it: about 15 s
+def test_the_readme_journey_runs_in_order(tmp_path, monkeypatch):
+    (block,) = _code_blocks(JOURNEY, "bash")
+    commands = [line for line in block.splitlines() if line.strip()]
+    assert [c.split()[1] for c in commands] == ["profile", "profile", "profile", "plan", "check", "run"]
+    shutil.copytree(ROOT / "clusters", tmp_path / "clusters")
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        result = runner.invoke(app, shlex.split(command)[1:])
+        assert result.exit_code == 0, f"{command}\n{result.output}"
+
+
+def test_the_readme_is_a_front_door():
+    assert len(README.splitlines()) < 250
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / link).exists(), link
+
+
+def test_the_cli_reference_is_generated_from_the_commands_and_documents_every_option():
+    from heterps_cli.cli.reference import reference, undocumented
+
+    assert undocumented() == []
+    assert (DOCS / "cli.md").read_text() == reference(), "run: python -m heterps_cli.cli.reference > docs/cli.md"
+
+
+def test_every_page_the_code_cites_exists():
+    code = [path.read_text() for path in (ROOT / "heterps_cli").rglob("*.py")]
+    cited = {page for text in code for page in re.findall(r"docs/[\w/.-]+\.md", text)}
+    assert cited and {c for c in cited if not (ROOT / c).exists()} == set()
+
+
+def test_every_docs_page_is_in_the_site_navigation():
+    import yaml
+
+    def pages(nav) -> set[str]:
+        if isinstance(nav, str):
+            return {nav}
+        items = nav.values() if isinstance(nav, dict) else nav
+        return set().union(*(pages(item) for item in items))
+
+    listed = pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert listed == {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+
+
 def test_exit_code_table_matches_the_code():
-    table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", README, flags=re.M))
+    table = dict(re.findall(r"^\| (\d) \| (.+?) \|$", (DOCS / "commands.md").read_text(), flags=re.M))
     assert {int(k) for k in table} == {
         0,
         errors.EXIT_CHECK_FAILED,
@@ -83,12 +139,12 @@ def test_readme_error_examples_are_what_the_tool_prints(tmp_path, monkeypatch):
     (tmp_path / "profiles/mine.yaml").write_text(profile)
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["validate", "profiles/mine.yaml"])
-    shown = next(line for line in README.splitlines() if "weight_sise" in line)
+    shown = next(line for line in (DOCS / "files.md").read_text().splitlines() if "weight_sise" in line)
     assert shown.rstrip("…").split(": ", 1)[1].strip() in result.stderr
 
 
-def test_the_readme_layout_lists_every_module_and_only_those():
-    layout = README.split("## Development", 1)[1].split("```")[1]
+def test_the_layout_lists_every_module_and_only_those():
+    layout = (DOCS / "development.md").read_text().split("```")[1]
     listed, folder = set(), ""
     for indent, name in re.findall(r"^( {2,4})(\S+\.py|\S+/)", layout, flags=re.M):
         if len(indent) == 2:
@@ -100,11 +156,10 @@ def test_the_readme_layout_lists_every_module_and_only_those():
 
 
 def test_the_use_from_python_example_runs_and_prints_the_plan(monkeypatch, capsys):
-    section = README.split("## Use from Python", 1)[1].split("\n## ", 1)[0]
-    (example,) = _code_blocks(section, "python")
+    (example,) = _code_blocks((DOCS / "api.md").read_text(), "python")
     assert len(example.strip().splitlines()) <= 6
     monkeypatch.chdir(ROOT)
-    exec(compile(example, "README.md", "exec"), {})
+    exec(compile(example, "docs/api.md", "exec"), {})
     shown = capsys.readouterr().out
     assert shown.startswith("$0.80 ") and "('v100', 1)" in shown
 

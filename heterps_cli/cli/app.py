@@ -64,7 +64,7 @@ app = typer.Typer(
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
-FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under one (README, Commands)
+FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under one (docs/commands.md)
 
 # Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
 SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
@@ -1032,7 +1032,7 @@ def run_command(
 
     One process per replica of every stage; the stages form a pipeline (1F1B, micro-batches and a flush),
     the replicas of a stage split each micro-batch and sum their gradients. Synthetic data: the model's
-    example batch and a fixed random target. Under torchrun each process is one rank (see the README).
+    example batch and a fixed random target. Under torchrun each process is one rank (docs/guide/running.md).
     """
     with _exit_codes():
         from heterps_cli import api

@@ -627,8 +627,7 @@ def measure(
         )
     model.module.to(device)
     threads = torch.get_num_threads()
-    fits = len(calls)
-    total = ROUNDS * len(calls) + fits
+    total = (ROUNDS + 1) * len(calls)  # the timed rounds, then one alpha fit per layer
     layers = []
     current: list[Call] = []  # the layer being run, for the error message
     try:

@@ -50,7 +50,7 @@ SEGMENT = 12  # longest run of layers the wide move recolours
 # The most one polish may score, in schedules x layers: a round of moves scores ~n schedules of n
 # layers, so without a bound the polish of a 10,000-layer model ran for hours. At 10,000 layers
 # this is 50,000 schedules (about 2 minutes on 2 cores); up to 1,000 layers it has not bound on
-# any benchmark instance (see the README, "Large models"). --time-limit bounds it in seconds.
+# any benchmark instance (docs/large-models.md). --time-limit bounds it in seconds.
 SEARCH_CELLS = 500_000_000
 MOVE_BYTES = 16_000_000  # the most one batch of moves may hold (int64 rows of the whole schedule); scoring
 # a batch takes about 20 times that in temporaries (measured: 2 GB at 2,000 layers with 64 MB)

@@ -84,12 +84,12 @@ SEGMENT_SAMPLES = 65_536  # schedules x layers whose decoder activations a train
 
 @dataclass(frozen=True)
 class Config(policy_gradient.Config):
-    # Measured on the benchmark instances over seeds 0-3 (benchmarks/bench_rl.py; README): with these
+    # Measured on the benchmark instances over seeds 0-3 (benchmarks/bench_rl.py; docs/schedulers/rl.md): with these
     # three, the policy's own samples came within 2% of the optimum on 69 of 120 runs instead of 57.
     credit_to_go: bool = True
     imitate_leader: bool = True
     imitation: float = 0.5
-    restart_after: int = 20  # measured: 10, 15, 20 and 30 (README)
+    restart_after: int = 20  # measured: 10, 15, 20 and 30 (docs/schedulers/rl.md)
     variants: int = POLICY_VARIANTS  # --policy-out: nearby models whose locally optimised plans the saved policy learns
     variant_spread: float = 0.1  # their per-layer times differ by up to this factor (log-uniform)
     generalise_epochs: int = 150

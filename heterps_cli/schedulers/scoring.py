@@ -35,7 +35,7 @@ TIE_BREAK = 1e-3
 # 32-64 layer model with default settings (``compare`` passes rl's own count instead).
 
 
-CACHE_BYTES = 256 << 20  # what an Evaluator's cache may hold; never reached up to 1,000 layers (README)
+CACHE_BYTES = 256 << 20  # what an Evaluator's cache may hold; never reached up to 1,000 layers (docs/large-models.md)
 
 
 def _entry_bytes(key: bytes, entry: tuple) -> int:
