@@ -2,7 +2,7 @@
 
     python -m heterps_cli.cli.reference > docs/cli.md
 
-``tests/test_docs_site.py`` fails when the page differs from what this writes, or when a
+``tests/test_docs.py`` fails when the page differs from what this writes, or when a
 command, argument or option has no help text.
 """
 

@@ -82,6 +82,7 @@ def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], 
         sync = statistics.fmean(_median(r["sync"]) for r in mine) / M
         wall = statistics.fmean(_median(r["wall"]) for r in mine) / M
         busy = compute + sync
+        heaviest = max(mine, key=lambda r: r.get("peak_memory", 0.0))  # the replica whose peak the stage reports
         stages.append(
             StageReport(
                 index=s,
@@ -99,9 +100,9 @@ def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], 
                 idle_s=max(0.0, wall - compute - wait - sync),
                 throughput=B / busy if busy > 0 else float("inf"),
                 predicted_memory_gb=stage.memory_gb,
-                peak_memory_gb=max(r.get("peak_memory", 0.0) for r in mine) / 1e9,
+                peak_memory_gb=heaviest.get("peak_memory", 0.0) / 1e9,
                 peak_memory_how=mine[0].get("peak_memory_how", ""),
-                baseline_memory_gb=max(mine, key=lambda r: r.get("peak_memory", 0.0)).get("baseline_memory", 0.0) / 1e9,
+                baseline_memory_gb=heaviest.get("baseline_memory", 0.0) / 1e9,
             )
         )
     steps = len(ranks[0]["wall"])
