@@ -3,6 +3,7 @@
     python benchmarks/bench_exact.py            # 16, 64, 256 layers x 2-4 types
     python benchmarks/bench_exact.py --quick    # 16 and 64 layers only
     python benchmarks/bench_exact.py --hardware # 64 and 256 layers x 3 types with memory, then bandwidth (spec 1b)
+    python benchmarks/bench_exact.py --pipeline # 16, 32 and 64 layers x 3 types, 8 micro-batches a step (spec 1d)
 
 Targets (issue 2): 64 layers x 3 types under 1 s; 256 layers under 30 s, on 2 cores.
 """
@@ -17,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import chain  # noqa: E402
 from benchmarks.verdicts import worst_times  # noqa: E402
-from heterps_cli.errors import InfeasibleError  # noqa: E402
+from heterps_cli.errors import InfeasibleError, TooLarge  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
 from heterps_cli.schedulers import exact  # noqa: E402
@@ -27,15 +28,19 @@ def problem_for(profile: dict, cluster: dict, objective: str):
     return build_problem(Profile.model_validate(profile), Cluster.model_validate(cluster), objective=objective)
 
 
-def run(sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3, hardware: str | None = None) -> list[dict]:
+def run(
+    sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3, hardware: str | None = None, micro_batches: int = 0
+) -> list[dict]:
     rows = []
     for n in sizes:
         for T in types:
             for tight in (False, True):
                 for objective in ("cost", "time"):
                     profile, cluster = chain(n, T, seed=0, tight=tight, hardware=hardware)
+                    if micro_batches:
+                        profile["job"]["global_batch"] = micro_batches * profile["batch_size"]
                     problem = problem_for(profile, cluster, objective)
-                    times, plan, dps = [], None, 0
+                    times, plan, dps, refused = [], None, 0, False
                     for _ in range(repeats if n < 256 else 1):
                         calls = []
                         start = time.perf_counter()
@@ -43,6 +48,8 @@ def run(sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3, hardware: str | 
                             plan = exact.solve(problem, progress=calls.append)
                         except InfeasibleError:
                             plan = None
+                        except TooLarge:  # more stage cells than the solver may hold
+                            plan, refused = None, True
                         times.append(time.perf_counter() - start)
                         dps = len(calls)
                     binding = plan is not None and any(plan.resources[t] == plan.limits[t] for t in plan.resources)
@@ -57,6 +64,7 @@ def run(sizes=(16, 64, 256), types=(2, 3, 4), repeats: int = 3, hardware: str | 
                             "stages": len(plan.stages) if plan else 0,
                             "binding": binding,
                             "cost": plan.cost_usd if plan else None,
+                            "refused": refused,
                         }
                     )
                     r = rows[-1]
@@ -74,7 +82,7 @@ def table(rows: list[dict]) -> str:
         "|---:|---:|---|---|---:|---:|---:|---|---:|",
     ]
     for r in rows:
-        cost = f"{r['cost']:.2f}" if r["cost"] is not None else "infeasible"
+        cost = f"{r['cost']:.2f}" if r["cost"] is not None else "refused" if r["refused"] else "infeasible"
         out.append(
             f"| {r['layers']} | {r['types']} | {r['limits']} | {r['objective']} | {r['seconds']:.3f} | "
             f"{r['dps']} | {r['stages']} | {'yes' if r['binding'] else 'no'} | {cost} |"
@@ -94,7 +102,9 @@ def targets(rows: list[dict]) -> str:
 
 if __name__ == "__main__":
     sizes = (16, 64) if "--quick" in sys.argv else (16, 64, 256)
-    if "--hardware" in sys.argv:
+    if "--pipeline" in sys.argv:
+        rows = run((16, 32, 64), (3,), repeats=1, micro_batches=8)
+    elif "--hardware" in sys.argv:
         rows = run((64, 256), (3,), hardware="memory") + run((64, 256), (3,), hardware="bandwidth")
     else:
         rows = run(sizes)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from heterps_cli.profiling.measure import loopback_allreduce_bandwidth  # noqa: E402
+from heterps_cli.profiling.links import loopback_allreduce_bandwidth  # noqa: E402
 
 ROWS = [("mlp", 64), ("mlp", 256), ("vgg16", 64)]  # the zoo's chain models, at the micro-batch to profile and run at
 MICRO_BATCHES = 8

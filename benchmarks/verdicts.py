@@ -12,6 +12,7 @@ def worst_times(rows: list[dict], targets: list[tuple[str, Callable[[dict], bool
         chosen = [r for r in rows if pick(r)]
         if chosen:
             worst = max(r["seconds"] for r in chosen)
-            verdict = "met" if worst < limit else "MISSED"
+            refused = sum(1 for r in chosen if r.get("refused"))
+            verdict = f"MISSED (refused {refused})" if refused else "met" if worst < limit else "MISSED"
             lines.append(f"- {label}: worst {worst:.2f} s over {len(chosen)} runs (target < {limit:g} s): {verdict}")
     return "\n".join(lines)

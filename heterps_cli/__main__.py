@@ -1,3 +1,3 @@
-from heterps_cli import main
+from heterps_cli.cli.entry import main
 
 main()

@@ -44,6 +44,11 @@ import numpy as np
 from heterps_cli.problem import SLACK, Problem
 
 
+def run_cost(work, throughput, rate):
+    """USD of ``work`` samples at ``throughput`` samples/s on units that cost ``rate`` USD an hour."""
+    return work / throughput / 3600.0 * rate
+
+
 def stage_throughput(sc, pc, sd, pd, batch_size, k):
     """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))`` (section 1d:
     samples per step over the stage's step time, with ``sd = pd = 0``)."""
@@ -71,15 +76,11 @@ def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0):
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny target: every k reaches it
         tau = np.divide(batch_size, np.asarray(target, dtype=float))
-    k = np.maximum(np.maximum(_need(sc, pc, tau), _need(sd, pd, tau)), 1.0)
-    finite = np.isfinite(k)
-    safe = np.where(finite, k, 1.0)
-    k = np.where(finite & (stage_throughput(sc, pc, sd, pd, batch_size, safe) < target), k + 1, k)
-    safe = np.where(finite, k, 2.0)
-    lower = finite & (k > 1) & (stage_throughput(sc, pc, sd, pd, batch_size, np.maximum(safe - 1, 1)) >= target)
-    k = np.maximum(np.where(lower, k - 1, k), at_least)
-    safe = np.where(np.isfinite(k), k, 1.0)
-    return np.where(stage_throughput(sc, pc, sd, pd, batch_size, safe) >= target, k, np.inf)
+
+    def reaches(k):
+        return stage_throughput(sc, pc, sd, pd, batch_size, k) >= target
+
+    return _least(np.maximum(_need(sc, pc, tau), _need(sd, pd, tau)), reaches, at_least)
 
 
 def memory_fits(fixed, split, memory, k):
@@ -94,15 +95,23 @@ def min_memory_replicas(fixed, split, memory):
     Closed form, then corrected by one step either way so that it agrees bit for
     bit with :func:`memory_fits`.
     """
-    k = np.maximum(_need(fixed, split, memory * (1 + SLACK)), 1.0)
+    return _least(_need(fixed, split, memory * (1 + SLACK)), lambda k: memory_fits(fixed, split, memory, k))
+
+
+def _least(closed_form, holds, at_least=1.0):
+    """The smallest integer ``k >= at_least`` for which ``holds(k)`` (inf if none), from an Amdahl closed
+    form that rounding may leave one off either way: corrected by one step so the answer agrees bit
+    for bit with ``holds``. The last check also catches a ``holds`` that fails again above ``at_least``
+    (a section 1d stage that more replicas slow down)."""
+    k = np.maximum(closed_form, 1.0)
     finite = np.isfinite(k)
     safe = np.where(finite, k, 1.0)
-    k = np.where(finite & ~memory_fits(fixed, split, memory, safe), k + 1, k)
+    k = np.where(finite & ~holds(safe), k + 1, k)
     safe = np.where(finite, k, 2.0)
-    lower = finite & (k > 1) & memory_fits(fixed, split, memory, np.maximum(safe - 1, 1))
-    k = np.where(lower, k - 1, k)
+    lower = finite & (k > 1) & holds(np.maximum(safe - 1, 1))
+    k = np.maximum(np.where(lower, k - 1, k), at_least)
     safe = np.where(np.isfinite(k), k, 1.0)
-    return np.where(memory_fits(fixed, split, memory, safe), k, np.inf)
+    return np.where(holds(safe), k, np.inf)
 
 
 @dataclass
@@ -276,7 +285,7 @@ def score(problem: Problem, stages: Stages, replicas) -> Scores:
     rate = used @ problem.prices
     with np.errstate(divide="ignore", invalid="ignore"):
         time_s = problem.work / thr
-    cost = time_s / 3600.0 * rate
+        cost = run_cost(problem.work, thr, rate)
     fits = (used <= problem.limits[None, :]).all(axis=1)
     within = np.asarray(fits & np.where(stages.valid, k >= np.maximum(stages.min_k, 1), True).all(axis=1))
     feasible = stages.runnable & within & meets_targets(problem, thr, cost)
@@ -428,7 +437,7 @@ def _seed(problem: Problem, stages: Stages, price) -> tuple[np.ndarray, np.ndarr
     wide = stages.take(each)
     k, ok = _replicas_at(problem, wide, grid.ravel())
     thr = stage_throughputs(problem, wide, np.maximum(k, 1.0)).min(axis=1)
-    cost = problem.work / thr / 3600.0 * (price[each] * k).sum(axis=1)
+    cost = run_cost(problem.work, thr, (price[each] * k).sum(axis=1))
     cost = np.where(ok & meets_targets(problem, thr, cost), cost, np.inf).reshape(R, SEEDS)
     col = np.argmin(cost, axis=1)
     pick = np.arange(R) * SEEDS + col
@@ -478,7 +487,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
             bound = problem.work / 3600.0 * cost_lower_bound(price, k, thr_s).sum(axis=1)
             active &= bound < best_cost[rows] * (1 - SLACK)
         thr = thr_s.min(axis=1)
-        cost = problem.work / thr / 3600.0 * rate
+        cost = run_cost(problem.work, thr, rate)
         take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost[rows], best_thr[rows])
         won = rows[take]
         best_k[won], best_cost[won], best_thr[won] = k[take], cost[take], thr[take]

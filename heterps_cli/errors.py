@@ -58,6 +58,14 @@ class InputError(Exception):
         return "\n".join(self.lines())
 
 
+class TooLarge(InputError):
+    """A problem larger than a solver may hold in memory (exit 2): no file or line is at fault, so
+    it names the solver and says what to use instead."""
+
+    def __init__(self, solver: str, message: str):
+        super().__init__(None, None, solver, message)
+
+
 class InfeasibleError(Exception):
     """No plan meets the constraints (exit 3); the message states the best reachable figure."""
 

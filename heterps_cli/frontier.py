@@ -51,8 +51,10 @@ from heterps_cli.figures import count
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
-from heterps_cli.schedulers.exact import Candidate, StepSolver, infeasible_error, schedule_of
+from heterps_cli.schedulers.chain_dp import Candidate
+from heterps_cli.schedulers.exact import infeasible_error
 from heterps_cli.schedulers.pipeline import solver_for
+from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
 
 PROBE_STEP = 0.02  # probes every 2% of throughput (chosen by measurement: benchmarks/bench_frontier.py)
 PROBE_AHEAD = 1.0  # ... up to twice the walk's throughput ahead of it

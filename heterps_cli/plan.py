@@ -156,49 +156,7 @@ def make_plan(
     k = np.zeros(stages.valid.shape)
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
-    kk = np.maximum(k, 1)
-    tau_c = stages.sc + stages.pc / kk
-    tau_d = stages.sd + stages.pd / kk
-    fixed, split = problem.memory_parts
-    state_fixed, state_split = problem.state_parts
-    reserved = problem.reserved_bytes
-    out = []
-    for s in range(S):
-        a, b = int(stages.first[0, s]), int(stages.last[0, s])
-        t = int(stages.type[0, s])
-        pipeline: dict = {}
-        if problem.pipelined:
-            in_flight = int(stages.in_flight[0, s])
-            memory = float(
-                state_fixed[a : b + 1].sum()
-                + reserved[t]
-                + (state_split[a : b + 1].sum() + in_flight * problem.activation_bytes[a : b + 1].sum()) / kk[0, s]
-            )
-            transfer = float(stages.transfer[0, s] / kk[0, s])
-            compute = float(stages.micro_serial[0, s] + stages.micro_parallel[0, s] / kk[0, s]) - transfer
-            comm = float(2.0 * stages.sync[0, s] * (1.0 - 1.0 / kk[0, s]))
-            pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(tau_c[0, s]), "in_flight": in_flight}
-        else:
-            memory = float(fixed[a : b + 1].sum() + split[a : b + 1].sum() / kk[0, s])
-            if problem.reserved is not None:
-                memory += float(reserved[t])
-            transfer = float(stages.transfer[0, s] / kk[0, s])
-            compute, comm = float(tau_c[0, s]), float(tau_d[0, s])
-        out.append(
-            Stage(
-                first=a,
-                last=b,
-                layers=problem.layer_names[a : b + 1],
-                resource=problem.types[t],
-                replicas=int(k[0, s]),
-                compute_s=compute,
-                comm_s=comm,
-                throughput=float(sc.stage_throughput[0, s]),
-                transfer_s=transfer,
-                memory_gb=memory / 1e9,
-                **pipeline,
-            )
-        )
+    out = tuple(_stage(problem, stages, k, sc, s) for s in range(S))
     return Plan(
         model=problem.model,
         cluster=problem.cluster,
@@ -210,7 +168,7 @@ def make_plan(
         epochs=problem.epochs,
         min_throughput=problem.min_throughput,
         max_cost=problem.max_cost,
-        stages=tuple(out),
+        stages=out,
         resources={t: int(u) for t, u in zip(problem.types, sc.used[0])},
         limits={t: int(n) for t, n in zip(problem.types, problem.limits)},
         memory={t: float(m / 1e9) if np.isfinite(m) else None for t, m in zip(problem.types, problem.memory)},
@@ -232,4 +190,46 @@ def make_plan(
         ),
         units=dict(zip(problem.types, problem.units)),
         interrupted=interrupted,
+    )
+
+
+def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
+    """Stage ``s`` of the one schedule in ``stages`` with ``k`` replicas: its figures as the plan file shows them."""
+    kk = max(k[0, s], 1.0)
+    a, b = int(stages.first[0, s]), int(stages.last[0, s])
+    t = int(stages.type[0, s])
+    reserved = problem.reserved_bytes
+    pipeline: dict = {}
+    transfer = float(stages.transfer[0, s] / kk)
+    if problem.pipelined:
+        state_fixed, state_split = problem.state_parts
+        in_flight = int(stages.in_flight[0, s])
+        memory = float(
+            state_fixed[a : b + 1].sum()
+            + reserved[t]
+            + (state_split[a : b + 1].sum() + in_flight * problem.activation_bytes[a : b + 1].sum()) / kk
+        )
+        compute = float(stages.micro_serial[0, s] + stages.micro_parallel[0, s] / kk) - transfer
+        comm = float(2.0 * stages.sync[0, s] * (1.0 - 1.0 / kk))
+        step = stages.sc[0, s] + stages.pc[0, s] / kk
+        pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(step), "in_flight": in_flight}
+    else:
+        fixed, split = problem.memory_parts
+        memory = float(fixed[a : b + 1].sum() + split[a : b + 1].sum() / kk)
+        if problem.reserved is not None:
+            memory += float(reserved[t])
+        compute = float(stages.sc[0, s] + stages.pc[0, s] / kk)
+        comm = float(stages.sd[0, s] + stages.pd[0, s] / kk)
+    return Stage(
+        first=a,
+        last=b,
+        layers=problem.layer_names[a : b + 1],
+        resource=problem.types[t],
+        replicas=int(k[0, s]),
+        compute_s=compute,
+        comm_s=comm,
+        throughput=float(sc.stage_throughput[0, s]),
+        transfer_s=transfer,
+        memory_gb=memory / 1e9,
+        **pipeline,
     )

@@ -7,6 +7,7 @@ strategies and loops, where a fixture cannot go.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -14,14 +15,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+from tests.helpers import runner as cli_runner
+
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 QUICK_TRAINING = ["--steps", "15", "--batch", "16"]
 
 
+# pytest-xdist starts its workers with COLUMNS=80, and rich pins a console to the COLUMNS it sees when
+# it is made (the CLI's, on import): without it, as in a plain run, each test's own width holds.
+os.environ.pop("COLUMNS", None)
+
+
 @pytest.fixture(scope="session")
 def runner() -> CliRunner:
-    return CliRunner()
+    return cli_runner
 
 
 @pytest.fixture()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import yaml
+from typer.testing import CliRunner
 
 from heterps_cli.formats import Cluster, Profile
 from heterps_cli.problem import Problem, build_problem
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+runner = CliRunner()  # the one CLI runner: conftest's `runner` fixture, and the helpers that invoke the CLI
 
 
 def instance_dicts(
@@ -119,19 +125,38 @@ def layers_over_step(model) -> list[float]:
 
     import torch
 
-    from heterps_cli.profiling import measure
+    from heterps_cli.profiling import models, timing
 
-    calls = measure.trace(model)
+    calls = models.trace(model)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     ratios: list[float] = []
     try:
         for _ in range(3):
-            layers = sum(statistics.median(measure.run_times(c, "cpu", 20)) for c in calls)
-            step = statistics.median(measure.step_times(model, "cpu", 20))
+            layers = sum(statistics.median(timing.run_times(c, "cpu", 20)) for c in calls)
+            step = statistics.median(timing.step_times(model, "cpu", 20))
             ratios.append(layers / step)
             if 0.75 <= ratios[-1] <= 1.25:
                 break
     finally:
         torch.set_num_threads(threads)
     return ratios
+
+
+def no_traceback(result) -> None:
+    """A CLI result that ended as the error model says: no traceback, no exception but an exit."""
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+
+
+def refused(args: list[str], *expected: str, code: int = 2) -> str:
+    """Run the CLI on ``args``: it must exit ``code`` without a traceback, saying each of ``expected``
+    on standard error (returned)."""
+    from heterps_cli.cli.app import app
+
+    result = runner.invoke(app, args)
+    no_traceback(result)
+    assert result.exit_code == code, result.output
+    for text in expected:
+        assert text in result.stderr, result.stderr
+    return result.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.plan import make_plan
-from heterps_cli.schedulers import SolveOptions, genetic, greedy, local, random_search, scoring, solve
+from heterps_cli.schedulers import SCHEDULERS, SolveOptions, genetic, greedy, local, random_search, scoring, solve
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import brute_force, spec_figures
 
@@ -94,14 +94,15 @@ def test_time_objective_returns_a_fast_plan(module):
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
 
 
-def test_infeasible_reports_the_reason():
+# Every scheduler in the registry: a new one is held to these without editing a list.
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_infeasible_reports_the_reason(name):
     _, _, _, problem = _instance(seed=8, n=6, T=2, share=1e6)
-    for name in ("greedy", "genetic", "random"):
-        with pytest.raises(InfeasibleError, match="no plan reaches"):
-            solve(name, problem, options=SolveOptions(evaluations=50))
+    with pytest.raises(InfeasibleError, match="no plan reaches"):
+        solve(name, problem, options=SolveOptions(evaluations=50, steps=4, batch=8))
 
 
-@pytest.mark.parametrize("name", ["greedy", "genetic", "random", "rl", "tapp"])
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
     """docs/spec.md section 1b: with memory and bandwidth, every plan a search returns fits every replica's
     memory and states the spec's figures; when it finds none, no plan exists or the error says so."""
@@ -127,7 +128,7 @@ def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
 @pytest.mark.parametrize("seed", range(12))
 def test_price_repair_reports_only_plans_within_every_limit(seed):
     """The repair searches a loosened problem; what it hands back as feasible must hold on the real one
-    (the spec's figures, recomputed independently), and it stops after REPAIR_ROUNDS searches at most."""
+    (the spec's figures, recomputed independently), and it stops after PRICE_REPAIR_SEARCHES searches at most."""
     arrays = random_instance(np.random.default_rng(seed), 7, 3, max_limit=3)
     # The target: 90% of the fastest plan within the limits (by enumeration), so the limits bind.
     fastest = brute_force(*arrays, 32, 1.0, objective="time")
@@ -147,7 +148,7 @@ def test_price_repair_reports_only_plans_within_every_limit(seed):
 
     before = evaluate.evaluations
     local.price_repair(problem, start, check, evaluate)
-    assert 1 <= len(rounds) <= local.REPAIR_ROUNDS and evaluate.evaluations > before
+    assert 1 <= len(rounds) <= local.PRICE_REPAIR_SEARCHES and evaluate.evaluations > before
     for row, replicas in found:
         plan = make_plan(problem, row, replicas, scheduler="test")
         figures = spec_figures(profile, cluster, plan.to_dict())

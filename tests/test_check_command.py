@@ -7,15 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import load_problem
-
-ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
-
+from tests.helpers import runner
 
 THREE_M = ("--min-throughput", "3000000")  # the job ctr-3m.yaml was planned for
 
@@ -139,7 +135,7 @@ def test_units_as_written(files):
     _check("--max-increase", "0", "--tolerance", "0")
 
 
-def test_markdown_report(files):
+def test_markdown_report(runner, files):
     result = runner.invoke(
         app,
         [
@@ -163,7 +159,7 @@ def test_markdown_report(files):
     assert any(line.startswith("| ✅ | fresh |") for line in lines)
 
 
-def test_github_annotations_and_step_summary(files, monkeypatch):
+def test_github_annotations_and_step_summary(runner, files, monkeypatch):
     summary = files / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     result = runner.invoke(
@@ -191,7 +187,7 @@ def test_github_annotations_and_step_summary(files, monkeypatch):
     assert "### heterps check" in summary.read_text()
 
 
-def test_json_report(files):
+def test_json_report(runner, files):
     result = runner.invoke(
         app,
         [
@@ -209,7 +205,7 @@ def test_json_report(files):
     assert report["passed"] and {f["gate"] for f in report["findings"]} == {"fits", "job", "fresh", "limits"}
 
 
-def test_diff_of_the_bundled_plans_shows_the_cost_change(files):
+def test_diff_of_the_bundled_plans_shows_the_cost_change(runner, files):
     result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml"])
     assert result.exit_code == 0, result.output
     assert "+$0.0525 (+6.6%)" in result.stdout and "cost USD" in result.stdout
@@ -224,7 +220,7 @@ def test_diff_of_the_bundled_plans_shows_the_cost_change(files):
     assert changes["v100 units"]["delta"] == 2
 
 
-def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(files):
+def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(runner, files):
     plan = yaml.safe_load(Path("plans/ctr.yaml").read_text())
     gpu = plan["stages"][1]
     split = [
@@ -252,7 +248,7 @@ def test_diff_pairs_stages_by_their_layers_when_one_is_inserted(files):
 # -- the gate's truth is the profile, the cluster and the command line (issue 13) --------
 
 
-def test_a_plan_for_fewer_samples_does_not_pass_the_budget(files):
+def test_a_plan_for_fewer_samples_does_not_pass_the_budget(runner, files):
     runner.invoke(
         app,
         [

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
-runner = CliRunner()
 
 
 @pytest.mark.slow
-def test_ctr_prints_all_six_rows_and_nothing_beats_exact(tmp_path):
+def test_ctr_prints_all_six_rows_and_nothing_beats_exact(runner, tmp_path):
     plot = tmp_path / "trade-off.png"
     result = runner.invoke(app, ["compare", CTR, PAPER, "--json", "--plot", str(plot), "--steps", "20"])
     assert result.exit_code == 0, result.output
@@ -35,7 +32,7 @@ def test_ctr_prints_all_six_rows_and_nothing_beats_exact(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_table_names_every_scheduler_and_the_gap():
+def test_table_names_every_scheduler_and_the_gap(runner):
     result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "greedy,random,exact", "--evaluations", "100"])
     assert result.exit_code == 0, result.output
     for word in ("greedy", "random", "exact", "gap", "0.00%", "evals"):
@@ -43,25 +40,25 @@ def test_table_names_every_scheduler_and_the_gap():
     assert "rl" not in result.stdout.split()
 
 
-def test_without_exact_there_is_no_gap():
+def test_without_exact_there_is_no_gap(runner):
     result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "greedy", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["results"][0]["gap"] is None
 
 
-def test_no_feasible_plan_exits_3():
+def test_no_feasible_plan_exits_3(runner):
     result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "greedy,exact", "--min-throughput", "1e12"])
     assert result.exit_code == 3
     assert "no plan reaches" in result.output and "Traceback" not in result.output
 
 
-def test_unknown_scheduler_exits_2():
+def test_unknown_scheduler_exits_2(runner):
     result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "greedy,simulated-annealing"])
     assert result.exit_code == 2
     assert "simulated-annealing" in result.output
 
 
-def test_bad_profile_exits_2(tmp_path):
+def test_bad_profile_exits_2(runner, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: m\nbatch_size: 0\nlayers: []\n")
     result = runner.invoke(app, ["compare", str(bad), PAPER])

@@ -5,18 +5,15 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from heterps_cli import errors
 from heterps_cli.cli.app import app
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 DOCS = ROOT / "docs"
-runner = CliRunner()
 DOCUMENTED = [  # the pages whose heterps commands run against the bundled files as written
     "model.md", "files.md", "commands.md", "frontier.md", "large-models.md", "api.md", "development.md",
     "schedulers/index.md", "schedulers/exact.md", "schedulers/rl.md", "schedulers/tapp.md",
@@ -39,7 +36,7 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     assert ci.strip().splitlines()[-1] == test
 
 
-def test_quick_start_output_is_what_the_command_prints():
+def test_quick_start_output_is_what_the_command_prints(runner):
     quick = README.split("## Quick start", 1)[1].split("## ", 1)[0]
     shown = re.findall(r"```\n(ctr on paper.*?)```", quick, flags=re.S)[0]
     result = runner.invoke(
@@ -67,7 +64,7 @@ SLOW = (" compare ", "heterps profile ", "heterps run ")  # trainings and measur
 @pytest.mark.parametrize(
     "command", [pytest.param(c, marks=pytest.mark.slow) if any(s in c for s in SLOW) else c for c in COMMANDS]
 )
-def test_documented_commands_run(command, tmp_path, monkeypatch):
+def test_documented_commands_run(runner, command, tmp_path, monkeypatch):
     for folder in ("profiles", "clusters", "docs/plans"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     monkeypatch.chdir(tmp_path)
@@ -76,7 +73,7 @@ def test_documented_commands_run(command, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # measures a model and trains it: about 15 s
-def test_the_readme_journey_runs_in_order(tmp_path, monkeypatch):
+def test_the_readme_journey_runs_in_order(runner, tmp_path, monkeypatch):
     (block,) = _code_blocks(JOURNEY, "bash")
     commands = [line for line in block.splitlines() if line.strip()]
     assert [c.split()[1] for c in commands] == ["profile", "profile", "profile", "plan", "check", "run"]
@@ -131,7 +128,7 @@ def test_exit_code_table_matches_the_code():
     }
 
 
-def test_readme_error_examples_are_what_the_tool_prints(tmp_path, monkeypatch):
+def test_readme_error_examples_are_what_the_tool_prints(runner, tmp_path, monkeypatch):
     profile = (
         (ROOT / "profiles/ctr.yaml").read_text().replace("    weight_size: 1024000000", "    weight_sise: 1024000000")
     )

@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs/ci.md").read_text()
 COMMANDS = [
     line.strip().lstrip("- ").strip()
@@ -20,7 +18,6 @@ COMMANDS = [
     for line in block.splitlines()
     if line.strip().lstrip("- ").startswith("heterps ")
 ]
-runner = CliRunner()
 
 
 def test_both_workflows_are_checked():
@@ -29,7 +26,7 @@ def test_both_workflows_are_checked():
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_ci_doc_commands_pass(command, tmp_path, monkeypatch):
+def test_ci_doc_commands_pass(runner, command, tmp_path, monkeypatch):
     for folder in ("profiles", "clusters", "docs/plans"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     shutil.copy(ROOT / "docs/plans/ctr.yaml", tmp_path / "baseline-plan.yaml")  # what `git show` gives

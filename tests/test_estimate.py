@@ -9,14 +9,12 @@ import pytest
 import torch
 import yaml
 from torch import nn
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.formats import load_catalogue, load_profile
 from heterps_cli.profiling import estimate as est
-from heterps_cli.profiling.measure import Call, Model, trace
-
-runner = CliRunner()
+from heterps_cli.profiling.models import Call, Model, trace
+from tests.helpers import runner
 
 
 def _cli(args, expect=0):
@@ -30,14 +28,30 @@ def _call(module: nn.Module, *inputs: torch.Tensor) -> Call:
     return trace(Model("m", nn.Sequential(module), inputs))[0]
 
 
+def _calls(model: nn.Module, *inputs: torch.Tensor) -> list[Call]:
+    return trace(Model("m", model, inputs))
+
+
 def test_flops_bytes_and_kernels_of_a_linear_layer_by_hand():
     B, n_in, n_out = 8, 32, 16
-    w = est.work(_call(nn.Linear(n_in, n_out), torch.randn(B, n_in)))
+    # its input an activation, as inside a model: the backward computes its gradient too
+    w = est.work(Call("fc", nn.Linear(n_in, n_out), (torch.randn(B, n_in),), {}))
     # forward 2*B*in*out; backward twice that (input gradient and weight gradient)
     assert w.flops == 3 * 2 * B * n_in * n_out
     weights = (n_in * n_out + n_out) * 4
     assert w.bytes == 3 * B * n_in * 4 + 2 * B * n_out * 4 + 3 * weights
     assert 3 <= w.kernels <= 8  # addmm; ones_like; two mm and a sum in the backward
+
+
+def test_the_first_layer_computes_no_gradient_for_the_models_data():
+    """Training computes no gradient for the input batch, so neither does the profile: the first
+    layer's backward is the weight gradient alone; the next layer's input is an activation."""
+    B, n_in, n_mid, n_out = 8, 32, 16, 4
+    first, second = _calls(nn.Sequential(nn.Linear(n_in, n_mid), nn.Linear(n_mid, n_out)), torch.randn(B, n_in))
+    assert est.work(first).flops == 2 * 2 * B * n_in * n_mid  # forward, weight gradient
+    assert est.work(second).flops == 3 * 2 * B * n_mid * n_out  # forward, weight and input gradients
+    # heterps profile times them on the same inputs
+    assert not first.fresh("cpu")[0][0].requires_grad and second.fresh("cpu")[0][0].requires_grad
 
 
 def test_a_lookup_counts_its_weights_once():
@@ -75,7 +89,7 @@ def test_estimate_writes_a_profile_that_says_so_and_prints_the_cluster_snippet(t
     assert first.times["a100"].odt == pytest.approx(first.weight_size / (50e9 / 8), rel=1e-5)
 
 
-def test_two_estimates_merge_with_their_comments_and_plan(tmp_path):
+def test_two_estimates_merge_with_their_comments_and_plan(runner, tmp_path):
     a, b, merged = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "m.yaml"
     _cli(["mlp", "--as", "t4", "--estimate", "t4", "--batch-size", "16", "--out", str(a)])
     _cli(["mlp", "--as", "h100", "--estimate", "h100", "--batch-size", "16", "--out", str(b)])

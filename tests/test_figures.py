@@ -85,12 +85,9 @@ def test_tables_keep_one_line_per_row_in_80_columns():
     # compare's resources wrapped too.
     import re
 
-    from typer.testing import CliRunner
-
     from heterps_cli.cli.app import app
-    from tests.test_frontier_command import ROOT
+    from tests.helpers import ROOT, runner
 
-    runner = CliRunner()
     transformer = [str(ROOT / "profiles/transformer.yaml"), str(ROOT / "clusters/three-type.yaml")]
     runs = {
         "frontier": ["frontier", *transformer],

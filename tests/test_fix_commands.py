@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
+from tests.helpers import runner
 
-ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
 PROFILE, CLUSTER, PLAN = "profiles/ctr.yaml", "clusters/paper.yaml", "plans/ctr.yaml"
 COMMAND = re.compile(r"heterps plan .*? --out [^\s;,]+")
 
@@ -93,7 +91,7 @@ def test_min_throughput(files):
     _fix_and_recheck(_args("--min-throughput", "2345678.9"), "min-throughput")
 
 
-def test_max_cost_with_a_plan_a_quick_search_made_dear(files):
+def test_max_cost_with_a_plan_a_quick_search_made_dear(runner, files):
     _plan("--scheduler", "random", "--evaluations", "3")
     exact = runner.invoke(app, ["plan", PROFILE, CLUSTER, "--scheduler", "exact", "--json"])
     budget = json.loads(exact.stdout)["cost_usd"] * 1.0001
@@ -112,7 +110,7 @@ def test_optimal(files):
     _fix_and_recheck(_args("--replan", "exact"), "optimal")
 
 
-def test_a_frontier_point_is_fixed_at_its_own_throughput(files, tmp_path):
+def test_a_frontier_point_is_fixed_at_its_own_throughput(runner, files, tmp_path):
     # A plan for a throughput of many digits: the command carries all of them, so the plan it makes
     # is the frontier's own (rounding up once asked for a dearer plan).
     profile, cluster = "profiles/transformer.yaml", "clusters/three-type.yaml"

@@ -17,11 +17,10 @@ from heterps_cli import frontier as frontier_module
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.frontier import knee, pareto_frontier
-from tests.helpers import instance_dicts, problem_from_dicts, write_yaml
+from tests.helpers import ROOT, instance_dicts, problem_from_dicts, write_yaml
 from tests.oracle import feasible_plans, pareto, spec_figures
 from tests.strategies import SETTINGS, hardware_instances, instances, repeated_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 INSTANCES = ROOT / "benchmarks" / "instances"
 

@@ -15,18 +15,16 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
+from tests.helpers import ROOT, runner
 
-ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [
     ("profiles/ctr.yaml", "clusters/paper.yaml"),
     ("profiles/transformer.yaml", "clusters/three-type.yaml"),
     ("profiles/vgg16.yaml", "clusters/three-type.yaml"),
 ]
 TEXTS = {name: (ROOT / name).read_text() for pair in PAIRS for name in pair}
-runner = CliRunner()
 # libyaml where it is installed: making the cases, not running them, would otherwise take most of the time
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -281,7 +279,7 @@ def _gate_never_passes_a_lie(plan: dict, optimum: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def optimum() -> float:
+def optimum(runner) -> float:
     result = runner.invoke(
         app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"), "-s", "exact", "--json"]
     )
@@ -355,7 +353,7 @@ FACTORIES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FACTORIES)
 @pytest.mark.parametrize("mode", ["measure", "estimate"])
-def test_a_hostile_factory_is_bad_input(tmp_path, name, mode):
+def test_a_hostile_factory_is_bad_input(runner, tmp_path, name, mode):
     source = tmp_path / "hostile.py"
     source.write_text("import sys\nimport torch\nfrom torch import nn\n" + FACTORIES[name] + "\n")
     extra = ["--link-gbps", "10"] if mode == "measure" else ["--estimate", "cpu"]

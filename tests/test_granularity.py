@@ -6,18 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profiling import measure
+from heterps_cli.profiling import models
 from heterps_cli.profiling.granularity import blocks, breaks, chain_note, record_calls, use_layers
-from heterps_cli.profiling.measure import Model, layers_of, load_model
+from heterps_cli.profiling.measure import load_model
+from heterps_cli.profiling.models import Model, layers_of
 from heterps_cli.runtime.chain import trace_chain
 from tests.helpers import layers_over_step
-
-runner = CliRunner()
 
 
 class Residual(nn.Module):
@@ -80,7 +78,7 @@ def test_run_splits_at_the_modules_the_plan_names():
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
-def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
+def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(runner, tmp_path):
     """The leaf profile says which blocks break the chain; the block profile is a chain of the blocks."""
     leaves, by_blocks = tmp_path / "leaves.yaml", tmp_path / "blocks.yaml"
     args = ["resnet", "--as", "cpu", "--batch-size", "8", "--link-gbps", "10"]
@@ -100,6 +98,6 @@ def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(tmp_path):
 def test_the_blocks_oct_add_up_to_a_whole_step():
     """Within the profiler's usual tolerance (its view warns beyond 25%), as for a plain chain."""
     model = load_model("resnet", 16, granularity="blocks")
-    assert len(measure.trace(model)) == 14
+    assert len(models.trace(model)) == 14
     ratios = layers_over_step(model)
     assert 0.75 <= ratios[-1] <= 1.25, ratios

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from heterps_cli.cli.app import app
+from tests.helpers import ROOT
 from tests.oracle import spec_figures
 
-ROOT = Path(__file__).resolve().parents[1]
 HARDWARE = "clusters/paper-hardware.yaml"
 
 

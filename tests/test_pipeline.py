@@ -119,8 +119,7 @@ def test_without_the_new_fields_the_model_is_unchanged():
         ("memory_reserved_gb", -1.0, "must be >= 0"),
     ],
 )
-def test_bad_pipeline_fields_name_the_file_line_and_field(tmp_path, where, value, message):
-    from typer.testing import CliRunner
+def test_bad_pipeline_fields_name_the_file_line_and_field(runner, tmp_path, where, value, message):
 
     from heterps_cli.cli.app import app
     from tests.helpers import write_yaml
@@ -133,7 +132,7 @@ def test_bad_pipeline_fields_name_the_file_line_and_field(tmp_path, where, value
     else:
         cluster["resources"]["r0"][where] = value
     p, c = write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)
-    result = CliRunner().invoke(app, ["plan", p, c, "--scheduler", "greedy"])
+    result = runner.invoke(app, ["plan", p, c, "--scheduler", "greedy"])
     assert result.exit_code == 2, result.output
     field = "global_batch" if where == "job.global_batch" else "memory_reserved_gb"
     assert field in result.output and message in result.output and ".yaml:" in result.output

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.yamlio import load_yaml
+from tests.helpers import ROOT, runner
 from tests.oracle import optimum_by_bottleneck, spec_figures
 
-ROOT = Path(__file__).resolve().parents[1]
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
-runner = CliRunner()
 
 
 def _plan_json(*args) -> dict:
@@ -72,7 +70,7 @@ def test_bundled_examples_plan_feasibly(model, cluster, objective):
     _check_against_spec(plan, p, c)
 
 
-def test_out_writes_the_same_plan_as_json(tmp_path):
+def test_out_writes_the_same_plan_as_json(runner, tmp_path):
     target = tmp_path / "plans" / "plan.yaml"
     result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(target), "--json", "-s", "exact"])
     assert result.exit_code == 0
@@ -103,20 +101,20 @@ def test_time_objective_respects_the_budget():
     _check_against_spec(plan, CTR, PAPER)
 
 
-def test_infeasible_exits_3_with_the_best_reachable_figure():
+def test_infeasible_exits_3_with_the_best_reachable_figure(runner):
     result = runner.invoke(app, ["plan", CTR, PAPER, "--min-throughput", "1e9", "--json", "-s", "exact"])
     assert result.exit_code == 3
     assert result.stdout == ""
     assert "fastest possible plan reaches" in result.stderr and "samples/s" in result.stderr
 
 
-def test_infeasible_budget_reports_the_cheapest_cost():
+def test_infeasible_budget_reports_the_cheapest_cost(runner):
     result = runner.invoke(app, ["plan", CTR, PAPER, "--max-cost", "0.01", "-s", "exact"])
     assert result.exit_code == 3
     assert "the cheapest plan that reaches 150,000 samples/s costs $" in result.stderr
 
 
-def test_human_output_shows_stages_bottleneck_and_cost(tmp_path):
+def test_human_output_shows_stages_bottleneck_and_cost(runner, tmp_path):
     result = runner.invoke(
         app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml"), "-s", "exact"], env={"COLUMNS": "160"}
     )
@@ -149,7 +147,7 @@ def test_python_m_works():
     assert json.loads(proc.stdout)["feasible"] is True
 
 
-def test_the_plan_says_when_transfer_is_free_or_memory_unchecked():
+def test_the_plan_says_when_transfer_is_free_or_memory_unchecked(runner):
     # paper.yaml gives neither bandwidth nor memory: its three-stage plan moves activations for free.
     shown = " ".join(runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact"], env={"COLUMNS": "200"}).stdout.split())
     assert "assumes activations cross stage boundaries for free on v100, cpu (no bandwidth_gbps)" in shown
@@ -159,7 +157,7 @@ def test_the_plan_says_when_transfer_is_free_or_memory_unchecked():
     assert "assumes" not in shown
 
 
-def test_a_target_past_every_layers_serial_part_names_the_layer_not_the_limits(tmp_path):
+def test_a_target_past_every_layers_serial_part_names_the_layer_not_the_limits(runner, tmp_path):
     import yaml
 
     profile = yaml.safe_load(Path(CTR).read_text())

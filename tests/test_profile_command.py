@@ -9,16 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profiling import measure
+from heterps_cli.profiling import measure, models, timing
 from heterps_cli.profiling.processes import combine
-from tests.helpers import layers_over_step
-
-runner = CliRunner()
+from tests.helpers import layers_over_step, runner
 
 FACTORY = """
 import torch
@@ -62,7 +59,7 @@ def _profile(args, expect=0):
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
-def test_measure_two_types_merge_and_plan(factory, tmp_path):
+def test_measure_two_types_merge_and_plan(runner, factory, tmp_path):
     cpu, gpu, merged = tmp_path / "cpu.yaml", tmp_path / "gpu.yaml", tmp_path / "merged.yaml"
     # the cpu run measures its link (loopback gloo); the second run is given one
     shown = _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "64", "--out", str(cpu)]).stdout
@@ -222,18 +219,18 @@ def test_layer_kinds_from_module_classes():
         nn.MSELoss(): "loss",
         nn.Flatten(): "flatten",
     }
-    assert {measure.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
+    assert {models.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
 
 
 def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     for alpha in (0.0, 0.3, 0.9):
         threads = [1, 2, 3, 4]
         times = [0.01 * (1 - alpha + alpha / k) for k in threads]
-        fitted, residual = measure.fit_alpha(threads, times)
+        fitted, residual = timing.fit_alpha(threads, times)
         assert fitted == pytest.approx(alpha, abs=1e-9) and residual < 1e-9
-    assert measure.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
-    assert measure.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
-    assert measure.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
+    assert timing.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
+    assert timing.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
+    assert timing.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
 
 
 class _Sleeps(torch.nn.Module):
@@ -252,7 +249,7 @@ class _Sleeps(torch.nn.Module):
 
 
 def _alpha_of(layer: torch.nn.Module, batch: int) -> measure.LayerProfile:
-    call = measure.Call("0", layer, (torch.ones(batch, 2),), {})
+    call = models.Call("0", layer, (torch.ones(batch, 2),), {})
     return measure._layer(call, batch, [0.02], 1e9, "cpu")
 
 
@@ -372,7 +369,7 @@ def test_ctrl_c_during_the_bandwidth_probe_is_one_line_and_ends_its_processes(tm
     assert not leftover and not (tmp_path / "p.yaml").exists()
 
 
-def test_profile_is_a_group_whose_subcommands_have_their_own_help():
+def test_profile_is_a_group_whose_subcommands_have_their_own_help(runner):
     # `heterps profile merge --help` once showed profile's own help.
     merge = runner.invoke(app, ["profile", "merge", "--help"], env={"COLUMNS": "120"})
     assert merge.exit_code == 0 and "Usage: heterps profile merge" in merge.stdout and "--as" not in merge.stdout

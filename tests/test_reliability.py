@@ -11,18 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 PLAN = str(ROOT / "docs/plans/ctr.yaml")
-runner = CliRunner()
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
-def test_a_gate_whose_replan_was_interrupted_does_not_pass(interrupt_evaluations, fmt):
+def test_a_gate_whose_replan_was_interrupted_does_not_pass(runner, interrupt_evaluations, fmt):
     # SIGINT after 5 s of `check --replan rl` once gave exit 0 and "all checks passed".
     interrupt_evaluations(4)
     result = runner.invoke(
@@ -53,7 +51,7 @@ def _files(tmp_path: Path) -> tuple[Path, Path, Path]:
         ("type: fc", 'type: "fc\\x9b2J"', "layers[2].type"),  # C1 CSI
     ],
 )
-def test_control_characters_in_a_name_are_refused(tmp_path, old, new, field):
+def test_control_characters_in_a_name_are_refused(runner, tmp_path, old, new, field):
     profile, cluster, _ = _files(tmp_path)
     profile.write_text(profile.read_text().replace(old, new, 1))
     result = runner.invoke(app, ["plan", str(profile), str(cluster), "-s", "greedy"])
@@ -62,7 +60,7 @@ def test_control_characters_in_a_name_are_refused(tmp_path, old, new, field):
     assert field in result.stderr and "control characters" in result.stderr and f"{profile}:" in result.stderr
 
 
-def test_an_unknown_key_with_escapes_is_quoted_escaped(tmp_path):
+def test_an_unknown_key_with_escapes_is_quoted_escaped(runner, tmp_path):
     profile, cluster, _ = _files(tmp_path)
     text = profile.read_text()
     profile.write_text(text.replace("batch_size:", '"\\e[2J\\e[Hcleared": 1\nbatch_size:', 1))
@@ -71,14 +69,14 @@ def test_an_unknown_key_with_escapes_is_quoted_escaped(tmp_path):
     assert "\\x1b[2J" in result.stderr and "unknown field" in result.stderr
 
 
-def test_a_committed_plan_cannot_hide_its_own_failure(tmp_path):
+def test_a_committed_plan_cannot_hide_its_own_failure(runner, tmp_path):
     profile, cluster, plan = _files(tmp_path)
     plan.write_text(plan.read_text().replace(" fc2,", ' "fc2\\e[1A\\e[2K\\e[8m",', 1))
     result = runner.invoke(app, ["check", str(plan), "--profile", str(profile), "--cluster", str(cluster)])
     assert result.exit_code == 2 and "\x1b" not in result.output and "control characters" in result.stderr
 
 
-def test_markdown_reports_show_names_as_text(tmp_path):
+def test_markdown_reports_show_names_as_text(runner, tmp_path):
     profile, cluster, plan = _files(tmp_path)
     # A renamed layer makes check quote both names in its message; one opens an HTML comment.
     profile.write_text(profile.read_text().replace("name: fc2", "name: fc2<!--", 1))
@@ -108,7 +106,7 @@ def _two_types(tmp_path: Path, extra_a: str = "", extra_b: str = "") -> tuple[Pa
     return paths[0], paths[1]
 
 
-def test_merge_keeps_state_factor_and_job(tmp_path):
+def test_merge_keeps_state_factor_and_job(runner, tmp_path):
     # Merging two profiles with state_factor 16 gave one with the default 4: a model that cannot fit
     # a 10 GB unit then planned as fitting.
     job = "job: {samples: 1234567, min_throughput: 1234.56789}\nstate_factor: 16\n"
@@ -128,7 +126,7 @@ def test_merge_keeps_state_factor_and_job(tmp_path):
     "extra_b, field",
     [("state_factor: 8\njob: {samples: 7}\n", "state_factor"), ("state_factor: 16\njob: {samples: 5}\n", "job")],
 )
-def test_merge_refuses_profiles_that_disagree(tmp_path, extra_b, field):
+def test_merge_refuses_profiles_that_disagree(runner, tmp_path, extra_b, field):
     a, b = _two_types(tmp_path, "state_factor: 16\njob: {samples: 7}\n", extra_b)
     result = runner.invoke(app, ["profile", "merge", str(a), str(b), "-o", str(tmp_path / "m.yaml")])
     assert result.exit_code == 2 and re.search(rf"{re.escape(str(b))}:\d+: {field}:", result.stderr), result.stderr
@@ -163,7 +161,7 @@ def test_merge_reads_each_file_once(tmp_path):
 # -- files damaged or lost -----------------------------------------------------------------------------
 
 
-def test_frontier_out_never_writes_through_a_planted_link(tmp_path):
+def test_frontier_out_never_writes_through_a_planted_link(runner, tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("not yours\n")
     folder = tmp_path / "fr"
@@ -175,7 +173,7 @@ def test_frontier_out_never_writes_through_a_planted_link(tmp_path):
     assert not (folder / "plan-001.yaml").is_symlink() and "stages" in (folder / "plan-001.yaml").read_text()
 
 
-def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(runner, tmp_path, monkeypatch):
     from heterps_cli import plan as plan_module
 
     folder = tmp_path / "fr"
@@ -196,7 +194,7 @@ def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(tmp_path,
     assert {p.name: p.read_text() for p in folder.iterdir()} == before
 
 
-def test_plan_out_is_never_its_own_input(tmp_path):
+def test_plan_out_is_never_its_own_input(runner, tmp_path):
     profile = tmp_path / "p.yaml"
     shutil.copy(CTR, profile)
     text = profile.read_text()
@@ -262,7 +260,7 @@ class Explodes(nn.Module):
         ),
     ],
 )
-def test_a_factory_that_exits_or_raises_a_base_exception_is_bad_input(tmp_path, body, said):
+def test_a_factory_that_exits_or_raises_a_base_exception_is_bad_input(runner, tmp_path, body, said):
     # sys.exit(0) once made profile exit 0 with no profile; sys.exit(3) exited 3 ("infeasible");
     # a BaseException subclass printed a 45-line traceback.
     source = tmp_path / "hostile.py"
@@ -275,7 +273,7 @@ def test_a_factory_that_exits_or_raises_a_base_exception_is_bad_input(tmp_path, 
     assert str(source) in result.stderr
 
 
-def test_a_factory_that_prints_does_not_corrupt_the_profile_on_stdout(tmp_path):
+def test_a_factory_that_prints_does_not_corrupt_the_profile_on_stdout(runner, tmp_path):
     source = tmp_path / "chatty.py"
     source.write_text(
         MODEL.format(
@@ -316,7 +314,7 @@ FIGURES = {  # id: (layers, field, what the message says)
 
 
 @pytest.mark.parametrize("case", FIGURES)
-def test_figures_that_stop_being_numbers_are_bad_input(tmp_path, case):
+def test_figures_that_stop_being_numbers_are_bad_input(runner, tmp_path, case):
     layers, field, said = FIGURES[case]
     profile = tmp_path / "p.yaml"
     profile.write_text("model: m\nbatch_size: 32\njob: {samples: 1000}\nlayers:\n" + layers)
@@ -333,7 +331,7 @@ def test_figures_that_stop_being_numbers_are_bad_input(tmp_path, case):
 
 
 @pytest.mark.parametrize("value", ["1e-320", "4.9e-324"])
-def test_denormal_settings_are_refused_in_clusters(tmp_path, value):
+def test_denormal_settings_are_refused_in_clusters(runner, tmp_path, value):
     cluster = tmp_path / "c.yaml"
     cluster.write_text(f"cluster: c\nresources:\n  cpu: {{price: 1, limit: 4, bandwidth_gbps: {value}}}\n")
     result = runner.invoke(app, ["validate", str(cluster)])
@@ -341,12 +339,12 @@ def test_denormal_settings_are_refused_in_clusters(tmp_path, value):
 
 
 @pytest.mark.parametrize("timeout", ["0.001", "1e300"])
-def test_run_refuses_a_timeout_gloo_cannot_keep_before_starting_anything(timeout):
+def test_run_refuses_a_timeout_gloo_cannot_keep_before_starting_anything(runner, timeout):
     result = runner.invoke(app, ["run", PLAN, "--model", "ctr", "--timeout", timeout])
     assert result.exit_code == 2 and "--timeout" in result.output and "Traceback" not in result.output
 
 
-def test_a_stage_without_layers_is_refused(tmp_path):
+def test_a_stage_without_layers_is_refused(runner, tmp_path):
     plan = tmp_path / "p.yaml"
     text = Path(PLAN).read_text()
     plan.write_text(text.replace("layers: [fc1, relu1, fc2, relu2, fc3, relu3]", "layers: []", 1))
@@ -354,7 +352,7 @@ def test_a_stage_without_layers_is_refused(tmp_path):
     assert result.exit_code == 2 and "layers" in result.stderr and "must not be empty" in result.stderr
 
 
-def test_a_search_that_gives_up_where_a_plan_exists_is_not_exit_3():
+def test_a_search_that_gives_up_where_a_plan_exists_is_not_exit_3(runner):
     # Exit 3 says no feasible plan exists; greedy's "no feasible plan found ... but a feasible plan
     # exists" exited 3 all the same.
     tight = [str(ROOT / f"benchmarks/instances/chain16x3-tight.{kind}.yaml") for kind in ("profile", "cluster")]
@@ -395,7 +393,7 @@ def _long_plan(path: Path, stages: int, shift: int = 0) -> Path:
 
 
 @pytest.mark.slow  # reading two 5 MB plans takes 12 s of the 13
-def test_diff_of_two_long_plans_is_linear(tmp_path):
+def test_diff_of_two_long_plans_is_linear(runner, tmp_path):
     import time
 
     # 30,000 stages each: no result after 90 s (a quadratic alignment in Python); 100,000 asked 74.5 GiB.
@@ -419,7 +417,7 @@ def test_the_sweep_pairs_as_the_alignment_does_when_ranges_match():
     assert _sweep(stages, stages[1:]) == [(0, None), (1, 0), (2, 1)] == pair_stages(stages, stages[1:])
 
 
-def test_validate_of_a_fifo_nothing_writes_ends(tmp_path, monkeypatch):
+def test_validate_of_a_fifo_nothing_writes_ends(runner, tmp_path, monkeypatch):
     import os
 
     from heterps_cli import yamlio
@@ -443,7 +441,7 @@ layers:
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
-def test_frontier_stops_at_its_time_limit_exact_up_to_where_it_got(tmp_path):
+def test_frontier_stops_at_its_time_limit_exact_up_to_where_it_got(runner, tmp_path):
     # Nearly perfectly parallel layers and 10^9 units: a frontier of millions of plans (no result after 90 s).
     profile, cluster = tmp_path / "p.yaml", tmp_path / "c.yaml"
     profile.write_text(PARALLEL)
@@ -468,14 +466,14 @@ def test_frontier_stops_at_its_time_limit_exact_up_to_where_it_got(tmp_path):
 @pytest.mark.parametrize(
     "as_type, said", [("", "must not be empty"), ("x" * 300, "at most 256 characters"), ("a\x1bb", "control")]
 )
-def test_profile_refuses_a_type_name_it_could_not_read_back(as_type, said):
+def test_profile_refuses_a_type_name_it_could_not_read_back(runner, as_type, said):
     # `--as ''` or 300 characters wrote profiles that validate then refused.
     result = runner.invoke(app, ["profile", "mlp", "--as", as_type, "--batch-size", "8", "--out", "-"])
     assert result.exit_code == 2 and "--as" in result.stderr and said in result.stderr, result.output
     assert result.stdout == ""
 
 
-def test_profile_refuses_a_model_name_it_could_not_read_back(tmp_path):
+def test_profile_refuses_a_model_name_it_could_not_read_back(runner, tmp_path):
     source, factory = tmp_path / ("m" * 200 + ".py"), "f" * 100  # named in the profile m...m:f...f
     source.write_text(f"import torch\nfrom torch import nn\n\ndef {factory}(batch_size):\n"
                       "    return nn.Sequential(nn.Linear(4, 4)), torch.randn(batch_size, 4)\n")  # fmt: skip
@@ -491,7 +489,7 @@ def test_profile_refuses_a_model_name_it_could_not_read_back(tmp_path):
         ("memory_gbps: 38\n", "memory_gbps: 1e-300\n", "devices.cpu.memory_gbps"),
     ],
 )
-def test_a_catalogue_whose_rates_underflow_is_bad_input(tmp_path, old, new, field):
+def test_a_catalogue_whose_rates_underflow_is_bad_input(runner, tmp_path, old, new, field):
     from heterps_cli.profiling import estimate
 
     text = (Path(estimate.__file__).parent / "devices.yaml").read_text()
@@ -507,7 +505,7 @@ def test_a_catalogue_whose_rates_underflow_is_bad_input(tmp_path, old, new, fiel
     assert f"{catalogue}:" in result.stderr and field in result.stderr and "Traceback" not in result.output
 
 
-def test_a_batch_past_this_machines_memory_is_bad_input(tmp_path):
+def test_a_batch_past_this_machines_memory_is_bad_input(runner, tmp_path):
     result = runner.invoke(app, ["profile", "mlp", "--as", "cpu", "--batch-size", "1000000000", "--out", "-"])
     assert result.exit_code == 2 and "batch_size" in result.stderr and "this machine can hold" in result.stderr
     plan = tmp_path / "p.yaml"
@@ -516,7 +514,7 @@ def test_a_batch_past_this_machines_memory_is_bad_input(tmp_path):
     assert result.exit_code == 2 and "this machine can hold" in result.stderr, result.output
 
 
-def test_every_search_has_a_default_budget_linear_in_the_model(monkeypatch):
+def test_every_search_has_a_default_budget_linear_in_the_model(runner, monkeypatch):
     # plan (rl) on a 50,000-layer profile gave no answer after 15 minutes; exact refuses in seconds.
     from heterps_cli import schedulers
 
@@ -530,14 +528,14 @@ def test_every_search_has_a_default_budget_linear_in_the_model(monkeypatch):
 
 
 @pytest.mark.parametrize("flag", ["--min-throughput", "--max-cost", "--samples"])
-def test_subnormal_flags_are_refused_and_tiny_ones_print_no_warning(flag):
+def test_subnormal_flags_are_refused_and_tiny_ones_print_no_warning(runner, flag):
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact", flag, "1e-320", "--json"])
     assert result.exit_code == 2 and "smallest normal float" in result.output
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", "greedy", flag, "1e-300", "--json"])
     assert result.exit_code in (0, 3) and "Warning" not in result.output, result.output
 
 
-def test_a_huge_time_on_one_type_does_not_fool_the_exact_solver(tmp_path):
+def test_a_huge_time_on_one_type_does_not_fool_the_exact_solver(runner, tmp_path):
     # Found by the 2,000-case fuzz: oct 2**63 on one layer's cpu made the stage sums of prefix
     # differences lose every other layer's time, and exact returned a plan breaking the target.
     from tests.oracle import spec_figures

@@ -10,19 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import SolveOptions, optimiser, rl, scoring
-from tests.helpers import instance_dicts, problem_from_dicts, random_instance, write_yaml
+from tests.helpers import ROOT, instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
-ROOT = Path(__file__).resolve().parents[1]
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
-runner = CliRunner()
 QUICK = ["--steps", "15", "--batch", "16"]
 
 
@@ -185,7 +182,7 @@ def test_rl_finds_the_brute_force_optimum_on_small_instances(seed):
     assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
 
 
-def test_same_seed_same_plan():
+def test_same_seed_same_plan(runner):
     def run():
         result = runner.invoke(app, ["plan", CTR, PAPER, "--seed", "7", "--json", *QUICK])
         assert result.exit_code == 0, result.output
@@ -196,7 +193,7 @@ def test_same_seed_same_plan():
     assert run() == run()
 
 
-def test_rl_is_the_default_and_its_plan_checks_out():
+def test_rl_is_the_default_and_its_plan_checks_out(runner):
     result = runner.invoke(app, ["plan", CTR, PAPER, "--json", *QUICK])
     plan = json.loads(result.stdout)
     assert plan["scheduler"] == "rl" and plan["feasible"] and plan["optimal"] is None
@@ -204,7 +201,7 @@ def test_rl_is_the_default_and_its_plan_checks_out():
 
 
 @pytest.mark.slow
-def test_policy_out_then_in_warm_starts_a_deeper_model(tmp_path, ctr_policy):
+def test_policy_out_then_in_warm_starts_a_deeper_model(runner, tmp_path, ctr_policy):
     policy = ctr_policy
     # the same model with one more dense layer: the policy still applies (same cluster types)
     text = (
@@ -255,7 +252,7 @@ def test_nearby_models_differ_by_one_layer_and_bounded_times():
 
 
 @pytest.mark.slow
-def test_policy_for_other_types_is_refused(tmp_path, ctr_policy):
+def test_policy_for_other_types_is_refused(runner, tmp_path, ctr_policy):
     policy = ctr_policy
     result = runner.invoke(
         app, ["plan", CTR, str(ROOT / "clusters/three-type.yaml"), "--policy-in", str(policy), *QUICK]
@@ -280,7 +277,7 @@ def test_time_limit_stops_training():
     assert plan.feasible and any("time limit" in note for note in plan.notes)
 
 
-def test_no_feasible_plan_exits_3_with_the_reachable_figure(tmp_path):
+def test_no_feasible_plan_exits_3_with_the_reachable_figure(runner, tmp_path):
     arrays = random_instance(np.random.default_rng(6), 4, 2)
     profile, cluster = instance_dicts(*arrays, min_throughput=1e12)
     p, c = write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)
@@ -320,7 +317,7 @@ def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
         (lambda d: d.update(state=[1, 2]), "the network's weights are not those of a heterps policy"),
     ],
 )
-def test_a_tampered_policy_file_is_refused_before_a_network_is_built(tmp_path, tamper, message):
+def test_a_tampered_policy_file_is_refused_before_a_network_is_built(runner, tmp_path, tamper, message):
     problem = load_problem(CTR, PAPER)
     policy = tmp_path / "policy.pt"
     rl.save_policy(rl.Policy(rl.n_features(problem.n_types), problem.n_types, 8), problem, policy)

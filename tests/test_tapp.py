@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from heterps_cli.schedulers import SolveOptions, tapp
-from tests.helpers import instance_dicts, problem_from_dicts, random_instance
+from tests.helpers import ROOT, instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force
 
-ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
 QUICK = ["--steps", "15", "--batch", "16"]
 
 
@@ -88,7 +84,7 @@ def test_tapp_finds_the_brute_force_fastest_plan_on_small_instances(seed):
 
 
 @pytest.mark.parametrize("example", ["vgg16", pytest.param("transformer", marks=pytest.mark.slow)])
-def test_tapp_defaults_to_objective_time_on_the_bundled_examples(example):
+def test_tapp_defaults_to_objective_time_on_the_bundled_examples(runner, example):
     profile = str(ROOT / f"profiles/{example}.yaml")
     cluster = str(ROOT / "clusters/three-type.yaml")
     result = runner.invoke(app, ["plan", profile, cluster, "--scheduler", "tapp", "--json", *QUICK])
@@ -101,7 +97,7 @@ def test_tapp_defaults_to_objective_time_on_the_bundled_examples(example):
     assert plan["throughput"] <= exact["throughput"] * (1 + 1e-9)
 
 
-def test_same_seed_same_plan():
+def test_same_seed_same_plan(runner):
     def run():
         result = runner.invoke(
             app,

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from heterps_cli.cli.app import app
 from heterps_cli.problem import load_problem
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "benchmarks" / "instances"
 PROFILE, CLUSTER = str(INSTANCES / "chain64x3.profile.yaml"), str(INSTANCES / "chain64x3.cluster.yaml")
 
@@ -67,9 +66,9 @@ def test_a_search_out_of_time_and_plans_says_so_without_running_exact(monkeypatc
 
 
 def test_a_search_on_a_model_too_long_for_exact_does_not_point_to_it(monkeypatch, tmp_path, runner):
-    from heterps_cli.schedulers import exact
+    from heterps_cli.schedulers import chain_dp, exact
 
-    monkeypatch.setattr(exact, "MAX_GRID_CELLS", 100)  # chain16x2: 17 x 17 x 2 = 578 cells
+    monkeypatch.setattr(chain_dp, "MAX_GRID_CELLS", 100)  # chain16x2: 17 x 17 x 2 = 578 cells
     monkeypatch.setattr(exact, "solve", lambda *a, **k: pytest.fail("exact ran on a model too long for it"))
     tight = INSTANCES / "chain16x2-tight.profile.yaml", INSTANCES / "chain16x2-tight.cluster.yaml"
     for limit in ([], ["--time-limit", "1e-9"]):

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from typer.testing import CliRunner
-
 from heterps_cli.cli.app import app
 from heterps_cli.yamlio import load_yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
+from tests.helpers import ROOT
 
 
-def test_summary_of_a_profile_and_cluster():
+def test_summary_of_a_profile_and_cluster(runner):
     result = runner.invoke(
         app, ["validate", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")], env={"COLUMNS": "160"}
     )
@@ -25,7 +19,7 @@ def test_summary_of_a_profile_and_cluster():
     assert "ignored when planning: a100" in out
 
 
-def test_summary_of_a_profile_alone(tmp_path):
+def test_summary_of_a_profile_alone(runner, tmp_path):
     text = (ROOT / "profiles/ctr.yaml").read_text()
     # fc1 (layer 2) and relu1 (layer 3) timed on cpu only: v100 then runs 0-1, 4-9
     lines = text.splitlines()
@@ -50,7 +44,7 @@ def test_yaml_12_floats_and_lines(tmp_path):
     assert doc.line(("c", 0, "y")) == 5 and doc.line(("c", 0, "missing")) == 4
 
 
-def test_a_cluster_alone_is_checked_and_summarised(tmp_path):
+def test_a_cluster_alone_is_checked_and_summarised(runner, tmp_path):
     result = runner.invoke(app, ["validate", str(ROOT / "clusters/paper-hardware.yaml")], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "cluster paper-hardware, 2 resource types" in result.stdout
@@ -63,7 +57,7 @@ def test_a_cluster_alone_is_checked_and_summarised(tmp_path):
     assert result.exit_code == 2 and f"{bad}:3" in result.stderr and "price" in result.stderr
 
 
-def test_a_plan_alone_is_checked_and_summarised(tmp_path):
+def test_a_plan_alone_is_checked_and_summarised(runner, tmp_path):
     result = runner.invoke(app, ["validate", str(ROOT / "docs/plans/ctr.yaml")], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "a plan of ctr on paper by exact, 3 stages: cpu×34 | v100×1 | cpu×1" in result.stdout

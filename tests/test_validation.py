@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
-
-runner = CliRunner()
+from tests.helpers import runner
 
 PROFILE = """\
 model: tiny
@@ -177,7 +175,7 @@ def test_no_type_in_common(tmp_path):
     assert "c.yaml" in result.stderr
 
 
-def test_missing_file(tmp_path):
+def test_missing_file(runner, tmp_path):
     result = runner.invoke(app, ["plan", str(tmp_path / "nope.yaml"), str(tmp_path / "c.yaml")])
     assert result.exit_code == 2
     assert "nope.yaml: file not found" in result.stderr
@@ -200,14 +198,14 @@ def test_bad_options_exit_2(tmp_path, option):
     assert "Traceback" not in result.output
 
 
-def test_validate_reports_the_same_errors(tmp_path):
+def test_validate_reports_the_same_errors(runner, tmp_path):
     (tmp_path / "p.yaml").write_text(PROFILE.replace("odt: 0.012}", "odt: -1}"))
     result = runner.invoke(app, ["validate", str(tmp_path / "p.yaml")])
     assert result.exit_code == 2
     assert "p.yaml:14: layers[0].times.cpu.odt: must be >= 0" in result.stderr
 
 
-def test_unreadable_inputs_and_unwritable_output(tmp_path):
+def test_unreadable_inputs_and_unwritable_output(runner, tmp_path):
     (tmp_path / "bin.yaml").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
     (tmp_path / "c.yaml").write_text(CLUSTER)
     for args, text in [

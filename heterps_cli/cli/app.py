@@ -120,7 +120,7 @@ def _normal(value: float | None) -> float | None:
     return value
 
 
-INTERRUPT_REPORTED = {"done": False}  # heterps_cli.main says "interrupted" only when no command did
+INTERRUPT_REPORTED = {"done": False}  # cli.entry.main says "interrupted" only when no command did
 
 
 def _print_error(prefix: str, lines: list[str]) -> None:
@@ -247,7 +247,7 @@ def _interrupted(what: str) -> None:
 
 
 def _report_interrupt(what: str) -> None:
-    """'interrupted' (with what it means for the output, when there is some); heterps_cli.main then
+    """'interrupted' (with what it means for the output, when there is some); cli.entry.main then
     adds nothing of its own."""
     INTERRUPT_REPORTED["done"] = True
     _print_error("interrupted: " if what else "interrupted", [what])
@@ -880,34 +880,18 @@ def profile_command(
         from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
         from heterps_cli.profiling.write import measured_text
 
-        missing = [
-            flag
-            for flag, value in (("--as", as_type), ("--batch-size", batch_size), ("--out", out_file))
-            if value is None
-        ]
-        if missing:
-            raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
+        _profile_flags_agree(
+            {"--as": as_type, "--batch-size": batch_size, "--out": out_file},
+            estimating=estimate is not None,
+            estimating_only={"--catalogue": catalogue, "--calibrate": calibrate, "--calibrate-on": calibrate_on},
+            measuring_only={
+                "--device": device is not Device.cpu,
+                "--processes": processes != 1,
+                "--link-gbps": link_gbps is not None,
+            },
+        )
         assert as_type is not None and batch_size is not None and out_file is not None
-        if estimate is None:
-            for flag, given in (
-                ("--catalogue", catalogue),
-                ("--calibrate", calibrate),
-                ("--calibrate-on", calibrate_on),
-            ):
-                if given is not None:
-                    raise InputError(None, None, flag, f"{flag} goes with --estimate DEVICE")
-        else:
-            for flag, measuring in (
-                ("--device", device is not Device.cpu),
-                ("--processes", processes != 1),
-                ("--link-gbps", link_gbps is not None),
-            ):
-                if measuring:
-                    raise InputError(
-                        None, None, flag, f"{flag} applies to measuring; --estimate runs nothing on the device"
-                    )
-            if calibrate_on is not None and calibrate is None:
-                raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
+        if estimate is not None:
             from heterps_cli.cli.render import estimate_view
             from heterps_cli.profiling.write import cluster_snippet, estimated_text
 
@@ -956,6 +940,24 @@ def profile_command(
                 style="dim",
             )
         )
+
+
+def _profile_flags_agree(required: dict, estimating: bool, estimating_only: dict, measuring_only: dict) -> None:
+    """Exit 2 naming the first flag that is missing, or that belongs to the other mode of ``heterps profile``
+    (measuring here, or ``--estimate`` for a device elsewhere)."""
+    missing = [flag for flag, value in required.items() if value is None]
+    if missing:
+        raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
+    if not estimating:
+        for flag, given in estimating_only.items():
+            if given is not None:
+                raise InputError(None, None, flag, f"{flag} goes with --estimate DEVICE")
+        return
+    for flag, measuring in measuring_only.items():
+        if measuring:
+            raise InputError(None, None, flag, f"{flag} applies to measuring; --estimate runs nothing on the device")
+    if estimating_only["--calibrate-on"] is not None and estimating_only["--calibrate"] is None:
+        raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
 
 
 @app.command(name="run")

@@ -592,6 +592,11 @@ def _cpu_type(name: str) -> bool:
 
 def run_view(report) -> Group:
     """``heterps run``: what each stage spent per batch, then the plan's prediction beside the run."""
+    return Group(*_run_tables(report), *_run_lines(report))
+
+
+def _run_tables(report) -> tuple[Table, Table, Table]:
+    """``heterps run``'s tables: time spent per stage, the plan beside the run, memory per process."""
     title = Text.assemble(
         "run of ",
         _bold(report.plan),
@@ -644,6 +649,11 @@ def run_view(report) -> Group:
             "—" if s.predicted_memory_gb is None else f"{s.predicted_memory_gb:.3g}",
             s.peak_memory_how or "not measured",
         )
+    return spent, versus, memory
+
+
+def _run_lines(report) -> list[Text]:
+    """``heterps run``'s figures in all, what its columns mean, and what to keep in mind."""
     lines = [
         Text.assemble(
             "throughput ",
@@ -678,4 +688,4 @@ def run_view(report) -> Group:
         lines.append(
             Text(f"loss {report.losses[0]:.6g} at step 1, {report.losses[-1]:.6g} at step {len(report.losses)}")
         )
-    return Group(spent, versus, memory, *lines)
+    return lines

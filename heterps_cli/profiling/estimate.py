@@ -44,18 +44,12 @@ from heterps_cli.formats import Catalogue, DeviceSpec, load_catalogue
 from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
     ALPHA_OTHER,
-    Call,
     LayerProfile,
-    Model,
-    _fresh,
-    _tensors,
-    bytes_of,
-    kind,
     layer_profile,
-    model_error,
     traced,
     weight_bytes,
 )
+from heterps_cli.profiling.models import Call, Model, bytes_of, kind, model_error, tensors_of
 from heterps_cli.progress import Progress, quiet
 
 CATALOGUE = Path(__file__).with_name("devices.yaml")
@@ -107,20 +101,20 @@ class _Kernels(TorchDispatchMode):
 def work(call: Call) -> Work:
     """FLOPs, bytes and kernels of ``call``'s layer alone, forward then backward (ones as the output's
     gradient), on fresh copies of its recorded inputs: what ``heterps profile`` times."""
-    args, kwargs = _fresh(call.args, "cpu"), _fresh(call.kwargs, "cpu")
+    args, kwargs = call.fresh("cpu")
     for p in call.module.parameters():
         p.grad = None
     flops = FlopCounterMode(display=False)
     kernels = _Kernels()
     with flops, kernels:
         out = call.module(*args, **kwargs)
-        outs = [o for o in _tensors(out) if o.requires_grad]
+        outs = [o for o in tensors_of(out) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     weights = weight_bytes(call.module)
     # A lookup (integer inputs: an embedding) reads only the rows it indexes and needs no input gradient,
     # so of its weights only the gradient's write is counted.
-    lookup = not any(t.is_floating_point() for t in _tensors((call.args, call.kwargs)))
+    lookup = not any(t.is_floating_point() for t in tensors_of((call.args, call.kwargs)))
     moved = 3 * bytes_of((call.args, call.kwargs)) + 2 * bytes_of(out) + (1 if lookup else 3) * weights
     return Work(float(flops.get_total_flops()), moved, kernels.count)
 
@@ -128,7 +122,7 @@ def work(call: Call) -> Work:
 def precision(call: Call, layer_kind: str, device: DeviceSpec) -> str:
     """Which of the device's peaks the layer runs at (see the module docstring)."""
     dtypes = {p.dtype for p in call.module.parameters()} | {
-        t.dtype for t in _tensors(call.args) if t.is_floating_point()
+        t.dtype for t in tensors_of(call.args) if t.is_floating_point()
     }
     if torch.bfloat16 in dtypes:
         return "bf16"

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.measure import Model, layers_of, model_error
+from heterps_cli.profiling.models import Model, layers_of, model_error
 
 
 @dataclass

@@ -21,7 +21,7 @@ from torch import nn
 
 from heterps_cli.errors import InputError
 from heterps_cli.profiling.granularity import breaks, record_calls
-from heterps_cli.profiling.measure import Model, layers_of
+from heterps_cli.profiling.models import Model, layers_of
 
 
 @dataclass(frozen=True)

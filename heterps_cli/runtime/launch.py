@@ -24,7 +24,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.measure import free_port
+from heterps_cli.profiling.links import free_port
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.worker import RunConfig, run_rank, spawned
 

@@ -133,157 +133,170 @@ def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> li
     return buckets
 
 
-def train(rank: int, world_size: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
+def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
-    from heterps_cli.profiling.granularity import use_layers
-    from heterps_cli.profiling.measure import load_model
-    from heterps_cli.runtime.chain import trace_chain
+    replica = _Replica(rank, cfg, local_rank)
+    for step in range(cfg.warmup + cfg.steps):
+        if step == cfg.warmup:
+            dist.barrier()
+            if replica.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(replica.device)
+        replica.step(measured=step >= cfg.warmup)
+    dist.barrier()
+    return replica.result()
 
-    torch.set_num_threads(cfg.threads)
-    lay = cfg.layout()
-    stage, replica = lay.place(rank)
-    device = device_for(cfg.devices[stage.resource], local_rank)
-    # Every rank creates every stage's group, in the same order (torch.distributed requires it).
-    groups = [
-        dist.new_group(s.ranks, backend="nccl" if cfg.devices[s.resource].startswith("cuda") else "gloo")
-        if s.replicas > 1
-        else None
-        for s in lay.stages
-    ]
-    torch.manual_seed(cfg.seed)
-    baseline = baseline_memory(device)
-    model = load_model(cfg.model, lay.samples, cfg.input_shape)
-    chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
-    module = chain.stage(stage.layers).to(device).train()
-    optimiser = torch.optim.SGD(module.parameters(), lr=cfg.lr)
-    params = [p for p in module.parameters() if p.requires_grad]
-    group = groups[stage.index]
-    buckets = gradient_buckets(params, device) if group is not None else []
-    last = stage.index == len(lay.stages) - 1
-    before = lay.stages[stage.index - 1] if stage.index > 0 else None
-    after = lay.stages[stage.index + 1] if not last else None
-    incoming = chain.output_after(before.layers[-1]) if before else None
-    outgoing = chain.output_after(stage.layers[-1])
-    target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if last else None
-    inputs = model.inputs[0]
-    M = lay.micro_batches
-    times, losses = Times(), []
 
-    def receive(source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
+class _Replica:
+    """One rank: a replica of one stage, its neighbours in the pipeline, and what it measured."""
+
+    def __init__(self, rank: int, cfg: RunConfig, local_rank: int | None):
+        from heterps_cli.profiling.granularity import use_layers
+        from heterps_cli.profiling.measure import load_model
+        from heterps_cli.runtime.chain import trace_chain
+
+        torch.set_num_threads(cfg.threads)
+        self.rank, self.lay = rank, cfg.layout()
+        lay = self.lay
+        self.stage, self.replica = lay.place(rank)
+        stage = self.stage
+        self.device = device_for(cfg.devices[stage.resource], local_rank)
+        # Every rank creates every stage's group, in the same order (torch.distributed requires it).
+        groups = [
+            dist.new_group(s.ranks, backend="nccl" if cfg.devices[s.resource].startswith("cuda") else "gloo")
+            if s.replicas > 1
+            else None
+            for s in lay.stages
+        ]
+        torch.manual_seed(cfg.seed)
+        self.baseline = baseline_memory(self.device)
+        model = load_model(cfg.model, lay.samples, cfg.input_shape)
+        chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
+        self.module = chain.stage(stage.layers).to(self.device).train()
+        self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.group = groups[stage.index]
+        self.buckets = gradient_buckets(params, self.device) if self.group is not None else []
+        self.last = stage.index == len(lay.stages) - 1
+        self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
+        self.after = lay.stages[stage.index + 1] if not self.last else None
+        self.incoming = chain.output_after(self.before.layers[-1]) if self.before else None
+        self.outgoing = chain.output_after(stage.layers[-1])
+        self.target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if self.last else None
+        self.inputs = model.inputs[0]
+        self.M = lay.micro_batches
+        self.warm = min(len(lay.stages) - 1 - stage.index, self.M)  # 1F1B: forwards before the first backward
+        self.times = Times()
+        self.losses: list[float] = []
+        self.handles: list = []  # this step's sends, waited on before the all-reduce
+        self.kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
+        self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0}  # this step's sums
+
+    def receive(self, source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
         pieces, waited = [], 0.0
-        for src, lo, hi in lay.overlaps(stage, replica, source_stage, j):
+        for src, lo, hi in self.lay.overlaps(self.stage, self.replica, source_stage, j):
             buffer = torch.empty((hi - lo, *boundary.shape), dtype=boundary.dtype)
             start = time.perf_counter()
             dist.recv(buffer, src=src, tag=tag)
             waited += time.perf_counter() - start
             pieces.append(buffer)
-        return torch.cat(pieces).to(device), waited
+        return torch.cat(pieces).to(self.device), waited
 
-    def send(tensor: torch.Tensor, offset: int, target_stage, j: int, tag: int, handles: list) -> None:
+    def send(self, tensor: torch.Tensor, offset: int, target_stage, j: int, tag: int) -> None:
         host = tensor.detach().cpu()
-        for dst, lo, hi in lay.overlaps(stage, replica, target_stage, j):
-            handles.append(dist.isend(host[lo - offset : hi - offset].contiguous(), dst=dst, tag=tag))
+        for dst, lo, hi in self.lay.overlaps(self.stage, self.replica, target_stage, j):
+            self.handles.append(dist.isend(host[lo - offset : hi - offset].contiguous(), dst=dst, tag=tag))
 
-    warm = min(len(lay.stages) - 1 - stage.index, M)  # 1F1B: forwards before the first backward
-
-    handles: list = []  # this step's sends, waited on before the all-reduce
-    kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
-    acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0}  # this step's sums
-
-    def forward(j: int) -> None:
-        a, b = lay.shard(stage, replica, j)
-        if before is None:
-            x = inputs[a:b].to(device)
+    def forward(self, j: int) -> None:
+        a, b = self.lay.shard(self.stage, self.replica, j)
+        if self.before is None:
+            x = self.inputs[a:b].to(self.device)
         else:
-            x, waited = receive(before, j, j, incoming)
-            acc["wait"] += waited
+            x, waited = self.receive(self.before, j, j, self.incoming)
+            self.acc["wait"] += waited
             if x.is_floating_point():
                 x.requires_grad_(True)
-        _synchronise(device)
+        _synchronise(self.device)
         start = time.perf_counter()
-        y = module(x)
-        if last:
-            assert target is not None
-            y = per_sample_loss(y, target[a:b].to(device), lay.samples)
-        _synchronise(device)
-        acc["compute"] += time.perf_counter() - start
-        if last:
-            acc["loss"] += float(y.detach())
+        y = self.module(x)
+        if self.last:
+            assert self.target is not None
+            y = per_sample_loss(y, self.target[a:b].to(self.device), self.lay.samples)
+        _synchronise(self.device)
+        self.acc["compute"] += time.perf_counter() - start
+        if self.last:
+            self.acc["loss"] += float(y.detach())
         else:
-            send(y, a, after, j, j, handles)
-        kept[j] = (x, y, a)
+            self.send(y, a, self.after, j, j)
+        self.kept[j] = (x, y, a)
 
-    def backward(j: int) -> None:
-        x, y, a = kept.pop(j)  # its activations are freed once its backward is done
+    def backward(self, j: int) -> None:
+        x, y, a = self.kept.pop(j)  # its activations are freed once its backward is done
         gradient = None
-        if after is not None and outgoing.dtype.is_floating_point:
-            gradient, waited = receive(after, j, M + j, outgoing)
-            acc["wait"] += waited
-        _synchronise(device)
+        if self.after is not None and self.outgoing.dtype.is_floating_point:
+            gradient, waited = self.receive(self.after, j, self.M + j, self.outgoing)
+            self.acc["wait"] += waited
+        _synchronise(self.device)
         start = time.perf_counter()
-        if y.requires_grad and (last or gradient is not None):
+        if y.requires_grad and (self.last or gradient is not None):
             y.backward(gradient)
-        _synchronise(device)
-        acc["compute"] += time.perf_counter() - start
-        if before is not None and x.is_floating_point():
+        _synchronise(self.device)
+        self.acc["compute"] += time.perf_counter() - start
+        if self.before is not None and x.is_floating_point():
             grad = x.grad if x.grad is not None else torch.zeros_like(x)
-            send(grad, a, before, j, M + j, handles)
+            self.send(grad, a, self.before, j, self.M + j)
 
-    for step in range(cfg.warmup + cfg.steps):
-        if step == cfg.warmup:
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-        acc.update(compute=0.0, wait=0.0, loss=0.0)
-        sync = 0.0
+    def step(self, measured: bool) -> None:
+        """One optimiser step: 1F1B over the micro-batches, the sends, the stage's all-reduce, the update."""
+        self.acc.update(compute=0.0, wait=0.0, loss=0.0)
         began = time.perf_counter()
-        handles.clear()
-        kept.clear()
-
+        self.handles.clear()
+        self.kept.clear()
+        M, warm = self.M, self.warm
         # 1F1B (docs/spec.md section 1d): `warm` forwards, then one forward and one backward in turn,
         # then the remaining backwards; micro-batches go backward in the order they went forward.
         for j in range(warm):
-            forward(j)
+            self.forward(j)
         for j in range(warm, M):
-            forward(j)
-            backward(j - warm)
+            self.forward(j)
+            self.backward(j - warm)
         for j in range(M - warm, M):
-            backward(j)
+            self.backward(j)
         start = time.perf_counter()
-        for handle in handles:
+        for handle in self.handles:
             handle.wait()  # done once the neighbour has received: waiting on it, like a receive
-        if buckets:
-            dist.barrier(group=group)  # the stage's slowest replica: waiting, so that sync is the all-reduce alone
-        acc["wait"] += time.perf_counter() - start
+        if self.buckets:
+            dist.barrier(group=self.group)  # the stage's slowest replica: waiting, so that sync is the all-reduce alone
+        self.acc["wait"] += time.perf_counter() - start
         start = time.perf_counter()
-        for bucket in buckets:
-            dist.all_reduce(bucket, group=group)
-        _synchronise(device)
-        sync += time.perf_counter() - start
-        optimiser.step()
-        optimiser.zero_grad(set_to_none=False)
-        losses.append(acc["loss"])
-        if step >= cfg.warmup:
-            times.compute.append(acc["compute"])
-            times.wait.append(acc["wait"])
-            times.sync.append(sync)
-            times.wall.append(time.perf_counter() - began)
-    dist.barrier()
-    peak, how = peak_memory(device)
-    return {
-        "peak_memory": peak,
-        "baseline_memory": baseline,
-        "peak_memory_how": how,
-        "rank": rank,
-        "stage": stage.index,
-        "replica": replica,
-        "device": str(device),
-        "losses": losses,
-        "compute": times.compute,
-        "wait": times.wait,
-        "sync": times.sync,
-        "wall": times.wall,
-    }
+        for bucket in self.buckets:
+            dist.all_reduce(bucket, group=self.group)
+        _synchronise(self.device)
+        sync = time.perf_counter() - start
+        self.optimiser.step()
+        self.optimiser.zero_grad(set_to_none=False)
+        self.losses.append(self.acc["loss"])
+        if measured:
+            self.times.compute.append(self.acc["compute"])
+            self.times.wait.append(self.acc["wait"])
+            self.times.sync.append(sync)
+            self.times.wall.append(time.perf_counter() - began)
+
+    def result(self) -> dict:
+        peak, how = peak_memory(self.device)
+        return {
+            "peak_memory": peak,
+            "baseline_memory": self.baseline,
+            "peak_memory_how": how,
+            "rank": self.rank,
+            "stage": self.stage.index,
+            "replica": self.replica,
+            "device": str(self.device),
+            "losses": self.losses,
+            "compute": self.times.compute,
+            "wait": self.times.wait,
+            "sync": self.times.sync,
+            "wall": self.times.wall,
+        }
 
 
 def run_rank(rank: int, world_size: int, init_method: str | None, cfg: RunConfig, local_rank: int | None) -> dict:
@@ -293,7 +306,7 @@ def run_rank(rank: int, world_size: int, init_method: str | None, cfg: RunConfig
     )
     try:
         started = time.perf_counter()
-        mine = train(rank, world_size, cfg, local_rank)
+        mine = train(rank, cfg, local_rank)
         mine["elapsed"] = time.perf_counter() - started
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, mine)

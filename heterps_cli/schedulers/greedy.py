@@ -20,10 +20,7 @@ from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import budget_note, polish
-from heterps_cli.schedulers.names import GREEDY_RULE
 from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, limit_reached, result
-
-RULE = GREEDY_RULE
 
 
 def rule_schedule(problem: Problem) -> np.ndarray:

@@ -343,7 +343,7 @@ def polish_starts(problem: Problem, evaluate: Evaluator, reference: Reference, c
     return chosen
 
 
-REPAIR_ROUNDS = 12  # price_repair: at most this many searches, each with the overused types' prices doubled
+PRICE_REPAIR_SEARCHES = 12  # price_repair: at most this many searches, each with the overused types' prices doubled
 RELAXED_LIMITS = 4  # price_repair searches with every type's limit this many times larger
 
 
@@ -362,7 +362,7 @@ def price_repair(
     spread the cores over ten stages. So: descend on the cost with every limit
     :data:`RELAXED_LIMITS` times larger, where the target is easy to meet; if
     the plan uses more of a type than the real limit, double that type's price
-    and descend again from it, up to :data:`REPAIR_ROUNDS` times. ``check(row)``
+    and descend again from it, up to :data:`PRICE_REPAIR_SEARCHES` times. ``check(row)``
     takes each round's plan to the real problem (:func:`polish` descends from
     it by the shortfall, which closes a small overuse) and says whether it
     found what the repair is for (a feasible plan, or one better than the best
@@ -371,7 +371,7 @@ def price_repair(
     """
     prices, row = problem.prices.astype(float), np.asarray(start, dtype=np.int64)
     floor = 0.1 * max(float(prices.max()), 1e-9)  # a free type gets a price once it is overused
-    for _ in range(REPAIR_ROUNDS):
+    for _ in range(PRICE_REPAIR_SEARCHES):
         if out_of_time():
             return
         relaxed = problem.replace(prices=prices, limits=problem.limits * RELAXED_LIMITS)
@@ -437,26 +437,54 @@ def polish(
     (greedy, the quick first answer, leaves both out: from its plans a 64-layer, 4-type model took 12 s
     of window sweeps instead of 2 s).
     """
-    # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
-    # it is kept up to date here rather than found again in the whole cache for every kick.
-    least_bad: list = []  # [reward, schedule] once the kicks need it
-    scored_before = evaluate.evaluations
-    budget = search_budget(problem.n_layers)
-    report = progress or quiet
+    search = _Polish(problem, evaluate, best, reference, out_of_time, progress or quiet, name)
+    for begin in starts:
+        if search.stop() and best.schedule is not None:
+            break
+        search.descend(begin)
+    cost = problem.objective == "cost"
+    # The repair also runs when the best plan uses all of some type: on chain64x4-tight the policy's
+    # feasible samples (17-26% off) led the descents to plans 5.6-9.8% off, the repair to 3.0-6.4%.
+    if cost and (best.schedule is None or search.binding()) and not search.stop():
+        search.repair(polish_starts(problem, evaluate, reference, 1)[0])
+    search.kicks(rng, kicks, extra_kicks)
+    # Once more from the kicks' best plan: on chain64x4-tight seed 0 the kicks ended 6.07% off with v100
+    # and t4 all in use, and three places to change at once; the repair from there went to 3.73%.
+    if repair_again and cost and best.schedule is not None and search.binding() and not search.stop():
+        search.repair(best.schedule)
+    if windows and best.schedule is not None and not search.stop():
+        search.report(f"{name}: re-planning windows of {WINDOW} layers")
+        window_search(problem, best.schedule, search.scorer(soft=False), out_of_time=search.stop)
+    return search.spent()
 
-    def spent() -> bool:
-        return evaluate.evaluations - scored_before > budget
 
-    def stop() -> bool:
-        return out_of_time() or spent()
+class _Polish:
+    """:func:`polish`'s state and phases: descents, the price repair and the kicks, within one budget."""
 
-    def scorer(soft: bool):
+    def __init__(self, problem, evaluate, best, reference, out_of_time, report, name):
+        self.problem, self.evaluate, self.best, self.reference = problem, evaluate, best, reference
+        self.out_of_time, self.report, self.name = out_of_time, report, name
+        # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
+        # it is kept up to date here rather than found again in the whole cache for every kick.
+        self.least_bad: list = []  # [reward, schedule] once the kicks need it
+        self.scored_before = evaluate.evaluations
+        self.budget = search_budget(problem.n_layers)
+
+    def spent(self) -> bool:
+        return self.evaluate.evaluations - self.scored_before > self.budget
+
+    def stop(self) -> bool:
+        return self.out_of_time() or self.spent()
+
+    def scorer(self, soft: bool) -> Callable[[np.ndarray], np.ndarray]:
+        problem, best, reference, least_bad = self.problem, self.best, self.reference, self.least_bad
+
         def score(rows: np.ndarray) -> np.ndarray:
-            scored = evaluate(rows)
+            scored = self.evaluate(rows)
             best.offer(problem, rows, scored)
-            report(
-                f"{name}: local search · {evaluate.evaluations - scored_before:,} schedules scored "
-                f"(at most {budget:,}) · best {best.shown}"
+            self.report(
+                f"{self.name}: local search · {self.evaluate.evaluations - self.scored_before:,} schedules scored "
+                f"(at most {self.budget:,}) · best {best.shown}"
             )
             if least_bad and best.schedule is None:
                 hard = rewards(problem, scored, reference)
@@ -467,55 +495,45 @@ def polish(
 
         return score
 
-    def descend(begin: np.ndarray) -> None:
-        found, _ = improve(problem, begin, scorer(soft=False), out_of_time=stop)
-        improve(problem, found, scorer(soft=True), out_of_time=stop)
-        if best.schedule is not None:
-            improve(problem, best.schedule, scorer(soft=False), out_of_time=stop)
+    def descend(self, begin: np.ndarray) -> None:
+        """The hard reward, then the soft one (which may cross mildly infeasible plans), then the hard one
+        again from the best plan."""
+        found, _ = improve(self.problem, begin, self.scorer(soft=False), out_of_time=self.stop)
+        improve(self.problem, found, self.scorer(soft=True), out_of_time=self.stop)
+        if self.best.schedule is not None:
+            improve(self.problem, self.best.schedule, self.scorer(soft=False), out_of_time=self.stop)
 
-    for begin in starts:
-        if stop() and best.schedule is not None:
-            break
-        descend(begin)
-    cost = problem.objective == "cost"
-
-    def binding() -> bool:
+    def binding(self) -> bool:
         """Does the best plan use all of some type?"""
-        return best.schedule is not None and bool((evaluate(best.schedule[None]).used[0] >= problem.limits).any())
+        best = self.best
+        return best.schedule is not None and bool(
+            (self.evaluate(best.schedule[None]).used[0] >= self.problem.limits).any()
+        )
 
-    def repair(start: np.ndarray) -> None:
-        report(f"{name}: searching with the limits loosened and overused types dearer")
-        before = best.key
+    def repair(self, start: np.ndarray) -> None:
+        self.report(f"{self.name}: searching with the limits loosened and overused types dearer")
+        before = self.best.key
 
         def check(row: np.ndarray) -> bool:
-            improve(problem, row, scorer(soft=False), out_of_time=stop)  # the last few units, by shortfall
-            return best.key < before  # a (better) feasible plan
+            improve(self.problem, row, self.scorer(soft=False), out_of_time=self.stop)  # the last few units
+            return self.best.key < before  # a (better) feasible plan
 
-        price_repair(problem, start, check, evaluate, stop)
+        price_repair(self.problem, start, check, self.evaluate, self.stop)
 
-    # The repair also runs when the best plan uses all of some type: on chain64x4-tight the policy's
-    # feasible samples (17-26% off) led the descents to plans 5.6-9.8% off, the repair to 3.0-6.4%.
-    if cost and (best.schedule is None or binding()) and not stop():
-        repair(polish_starts(problem, evaluate, reference, 1)[0])
-    if best.schedule is None:
-        row = polish_starts(problem, evaluate, reference, 1)[0]
-        least_bad[:] = [float(rewards(problem, evaluate(row[None]), reference)[0]), row]
-    # Measured on the tight instances: a plan first found late in the kicks was 5-10% off,
-    # and more kicks while they still improve it brought it to the optimum on some seeds.
-    unimproved = 0
-    for _ in range(kicks + extra_kicks):
-        if stop() or unimproved >= kicks:
-            break
-        anchor = best.schedule if best.schedule is not None else least_bad[1]
-        before = best.key
-        descend(kick(problem, anchor, rng))
-        if best.schedule is not None:
-            unimproved = 0 if extra_kicks and best.key < before else unimproved + 1
-    # Once more from the kicks' best plan: on chain64x4-tight seed 0 the kicks ended 6.07% off with v100
-    # and t4 all in use, and three places to change at once; the repair from there went to 3.73%.
-    if repair_again and cost and best.schedule is not None and binding() and not stop():
-        repair(best.schedule)
-    if windows and best.schedule is not None and not stop():
-        report(f"{name}: re-planning windows of {WINDOW} layers")
-        window_search(problem, best.schedule, scorer(soft=False), out_of_time=stop)
-    return spent()
+    def kicks(self, rng: np.random.Generator, kicks: int, extra_kicks: int) -> None:
+        """Perturb the best plan (or the least infeasible schedule) and descend again. Measured on the
+        tight instances: a plan first found late in the kicks was 5-10% off, and more kicks while they
+        still improve it brought it to the optimum on some seeds."""
+        problem, best = self.problem, self.best
+        if best.schedule is None:
+            row = polish_starts(problem, self.evaluate, self.reference, 1)[0]
+            self.least_bad[:] = [float(rewards(problem, self.evaluate(row[None]), self.reference)[0]), row]
+        unimproved = 0
+        for _ in range(kicks + extra_kicks):
+            if self.stop() or unimproved >= kicks:
+                break
+            anchor = best.schedule if best.schedule is not None else self.least_bad[1]
+            before = best.key
+            self.descend(kick(problem, anchor, rng))
+            if best.schedule is not None:
+                unimproved = 0 if extra_kicks and best.key < before else unimproved + 1

@@ -169,147 +169,183 @@ def train(
     with the best objective key among the agent's own samples (cost, or minus
     throughput; inf while none is feasible): the learning curve.
     """
-    rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
-    agent = make_agent()
-    optimiser = Adam(agent.parameters(), lr=cfg.lr)
-    best, evaluate = Best(problem.objective), Evaluator(problem)
-    learned = Best(problem.objective)  # the agent's own samples only: the learning curve
-    report = progress or quiet
+    training = _Training(problem, cfg, make_agent, name, seed, start, pretrain, progress or quiet, on_step)
+    training.learn()
+    training.polish()
+    return training.agent, training.run
 
-    def step_on(loss: torch.Tensor) -> None:
-        optimiser.zero_grad()
-        (loss / problem.n_layers).backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), cfg.grad_clip)
-        optimiser.step()
+
+class _Training:
+    """One run of :func:`train`, phase by phase: pre-training on a pool (phase 1), REINFORCE on the
+    agent's own samples (phase 2), then the polish."""
+
+    def __init__(self, problem, cfg, make_agent, name, seed, start, pretrain, report, on_step):
+        self.problem, self.cfg, self.make_agent, self.name = problem, cfg, make_agent, name
+        self.pretrain, self.report, self.on_step = pretrain, report, on_step
+        self.rng = np.random.default_rng(seed)
+        torch.manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.agent = make_agent()
+        self.optimiser = Adam(self.agent.parameters(), lr=cfg.lr)
+        self.best, self.evaluate = Best(problem.objective), Evaluator(problem)
+        self.learned = Best(problem.objective)  # the agent's own samples only: the learning curve
+        # The pool's cost grows with its schedules times their layers: on 2,000 layers 1,024 random
+        # schedules took 18 s to provision, and random ones that long are poor targets anyway. Up to
+        # 244 layers (every benchmark instance) the pool is cfg.pool, as before.
+        self.pool_size = min(cfg.pool, max(64, POOL_LAYERS // problem.n_layers))
+        self.pool, self.scores = self.draw_pool()
+        self.reference = Reference.of(self.scores)
+        self.pool_reward = rewards(problem, self.scores, self.reference)
+        clock = deadline(start, cfg.time_limit, cfg.started)
+        self.run = Run(self.best, self.evaluate, self.reference, self.rng, self.generator, start, clock)
+        self.batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
+
+    def step_on(self, loss: torch.Tensor) -> None:
+        self.optimiser.zero_grad()
+        (loss / self.problem.n_layers).backward()
+        nn.utils.clip_grad_norm_(self.agent.parameters(), self.cfg.grad_clip)
+        self.optimiser.step()
 
     # -- phase 1: pre-train on the best of a pool of random and heuristic schedules ------------------
-    # The pool's cost grows with its schedules times their layers: on 2,000 layers 1,024 random
-    # schedules took 18 s to provision, and random ones that long are poor targets anyway. Up to
-    # 244 layers (every benchmark instance) the pool is cfg.pool, as before.
-    size = min(cfg.pool, max(64, POOL_LAYERS // problem.n_layers))
 
-    def draw_pool() -> tuple[np.ndarray, Provisioned]:
-        pool = np.concatenate([heuristic_schedules(problem), random_schedules(problem, size, rng)])
-        scores = evaluate(pool)
-        best.offer(problem, pool, scores)
+    def draw_pool(self) -> tuple[np.ndarray, Provisioned]:
+        pool = np.concatenate(
+            [heuristic_schedules(self.problem), random_schedules(self.problem, self.pool_size, self.rng)]
+        )
+        scores = self.evaluate(pool)
+        self.best.offer(self.problem, pool, scores)
         return pool, scores
 
-    def pretrain_on(pool: np.ndarray, pool_reward: np.ndarray, completed: int = 0) -> float:
+    def pretrain_on_pool(self, completed: int = 0) -> float:
         """Fit the agent to the pool's elite; the seconds a training step may take, by the last one's."""
-        elite = torch.from_numpy(pool[np.argsort(-pool_reward, kind="stable")[: max(8, len(pool) // 20)]])
+        cfg, pool = self.cfg, self.pool
+        elite = torch.from_numpy(pool[np.argsort(-self.pool_reward, kind="stable")[: max(8, len(pool) // 20)]])
         took = 0.0
-        for step in range(cfg.pretrain_steps if pretrain else 0):
-            if run.out_of_time(took):
-                run.notes.append(f"pre-training stopped at the time limit after {step} of {cfg.pretrain_steps} steps")
+        for step in range(cfg.pretrain_steps if self.pretrain else 0):
+            if self.run.out_of_time(took):
+                self.run.notes.append(
+                    f"pre-training stopped at the time limit after {step} of {cfg.pretrain_steps} steps"
+                )
                 break
             began = time.perf_counter()
-            step_on(-agent.log_prob(elite).mean())
+            self.step_on(-self.agent.log_prob(elite).mean())
             took = time.perf_counter() - began
-            report(f"{name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=completed, total=cfg.steps)
-        return took * batch / len(elite)
-
-    pool, scores = draw_pool()
-    reference = Reference.of(scores)
-    pool_reward = rewards(problem, scores, reference)
-    run = Run(best, evaluate, reference, rng, generator, start, deadline(start, cfg.time_limit, cfg.started))
-    batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
-    # On thousands of layers one step takes seconds: a step that the last one's duration says
-    # would end past the time limit is not started. Before the first training step, the last
-    # pre-training step (a pass over the elite) scaled to the batch stands in for it.
-    try:
-        took = pretrain_on(pool, pool_reward)
-
-        # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
-        def begin(pool: np.ndarray, scores: Provisioned, pool_reward: np.ndarray) -> tuple[np.ndarray, float, Best]:
-            """The pool's best-rewarded schedule, its reward, and the agent's own best since it
-            started (with its pool): what it imitates, and what a restart waits on."""
-            own = Best(problem.objective)
-            own.offer(problem, pool, scores)
-            return pool[int(np.argmax(pool_reward))], float(np.max(pool_reward)), own
-
-        leader, leader_reward, own = begin(pool, scores, pool_reward)
-        own_key, improved = own.key, 0
-        for step in range(cfg.steps):
-            if run.out_of_time(took):
-                run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
-                break
-            if cfg.restart_after and step - improved >= cfg.restart_after and cfg.steps - step >= cfg.restart_after:
-                # Measured: the agent's best comes by step 5-20 and then stays to step 120 (chain64x2,
-                # chain64x3, chain32x2-tight); a new agent from a new pool often finds another stage structure.
-                report(f"{name}: no better sample in {cfg.restart_after} steps, starting a new agent")
-                agent = make_agent()
-                optimiser = Adam(agent.parameters(), lr=cfg.lr)
-                pool, scores = draw_pool()
-                pool_reward = rewards(problem, scores, reference)
-                pretrain_on(pool, pool_reward, completed=step)
-                leader, leader_reward, own = begin(pool, scores, pool_reward)
-                own_key, improved = own.key, step
-            began = time.perf_counter()
-            actions, logp, entropy = agent.sample(batch, generator)
-            schedules = actions.numpy()
-            scores = evaluate(schedules)
-            best.offer(problem, schedules, scores)
-            own.offer(problem, schedules, scores)
-            if own.key < own_key:
-                own_key, improved = own.key, step
-            if on_step is not None:
-                learned.offer(problem, schedules, scores)
-            reward = rewards(problem, scores, reference)
-            if logp.dim() == 2 and cfg.credit_to_go and problem.objective == "cost":
-                advantage = rank_advantage(rewards_to_go(problem, schedules, scores, reference, reward))
-                loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
-            else:
-                logp = logp.sum(dim=1) if logp.dim() == 2 else logp
-                loss = -(torch.from_numpy(rank_advantage(reward)).float() * logp).mean()
-            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
-            loss = loss - beta * entropy.mean()
-            if reward.max() > leader_reward:
-                leader, leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
-            model = own.schedule if own.schedule is not None or not cfg.imitate_leader else leader
-            if model is not None and cfg.imitation > 0:
-                loss = loss - cfg.imitation * agent.log_prob(torch.from_numpy(model)[None]).mean()
-            step_on(loss)
-            report(
-                f"{name}: step {step + 1}/{cfg.steps} · best {best.shown} · {scores.feasible.mean():.0%} feasible",
-                completed=step + 1,
-                total=cfg.steps,
+            self.report(
+                f"{self.name}: pre-training {step + 1}/{cfg.pretrain_steps}", completed=completed, total=cfg.steps
             )
-            if on_step is not None:
-                on_step(step + 1, learned.key)
-            took = time.perf_counter() - began
-    except KeyboardInterrupt:
-        run.interrupted = True
-        run.notes.append("training interrupted (Ctrl-C): the best plan found so far")
+        return took * self.batch / len(elite)
+
+    # -- phase 2: REINFORCE on the agent's own samples, imitating the best found so far ----------
+
+    def begin(self, step: int = 0) -> None:
+        """Lead with the pool's best-rewarded schedule, and count the agent's own best from its pool on:
+        what it imitates, and what a restart waits on."""
+        self.own = Best(self.problem.objective)
+        self.own.offer(self.problem, self.pool, self.scores)
+        self.leader, self.leader_reward = self.pool[int(np.argmax(self.pool_reward))], float(np.max(self.pool_reward))
+        self.own_key, self.improved = self.own.key, step
+
+    def restart(self, step: int) -> None:
+        """A new agent from a new pool. Measured: the agent's best comes by step 5-20 and then stays to
+        step 120 (chain64x2, chain64x3, chain32x2-tight); a new one often finds another stage structure."""
+        self.report(f"{self.name}: no better sample in {self.cfg.restart_after} steps, starting a new agent")
+        self.agent = self.make_agent()
+        self.optimiser = Adam(self.agent.parameters(), lr=self.cfg.lr)
+        self.pool, self.scores = self.draw_pool()
+        self.pool_reward = rewards(self.problem, self.scores, self.reference)
+        self.pretrain_on_pool(completed=step)
+        self.begin(step)
+
+    def learn(self) -> None:
+        """Phases 1 and 2, until their steps are done, the time limit or Ctrl-C. On thousands of layers
+        one step takes seconds: a step that the last one's duration says would end past the time limit
+        is not started (before the first, the last pre-training step scaled to the batch stands in)."""
+        cfg = self.cfg
+        try:
+            took = self.pretrain_on_pool()
+            self.begin()
+            for step in range(cfg.steps):
+                if self.run.out_of_time(took):
+                    self.run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
+                    break
+                if (
+                    cfg.restart_after
+                    and step - self.improved >= cfg.restart_after
+                    and cfg.steps - step >= cfg.restart_after
+                ):
+                    self.restart(step)
+                began = time.perf_counter()
+                self.reinforce(step)
+                took = time.perf_counter() - began
+        except KeyboardInterrupt:
+            self.run.interrupted = True
+            self.run.notes.append("training interrupted (Ctrl-C): the best plan found so far")
+
+    def reinforce(self, step: int) -> None:
+        """One REINFORCE step on a batch of the agent's samples."""
+        problem, cfg = self.problem, self.cfg
+        actions, logp, entropy = self.agent.sample(self.batch, self.generator)
+        schedules = actions.numpy()
+        scores = self.evaluate(schedules)
+        self.best.offer(problem, schedules, scores)
+        self.own.offer(problem, schedules, scores)
+        if self.own.key < self.own_key:
+            self.own_key, self.improved = self.own.key, step
+        if self.on_step is not None:
+            self.learned.offer(problem, schedules, scores)
+        reward = rewards(problem, scores, self.reference)
+        if logp.dim() == 2 and cfg.credit_to_go and problem.objective == "cost":
+            advantage = rank_advantage(rewards_to_go(problem, schedules, scores, self.reference, reward))
+            loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
+        else:
+            logp = logp.sum(dim=1) if logp.dim() == 2 else logp
+            loss = -(torch.from_numpy(rank_advantage(reward)).float() * logp).mean()
+        beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
+        loss = loss - beta * entropy.mean()
+        if reward.max() > self.leader_reward:
+            self.leader, self.leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
+        model = self.own.schedule if self.own.schedule is not None or not cfg.imitate_leader else self.leader
+        if model is not None and cfg.imitation > 0:
+            loss = loss - cfg.imitation * self.agent.log_prob(torch.from_numpy(model)[None]).mean()
+        self.step_on(loss)
+        feasible = f"{scores.feasible.mean():.0%} feasible"
+        self.report(
+            f"{self.name}: step {step + 1}/{cfg.steps} · best {self.best.shown} · {feasible}",
+            completed=step + 1,
+            total=cfg.steps,
+        )
+        if self.on_step is not None:
+            self.on_step(step + 1, self.learned.key)
 
     # -- polish: the greedy decode, then a local search from the most promising schedules -----------
-    sampled_feasible = best.schedule is not None  # before the polish: the pool or the agent found one
-    greedy = agent.greedy()
-    best.offer(problem, greedy, evaluate(greedy))
-    report(f"{name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-    try:
-        stopped = polish(
-            problem,
-            evaluate,
-            best,
-            reference,
-            rng,
-            starts=polish_starts(problem, evaluate, reference, cfg.polish_starts),
-            kicks=cfg.kicks,
-            extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
-            windows=True,
-            repair_again=True,
-            out_of_time=run.out_of_time,
-            progress=report,
-            name=name,
-        )
-        if stopped and not run.out_of_time():
-            run.notes.append(budget_note(problem))
-    except KeyboardInterrupt:
-        run.interrupted = True
-        run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")
-    return agent, run
+
+    def polish(self) -> None:
+        problem, cfg, run = self.problem, self.cfg, self.run
+        sampled_feasible = self.best.schedule is not None  # before the polish: the pool or the agent found one
+        greedy = self.agent.greedy()
+        self.best.offer(problem, greedy, self.evaluate(greedy))
+        self.report(f"{self.name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
+        try:
+            stopped = polish(
+                problem,
+                self.evaluate,
+                self.best,
+                self.reference,
+                self.rng,
+                starts=polish_starts(problem, self.evaluate, self.reference, cfg.polish_starts),
+                kicks=cfg.kicks,
+                extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
+                windows=True,
+                repair_again=True,
+                out_of_time=run.out_of_time,
+                progress=self.report,
+                name=self.name,
+            )
+            if stopped and not run.out_of_time():
+                run.notes.append(budget_note(problem))
+        except KeyboardInterrupt:
+            run.interrupted = True
+            run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")
 
 
 def finish(problem: Problem, run: Run, *, name: str, seed: int) -> Plan:

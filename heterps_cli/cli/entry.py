@@ -1,0 +1,63 @@
+"""The ``heterps`` console script: the command line, with Ctrl-C and SIGTERM turned into exit codes
+(docs/commands.md). Its imports wait for ``main`` so that an interrupt while libraries load is
+caught too."""
+
+from __future__ import annotations
+
+
+def main() -> None:
+    """The ``heterps`` console script.
+
+    It imports the CLI itself, so that Ctrl-C at any moment (even while the
+    libraries load) ends with one line and exit 130, and SIGTERM with exit 143;
+    both unwind normally, so no half-written file is left behind.
+    """
+    import signal
+    import sys
+
+    from heterps_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+
+    def terminate(signum, frame):
+        sys.stderr.write("terminated\n")
+        raise SystemExit(EXIT_TERMINATED)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        from heterps_cli.cli.app import app
+
+        app(prog_name="heterps")
+    except KeyboardInterrupt:
+        _exit_interrupted(said=False)
+    except SystemExit as exc:
+        if exc.code != EXIT_INTERRUPTED:
+            raise
+        # typer exits 130 without a word when Ctrl-C lands in its own start-up (it imports pydantic
+        # then); a command that was interrupted has already said so.
+        cli = sys.modules.get("heterps_cli.cli.app")
+        _exit_interrupted(said=cli is not None and cli.INTERRUPT_REPORTED["done"])
+    except Exception as exc:
+        # Ctrl-C inside a class body being created (while a library loads) reaches us wrapped in a
+        # RuntimeError; it is still Ctrl-C.
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        _exit_interrupted(said=False)
+
+
+def _exit_interrupted(said: bool) -> None:
+    """Say "interrupted" unless a command already did, and exit 130 now. Files and child processes
+    were already cleaned up as the interrupt unwound (finally blocks); left to itself, CPython may
+    instead kill itself with SIGINT at exit when a KeyboardInterrupt passed through some of its own
+    frames, which callers see as -2, not 130."""
+    import os
+    import sys
+
+    from heterps_cli.errors import EXIT_INTERRUPTED
+
+    if not said:
+        sys.stderr.write("interrupted\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)

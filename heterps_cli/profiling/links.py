@@ -1,0 +1,118 @@
+"""The link bandwidth a profile's odt is charged at: a loopback all-reduce between two processes on
+cpu, a pinned host-to-device copy on cuda (docs/guide/profiling.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from heterps_cli.progress import Progress
+
+
+def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tensor = torch.ones(size // 4)
+    for _ in range(2):
+        dist.all_reduce(tensor)
+    times = []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(str(statistics.median(times)))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a local process group to meet at."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout: float = 60.0) -> float | None:
+    """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "median")
+        ctx = mp.get_context("spawn")
+        procs = [
+            ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True) for r in range(2)
+        ]
+        try:
+            with _sigint_ignored():
+                for p in procs:
+                    p.start()
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:  # on Ctrl-C too: heterps exits with os._exit, which runs no atexit clean-up of daemons
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        if not Path(out).exists():
+            return None
+        return size / float(Path(out).read_text())
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Children started inside ignore SIGINT (a spawned interpreter keeps an ignored SIGINT ignored):
+    Ctrl-C reaches the whole foreground process group, and only this process should answer it,
+    by ending them, rather than each child printing its own KeyboardInterrupt traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def host_to_device_bandwidth(size: int = 64 << 20, rounds: int = 10) -> float:
+    """Bytes/s of a pinned host-to-device copy of ``size`` bytes (median of ``rounds``)."""
+    host = torch.empty(size, dtype=torch.uint8).pin_memory()
+    device = torch.empty(size, dtype=torch.uint8, device="cuda")
+    times = []
+    for i in range(rounds + 2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return size / statistics.median(times)
+
+
+def link_bandwidth(device: str, link_gbps: float | None, report: Progress, notes: list[str]) -> tuple[float, str]:
+    """Bytes/s for odt and how it was found: given, host-to-device (cuda) or a loopback all-reduce (cpu)."""
+    if link_gbps is not None:
+        return link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}"
+    if device == "cuda":
+        report("measuring host-to-device bandwidth")
+        bandwidth = host_to_device_bandwidth()
+        return bandwidth, f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s"
+    report("measuring loopback all-reduce bandwidth (gloo, 2 processes)")
+    measured = loopback_allreduce_bandwidth()
+    if measured is None:
+        how = "estimated: the loopback all-reduce failed, so 10 Gbit/s is assumed"
+        notes.append(how)
+        return 1.25e9, how
+    return measured, f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {measured / 1e9:.2f} GB/s"

@@ -1,0 +1,180 @@
+"""Timing a layer on its recorded inputs: forward and backward runs, batch shares for the alpha fit,
+the optimiser step and the bytes it saves for backward (docs/guide/profiling.md)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from heterps_cli.profiling.models import Call, Model, tensors_of
+
+WARMUP = 3
+
+
+FIT_TRIALS = 5  # runs per batch share for the alpha fit; the minimum is kept
+
+
+FIT_SPLITS = (1, 2, 4)  # the alpha fit times the layer at batch B0/k: one of k replicas' share
+
+
+SHORTEST_FIT = 50e-6  # s: below this, scaling is noise
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+
+
+def steady_allocator() -> bool:
+    """Make glibc's malloc reuse freed memory instead of returning it to the system.
+
+    By default a large tensor is either fresh memory from ``mmap`` (page faults:
+    a 2 ms ReLU took 6.5 ms) or reused heap memory, depending on the process's
+    history of allocations, so two profiles of one model disagreed by up to 3x
+    on a layer, and ctr's layers summed to a quarter of its whole step. With mmap
+    off and trimming off, every run after the warm-up reuses memory, as a steady
+    training loop with a caching allocator does (CUDA's caches by design).
+    False where the C library is not glibc; the profile then says so.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
+def synchronise(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(
+    module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int, warmup: int
+) -> list[float]:
+    """Seconds of ``module``'s forward on ``inputs()`` then the backward of its outputs (ones as their
+    gradient); ``repetitions`` runs after ``warmup``. The parameter gradients are zeroed before each
+    run, not dropped: the backward then adds into them, as every micro-batch of a training step
+    does (an add over the weights that a fresh gradient skips; docs/fidelity.md)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    times = []
+    for i in range(warmup + repetitions):
+        args, kwargs = inputs()
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
+        synchronise(device)
+        start = time.perf_counter()
+        out = module(*args, **kwargs)
+        outs = [o for o in tensors_of(out) if o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        synchronise(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
+    """One layer alone, on fresh copies of its recorded inputs (activations need their gradients, data not)."""
+    return timed(
+        call.module,
+        lambda: call.fresh(device),
+        device,
+        repetitions,
+        warmup,
+    )
+
+
+def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
+    """The whole model on one batch: what the layer times should add up to."""
+    inputs = tuple(x.to(device) for x in model.inputs)
+    return timed(model.module, lambda: (inputs, {}), device, repetitions, warmup)
+
+
+def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | None:
+    """(alpha, relative rms residual) of T(k) = T1 (1 - a + a/k) by least squares, or None if unusable."""
+    if len(splits) < 2 or min(seconds) < SHORTEST_FIT:
+        return None
+    k, t = np.asarray(splits, dtype=float), np.asarray(seconds)
+    design = np.stack([np.ones_like(k), 1.0 / k], axis=1)  # T = c0 + c1 / k, c0 = T1 (1 - a), c1 = T1 a
+    (c0, c1), *_ = np.linalg.lstsq(design, t, rcond=None)
+    if c0 + c1 <= 0:
+        return None
+    residual = float(np.sqrt(np.mean((design @ [c0, c1] - t) ** 2)) / t.mean())
+    alpha = c1 / (c0 + c1)
+    if not -0.05 <= alpha <= 1.05 or residual > 0.10:
+        return None
+    return float(min(max(alpha, 0.0), 1.0)), residual
+
+
+UPDATE_RUNS = 21  # optimiser steps timed per layer; the median is kept
+
+
+def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> float:
+    """Median seconds of one optimiser step on the layer's own weights and the reset of their gradients
+    (section 1d's ``update``: what a training step does once after its all-reduce), with the optimiser
+    ``heterps run`` trains with (SGD); 0 for a layer with none."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    saved = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimiser = torch.optim.SGD(params, lr=0.0)  # lr 0: the weights stay as they were measured with
+    times = []
+    with torch.no_grad():
+        for _ in range(runs + 1):
+            synchronise(device)
+            start = time.perf_counter()
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=False)
+            synchronise(device)
+            times.append(time.perf_counter() - start)
+        for p, old in zip(params, saved):
+            p.copy_(old)
+            p.grad = None
+    return statistics.median(times[1:])
+
+
+def split_times(call: Call, device: str, batch: int, samples: int) -> list[float]:
+    """:func:`run_times` on ``samples`` of the ``batch``: every recorded input whose first dimension
+    is the batch is cut to that many (a replica's share, as ``heterps run`` splits them), the rest
+    kept whole."""
+
+    def share(value):
+        if isinstance(value, torch.Tensor):
+            return value[:samples] if value.dim() and value.shape[0] == batch else value
+        if isinstance(value, tuple | list):
+            return type(value)(share(v) for v in value)
+        if isinstance(value, dict):
+            return {key: share(v) for key, v in value.items()}
+        return value
+
+    args, kwargs = share(call.args), share(call.kwargs)
+    return timed(call.module, lambda: call.fresh(device, args, kwargs), device, FIT_TRIALS, 1)
+
+
+def saved_bytes(call: Call, device: str) -> float:
+    """Bytes the layer keeps for its backward pass on one batch: the tensors autograd saves during
+    one forward on fresh copies of its inputs, each storage once, its own parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in call.module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return tensor
+
+    args, kwargs = call.fresh(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = call.module(*args, **kwargs)
+    del out
+    return float(sum(seen.values()))

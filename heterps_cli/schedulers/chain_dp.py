@@ -1,0 +1,337 @@
+"""The stage grid and the shortest-path DP over stage boundaries that the exact solver runs.
+
+``_Table`` holds the cost terms of every contiguous stage (layers ``j..i-1`` on a type);
+:func:`_chain_dp` is the recurrence of docs/exact.md section 3, and :func:`_chain_dp_limited`
+the same with the units of binding types in the state. :mod:`.step_solver` asks them its questions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from heterps_cli.costmodel import (
+    min_memory_replicas,
+)
+from heterps_cli.errors import TooLarge
+from heterps_cli.problem import Problem
+
+# Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: its two tables take
+# 16 bytes a cell, 0.96 GB (1,000 x 4 layers with loose limits needs 48 M: 13 s, 1.3 GB in all).
+# Past it, the solver relaxes the largest limits instead (StepSolver.cheapest).
+MAX_STATE_CELLS = 60_000_000
+
+
+@dataclass
+class _Table:
+    """Cost terms of every contiguous stage: index ``[i, j, t]`` = layers ``j..i-1`` on type ``t``.
+
+    End first: the DP reads all the stages that end at one boundary at a time, and
+    in this order they are contiguous (twice as fast at 1,000 layers)."""
+
+    sc: np.ndarray
+    pc: np.ndarray
+    sd: np.ndarray
+    pd: np.ndarray  # with the stage-boundary transfer (section 1b), which depends on j, i and t only
+    ok: np.ndarray  # j < i and every layer of the stage can run on t
+    min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Which stage may follow which in the DP. Its "types" are the resource types themselves, or
+    (section 1d, :mod:`.pipeline`) a type paired with the stage's place in the pipeline."""
+
+    base: np.ndarray  # [P] the resource type of each DP type
+    follows: np.ndarray  # [P, P] bool: a stage on [a] may come right before one on [b]
+    starts: np.ndarray  # [P] bool: may run the first layer
+    ends: np.ndarray  # [P] bool: may run the last layer
+
+    @staticmethod
+    def of_types(n_types: int) -> Chain:
+        """Sections 1 and 1b: any type, but never the same type twice in a row (stages are maximal)."""
+        every = np.ones(n_types, dtype=bool)
+        return Chain(np.arange(n_types), ~np.eye(n_types, dtype=bool), every, every)
+
+    @cached_property
+    def before(self) -> list[list[int]]:
+        """For each DP type, the DP types whose stage may come right before it."""
+        return [np.flatnonzero(self.follows[:, t]).tolist() for t in range(len(self.base))]
+
+
+# Cells of the stage grid ((layers + 1)^2 x types) the solver may hold: each costs about 90 bytes
+# over the table and the grid's arrays (2,000 x 3 layers: 12 M cells, 1.1 GB measured), so this
+# keeps it under 2 GB.
+MAX_GRID_CELLS = 20_000_000
+
+
+def most_stages(problem: Problem) -> int:
+    """No plan has more stages than layers, nor than units (each stage takes one at least)."""
+    return int(min(problem.n_layers, problem.limits.sum()))
+
+
+def grid_cells(problem: Problem) -> int:
+    """Stage cells the solver's grids hold: one grid, or under a pipeline schedule (section 1d,
+    :mod:`.pipeline`) one per stage count ``S``, on ``S`` times the types."""
+    cells = (problem.n_layers + 1) ** 2 * problem.n_types
+    if problem.pipelined:
+        S = most_stages(problem)
+        cells *= S * (S + 1) // 2
+    return cells
+
+
+def too_large(problem: Problem) -> bool:
+    """Whether the model is too long for the exact solver's stage grid (:data:`MAX_GRID_CELLS`)."""
+    return grid_cells(problem) > MAX_GRID_CELLS
+
+
+def spans(per_layer: np.ndarray) -> np.ndarray:
+    """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
+    A difference of prefix sums loses a stage's small times beside a huge one earlier in the
+    chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine."""
+    n1 = per_layer.shape[0] + 1
+    out = np.zeros((n1, n1, per_layer.shape[1]))
+    with np.errstate(over="ignore"):  # inf where sizes overflow: ruled out below
+        for j in range(n1 - 1):
+            out[j + 1 :, j] = np.cumsum(per_layer[j:], axis=0)
+    return out
+
+
+def boundary_transfer(problem: Problem) -> np.ndarray:
+    """``[i, j, t]``: section 1b's ``X_s`` of stage ``j..i-1`` on ``t`` (0 without bandwidths)."""
+    n1 = problem.n_layers + 1
+    if not np.isfinite(problem.bandwidth).any():
+        return np.zeros((n1, n1, problem.n_types))
+    bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i (a sum: symmetric)
+    with np.errstate(invalid="ignore"):
+        return (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
+
+
+def runnable_spans(problem: Problem) -> np.ndarray:
+    """``[i, j, t]``: ``j < i``, and every layer of stage ``j..i-1`` can run on ``t``."""
+    n1 = problem.n_layers + 1
+    below = np.tril(np.ones((n1, n1), dtype=bool), k=-1)[:, :, None]  # j < i
+    return below & (spans((~problem.runnable).astype(float)) == 0)
+
+
+def _table(problem: Problem) -> _Table:
+    n, T = problem.n_layers, problem.n_types
+    if too_large(problem):
+        cells = (n + 1) ** 2 * T
+        raise TooLarge(
+            "exact scheduler",
+            f"the exact solver would hold {cells:,} stage cells for {n:,} layers x {T} types (about "
+            f"{cells * 90 / 1e9:.1f} GB), more than it may use ({MAX_GRID_CELLS:,}); use --scheduler greedy or rl, "
+            "or profile the model at a coarser granularity (fewer, larger layers)",
+        )
+    ok = runnable_spans(problem)
+    sc, pc, sd, pd = (spans(part) for part in problem.parts)
+    if np.isfinite(problem.bandwidth).any():
+        pd = pd + boundary_transfer(problem)
+    min_k = np.ones((n + 1, n + 1, T))
+    if np.isfinite(problem.memory).any():
+        fixed, split = (spans(part[:, None]) for part in problem.memory_parts)
+        if problem.reserved is not None:
+            fixed = fixed + problem.reserved_bytes[None, None, :]
+        with np.errstate(invalid="ignore"):
+            min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :])
+    return _Table(sc, pc, sd, pd, ok, min_k)
+
+
+@dataclass
+class Candidate:
+    stages: list[tuple[int, int, int]]  # (first layer, end layer exclusive, type)
+    replicas: list[int]
+    throughput: float
+    cost: float
+    rate: float  # USD per hour of all its units
+    within: bool = True  # within every limit (False only for a bound while limits are relaxed)
+
+
+def _chain_dp(C: np.ndarray, chain: Chain | None = None):
+    """Cheapest chain of stages covering all layers; ``C[i, j, t]`` prices stage ``j..i-1`` on ``t``.
+
+    Returns (value, [(j, i, t), ...]) or (inf, None). The recurrence (docs/exact.md,
+    section 3) is a shortest path over stage boundaries::
+
+        f[i, t] = min over j < i of  g[j, t] + C[i, j, t],    g[j, t] = min over t' != t of f[j, t']
+
+    where ``f[i, t]`` is the cheapest way to run layers ``0..i-1`` with the last
+    stage on ``t``, and ``g[0, t] = 0``. ``t' != t`` keeps stages maximal (two
+    consecutive stages on one type would be one stage); a :class:`Chain` says more generally
+    which ``t'`` may come before ``t``, and which types may start and end the chain.
+    """
+    n1, _, T = C.shape
+    chain = chain or Chain.of_types(T)
+    f = np.full((n1, T), np.inf)
+    g = np.full((n1, T), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
+    g[0] = np.where(chain.starts, 0.0, np.inf)
+    arg_j = np.zeros((n1, T), dtype=np.int64)
+    prev_t = np.zeros((n1, T), dtype=np.int64)
+    others = chain.follows.T  # [t, t']: t' may come before t
+    cols = np.arange(T)
+    for i in range(1, n1):
+        total = g[:i] + C[i, :i]
+        j = total.argmin(axis=0)
+        arg_j[i], f[i] = j, total[j, cols]
+        choice = np.where(others, f[i][None, :], np.inf)
+        prev_t[i], g[i] = choice.argmin(axis=1), choice.min(axis=1)
+    last = np.where(chain.ends, f[-1], np.inf)
+    t = int(last.argmin())
+    value = float(f[-1, t])
+    if not np.isfinite(value):
+        return np.inf, None
+    stages, i = [], n1 - 1
+    while i > 0:
+        j = int(arg_j[i, t])
+        stages.append((j, i, t))
+        t, i = int(prev_t[j, t]), j
+    return value, stages[::-1]
+
+
+def _chain_dp_limited(
+    K: np.ndarray,
+    prices: np.ndarray,
+    limits: np.ndarray,
+    tracked: list[int],
+    capped: int | None,
+    chain: Chain | None = None,
+):
+    """Cheapest chain whose units per type respect ``limits``; a list of (j, i, t) or None.
+
+    The units of each ``tracked`` type are part of the state (a dense array per
+    boundary and last type); the value is the price rate of the other types.
+    ``capped``, when given, is the only untracked type: the value then counts its
+    units, and its limit is checked at the end (docs/exact.md, section 3, "Limits").
+    """
+    n1, _, T = K.shape
+    chain = chain or Chain.of_types(T)
+    base = chain.base
+    dims = tuple(int(limits[t]) + 1 for t in tracked)
+    cells = int(np.prod(dims)) if dims else 1
+    if n1 * T * cells > MAX_STATE_CELLS:
+        raise TooLarge(
+            "exact scheduler",
+            f"the exact solver would need {n1 * T * cells:,} states to honour the binding limits of "
+            f"{len(tracked)} resource types, more than it may use ({MAX_STATE_CELLS:,}); "
+            "lower the limits of the scarce types or use another scheduler",
+        )
+    type_axis = {t: a for a, t in enumerate(tracked)}
+    axis = {p: type_axis[int(base[p])] for p in range(T) if int(base[p]) in type_axis}  # DP type -> state axis
+    weight = prices.astype(float).copy()  # per DP type
+    price_of = {int(base[p]): float(prices[p]) for p in range(T)}
+    if capped is not None:
+        weight[base == capped] = 1.0  # count units: exact integers, compared with the limit at the end
+    f, g = _limited_tables(K, weight, axis, dims, chain)
+    grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
+    extra = sum((price_of[t] * grids[a] for t, a in type_axis.items()), np.zeros(dims))
+    ends = np.asarray(chain.ends).reshape((T,) + (1,) * len(dims))
+    if capped is None:
+        total = np.where(ends, f[-1] + extra[None], np.inf)
+    else:
+        total = np.where(ends & (f[-1] <= limits[capped]), f[-1] * price_of[capped] + extra[None], np.inf)
+    flat = int(total.argmin())
+    if not np.isfinite(total.flat[flat]):
+        return None
+    t, *cell = (int(c) for c in np.unravel_index(flat, total.shape))
+    return _backtrack(K, f, g, weight, axis, t, cell, chain)
+
+
+def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...], chain: Chain):
+    """The forward pass of :func:`_chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`_chain_dp`.
+
+    For a fixed end ``i`` and type ``t``, the feasible starts ``j`` are cut into
+    runs of consecutive starts with equal replica count (a stage needs fewer
+    replicas the shorter it is, so runs are long): each run is reduced with one
+    ``min`` and shifted once along its type's units axis. This loop is the
+    solver's hot path: the runs are found for all ``(i, t)`` at once up front,
+    so that the loop itself makes only the numpy calls that do arithmetic.
+    """
+    n1, _, T = K.shape
+    shape = (n1, T) + dims
+    f = np.full(shape, np.inf)
+    g = np.full(shape, np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
+    g[(0, slice(None)) + (0,) * len(dims)] = np.where(chain.starts, 0.0, np.inf)
+    others = chain.before
+    # Every feasible (i, t, j), sorted by end, type and start; a run starts where any of them
+    # breaks (another end or type, a gap in the starts, another replica count).
+    Kt = K.transpose(0, 2, 1)  # [i, t, j]
+    ii, tt, jj = np.nonzero(np.isfinite(Kt))
+    kk = Kt[ii, tt, jj].astype(np.int64)
+    pair = ii * T + tt
+    cut = np.ones(len(jj) + 1, dtype=bool)
+    cut[1:-1] = (pair[1:] != pair[:-1]) | (jj[1:] != jj[:-1] + 1) | (kk[1:] != kk[:-1])
+    starts = np.flatnonzero(cut)
+    run_k = kk[starts[:-1]].tolist()
+    run_lo, run_hi = jj[starts[:-1]].tolist(), (jj[starts[1:] - 1] + 1).tolist()
+    pair_first = np.searchsorted(pair[starts[:-1]], np.arange(n1 * T + 1)).tolist()
+    # shifts[a][k] = (destination, source) index pairs that add k units along tracked axis a
+    shifts = []
+    for a, d in enumerate(dims):
+        pairs = []
+        for k in range(d):
+            dst, src = [slice(None)] * len(dims), [slice(None)] * len(dims)
+            dst[a], src[a] = slice(k, None), slice(0, d - k)
+            pairs.append((tuple(dst), tuple(src)))
+        shifts.append(pairs)
+    least = np.minimum.reduce
+    for i in range(1, n1):
+        for t in range(T):
+            first, last = pair_first[i * T + t], pair_first[i * T + t + 1]
+            if first == last:
+                continue
+            out = f[i, t]
+            along = axis.get(t)
+            for r in range(first, last):
+                k, lo, hi = run_k[r], run_lo[r], run_hi[r]
+                group = g[lo, t] if hi - lo == 1 else least(g[lo:hi, t], axis=0)
+                if along is None:
+                    np.minimum(out, group + weight[t] * k, out=out)
+                elif k < dims[along]:
+                    dst, src = shifts[along][k]
+                    np.minimum(out[dst], group[src], out=out[dst])
+        fi = f[i]
+        for t in range(T):
+            rest = others[t]
+            if rest:
+                np.minimum(fi[rest[0]], fi[rest[-1]], out=g[i, t])
+                for u in rest[1:-1]:
+                    np.minimum(g[i, t], fi[u], out=g[i, t])
+    return f, g
+
+
+def _backtrack(
+    K: np.ndarray,
+    f: np.ndarray,
+    g: np.ndarray,
+    weight: np.ndarray,
+    axis: dict[int, int],
+    t: int,
+    cell: list[int],
+    chain: Chain,
+) -> list[tuple[int, int, int]]:
+    """The stages of the chain that ends on type ``t`` with tracked units ``cell``: walking back,
+    at each boundary the predecessor that produced the stored value."""
+    n1, _, T = K.shape
+    stages, i = [], n1 - 1
+    while i > 0:
+        value = f[(i, t, *cell)]
+        for j in np.flatnonzero(np.isfinite(K[i, :i, t])):
+            k = int(K[i, j, t])
+            src = list(cell)
+            if t in axis:
+                src[axis[t]] -= k
+                if src[axis[t]] < 0 or g[(j, t, *src)] != value:
+                    continue
+            elif g[(j, t, *src)] + weight[t] * k != value:
+                continue
+            break
+        else:  # pragma: no cover - the forward pass guarantees a predecessor
+            raise AssertionError("limited DP backtrack lost its predecessor")
+        stages.append((int(j), i, t))
+        cell, i = src, int(j)
+        if i > 0:
+            t = next(u for u in chain.before[t] if f[(i, u, *cell)] == g[(i, t, *cell)])
+    return stages[::-1]
