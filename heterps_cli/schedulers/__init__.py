@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from heterps_cli.errors import SearchFailed
-from heterps_cli.schedulers.base import Progress, SolveOptions, Solver, time_left
+from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, Solver
 from heterps_cli.schedulers.names import SCHEDULERS
 
 if TYPE_CHECKING:
@@ -46,9 +46,7 @@ def solve(
         from heterps_cli.schedulers.exact import diagnose
 
         # The explanation runs within what is left of the time limit, if there is one.
-        raise diagnose(
-            problem, exc.failure, exc.hint, time_limit=time_left(options.time_limit, start, options.started)
-        ) from None
+        raise diagnose(problem, exc.failure, exc.hint, time_limit=Clock.of(options, start).left()) from None
     if budget is not None and any("time limit" in note for note in plan.notes):
         note = (
             f"the time limit was the default budget for {problem.n_layers:,} layers, {DEFAULT_BUDGET_S:g} s + "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from heterps_cli.progress import Progress, quiet
 
-__all__ = ["Progress", "SolveOptions", "Solver", "quiet", "time_left"]
+__all__ = ["Clock", "Progress", "SolveOptions", "Solver", "quiet"]
 
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
@@ -34,12 +34,31 @@ class SolveOptions:
     evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)
 
 
-def time_left(limit: float | None, start: float, started: float | None = None) -> float | None:
-    """Seconds left of ``limit`` (None: no limit) on a clock that started at ``started``
-    (``SolveOptions.started``), or else at ``start`` (when the scheduler started)."""
-    if limit is None:
-        return None
-    return limit - (time.perf_counter() - (start if started is None else started))
+@dataclass(frozen=True)
+class Clock:
+    """A search's time limit: ``limit`` seconds (``--time-limit``; None: none) from ``started``
+    (``time.perf_counter()``)."""
+
+    started: float
+    limit: float | None = None
+
+    @classmethod
+    def of(cls, options: SolveOptions | None, start: float) -> Clock:
+        """The clock of a scheduler's options: from ``options.started`` when the caller started it
+        (the command line does, at start-up), else from ``start``, when the scheduler started."""
+        if options is None:
+            return cls(start)
+        return cls(start if options.started is None else options.started, options.time_limit)
+
+    def left(self) -> float | None:
+        """Seconds left (None: no limit)."""
+        return None if self.limit is None else self.limit - (time.perf_counter() - self.started)
+
+    def out_of_time(self, ahead: float = 0.0) -> bool:
+        """Whether the limit has passed, or will have in ``ahead`` seconds (a step that long would end
+        past it)."""
+        left = self.left()
+        return left is not None and ahead > left
 
 
 class Solver(Protocol):

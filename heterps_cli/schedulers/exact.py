@@ -21,13 +21,12 @@ from heterps_cli.errors import InfeasibleError, SearchGaveUp, TooLarge
 from heterps_cli.figures import count, number, usd
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Progress, SolveOptions
+from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
 from heterps_cli.schedulers.chain_dp import (
     MAX_STATE_CELLS,
     too_large,
 )
 from heterps_cli.schedulers.pipeline import solver_for
-from heterps_cli.schedulers.scoring import limit_reached
 from heterps_cli.schedulers.step_solver import (
     StepSolver,
     schedule_of,
@@ -160,7 +159,7 @@ def solve(
     """
     start = time.perf_counter()
     limit = options.time_limit if options is not None else None
-    out_of_time = limit_reached(start, options)
+    out_of_time = Clock.of(options, start).out_of_time
     solver = solver_for(problem, progress)
     if problem.objective == "cost":
         best, bound = solver.min_cost(out_of_time)

@@ -19,22 +19,18 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Progress, SolveOptions
 from heterps_cli.schedulers.scoring import (
-    Best,
     Evaluator,
     Reference,
+    Search,
     evaluation_budget,
     heuristic_schedules,
-    limit_reached,
     random_schedules,
-    result,
     rewards,
 )
 
@@ -80,12 +76,9 @@ def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> 
 def solve(
     problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
 ) -> Plan:
-    start = time.perf_counter()
-    report = progress or quiet
+    search = Search.begin(problem, seed, progress, options)
+    rng, evaluate, best = search.rng, search.evaluate, search.best
     budget = evaluation_budget(options)
-    out_of_time = limit_reached(start, options)
-    rng = np.random.default_rng(seed)
-    evaluate, best = Evaluator(problem), Best(problem.objective)
     heuristics = heuristic_schedules(problem)
     population = np.concatenate([heuristics, random_schedules(problem, max(POPULATION - len(heuristics), 0), rng)])
     population = population[:POPULATION] if budget >= POPULATION else population[: max(budget, 1)]
@@ -93,7 +86,7 @@ def solve(
     reference = Reference.of(scored)
     notes, generation, stale, dry = [], 0, 0, 0
     while evaluate.evaluations < budget and stale < PATIENCE:
-        if out_of_time():
+        if search.out_of_time():
             notes.append(f"stopped at the time limit after {generation} generations")
             break
         if dry >= PATIENCE:  # no new schedule for a while: a small (or memory-narrowed) space, used up
@@ -113,7 +106,7 @@ def solve(
         scored = evaluate(population)
         dry = dry + 1 if evaluate.evaluations == before else 0
         generation += 1
-        report(
+        search.report(
             f"genetic: generation {generation} · best {best.shown}",
             completed=min(evaluate.evaluations, budget),
             total=budget,
@@ -121,16 +114,7 @@ def solve(
     best.offer(problem, population, scored)
     if stale >= PATIENCE:
         notes.append(f"converged: no better plan in the last {PATIENCE} generations")
-    return result(
-        problem,
-        best,
-        evaluate,
-        scheduler="genetic",
-        seed=seed,
-        start=start,
-        notes=notes,
-        hint="give it more --evaluations",
-    )
+    return search.result("genetic", notes, hint="give it more --evaluations")
 
 
 def _tournament(fitness: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -11,16 +11,14 @@ nothing.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from heterps_cli.figures import count, usd
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Progress, SolveOptions
 from heterps_cli.schedulers.local import budget_note, polish
-from heterps_cli.schedulers.scoring import Best, Evaluator, Reference, limit_reached, result
+from heterps_cli.schedulers.scoring import Reference, Search
 
 
 def rule_schedule(problem: Problem) -> np.ndarray:
@@ -32,39 +30,28 @@ def rule_schedule(problem: Problem) -> np.ndarray:
 def solve(
     problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
 ) -> Plan:
-    start = time.perf_counter()
-    report = progress or quiet
-    evaluate, best = Evaluator(problem), Best(problem.objective)
+    search = Search.begin(problem, seed, progress, options)
+    evaluate, best = search.evaluate, search.best
     schedule = rule_schedule(problem)
     scored = evaluate(schedule[None])
     best.offer(problem, schedule[None], scored)
     notes = [f"the rule alone: {_figure(problem, scored)}"]
-    out_of_time = limit_reached(start, options)
     stopped = polish(
         problem,
         evaluate,
         best,
         Reference.of(scored),
-        np.random.default_rng(seed),
+        search.rng,
         starts=[schedule],
-        out_of_time=out_of_time,
-        progress=report,
+        out_of_time=search.out_of_time,
+        progress=search.report,
         name="greedy",
     )
-    if out_of_time():
+    if search.out_of_time():
         notes.append("the local search stopped at the time limit")
     elif stopped:
         notes.append(budget_note(problem))
-    return result(
-        problem,
-        best,
-        evaluate,
-        scheduler="greedy",
-        seed=seed,
-        start=start,
-        notes=notes,
-        hint="use --scheduler rl",
-    )
+    return search.result("greedy", notes, hint="use --scheduler rl")
 
 
 def _figure(problem: Problem, scored) -> str:

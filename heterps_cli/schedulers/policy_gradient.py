@@ -38,7 +38,7 @@ from torch import nn
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, quiet
 from heterps_cli.schedulers.local import budget_note, polish, polish_starts
 from heterps_cli.schedulers.names import DEFAULT_STEPS, default_batch
 from heterps_cli.schedulers.optimiser import Adam
@@ -47,7 +47,6 @@ from heterps_cli.schedulers.scoring import (
     Evaluator,
     Provisioned,
     Reference,
-    deadline,
     heuristic_schedules,
     random_schedules,
     rank_advantage,
@@ -121,7 +120,7 @@ class Run:
     rng: np.random.Generator
     generator: torch.Generator
     start: float
-    out_of_time: Callable[..., bool]  # out_of_time(ahead=0.0): see scoring.deadline
+    out_of_time: Callable[..., bool]  # out_of_time(ahead=0.0): see base.Clock.out_of_time
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
 
@@ -196,7 +195,7 @@ class _Training:
         self.pool, self.scores = self.draw_pool()
         self.reference = Reference.of(self.scores)
         self.pool_reward = rewards(problem, self.scores, self.reference)
-        clock = deadline(start, cfg.time_limit, cfg.started)
+        clock = Clock(start if cfg.started is None else cfg.started, cfg.time_limit).out_of_time
         self.run = Run(self.best, self.evaluate, self.reference, self.rng, self.generator, start, clock)
         self.batch = cfg.batch if cfg.batch is not None else default_batch(problem.n_layers)
 

@@ -10,20 +10,16 @@ row find no new one.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Progress, SolveOptions
 from heterps_cli.schedulers.scoring import (
-    Best,
     Evaluator,
+    Search,
     evaluation_budget,
-    limit_reached,
     random_schedules,
-    result,
 )
 
 CHUNK = 1024
@@ -32,15 +28,12 @@ CHUNK = 1024
 def solve(
     problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
 ) -> Plan:
-    start = time.perf_counter()
-    report = progress or quiet
+    search = Search.begin(problem, seed, progress, options)
+    rng, evaluate, best = search.rng, search.evaluate, search.best
     budget = evaluation_budget(options)
-    out_of_time = limit_reached(start, options)
-    rng = np.random.default_rng(seed)
-    evaluate, best = Evaluator(problem), Best(problem.objective)
     notes, drawn, dry = [], 0, 0
     while evaluate.evaluations < budget:
-        if out_of_time():
+        if search.out_of_time():
             notes.append(f"stopped at the time limit after {evaluate.evaluations:,} schedules")
             break
         if dry >= 3:  # a small model has fewer distinct schedules than the budget
@@ -52,17 +45,10 @@ def solve(
         if len(fresh):
             best.offer(problem, fresh, evaluate(fresh))
         dry = 0 if len(fresh) else dry + 1
-        report(f"random: {evaluate.evaluations:,}/{budget:,} schedules", completed=evaluate.evaluations, total=budget)
-    return result(
-        problem,
-        best,
-        evaluate,
-        scheduler="random",
-        seed=seed,
-        start=start,
-        notes=notes,
-        hint="give it more --evaluations",
-    )
+        search.report(
+            f"random: {evaluate.evaluations:,}/{budget:,} schedules", completed=evaluate.evaluations, total=budget
+        )
+    return search.result("random", notes, hint="give it more --evaluations")
 
 
 def _new_rows(schedules: np.ndarray, evaluate: Evaluator) -> np.ndarray:

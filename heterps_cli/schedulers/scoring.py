@@ -25,7 +25,7 @@ from heterps_cli.errors import SearchFailed
 from heterps_cli.figures import count, usd
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import SolveOptions, time_left
+from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, quiet
 from heterps_cli.schedulers.names import DEFAULT_EVALUATIONS
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
@@ -167,26 +167,6 @@ class Best:
             self.cost, self.throughput = float(scored.cost[i]), float(scored.throughput[i])
 
 
-def limit_reached(start: float, options: SolveOptions | None) -> Callable[..., bool]:
-    """:func:`deadline` for a scheduler's options (none: no limit), its clock from ``options.started``
-    when the caller started it, else from ``start``."""
-    if options is None:
-        return deadline(start, None)
-    return deadline(start, options.time_limit, options.started)
-
-
-def deadline(start: float, limit: float | None, started: float | None = None) -> Callable[..., bool]:
-    """Whether ``limit`` seconds (``--time-limit``; None: no limit) have passed since ``started``
-    (``SolveOptions.started``), or else since ``start``; ``check(ahead)``: whether they will have
-    in ``ahead`` seconds (a step that long would end past the limit)."""
-
-    def check(ahead: float = 0.0) -> bool:
-        left = time_left(limit, start, started)
-        return left is not None and ahead > left
-
-    return check
-
-
 def result(
     problem: Problem,
     best: Best,
@@ -220,6 +200,49 @@ def result(
         notes=tuple(notes),
         interrupted=interrupted,
     )
+
+
+@dataclass
+class Search:
+    """What a search over schedules starts with: its problem and seed, the seed's random stream, the
+    clock of its time limit, its progress callback, the evaluator and the best plan so far."""
+
+    problem: Problem
+    seed: int
+    start: float  # time.perf_counter() when the scheduler started: the plan's solve_s
+    out_of_time: Callable[..., bool]  # out_of_time(ahead=0.0): see Clock.out_of_time
+    report: Progress
+    rng: np.random.Generator
+    evaluate: Evaluator
+    best: Best
+
+    @classmethod
+    def begin(cls, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions | None) -> Search:
+        start = time.perf_counter()
+        return cls(
+            problem,
+            seed,
+            start,
+            Clock.of(options, start).out_of_time,
+            progress or quiet,
+            np.random.default_rng(seed),
+            Evaluator(problem),
+            Best(problem.objective),
+        )
+
+    def result(self, scheduler: str, notes: list[str], hint: str, interrupted: bool = False) -> Plan:
+        """:func:`result` of this search."""
+        return result(
+            self.problem,
+            self.best,
+            self.evaluate,
+            scheduler=scheduler,
+            seed=self.seed,
+            start=self.start,
+            notes=notes,
+            hint=hint,
+            interrupted=interrupted,
+        )
 
 
 def evaluation_budget(options: SolveOptions | None) -> int:
