@@ -114,7 +114,7 @@ class Comparison:
         return {
             "model": self.problem.model,
             "cluster": self.problem.cluster,
-            "objective": self.problem.objective,
+            "objective": str(self.problem.objective),
             "seed": self.seed,
             "results": [e.to_dict() for e in self.entries],
         }

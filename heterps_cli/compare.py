@@ -94,6 +94,7 @@ def compare_schedulers(
 
 def gap(problem: Problem, plan: Plan, optimum: Plan) -> float:
     """How much worse than the optimum: relative extra cost, or relative lost throughput (time)."""
-    if problem.objective == "time":
-        return 1.0 - plan.throughput / optimum.throughput
-    return plan.cost_usd / optimum.cost_usd - 1.0 if optimum.cost_usd > 0 else 0.0
+    objective = problem.objective
+    return objective.gap(
+        objective.figure(plan.cost_usd, plan.throughput), objective.figure(optimum.cost_usd, optimum.throughput)
+    )

@@ -160,7 +160,7 @@ def make_plan(
     return Plan(
         model=problem.model,
         cluster=problem.cluster,
-        objective=problem.objective,
+        objective=str(problem.objective),
         scheduler=scheduler,
         seed=seed,
         batch_size=problem.batch_size,

@@ -17,6 +17,7 @@ import numpy as np
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
+from heterps_cli.objective import Objective
 from heterps_cli.yamlio import Document
 
 # Relative slack for constraint checks, so a plan that meets a limit to the last
@@ -52,7 +53,7 @@ class Problem:
     epochs: float
     min_throughput: float = 0.0
     max_cost: float | None = None
-    objective: str = "cost"
+    objective: Objective = Objective.COST
     # docs/spec.md section 1d; the defaults (0: no pipeline schedule, no update times, nothing
     # reserved) keep sections 1 and 1b exactly.
     micro_batches: int = 0  # M, micro-batches of batch_size per optimiser step
@@ -160,6 +161,8 @@ class Problem:
             return self.batch_size * self.activation_size
 
     def replace(self, **changes) -> Problem:
+        if "objective" in changes:
+            changes["objective"] = Objective(changes["objective"])
         return dataclasses.replace(self, **changes)
 
 
@@ -220,7 +223,7 @@ def build_problem(
 ) -> Problem:
     """Join a validated profile and cluster (:func:`load_problem` checks them against each other
     first); the keyword values override the profile's ``job``."""
-    if objective not in ("cost", "time"):
+    if objective not in tuple(Objective):
         raise ValueError(f"objective must be cost or time, not {objective!r}")
     types = usable_types(profile, cluster)
     samples = samples if samples is not None else profile.job.samples
@@ -271,7 +274,7 @@ def build_problem(
         epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
         min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
         max_cost=max_cost,
-        objective=objective,
+        objective=Objective(objective),
         micro_batches=M,
         update=update if update.any() else None,
         reserved=(

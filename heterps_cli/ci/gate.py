@@ -153,7 +153,7 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
     now: dict[str, Any] = {
         "model": problem.model,
         "cluster": problem.cluster,
-        "objective": problem.objective,
+        "objective": str(problem.objective),
         "batch_size": problem.batch_size,
         "samples": problem.samples,
         "epochs": problem.epochs,

@@ -188,10 +188,7 @@ def solve(
             f"exact relaxed the limits of {names} (honouring them needs more than {MAX_STATE_CELLS:,} states), "
             "so it could not prove this plan optimal"
         )
-    if problem.objective == "cost":
-        gap = float(best.cost / bound - 1) if bound > 0 else 0.0
-    else:
-        gap = float(1 - best.throughput / bound) if bound > 0 else 0.0
+    gap = float(problem.objective.gap(problem.objective.figure(best.cost, best.throughput), bound))
     proved = bool(gap <= 1e-12)
     notes: tuple[str, ...] = ()
     if not proved:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.figures import count, usd
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
@@ -57,6 +56,4 @@ def solve(
 def _figure(problem: Problem, scored) -> str:
     if not scored.feasible[0]:
         return "infeasible"
-    if problem.objective == "time":
-        return f"{count(scored.throughput[0], 1)} samples/s"
-    return usd(scored.cost[0])
+    return problem.objective.shown(scored.cost[0], scored.throughput[0])

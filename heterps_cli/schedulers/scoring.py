@@ -22,7 +22,7 @@ import numpy as np
 
 from heterps_cli.costmodel import better, provision, split_stages, stage_ids
 from heterps_cli.errors import SearchFailed
-from heterps_cli.figures import count, usd
+from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, quiet
@@ -134,7 +134,7 @@ class Evaluator:
 class Best:
     """The best feasible plan seen: by the objective, ties to the faster (cost) or cheaper (time) plan."""
 
-    objective: str = "cost"
+    objective: Objective = Objective.COST
     schedule: np.ndarray | None = None
     replicas: np.ndarray | None = None
     cost: float = math.inf
@@ -145,21 +145,21 @@ class Best:
         """The best figure so far, for a progress line."""
         if self.schedule is None:
             return "none yet"
-        return f"{count(self.throughput, 1)} samples/s" if self.objective == "time" else usd(self.cost)
+        return self.objective.shown(self.cost, self.throughput)
 
     @property
     def key(self) -> float:
         """Lower is better: the cost, or minus the throughput (inf while none is feasible)."""
         if self.schedule is None:
             return math.inf
-        return -self.throughput if self.objective == "time" else self.cost
+        return self.objective.key(self.cost, self.throughput)
 
     def offer(self, problem: Problem, schedules: np.ndarray, scored: Provisioned) -> None:
         rows = np.flatnonzero(scored.feasible)
         if rows.size == 0:
             return
         cost, thr = scored.cost[rows], scored.throughput[rows]
-        order = np.lexsort((cost, -thr)) if self.objective == "time" else np.lexsort((-thr, cost))
+        order = self.objective.ranked(cost, thr)
         i = int(rows[order[0]])
         if better(problem, scored.cost[i], scored.throughput[i], self.cost, self.throughput):
             stages = int((np.diff(schedules[i]) != 0).sum()) + 1

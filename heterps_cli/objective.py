@@ -1,0 +1,39 @@
+"""The two objectives a plan is optimised for (docs/spec.md section 1): which plan is better, how far
+one is from the best, and how each is said."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import numpy as np
+
+from heterps_cli.figures import count, usd
+
+
+class Objective(StrEnum):
+    COST = "cost"  # the cheapest plan that meets min_throughput
+    TIME = "time"  # the fastest plan within the limits (and max_cost)
+
+    def figure(self, cost, throughput):
+        """The figure this objective is about: the cost, or the throughput (numbers or arrays)."""
+        return throughput if self is Objective.TIME else cost
+
+    def key(self, cost, throughput):
+        """What this objective minimises: the cost, or minus the throughput (numbers or arrays)."""
+        return -throughput if self is Objective.TIME else cost
+
+    def gap(self, figure: float, best: float) -> float:
+        """How much worse ``figure`` is than ``best`` (both :meth:`figure`s): the relative extra cost,
+        or the relative lost throughput; 0 against a best of 0."""
+        if best <= 0:
+            return 0.0
+        return 1 - figure / best if self is Objective.TIME else figure / best - 1
+
+    def ranked(self, cost: np.ndarray, throughput: np.ndarray) -> np.ndarray:
+        """Indices from the best plan to the worst: by this objective, ties to the faster (cost) or the
+        cheaper (time)."""
+        return np.lexsort((cost, -throughput)) if self is Objective.TIME else np.lexsort((-throughput, cost))
+
+    def shown(self, cost: float, throughput: float) -> str:
+        """The plan's figure as people read it: ``$1.99`` or ``1,234.5 samples/s``."""
+        return f"{count(throughput, 1)} samples/s" if self is Objective.TIME else usd(cost)
