@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tables import markdown  # noqa: E402
 from heterps_cli.profiling.estimate import estimate, measure_cpu_core  # noqa: E402
 from heterps_cli.profiling.measure import load_model, measure  # noqa: E402
 from heterps_cli.profiling.write import measured_text  # noqa: E402
@@ -76,20 +77,33 @@ def pct(x: float) -> str:
     return f"{100 * x:+.0f}%" if x >= 0 else f"{100 * x:.0f}%"
 
 
+COLUMNS = [("model", "l")] + [
+    (name, "r")
+    for name in (
+        "layers",
+        "measured ms",
+        "estimated ms",
+        "total error",
+        "per-layer median error",
+        "per-layer p90",
+        "layers within 2x",
+        "calibrated: total",
+        "calibrated: median",
+        "calibrated: within 2x",
+    )
+]
+
+
 def table(rows: list[dict]) -> str:
-    out = [
-        "| model | layers | measured ms | estimated ms | total error | per-layer median error | per-layer p90 "
-        "| layers within 2x | calibrated: total | calibrated: median | calibrated: within 2x |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         p, c = r["plain"], r["calibrated"]
-        out.append(
-            f"| {r['model']} | {r['layers']} | {1e3 * r['measured_s']:.3g} | {1e3 * r['estimated_s']:.3g} | "
-            f"{pct(p['total'])} | {100 * p['median']:.0f}% | {100 * p['p90']:.0f}% | {100 * p['within_2x']:.0f}% | "
-            f"{pct(c['total'])} | {100 * c['median']:.0f}% | {100 * c['within_2x']:.0f}% |"
+        cells.append(
+            [r["model"], str(r["layers"]), f"{1e3 * r['measured_s']:.3g}", f"{1e3 * r['estimated_s']:.3g}"]
+            + [pct(p["total"]), f"{100 * p['median']:.0f}%", f"{100 * p['p90']:.0f}%", f"{100 * p['within_2x']:.0f}%"]
+            + [pct(c["total"]), f"{100 * c['median']:.0f}%", f"{100 * c['within_2x']:.0f}%"]
         )
-    return "\n".join(out)
+    return markdown(COLUMNS, cells)
 
 
 def main() -> None:

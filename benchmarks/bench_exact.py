@@ -4,6 +4,7 @@
     python benchmarks/bench_exact.py --quick    # 16 and 64 layers only
     python benchmarks/bench_exact.py --hardware # 64 and 256 layers x 3 types with memory, then bandwidth (spec 1b)
     python benchmarks/bench_exact.py --pipeline # 16, 32 and 64 layers x 3 types, 8 micro-batches a step (spec 1d)
+    python benchmarks/bench_exact.py --pipeline --docs docs/schedulers/exact.md   # also write it into that page
 
 Targets (issue 2): 64 layers x 3 types under 1 s; 256 layers under 30 s, on 2 cores.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import chain  # noqa: E402
+from benchmarks.tables import markdown, write_into  # noqa: E402
 from benchmarks.verdicts import worst_times  # noqa: E402
 from heterps_cli.errors import InfeasibleError, TooLarge  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
@@ -76,18 +78,28 @@ def run(
     return rows
 
 
+COLUMNS = [
+    ("layers", "r"),
+    ("types", "r"),
+    ("limits", "l"),
+    ("objective", "l"),
+    ("exact s", "r"),
+    ("cheapest-plan DPs", "r"),
+    ("stages", "r"),
+    ("a limit binds", "l"),
+    ("cost $", "r"),
+]
+
+
 def table(rows: list[dict]) -> str:
-    out = [
-        "| layers | types | limits | objective | exact s | cheapest-plan DPs | stages | a limit binds | cost $ |",
-        "|---:|---:|---|---|---:|---:|---:|---|---:|",
-    ]
+    cells = []
     for r in rows:
         cost = f"{r['cost']:.2f}" if r["cost"] is not None else "refused" if r["refused"] else "infeasible"
-        out.append(
-            f"| {r['layers']} | {r['types']} | {r['limits']} | {r['objective']} | {r['seconds']:.3f} | "
-            f"{r['dps']} | {r['stages']} | {'yes' if r['binding'] else 'no'} | {cost} |"
+        cells.append(
+            [str(r["layers"]), str(r["types"]), r["limits"], r["objective"], f"{r['seconds']:.3f}", str(r["dps"])]
+            + [str(r["stages"]), "yes" if r["binding"] else "no", cost]
         )
-    return "\n".join(out)
+    return markdown(COLUMNS, cells)
 
 
 def targets(rows: list[dict]) -> str:
@@ -111,3 +123,5 @@ if __name__ == "__main__":
     print(table(rows))
     print()
     print(targets(rows))
+    if "--docs" in sys.argv:
+        write_into(Path(sys.argv[sys.argv.index("--docs") + 1]), "bench_exact.py", table(rows))

@@ -35,13 +35,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tables import markdown, write_into  # noqa: E402
 from heterps_cli.profiling.links import loopback_allreduce_bandwidth  # noqa: E402
 
 ROWS = [("mlp", 64), ("mlp", 256), ("vgg16", 64)]  # the zoo's chain models, at the micro-batch to profile and run at
 MICRO_BATCHES = 8
 PLANS = {"data-parallel": {"cpu": 2}, "two stages": {"cpu": 1, "cpu2": 1}}
 PRICES = {"cpu": 1.0, "cpu2": 1.5}
-BEGIN, END = "<!-- bench_fidelity.py: begin -->", "<!-- bench_fidelity.py: end -->"
 
 
 def heterps(*args: str) -> str:
@@ -125,29 +125,29 @@ def row(model: str, batch: int, label: str, reports: list[dict]) -> dict:
     }
 
 
+COLUMNS = [
+    ("model", "l"),
+    ("plan", "l"),
+    ("batch", "r"),
+    ("stages", "l"),
+    ("M", "r"),
+    ("predicted samples/s", "r"),
+    ("measured", "r"),
+    ("measured/predicted (rounds)", "l"),
+    ("memory GB: plan / added", "l"),
+]
+
+
 def table(rows: list[dict]) -> str:
-    out = [
-        "| model | plan | batch | stages | M | predicted samples/s | measured | measured/predicted (rounds) "
-        "| memory GB: plan / added |",
-        "|---|---|---:|---|---:|---:|---:|---|---|",
-    ]
+    cells = []
     for r in rows:
         rounds = ", ".join(f"{x:.2f}" for x in r["ratios"])
         memory = "; ".join(f"{m['predicted_gb']:.3f} / {m['added_gb']:.3f}" for m in r["memory"])
-        out.append(
-            f"| {r['model']} | {r['plan']} | {r['batch']} | {r['stages']} | {r['micro_batches']} | "
-            f"{r['predicted']:,.0f} | {r['measured']:,.0f} | **{r['ratio']:.2f}** ({rounds}) | {memory} |"
+        cells.append(
+            [r["model"], r["plan"], str(r["batch"]), r["stages"], str(r["micro_batches"]), f"{r['predicted']:,.0f}"]
+            + [f"{r['measured']:,.0f}", f"**{r['ratio']:.2f}** ({rounds})", memory]
         )
-    return "\n".join(out)
-
-
-def write_docs(page: Path, text: str) -> None:
-    """Replace the block between the benchmark's markers in ``page`` with ``text``."""
-    doc = page.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{page}: no {BEGIN} … {END} block to write the table into")
-    head, rest = doc.split(BEGIN, 1)
-    page.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    return markdown(COLUMNS, cells)
 
 
 def main() -> None:
@@ -178,7 +178,7 @@ def main() -> None:
     )
     print(json.dumps(rows, indent=2) if args.json else f"{table(rows)}\n\n{summary}")
     if args.docs:
-        write_docs(args.docs, f"{table(rows)}\n\n{summary}")
+        write_into(args.docs, "bench_fidelity.py", f"{table(rows)}\n\n{summary}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import chain  # noqa: E402
+from benchmarks.tables import markdown  # noqa: E402
 from benchmarks.verdicts import worst_times  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.frontier import pareto_frontier  # noqa: E402
@@ -87,19 +88,29 @@ def run(cases=CASES) -> list[dict]:
     return rows
 
 
+COLUMNS = [
+    ("layers", "r"),
+    ("types", "r"),
+    ("limits", "l"),
+    ("frontier s", "r"),
+    ("plans on it", "r"),
+    ("solver steps", "r"),
+    ("limit-aware DPs", "r"),
+    ("samples/s from → to", "l"),
+    ("cost $ from → to", "l"),
+]
+
+
 def table(rows: list[dict]) -> str:
-    out = [
-        "| layers | types | limits | frontier s | plans on it | solver steps | limit-aware DPs | "
-        "samples/s from → to | cost $ from → to |",
-        "|---:|---:|---|---:|---:|---:|---:|---|---|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['layers']} | {r['types']} | {r['limits']} | {r['seconds']:.2f} | {r['points']:,} | "
-            f"{r['steps']:,} | {r['limited']:,} | {r['from']:,.0f} → {r['to']:,.0f} | "
-            f"{r['cost_from']:,.2f} → {r['cost_to']:,.2f} |"
-        )
-    return "\n".join(out)
+    return markdown(
+        COLUMNS,
+        [
+            [str(r["layers"]), str(r["types"]), r["limits"], f"{r['seconds']:.2f}", f"{r['points']:,}"]
+            + [f"{r['steps']:,}", f"{r['limited']:,}", f"{r['from']:,.0f} → {r['to']:,.0f}"]
+            + [f"{r['cost_from']:,.2f} → {r['cost_to']:,.2f}"]
+            for r in rows
+        ],
+    )
 
 
 def targets(rows: list[dict]) -> str:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compare_suite import pct  # noqa: E402
 from benchmarks.make_instances import names, paths  # noqa: E402
+from benchmarks.tables import markdown  # noqa: E402
 from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
 from heterps_cli.schedulers import SolveOptions, exact, rl, tapp  # noqa: E402
@@ -50,18 +51,21 @@ def run_one(name: str, seed: int = 0) -> dict:
     return row
 
 
+COLUMNS = [("instance", "l")] + [
+    (name, "r")
+    for name in ("layers", "types", "optimum samples/s", "tapp", "tapp gap", "tapp s", "rl", "rl gap", "rl s")
+]
+
+
 def table(rows: list[dict]) -> str:
-    out = [
-        "| instance | layers | types | optimum samples/s | tapp | tapp gap | tapp s | rl | rl gap | rl s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['instance']} | {r['layers']} | {r['types']} | {r['optimum']:,.1f} | {r['tapp']:,.1f} | "
-            f"{pct(r['tapp gap'])} | {r['tapp s']:.1f} | {r['rl']:,.1f} | {pct(r['rl gap'])} | "
-            f"{r['rl s']:.1f} |"
-        )
-    return "\n".join(out)
+    return markdown(
+        COLUMNS,
+        [
+            [r["instance"], str(r["layers"]), str(r["types"]), f"{r['optimum']:,.1f}", f"{r['tapp']:,.1f}"]
+            + [pct(r["tapp gap"]), f"{r['tapp s']:.1f}", f"{r['rl']:,.1f}", pct(r["rl gap"]), f"{r['rl s']:.1f}"]
+            for r in rows
+        ],
+    )
 
 
 def summary(rows: list[dict]) -> str:

@@ -1,26 +1,9 @@
-"""The policy-gradient loop the rl and tapp schedulers share, read top to bottom.
+"""The policy-gradient loop the rl and tapp schedulers share: a scheduler brings an :class:`Agent`
+(its networks, features and sampling), :func:`train` trains it against the cost model in named
+phases (pre-train on a pool, REINFORCE on its own samples, polish), and :func:`finish` returns the
+best plan ever scored. The phases and their measurements: docs/schedulers/rl.md.
 
-A scheduler brings an :class:`Agent` (its networks, its features and how it
-samples); this module trains it against the cost model and returns the best plan:
-
-* **phase 1, pre-train** (the HeterPS paper's phase 1): score a pool of random
-  schedules and the simple heuristics, and fit the agent to the best of them
-  by likelihood. The pool also sets the reward reference.
-* **phase 2, train**: REINFORCE on the agent's own samples, with rank-normalised
-  advantages (the batch's own ranking is the baseline), an entropy bonus that
-  decays linearly, self-imitation of the best schedule found so far (which keeps
-  what was learned from being lost to noise), and gradient clipping. Each batch
-  is scored in one vectorised call, each distinct schedule once. An agent with
-  per-layer log-probabilities may take per-layer credit (``credit_to_go``) and
-  imitate the least infeasible sample while none is feasible (``imitate_leader``),
-  and be replaced by a new agent, pre-trained on a new pool, once its samples stop
-  improving (``restart_after``): rl does all three, tapp none.
-* **polish**: the agent's greedy decode is scored, then a local search runs from
-  the most promising schedules seen (more kicks when no feasible plan was sampled),
-  ending with a re-plan of every window of layers (:func:`~heterps_cli.schedulers.local.window_search`).
-
-The best feasible plan ever scored is kept throughout. Ctrl-C or the time limit
-ends a phase early and keeps that plan; the run's notes say so.
+Ctrl-C or the time limit ends a phase early and keeps the best plan; the run's notes say so.
 """
 
 from __future__ import annotations

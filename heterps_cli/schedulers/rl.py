@@ -1,44 +1,8 @@
-"""The HeterPS scheduler (Liu et al., FGCS 2023): an LSTM policy picks a resource type per layer.
+"""The HeterPS scheduler (Liu et al., FGCS 2023; ``--scheduler rl``): an LSTM policy picks a resource
+type per layer, trained by REINFORCE in :mod:`~heterps_cli.schedulers.policy_gradient`'s loop, with
+replicas provisioned exactly. How it works and how well: docs/schedulers/rl.md.
 
-Read top to bottom: policy, saved policies, generalising a saved policy, solve.
-
-* **Features** (:mod:`heterps_cli.schedulers.features`, shared with tapp): a
-  fixed-width row per layer (relative position, kind, sizes, and per type the
-  times, price x time and a can-run flag), so a saved policy warm-starts a
-  changed model.
-* **Policy**: a bidirectional LSTM reads the features. An autoregressive LSTM
-  decoder then emits, per layer, a softmax over the types it can run on, fed the
-  previous layer's choice so that it can learn to keep a stage together.
-* **Reward** (:mod:`heterps_cli.schedulers.scoring`, shared with genetic and
-  random): every sampled schedule gets exact replica counts
-  (:func:`~heterps_cli.costmodel.provision`) and a reward of ``-cost / reference``
-  (``-reference / throughput`` for objective ``time``), capped below at
-  ``-CAP``. An infeasible schedule gets less than any feasible one, graded by how
-  far it misses (throughput shortfall, limit excess, budget excess), so the
-  policy learns its way back.
-* **Training** (:mod:`heterps_cli.schedulers.policy_gradient`, shared with tapp):
-  phase 1 (the paper's pre-training) fits the policy to the best of a pool of
-  random schedules and simple heuristics; phase 2 is REINFORCE on the policy's
-  own samples with rank-normalised advantages, a decaying entropy bonus and
-  self-imitation of the best schedule found so far (while none is feasible, of
-  the least infeasible one sampled). Each layer's choice is credited with the
-  cost of the stages it can change, layer ``i - 1``'s stage and the later ones
-  (:func:`~heterps_cli.schedulers.scoring.rewards_to_go`), ranked per layer
-  across the batch, rather than with the whole plan's cost. When the policy's
-  samples have not improved on its own best for 20 steps, a new policy starts
-  from a new pool (it usually settles by step 20, and another start often finds
-  another stage structure). The greedy decode is tried at the end, and the best
-  feasible plan ever scored is kept.
-* **Warm start**: before ``--policy-out`` saves the policy, :func:`generalise`
-  fits it to locally optimised plans of nearby models, so that it has learned
-  to plan this model's neighbours rather than memorised this model's plan; a
-  ``--policy-in`` run then skips pre-training and starts from it.
-* **Polish** (in the shared loop): a local search (:mod:`heterps_cli.schedulers.local`)
-  from the best schedule of each of the few best stage-type sequences seen, and
-  from the heuristics; then iterated local search, kicking the best plan out of
-  its local optimum and descending again (more kicks when no feasible plan was
-  sampled), and a re-plan of every window of 14 layers. On tight instances it
-  does much of the work; the benchmark shows both the sampled and the polished gaps.
+Read top to bottom: the policy, saved policies, generalising a saved policy (the warm start), solve.
 """
 
 from __future__ import annotations
