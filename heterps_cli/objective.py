@@ -1,13 +1,15 @@
 """The two objectives a plan is optimised for (docs/spec.md section 1): which plan is better, how far
-one is from the best, and how each is said."""
+one is from the best, and how each is said. The command line's --objective takes them too."""
 
 from __future__ import annotations
 
 from enum import StrEnum
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from heterps_cli.figures import count, usd
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Objective(StrEnum):
@@ -32,6 +34,8 @@ class Objective(StrEnum):
     def ranked(self, cost: np.ndarray, throughput: np.ndarray) -> np.ndarray:
         """Indices from the best plan to the worst: by this objective, ties to the faster (cost) or the
         cheaper (time)."""
+        import numpy as np  # the command line reads this module without numpy
+
         return np.lexsort((cost, -throughput)) if self is Objective.TIME else np.lexsort((-throughput, cost))
 
     def shown(self, cost: float, throughput: float) -> str:

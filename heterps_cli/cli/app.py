@@ -31,6 +31,7 @@ from heterps_cli.errors import (
     SearchGaveUp,
 )
 from heterps_cli.figures import count, number, plural, usd
+from heterps_cli.objective import Objective
 from heterps_cli.schedulers.names import (
     BATCH_LAYERS,
     DEFAULT_BATCH,
@@ -69,11 +70,6 @@ FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under
 # Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
 SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
 DEFAULT_SCHEDULER = SchedulerName("rl")
-
-
-class Objective(str, enum.Enum):
-    cost = "cost"
-    time = "time"
 
 
 def _version(value: bool) -> None:
@@ -450,7 +446,7 @@ def plan(
 
         _not_an_input(out_file, profile, cluster, policy_in)
         if objective is None:
-            objective = Objective.time if scheduler.value == "tapp" else Objective.cost
+            objective = Objective.TIME if scheduler.value == "tapp" else Objective.COST
         options = SolveOptions(
             steps=steps,
             batch=batch,
@@ -561,7 +557,7 @@ def frontier(
             whole = api.frontier(
                 str(profile),
                 str(cluster),
-                _job(Objective.cost, samples, epochs, min_throughput, max_cost, global_batch),
+                _job(Objective.COST, samples, epochs, min_throughput, max_cost, global_batch),
                 time_limit=time_limit,
                 progress=report,
             )
@@ -607,7 +603,7 @@ def compare(
     schedulers: Annotated[
         str, typer.Option(help="Comma-separated schedulers to run, in table order.", callback=_scheduler_list)
     ] = ",".join(SCHEDULERS),
-    objective: ObjectiveOpt = Objective.cost,
+    objective: ObjectiveOpt = Objective.COST,
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
@@ -656,7 +652,7 @@ def compare(
                 if entry.plan is None
                 else (
                     f"{count(entry.plan.throughput, 1)} samples/s"
-                    if objective == Objective.time
+                    if objective == Objective.TIME
                     else usd(entry.plan.cost_usd)
                 )
             )
@@ -876,7 +872,7 @@ def profile_command(
     """
     with _exit_codes():
         from heterps_cli import api
-        from heterps_cli.cli.render import profile_view
+        from heterps_cli.cli.render_measured import profile_view
         from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
         from heterps_cli.profiling.write import measured_text
 
@@ -892,7 +888,7 @@ def profile_command(
         )
         assert as_type is not None and batch_size is not None and out_file is not None
         if estimate is not None:
-            from heterps_cli.cli.render import estimate_view
+            from heterps_cli.cli.render_measured import estimate_view
             from heterps_cli.profiling.write import cluster_snippet, estimated_text
 
             with _progress_bar() as report, _users_prints_to_stderr():
@@ -1038,7 +1034,7 @@ def run_command(
     """
     with _exit_codes():
         from heterps_cli import api
-        from heterps_cli.cli.render import run_view
+        from heterps_cli.cli.render_measured import run_view
         from heterps_cli.runtime import parse_map
 
         with _progress_bar() as report, _users_prints_to_stderr():
@@ -1108,7 +1104,7 @@ def check(
     cluster: Annotated[Path, typer.Option(help="The current cluster.", show_default=False)],
     objective: Annotated[
         Objective, typer.Option(help="The job's objective, as given to heterps plan: a plan made for another is stale.")
-    ] = Objective.cost,
+    ] = Objective.COST,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
