@@ -33,7 +33,7 @@ def main() -> None:
             raise
         # typer exits 130 without a word when Ctrl-C lands in its own start-up (it imports pydantic
         # then); a command that was interrupted has already said so.
-        cli = sys.modules.get("heterps_cli.cli.app")
+        cli = sys.modules.get("heterps_cli.cli.session")
         _exit_interrupted(said=cli is not None and cli.INTERRUPT_REPORTED["done"])
     except Exception as exc:
         # Ctrl-C inside a class body being created (while a library loads) reaches us wrapped in a

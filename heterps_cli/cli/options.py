@@ -1,0 +1,266 @@
+"""The options and arguments the commands share, with their checks (docs/cli.md lists them all)."""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+import typer.core
+
+from heterps_cli.errors import (
+    InputError,
+)
+from heterps_cli.figures import number
+from heterps_cli.objective import Objective
+from heterps_cli.schedulers.names import (
+    BATCH_LAYERS,
+    DEFAULT_BATCH,
+    DEFAULT_STEPS,
+    MIN_BATCH,
+    SCHEDULERS,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+# Start-up time is part of the interface (benchmarks/bench_startup.py): each command imports the
+# library it uses when it runs, so `heterps --help` loads no numpy and `validate` no numpy or torch.
+# torch (seconds) is imported only by `heterps profile`, rl and tapp. The zoo's names are here so
+# that --help does not import the zoo.
+ZOO_NAMES = ("ctr", "vgg16", "mlp", "transformer", "resnet")
+
+
+FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under one (docs/commands.md)
+
+
+# Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
+SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
+
+
+DEFAULT_SCHEDULER = SchedulerName("rl")
+
+
+def positive_number(value: float | None) -> float | None:
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number > 0 (got {number(value)})")
+    return fraction(value)
+
+
+def non_negative_number(value: float | None) -> float | None:
+    if value is not None and not (value >= 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number >= 0 (got {number(value)})")
+    return fraction(value)
+
+
+def fraction(value: float | None) -> float | None:
+    # As in the files: a subnormal figure is no setting, and dividing by it overflows.
+    if value is not None and value != 0 and abs(value) < sys.float_info.min:
+        raise typer.BadParameter(f"is below the smallest normal float ({sys.float_info.min:.3g}; got {value!r})")
+    return value
+
+
+ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (docs/spec.md section 2).", show_default=False)]
+
+
+ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (docs/spec.md section 3).", show_default=False)]
+
+
+OBJECTIVE_HELP = "cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost)."
+
+
+ObjectiveOpt = Annotated[Objective, typer.Option(help=OBJECTIVE_HELP)]
+
+
+PlanObjectiveOpt = Annotated[
+    Objective | None,
+    typer.Option(
+        help=OBJECTIVE_HELP + " Default: time for --scheduler tapp (TAPP's own objective), else cost.",
+        show_default=False,
+    ),
+]
+
+
+MinThroughputOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=non_negative_number,
+        help="Required samples/s. Default: the profile's job.min_throughput, else 0.",
+        show_default=False,
+    ),
+]
+
+
+SamplesOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=positive_number, help="Samples per epoch. Default: the profile's job.samples.", show_default=False
+    ),
+]
+
+
+EpochsOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=positive_number, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False
+    ),
+]
+
+
+GlobalBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Samples per optimiser step: a whole number of micro-batches of the profile's batch_size, run "
+        "through a 1F1B pipeline (docs/spec.md section 1d). Default: the profile's job.global_batch, else none "
+        "(sections 1 and 1b: no pipeline schedule).",
+        show_default=False,
+    ),
+]
+
+
+MaxCostOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=positive_number,
+        help="Budget in USD a plan must not exceed (mostly for --objective time).",
+        show_default=False,
+    ),
+]
+
+
+def increase_rule(value: str) -> str:
+    from heterps_cli.ci.gate import Increase
+
+    try:
+        Increase.parse(value)
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+    return value
+
+
+def tolerance_rule(value: str) -> str:
+    from heterps_cli.ci.gate import percent
+
+    try:
+        percent(value, "tolerance")
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+    return value
+
+
+def seed_callback(value: int) -> int:
+    if not 0 <= value < 2**63:
+        raise typer.BadParameter(f"must be a whole number from 0 to 2**63 - 1 (got {value})")
+    return value
+
+
+SeedOpt = Annotated[
+    int, typer.Option(callback=seed_callback, help="Random seed; the same inputs and seed give the same plan.")
+]
+
+
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help=f"rl, tapp: training steps (default {DEFAULT_STEPS}).",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+
+
+BatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=65536,
+        help=(
+            f"rl, tapp: schedules sampled per step (default {DEFAULT_BATCH}; on models over "
+            f"{BATCH_LAYERS // DEFAULT_BATCH:,} layers fewer, {BATCH_LAYERS:,} / layers but at least {MIN_BATCH})."
+        ),
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+
+
+TimeLimitOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=positive_number,
+        help="Stop searching after this many seconds (the plan may then depend on machine speed). "
+        "exact then returns its best plan with the proven gap to the optimum.",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+
+
+OutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="FILE",
+        show_default=False,
+        help="Write the plan as YAML (docs/spec.md section 4), atomically; - for standard output.",
+    ),
+]
+
+
+def job_from(
+    objective: Objective,
+    samples: float | None,
+    epochs: float | None,
+    min_throughput: float | None,
+    max_cost: float | None,
+    global_batch: int | None = None,
+):
+    from heterps_cli.api import Job
+
+    return Job(objective.value, samples, epochs, min_throughput, max_cost, global_batch)
+
+
+class Granularity(str, enum.Enum):
+    layers = "layers"
+    blocks = "blocks"
+
+
+class Device(str, enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def parse_shape(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        shape = tuple(int(v) for v in value.replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise typer.BadParameter(f"expected sizes like 3,32,32 (got {value!r})")
+    return shape
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    github = "github"
+
+
+def scheduler_list(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCHEDULERS]
+    if unknown or not names:
+        raise typer.BadParameter(
+            f"unknown scheduler {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCHEDULERS)}"
+        )
+    return list(dict.fromkeys(names))

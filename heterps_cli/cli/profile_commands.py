@@ -1,0 +1,267 @@
+"""``heterps profile``: measure a model's layers (or estimate them on a device you do not have), or
+merge profiles of one model (docs/guide/profiling.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, cast
+
+import typer
+import typer.core
+from rich.text import Text
+
+from heterps_cli.errors import (
+    InputError,
+)
+
+if TYPE_CHECKING:
+    pass
+from heterps_cli.cli.options import ZOO_NAMES, Device, Granularity, parse_shape, positive_number
+from heterps_cli.cli.session import exit_codes, not_an_input, out, progress_bar, users_prints_to_stderr, write_output
+
+
+class _MeasureByDefault(typer.core.TyperGroup):
+    """``heterps profile MODEL ...`` is ``heterps profile measure MODEL ...``: a first word that names
+    no subcommand (and is no option) is the model, as it was before profile had subcommands."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["measure", *args]
+        return super().resolve_command(ctx, args)
+
+
+profile_app = typer.Typer(
+    cls=_MeasureByDefault,
+    help="Measure a PyTorch model's layers (or estimate them on a device you do not have) and write a profile; "
+    "or merge profiles of one model from several machines.\n\n"
+    "[bold]heterps profile MODEL[/] (with measure's options) is short for [bold]heterps profile measure MODEL[/].",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+
+
+@profile_app.command(name="merge")
+def merge_command(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="The profiles to join, one per resource type, of one model.", show_default=False),
+    ],
+    out_file: Annotated[
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Write the merged profile YAML here, atomically (- for standard output).",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Join profiles of one model measured (or estimated) on several machines into one profile.
+
+    [bold]heterps profile merge cpu.yaml a100.yaml -o model.yaml[/]
+    """
+    with exit_codes():
+        from heterps_cli import api
+
+        not_an_input(out_file, *files)
+        write_output(out_file, api.merge([str(f) for f in files]))
+        if out_file != "-":
+            out.print(Text(f"wrote {out_file} ({len(files)} profiles merged)"))
+
+
+@profile_app.command(name="measure")
+def profile_command(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY.",
+            show_default=False,
+        ),
+    ],
+    as_type: Annotated[
+        str | None,
+        typer.Option(
+            "--as",
+            help="The resource type name this machine is in the cluster file (e.g. cpu, v100).",
+            show_default=False,
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)
+    ] = None,
+    device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
+    out_file: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Write the profile YAML here, atomically (- for standard output).",
+            show_default=False,
+        ),
+    ] = None,
+    input_shape: Annotated[
+        str | None,
+        typer.Option(
+            help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), "
+            "4 (ctr: ids per bag).",
+            callback=parse_shape,
+            show_default=False,
+        ),
+    ] = None,
+    repetitions: Annotated[
+        int,
+        typer.Option(
+            min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median."
+        ),
+    ] = 20,
+    link_gbps: Annotated[
+        float | None,
+        typer.Option(
+            callback=positive_number,
+            help="Link bandwidth in Gbit/s for odt, instead of measuring it.",
+            show_default=False,
+        ),
+    ] = None,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Profile in this many fresh processes and keep each layer's median: steadier on a shared machine, "
+            "N times longer.",
+        ),
+    ] = 1,
+    estimate: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DEVICE",
+            help="Estimate, do not measure: each layer's time on this device of the catalogue (a100-80gb, h100, "
+            "t4, ...; see --catalogue) by a roofline model of its FLOPs and bytes, counted here.",
+            show_default=False,
+        ),
+    ] = None,
+    catalogue: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="--estimate: your own device catalogue (laid out as the built-in heterps_cli/profiling/devices.yaml).",
+            show_default=False,
+        ),
+    ] = None,
+    calibrate: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PROFILE",
+            help="--estimate: fit the efficiencies per layer kind to this measured profile of the same model "
+            "(e.g. this machine's cpu profile).",
+            show_default=False,
+        ),
+    ] = None,
+    granularity: Annotated[
+        Granularity,
+        typer.Option(
+            help="layers: every leaf module; blocks: the finest modules at which the model is a chain (a "
+            "ResNet's residual blocks, a transformer's blocks), each one layer of the profile. A plan can "
+            "only cut a model where it is a chain; profiling layers warns when they are not one.",
+        ),
+    ] = Granularity.layers,
+    calibrate_on: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DEVICE",
+            help="--calibrate: the catalogue device the profile was measured on (default: its type, if the "
+            "catalogue has it).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
+
+    [bold]heterps profile MODEL --as TYPE --batch-size B0 --out P.yaml[/] measures;
+    [bold]heterps profile MODEL --as a100 --estimate a100-80gb --batch-size B0 --out P.yaml[/] estimates.
+    """
+    with exit_codes():
+        from heterps_cli import api
+        from heterps_cli.cli.render_measured import profile_view
+        from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
+        from heterps_cli.profiling.write import measured_text
+
+        profile_flags_agree(
+            {"--as": as_type, "--batch-size": batch_size, "--out": out_file},
+            estimating=estimate is not None,
+            estimating_only={"--catalogue": catalogue, "--calibrate": calibrate, "--calibrate-on": calibrate_on},
+            measuring_only={
+                "--device": device is not Device.cpu,
+                "--processes": processes != 1,
+                "--link-gbps": link_gbps is not None,
+            },
+        )
+        assert as_type is not None and batch_size is not None and out_file is not None
+        if estimate is not None:
+            from heterps_cli.cli.render_measured import estimate_view
+            from heterps_cli.profiling.write import cluster_snippet, estimated_text
+
+            with progress_bar() as report, users_prints_to_stderr():
+                estimated = api.estimate(
+                    model,
+                    as_type,
+                    batch_size,
+                    estimate,
+                    input_shape=cast(tuple[int, ...] | None, input_shape),
+                    catalogue=None if catalogue is None else str(catalogue),
+                    calibrate=None if calibrate is None else str(calibrate),
+                    calibrate_on=calibrate_on,
+                    granularity=granularity.value,
+                    progress=report,
+                )
+            write_output(out_file, estimated_text(estimated))
+            if out_file != "-":
+                out.print(estimate_view(estimated, cluster_snippet(estimated)))
+                out.print(Text(f"wrote {out_file}"))
+            return
+
+        with progress_bar() as report, users_prints_to_stderr():
+            measured = api.measure(
+                model,
+                as_type,
+                batch_size,
+                device=device.value,
+                input_shape=cast(tuple[int, ...] | None, input_shape),  # the callback parsed it
+                repetitions=repetitions,
+                link_gbps=link_gbps,
+                processes=processes,
+                granularity=granularity.value,
+                progress=report,
+            )
+        write_output(out_file, measured_text(measured))
+        if out_file == "-":
+            return
+        out.print(profile_view(measured, NOISY_CV))
+        out.print(Text(f"wrote {out_file}"))
+        out.print(
+            Text(
+                f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
+                "(a measured profile has no job section: --samples is the samples per epoch; merge profiles "
+                "of other types first with heterps profile merge)",
+                style="dim",
+            )
+        )
+
+
+def profile_flags_agree(required: dict, estimating: bool, estimating_only: dict, measuring_only: dict) -> None:
+    """Exit 2 naming the first flag that is missing, or that belongs to the other mode of ``heterps profile``
+    (measuring here, or ``--estimate`` for a device elsewhere)."""
+    missing = [flag for flag, value in required.items() if value is None]
+    if missing:
+        raise InputError(None, None, missing[0], f"profiling needs {', '.join(missing)}")
+    if not estimating:
+        for flag, given in estimating_only.items():
+            if given is not None:
+                raise InputError(None, None, flag, f"{flag} goes with --estimate DEVICE")
+        return
+    for flag, measuring in measuring_only.items():
+        if measuring:
+            raise InputError(None, None, flag, f"{flag} applies to measuring; --estimate runs nothing on the device")
+    if estimating_only["--calibrate-on"] is not None and estimating_only["--calibrate"] is None:
+        raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")

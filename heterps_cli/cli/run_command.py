@@ -1,0 +1,127 @@
+"""``heterps run``: train a plan on real processes and hold it against its prediction
+(docs/guide/running.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, cast
+
+import typer
+import typer.core
+from rich.text import Text
+
+if TYPE_CHECKING:
+    pass
+from heterps_cli.cli.options import ZOO_NAMES, parse_shape, positive_number, seed_callback
+from heterps_cli.cli.session import exit_codes, out, progress_bar, users_prints_to_stderr, write_output
+
+
+def run_command(
+    plan_file: Annotated[
+        Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
+    ],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help=f"The model the plan's profile was measured from: {', '.join(ZOO_NAMES)}, FILE.py:FACTORY or "
+            "module:FACTORY (a module.py in the current directory is found by that name too). "
+            "Default: the model the plan names.",
+            show_default=False,
+        ),
+    ] = None,
+    device_map: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map",
+            metavar="TYPE=DEVICE",
+            help="What a resource type of the plan is on this machine: cpu, cuda or cuda:N (repeat per type; "
+            "a type named cpu is the CPU unless mapped).",
+            show_default=False,
+        ),
+    ] = None,
+    input_shape: Annotated[
+        str | None,
+        typer.Option(help="Per-sample input shape, as for heterps profile.", callback=parse_shape, show_default=False),
+    ] = None,
+    steps: Annotated[
+        int, typer.Option(min=1, help="Training steps measured (each runs --micro-batches batches, then a flush).")
+    ] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 2,
+    micro_batches: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Batches of the plan's batch size per step (1F1B: they fill the pipeline, then a flush and "
+            "one optimiser step). Default: the plan's micro_batches (docs/spec.md section 1d), else 16 x "
+            "(stages - 1), at most 64: the fill and drain then idle a stage 6% of a step.",
+            show_default=False,
+        ),
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, help="Threads per process (one unit of a CPU type = one core).")] = 1,
+    max_processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Refuse a plan that needs more processes than this (default: the cores here).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(callback=seed_callback, help="Seeds the model's weights and the synthetic data.")
+    ] = 0,
+    lr: Annotated[float, typer.Option(callback=positive_number, help="SGD learning rate.")] = 0.01,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            max=86_400.0,
+            help="Seconds any process may wait for another before the run fails (1 to 86,400: gloo's own timers "
+            "take whole milliseconds and a day at most).",
+        ),
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    out_file: Annotated[
+        str | None,
+        typer.Option(
+            "--out", "-o", metavar="FILE", help="Also write the report as JSON here, atomically.", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Train with a plan on real processes (torch.distributed) and measure it against its prediction.
+
+    One process per replica of every stage; the stages form a pipeline (1F1B, micro-batches and a flush),
+    the replicas of a stage split each micro-batch and sum their gradients. Synthetic data: the model's
+    example batch and a fixed random target. Under torchrun each process is one rank (docs/guide/running.md).
+    """
+    with exit_codes():
+        from heterps_cli import api
+        from heterps_cli.cli.render_measured import run_view
+        from heterps_cli.runtime import parse_map
+
+        with progress_bar() as report, users_prints_to_stderr():
+            result = api.run(
+                str(plan_file),
+                model,
+                mapping=parse_map(device_map or []),
+                input_shape=cast(tuple[int, ...] | None, input_shape),
+                steps=steps,
+                warmup=warmup,
+                micro_batches=micro_batches,
+                threads=threads,
+                max_processes=max_processes,
+                seed=seed,
+                lr=lr,
+                timeout_s=timeout,
+                progress=report,
+            )
+        if result is None:  # a torchrun rank other than 0: rank 0 reports
+            return
+        if out_file is not None:
+            write_output(out_file, result.to_json())
+        if as_json:
+            sys.stdout.write(result.to_json())
+            return
+        out.print(run_view(result))
+        if out_file is not None and out_file != "-":
+            out.print(Text(f"wrote {out_file}"))

@@ -1,0 +1,175 @@
+"""What every command shares while it runs: the consoles, exit codes for errors and interrupts, the
+progress bar, and writing its output file (docs/commands.md)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+import typer.core
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from heterps_cli import __version__
+from heterps_cli.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INFEASIBLE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    InfeasibleError,
+    InputError,
+    SearchGaveUp,
+)
+from heterps_cli.untrusted import printable
+
+if TYPE_CHECKING:
+    pass
+
+
+out = Console(soft_wrap=True, highlight=False)
+
+
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+DEBUG = {"on": False}  # set by the root callback, which every command runs first
+
+
+INTERRUPT_REPORTED = {"done": False}  # cli.entry.main says "interrupted" only when no command did
+
+
+def print_error(prefix: str, lines: list[str]) -> None:
+    for line in lines:  # a message may quote what a file held (an unknown key): never raw
+        err.print(Text(prefix, style="bold red") + Text(printable(line)))
+
+
+@contextmanager
+def exit_codes():
+    """Turn the library's errors into one-paragraph messages and exit codes of docs/spec.md section 5."""
+    try:
+        if sys.stdout is None:  # `>&-`: whatever the command wrote would be lost without a word
+            raise InputError(
+                None,
+                None,
+                "stdout",
+                "standard output is closed, and heterps writes its result there: redirect it (> FILE, or "
+                "> /dev/null to keep only --out) instead of closing it",
+            )
+        yield
+        sys.stdout.flush()  # a full disk or a closed pipe fails here, while it can still be said
+    except InputError as exc:
+        print_error("error: ", exc.lines())
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except SearchGaveUp as exc:  # before InfeasibleError, its base: no proof, so not exit 3
+        print_error("no plan found: ", [str(exc)])
+        raise typer.Exit(EXIT_NOT_FOUND) from None
+    except InfeasibleError as exc:
+        print_error("infeasible: ", [str(exc)])
+        raise typer.Exit(EXIT_INFEASIBLE) from None
+    except KeyboardInterrupt:
+        report_interrupt("")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except typer.Exit:
+        raise
+    except Exception as exc:  # a bug: one line and its own exit code, the traceback on request
+        if isinstance(exc, OSError) and exc.errno in STDOUT_ERRNOS:
+            silence_stdout()
+            print_error(
+                "error: ",
+                [f"cannot write standard output ({exc.strerror or exc}): what heterps printed there is incomplete"],
+            )
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        if DEBUG["on"]:
+            raise
+        print_error(
+            "internal error: ",
+            [
+                f"{type(exc).__name__}: {exc} (heterps {__version__}; please report it with "
+                "the command that caused it; --debug or HETERPS_DEBUG=1 shows the traceback)"
+            ],
+        )
+        raise typer.Exit(EXIT_INTERNAL) from None
+
+
+# Write failures only standard output can still raise here: files are read and written through
+# yamlio, which turns every OSError into an InputError naming the file.
+STDOUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def silence_stdout() -> None:
+    """Point standard output at /dev/null once it has refused a write (a full disk, a reader that went
+    away), so that Python's own flush at exit neither fails again nor changes the exit code."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner's buffer)
+        pass
+
+
+def users_prints_to_stderr():
+    """Around the user's model code (its module, factory and forward): what it prints goes to stderr,
+    since stdout carries heterps's result (a profile with --out -, run's JSON)."""
+    return redirect_stdout(sys.stderr)
+
+
+@contextmanager
+def progress_bar():
+    """A transient progress bar on stderr; yields the callback schedulers report to."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn())
+    # Not drawn when stderr is a file or a pipe: a log would keep only a stray blank line of it.
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("starting…", total=None)
+
+        def report(description: str, completed: float | None = None, total: float | None = None) -> None:
+            bar.update(task, description=description, completed=completed, total=total)
+
+        yield report
+
+
+def not_an_input(out_file: str | Path | None, *inputs: Path | str | None) -> None:
+    """Refuse an ``--out`` that names one of the command's own input files (``plan p.yaml c.yaml
+    --out p.yaml`` replaced the profile with a plan)."""
+    if out_file is None or str(out_file) == "-":
+        return
+    target = Path(out_file)
+    for given in inputs:
+        if given is not None and target.exists() and Path(given).exists() and os.path.samefile(target, given):
+            raise InputError(
+                str(out_file), None, "--out", f"is {given}, an input of this command: write the result elsewhere"
+            )
+
+
+def write_output(path: str, data: str | bytes) -> None:
+    """``--out FILE`` atomically, or ``--out -`` to standard output."""
+    from heterps_cli.yamlio import write_atomic
+
+    if path == "-":
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        return
+    write_atomic(path, data)
+
+
+def say_interrupted(what: str) -> None:
+    """After the output of a run that Ctrl-C cut short: say so, and exit 130 so scripts see it."""
+    report_interrupt(what)
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def report_interrupt(what: str) -> None:
+    """'interrupted' (with what it means for the output, when there is some); cli.entry.main then
+    adds nothing of its own."""
+    INTERRUPT_REPORTED["done"] = True
+    print_error("interrupted: " if what else "interrupted", [what])
