@@ -151,8 +151,7 @@ def test_each_command_makes_one_library_call_and_renders():
             and isinstance(n.func.value, ast.Name)
             and n.func.value.id == "api"
         ]
-        # profile measure has two modes, measuring and estimating: one call in each.
-        assert len(calls) == (2 if name == "profile_command" else 1), (name, calls)
+        assert len(calls) == 1, (name, calls)
 
 
 def test_the_library_is_usable_from_python_and_imports_lazily():

@@ -89,6 +89,20 @@ def test_estimate_writes_a_profile_that_says_so_and_prints_the_cluster_snippet(t
     assert first.times["a100"].odt == pytest.approx(first.weight_size / (50e9 / 8), rel=1e-5)
 
 
+def test_profile_estimate_is_the_same_as_profile_with_estimate(tmp_path):
+    """``heterps profile estimate MODEL DEVICE`` writes what ``heterps profile MODEL --estimate DEVICE``
+    does, and refuses --calibrate-on without --calibrate as it does."""
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    _cli(["mlp", "--as", "t4", "--estimate", "t4", "--batch-size", "16", "--out", str(old)])
+    shown = _cli(["estimate", "mlp", "t4", "--as", "t4", "--batch-size", "16", "--out", str(new)]).stdout
+    timed = re.compile(r"update: [0-9.e+-]+")  # the optimiser step is timed here, so it differs run to run
+    assert timed.sub("", new.read_text()) == timed.sub("", old.read_text()) and f"wrote {new}" in shown
+    refused = _cli(
+        ["estimate", "mlp", "t4", "--as", "t4", "--batch-size", "16", "-o", "x.yaml", "--calibrate-on", "t4"], 2
+    )
+    assert "--calibrate-on" in refused.stderr and not (tmp_path / "x.yaml").exists()
+
+
 def test_two_estimates_merge_with_their_comments_and_plan(runner, tmp_path):
     a, b, merged = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "m.yaml"
     _cli(["mlp", "--as", "t4", "--estimate", "t4", "--batch-size", "16", "--out", str(a)])

@@ -3,6 +3,7 @@ merge profiles of one model (docs/guide/profiling.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -40,6 +41,63 @@ profile_app = typer.Typer(
 )
 
 
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY.",
+        show_default=False,
+    ),
+]
+
+InputShapeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), "
+        "4 (ctr: ids per bag).",
+        callback=parse_shape,
+        show_default=False,
+    ),
+]
+
+CatalogueOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="--estimate: your own device catalogue (laid out as the built-in heterps_cli/profiling/devices.yaml).",
+        show_default=False,
+    ),
+]
+
+CalibrateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="PROFILE",
+        help="--estimate: fit the efficiencies per layer kind to this measured profile of the same model "
+        "(e.g. this machine's cpu profile).",
+        show_default=False,
+    ),
+]
+
+GranularityOpt = Annotated[
+    Granularity,
+    typer.Option(
+        help="layers: every leaf module; blocks: the finest modules at which the model is a chain (a "
+        "ResNet's residual blocks, a transformer's blocks), each one layer of the profile. A plan can "
+        "only cut a model where it is a chain; profiling layers warns when they are not one.",
+    ),
+]
+
+CalibrateOnOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="DEVICE",
+        help="--calibrate: the catalogue device the profile was measured on (default: its type, if the "
+        "catalogue has it).",
+        show_default=False,
+    ),
+]
+
+
 @profile_app.command(name="merge")
 def merge_command(
     files: Annotated[
@@ -72,13 +130,7 @@ def merge_command(
 
 @profile_app.command(name="measure")
 def profile_command(
-    model: Annotated[
-        str,
-        typer.Argument(
-            help=f"A built-in model ({', '.join(ZOO_NAMES)}), FILE.py:FACTORY or package.module:FACTORY.",
-            show_default=False,
-        ),
-    ],
+    model: ModelArg,
     as_type: Annotated[
         str | None,
         typer.Option(
@@ -101,15 +153,7 @@ def profile_command(
             show_default=False,
         ),
     ] = None,
-    input_shape: Annotated[
-        str | None,
-        typer.Option(
-            help="Per-sample input shape, e.g. 3,224,224 (vgg16), 784 (mlp), 128 (transformer: sequence length), "
-            "4 (ctr: ids per bag).",
-            callback=parse_shape,
-            show_default=False,
-        ),
-    ] = None,
+    input_shape: InputShapeOpt = None,
     repetitions: Annotated[
         int,
         typer.Option(
@@ -141,40 +185,10 @@ def profile_command(
             show_default=False,
         ),
     ] = None,
-    catalogue: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="FILE",
-            help="--estimate: your own device catalogue (laid out as the built-in heterps_cli/profiling/devices.yaml).",
-            show_default=False,
-        ),
-    ] = None,
-    calibrate: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="PROFILE",
-            help="--estimate: fit the efficiencies per layer kind to this measured profile of the same model "
-            "(e.g. this machine's cpu profile).",
-            show_default=False,
-        ),
-    ] = None,
-    granularity: Annotated[
-        Granularity,
-        typer.Option(
-            help="layers: every leaf module; blocks: the finest modules at which the model is a chain (a "
-            "ResNet's residual blocks, a transformer's blocks), each one layer of the profile. A plan can "
-            "only cut a model where it is a chain; profiling layers warns when they are not one.",
-        ),
-    ] = Granularity.layers,
-    calibrate_on: Annotated[
-        str | None,
-        typer.Option(
-            metavar="DEVICE",
-            help="--calibrate: the catalogue device the profile was measured on (default: its type, if the "
-            "catalogue has it).",
-            show_default=False,
-        ),
-    ] = None,
+    catalogue: CatalogueOpt = None,
+    calibrate: CalibrateOpt = None,
+    granularity: GranularityOpt = Granularity.layers,
+    calibrate_on: CalibrateOnOpt = None,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
 
@@ -199,26 +213,8 @@ def profile_command(
         )
         assert as_type is not None and batch_size is not None and out_file is not None
         if estimate is not None:
-            from heterps_cli.cli.render_measured import estimate_view
-            from heterps_cli.profiling.write import cluster_snippet, estimated_text
-
-            with progress_bar() as report, users_prints_to_stderr():
-                estimated = api.estimate(
-                    model,
-                    as_type,
-                    batch_size,
-                    estimate,
-                    input_shape=cast(tuple[int, ...] | None, input_shape),
-                    catalogue=None if catalogue is None else str(catalogue),
-                    calibrate=None if calibrate is None else str(calibrate),
-                    calibrate_on=calibrate_on,
-                    granularity=granularity.value,
-                    progress=report,
-                )
-            write_output(out_file, estimated_text(estimated))
-            if out_file != "-":
-                out.print(estimate_view(estimated, cluster_snippet(estimated)))
-                out.print(Text(f"wrote {out_file}"))
+            job = _Estimate(model, as_type, batch_size, estimate, input_shape, catalogue, calibrate, calibrate_on)
+            job.run(granularity, out_file)
             return
 
         with progress_bar() as report, users_prints_to_stderr():
@@ -265,3 +261,80 @@ def profile_flags_agree(required: dict, estimating: bool, estimating_only: dict,
             raise InputError(None, None, flag, f"{flag} applies to measuring; --estimate runs nothing on the device")
     if estimating_only["--calibrate-on"] is not None and estimating_only["--calibrate"] is None:
         raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
+
+
+@profile_app.command(name="estimate")
+def estimate_command(
+    model: ModelArg,
+    device: Annotated[
+        str,
+        typer.Argument(
+            help="The catalogue device to estimate on (a100-80gb, h100, t4, ...; see --catalogue).", show_default=False
+        ),
+    ],
+    as_type: Annotated[
+        str,
+        typer.Option("--as", help="The resource type name of the device in the cluster file (e.g. a100)."),
+    ],
+    batch_size: Annotated[int, typer.Option(min=1, help="B0: the batch size to estimate at.")],
+    out_file: Annotated[
+        str,
+        typer.Option(
+            "--out", "-o", metavar="FILE", help="Write the profile YAML here, atomically (- for standard output)."
+        ),
+    ],
+    input_shape: InputShapeOpt = None,
+    catalogue: CatalogueOpt = None,
+    calibrate: CalibrateOpt = None,
+    granularity: GranularityOpt = Granularity.layers,
+    calibrate_on: CalibrateOnOpt = None,
+) -> None:
+    """Estimate a PyTorch model's layers on a device you do not have and write a profile.
+
+    [bold]heterps profile estimate MODEL a100-80gb --as a100 --batch-size B0 --out P.yaml[/] is
+    [bold]heterps profile MODEL --estimate a100-80gb --as a100 --batch-size B0 --out P.yaml[/].
+    """
+    with exit_codes():
+        if calibrate_on is not None and calibrate is None:
+            raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
+        _Estimate(model, as_type, batch_size, device, input_shape, catalogue, calibrate, calibrate_on).run(
+            granularity, out_file
+        )
+
+
+@dataclass
+class _Estimate:
+    """An estimated profile (a roofline of the FLOPs and bytes counted here, on a catalogue device), as
+    both spellings of ``heterps profile`` ask for it."""
+
+    model: str
+    as_type: str
+    batch_size: int
+    device: str
+    input_shape: str | None
+    catalogue: Path | None
+    calibrate: Path | None
+    calibrate_on: str | None
+
+    def run(self, granularity: Granularity, out_file: str) -> None:
+        from heterps_cli import api
+        from heterps_cli.cli.render_measured import estimate_view
+        from heterps_cli.profiling.write import cluster_snippet, estimated_text
+
+        with progress_bar() as report, users_prints_to_stderr():
+            estimated = api.estimate(
+                self.model,
+                self.as_type,
+                self.batch_size,
+                self.device,
+                input_shape=cast(tuple[int, ...] | None, self.input_shape),  # the callback parsed it
+                catalogue=None if self.catalogue is None else str(self.catalogue),
+                calibrate=None if self.calibrate is None else str(self.calibrate),
+                calibrate_on=self.calibrate_on,
+                granularity=granularity.value,
+                progress=report,
+            )
+        write_output(out_file, estimated_text(estimated))
+        if out_file != "-":
+            out.print(estimate_view(estimated, cluster_snippet(estimated)))
+            out.print(Text(f"wrote {out_file}"))
