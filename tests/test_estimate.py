@@ -101,6 +101,8 @@ def test_profile_estimate_is_the_same_as_profile_with_estimate(tmp_path):
         ["estimate", "mlp", "t4", "--as", "t4", "--batch-size", "16", "-o", "x.yaml", "--calibrate-on", "t4"], 2
     )
     assert "--calibrate-on" in refused.stderr and not (tmp_path / "x.yaml").exists()
+    unknown = _cli(["estimate", "mlp", "nosuch", "--as", "t4", "--batch-size", "16", "-o", "y.yaml"], 2)
+    assert "DEVICE: 'nosuch' is not in the device catalogue" in unknown.stderr
 
 
 def test_two_estimates_merge_with_their_comments_and_plan(runner, tmp_path):

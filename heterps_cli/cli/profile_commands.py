@@ -3,6 +3,7 @@ merge profiles of one model (docs/guide/profiling.md)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
@@ -297,9 +298,8 @@ def estimate_command(
     with exit_codes():
         if calibrate_on is not None and calibrate is None:
             raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
-        _Estimate(model, as_type, batch_size, device, input_shape, catalogue, calibrate, calibrate_on).run(
-            granularity, out_file
-        )
+        job = _Estimate(model, as_type, batch_size, device, input_shape, catalogue, calibrate, calibrate_on, "DEVICE")
+        job.run(granularity, out_file)
 
 
 @dataclass
@@ -315,13 +315,14 @@ class _Estimate:
     catalogue: Path | None
     calibrate: Path | None
     calibrate_on: str | None
+    device_field: str = "--estimate"  # what an error about the device names: the option, or the argument
 
     def run(self, granularity: Granularity, out_file: str) -> None:
         from heterps_cli import api
         from heterps_cli.cli.render_measured import estimate_view
         from heterps_cli.profiling.write import cluster_snippet, estimated_text
 
-        with progress_bar() as report, users_prints_to_stderr():
+        with progress_bar() as report, users_prints_to_stderr(), self._naming_the_device():
             estimated = api.estimate(
                 self.model,
                 self.as_type,
@@ -338,3 +339,12 @@ class _Estimate:
         if out_file != "-":
             out.print(estimate_view(estimated, cluster_snippet(estimated)))
             out.print(Text(f"wrote {out_file}"))
+
+    @contextmanager
+    def _naming_the_device(self):
+        try:
+            yield
+        except InputError as exc:
+            if exc.field != "--estimate" or self.device_field == "--estimate":
+                raise
+            raise InputError(exc.path, exc.line, self.device_field, exc.message, exc.more) from None
