@@ -29,12 +29,12 @@ from benchmarks.compare_suite import pct  # noqa: E402
 from benchmarks.make_instances import names, paths  # noqa: E402
 from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
-from heterps_cli.schedulers import SolveOptions, exact, rl  # noqa: E402
+from heterps_cli.schedulers import RLOptions, exact, rl  # noqa: E402
 
 SEEDS = (0, 1, 2, 3)
 
 
-def run_one(name: str, options: SolveOptions = SolveOptions(), seed: int = 0) -> dict:
+def run_one(name: str, options: RLOptions = RLOptions(), seed: int = 0) -> dict:
     profile, cluster = paths(name)
     problem = load_problem(str(profile), str(cluster))
     optimum = exact.solve(problem).cost_usd
@@ -130,7 +130,7 @@ def main() -> None:
         for seed in args.seeds:
             if (name, seed) in have:
                 continue
-            r = run_one(name, SolveOptions(steps=args.steps), seed=seed)
+            r = run_one(name, RLOptions(steps=args.steps), seed=seed)
             rows.append(r)
             print(
                 f"  {name} seed {seed}: gap {pct(r['gap'])}, policy {pct(r['sampled'])}, {r['seconds']:.1f} s",

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.make_instances import paths  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
-from heterps_cli.schedulers import SolveOptions, exact, rl  # noqa: E402
+from heterps_cli.schedulers import RLOptions, exact, rl  # noqa: E402
 
 INSTANCES = ("chain16x3", "chain32x2", "chain32x3", "chain64x2")
 STEPS = 150
@@ -66,13 +66,13 @@ def main() -> None:
             profile, cluster = paths(name)
             policy = Path(tmp) / f"{name}.pt"
             rl.solve(
-                load_problem(str(profile), str(cluster)), seed=0, options=SolveOptions(steps=STEPS, policy_out=policy)
+                load_problem(str(profile), str(cluster)), seed=0, options=RLOptions(steps=STEPS, policy_out=policy)
             )
             new = load_problem(str(changed(profile, Path(tmp) / f"{name}.yaml")), str(cluster))
             optimum = exact.solve(new).cost_usd
             for seed in range(args.seeds):
-                cold = curve(new, SolveOptions(steps=STEPS), seed)
-                warm = curve(new, SolveOptions(steps=STEPS, policy_in=policy), seed)
+                cold = curve(new, RLOptions(steps=STEPS), seed)
+                warm = curve(new, RLOptions(steps=STEPS, policy_in=policy), seed)
                 goal = cold[-1]
                 row = (
                     name,

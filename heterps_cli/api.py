@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
-from heterps_cli.schedulers import Progress, SolveOptions, solve
+from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve
 
 if TYPE_CHECKING:
     from heterps_cli.ci.diff import Change
@@ -127,7 +127,7 @@ def compare(
     job: Job = Job(),
     *,
     seed: int = 0,
-    options: SolveOptions = SolveOptions(),
+    budget: Budget = Budget(),
     progress: Progress | None = None,
     on_done: Callable[[Entry], None] | None = None,
     with_frontier: bool = False,
@@ -139,7 +139,7 @@ def compare(
     from heterps_cli.frontier import pareto_frontier
 
     problem = job.problem(profile_path, cluster_path)
-    entries = compare_schedulers(problem, schedulers, seed=seed, options=options, progress=progress, on_done=on_done)
+    entries = compare_schedulers(problem, schedulers, seed=seed, budget=budget, progress=progress, on_done=on_done)
     curve = None
     if with_frontier:
         try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve
+from heterps_cli.schedulers import SCHEDULERS, Budget, Progress, solve
 
 BUDGETED = ("genetic", "random")  # the schedulers whose budget is a number of evaluations
 
@@ -47,7 +47,7 @@ def compare_schedulers(
     names: list[str],
     *,
     seed: int = 0,
-    options: SolveOptions = SolveOptions(),
+    budget: Budget = Budget(),
     progress: Progress | None = None,
     on_done: Callable[[Entry], None] | None = None,
 ) -> list[Entry]:
@@ -62,9 +62,10 @@ def compare_schedulers(
     order = sorted(names, key=lambda n: n != "rl")  # stable: rl first, the rest as given
     done: dict[str, Entry] = {}
     for position, name in enumerate(order, 1):
-        own = options
-        if name in BUDGETED and options.evaluations is None and "rl" in done and done["rl"].plan is not None:
-            own = replace(options, evaluations=done["rl"].plan.evaluations)
+        given = budget
+        if name in BUDGETED and budget.evaluations is None and "rl" in done and done["rl"].plan is not None:
+            given = replace(budget, evaluations=done["rl"].plan.evaluations)
+        own = given.of(name)
 
         def report(
             description: str,

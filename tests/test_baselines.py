@@ -10,7 +10,17 @@ import pytest
 
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.plan import make_plan
-from heterps_cli.schedulers import SCHEDULERS, SolveOptions, genetic, greedy, local, random_search, scoring, solve
+from heterps_cli.schedulers import (
+    SCHEDULERS,
+    Budget,
+    SearchOptions,
+    genetic,
+    greedy,
+    local,
+    random_search,
+    scoring,
+    solve,
+)
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import brute_force, spec_figures
 
@@ -56,7 +66,7 @@ def test_plans_are_feasible_and_never_beat_brute_force(name, seed):
     expected = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
     assert expected is not None
     try:
-        plan = solve(name, problem, seed=seed, options=SolveOptions(evaluations=64))
+        plan = solve(name, problem, seed=seed, options=SearchOptions(evaluations=64))
     except InfeasibleError:
         assert name == "greedy"  # a rule may miss; the searches over 32 schedules may not
         return
@@ -72,7 +82,7 @@ def test_plans_are_feasible_and_never_beat_brute_force(name, seed):
 @pytest.mark.parametrize("name", ["genetic", "random"])
 def test_the_budget_is_a_number_of_evaluations(name):
     _, _, _, problem = _instance(seed=5, n=24, T=3, share=0.05)
-    plan = solve(name, problem, seed=0, options=SolveOptions(evaluations=300))
+    plan = solve(name, problem, seed=0, options=SearchOptions(evaluations=300))
     assert plan.evaluations <= 300
     if name == "random":
         assert plan.evaluations == 300
@@ -81,7 +91,7 @@ def test_the_budget_is_a_number_of_evaluations(name):
 @pytest.mark.parametrize("name", ["genetic", "random"])
 def test_same_seed_same_plan(name):
     _, _, _, problem = _instance(seed=6, n=20, T=3, share=0.05)
-    runs = [solve(name, problem, seed=s, options=SolveOptions(evaluations=400)) for s in (3, 3)]
+    runs = [solve(name, problem, seed=s, options=SearchOptions(evaluations=400)) for s in (3, 3)]
     assert runs[0].schedule == runs[1].schedule and runs[0].stages == runs[1].stages
 
 
@@ -90,7 +100,7 @@ def test_time_objective_returns_a_fast_plan(module):
     arrays, profile, cluster, _ = _instance(seed=7, n=5, T=2, share=0.0)
     problem = problem_from_dicts(profile, cluster, objective="time")
     expected = brute_force(*arrays, 32, problem.work, objective="time")
-    plan = module.solve(problem, seed=0, options=SolveOptions(evaluations=64))
+    plan = module.solve(problem, seed=0, options=SearchOptions(evaluations=64))
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
 
 
@@ -99,7 +109,7 @@ def test_time_objective_returns_a_fast_plan(module):
 def test_infeasible_reports_the_reason(name):
     _, _, _, problem = _instance(seed=8, n=6, T=2, share=1e6)
     with pytest.raises(InfeasibleError, match="no plan reaches"):
-        solve(name, problem, options=SolveOptions(evaluations=50, steps=4, batch=8))
+        solve(name, problem, options=Budget(steps=4, batch=8, evaluations=50).of(name))
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
@@ -114,7 +124,7 @@ def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
         profile, cluster = instance_dicts(*arrays, hardware=hardware)
         problem = problem_from_dicts(profile, cluster)
         try:
-            plan = solve(name, problem, options=SolveOptions(evaluations=300, steps=8, batch=8))
+            plan = solve(name, problem, options=Budget(steps=8, batch=8, evaluations=300).of(name))
         except InfeasibleError:
             continue
         ref = spec_figures(profile, cluster, plan.to_dict())

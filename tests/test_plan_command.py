@@ -183,3 +183,17 @@ def test_a_target_past_every_layers_serial_part_names_the_layer_not_the_limits(r
     small.write_text(Path(PAPER).read_text().replace("limit: 480", "limit: 40").replace("limit: 32", "limit: 1"))
     result = runner.invoke(app, ["plan", CTR, str(small), "-s", "exact", "--min-throughput", "5e6"])
     assert result.exit_code == 3 and "raise the limits" in result.stderr and "caps" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "flags", "says"),
+    [
+        ("rl", ["--evaluations", "5"], "--evaluations applies to genetic and random, not to rl"),
+        ("exact", ["--steps", "5"], "--steps applies to rl and tapp, not to exact"),
+        ("tapp", ["--policy-in", "p.pt"], "--policy-in applies to rl, not to tapp"),
+    ],
+)
+def test_a_flag_of_another_scheduler_is_refused(runner, scheduler, flags, says):
+    """Each scheduler has its own options: a flag none of them has is bad input (exit 2), not ignored."""
+    result = runner.invoke(app, ["plan", CTR, PAPER, "-s", scheduler, *flags])
+    assert result.exit_code == 2 and says in result.stderr, result.output

@@ -15,7 +15,7 @@ from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import load_problem
-from heterps_cli.schedulers import SolveOptions, optimiser, rl, scoring
+from heterps_cli.schedulers import RLOptions, optimiser, rl, scoring
 from tests.helpers import ROOT, instance_dicts, problem_from_dicts, random_instance, write_yaml
 from tests.oracle import brute_force
 
@@ -177,7 +177,7 @@ def test_rl_finds_the_brute_force_optimum_on_small_instances(seed):
     profile, cluster = instance_dicts(*arrays, min_throughput=32 / arrays[0].min(axis=1).sum() * 0.5)
     problem = problem_from_dicts(profile, cluster)
     expected = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput)
-    plan = rl.solve(problem, seed=seed, options=SolveOptions(steps=30, batch=16))
+    plan = rl.solve(problem, seed=seed, options=RLOptions(steps=30, batch=16))
     assert expected is not None and plan.feasible
     assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
 
@@ -227,8 +227,8 @@ def test_policy_out_then_in_warm_starts_a_deeper_model(runner, tmp_path, ctr_pol
 def test_saving_the_policy_does_not_change_the_plan(tmp_path):
     _, problem = _problem(seed=3, n=8)
     quick = dict(steps=15, batch=16)
-    plain = rl.solve(problem, seed=1, options=SolveOptions(**quick))
-    saved = rl.solve(problem, seed=1, options=SolveOptions(**quick, policy_out=tmp_path / "p.pt"))
+    plain = rl.solve(problem, seed=1, options=RLOptions(**quick))
+    saved = rl.solve(problem, seed=1, options=RLOptions(**quick, policy_out=tmp_path / "p.pt"))
     assert (tmp_path / "p.pt").exists()
     assert [(s.first, s.last, s.resource, s.replicas) for s in saved.stages] == [
         (s.first, s.last, s.resource, s.replicas) for s in plain.stages
@@ -267,13 +267,13 @@ def test_policy_for_other_types_is_refused(runner, tmp_path, ctr_policy):
 def test_ctrl_c_returns_the_best_plan_so_far(interrupt_evaluations):
     _, problem = _problem(seed=4, n=8, T=2)
     interrupt_evaluations(4)  # the pool, then a few training batches
-    plan = rl.solve(problem, options=SolveOptions(steps=50, batch=8))
+    plan = rl.solve(problem, options=RLOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 
 
 def test_time_limit_stops_training():
     _, problem = _problem(seed=5, n=8, T=2)
-    plan = rl.solve(problem, options=SolveOptions(steps=10_000, batch=8, time_limit=0.5))
+    plan = rl.solve(problem, options=RLOptions(steps=10_000, batch=8, time_limit=0.5))
     assert plan.feasible and any("time limit" in note for note in plan.notes)
 
 
@@ -284,7 +284,7 @@ def test_no_feasible_plan_exits_3_with_the_reachable_figure(runner, tmp_path):
     result = runner.invoke(app, ["plan", p, c, *QUICK])
     assert result.exit_code == 3 and "fastest possible plan reaches" in result.stderr
     with pytest.raises(InfeasibleError):
-        rl.solve(problem_from_dicts(profile, cluster), options=SolveOptions(steps=5, batch=4))
+        rl.solve(problem_from_dicts(profile, cluster), options=RLOptions(steps=5, batch=4))
 
 
 def test_local_moves_and_kicks_keep_layers_on_types_they_can_run():
@@ -340,7 +340,7 @@ def test_a_stalled_agent_restarts_and_the_run_stays_deterministic(monkeypatch):
         plan = rl.solve(
             problem,
             seed=4,
-            options=SolveOptions(steps=70, batch=8),
+            options=RLOptions(steps=70, batch=8),
             progress=lambda message, **_: messages.append(message),
             on_step=lambda step, key: curve.append(key),
         )

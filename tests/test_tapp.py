@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from heterps_cli.cli.app import app
-from heterps_cli.schedulers import SolveOptions, tapp
+from heterps_cli.schedulers import TrainingOptions, tapp
 from tests.helpers import ROOT, instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force
 
@@ -78,7 +78,7 @@ def test_tapp_finds_the_brute_force_fastest_plan_on_small_instances(seed):
     profile, cluster = instance_dicts(*arrays)
     problem = problem_from_dicts(profile, cluster, objective="time")
     expected = brute_force(*arrays, 32, problem.work, objective="time")
-    plan = tapp.solve(problem, seed=seed, options=SolveOptions(steps=20, batch=16))
+    plan = tapp.solve(problem, seed=seed, options=TrainingOptions(steps=20, batch=16))
     assert expected is not None and plan.feasible
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
 
@@ -124,11 +124,11 @@ def test_same_seed_same_plan(runner):
 def test_ctrl_c_stops_training_and_still_returns_the_best_plan(interrupt_evaluations):
     problem = problem_from_dicts(*instance_dicts(*random_instance(np.random.default_rng(5), 8, 2)), objective="time")
     interrupt_evaluations(4)  # the pool, then a few training batches
-    plan = tapp.solve(problem, options=SolveOptions(steps=50, batch=8))
+    plan = tapp.solve(problem, options=TrainingOptions(steps=50, batch=8))
     assert plan.feasible and any("interrupted" in note for note in plan.notes)
 
 
 def test_time_limit_stops_training():
     problem = problem_from_dicts(*instance_dicts(*random_instance(np.random.default_rng(5), 8, 2)))
-    plan = tapp.solve(problem, options=SolveOptions(steps=10_000, batch=8, time_limit=0.5))
+    plan = tapp.solve(problem, options=TrainingOptions(steps=10_000, batch=8, time_limit=0.5))
     assert plan.feasible and any("time limit" in note for note in plan.notes)

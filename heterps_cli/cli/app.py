@@ -156,13 +156,15 @@ def plan(
     with exit_codes():
         from heterps_cli import api
         from heterps_cli.cli.render import print_plan
-        from heterps_cli.schedulers import SolveOptions
+        from heterps_cli.schedulers import options_for
         from heterps_cli.yamlio import dump_yaml
 
         not_an_input(out_file, profile, cluster, policy_in)
         if objective is None:
             objective = Objective.TIME if scheduler.value == "tapp" else Objective.COST
-        options = SolveOptions(
+        options = options_for(
+            scheduler.value,
+            strict=True,
             steps=steps,
             batch=batch,
             time_limit=time_limit,
@@ -349,9 +351,9 @@ def compare(
         from heterps_cli import api
         from heterps_cli.cli.render import compare_view
         from heterps_cli.plots import compare_png
-        from heterps_cli.schedulers import SolveOptions
+        from heterps_cli.schedulers import Budget
 
-        options = SolveOptions(steps=steps, batch=batch, time_limit=time_limit, evaluations=evaluations)
+        budget = Budget(time_limit=time_limit, steps=steps, batch=batch, evaluations=evaluations)
 
         def done(entry) -> None:
             figure = (
@@ -373,7 +375,7 @@ def compare(
                 cast(list[str], schedulers),  # the callback made the text a list
                 job_from(objective, samples, epochs, min_throughput, max_cost, global_batch),
                 seed=seed,
-                options=options,
+                budget=budget,
                 progress=report,
                 on_done=done,
                 with_frontier=plot is not None,

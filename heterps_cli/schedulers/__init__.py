@@ -14,14 +14,36 @@ import time
 from typing import TYPE_CHECKING
 
 from heterps_cli.errors import SearchFailed
-from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, Solver
+from heterps_cli.schedulers.base import (
+    Budget,
+    Clock,
+    Progress,
+    RLOptions,
+    SearchOptions,
+    SolveOptions,
+    Solver,
+    TrainingOptions,
+    options_for,
+)
 from heterps_cli.schedulers.names import SCHEDULERS
 
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
 
-__all__ = ["SCHEDULERS", "Progress", "SolveOptions", "Solver", "solve", "solver"]
+__all__ = [
+    "SCHEDULERS",
+    "Budget",
+    "Progress",
+    "RLOptions",
+    "SearchOptions",
+    "SolveOptions",
+    "Solver",
+    "TrainingOptions",
+    "options_for",
+    "solve",
+    "solver",
+]
 
 
 def solver(name: str) -> Solver:

@@ -5,6 +5,7 @@ No imports of numpy or torch here, so that the registry and the CLI can load it 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,19 @@ from typing import TYPE_CHECKING, Protocol
 
 from heterps_cli.progress import Progress, quiet
 
-__all__ = ["Clock", "Progress", "SolveOptions", "Solver", "quiet"]
+__all__ = [
+    "OPTIONS",
+    "Budget",
+    "Clock",
+    "Progress",
+    "RLOptions",
+    "SearchOptions",
+    "SolveOptions",
+    "Solver",
+    "TrainingOptions",
+    "options_for",
+    "quiet",
+]
 
 if TYPE_CHECKING:
     from heterps_cli.plan import Plan
@@ -21,17 +34,64 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SolveOptions:
-    """Budget and learning options; schedulers ignore what does not apply to them."""
+    """What every scheduler reads: its time limit. Each scheduler's own options extend it
+    (:data:`OPTIONS`); given another scheduler's, it reads these and ignores the rest."""
 
-    steps: int | None = None  # training steps (None: the scheduler's default)
-    batch: int | None = None  # schedules sampled per step
     time_limit: float | None = None  # seconds of searching at most
     # When the time limit's clock started (time.perf_counter()); None: when the scheduler starts.
     # The command line starts it with the process, so that loading the files counts too.
     started: float | None = None
-    policy_in: Path | None = None  # warm-start from this saved policy
-    policy_out: Path | None = None  # save the trained policy here
-    evaluations: int | None = None  # genetic, random: cost-model evaluations (None: the default budget)
+
+
+@dataclass(frozen=True)
+class SearchOptions(SolveOptions):
+    """genetic and random: how many cost-model evaluations to spend."""
+
+    evaluations: int | None = None  # None: the default budget
+
+
+@dataclass(frozen=True)
+class TrainingOptions(SolveOptions):
+    """tapp, and rl: how long the policy trains."""
+
+    steps: int | None = None  # training steps (None: the scheduler's default)
+    batch: int | None = None  # schedules sampled per step
+
+
+@dataclass(frozen=True)
+class RLOptions(TrainingOptions):
+    """rl: also a saved policy to start from, and where to save the trained one."""
+
+    policy_in: Path | None = None
+    policy_out: Path | None = None
+
+
+# Each scheduler's options: what its flags may set.
+OPTIONS: dict[str, type[SolveOptions]] = {
+    "rl": RLOptions,
+    "tapp": TrainingOptions,
+    "genetic": SearchOptions,
+    "greedy": SolveOptions,
+    "random": SearchOptions,
+    "exact": SolveOptions,
+}
+FLAGS = {"steps": "--steps", "batch": "--batch", "evaluations": "--evaluations"}
+FLAGS |= {"policy_in": "--policy-in", "policy_out": "--policy-out"}
+
+
+def options_for(name: str, strict: bool = False, **given) -> SolveOptions:
+    """Scheduler ``name``'s own options from ``given`` values (None: not given). A value its options
+    have no field for is dropped, or with ``strict`` refused (exit 2, naming the flag)."""
+    kind = OPTIONS[name]
+    fields = {f.name for f in dataclasses.fields(kind)}
+    foreign = [key for key, value in given.items() if value is not None and key not in fields]
+    if strict and foreign:
+        from heterps_cli.errors import InputError
+
+        users = [n for n, k in OPTIONS.items() if foreign[0] in {f.name for f in dataclasses.fields(k)}]
+        flag = FLAGS.get(foreign[0], foreign[0])
+        raise InputError(None, None, flag, f"{flag} applies to {' and '.join(users)}, not to {name}")
+    return kind(**{key: value for key, value in given.items() if key in fields})
 
 
 @dataclass(frozen=True)
@@ -72,3 +132,17 @@ class Solver(Protocol):
     def __call__(
         self, problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
     ) -> Plan: ...
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The budget one run gives every scheduler it runs (``heterps compare``): each takes what its own
+    options have (:func:`options_for`)."""
+
+    time_limit: float | None = None
+    steps: int | None = None
+    batch: int | None = None
+    evaluations: int | None = None
+
+    def of(self, name: str) -> SolveOptions:
+        return options_for(name, **dataclasses.asdict(self))

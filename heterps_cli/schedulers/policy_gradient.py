@@ -21,7 +21,7 @@ from torch import nn
 
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, TrainingOptions, quiet
 from heterps_cli.schedulers.local import budget_note, polish, polish_starts
 from heterps_cli.schedulers.names import DEFAULT_STEPS, default_batch
 from heterps_cli.schedulers.optimiser import Adam
@@ -112,10 +112,11 @@ def configured(cfg, options: SolveOptions | None):
     """``cfg`` (a scheduler's Config) with the steps, batch and time limit the options give."""
     if options is None:
         return cfg
+    steps, batch = (options.steps, options.batch) if isinstance(options, TrainingOptions) else (None, None)
     return dataclasses.replace(
         cfg,
-        steps=options.steps if options.steps is not None else cfg.steps,
-        batch=options.batch if options.batch is not None else cfg.batch,
+        steps=steps if steps is not None else cfg.steps,
+        batch=batch if batch is not None else cfg.batch,
         time_limit=options.time_limit,
         started=options.started,
     )

@@ -23,7 +23,7 @@ from heterps_cli.errors import InputError
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers import policy_gradient
-from heterps_cli.schedulers.base import Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Progress, RLOptions, SolveOptions, quiet
 from heterps_cli.schedulers.features import layer_features, n_features
 from heterps_cli.schedulers.headroom import Headroom, masks
 from heterps_cli.schedulers.local import improve, search_budget
@@ -396,8 +396,8 @@ def solve(
     start = time.perf_counter()
     cfg = policy_gradient.configured(Config(), options)
     feats, mask = torch.from_numpy(layer_features(problem)), torch.from_numpy(problem.usable)
-    policy_in = options.policy_in if options is not None else None
-    policy_out = options.policy_out if options is not None else None
+    policy_in = options.policy_in if isinstance(options, RLOptions) else None
+    policy_out = options.policy_out if isinstance(options, RLOptions) else None
 
     headroom = cfg.headroom and problem.n_layers <= HEADROOM_LAYERS
 

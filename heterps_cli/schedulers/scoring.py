@@ -25,7 +25,7 @@ from heterps_cli.errors import SearchFailed
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, quiet
+from heterps_cli.schedulers.base import Clock, Progress, SearchOptions, SolveOptions, quiet
 from heterps_cli.schedulers.names import DEFAULT_EVALUATIONS
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
@@ -247,7 +247,8 @@ class Search:
 
 def evaluation_budget(options: SolveOptions | None) -> int:
     """The cost-model evaluations genetic and random may spend: the option, else :data:`DEFAULT_EVALUATIONS`."""
-    return options.evaluations if options is not None and options.evaluations is not None else DEFAULT_EVALUATIONS
+    given = options.evaluations if isinstance(options, SearchOptions) else None
+    return given if given is not None else DEFAULT_EVALUATIONS
 
 
 def signature(schedule: np.ndarray) -> tuple[int, ...]:
