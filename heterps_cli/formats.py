@@ -134,7 +134,9 @@ class PlanStage(_Strict):
 
 
 class PlanFile(_Strict):
-    """A plan as ``heterps plan --out`` writes it (docs/spec.md section 4, plus heterps' own extra fields)."""
+    """A plan as ``heterps plan --out`` writes it (docs/spec.md section 4, plus heterps' own extra fields):
+    the one schema of a plan file, read by :meth:`model_validate` and written by :meth:`written`, in
+    this order."""
 
     model: Name
     cluster: Name
@@ -145,25 +147,52 @@ class PlanFile(_Strict):
     samples: Positive
     epochs: Positive
     min_throughput: NonNegative
+    max_cost: Positive | None = None
     stages: Annotated[list[PlanStage], Field(min_length=1)]
     resources: dict[Name, Units]
+    limits: dict[Name, Units] | None = None
+    memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
+    bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
+    memory_reserved_gb: dict[Name, Annotated[float, Field(ge=0, le=1e9)] | None] | None = None
+    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
+    micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     throughput: NonNegative
     bottleneck: Index
     time_s: NonNegative
     cost_usd: NonNegative
     feasible: bool
-    solve_s: NonNegative
-    max_cost: Positive | None = None
-    limits: dict[Name, Units] | None = None
-    memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
-    bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
-    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
-    micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
-    memory_reserved_gb: dict[Name, Annotated[float, Field(ge=0, le=1e9)] | None] | None = None
     optimal: bool | None = None
-    gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
     evaluations: Annotated[int, Field(ge=0)] | None = None
     notes: list[Prose] = []
+    gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
+    solve_s: NonNegative
+
+    def written(self) -> dict:
+        """The file's mapping, in the order above; a field that only some plans have (section 1b and 1d
+        figures, a gap) is left out where it is None, the rest are written as they are (null too)."""
+        out = self.model_dump()
+        for key in ("samples", "epochs", "min_throughput"):  # a whole number reads as one
+            out[key] = int(out[key]) if float(out[key]).is_integer() else float(out[key])
+        for key in PLAN_ONLY_WHERE_GIVEN:
+            if out[key] is None:
+                del out[key]
+        for stage in out["stages"]:
+            for key in STAGE_ONLY_WHERE_GIVEN:
+                if stage[key] is None:
+                    del stage[key]
+        return out
+
+
+PLAN_ONLY_WHERE_GIVEN = (
+    "limits",
+    "memory_gb",
+    "bandwidth_gbps",
+    "memory_reserved_gb",
+    "global_batch",
+    "micro_batches",
+    "gap",
+)
+STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight")
 
 
 KINDS = {  # what each file is, and the keys that say so

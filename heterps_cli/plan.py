@@ -75,66 +75,61 @@ class Plan:
         return [s.resource for s in self.stages for _ in range(s.first, s.last + 1)]
 
     def to_dict(self) -> dict:
-        """The spec section 4 mapping (plus ``max_cost``, ``limits``, ``optimal``, ``evaluations``, ``notes``)."""
-        return {
-            "model": self.model,
-            "cluster": self.cluster,
-            "objective": self.objective,
-            "scheduler": self.scheduler,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "samples": _number(self.samples),
-            "epochs": _number(self.epochs),
-            "min_throughput": _number(self.min_throughput),
-            "max_cost": self.max_cost,
-            "stages": [
-                {
-                    "first": s.first,
-                    "last": s.last,
-                    "layers": list(s.layers),
-                    "resource": s.resource,
-                    "replicas": s.replicas,
-                    "compute_s": s.compute_s,
-                    "comm_s": s.comm_s,
-                    "throughput": s.throughput,
-                    "transfer_s": s.transfer_s,
-                    "memory_gb": s.memory_gb,
-                    **(
-                        {"update_s": s.update_s, "step_s": s.step_s, "in_flight": s.in_flight}
-                        if self.micro_batches
-                        else {}
-                    ),
-                }
-                for s in self.stages
-            ],
-            "resources": dict(self.resources),
-            "limits": dict(self.limits),
-            "memory_gb": dict(self.memory),
-            "bandwidth_gbps": dict(self.bandwidth),
-            **({"memory_reserved_gb": dict(self.reserved)} if self.reserved is not None else {}),
-            **(
-                {"global_batch": self.batch_size * self.micro_batches, "micro_batches": self.micro_batches}
-                if self.micro_batches
-                else {}
-            ),
-            "throughput": self.throughput,
-            "bottleneck": self.bottleneck,
-            "time_s": self.time_s,
-            "cost_usd": self.cost_usd,
-            "feasible": self.feasible,
-            "optimal": self.optimal,
-            "evaluations": self.evaluations,
-            "notes": list(self.notes),
-            **({"gap": self.gap} if self.gap is not None else {}),  # absent unless exact was cut short
-            "solve_s": round(self.solve_s, 6),
-        }
+        """The plan file's mapping (docs/spec.md section 4, :class:`~heterps_cli.formats.PlanFile`)."""
+        from heterps_cli.formats import PlanFile, PlanStage
+
+        pipelined = bool(self.micro_batches)
+        stages = [
+            PlanStage.model_construct(
+                first=s.first,
+                last=s.last,
+                layers=list(s.layers),
+                resource=s.resource,
+                replicas=s.replicas,
+                compute_s=s.compute_s,
+                comm_s=s.comm_s,
+                throughput=s.throughput,
+                transfer_s=s.transfer_s,
+                memory_gb=s.memory_gb,
+                update_s=s.update_s if pipelined else None,
+                step_s=s.step_s if pipelined else None,
+                in_flight=s.in_flight if pipelined else None,
+            )
+            for s in self.stages
+        ]
+        return PlanFile.model_construct(
+            model=self.model,
+            cluster=self.cluster,
+            objective=self.objective,
+            scheduler=self.scheduler,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            samples=self.samples,
+            epochs=self.epochs,
+            min_throughput=self.min_throughput,
+            max_cost=self.max_cost,
+            stages=stages,
+            resources=dict(self.resources),
+            limits=dict(self.limits),
+            memory_gb=dict(self.memory),
+            bandwidth_gbps=dict(self.bandwidth),
+            memory_reserved_gb=dict(self.reserved) if self.reserved is not None else None,
+            global_batch=self.batch_size * self.micro_batches if pipelined else None,
+            micro_batches=self.micro_batches if pipelined else None,
+            throughput=self.throughput,
+            bottleneck=self.bottleneck,
+            time_s=self.time_s,
+            cost_usd=self.cost_usd,
+            feasible=self.feasible,
+            optimal=self.optimal,
+            evaluations=self.evaluations,
+            notes=list(self.notes),
+            gap=self.gap,
+            solve_s=round(self.solve_s, 6),
+        ).written()
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)  # NaN/Infinity are not JSON
-
-
-def _number(x: float):
-    return int(x) if float(x).is_integer() else float(x)
 
 
 def make_plan(

@@ -197,3 +197,25 @@ def test_a_flag_of_another_scheduler_is_refused(runner, scheduler, flags, says):
     """Each scheduler has its own options: a flag none of them has is bad input (exit 2), not ignored."""
     result = runner.invoke(app, ["plan", CTR, PAPER, "-s", scheduler, *flags])
     assert result.exit_code == 2 and says in result.stderr, result.output
+
+
+@pytest.mark.parametrize(
+    ("profile", "cluster", "job"),
+    [
+        ("ctr", "paper", {}),
+        ("vgg16", "three-type-hardware", {}),
+        ("ctr", "three-type-hardware", {"global_batch": 8192}),
+    ],
+)
+def test_a_plan_file_is_one_schema_written_and_read(profile, cluster, job):
+    """What a plan writes is what PlanFile reads, and PlanFile writes it back byte for byte: one schema."""
+    import yaml
+
+    from heterps_cli import load_problem, solve
+    from heterps_cli.formats import PlanFile
+    from heterps_cli.yamlio import dump_yaml
+
+    problem = load_problem(str(ROOT / f"profiles/{profile}.yaml"), str(ROOT / f"clusters/{cluster}.yaml"), **job)
+    written = solve("exact", problem).to_dict()
+    read = PlanFile.model_validate(yaml.safe_load(dump_yaml(written)))
+    assert dump_yaml(read.written()) == dump_yaml(written)
