@@ -57,6 +57,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tables import header, row  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.plan import make_plan  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
@@ -65,6 +66,10 @@ DATA = Path(__file__).resolve().parent / "data" / "sailor-gpt-neo" / "sailor"
 MODEL, GPU, TP, GPUS_PER_NODE = "GPT-Neo-2.7", "GH-96", "4", 4
 USD_PER_GPU_HOUR = 11.06
 CALIBRATION = "N2_D1"  # the run memory_reserved_gb is measured on
+
+
+COLUMNS = ("run", "stages x dp", "M", "measured samples/s", "predicted", "error", "without 1d")
+COLUMNS += ("measured GB/GPU", "predicted", "ratio", "without 1d", "check")
 
 
 def load() -> tuple[dict, dict, list, float, list[dict]]:
@@ -219,11 +224,7 @@ def main() -> None:
     times, sizes, fit, gpu_memory, runs = load()
     reserved = reserved_from(next(r for r in runs if r["name"] == CALIBRATION), times, sizes, fit, gpu_memory)
     print(f"memory_reserved_gb, measured on {CALIBRATION}: {reserved:.2f} GB per GPU\n")
-    print(
-        "| run | stages x dp | M | measured samples/s | predicted | error | without 1d | measured GB/GPU "
-        "| predicted | ratio | without 1d | check |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(header([(name, "l") for name in COLUMNS]))
     errors, before, ratios, rejected = [], [], [], []
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
@@ -248,11 +249,10 @@ def main() -> None:
             if not passed:
                 rejected.append(f"{run['name']}: {why}")
             micro = run["gbs"] // (run["mbs"] * run["dp"][0])
-            print(
-                f"| {run['name']} | {len(run['stages'])} x {run['dp'][0]} | {micro} | {measured:,.1f} | "
-                f"{plan.throughput:,.1f} | {100 * err:+.1f}% | {100 * err_old:+.1f}% | {mem:.1f} | {peak:.1f} | "
-                f"{peak / mem:.2f} | {peak_old / mem:.2f} | {'pass' if passed else 'REJECTED'} |"
-            )
+            cells = [run["name"], f"{len(run['stages'])} x {run['dp'][0]}", str(micro), f"{measured:,.1f}"]
+            cells += [f"{plan.throughput:,.1f}", f"{100 * err:+.1f}%", f"{100 * err_old:+.1f}%", f"{mem:.1f}"]
+            cells += [f"{peak:.1f}", f"{peak / mem:.2f}", f"{peak_old / mem:.2f}", "pass" if passed else "REJECTED"]
+            print(row(cells))
     print()
     print(
         f"throughput, runs with gbs > 1: median |error| {100 * statistics.median(errors):.1f}% "

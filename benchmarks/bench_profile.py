@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tables import header  # noqa: E402
 from heterps_cli.profiling import measure  # noqa: E402
 from heterps_cli.profiling.processes import measure_in_processes  # noqa: E402
 
@@ -59,11 +60,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         return one(args.one[0], int(args.one[1]), Path(args.one[2]), args.processes)
-    print(
-        "| model | batch | layers | sum of layer oct | whole step | ratio | layers > 1 ms | within 15% "
-        "| median repeat difference | worst repeat difference |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    numbers = ("batch", "layers", "sum of layer oct", "whole step", "ratio", "layers > 1 ms", "within 15%")
+    numbers += ("median repeat difference", "worst repeat difference")
+    print(header([("model", "l"), *((name, "r") for name in numbers)]))
     with tempfile.TemporaryDirectory() as tmp:
         for name, batch in MODELS.items():
             if args.only and args.only != name:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compare_suite import pct  # noqa: E402
 from benchmarks.make_instances import names, paths  # noqa: E402
+from benchmarks.tables import markdown  # noqa: E402
 from heterps_cli.errors import InfeasibleError  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
 from heterps_cli.schedulers import RLOptions, exact, rl  # noqa: E402
@@ -62,9 +63,9 @@ def run_one(name: str, options: RLOptions = RLOptions(), seed: int = 0) -> dict:
 
 def table(rows: list[dict], seeds: list[int]) -> str:
     """One line per instance: the gap, the policy-only gap and the seconds of every seed."""
-    head = "| instance | layers | types | optimum $ | " + " | ".join(f"gap s{s}" for s in seeds)
-    head += " | " + " | ".join(f"policy s{s}" for s in seeds) + " | median s | worst s |"
-    out = [head, "|---|---:|---:|---:|" + "---:|" * (2 * len(seeds) + 2)]
+    numbers = ["layers", "types", "optimum $", *(f"gap s{s}" for s in seeds), *(f"policy s{s}" for s in seeds)]
+    columns = [("instance", "l"), *((name, "r") for name in [*numbers, "median s", "worst s"])]
+    cells = []
     by_instance: dict[str, dict[int, dict]] = {}
     for r in rows:
         by_instance.setdefault(r["instance"], {})[r["seed"]] = r
@@ -73,12 +74,11 @@ def table(rows: list[dict], seeds: list[int]) -> str:
         gaps = [pct(runs[s]["gap"]) if s in runs else "—" for s in seeds]
         policy = [pct(runs[s]["sampled"]) if s in runs else "—" for s in seeds]
         seconds = [r["seconds"] for r in runs.values()]
-        out.append(
-            f"| {name} | {first['layers']} | {first['types']} | {first['optimum']:.3f} | "
-            + " | ".join(gaps + policy)
-            + f" | {statistics.median(seconds):.1f} | {max(seconds):.1f} |"
+        cells.append(
+            [name, str(first["layers"]), str(first["types"]), f"{first['optimum']:.3f}", *gaps, *policy]
+            + [f"{statistics.median(seconds):.1f}", f"{max(seconds):.1f}"]
         )
-    return "\n".join(out)
+    return markdown(columns, cells)
 
 
 def summary(rows: list[dict]) -> str:

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.generate import chain  # noqa: E402
+from benchmarks.tables import markdown  # noqa: E402
 
 # layers, types, tight limits, scheduler, --time-limit (None: none), spec section 1b (None, "memory", "bandwidth")
 CASES = [
@@ -104,11 +105,7 @@ def run(case, folder: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     optimum = {(r["layers"], r["types"], r["limits"]): r["cost"] for r in rows if r.get("optimal")}
-    out = [
-        "| layers | types | limits | scheduler | --time-limit | wall s | within limit + 10% + 2 s | peak MB "
-        "| cost $ | vs exact |",
-        "|---:|---:|---|---|---:|---:|---|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         limit = "—" if r["time_limit"] is None else f"{r['time_limit']}"
         within = "—" if r["time_limit"] is None else ("yes" if held(r["seconds"], r["time_limit"]) else "**no**")
@@ -122,11 +119,15 @@ def table(rows: list[dict]) -> str:
                 versus += f" (proven gap {100 * r['gap']:.1f}%)"
             if r.get("budget"):
                 versus += " (local search stopped at its budget)"
-        out.append(
-            f"| {r['layers']:,} | {r['types']} | {r['limits']} | {r['scheduler']} | {limit} | {r['seconds']:.1f} | "
-            f"{within} | {r['peak_mb']:,.0f} | {cost} | {versus} |"
+        cells.append(
+            [f"{r['layers']:,}", str(r["types"]), r["limits"], r["scheduler"], limit, f"{r['seconds']:.1f}", within]
+            + [f"{r['peak_mb']:,.0f}", cost, versus]
         )
-    return "\n".join(out)
+    return markdown(COLUMNS, cells)
+
+
+COLUMNS = [("layers", "r"), ("types", "r"), ("limits", "l"), ("scheduler", "l"), ("--time-limit", "r")]
+COLUMNS += [("wall s", "r"), ("within limit + 10% + 2 s", "l"), ("peak MB", "r"), ("cost $", "r"), ("vs exact", "r")]
 
 
 if __name__ == "__main__":

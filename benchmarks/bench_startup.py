@@ -20,6 +20,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.tables import header, row  # noqa: E402
+
 COMMANDS = [
     ("heterps --help", ["--help"], 0.5),
     ("heterps validate profiles/ctr.yaml", ["validate", "profiles/ctr.yaml"], 0.5),
@@ -51,15 +55,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     runs = parser.parse_args().runs
-    print("| command | median s | min s | max s | target s | met |")
-    print("|---|---:|---:|---:|---:|---|")
+    print(
+        header([("command", "l"), ("median s", "r"), ("min s", "r"), ("max s", "r"), ("target s", "r"), ("met", "l")])
+    )
     for shown, args, target in COMMANDS:
         times = measure(args, runs)
         median = statistics.median(times)
-        print(
-            f"| `{shown}` | {median:.3f} | {min(times):.3f} | {max(times):.3f} | {target:g} | "
-            f"{'yes' if median < target else 'NO'} |"
-        )
+        cells = [f"`{shown}`", f"{median:.3f}", f"{min(times):.3f}", f"{max(times):.3f}", f"{target:g}"]
+        print(row([*cells, "yes" if median < target else "NO"]))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.make_instances import paths  # noqa: E402
+from benchmarks.tables import header  # noqa: E402
+from benchmarks.tables import row as table_row  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
 from heterps_cli.schedulers import RLOptions, exact, rl  # noqa: E402
 
@@ -85,15 +87,11 @@ def main() -> None:
                 )
                 rows.append(row)
                 print(f"  {name} seed {seed}: cold {row[5]} steps, warm {row[6]}", file=sys.stderr, flush=True)
-    print(
-        "| changed model | seed | optimum $ | cold gap | warm gap | cold steps to cold's final gap | warm steps to it |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    numbers = ("seed", "optimum $", "cold gap", "warm gap", "cold steps to cold's final gap", "warm steps to it")
+    print(header([("changed model", "l"), *((name, "r") for name in numbers)]))
     for name, seed, opt, gc, gw, sc, sw in rows:
-        print(
-            f"| {name} +1 layer | {seed} | {opt:.2f} | {100 * gc:.2f}% | {100 * gw:.2f}% | {sc} | "
-            f"{sw if sw is not None else 'not reached'} |"
-        )
+        cells = [f"{name} +1 layer", str(seed), f"{opt:.2f}", f"{100 * gc:.2f}%", f"{100 * gw:.2f}%", str(sc)]
+        print(table_row([*cells, str(sw) if sw is not None else "not reached"]))
     fewer = sum(sw is not None and sw < sc for *_, sc, sw in rows)
     print(
         f"\nwarm reached the cold run's final gap in fewer steps on {fewer}/{len(rows)} runs; "

@@ -22,11 +22,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.make_instances import names, paths  # noqa: E402
+from benchmarks.tables import header, row  # noqa: E402
 from heterps_cli.compare import compare_schedulers  # noqa: E402
 from heterps_cli.problem import load_problem  # noqa: E402
 from heterps_cli.schedulers import SCHEDULERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+SUMMARY = ("feasible", "median gap", "worst gap", "within 2%", "median s", "worst s", "median evaluations")
 
 
 def pct(gap: float | None) -> str:
@@ -42,30 +45,26 @@ def report(results: dict[str, list], schedulers: list[str], objective: str) -> s
         "seed 0, default settings; genetic and random get as many evaluations as rl used on the same instance).",
         "Gap: cost above the exact optimum. Time: wall seconds of the solve on this machine.",
         "",
-        "| scheduler | feasible | median gap | worst gap | within 2% | median s | worst s | median evaluations |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        header([("scheduler", "l")] + [(name, "r") for name in SUMMARY]),
     ]
     for s in schedulers:
         rows = [entries[s] for entries in results.values()]
         gaps = np.array([e.gap if e.plan is not None else np.inf for e in rows])
         seconds = np.array([e.solve_s for e in rows])
         evals = [e.plan.evaluations for e in rows if e.plan is not None and e.plan.evaluations is not None]
-        lines.append(
-            f"| {s} | {sum(e.plan is not None for e in rows)}/{len(rows)} | {pct(float(np.median(gaps)))} | "
-            f"{pct(float(gaps.max()))} | {int((gaps <= 0.02).sum())}/{len(rows)} | {np.median(seconds):.2f} | "
-            f"{seconds.max():.2f} | {f'{int(np.median(evals)):,}' if evals else '—'} |"
-        )
+        cells = [s, f"{sum(e.plan is not None for e in rows)}/{len(rows)}", pct(float(np.median(gaps)))]
+        cells += [pct(float(gaps.max())), f"{int((gaps <= 0.02).sum())}/{len(rows)}", f"{np.median(seconds):.2f}"]
+        lines.append(row([*cells, f"{seconds.max():.2f}", f"{int(np.median(evals)):,}" if evals else "—"]))
     lines += [
         "",
         "## Per instance (gap, seconds)",
         "",
-        "| instance | optimum $ | " + " | ".join(schedulers) + " |",
-        "|---|---:|" + "---:|" * len(schedulers),
+        header([("instance", "l"), ("optimum $", "r")] + [(s, "r") for s in schedulers]),
     ]
     for name, entries in results.items():
         optimum = entries["exact"].plan.cost_usd if "exact" in entries and entries["exact"].plan else float("nan")
         cells = [f"{pct(entries[s].gap if entries[s].plan else None)} ({entries[s].solve_s:.1f} s)" for s in schedulers]
-        lines.append(f"| {name} | {optimum:.3f} | " + " | ".join(cells) + " |")
+        lines.append(row([name, f"{optimum:.3f}", *cells]))
     return "\n".join(lines) + "\n"
 
 

@@ -7,11 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def header(columns: list[tuple[str, str]]) -> str:
+    """A table's first two lines, for ``columns``: (header, "l" or "r" for the alignment)."""
+    head = "| " + " | ".join(name for name, _ in columns) + " |"
+    return head + "\n|" + "|".join("---:" if align == "r" else "---" for _, align in columns) + "|"
+
+
+def row(cells: list[str]) -> str:
+    """One line of a table (a script that prints rows as they are measured prints these)."""
+    return "| " + " | ".join(cells) + " |"
+
+
 def markdown(columns: list[tuple[str, str]], rows: list[list[str]]) -> str:
-    """A table of ``rows`` (cells as text) under ``columns``: (header, "l" or "r" for the alignment)."""
-    head = "| " + " | ".join(header for header, _ in columns) + " |"
-    rule = "|" + "|".join("---:" if align == "r" else "---" for _, align in columns) + "|"
-    return "\n".join([head, rule, *("| " + " | ".join(row) + " |" for row in rows)])
+    """A table of ``rows`` (cells as text) under ``columns``."""
+    return "\n".join([header(columns), *(row(cells) for cells in rows)])
 
 
 def write_into(page: Path, script: str, text: str) -> None:
