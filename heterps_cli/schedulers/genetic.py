@@ -12,7 +12,7 @@
   survive as contiguous runs.
 * **Mutation** flips one layer to another type it can run on, or shifts a
   stage boundary by 1-3 layers (the neighbouring stage grows over it).
-* **Budget**: cost-model evaluations (``SolveOptions.evaluations``; ``compare``
+* **Budget**: cost-model evaluations (``SearchOptions.evaluations``; ``compare``
   gives it what rl used) and a time limit; it also stops when :data:`PATIENCE`
   generations in a row find no better plan (converged).
 """

@@ -3,7 +3,7 @@
 Schedules are drawn as 1 to max(8, n/3) contiguous segments on random types
 (:func:`~heterps_cli.schedulers.scoring.random_schedules`), each layer on a
 type it can run on, and provisioned exactly. N is the evaluation budget
-(``SolveOptions.evaluations``: ``compare`` gives it what rl used): distinct
+(``SearchOptions.evaluations``: ``compare`` gives it what rl used): distinct
 schedules scored, drawn in batches until N are scored or three batches in a
 row find no new one.
 """
