@@ -6,26 +6,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated, cast
 
 import typer
-import typer.core
 from rich.text import Text
 
 from heterps_cli import STARTED, __version__
-from heterps_cli.errors import (
-    InputError,
-)
-from heterps_cli.figures import count, plural, usd
-from heterps_cli.objective import Objective
-from heterps_cli.schedulers.names import (
-    DEFAULT_EVALUATIONS,
-    POLICY_VARIANTS,
-    SCHEDULERS,
-)
-
-if TYPE_CHECKING:
-    pass
 from heterps_cli.cli.ci_commands import check, diff, validate
 from heterps_cli.cli.options import (
     DEFAULT_SCHEDULER,
@@ -61,6 +47,16 @@ from heterps_cli.cli.session import (
     progress_bar,
     say_interrupted,
     write_output,
+)
+from heterps_cli.errors import (
+    InputError,
+)
+from heterps_cli.figures import count, plural, usd
+from heterps_cli.objective import Objective
+from heterps_cli.schedulers.names import (
+    DEFAULT_EVALUATIONS,
+    POLICY_VARIANTS,
+    SCHEDULERS,
 )
 
 TABLE_ROWS = 20  # heterps frontier: rows its table shows unless --points says otherwise

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
-import typer.core
 from rich.text import Text
 
 from heterps_cli.errors import (

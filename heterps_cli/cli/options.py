@@ -6,10 +6,9 @@ import enum
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-import typer.core
 
 from heterps_cli.errors import (
     InputError,
@@ -24,24 +23,16 @@ from heterps_cli.schedulers.names import (
     SCHEDULERS,
 )
 
-if TYPE_CHECKING:
-    pass
-
-
 # Start-up time is part of the interface (benchmarks/bench_startup.py): each command imports the
 # library it uses when it runs, so `heterps --help` loads no numpy and `validate` no numpy or torch.
 # torch (seconds) is imported only by `heterps profile`, rl and tapp. The zoo's names are here so
 # that --help does not import the zoo.
 ZOO_NAMES = ("ctr", "vgg16", "mlp", "transformer", "resnet")
-
-
 FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under one (docs/commands.md)
 
 
 # Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
 SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
-
-
 DEFAULT_SCHEDULER = SchedulerName("rl")
 
 
@@ -65,17 +56,9 @@ def fraction(value: float | None) -> float | None:
 
 
 ProfileArg = Annotated[Path, typer.Argument(help="Model profile YAML (docs/spec.md section 2).", show_default=False)]
-
-
 ClusterArg = Annotated[Path, typer.Argument(help="Cluster YAML (docs/spec.md section 3).", show_default=False)]
-
-
 OBJECTIVE_HELP = "cost: cheapest plan meeting --min-throughput; time: fastest plan within the limits (and --max-cost)."
-
-
 ObjectiveOpt = Annotated[Objective, typer.Option(help=OBJECTIVE_HELP)]
-
-
 PlanObjectiveOpt = Annotated[
     Objective | None,
     typer.Option(
@@ -83,7 +66,6 @@ PlanObjectiveOpt = Annotated[
         show_default=False,
     ),
 ]
-
 
 MinThroughputOpt = Annotated[
     float | None,
@@ -94,7 +76,6 @@ MinThroughputOpt = Annotated[
     ),
 ]
 
-
 SamplesOpt = Annotated[
     float | None,
     typer.Option(
@@ -102,14 +83,12 @@ SamplesOpt = Annotated[
     ),
 ]
 
-
 EpochsOpt = Annotated[
     float | None,
     typer.Option(
         callback=positive_number, help="Epochs. Default: the profile's job.epochs, else 1.", show_default=False
     ),
 ]
-
 
 GlobalBatchOpt = Annotated[
     int | None,
@@ -121,7 +100,6 @@ GlobalBatchOpt = Annotated[
         show_default=False,
     ),
 ]
-
 
 MaxCostOpt = Annotated[
     float | None,
@@ -163,7 +141,6 @@ SeedOpt = Annotated[
     int, typer.Option(callback=seed_callback, help="Random seed; the same inputs and seed give the same plan.")
 ]
 
-
 StepsOpt = Annotated[
     int | None,
     typer.Option(
@@ -173,7 +150,6 @@ StepsOpt = Annotated[
         rich_help_panel="Search budget",
     ),
 ]
-
 
 BatchOpt = Annotated[
     int | None,
@@ -189,7 +165,6 @@ BatchOpt = Annotated[
     ),
 ]
 
-
 TimeLimitOpt = Annotated[
     float | None,
     typer.Option(
@@ -200,7 +175,6 @@ TimeLimitOpt = Annotated[
         rich_help_panel="Search budget",
     ),
 ]
-
 
 OutOpt = Annotated[
     str | None,

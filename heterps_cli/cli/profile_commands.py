@@ -6,20 +6,17 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated, cast
 
 import typer
 import typer.core
 from rich.text import Text
 
+from heterps_cli.cli.options import ZOO_NAMES, Device, Granularity, parse_shape, positive_number
+from heterps_cli.cli.session import exit_codes, not_an_input, out, progress_bar, users_prints_to_stderr, write_output
 from heterps_cli.errors import (
     InputError,
 )
-
-if TYPE_CHECKING:
-    pass
-from heterps_cli.cli.options import ZOO_NAMES, Device, Granularity, parse_shape, positive_number
-from heterps_cli.cli.session import exit_codes, not_an_input, out, progress_bar, users_prints_to_stderr, write_output
 
 
 class _MeasureByDefault(typer.core.TyperGroup):

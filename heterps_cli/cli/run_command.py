@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated, cast
 
 import typer
-import typer.core
 from rich.text import Text
 
-if TYPE_CHECKING:
-    pass
 from heterps_cli.cli.options import ZOO_NAMES, parse_shape, positive_number, seed_callback
 from heterps_cli.cli.session import exit_codes, out, progress_bar, users_prints_to_stderr, write_output
 

@@ -8,10 +8,8 @@ import os
 import sys
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
-import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
@@ -29,19 +27,11 @@ from heterps_cli.errors import (
 )
 from heterps_cli.untrusted import printable
 
-if TYPE_CHECKING:
-    pass
-
-
 out = Console(soft_wrap=True, highlight=False)
-
-
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 DEBUG = {"on": False}  # set by the root callback, which every command runs first
-
-
 INTERRUPT_REPORTED = {"done": False}  # cli.entry.main says "interrupted" only when no command did
 
 

@@ -71,17 +71,9 @@ from heterps_cli.profiling.timing import (
 from heterps_cli.progress import Progress, quiet
 
 WARMUP_STEPS = 3  # whole-model forward+backward steps before any layer is timed
-
-
 ROUNDS = 4  # the timed runs of every layer are split over this many interleaved rounds
-
-
 MIN_SECONDS = 0.25  # short layers get more runs, up to MAX_RUNS, until their runs add up to this
-
-
 MAX_RUNS = 200
-
-
 ALPHA_DEFAULTS = {
     "fc": 0.9,
     "conv": 0.9,
@@ -95,8 +87,6 @@ ALPHA_DEFAULTS = {
 
 
 ALPHA_OTHER = 0.8
-
-
 NOISY_CV = 0.10
 
 

@@ -16,17 +16,9 @@ from torch import nn
 from heterps_cli.profiling.models import Call, Model, tensors_of
 
 WARMUP = 3
-
-
 FIT_TRIALS = 5  # runs per batch share for the alpha fit; the minimum is kept
-
-
 FIT_SPLITS = (1, 2, 4)  # the alpha fit times the layer at batch B0/k: one of k replicas' share
-
-
 SHORTEST_FIT = 50e-6  # s: below this, scaling is noise
-
-
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
 
 
