@@ -197,11 +197,10 @@ class PipelineSolver(StepSolver):
 
     def speed_bound(self) -> float:
         """A stage's step is at least ``M`` micro-batches of each of its layers' compute on all of its
-        type's units, so no plan is faster than its slowest layer alone there."""
-        serial, parallel, _, _ = self.p.parts
+        type's units, so no plan is faster than its slowest layer alone there (division is monotone,
+        so this is the per-type figure's best over types and worst over layers, bit for bit)."""
         with np.errstate(divide="ignore"):
-            alone = self.p.batch_size / (serial + parallel / self.p.limits[None, :].astype(float))
-        return float(np.where(self.p.runnable, alone, 0.0).max(axis=1).min())
+            return float(np.float64(self.p.batch_size) / self.slowest_layer)
 
     def max_throughput(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
         """:meth:`StepSolver.max_throughput`, bracketed from the first plan of the fewest stages rather
