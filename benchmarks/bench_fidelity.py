@@ -42,6 +42,7 @@ ROWS = [("mlp", 64), ("mlp", 256), ("vgg16", 64)]  # the zoo's chain models, at 
 MICRO_BATCHES = 8
 PLANS = {"data-parallel": {"cpu": 2}, "two stages": {"cpu": 1, "cpu2": 1}}
 PRICES = {"cpu": 1.0, "cpu2": 1.5}
+UNITS = 2  # every plan here runs two processes, one per core of this machine
 
 
 def heterps(*args: str) -> str:
@@ -51,13 +52,15 @@ def heterps(*args: str) -> str:
     return done.stdout
 
 
-def profile(model: str, batch: int, tmp: Path, gbps: float) -> Path:
-    """The model measured as cpu and as cpu2, merged into one profile."""
+def profile(model: str, batch: int, tmp: Path, gbps: float, concurrent: bool) -> Path:
+    """The model measured as cpu and as cpu2, merged into one profile; with ``concurrent``, on both cores at
+    once (``--processes 2 --concurrent``), as every plan here runs: two processes, one per core."""
+    busy = ["--processes", str(UNITS), "--concurrent"] if concurrent else []
     paths = []
     for resource in PRICES:
         path = tmp / f"{model}-{batch}-{resource}.yaml"
         heterps("profile", model, "--as", resource, "--batch-size", str(batch), "--out", str(path),
-                "--link-gbps", f"{gbps:.4g}")  # fmt: skip
+                "--link-gbps", f"{gbps:.4g}", *busy)  # fmt: skip
         paths.append(str(path))
     merged = tmp / f"{model}-{batch}.yaml"
     heterps("profile", "merge", *paths, "--out", str(merged))
@@ -155,6 +158,8 @@ def main() -> None:
     parser.add_argument("--only", help="the rows whose model name contains this")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per round (after one warm-up step)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--alone", action="store_true", help="profile each layer with the other core idle, "
+                        "not busy (the profile before --concurrent)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="every figure, per stage too, as JSON")
     parser.add_argument("--docs", type=Path, help="write the table into this page, between the benchmark's markers")
     args = parser.parse_args()
@@ -166,7 +171,7 @@ def main() -> None:
         for model, batch in ROWS:
             if args.only and args.only not in model:
                 continue
-            merged = profile(model, batch, Path(tmp), gbps)
+            merged = profile(model, batch, Path(tmp), gbps, concurrent=not args.alone)
             for label in PLANS:
                 reports = measure(plan(merged, batch, label, Path(tmp), gbps), model, args.steps, args.rounds)
                 rows.append(row(model, batch, label, reports))

@@ -244,6 +244,7 @@ def measure(
     link_gbps: float | None = None,
     processes: int = 1,
     granularity: str = "layers",
+    concurrent: bool = False,
     progress: Progress | None = None,
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
@@ -257,7 +258,7 @@ def measure(
     if progress is not None:
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
-    if processes == 1:
+    if processes == 1 and not concurrent:
         return measure_model(
             loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress
         )
@@ -271,6 +272,7 @@ def measure(
         link_gbps=link_gbps,
         processes=processes,
         granularity=granularity,
+        concurrent=concurrent,
         progress=progress,
     )
 

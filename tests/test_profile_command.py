@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -41,6 +42,16 @@ class Broken(nn.Module):
 
 def broken_forward(batch_size=4):
     return Broken(), torch.randn(batch_size, 4)
+
+class Clocked(nn.Linear):  # appends when each forward ran to a file named for its process
+    def forward(self, x):
+        import os, time
+        with open(os.path.join(os.environ["HETERPS_TEST_CLOCKS"], str(os.getpid())), "a") as f:
+            f.write(f"{time.time()} ")
+        return super().forward(x)
+
+def clocked(batch_size=8):
+    return nn.Sequential(Clocked(32, 32), nn.ReLU()), torch.randn(batch_size, 32)
 """
 
 
@@ -306,6 +317,49 @@ def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
     assert not (tmp_path / "p.yaml").exists()
 
 
+@pytest.mark.slow  # two profiling processes of several seconds each: .ci/run runs it
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--concurrent runs one process per core: needs two")
+def test_concurrent_processes_profile_side_by_side(factory, tmp_path):
+    """--processes 2 --concurrent: both processes time their layers at the same time (their clocks overlap),
+    the link is given once, and the profile says how it was taken."""
+    clocks = tmp_path / "clocks"
+    clocks.mkdir()
+    out = tmp_path / "p.yaml"
+    args = [f"{factory}:clocked", "--as", "cpu", "--batch-size", "8", "--out", str(out), "--link-gbps", "10"]
+    result = runner.invoke(
+        app, ["profile", *args, "--processes", "2", "--concurrent"], env={"HETERPS_TEST_CLOCKS": str(clocks)}
+    )
+    assert result.exit_code == 0, result.output
+    spans = {}
+    for f in clocks.iterdir():
+        times = [float(t) for t in f.read_text().split()]
+        spans[f.name] = (min(times), max(times))
+    children = [span for pid, span in spans.items() if int(pid) != os.getpid()]  # the parent traces once
+    assert len(children) == 2
+    (a0, a1), (b0, b1) = children
+    assert max(a0, b0) < min(a1, b1), spans  # the two processes' forwards overlap in time
+    text = out.read_text()
+    assert "timed with 2 processes profiling at once" in text and "given: --link-gbps 10" in text
+    assert [layer.name for layer in load_profile(str(out))[0].layers] == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "says"),
+    [
+        (["--concurrent"], "--concurrent", "give --processes 2 or more"),
+        (["--processes", "4096", "--concurrent"], "--processes", "one process per core"),
+        (["--device", "cuda", "--processes", "2", "--concurrent"], "--concurrent", "on cuda one device is one unit"),
+        (["--estimate", "h100", "--processes", "2", "--concurrent"], "--processes", "applies to measuring"),
+    ],
+)
+def test_concurrent_asks_for_what_it_can_run(factory, tmp_path, extra, field, says):
+    out = tmp_path / "p.yaml"
+    result = _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "8", "--out", str(out), *extra], expect=2)
+    shown = " ".join(result.output.split())
+    assert f"error: {field}:" in shown and says in shown, shown
+    assert not out.exists()
+
+
 def test_combine_takes_medians_and_refuses_different_layers():
     def run(octs, names=("a", "b"), step=1.0):
         layers = [measure.LayerProfile(n, "fc", 4.0, 8.0, o, o / 10, 0.9, 0.5, 0.01) for n, o in zip(names, octs)]
@@ -358,6 +412,48 @@ def test_ctrl_c_during_the_bandwidth_probe_is_one_line_and_ends_its_processes(tm
         else:
             raise AssertionError("the bandwidth probe's processes did not start")
         time.sleep(0.5)  # inside their start-up (they import torch): where the tracebacks came from
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the whole group
+        _, stderr = process.communicate(timeout=30)
+        time.sleep(1.0)
+        leftover = session_processes(process.pid)
+    finally:
+        for pid in session_processes(process.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 130 and stderr.strip() == "interrupted", stderr
+    assert not leftover and not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--concurrent runs one process per core: needs two")
+def test_ctrl_c_during_concurrent_profiling_ends_every_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_run_command import children, session_processes
+
+    command = ["profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml", "--link-gbps", "10"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "heterps_cli", *command, "--processes", "2", "--concurrent"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = [
+                c for c in children(process.pid) if b"profiling.processes" in Path(f"/proc/{c}/cmdline").read_bytes()
+            ]
+            if len(running) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the two profiling processes did not start")
+        time.sleep(1.0)
         os.killpg(process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the whole group
         _, stderr = process.communicate(timeout=30)
         time.sleep(1.0)

@@ -174,6 +174,14 @@ def profile_command(
             "N times longer.",
         ),
     ] = 1,
+    concurrent: Annotated[
+        bool,
+        typer.Option(
+            "--concurrent",
+            help="Run the --processes at the same time, one per core, so that every layer is timed while the "
+            "machine's other cpu units are busy, as in a plan that uses them all (cpu only).",
+        ),
+    ] = False,
     estimate: Annotated[
         str | None,
         typer.Option(
@@ -206,6 +214,7 @@ def profile_command(
             measuring_only={
                 "--device": device is not Device.cpu,
                 "--processes": processes != 1,
+                "--concurrent": concurrent,
                 "--link-gbps": link_gbps is not None,
             },
         )
@@ -226,6 +235,7 @@ def profile_command(
                 link_gbps=link_gbps,
                 processes=processes,
                 granularity=granularity.value,
+                concurrent=concurrent,
                 progress=report,
             )
         write_output(out_file, measured_text(measured))

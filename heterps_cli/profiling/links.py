@@ -55,7 +55,7 @@ def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout
             ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True) for r in range(2)
         ]
         try:
-            with _sigint_ignored():
+            with sigint_ignored():
                 for p in procs:
                     p.start()
             deadline = time.monotonic() + timeout
@@ -72,7 +72,7 @@ def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
+def sigint_ignored():
     """Children started inside ignore SIGINT (a spawned interpreter keeps an ignored SIGINT ignored):
     Ctrl-C reaches the whole foreground process group, and only this process should answer it,
     by ending them, rather than each child printing its own KeyboardInterrupt traceback."""

@@ -6,6 +6,13 @@ above or below another's, however many runs each takes
 machine's neighbours do meanwhile, shift them all together. Runs within one
 process cannot average that out; the median over several processes can.
 
+With ``concurrent`` (``--concurrent``, cpu only) the processes run at the same
+time, one per core, so that every layer is timed while the machine's other
+units are busy with the same work, as they are when a plan fills the machine:
+on this 2-core machine two replicas of mlp slow each other by 0-25%
+(docs/fidelity.md), which a profile taken alone does not see. The link is then
+measured once, before they start, so that its probe runs on an idle machine.
+
 Each process runs :func:`heterps_cli.profiling.measure.measure` (this module is its
 entry point: ``python -m heterps_cli.profiling.processes ARGS OUT``) and writes
 the result as JSON; the parent combines them.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from heterps_cli.errors import InputError
+from heterps_cli.profiling.links import link_bandwidth, sigint_ignored
 from heterps_cli.profiling.measure import LayerProfile, Profiled, load_model, measure
 from heterps_cli.progress import Progress, quiet
 
@@ -37,10 +46,27 @@ def measure_in_processes(
     link_gbps: float | None,
     processes: int,
     granularity: str = "layers",
+    concurrent: bool = False,
     progress: Progress | None = None,
 ) -> Profiled:
-    """``processes`` independent profiles of the model ``spec``, each in a fresh Python process, combined."""
+    """``processes`` independent profiles of the model ``spec``, each in a fresh Python process (one after
+    another, or all at once with ``concurrent``), combined."""
     report = progress or quiet
+    notes: list[str] = []
+    how = None
+    if concurrent:
+        if device != "cpu":
+            why = "on cuda one device is one unit, so there is nothing to run beside it"
+            raise InputError(None, None, "--concurrent", f"--concurrent runs several cpu units at once; {why}")
+        if processes < 2:
+            why = "give --processes 2 or more (as many as the plan will use units of this machine)"
+            raise InputError(None, None, "--concurrent", f"--concurrent runs the --processes side by side: {why}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if processes > cores:
+            why = f"{processes} processes asked for, and this process may use {cores} cores"
+            raise InputError(None, None, "--processes", f"--concurrent runs one process per core: {why}")
+        bandwidth, how = link_bandwidth(device, link_gbps, report, notes)
+        link_gbps = bandwidth * 8 / 1e9
     args = {
         "spec": spec,
         "batch_size": batch_size,
@@ -51,28 +77,67 @@ def measure_in_processes(
         "link_gbps": link_gbps,
         "granularity": granularity,
     }
-    runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(processes):
-            report(f"process {i + 1}/{processes}: profiling {spec} in a fresh process", completed=i, total=processes)
-            out = Path(tmp) / f"run{i}.json"
-            done = subprocess.run(
-                [sys.executable, "-m", "heterps_cli.profiling.processes", json.dumps(args), str(out)],
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                lines = done.stderr.strip().splitlines()
-                raise InputError(
-                    None,
-                    None,
-                    "MODEL",
-                    f"profiling process {i + 1} of {processes} failed: "
-                    f"{lines[-1] if lines else f'exit code {done.returncode}'}",
+        outs = [Path(tmp) / f"run{i}.json" for i in range(processes)]
+        if concurrent:
+            report(f"profiling {spec} in {processes} processes at once", completed=0, total=processes)
+            _run_together(args, outs)
+        else:
+            for i, out in enumerate(outs):
+                report(
+                    f"process {i + 1}/{processes}: profiling {spec} in a fresh process", completed=i, total=processes
                 )
-            runs.append(from_dict(json.loads(out.read_text())))
+                _finished(i, processes, subprocess.run(_command(args, out), capture_output=True, text=True))
+        runs = [from_dict(json.loads(out.read_text())) for out in outs]
     report("combining the processes", completed=processes, total=processes)
-    return combine(runs)
+    combined = combine(runs)
+    if concurrent:
+        assert how is not None
+        combined.bandwidth_how = how
+        combined.notes = (
+            notes
+            + combined.notes
+            + [
+                f"oct and alpha: timed with {processes} processes profiling at once, one per core: "
+                f"each layer ran while {processes - 1} other {'units' if processes > 2 else 'unit'} of this machine "
+                f"{'were' if processes > 2 else 'was'} busy, as in a plan that uses them all"
+            ]
+        )
+    return combined
+
+
+def _command(args: dict, out: Path) -> list[str]:
+    return [sys.executable, "-m", "heterps_cli.profiling.processes", json.dumps(args), str(out)]
+
+
+def _run_together(args: dict, outs: list[Path]) -> None:
+    """Every profiling process started at once and waited for; all of them ended on an error or Ctrl-C."""
+    started: list[subprocess.Popen] = []
+    try:
+        with sigint_ignored():  # only this process answers Ctrl-C, by ending them (finally)
+            for out in outs:
+                command = _command(args, out)
+                started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for i, proc in enumerate(started):
+            _, err = proc.communicate()
+            _finished(i, len(outs), subprocess.CompletedProcess(proc.args, proc.returncode, "", err))
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _finished(i: int, processes: int, done: subprocess.CompletedProcess) -> None:
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise InputError(
+            None,
+            None,
+            "MODEL",
+            f"profiling process {i + 1} of {processes} failed: "
+            f"{lines[-1] if lines else f'exit code {done.returncode}'}",
+        )
 
 
 def combine(runs: list[Profiled]) -> Profiled:
