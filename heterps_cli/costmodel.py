@@ -282,7 +282,7 @@ def score(problem: Problem, stages: Stages, replicas) -> Scores:
     bottleneck = np.argmin(thr_s, axis=1)
     thr = thr_s[np.arange(len(k)), bottleneck]
     used = used_per_type(problem, stages, k)
-    rate = used @ problem.prices
+    rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
     with np.errstate(divide="ignore", invalid="ignore"):
         time_s = problem.work / thr
         cost = run_cost(problem.work, thr, rate)

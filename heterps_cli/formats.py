@@ -33,6 +33,7 @@ Prose = Annotated[str, AfterValidator(_printable)]
 MAX_UNITS = 10**9
 MAX_BATCH = 10**9
 MAX_INDEX = 10**7  # layers, stages
+MAX_NODES = 10**6  # section 1e: nodes of one kind, far past any cluster
 MAX_MICRO_BATCHES = 10**6  # section 1d: micro-batches per step (a step longer than that is no pipeline)
 Index = Annotated[int, Field(ge=0, le=MAX_INDEX)]
 Units = Annotated[int, Field(ge=0, le=MAX_UNITS)]
@@ -91,6 +92,9 @@ class Job(_Strict):
     samples: Positive | None = None
     epochs: Positive | None = None
     min_throughput: NonNegative | None = None
+    rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]] | None = None  # section 1e
+    rate_usd_per_hour: NonNegative | None = None
+    idle_units: dict[Name, Units] | None = None
     global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
 
 
@@ -104,17 +108,27 @@ class Profile(_Strict):
 
 
 class Resource(_Strict):
-    price: NonNegative
-    limit: Annotated[int, Field(ge=1, le=MAX_UNITS)]
+    price: NonNegative | None = None  # required without nodes; per node with them (section 1e)
+    limit: Annotated[int, Field(ge=1, le=MAX_UNITS)] | None = None
     unit: Label | None = None
     memory_gb: GigaPerUnit | None = None  # section 1b: memory of one unit, 1e9 bytes
     bandwidth_gbps: GigaPerUnit | None = None  # section 1b: network bandwidth of one unit, Gbit/s
     memory_reserved_gb: Annotated[float, Field(ge=0, le=1e9), AfterValidator(_normal)] | None = None  # section 1d
 
 
+class NodeKind(_Strict):
+    """Section 1e: a machine rented whole, with the units it holds."""
+
+    price: NonNegative  # USD per node-hour, every unit of it paid whether used or not
+    units: Annotated[dict[Name, Annotated[int, Field(ge=1, le=MAX_UNITS)]], Field(min_length=1)]
+    available: Annotated[int, Field(ge=1, le=MAX_NODES)]
+    label: Label | None = None  # e.g. the instance's description, for output
+
+
 class Cluster(_Strict):
     cluster: Name
     resources: Annotated[dict[Name, Resource], Field(min_length=1)]
+    nodes: Annotated[dict[Name, NodeKind], Field(min_length=1)] | None = None  # section 1e
 
 
 class PlanStage(_Strict):
@@ -131,6 +145,7 @@ class PlanStage(_Strict):
     update_s: NonNegative | None = None  # section 1d; only in plans with a pipeline schedule
     step_s: NonNegative | None = None
     in_flight: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
+    nodes: dict[Name, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
 
 
 class PlanFile(_Strict):
@@ -154,6 +169,9 @@ class PlanFile(_Strict):
     memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
     bandwidth_gbps: dict[Name, GigaPerUnit | None] | None = None
     memory_reserved_gb: dict[Name, Annotated[float, Field(ge=0, le=1e9)] | None] | None = None
+    rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]] | None = None  # section 1e
+    rate_usd_per_hour: NonNegative | None = None
+    idle_units: dict[Name, Units] | None = None
     global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
     micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     throughput: NonNegative
@@ -188,11 +206,14 @@ PLAN_ONLY_WHERE_GIVEN = (
     "memory_gb",
     "bandwidth_gbps",
     "memory_reserved_gb",
+    "rental",
+    "rate_usd_per_hour",
+    "idle_units",
     "global_batch",
     "micro_batches",
     "gap",
 )
-STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight")
+STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes")
 
 
 KINDS = {  # what each file is, and the keys that say so
@@ -429,6 +450,7 @@ def micro_batches(global_batch: int, batch_size: int, what: str = "--global-batc
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
     cluster: Cluster = _validate(Cluster, doc, "cluster")
+    _check_pricing(cluster, doc)
     for name, r in cluster.resources.items():
         if r.memory_reserved_gb is not None and r.memory_gb is not None and r.memory_reserved_gb >= r.memory_gb:
             raise doc.error(
@@ -437,6 +459,42 @@ def load_cluster(path: str) -> tuple[Cluster, Document]:
                 f"{number(r.memory_gb)}: nothing would be left for training",
             )
     return cluster, doc
+
+
+def _check_pricing(cluster: Cluster, doc: Document) -> None:
+    """Units are priced and counted per type (sections 1-1d) or per node (section 1e), never both."""
+    if cluster.nodes is None:
+        for name, r in cluster.resources.items():
+            for field in ("price", "limit"):
+                if getattr(r, field) is None:
+                    raise doc.error(
+                        ("resources", name),
+                        f"needs a {field}: {'USD per unit-hour' if field == 'price' else 'the units available'} "
+                        "(or list the cluster's nodes, which give both; docs/spec.md section 3)",
+                    )
+        return
+    for name, r in cluster.resources.items():
+        for field in ("price", "limit"):
+            if getattr(r, field) is not None:
+                raise doc.error(
+                    ("resources", name, field),
+                    f"this cluster lists nodes, which set the {field} of its units (nodes.KIND.price, "
+                    "nodes.KIND.units, nodes.KIND.available): remove it here",
+                )
+    held = set()
+    for kind, node in cluster.nodes.items():
+        for t in node.units:
+            if t not in cluster.resources:
+                close = difflib.get_close_matches(t, list(cluster.resources), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise doc.error(
+                    ("nodes", kind, "units", t),
+                    f"no resource type {t!r} in this cluster{hint}: the types are {', '.join(cluster.resources)}",
+                )
+            held.add(t)
+    for name in cluster.resources:
+        if name not in held:
+            raise doc.error(("resources", name), f"no node kind holds {name}: add it to a node's units, or remove it")
 
 
 def load_catalogue(path: str) -> Catalogue:

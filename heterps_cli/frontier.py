@@ -46,11 +46,11 @@ from pathlib import Path
 import numpy as np
 
 from heterps_cli.costmodel import SLACK, throughput_floor
-from heterps_cli.errors import InputError
+from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Progress
+from heterps_cli.schedulers.base import Clock, Progress
 from heterps_cli.schedulers.chain_dp import Candidate
 from heterps_cli.schedulers.exact import infeasible_error
 from heterps_cli.schedulers.pipeline import solver_for
@@ -108,6 +108,8 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
     it reached are exactly the frontier's there (the walk rises), and :attr:`Frontier.cut_at` says
     where it stopped."""
     start = time.perf_counter()
+    if problem.nodes is not None:
+        return _rented_frontier(problem, progress, time_limit, start)
     deadline = math.inf if time_limit is None else start + time_limit
     walker = solver_for(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
     floor = throughput_floor(problem)
@@ -135,6 +137,22 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
         solve_s,
         cut_at,
     )
+
+
+def _rented_frontier(problem: Problem, progress: Progress | None, time_limit: float | None, start: float) -> Frontier:
+    """Section 1e: the frontier over rentals of whole nodes (:func:`.schedulers.rented.frontier_candidates`)."""
+    from heterps_cli.schedulers.rented import frontier_candidates
+
+    found = frontier_candidates(problem, progress, Clock(start, time_limit))
+    frontier = _pareto(found)
+    if problem.max_cost is not None:
+        frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
+    if not frontier:
+        raise InfeasibleError("no plan meets the job's targets on any rental of the cluster's nodes")
+    solve_s = time.perf_counter() - start
+    plans = tuple(_plan(problem, c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
+    knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
+    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, len(found), solve_s)
 
 
 def _walk(

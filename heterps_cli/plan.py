@@ -8,11 +8,12 @@ checkable in the same way.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from heterps_cli.costmodel import score, split_stages
+from heterps_cli.nodes import place
 from heterps_cli.problem import Problem
 
 
@@ -33,6 +34,7 @@ class Stage:
     update_s: float | None = None  # the optimiser step
     step_s: float | None = None  # (M + S - 1) (compute_s + transfer_s) + comm_s + update_s
     in_flight: int | None = None  # micro-batches whose activations a replica holds at once
+    nodes: dict[str, int] | None = None  # section 1e: replicas on each rented node, by its name KIND#i
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Plan:
     gap: float | None = None
     micro_batches: int = 0  # section 1d: M per step (0: no pipeline schedule)
     reserved: dict[str, float | None] | None = None  # section 1d: memory_reserved_gb per type, if any is given
+    rental: dict[str, int] | None = None  # section 1e: nodes of each kind rented (the cheapest that hold the plan)
+    rate: float | None = None  # section 1e: USD an hour of the rental
+    idle: dict[str, int] | None = None  # section 1e: units of each type the rental holds and the plan leaves unused
     # Not written to plan files: they are for the run that made the plan.
     units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
     interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
@@ -94,6 +99,7 @@ class Plan:
                 update_s=s.update_s if pipelined else None,
                 step_s=s.step_s if pipelined else None,
                 in_flight=s.in_flight if pipelined else None,
+                nodes=dict(s.nodes) if s.nodes is not None else None,
             )
             for s in self.stages
         ]
@@ -114,6 +120,9 @@ class Plan:
             memory_gb=dict(self.memory),
             bandwidth_gbps=dict(self.bandwidth),
             memory_reserved_gb=dict(self.reserved) if self.reserved is not None else None,
+            rental=dict(self.rental) if self.rental is not None else None,
+            rate_usd_per_hour=self.rate,
+            idle_units=dict(self.idle) if self.idle is not None else None,
             global_batch=self.batch_size * self.micro_batches if pipelined else None,
             micro_batches=self.micro_batches if pipelined else None,
             throughput=self.throughput,
@@ -152,6 +161,14 @@ def make_plan(
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
     out = tuple(_stage(problem, stages, k, sc, s) for s in range(S))
+    rental = idle = None
+    if problem.nodes is not None and np.isfinite(sc.rate[0]):
+        rental = problem.nodes.rental(sc.used[0])
+        held = sum((problem.nodes.units[problem.nodes.names.index(kind)] * n for kind, n in rental.items()),
+                   np.zeros(problem.n_types, dtype=np.int64))  # fmt: skip
+        idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
+        placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
+        out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))
     return Plan(
         model=problem.model,
         cluster=problem.cluster,
@@ -185,6 +202,9 @@ def make_plan(
         ),
         units=dict(zip(problem.types, problem.units)),
         interrupted=interrupted,
+        rental=rental,
+        rate=float(sc.rate[0]) if rental is not None else None,
+        idle=idle,
     )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
+from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.yamlio import Document
 
@@ -59,6 +60,9 @@ class Problem:
     micro_batches: int = 0  # M, micro-batches of batch_size per optimiser step
     update: np.ndarray | None = None  # [n, T] seconds of the optimiser step per step on one unit
     reserved: np.ndarray | None = None  # [T] bytes of a unit's memory the runtime takes
+    # docs/spec.md section 1e: units come in whole nodes; prices are then Nodes.unit_prices and
+    # limits every available node's units, and a plan costs its cheapest rental.
+    nodes: Nodes | None = None
 
     @property
     def pipelined(self) -> bool:
@@ -246,6 +250,12 @@ def build_problem(
         layer = profile.layers[int(np.argmin(runnable.any(axis=1)))]
         raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
     res = [cluster.resources[t] for t in types]
+    nodes = _nodes(cluster, types)
+    if nodes is not None:
+        prices, limits = nodes.unit_prices, nodes.capacity.astype(np.int64)
+    else:
+        prices = np.array([r.price for r in res], dtype=float)
+        limits = np.array([r.limit for r in res], dtype=np.int64)
     steps = global_batch if global_batch is not None else profile.job.global_batch
     M = micro_batches(steps, profile.batch_size) if steps is not None else 0
     return Problem(
@@ -257,8 +267,8 @@ def build_problem(
         weight_size=np.array([layer.weight_size for layer in profile.layers], dtype=float),
         types=types,
         units=tuple(r.unit or t for r, t in zip(res, types)),
-        prices=np.array([r.price for r in res], dtype=float),
-        limits=np.array([r.limit for r in res], dtype=np.int64),
+        prices=prices,
+        limits=limits,
         oct=oct_,
         odt=odt,
         alpha=alpha,
@@ -282,6 +292,22 @@ def build_problem(
             if any(r.memory_reserved_gb for r in res)
             else None
         ),
+        nodes=nodes,
+    )
+
+
+def _nodes(cluster: Cluster, types: tuple[str, ...]) -> Nodes | None:
+    """Section 1e: the cluster's node kinds, holding the problem's types (others they hold sit idle);
+    kinds that hold none of them are left out."""
+    if cluster.nodes is None:
+        return None
+    kinds = [(name, node) for name, node in cluster.nodes.items() if any(t in node.units for t in types)]
+    return Nodes(
+        names=tuple(name for name, _ in kinds),
+        labels=tuple(node.label or name for name, node in kinds),
+        price=np.array([node.price for _, node in kinds], dtype=float),
+        units=np.array([[node.units.get(t, 0) for t in types] for _, node in kinds], dtype=np.int64),
+        available=np.array([node.available for _, node in kinds], dtype=np.int64),
     )
 
 
@@ -338,7 +364,7 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
     slowest = problem.batch_size / max(float(per_batch.max(axis=1).sum()), 1e-300)
     worst_time = work / slowest
     with np.errstate(over="ignore"):
-        worst_cost = worst_time / 3600 * float(problem.prices @ problem.limits)
+        worst_cost = worst_time / 3600 * _most_per_hour(problem)
     if math.isfinite(work) and math.isfinite(worst_time) and math.isfinite(worst_cost):
         return
     figure = "samples" if not math.isfinite(work) else "training time" if not math.isfinite(worst_time) else "cost"
@@ -350,3 +376,10 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
         f"{number(problem.samples)} samples x {number(problem.epochs)} epochs is too large: the job's {figure} would "
         "overflow a float (over 1.8e308); give a real job size",
     )
+
+
+def _most_per_hour(problem: Problem) -> float:
+    """USD an hour of every unit the cluster has: each unit's price, or section 1e's every node."""
+    if problem.nodes is not None:
+        return float(problem.nodes.price @ problem.nodes.available)
+    return float(problem.prices @ problem.limits)

@@ -80,10 +80,12 @@ def feasible_plans(
     max_cost=None,
     schedules=None,
     hardware=None,
+    rate_of=None,
 ):
     """(cost, throughput) arrays of every feasible plan, by enumerating every schedule (or only
     ``schedules``) and every replica vector within the limits (and, with ``hardware``, docs/spec.md
-    section 1b: transfer and memory)."""
+    section 1b: transfer and memory). ``rate_of(used[M, T])``: USD an hour of the units each plan
+    uses, instead of ``prices`` per unit (section 1e: :func:`cheapest_rental`)."""
     n, T = oct_.shape
     costs, thrs = [np.zeros(0)], [np.zeros(0)]
     for sched in schedules if schedules is not None else itertools.product(range(T), repeat=n):
@@ -113,7 +115,11 @@ def feasible_plans(
                 fits &= fit
             et.append(np.maximum(c, d))
         thr = B0 / np.max(np.stack(et, axis=1), axis=1)
-        rate = (ks * prices[types][None, :]).sum(axis=1)
+        rate = (
+            (ks * prices[types][None, :]).sum(axis=1)
+            if rate_of is None
+            else rate_of(used[(used <= limits).all(axis=1)])
+        )
         cost = work / thr / 3600 * rate
         ok = (thr >= min_throughput * (1 - 1e-12)) & fits
         if max_cost is not None:
@@ -308,3 +314,15 @@ def pipeline_optimum(profile: dict, cluster: dict, objective: str = "cost", min_
             if best is None or _better(objective, f["cost_usd"], f["throughput"], *best):
                 best = (f["cost_usd"], f["throughput"])
     return best
+
+
+def rentals(units, price, available):
+    """Section 1e: every rental (a count of each node kind, 0 to its available) as (capacity[N, T], rate[N])."""
+    counts = np.array(list(itertools.product(*(range(a + 1) for a in available))), dtype=float)
+    return counts @ np.asarray(units, dtype=float), counts @ np.asarray(price, dtype=float)
+
+
+def cheapest_rental(used, capacity, rate):
+    """For each row of ``used[M, T]``, the least rate of a rental holding it (inf: none does)."""
+    holds = (capacity[None, :, :] >= used[:, None, :]).all(axis=2)
+    return np.where(holds, rate[None, :], np.inf).min(axis=1)

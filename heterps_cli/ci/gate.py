@@ -193,6 +193,27 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     used = {t: u for t, u in fresh.resources.items() if u}
     if {t: u for t, u in written.resources.items() if u} != used:
         out.append(f"resources {dict(written.resources)} -> {used}")
+    out += _stale_rental(written, fresh)
+    return out
+
+
+def _stale_rental(written: PlanFile, fresh: Plan) -> list[str]:
+    """Section 1e: the rental, its rate, the idle units and where each stage's replicas run, as the
+    cluster's nodes give them now (a plan made without nodes has none, and the cluster has none)."""
+    out = []
+    if (written.rental or None) != (fresh.rental or None):
+        out.append(f"rental {written.rental} -> {fresh.rental}")
+    if (written.rate_usd_per_hour is None) != (fresh.rate is None) or (
+        written.rate_usd_per_hour is not None
+        and fresh.rate is not None
+        and _differs(written.rate_usd_per_hour, fresh.rate)
+    ):
+        out.append(f"rate_usd_per_hour {written.rate_usd_per_hour} -> {fresh.rate}")
+    if written.idle_units is not None and written.idle_units != fresh.idle:
+        out.append(f"idle_units {written.idle_units} -> {fresh.idle}")
+    for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):
+        if (w.nodes or None) != (f.nodes or None):
+            out.append(f"stages[{i}].nodes {w.nodes} -> {f.nodes}")
     return out
 
 

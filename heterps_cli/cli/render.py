@@ -99,6 +99,8 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     exact_s = f" ({count(plan.time_s)} s)" if plan.time_s >= 120 else ""  # shorter ones are already in seconds
     summary.add_row("training time", f"{duration(plan.time_s)}{exact_s} for {epochs} × {count(plan.samples)} samples")
     summary.add_row("resources", Text(", ".join(_units(plan, t) for t in plan.resources)))
+    if plan.rental is not None:
+        summary.add_row("rents", Text(rental_line(plan)))
     budget = f" (budget {usd(plan.max_cost)})" if plan.max_cost is not None else ""
     summary.add_row("cost", Text.assemble((usd(plan.cost_usd), "bold green"), budget))
     summary.add_row("schedule", Text(schedule_line(plan), style="" if plan.micro_batches else "yellow"))
@@ -114,6 +116,15 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         summary.add_row("assumes", Text(assumed, style="yellow"))
     hardware = _hardware_view(plan)
     return Group(table, *([hardware] if hardware is not None else []), summary)
+
+
+def rental_line(plan: Plan) -> str:
+    """Section 1e: the nodes a plan rents, what they cost an hour, and the units it leaves idle."""
+    assert plan.rental is not None and plan.rate is not None
+    nodes = ", ".join(f"{count(n)} × {clip(kind)}" for kind, n in plan.rental.items())
+    idle = {t: n for t, n in (plan.idle or {}).items() if n}
+    left = f"; idle: {', '.join(f'{count(n)} {clip(t)}' for t, n in idle.items())}" if idle else ""
+    return f"{nodes} ({usd(plan.rate)}/h, billed whole){left}"
 
 
 def schedule_line(plan: Plan) -> str:
@@ -242,8 +253,7 @@ def print_summary(
             f"{sum(profile.layers[i].times[t].odt for i in idx):.4g}",
         ]
         if cluster is not None:
-            res = cluster.resources.get(t)
-            row += [usd(res.price).removeprefix("$"), count(res.limit)] if res else ["[dim]not in cluster[/]", ""]
+            row += list(_price_and_limit(cluster, t)) if t in cluster.resources else ["[dim]not in cluster[/]", ""]
         table.add_row(*row)
     console.print(table)
     if cluster is not None:
@@ -291,14 +301,32 @@ def print_cluster(console: Console, cluster: Cluster, path: str) -> None:
         table.add_row(
             Text(clip(t)),
             Text(clip(r.unit or t)),
-            usd(r.price).removeprefix("$"),
-            count(r.limit),
+            *_price_and_limit(cluster, t),
             "—" if r.memory_gb is None else f"{r.memory_gb:,.6g}",
             "—" if r.bandwidth_gbps is None else f"{r.bandwidth_gbps:,.6g}",
         )
     console.print(table)
+    if cluster.nodes is not None:
+        nodes = Table(header_style="bold", box=box.SIMPLE_HEAD)
+        for name in ("node kind", "units", "price $/h", "available"):
+            nodes.add_column(name, justify="left" if name in ("node kind", "units") else "right")
+        for kind, node in cluster.nodes.items():
+            held = ", ".join(f"{clip(t)}×{n:,}" for t, n in node.units.items())
+            nodes.add_row(Text(clip(kind)), Text(held), usd(node.price).removeprefix("$"), count(node.available))
+        console.print(nodes)
+        console.print("  units come in whole nodes: a plan pays for every unit of the nodes it rents")
     if any(r.memory_gb is None or r.bandwidth_gbps is None for r in cluster.resources.values()):
         console.print("  — not given: memory is not checked, or stage-boundary transfer is free, on that type")
+
+
+def _price_and_limit(cluster: Cluster, t: str) -> tuple[str, str]:
+    """A type's price per unit-hour and its limit, or with nodes (section 1e): per node, and the units
+    of every available node."""
+    r = cluster.resources[t]
+    if cluster.nodes is None:
+        assert r.price is not None and r.limit is not None, "load_cluster refuses a type without them"
+        return usd(r.price).removeprefix("$"), count(r.limit)
+    return "per node", count(sum(node.units.get(t, 0) * node.available for node in cluster.nodes.values()))
 
 
 def print_plan_file(console: Console, plan: PlanFile, path: str) -> None:

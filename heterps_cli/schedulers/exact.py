@@ -27,6 +27,7 @@ from heterps_cli.schedulers.chain_dp import (
     too_large,
 )
 from heterps_cli.schedulers.pipeline import solver_for
+from heterps_cli.schedulers.rented import solve as solve_rented
 from heterps_cli.schedulers.step_solver import (
     StepSolver,
     schedule_of,
@@ -157,6 +158,8 @@ def solve(
     with ``optimal: false`` and the proven ``gap`` to the optimum (cost / lower bound - 1, or
     1 - throughput / upper bound) instead of running on.
     """
+    if problem.nodes is not None:
+        return solve_rented(problem, seed=seed, progress=progress, options=options)
     start = time.perf_counter()
     limit = options.time_limit if options is not None else None
     out_of_time = Clock.of(options, start).out_of_time

@@ -339,7 +339,7 @@ class StepSolver:
         p = self.p
         K = self.replicas(target)
         finite = np.isfinite(K)
-        w = 1.0 / p.limits.astype(float)
+        w = 1.0 / np.maximum(p.limits, 1).astype(float)  # any positive weights prove it; a type may have none
         for _ in range(8):
             value, stages = _chain_dp(np.where(finite, K * w[self.chain.base][None, None, :], np.inf), self.chain)
             if stages is None or value > float(w @ p.limits) * (1 + SLACK):

@@ -1,0 +1,144 @@
+"""Whole nodes (docs/spec.md section 1e): what a plan's units cost when they come in machines rented whole.
+
+A node kind holds a fixed number of units of one or more types and is paid for by the hour
+whether its units are used or not. A plan needs ``u[t]`` units of each type; what it rents is
+the cheapest count of each node kind that holds them all. That count is a small integer
+programme; :attr:`Nodes.menu` solves all of them at once by listing every *rental* (a count
+per kind, within what is available) that no other rental beats on both price and units of
+every type. The cheapest rental that covers ``u`` is always on that menu, and so is the one
+the exact solver's optimum rents (:mod:`heterps_cli.schedulers.rented`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from heterps_cli.errors import TooLarge
+
+# Rentals the menu may hold while it is built (counts, units and rate: about 60 bytes each with
+# 4 kinds and 3 types); past it, a cluster is refused rather than planned for minutes.
+MAX_MENU = 2_000_000
+
+
+@dataclass(frozen=True)
+class Menu:
+    """Rentals no other beats, cheapest first: ``counts[P, K]``, ``capacity[P, T]``, ``rate[P]``."""
+
+    counts: np.ndarray
+    capacity: np.ndarray
+    rate: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Nodes:
+    names: tuple[str, ...]
+    labels: tuple[str, ...]
+    price: np.ndarray  # [K] USD per node-hour
+    units: np.ndarray  # [K, T] units of each of the problem's types one node holds (int)
+    available: np.ndarray  # [K] nodes of each kind that may be rented (int)
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """``[T]``: units of each type when every available node is rented (the types' limits)."""
+        return self.available @ self.units
+
+    @cached_property
+    def unit_prices(self) -> np.ndarray:
+        """``[T]``: per type, the cheapest price per unit of a node rented for that type alone
+        (node price / its units of the type). What a search that prices units one by one uses
+        (:mod:`heterps_cli.schedulers.rented`); a plan's cost is always its rental's."""
+        with np.errstate(divide="ignore"):
+            per = np.where(self.units > 0, self.price[:, None] / np.maximum(self.units, 1), np.inf)
+        return per.min(axis=0)
+
+    @cached_property
+    def menu(self) -> Menu:
+        """Every rental that no other one beats: built kind by kind, dropping a partial rental as soon
+        as another is no dearer and holds at least as many units of every type (any completion of
+        it is then beaten by the same completion of the other)."""
+        K, T = self.units.shape
+        counts = np.zeros((1, 0), dtype=np.int64)
+        capacity = np.zeros((1, T), dtype=np.int64)
+        rate = np.zeros(1)
+        for k in range(K):
+            c = np.arange(int(self.available[k]) + 1, dtype=np.int64)
+            if len(rate) * len(c) > MAX_MENU:
+                raise TooLarge(
+                    "cluster's nodes",
+                    f"its node kinds can be rented in more than {MAX_MENU:,} ways that are not beaten on price "
+                    "and units; lower the nodes' available counts",
+                )
+            counts = np.concatenate([np.repeat(counts, len(c), axis=0), np.tile(c, len(rate))[:, None]], axis=1)
+            capacity = np.repeat(capacity, len(c), axis=0) + np.tile(c, len(rate))[:, None] * self.units[k][None, :]
+            rate = np.repeat(rate, len(c)) + np.tile(c, len(rate)) * self.price[k]
+            keep = _unbeaten(capacity, rate)
+            counts, capacity, rate = counts[keep], capacity[keep], rate[keep]
+        order = np.lexsort((counts.sum(axis=1), rate))  # cheapest first; then fewest nodes
+        return Menu(counts[order], capacity[order], rate[order])
+
+    def cover(self, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each row of ``used[B, T]``, the cheapest rental holding it: its rate (inf: none does)
+        and its row of :attr:`menu` (-1: none)."""
+        menu = self.menu
+        used = np.atleast_2d(used)
+        rate = np.full(len(used), np.inf)
+        choice = np.full(len(used), -1)
+        block = max(1, 4_000_000 // max(1, len(menu.rate) * used.shape[1]))
+        for lo in range(0, len(used), block):
+            holds = (menu.capacity[None, :, :] >= used[lo : lo + block, None, :] - 1e-9).all(axis=2)
+            first = np.argmax(holds, axis=1)  # the menu is cheapest first
+            found = np.take_along_axis(holds, first[:, None], axis=1)[:, 0]
+            rate[lo : lo + block] = np.where(found, menu.rate[first], np.inf)
+            choice[lo : lo + block] = np.where(found, first, -1)
+        return rate, choice
+
+    def rental(self, used: np.ndarray) -> dict[str, int]:
+        """The cheapest rental holding ``used[T]``: nodes of each kind (kinds rented 0 times left out)."""
+        _, choice = self.cover(np.asarray(used, dtype=float)[None, :])
+        if choice[0] < 0:
+            return {}
+        return {n: int(c) for n, c in zip(self.names, self.menu.counts[choice[0]]) if c}
+
+
+def _unbeaten(capacity: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """Indices of the rows that no other row beats: none cheaper or as cheap with at least the same
+    units of every type (of equal rows, the first)."""
+    order = np.lexsort((-capacity.sum(axis=1), rate))
+    kept = np.empty(len(order), dtype=np.int64)
+    kept_cap = np.empty_like(capacity)
+    n = 0
+    for i in order:
+        if n and (kept_cap[:n] >= capacity[i]).all(axis=1).any():
+            continue
+        kept[n], kept_cap[n] = i, capacity[i]
+        n += 1
+    return kept[:n]
+
+
+def node_names(rental: dict[str, int]) -> list[tuple[str, str]]:
+    """``(node, kind)`` for every node of a rental, named ``KIND#i`` from 1, in the rental's order."""
+    return [(f"{kind}#{i}", kind) for kind, n in rental.items() for i in range(1, n + 1)]
+
+
+def place(nodes: Nodes, types: tuple[str, ...], rental: dict[str, int], stages) -> list[dict[str, int]]:
+    """Which nodes each stage's replicas run on: ``stages`` is ``(type index, replicas)`` in order, and
+    each replica takes the first node with a free unit of its type, so a stage fills a node before
+    it starts the next (its all-reduce then crosses as few nodes as the rental lets it)."""
+    kind_of = {name: k for k, name in enumerate(nodes.names)}
+    free = {node: nodes.units[kind_of[kind]].copy() for node, kind in node_names(rental)}
+    placed = []
+    for t, replicas in stages:
+        here: dict[str, int] = {}
+        left = int(replicas)
+        for node, units in free.items():
+            take = min(left, int(units[t]))
+            if take:
+                here[node], units[t], left = take, units[t] - take, left - take
+            if not left:
+                break
+        assert not left, f"the rental holds too few {types[t]} units for the plan"
+        placed.append(here)
+    return placed

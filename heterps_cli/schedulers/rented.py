@@ -1,0 +1,191 @@
+"""The exact optimum when units come in whole nodes (docs/spec.md section 1e; docs/exact.md section 6).
+
+Once a rental (a count of each node kind) is fixed, every unit it holds is paid for, so the run
+costs ``rate x work / throughput`` and the best plan on it is the fastest one within its units.
+The optimum rents one of :attr:`heterps_cli.nodes.Nodes.menu`'s rentals (any other is beaten on
+price and units by one of them), and a plan is always priced at the cheapest rental holding it.
+
+The walk goes down the menu, cheapest first, with a throughput ``target``:
+
+* a rental that cannot reach ``target`` is passed over (one DP question, and none at all when a
+  rental holding at least as much of every type already could not);
+* the first that can is asked for its fastest plan, at throughput ``X``, which is a candidate;
+  every later rental costs at least as much an hour, so it can win only by being faster:
+  ``target`` becomes just above ``X``;
+* objective ``cost`` stops when ``rate x work / X_max`` (``X_max``: the fastest plan on every
+  node) passes the best cost, since no later rental can cost less; objective ``time`` starts at
+  ``target = X_max`` and stops at the first rental that reaches it; with ``--max-cost`` it stops
+  when that floor passes the budget.
+
+Why it is exact: let P* be an optimal plan and R* the cheapest rental holding its units. When the
+walk reaches R*, either ``target`` is at most P*'s throughput, so R* reaches it and its fastest
+plan is at least as fast as P* and costs at most R*'s rate over that, or an earlier, no dearer
+rental already gave a plan at least as fast: both are no worse than P*.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from heterps_cli.costmodel import SLACK, run_cost, throughput_floor
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.figures import count, usd
+from heterps_cli.objective import Objective
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
+from heterps_cli.schedulers.chain_dp import Candidate
+from heterps_cli.schedulers.pipeline import solver_for
+from heterps_cli.schedulers.step_solver import schedule_of
+
+
+def on_rental(problem: Problem, capacity: np.ndarray) -> Problem:
+    """The question one rental asks: plans within its units, priced per unit only to choose between
+    equally fast ones (a plan is priced by its rental afterwards)."""
+    capacity = np.asarray(capacity, dtype=np.int64)
+    return problem.replace(
+        nodes=None,
+        limits=capacity,
+        runnable=problem.runnable & (capacity > 0)[None, :],
+        objective=Objective.TIME,
+        max_cost=None,
+    )
+
+
+def solve(
+    problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
+) -> Plan:
+    """The provably cheapest (``cost``) or fastest (``time``) plan over rentals of whole nodes."""
+    assert problem.nodes is not None
+    start = time.perf_counter()
+    walk = _Walk(problem, seed, progress, Clock.of(options, start))
+    best = walk.run()
+    notes: tuple[str, ...] = (
+        f"{walk.asked:,} of {len(walk.menu.rate):,} rentals that no other beats on price and units were asked "
+        "whether they reach the throughput, and "
+        f"{walk.fastest_asked:,} for their fastest plan (docs/exact.md section 6)",
+    )
+    gap = None
+    if walk.stopped_at is not None:
+        floor = run_cost(problem.work, walk.x_max, float(walk.menu.rate[walk.stopped_at]))
+        gap = max(0.0, best.cost_usd / floor - 1) if problem.objective == "cost" else 1 - best.throughput / walk.x_max
+        notes += (
+            f"exact stopped at the --time-limit before asking every rental: within {100 * gap:.2f}% of the optimum",
+        )
+    plan = replace(best, optimal=gap is None, gap=gap, notes=notes, solve_s=time.perf_counter() - start)
+    assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
+    return plan
+
+
+class _Walk:
+    """The walk down the menu (the module docstring): its state and what it asked."""
+
+    def __init__(self, problem: Problem, seed: int, progress: Progress | None, clock: Clock, every: bool = False):
+        assert problem.nodes is not None
+        self.p, self.seed, self.progress, self.clock = problem, seed, progress, clock
+        self.every = every  # the frontier's walk: on to the fastest plan, each rental's fastest kept in found
+        self.found: list[Candidate] = []
+        self.menu = problem.nodes.menu
+        self.asked = 0
+        self.fastest_asked = 0
+        self.stopped_at: int | None = None
+        self.x_max = 0.0
+
+    def run(self) -> Plan:
+        p, menu = self.p, self.menu
+        fastest = self._fastest(solver_for(on_rental(p, p.nodes.capacity), None))  # type: ignore[union-attr]
+        if fastest is None:
+            raise InfeasibleError(_nothing_fits(p))
+        self.x_max = fastest.throughput
+        if self.x_max < throughput_floor(p):
+            raise InfeasibleError(_too_slow(p, fastest.throughput))
+        by_time = p.objective == "time" and not self.every
+        target = self.x_max if by_time and p.max_cost is None else throughput_floor(p)
+        best: Plan | None = None
+        cannot: list[np.ndarray] = []  # capacities known not to reach target (nor any higher one)
+        for row in range(len(menu.rate)):
+            floor = run_cost(p.work, self.x_max, float(menu.rate[row]))  # no plan here or later costs less
+            if (best is not None and not by_time and not self.every and floor >= best.cost_usd * (1 - SLACK)) or (
+                p.max_cost is not None and floor > p.max_cost * (1 + SLACK)
+            ):
+                break
+            if self.every and target > self.x_max * (1 + SLACK):
+                break  # the fastest plan is found
+            capacity = menu.capacity[row]
+            if any((capacity <= c).all() for c in cannot):
+                continue
+            if self.clock.out_of_time() and best is not None:
+                self.stopped_at = row
+                break
+            if self.progress is not None:
+                self.progress(f"exact: rental {row + 1:,} of {len(menu.rate):,}", completed=row, total=len(menu.rate))
+            solver = solver_for(on_rental(p, capacity), None)
+            self.asked += 1
+            if not solver.reachable(target):
+                cannot.append(capacity)
+                continue
+            cand = self._fastest(solver) if target < self.x_max else solver.cheapest(target)
+            assert cand is not None, "the rental reaches the target"
+            plan = self._plan(cand)
+            if self.every:
+                self.found.append(replace(cand, cost=plan.cost_usd, rate=plan.rate or 0.0, throughput=plan.throughput))
+            if plan.feasible and (best is None or _better(p.objective, plan, best)):
+                best = plan
+            if by_time and plan.throughput >= self.x_max * (1 - SLACK) and plan.feasible:
+                break  # the fastest any rental reaches, on the cheapest rental that reaches it
+            target = float(np.nextafter(plan.throughput, np.inf))
+        if best is None:
+            raise InfeasibleError(_over_budget(p))
+        return best
+
+    def _fastest(self, solver) -> Candidate | None:
+        self.fastest_asked += 1
+        cand, _ = solver.max_throughput()
+        if cand is not None and not cand.within:
+            cand = solver.fastest_found
+        return cand
+
+    def _plan(self, cand: Candidate) -> Plan:
+        return make_plan(self.p, schedule_of(self.p, cand.stages), cand.replicas, scheduler="exact", seed=self.seed)
+
+
+def frontier_candidates(problem: Problem, progress: Progress | None, clock: Clock) -> list[Candidate]:
+    """Section 1e's frontier: the fastest plan of every rental the walk stops at, priced by its rental.
+    A frontier plan is the fastest on the cheapest rental holding it (on that rental a slower plan
+    only costs more), and the walk stops at that rental unless an earlier, no dearer one was already
+    as fast (the module docstring): so every frontier plan, or one as good, is among these."""
+    walk = _Walk(problem.replace(objective=Objective.COST), 0, progress, clock, every=True)
+    walk.run()
+    return walk.found
+
+
+def _better(objective: Objective, a: Plan, b: Plan) -> bool:
+    if objective == "cost":
+        return a.cost_usd < b.cost_usd * (1 - SLACK) or (a.cost_usd <= b.cost_usd and a.throughput > b.throughput)
+    return a.throughput > b.throughput * (1 + SLACK) or (a.throughput >= b.throughput and a.cost_usd < b.cost_usd)
+
+
+def _nothing_fits(problem: Problem) -> str:
+    return (
+        "no plan fits on every node the cluster offers, even with one replica per stage: the nodes hold "
+        f"{', '.join(f'{count(int(u))} {t}' for t, u in zip(problem.types, problem.limits))}"
+    )
+
+
+def _too_slow(problem: Problem, fastest: float) -> str:
+    return (
+        f"no plan reaches the required {count(problem.min_throughput, 1)} samples/s: on every node the cluster "
+        f"offers, the fastest reaches {count(fastest, 1)} samples/s. Lower the required throughput "
+        "(--min-throughput) or offer more nodes"
+    )
+
+
+def _over_budget(problem: Problem) -> str:
+    assert problem.max_cost is not None, "within the nodes and the throughput, only the budget rules a plan out"
+    return (
+        f"no rental of whole nodes runs the job within {usd(problem.max_cost)}: every plan fast enough costs "
+        "more. Raise the budget (--max-cost)"
+    )

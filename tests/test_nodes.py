@@ -1,0 +1,245 @@
+"""Whole nodes (docs/spec.md section 1e): the exact solver, the frontier and the heuristics against
+enumeration of every schedule, replica vector and rental; the cluster file's new section; the plan
+file's rental and placement, recomputed by check."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heterps_cli.cli.app import app
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.frontier import pareto_frontier
+from heterps_cli.schedulers import exact, solve
+from tests.helpers import ROOT, instance_dicts, problem_from_dicts, random_instance, runner, write_yaml
+from tests.oracle import brute_force, cheapest_rental, feasible_plans, pareto, rentals
+from tests.strategies import SETTINGS
+
+
+@st.composite
+def node_instances(draw):
+    """(arrays, B0, min_throughput, nodes): up to 4 layers on 2 types or 3 on 3, and 1 to 3 node kinds
+    of 1 to 2 available nodes holding 0 to 2 units of each type (every type held by some kind)."""
+    T = draw(st.integers(2, 3))
+    n = draw(st.integers(1, 4 if T == 2 else 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    arrays = random_instance(rng, n, T)
+    K = draw(st.integers(1, 3))
+    units = rng.integers(0, 3, (K, T))
+    units[rng.integers(0, K, T), np.arange(T)] = rng.integers(1, 3, T)  # every type in some kind
+    units[units.sum(axis=1) == 0, 0] = 1  # every kind holds something
+    price = rng.uniform(0.5, 10.0, K).round(3)
+    available = rng.integers(1, 3, K)
+    B0 = 32
+    reference = B0 / arrays[0].min(axis=1).sum()
+    min_throughput = draw(st.sampled_from((0.0, 0.5, 1.0, 2.0))) * reference
+    return arrays, B0, min_throughput, (units, price, available)
+
+
+def _dicts(arrays, B0, min_throughput, nodes):
+    units, price, available = nodes
+    profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput)
+    types = list(cluster["resources"])
+    cluster["resources"] = {t: {} for t in types}
+    cluster["nodes"] = {
+        f"n{k}": {
+            "price": float(price[k]),
+            "units": {t: int(u) for t, u in zip(types, units[k]) if u},
+            "available": int(available[k]),
+        }
+        for k in range(len(price))
+    }
+    return profile, cluster
+
+
+def _expected(arrays, B0, min_throughput, nodes, objective, max_cost=None):
+    units, price, available = nodes
+    capacity, rate = rentals(units, price, available)
+    limits = capacity.max(axis=0).astype(int)  # every node rented
+    arrays = (*arrays[:6], limits)
+    return feasible_plans, dict(
+        args=(*arrays, B0, 1e6),
+        kwargs=dict(
+            min_throughput=min_throughput,
+            max_cost=max_cost,
+            rate_of=lambda used: cheapest_rental(used, capacity, rate),
+        ),
+        objective=objective,
+    )
+
+
+def _brute(inst, objective, max_cost=None):
+    arrays, B0, min_throughput, nodes = inst
+    _, e = _expected(arrays, B0, min_throughput, nodes, objective, max_cost)
+    return brute_force(*e["args"], objective=objective, **e["kwargs"])
+
+
+def _exact(inst, objective, max_cost=None):
+    profile, cluster = _dicts(*inst)
+    problem = problem_from_dicts(profile, cluster, objective=objective, max_cost=max_cost)
+    try:
+        return exact.solve(problem), problem
+    except InfeasibleError:
+        return None, problem
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(node_instances(), st.sampled_from(["cost", "time"]))
+def test_exact_with_nodes_matches_enumeration_of_schedules_replicas_and_rentals(inst, objective):
+    plan, _ = _exact(inst, objective)
+    expected = _brute(inst, objective)
+    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
+    if plan is None:
+        return
+    assert plan.optimal and plan.feasible
+    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
+    if objective == "time":
+        assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+    _check_rental(inst, plan)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(node_instances(), st.sampled_from([0.7, 1.0, 1.5]))
+def test_exact_with_nodes_within_a_budget_matches_enumeration(inst, scale):
+    cheapest = _brute(inst, "cost")
+    if cheapest is None:
+        return
+    budget = cheapest[0] * scale
+    plan, _ = _exact(inst, "time", max_cost=budget)
+    expected = _brute(inst, "time", max_cost=budget)
+    assert (plan is None) == (expected is None)
+    if plan is not None:
+        assert plan.cost_usd <= budget * (1 + 1e-9)
+        assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(node_instances())
+def test_frontier_with_nodes_is_the_enumerated_pareto_set(inst):
+    arrays, B0, min_throughput, nodes = inst
+    _, e = _expected(arrays, B0, min_throughput, nodes, "cost")
+    cost, thr = feasible_plans(*e["args"], **e["kwargs"])
+    profile, cluster = _dicts(*inst)
+    problem = problem_from_dicts(profile, cluster)
+    if len(cost) == 0:
+        with pytest.raises(InfeasibleError):
+            pareto_frontier(problem)
+        return
+    frontier = pareto_frontier(problem)
+    got = [(p.throughput, p.cost_usd) for p in frontier.plans]
+    want = pareto(cost, thr)
+    assert len(got) == len(want), (got, want)
+    for (x, c), (wx, wc) in zip(got, want):
+        assert math.isclose(x, wx, rel_tol=1e-9) and math.isclose(c, wc, rel_tol=1e-9)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(node_instances(), st.sampled_from(["greedy", "random"]))
+def test_heuristics_price_their_plans_by_the_cheapest_rental(inst, scheduler):
+    profile, cluster = _dicts(*inst)
+    problem = problem_from_dicts(profile, cluster)
+    try:
+        plan = solve(scheduler, problem, seed=1)
+    except InfeasibleError:
+        return
+    _check_rental(inst, plan)
+    optimum = _brute(inst, "cost")
+    assert optimum is not None and plan.cost_usd >= optimum[0] * (1 - 1e-9)
+
+
+def _check_rental(inst, plan):
+    """The plan rents the cheapest rental holding its units, pays for all of it, and places every
+    replica on a rented node with room for it."""
+    units, price, available = inst[3]
+    capacity, rate = rentals(units, price, available)
+    types = list(plan.resources)
+    used = np.array([[plan.resources[t] for t in types]], dtype=float)
+    assert math.isclose(plan.rate, cheapest_rental(used, capacity, rate)[0], rel_tol=1e-12)
+    rented = np.array([plan.rental.get(f"n{k}", 0) for k in range(len(price))])
+    assert (rented <= available).all() and math.isclose(rented @ price, plan.rate, rel_tol=1e-12)
+    assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate, rel_tol=1e-9)
+    on_node: dict[str, np.ndarray] = {}
+    for stage in plan.stages:
+        assert sum(stage.nodes.values()) == stage.replicas
+        for node, n in stage.nodes.items():
+            kind, index = node.split("#")
+            assert 1 <= int(index) <= plan.rental[kind]
+            held = on_node.setdefault(node, np.zeros(len(types), dtype=int))
+            held[types.index(stage.resource)] += n
+    for node, held in on_node.items():
+        assert (held <= units[int(node.split("#")[0][1:])]).all(), f"{node} holds more replicas than units"
+    held = rented @ units
+    assert plan.idle == {t: int(h - u) for t, h, u in zip(types, held, used[0])}
+
+
+# -- the cluster file and the command line ----------------------------------------------------------------
+
+NODES = {
+    "cluster": "nodes",
+    "resources": {"cpu": {"unit": "CPU core"}, "v100": {"unit": "V100"}},
+    "nodes": {
+        "p3.2xlarge": {"price": 3.06, "units": {"v100": 1, "cpu": 4}, "available": 8},
+        "c5.18xlarge": {"price": 3.06, "units": {"cpu": 36}, "available": 8},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "says"),
+    [
+        (lambda c: c["nodes"]["p3.2xlarge"]["units"].update(a100=2), "nodes.p3.2xlarge.units.a100", "no resource type"),
+        (lambda c: c["nodes"]["p3.2xlarge"]["units"].update(cpu=0), "nodes.p3.2xlarge.units.cpu", "must be >= 1"),
+        (lambda c: c["nodes"]["c5.18xlarge"].pop("price"), "nodes.c5.18xlarge.price", "required field is missing"),
+        (lambda c: c["nodes"]["c5.18xlarge"].update(available=0), "nodes.c5.18xlarge.available", "must be >= 1"),
+        (lambda c: c["nodes"]["c5.18xlarge"].update(units={}), "nodes.c5.18xlarge.units", "must not be empty"),
+        (lambda c: c["resources"]["cpu"].update(price=0.04), "resources.cpu.price", "lists nodes"),
+        (lambda c: c["resources"]["v100"].update(limit=8), "resources.v100.limit", "lists nodes"),
+        (lambda c: c["resources"].update(a100={}), "resources.a100", "no node kind holds a100"),
+        (lambda c: c.update(nodes={}), "nodes", "must not be empty"),
+        (lambda c: c.pop("nodes"), "resources.cpu", "needs a price"),
+    ],
+)
+def test_a_bad_nodes_section_is_one_line_naming_its_field(tmp_path, change, where, says):
+    cluster = json.loads(json.dumps(NODES))
+    change(cluster)
+    path = write_yaml(tmp_path / "c.yaml", cluster)
+    result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), path, "--scheduler", "greedy"])
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2, shown
+    assert f"{path}:" in shown and f"{where}:" in shown and says in shown, shown
+    assert "Traceback" not in result.output
+
+
+def test_a_node_priced_plan_says_what_it_rents_and_check_recomputes_it(tmp_path):
+    cluster = write_yaml(tmp_path / "nodes.yaml", NODES)
+    out = tmp_path / "plan.yaml"
+    profile = str(ROOT / "profiles/ctr.yaml")
+    result = runner.invoke(app, ["plan", profile, cluster, "--scheduler", "exact", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.output.split())
+    assert "rents 1 × p3.2xlarge, 1 × c5.18xlarge ($6.12/h, billed whole)" in shown
+    written = yaml.safe_load(out.read_text())
+    assert written["rental"] == {"p3.2xlarge": 1, "c5.18xlarge": 1} and written["rate_usd_per_hour"] == 6.12
+    assert math.isclose(written["cost_usd"], written["time_s"] / 3600 * 6.12, rel_tol=1e-12)
+    assert all(sum(s["nodes"].values()) == s["replicas"] for s in written["stages"])
+    check = ["check", str(out), "--profile", profile, "--cluster", cluster]
+    assert runner.invoke(app, check).exit_code == 0
+    written["rental"] = {"p3.2xlarge": 1}
+    written["stages"][0]["nodes"] = {"p3.2xlarge#1": written["stages"][0]["replicas"]}
+    out.write_text(yaml.safe_dump(written, sort_keys=False))
+    stale = runner.invoke(app, check)
+    shown = " ".join(stale.output.split())
+    assert stale.exit_code == 1 and "rental {'p3.2xlarge': 1} ->" in shown and "stages[0].nodes" in shown
+
+
+def test_validate_shows_the_node_kinds(tmp_path):
+    cluster = write_yaml(tmp_path / "nodes.yaml", NODES)
+    result = runner.invoke(app, ["validate", cluster], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "per node" in result.output and "p3.2xlarge" in result.output and "v100×1, cpu×4" in result.output
