@@ -243,3 +243,12 @@ def test_validate_shows_the_node_kinds(tmp_path):
     result = runner.invoke(app, ["validate", cluster], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "per node" in result.output and "p3.2xlarge" in result.output and "v100×1, cpu×4" in result.output
+
+
+def test_the_bundled_node_priced_plan_is_what_its_files_give():
+    profile, cluster = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/aws-p3-nodes.yaml")
+    result = runner.invoke(app, ["check", str(ROOT / "docs/plans/ctr-aws-p3.yaml"), "--profile", profile,
+                                 "--cluster", cluster])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load((ROOT / "docs/plans/ctr-aws-p3.yaml").read_text())
+    assert written["optimal"] is True and written["rental"] == {"p3.2xlarge": 1, "c5.18xlarge": 1}

@@ -1,4 +1,4 @@
-"""The exact optimum when units come in whole nodes (docs/spec.md section 1e; docs/exact.md section 6).
+"""The exact optimum when units come in whole nodes (docs/spec.md section 1e; docs/exact.md section 7).
 
 Once a rental (a count of each node kind) is fixed, every unit it holds is paid for, so the run
 costs ``rate x work / throughput`` and the best plan on it is the fastest one within its units.
@@ -66,7 +66,7 @@ def solve(
     notes: tuple[str, ...] = (
         f"{walk.asked:,} of {len(walk.menu.rate):,} rentals that no other beats on price and units were asked "
         "whether they reach the throughput, and "
-        f"{walk.fastest_asked:,} for their fastest plan (docs/exact.md section 6)",
+        f"{walk.fastest_asked:,} for their fastest plan (docs/exact.md section 7)",
     )
     gap = None
     if walk.stopped_at is not None:
