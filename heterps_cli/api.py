@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from heterps_cli.errors import InputError
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
-from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve
+from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve, with_what_if
 
 if TYPE_CHECKING:
     from heterps_cli.ci.diff import Change
@@ -80,9 +81,17 @@ def plan(
     seed: int = 0,
     options: SolveOptions | None = None,
     progress: Progress | None = None,
+    explain: bool = False,
 ) -> Plan:
-    """``heterps plan``: the plan ``scheduler`` finds for the job on these files."""
-    return solve(scheduler, job.problem(profile_path, cluster_path), seed=seed, progress=progress, options=options)
+    """``heterps plan``: the plan ``scheduler`` finds for the job on these files; with ``explain``
+    (a cluster with nodes, docs/spec.md section 1e), also what one node more or fewer of each kind
+    would give."""
+    problem = job.problem(profile_path, cluster_path)
+    if explain and problem.nodes is None:
+        why = "needs a cluster that lists its nodes (docs/spec.md section 1e); every plan explains its bottleneck"
+        raise InputError(None, None, "--explain", f"what one node more or fewer would give {why}")
+    found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
+    return with_what_if(problem, found) if explain and found.rental is not None else found
 
 
 def frontier(

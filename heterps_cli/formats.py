@@ -148,6 +148,17 @@ class PlanStage(_Strict):
     nodes: dict[Name, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
 
 
+class WhatIf(_Strict):
+    """Section 1e, ``plan --explain``: the fastest plan on the plan's rental with one node more or fewer."""
+
+    kind: Name
+    change: Literal[1, -1]
+    rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]]
+    throughput: NonNegative | None
+    cost_usd: NonNegative | None
+    meets: bool
+
+
 class PlanFile(_Strict):
     """A plan as ``heterps plan --out`` writes it (docs/spec.md section 4, plus heterps' own extra fields):
     the one schema of a plan file, read by :meth:`model_validate` and written by :meth:`written`, in
@@ -182,6 +193,8 @@ class PlanFile(_Strict):
     optimal: bool | None = None
     evaluations: Annotated[int, Field(ge=0)] | None = None
     notes: list[Prose] = []
+    explanation: list[Prose] | None = None  # why the bottleneck is what it is (heterps_cli.explain)
+    what_if: list[WhatIf] | None = None  # section 1e, plan --explain
     gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
     solve_s: NonNegative
 
@@ -211,6 +224,8 @@ PLAN_ONLY_WHERE_GIVEN = (
     "idle_units",
     "global_batch",
     "micro_batches",
+    "explanation",
+    "what_if",
     "gap",
 )
 STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from heterps_cli.costmodel import score, split_stages
+from heterps_cli.explain import explanation
 from heterps_cli.nodes import place
 from heterps_cli.problem import Problem
 
@@ -71,6 +72,8 @@ class Plan:
     rental: dict[str, int] | None = None  # section 1e: nodes of each kind rented (the cheapest that hold the plan)
     rate: float | None = None  # section 1e: USD an hour of the rental
     idle: dict[str, int] | None = None  # section 1e: units of each type the rental holds and the plan leaves unused
+    explanation: tuple[str, ...] = ()  # the bottleneck's binding term and what holds it (heterps_cli.explain)
+    what_if: tuple[dict, ...] | None = None  # section 1e, --explain: one node more or fewer of each kind
     # Not written to plan files: they are for the run that made the plan.
     units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
     interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
@@ -81,7 +84,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         """The plan file's mapping (docs/spec.md section 4, :class:`~heterps_cli.formats.PlanFile`)."""
-        from heterps_cli.formats import PlanFile, PlanStage
+        from heterps_cli.formats import PlanFile, PlanStage, WhatIf
 
         pipelined = bool(self.micro_batches)
         stages = [
@@ -133,6 +136,8 @@ class Plan:
             optimal=self.optimal,
             evaluations=self.evaluations,
             notes=list(self.notes),
+            explanation=list(self.explanation) or None,
+            what_if=[WhatIf.model_construct(**w) for w in self.what_if] if self.what_if is not None else None,
             gap=self.gap,
             solve_s=round(self.solve_s, 6),
         ).written()
@@ -169,7 +174,7 @@ def make_plan(
         idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
         placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
         out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))
-    return Plan(
+    plan = Plan(
         model=problem.model,
         cluster=problem.cluster,
         objective=str(problem.objective),
@@ -206,6 +211,7 @@ def make_plan(
         rate=float(sc.rate[0]) if rental is not None else None,
         idle=idle,
     )
+    return replace(plan, explanation=explanation(problem, plan)) if np.isfinite(plan.throughput) else plan
 
 
 def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:

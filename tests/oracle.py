@@ -99,6 +99,8 @@ def feasible_plans(
                 stages.append((t, [layer]))
         ranges = [range(1, limits[t] + 1) for t, _ in stages]
         ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
+        if len(ks) == 0:  # a type with no units (section 1e: a rental without it)
+            continue
         types = np.array([t for t, _ in stages])
         used = np.stack([ks[:, types == t].sum(axis=1) for t in range(T)], axis=1)
         ks = ks[(used <= limits).all(axis=1)]

@@ -252,3 +252,69 @@ def test_the_bundled_node_priced_plan_is_what_its_files_give():
     assert result.exit_code == 0, result.output
     written = yaml.safe_load((ROOT / "docs/plans/ctr-aws-p3.yaml").read_text())
     assert written["optimal"] is True and written["rental"] == {"p3.2xlarge": 1, "c5.18xlarge": 1}
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(node_instances())
+def test_what_if_is_the_fastest_plan_on_one_node_more_or_fewer_by_enumeration(inst):
+    from heterps_cli.schedulers import with_what_if
+
+    plan, problem = _exact(inst, "cost")
+    if plan is None:
+        return
+    arrays, B0, _, (units, price, available) = inst
+    names = [f"n{k}" for k in range(len(price))]
+    rented = np.array([plan.rental.get(n, 0) for n in names])
+    rows = with_what_if(problem, plan).what_if
+    expected = []
+    for k in range(len(price)):
+        for change in (1, -1):
+            other = rented.copy()
+            other[k] += change
+            if 0 <= other[k] <= available[k] and other.any():
+                expected.append((names[k], change, other))
+    assert [(w["kind"], w["change"]) for w in rows] == [(n, c) for n, c, _ in expected]
+    for w, (_, _, other) in zip(rows, expected):
+        fastest = brute_force(*arrays[:6], other @ units, B0, 1e6, objective="time")
+        if fastest is None:
+            assert w["throughput"] is None
+            continue
+        assert math.isclose(w["throughput"], fastest[1], rel_tol=1e-9)
+        assert math.isclose(w["cost_usd"], 1e6 / fastest[1] / 3600 * float(other @ price), rel_tol=1e-9)
+
+
+def test_explain_names_the_binding_term_and_what_holds_it(tmp_path):
+    profile = str(ROOT / "profiles/ctr.yaml")
+    cost = runner.invoke(app, ["plan", profile, str(ROOT / "clusters/paper.yaml"), "-s", "exact", "--json"])
+    why = json.loads(cost.stdout)["explanation"]
+    # stage 1 is fc1..relu3 on one V100: 3.09 ms of compute against 0.866 ms of all-reduce (the plan's own figures)
+    assert why[0].startswith("stage 1 (v100 × 1, layers 2-7) sets the throughput: compute takes 3.09 ms a batch")
+    assert "communication (0.866 ms) overlaps it" in why[0]
+    assert why[1].startswith("the objective is cost: the plan meets the required 150,000 samples/s")
+    tight = json.loads(json.dumps(NODES))
+    tight["nodes"] = {"p3.2xlarge": {"price": 3.06, "units": {"v100": 1, "cpu": 4}, "available": 1}}
+    path = write_yaml(tmp_path / "one.yaml", tight)
+    fastest = runner.invoke(app, ["plan", profile, path, "-s", "exact", "--objective", "time", "--json"])
+    assert fastest.exit_code == 0, fastest.output
+    assert "it has no more" in json.loads(fastest.stdout)["explanation"][1]
+    assert "the plan uses all" in json.loads(fastest.stdout)["explanation"][1]
+
+
+def test_explain_what_if_is_in_the_output_and_check_recomputes_it(tmp_path):
+    cluster = write_yaml(tmp_path / "nodes.yaml", NODES)
+    profile = str(ROOT / "profiles/ctr.yaml")
+    out = tmp_path / "plan.yaml"
+    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--explain", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "what if the rental had one node more or fewer" in result.output
+    written = yaml.safe_load(out.read_text())
+    assert {(w["kind"], w["change"]) for w in written["what_if"]} == {
+        ("p3.2xlarge", 1), ("p3.2xlarge", -1), ("c5.18xlarge", 1), ("c5.18xlarge", -1)
+    }  # fmt: skip
+    check = ["check", str(out), "--profile", profile, "--cluster", cluster]
+    assert runner.invoke(app, check).exit_code == 0
+    written["what_if"][0]["throughput"] *= 2
+    out.write_text(yaml.safe_dump(written, sort_keys=False))
+    assert runner.invoke(app, check).exit_code == 1
+    refused = runner.invoke(app, ["plan", profile, str(ROOT / "clusters/paper.yaml"), "--explain"])
+    assert refused.exit_code == 2 and "--explain" in refused.output

@@ -22,7 +22,7 @@ from heterps_cli.figures import count, exact, number, plural, setting, signed_us
 from heterps_cli.formats import PlanFile
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve
+from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve, with_what_if
 
 FIGURE_TOL = 1e-6  # written figures are rounded by no writer of ours; 1e-6 forgives a hand-copied file
 
@@ -137,7 +137,10 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
             f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: docs/spec.md makes them one stage"
             for i in merged
         ]
-    return make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed), []
+    fresh = make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed)
+    if plan.what_if is not None and problem.nodes is not None and fresh.rental is not None:
+        fresh = with_what_if(problem, fresh)
+    return fresh, []
 
 
 def _differs(a: float, b: float) -> bool:
@@ -194,7 +197,24 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     if {t: u for t, u in written.resources.items() if u} != used:
         out.append(f"resources {dict(written.resources)} -> {used}")
     out += _stale_rental(written, fresh)
+    if written.explanation is not None and tuple(written.explanation) != fresh.explanation:
+        out.append("explanation: the files now give another (heterps plan writes it)")
+    if written.what_if is not None and not _same_what_if(written.what_if, fresh.what_if):
+        out.append("what_if: one node more or fewer now gives other figures (heterps plan --explain writes them)")
     return out
+
+
+def _same_what_if(written, fresh) -> bool:
+    if fresh is None or len(written) != len(fresh):
+        return False
+    for w, f in zip(written, fresh):
+        if (w.kind, w.change, w.rental, w.meets) != (f["kind"], f["change"], f["rental"], f["meets"]):
+            return False
+        for name in ("throughput", "cost_usd"):
+            a, b = getattr(w, name), f[name]
+            if (a is None) != (b is None) or (a is not None and _differs(a, b)):
+                return False
+    return True
 
 
 def _stale_rental(written: PlanFile, fresh: Plan) -> list[str]:

@@ -121,6 +121,14 @@ def plan(
     steps: StepsOpt = None,
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="With a cluster that lists its nodes: also what one node more or fewer of each kind would give "
+            "(the fastest plan on that rental and its cost, by the exact solver).",
+        ),
+    ] = False,
     evaluations: Annotated[
         int | None,
         typer.Option(
@@ -178,6 +186,7 @@ def plan(
                 seed=seed,
                 options=options,
                 progress=report,
+                explain=explain,
             )
         write_failed = None
         if out_file is not None:

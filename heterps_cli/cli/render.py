@@ -109,13 +109,40 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"
     scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
+    for i, why in enumerate(plan.explanation):
+        summary.add_row("why" if i == 0 else "", Text(why))
     for note in plan.notes:
         summary.add_row("note", Text(note))
     assumed = assumptions(plan)
     if assumed:
         summary.add_row("assumes", Text(assumed, style="yellow"))
     hardware = _hardware_view(plan)
-    return Group(table, *([hardware] if hardware is not None else []), summary)
+    extra = [hardware] if hardware is not None else []
+    return Group(table, *extra, summary, *([what_if_view(plan)] if plan.what_if is not None else []))
+
+
+def what_if_view(plan: Plan) -> Table:
+    """Section 1e, ``--explain``: one node more or fewer of each kind, against the plan."""
+    table = Table(
+        title="what if the rental had one node more or fewer (the fastest plan on it, every node paid for)",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in ("node kind", "change", "samples/s", "faster", "cost", "dearer", "meets the job"):
+        table.add_column(name, justify="left" if name in ("node kind", "change", "meets the job") else "right")
+    for w in plan.what_if or ():
+        x, cost = w["throughput"], w["cost_usd"]
+        table.add_row(
+            Text(clip(w["kind"])),
+            "one more" if w["change"] > 0 else "one fewer",
+            "no plan fits" if x is None else count(x),
+            "" if x is None else f"{100 * (x / plan.throughput - 1):+.1f}%",
+            "" if cost is None else usd(cost),
+            "" if cost is None or not plan.cost_usd else f"{100 * (cost / plan.cost_usd - 1):+.1f}%",
+            "yes" if w["meets"] else "no",
+        )
+    return table
 
 
 def rental_line(plan: Plan) -> str:

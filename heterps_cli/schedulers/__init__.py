@@ -43,6 +43,7 @@ __all__ = [
     "options_for",
     "solve",
     "solver",
+    "with_what_if",
 ]
 
 
@@ -88,3 +89,11 @@ DEFAULT_BUDGET_PER_LAYER_S = 0.01
 def default_time_limit(n_layers: int) -> float:
     """Seconds a search may take when no time limit is given (see :data:`DEFAULT_BUDGET_S`)."""
     return DEFAULT_BUDGET_S + DEFAULT_BUDGET_PER_LAYER_S * n_layers
+
+
+def with_what_if(problem: Problem, plan: Plan) -> Plan:
+    """The plan with section 1e's what-if (:func:`.rented.what_if`): ``plan --explain`` on a cluster
+    with nodes."""
+    from heterps_cli.schedulers.rented import what_if
+
+    return dataclasses.replace(plan, what_if=tuple(what_if(problem, plan)))

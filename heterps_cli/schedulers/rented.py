@@ -189,3 +189,32 @@ def _over_budget(problem: Problem) -> str:
         f"no rental of whole nodes runs the job within {usd(problem.max_cost)}: every plan fast enough costs "
         "more. Raise the budget (--max-cost)"
     )
+
+
+def what_if(problem: Problem, plan: Plan) -> list[dict]:
+    """Section 1e's what-if (``heterps plan --explain``): for each node kind, the plan's rental with one
+    node of it more and one fewer, and the fastest plan on that rental with what it costs (every
+    node paid for): ``{"kind", "change", "rental", "throughput", "cost_usd", "meets"}`` (throughput
+    and cost None where no plan fits on it; ``meets``: the job's required throughput and budget)."""
+    nodes = problem.nodes
+    assert nodes is not None and plan.rental is not None
+    counts = np.array([plan.rental.get(name, 0) for name in nodes.names], dtype=np.int64)
+    out = []
+    for k, kind in enumerate(nodes.names):
+        for change in (1, -1):
+            other = counts.copy()
+            other[k] += change
+            if not 0 <= other[k] <= nodes.available[k] or not other.any():
+                continue
+            rate = float(other @ nodes.price)
+            cand, _ = solver_for(on_rental(problem, other @ nodes.units), None).max_throughput()
+            x = None if cand is None else float(cand.throughput)
+            cost = None if x is None else float(run_cost(problem.work, x, rate))
+            meets = x is not None and x >= throughput_floor(problem)
+            if meets and problem.max_cost is not None and cost is not None:
+                meets = cost <= problem.max_cost * (1 + SLACK)
+            rental = {name: int(n) for name, n in zip(nodes.names, other) if n}
+            out.append(
+                {"kind": kind, "change": change, "rental": rental, "throughput": x, "cost_usd": cost, "meets": meets}
+            )
+    return out

@@ -1,0 +1,99 @@
+"""Why a plan is as fast as it is: the term that binds its bottleneck stage, and what keeps that stage
+from more replicas (docs/spec.md section 4, ``explanation``). Every figure is the plan's own, so
+``check`` recomputes the text with the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heterps_cli.costmodel import split_stages, stage_throughputs
+from heterps_cli.figures import count, usd
+from heterps_cli.problem import SLACK, Problem
+
+
+def terms(stage, micro_batches: int, stages: int) -> dict[str, float]:
+    """The parts of a stage's time per batch (sections 1, 1b) or per step (section 1d), in seconds.
+    Without a pipeline schedule compute and communication overlap (the stage takes the larger);
+    with one they add up."""
+    if not micro_batches:
+        return {
+            "compute": stage.compute_s,
+            "gradient synchronisation": stage.comm_s - stage.transfer_s,
+            "stage-boundary transfer": stage.transfer_s,
+        }
+    return {
+        "compute": micro_batches * stage.compute_s,
+        "stage-boundary transfer": micro_batches * stage.transfer_s,
+        "pipeline fill and drain": (stages - 1) * (stage.compute_s + stage.transfer_s),
+        "gradient synchronisation": stage.comm_s,
+        "optimiser step": stage.update_s or 0.0,
+    }
+
+
+def binding(stage, micro_batches: int, stages: int) -> tuple[str, float, float]:
+    """(term, its seconds, the stage's seconds) of the term that takes most of the stage's time."""
+    parts = terms(stage, micro_batches, stages)
+    if not micro_batches:
+        total = max(stage.compute_s, stage.comm_s)
+        if stage.compute_s >= stage.comm_s:
+            return "compute", stage.compute_s, total
+        comm = {k: v for k, v in parts.items() if k != "compute"}
+        name = max(comm, key=lambda k: comm[k])
+        return name, comm[name], total
+    name = max(parts, key=lambda k: parts[k])
+    return name, parts[name], sum(parts.values())
+
+
+def explanation(problem: Problem, plan) -> tuple[str, ...]:
+    """Two lines: the bottleneck and its binding term; what keeps it from going faster."""
+    b = plan.bottleneck
+    stage = plan.stages[b]
+    M, S = plan.micro_batches, len(plan.stages)
+    name, seconds, total = binding(stage, M, S)
+    where = f"stage {b} ({stage.resource} × {count(stage.replicas)}, layers {stage.first}-{stage.last})"
+    if M:
+        first = f"{where} sets the throughput: {name} takes {_s(seconds)} of its {_s(total)} per step"
+    else:
+        other, other_s = ("communication", stage.comm_s) if name == "compute" else ("compute", stage.compute_s)
+        first = (
+            f"{where} sets the throughput: {name} takes {_s(seconds)} a batch, and {other} ({_s(other_s)}) overlaps it"
+        )
+    return first, _held_by(problem, plan, b)
+
+
+def _held_by(problem: Problem, plan, b: int) -> str:
+    stage = plan.stages[b]
+    t = problem.types.index(stage.resource)
+    used, limit = plan.resources[stage.resource], int(problem.limits[t])
+    if used >= limit:
+        held = "the cluster's nodes hold" if problem.nodes is not None else "the limit allows"
+        return f"it has no more {stage.resource} to take: the plan uses all {count(limit)} units {held}"
+    faster = _one_more(problem, plan, b)
+    if faster <= stage.throughput * (1 + SLACK):
+        return (
+            f"another replica would not make it faster ({count(faster)} samples/s): the part of its time "
+            "that replicas do not divide, or a synchronisation that grows with them, sets it"
+        )
+    if problem.max_cost is not None and plan.cost_usd >= problem.max_cost * (1 - 1e-6):
+        return f"the budget: the plan spends {usd(plan.cost_usd)} of {usd(problem.max_cost)}"
+    if problem.objective == "cost":
+        need = f"meets the required {count(problem.min_throughput)} samples/s" if problem.min_throughput > 0 else ""
+        return (
+            f"the objective is cost{': the plan ' + need if need else ''}; another {stage.resource} replica there "
+            f"would reach {count(faster)} samples/s and cost more"
+        )
+    return f"another {stage.resource} replica there would reach {count(faster)} samples/s"
+
+
+def _one_more(problem: Problem, plan, b: int) -> float:
+    """The bottleneck stage's throughput with one replica more (the others as they are)."""
+    schedule = np.array([problem.types.index(r) for r in plan.schedule])
+    stages = split_stages(problem, schedule[None, :])
+    k = np.zeros(stages.valid.shape)
+    k[0, : len(plan.stages)] = [s.replicas for s in plan.stages]
+    k[0, b] += 1
+    return float(stage_throughputs(problem, stages, k)[0, b])
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
