@@ -68,12 +68,9 @@ def _held_by(problem: Problem, plan, b: int) -> str:
     if used >= limit:
         held = "the cluster's nodes hold" if problem.nodes is not None else "the limit allows"
         return f"it has no more {stage.resource} to take: the plan uses all {count(limit)} units {held}"
-    faster = _one_more(problem, plan, b)
+    faster, why = _one_more(problem, plan, b)
     if faster <= stage.throughput * (1 + SLACK):
-        return (
-            f"another replica would not make it faster ({count(faster)} samples/s): the part of its time "
-            "that replicas do not divide, or a synchronisation that grows with them, sets it"
-        )
+        return f"another replica would not make it faster ({count(faster)} samples/s): {why}"
     if problem.max_cost is not None and plan.cost_usd >= problem.max_cost * (1 - 1e-6):
         return f"the budget: the plan spends {usd(plan.cost_usd)} of {usd(problem.max_cost)}"
     if problem.objective == "cost":
@@ -85,14 +82,28 @@ def _held_by(problem: Problem, plan, b: int) -> str:
     return f"another {stage.resource} replica there would reach {count(faster)} samples/s"
 
 
-def _one_more(problem: Problem, plan, b: int) -> float:
-    """The bottleneck stage's throughput with one replica more (the others as they are)."""
+def _one_more(problem: Problem, plan, b: int) -> tuple[float, str]:
+    """The bottleneck stage's throughput with one replica more (the others as they are), and what
+    that replica changes: the gradient all-reduce it adds against the compute it saves (section 1d),
+    or the part of the stage's time that replicas do not divide."""
     schedule = np.array([problem.types.index(r) for r in plan.schedule])
     stages = split_stages(problem, schedule[None, :])
     k = np.zeros(stages.valid.shape)
     k[0, : len(plan.stages)] = [s.replicas for s in plan.stages]
+    now = float(k[0, b])
     k[0, b] += 1
-    return float(stage_throughputs(problem, stages, k)[0, b])
+    faster = float(stage_throughputs(problem, stages, k)[0, b])
+    shrink = 1 / now - 1 / (now + 1)
+    if problem.pipelined:
+        slots = plan.micro_batches + len(plan.stages) - 1
+        saved = slots * float(stages.micro_parallel[0, b]) * shrink
+        added = 2 * float(stages.sync[0, b]) * shrink
+        return faster, (
+            f"its gradient all-reduce would grow by {_s(added)} a step, more than the {_s(saved)} of compute "
+            "and transfer it would save"
+        )
+    serial = max(float(stages.sc[0, b]), float(stages.sd[0, b]))
+    return faster, f"{_s(serial)} of its time per batch does not shrink with replicas (oct (1 - alpha), odt (1 - beta))"
 
 
 def _s(seconds: float) -> str:

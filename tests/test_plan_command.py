@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,34 @@ def test_a_target_past_every_layers_serial_part_names_the_layer_not_the_limits(r
     small.write_text(Path(PAPER).read_text().replace("limit: 480", "limit: 40").replace("limit: 32", "limit: 1"))
     result = runner.invoke(app, ["plan", CTR, str(small), "-s", "exact", "--min-throughput", "5e6"])
     assert result.exit_code == 3 and "raise the limits" in result.stderr and "caps" not in result.stderr
+    said = " ".join(result.stderr.split())
+    found = re.search(r"needs ([\d,]+) cpu \(the limit is 40\), ([\d,]+) v100 \(the limit is 1\)", said)
+    assert found, said
+    cpu, v100 = (int(n.replace(",", "")) for n in found.groups())
+    enough = tmp_path / "enough.yaml"  # with those limits the cheapest plan reaching it uses them all
+    enough.write_text(
+        Path(PAPER).read_text().replace("limit: 480", f"limit: {cpu}").replace("limit: 32", f"limit: {v100}")
+    )
+    again = runner.invoke(app, ["plan", CTR, str(enough), "-s", "exact", "--min-throughput", "5e6", "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["resources"] == {"cpu": cpu, "v100": v100}
+
+
+def test_no_plan_even_on_a_hundred_times_the_units_names_what_caps_it(tmp_path):
+    # Section 1d: a stage's all-reduce grows with its replicas, so on ctr with 4 micro-batches of 4,096 no
+    # plan gets faster past one V100 however many units the cluster has.
+    hardware = str(ROOT / "clusters/paper-hardware.yaml")
+    job = ["-s", "exact", "--global-batch", "16384"]
+    result = runner.invoke(app, ["plan", CTR, hardware, *job, "--min-throughput", "1e8"])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 3 and "With 100 times every limit the fastest plan reaches only" in said
+    assert "its gradient all-reduce would grow by" in said and "raise the limits" not in said
+    reached = float(re.search(r"reaches only ([\d,.]+) samples/s", said).group(1).replace(",", ""))
+    more = tmp_path / "more.yaml"
+    more.write_text(
+        Path(hardware).read_text().replace("limit: 480", "limit: 48000").replace("limit: 32", "limit: 3200")
+    )
+    fastest = runner.invoke(app, ["plan", CTR, str(more), *job, "--objective", "time", "--json"])
+    assert fastest.exit_code == 0 and abs(json.loads(fastest.stdout)["throughput"] - reached) <= 0.5
 
 
 @pytest.mark.parametrize(
