@@ -77,6 +77,14 @@ def run_command(
             "take whole milliseconds and a day at most).",
         ),
     ] = 120.0,
+    placed: Annotated[
+        bool,
+        typer.Option(
+            "--placed",
+            help="Under torchrun: the processes run where the plan places them (its stages' nodes), node by "
+            "node, as heterps launch writes the commands.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     out_file: Annotated[
         str | None,
@@ -110,6 +118,7 @@ def run_command(
                 seed=seed,
                 lr=lr,
                 timeout_s=timeout,
+                placed=placed,
                 progress=report,
             )
         if result is None:  # a torchrun rank other than 0: rank 0 reports

@@ -82,6 +82,7 @@ def run_plan(
     seed: int = 0,
     lr: float = 0.01,
     timeout_s: float = 120.0,
+    placed: bool = False,
     progress: Progress | None = None,
 ) -> RunReport | None:
     """``heterps run``: train with the plan (one process per replica) and measure it against its
@@ -106,6 +107,17 @@ def run_plan(
     devices = devices_for(types, mapping or {})
     world = sum(s.replicas for s in plan.stages)
     under_torchrun = torchrun_env() is not None
+    order = None
+    if placed:
+        from heterps_cli.runtime.placement import processes
+
+        if not under_torchrun:
+            why = "heterps launch writes the commands; here heterps run starts every process itself"
+            raise InputError(None, None, "--placed", f"--placed is for a run under torchrun, one node each ({why})")
+        try:
+            order = processes(plan.stages)
+        except ValueError as exc:
+            raise InputError(plan_path, None, "stages", f"--placed: {exc} (plan on a cluster with nodes)") from None
     limit = max_processes if max_processes is not None else (os.cpu_count() or 1)
     if not under_torchrun and world > limit:
         raise InputError(
@@ -141,7 +153,7 @@ def run_plan(
         lr=lr,
         timeout_s=timeout_s,
     )
-    result = run_torchrun(cfg) if under_torchrun else launch_local(cfg, report)
+    result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
     if result is None:
         return None
     return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches)

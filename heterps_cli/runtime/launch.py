@@ -38,11 +38,15 @@ def torchrun_env() -> tuple[int, int, int] | None:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
 
 
-def run_torchrun(cfg: RunConfig) -> dict | None:
-    """This process's rank of a torchrun job; rank 0 returns every rank's measurements."""
+def run_torchrun(cfg: RunConfig, placed: list | None = None) -> dict | None:
+    """This process's rank of a torchrun job; rank 0 returns every rank's measurements. ``placed``
+    (:func:`.placement.processes`, ``heterps run --placed``): torchrun rank ``g`` is ``placed[g]``'s
+    plan rank, on its GPU by its place among its node's replicas of its type."""
     env = torchrun_env()
     assert env is not None
     rank, world, local = env
+    if placed is not None and len(placed) == world:
+        rank, local = placed[rank].rank, placed[rank].device_index
     need = cfg.layout().world_size
     if world != need:
         raise InputError(

@@ -1,0 +1,56 @@
+"""A placed plan's processes node by node (docs/spec.md section 1e; docs/guide/launching.md): pure, no torch.
+
+A plan's ranks go stage by stage (:mod:`.layout`); ``torchrun`` numbers its processes node by node,
+each node's contiguous. With ``heterps run --placed`` every process turns its torchrun rank into
+the plan rank the placement puts there: the nodes in the order the plan names them (``KIND#i``),
+and on each node the replicas the plan places on it, stage by stage. A replica's GPU is its
+place among that node's replicas of its type, not its torchrun local rank, since a node may run
+CPU replicas beside GPU ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Process:
+    node: str
+    rank: int  # the plan's rank (stage by stage)
+    resource: str
+    device_index: int  # its place among this node's replicas of its type: cuda:N for a GPU type
+
+
+def nodes_in_order(stages) -> list[str]:
+    """The nodes a placed plan uses, in the order it names them (first use, stage by stage)."""
+    return list(dict.fromkeys(node for s in stages for node in (s.nodes or {})))
+
+
+def processes(stages) -> list[Process]:
+    """Every process of a placed plan, node by node in :func:`nodes_in_order`: what torchrun rank
+    ``g`` is (the plan's ``stages``: each with ``resource``, ``replicas`` and ``nodes``)."""
+    if any(s.nodes is None or sum(s.nodes.values()) != s.replicas for s in stages):
+        raise ValueError("the plan does not place every replica on a node")
+    on_node: dict[str, list[tuple[int, str]]] = {node: [] for node in nodes_in_order(stages)}
+    first = 0
+    for s in stages:
+        rank = first
+        for node, count in s.nodes.items():
+            on_node[node] += [(r, s.resource) for r in range(rank, rank + count)]
+            rank += count
+        first += s.replicas
+    out = []
+    for node, ranks in on_node.items():
+        seen: dict[str, int] = {}
+        for rank, resource in ranks:
+            out.append(Process(node, rank, resource, seen.get(resource, 0)))
+            seen[resource] = seen.get(resource, 0) + 1
+    return out
+
+
+def per_node(stages) -> dict[str, int]:
+    """Processes each node runs (torchrun's ``--nproc-per-node`` there), in launch order."""
+    counts: dict[str, int] = {}
+    for p in processes(stages):
+        counts[p.node] = counts.get(p.node, 0) + 1
+    return counts
