@@ -54,8 +54,9 @@ def heterps(*args: str) -> str:
 
 def profile(model: str, batch: int, tmp: Path, gbps: float, concurrent: bool) -> Path:
     """The model measured as cpu and as cpu2, merged into one profile; with ``concurrent``, on both cores at
-    once (``--processes 2 --concurrent``), as every plan here runs: two processes, one per core."""
-    busy = ["--processes", str(UNITS), "--concurrent"] if concurrent else []
+    once, four profiles in two waves (``--concurrent 2 --processes 4``), as every plan here runs: two
+    processes, one per core."""
+    busy = ["--concurrent", str(UNITS), "--processes", str(2 * UNITS)] if concurrent else []
     paths = []
     for resource in PRICES:
         path = tmp / f"{model}-{batch}-{resource}.yaml"

@@ -253,7 +253,7 @@ def measure(
     link_gbps: float | None = None,
     processes: int = 1,
     granularity: str = "layers",
-    concurrent: bool = False,
+    concurrent: int | None = None,
     progress: Progress | None = None,
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
@@ -267,7 +267,7 @@ def measure(
     if progress is not None:
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
-    if processes == 1 and not concurrent:
+    if processes == 1 and concurrent is None:
         return measure_model(
             loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress
         )

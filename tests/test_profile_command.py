@@ -320,15 +320,13 @@ def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
 @pytest.mark.slow  # two profiling processes of several seconds each: .ci/run runs it
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--concurrent runs one process per core: needs two")
 def test_concurrent_processes_profile_side_by_side(factory, tmp_path):
-    """--processes 2 --concurrent: both processes time their layers at the same time (their clocks overlap),
+    """--concurrent 2: both processes time their layers at the same time (their clocks overlap),
     the link is given once, and the profile says how it was taken."""
     clocks = tmp_path / "clocks"
     clocks.mkdir()
     out = tmp_path / "p.yaml"
     args = [f"{factory}:clocked", "--as", "cpu", "--batch-size", "8", "--out", str(out), "--link-gbps", "10"]
-    result = runner.invoke(
-        app, ["profile", *args, "--processes", "2", "--concurrent"], env={"HETERPS_TEST_CLOCKS": str(clocks)}
-    )
+    result = runner.invoke(app, ["profile", *args, "--concurrent", "2"], env={"HETERPS_TEST_CLOCKS": str(clocks)})
     assert result.exit_code == 0, result.output
     spans = {}
     for f in clocks.iterdir():
@@ -339,17 +337,18 @@ def test_concurrent_processes_profile_side_by_side(factory, tmp_path):
     (a0, a1), (b0, b1) = children
     assert max(a0, b0) < min(a1, b1), spans  # the two processes' forwards overlap in time
     text = out.read_text()
-    assert "timed with 2 processes profiling at once" in text and "given: --link-gbps 10" in text
+    assert "timed 2 processes at a time, one per core" in text and "given: --link-gbps 10" in text
     assert [layer.name for layer in load_profile(str(out))[0].layers] == ["0", "1"]
 
 
 @pytest.mark.parametrize(
     ("extra", "field", "says"),
     [
-        (["--concurrent"], "--concurrent", "give --processes 2 or more"),
-        (["--processes", "4096", "--concurrent"], "--processes", "one process per core"),
-        (["--device", "cuda", "--processes", "2", "--concurrent"], "--concurrent", "on cuda one device is one unit"),
-        (["--estimate", "h100", "--processes", "2", "--concurrent"], "--processes", "applies to measuring"),
+        (["--concurrent", "1"], "--concurrent", "2 or more, and at most the"),
+        (["--concurrent", "2", "--processes", "3"], "--processes", "must be a multiple of --concurrent 2"),
+        (["--concurrent", "4096"], "--concurrent", "at most the"),
+        (["--device", "cuda", "--concurrent", "2"], "--concurrent", "on cuda one device is one unit"),
+        (["--estimate", "h100", "--concurrent", "2"], "--concurrent", "applies to measuring"),
     ],
 )
 def test_concurrent_asks_for_what_it_can_run(factory, tmp_path, extra, field, says):
@@ -435,7 +434,7 @@ def test_ctrl_c_during_concurrent_profiling_ends_every_process(tmp_path):
 
     command = ["profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml", "--link-gbps", "10"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "heterps_cli", *command, "--processes", "2", "--concurrent"],
+        [sys.executable, "-m", "heterps_cli", *command, "--concurrent", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -175,13 +175,16 @@ def profile_command(
         ),
     ] = 1,
     concurrent: Annotated[
-        bool,
+        int | None,
         typer.Option(
             "--concurrent",
-            help="Run the --processes at the same time, one per core, so that every layer is timed while the "
-            "machine's other cpu units are busy, as in a plan that uses them all (cpu only).",
+            metavar="K",
+            help="Run the --processes K at a time, one per core, so that every layer is timed while K - 1 other "
+            "cpu units are busy, as in a plan that uses K units of this machine (cpu only; --processes defaults "
+            "to K and must be a multiple of it).",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     estimate: Annotated[
         str | None,
         typer.Option(
@@ -214,11 +217,13 @@ def profile_command(
             measuring_only={
                 "--device": device is not Device.cpu,
                 "--processes": processes != 1,
-                "--concurrent": concurrent,
+                "--concurrent": concurrent is not None,
                 "--link-gbps": link_gbps is not None,
             },
         )
         assert as_type is not None and batch_size is not None and out_file is not None
+        if concurrent is not None and processes == 1:
+            processes = concurrent  # one wave
         if estimate is not None:
             job = _Estimate(model, as_type, batch_size, estimate, input_shape, catalogue, calibrate, calibrate_on)
             job.run(granularity, out_file)

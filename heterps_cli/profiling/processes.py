@@ -6,9 +6,9 @@ above or below another's, however many runs each takes
 machine's neighbours do meanwhile, shift them all together. Runs within one
 process cannot average that out; the median over several processes can.
 
-With ``concurrent`` (``--concurrent``, cpu only) the processes run at the same
-time, one per core, so that every layer is timed while the machine's other
-units are busy with the same work, as they are when a plan fills the machine:
+With ``concurrent`` (``--concurrent K``, cpu only) the processes run K at a time,
+one per core, so that every layer is timed while K - 1 other units of the
+machine are busy with the same work, as they are in a plan that uses K units:
 on this 2-core machine two replicas of mlp slow each other by 0-25%
 (docs/fidelity.md), which a profile taken alone does not see. The link is then
 measured once, before they start, so that its probe runs on an idle machine.
@@ -46,25 +46,16 @@ def measure_in_processes(
     link_gbps: float | None,
     processes: int,
     granularity: str = "layers",
-    concurrent: bool = False,
+    concurrent: int | None = None,
     progress: Progress | None = None,
 ) -> Profiled:
     """``processes`` independent profiles of the model ``spec``, each in a fresh Python process (one after
-    another, or all at once with ``concurrent``), combined."""
+    another, or ``concurrent`` at a time), combined."""
     report = progress or quiet
     notes: list[str] = []
     how = None
-    if concurrent:
-        if device != "cpu":
-            why = "on cuda one device is one unit, so there is nothing to run beside it"
-            raise InputError(None, None, "--concurrent", f"--concurrent runs several cpu units at once; {why}")
-        if processes < 2:
-            why = "give --processes 2 or more (as many as the plan will use units of this machine)"
-            raise InputError(None, None, "--concurrent", f"--concurrent runs the --processes side by side: {why}")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if processes > cores:
-            why = f"{processes} processes asked for, and this process may use {cores} cores"
-            raise InputError(None, None, "--processes", f"--concurrent runs one process per core: {why}")
+    if concurrent is not None:
+        _check_concurrent(device, processes, concurrent)
         bandwidth, how = link_bandwidth(device, link_gbps, report, notes)
         link_gbps = bandwidth * 8 / 1e9
     args = {
@@ -79,9 +70,14 @@ def measure_in_processes(
     }
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"run{i}.json" for i in range(processes)]
-        if concurrent:
-            report(f"profiling {spec} in {processes} processes at once", completed=0, total=processes)
-            _run_together(args, outs)
+        if concurrent is not None:
+            for wave in range(0, processes, concurrent):
+                report(
+                    f"profiling {spec}: processes {wave + 1}-{wave + concurrent} of {processes}, {concurrent} at once",
+                    completed=wave,
+                    total=processes,
+                )
+                _run_together(args, outs[wave : wave + concurrent], first=wave, of=processes)
         else:
             for i, out in enumerate(outs):
                 report(
@@ -91,18 +87,16 @@ def measure_in_processes(
         runs = [from_dict(json.loads(out.read_text())) for out in outs]
     report("combining the processes", completed=processes, total=processes)
     combined = combine(runs)
-    if concurrent:
+    if concurrent is not None:
         assert how is not None
+        others = f"{concurrent - 1} other {'units' if concurrent > 2 else 'unit'} of this machine"
         combined.bandwidth_how = how
-        combined.notes = (
-            notes
-            + combined.notes
-            + [
-                f"oct and alpha: timed with {processes} processes profiling at once, one per core: "
-                f"each layer ran while {processes - 1} other {'units' if processes > 2 else 'unit'} of this machine "
-                f"{'were' if processes > 2 else 'was'} busy, as in a plan that uses them all"
-            ]
-        )
+        combined.notes = [
+            *notes,
+            *combined.notes,
+            f"oct and alpha: timed {concurrent} processes at a time, one per core: each layer ran while {others} "
+            f"{'were' if concurrent > 2 else 'was'} busy with the same work, as in a plan that uses {concurrent} units",
+        ]
     return combined
 
 
@@ -110,8 +104,23 @@ def _command(args: dict, out: Path) -> list[str]:
     return [sys.executable, "-m", "heterps_cli.profiling.processes", json.dumps(args), str(out)]
 
 
-def _run_together(args: dict, outs: list[Path]) -> None:
-    """Every profiling process started at once and waited for; all of them ended on an error or Ctrl-C."""
+def _check_concurrent(device: str, processes: int, concurrent: int) -> None:
+    """Exit 2 unless ``concurrent`` cpu processes at a time can run ``processes`` in whole waves here."""
+    if device != "cpu":
+        why = "on cuda one device is one unit, so there is nothing to run beside it"
+        raise InputError(None, None, "--concurrent", f"--concurrent runs several cpu units at once; {why}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not 2 <= concurrent <= cores:
+        why = f"2 or more, and at most the {cores} cores this process may use (got {concurrent})"
+        raise InputError(None, None, "--concurrent", f"the processes at a time, one per core: {why}")
+    if processes % concurrent:
+        why = f"so that every layer is timed with {concurrent - 1} neighbours busy (got --processes {processes})"
+        raise InputError(None, None, "--processes", f"must be a multiple of --concurrent {concurrent}, {why}")
+
+
+def _run_together(args: dict, outs: list[Path], first: int = 0, of: int | None = None) -> None:
+    """The profiling processes of one wave started at once and waited for; all of them ended on an error
+    or Ctrl-C (``first``, ``of``: their numbers among all, for an error)."""
     started: list[subprocess.Popen] = []
     try:
         with sigint_ignored():  # only this process answers Ctrl-C, by ending them (finally)
@@ -120,7 +129,7 @@ def _run_together(args: dict, outs: list[Path]) -> None:
                 started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for i, proc in enumerate(started):
             _, err = proc.communicate()
-            _finished(i, len(outs), subprocess.CompletedProcess(proc.args, proc.returncode, "", err))
+            _finished(first + i, of or len(outs), subprocess.CompletedProcess(proc.args, proc.returncode, "", err))
     finally:
         for proc in started:
             if proc.poll() is None:

@@ -300,7 +300,16 @@ class _Replica:
 
 
 def run_rank(rank: int, world_size: int, init_method: str | None, cfg: RunConfig, local_rank: int | None) -> dict:
-    """Join the process group, train, and gather every rank's measurements; rank 0 gets them all."""
+    """Join the process group, train, and gather every rank's measurements; rank 0 gets them all.
+
+    The C library's allocator is kept from handing back freed memory, as ``heterps profile`` keeps
+    it while timing layers (:func:`~heterps_cli.profiling.timing.steady_allocator`), so that both
+    measure a steady loop that reuses its memory: otherwise each micro-batch's activations land on
+    fresh pages, whose faults cost mlp's data-parallel replicas at batch 64 10.6-11.4 ms of compute
+    per micro-batch against 9.1-10.6 ms (docs/fidelity.md)."""
+    from heterps_cli.profiling.timing import steady_allocator
+
+    steady_allocator()
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s)
     )

@@ -75,7 +75,13 @@ def solve(
         notes += (
             f"exact stopped at the --time-limit before asking every rental: within {100 * gap:.2f}% of the optimum",
         )
-    plan = replace(best, optimal=gap is None, gap=gap, notes=notes, solve_s=time.perf_counter() - start)
+    if walk.relaxed:
+        notes += (
+            "exact relaxed a limit on some rental (honouring it needs more states than the DP holds), "
+            "so it could not prove this plan optimal",
+        )
+    optimal = gap is None and not walk.relaxed
+    plan = replace(best, optimal=optimal, gap=gap, notes=notes, solve_s=time.perf_counter() - start)
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan
 
@@ -92,6 +98,7 @@ class _Walk:
         self.asked = 0
         self.fastest_asked = 0
         self.stopped_at: int | None = None
+        self.relaxed = False  # some rental's question needed more states than the DP holds
         self.x_max = 0.0
 
     def run(self) -> Plan:
@@ -144,7 +151,8 @@ class _Walk:
     def _fastest(self, solver) -> Candidate | None:
         self.fastest_asked += 1
         cand, _ = solver.max_throughput()
-        if cand is not None and not cand.within:
+        if cand is not None and not cand.within:  # the DP relaxed a limit: the best plan found within all
+            self.relaxed = True
             cand = solver.fastest_found
         return cand
 
