@@ -385,56 +385,31 @@ def test_activation_size_is_what_autograd_saves_per_sample(factory, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
 def test_ctrl_c_during_the_bandwidth_probe_is_one_line_and_ends_its_processes(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.test_run_command import children, session_processes
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "heterps_cli", "profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        cwd=tmp_path,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the probe's two gloo processes are spawned children
-            spawned = [c for c in children(process.pid) if b"spawn" in Path(f"/proc/{c}/cmdline").read_bytes()]
-            if len(spawned) >= 2:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the bandwidth probe's processes did not start")
-        time.sleep(0.5)  # inside their start-up (they import torch): where the tracebacks came from
-        os.killpg(process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the whole group
-        _, stderr = process.communicate(timeout=30)
-        time.sleep(1.0)
-        leftover = session_processes(process.pid)
-    finally:
-        for pid in session_processes(process.pid):
-            os.kill(pid, signal.SIGKILL)
-    assert process.returncode == 130 and stderr.strip() == "interrupted", stderr
-    assert not leftover and not (tmp_path / "p.yaml").exists()
+    # the probe's two gloo processes are spawned children; Ctrl-C lands inside their start-up (they
+    # import torch): where the tracebacks came from
+    command = ["profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml"]
+    _ctrl_c_ends_every_process(tmp_path, command, b"spawn", "the bandwidth probe's processes", settle=0.5)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--concurrent runs one process per core: needs two")
 def test_ctrl_c_during_concurrent_profiling_ends_every_process(tmp_path):
+    command = ["profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml", "--link-gbps", "10"]
+    _ctrl_c_ends_every_process(tmp_path, [*command, "--concurrent", "2"], b"profiling.processes", "the profiles")
+
+
+def _ctrl_c_ends_every_process(tmp_path, command: list[str], marker: bytes, what: str, settle: float = 1.0) -> None:
+    """Start ``heterps COMMAND`` in its own session, wait for two children whose command line holds
+    ``marker``, send Ctrl-C to the group as a terminal does: one line, exit 130, no process left, no file."""
     import signal
     import subprocess
     import sys
 
     from tests.test_run_command import children, session_processes
 
-    command = ["profile", "mlp", "--as", "cpu", "--batch-size", "64", "--out", "p.yaml", "--link-gbps", "10"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "heterps_cli", *command, "--concurrent", "2"],
+        [sys.executable, "-m", "heterps_cli", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -444,16 +419,14 @@ def test_ctrl_c_during_concurrent_profiling_ends_every_process(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            running = [
-                c for c in children(process.pid) if b"profiling.processes" in Path(f"/proc/{c}/cmdline").read_bytes()
-            ]
+            running = [c for c in children(process.pid) if marker in Path(f"/proc/{c}/cmdline").read_bytes()]
             if len(running) >= 2:
                 break
             time.sleep(0.05)
         else:
-            raise AssertionError("the two profiling processes did not start")
-        time.sleep(1.0)
-        os.killpg(process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the whole group
+            raise AssertionError(f"{what} did not start")
+        time.sleep(settle)
+        os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
         time.sleep(1.0)
         leftover = session_processes(process.pid)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from heterps_cli.cli.options import ZOO_NAMES
+from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt
 from heterps_cli.cli.session import exit_codes, out
 
 
@@ -23,23 +23,8 @@ def launch_command(
             "--out-dir", "-o", help="Write node-I.sh (one per node) and launch.sbatch here.", show_default=False
         ),
     ],
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help=f"The model to train, as heterps run takes it ({', '.join(ZOO_NAMES)}, FILE.py:FACTORY or "
-            "module:FACTORY). Default: the model the plan names.",
-            show_default=False,
-        ),
-    ] = None,
-    device_map: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--map",
-            metavar="TYPE=DEVICE",
-            help="What a resource type is on the nodes, as for heterps run (cpu, cuda or cuda:N).",
-            show_default=False,
-        ),
-    ] = None,
+    model: RunModelOpt = None,
+    device_map: DeviceMapOpt = None,
     steps: Annotated[int, typer.Option(min=1, help="heterps run --steps on every node.")] = 10,
     master_addr: Annotated[
         str,

@@ -137,6 +137,26 @@ def seed_callback(value: int) -> int:
     return value
 
 
+RunModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help=f"The model the plan's profile was measured from: {', '.join(ZOO_NAMES)}, FILE.py:FACTORY or "
+        "module:FACTORY (a module.py in the current directory is found by that name too). "
+        "Default: the model the plan names.",
+        show_default=False,
+    ),
+]
+DeviceMapOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--map",
+        metavar="TYPE=DEVICE",
+        help="What a resource type of the plan is where it runs: cpu, cuda or cuda:N (repeat per type; "
+        "a type named cpu is the CPU unless mapped).",
+        show_default=False,
+    ),
+]
 SeedOpt = Annotated[
     int, typer.Option(callback=seed_callback, help="Random seed; the same inputs and seed give the same plan.")
 ]

@@ -10,7 +10,7 @@ from typing import Annotated, cast
 import typer
 from rich.text import Text
 
-from heterps_cli.cli.options import ZOO_NAMES, parse_shape, positive_number, seed_callback
+from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt, parse_shape, positive_number, seed_callback
 from heterps_cli.cli.session import exit_codes, out, progress_bar, users_prints_to_stderr, write_output
 
 
@@ -18,25 +18,8 @@ def run_command(
     plan_file: Annotated[
         Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
     ],
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help=f"The model the plan's profile was measured from: {', '.join(ZOO_NAMES)}, FILE.py:FACTORY or "
-            "module:FACTORY (a module.py in the current directory is found by that name too). "
-            "Default: the model the plan names.",
-            show_default=False,
-        ),
-    ] = None,
-    device_map: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--map",
-            metavar="TYPE=DEVICE",
-            help="What a resource type of the plan is on this machine: cpu, cuda or cuda:N (repeat per type; "
-            "a type named cpu is the CPU unless mapped).",
-            show_default=False,
-        ),
-    ] = None,
+    model: RunModelOpt = None,
+    device_map: DeviceMapOpt = None,
     input_shape: Annotated[
         str | None,
         typer.Option(help="Per-sample input shape, as for heterps profile.", callback=parse_shape, show_default=False),
