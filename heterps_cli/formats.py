@@ -92,9 +92,6 @@ class Job(_Strict):
     samples: Positive | None = None
     epochs: Positive | None = None
     min_throughput: NonNegative | None = None
-    rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]] | None = None  # section 1e
-    rate_usd_per_hour: NonNegative | None = None
-    idle_units: dict[Name, Units] | None = None
     global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
 
 

@@ -95,6 +95,14 @@ class Nodes:
             choice[lo : lo + block] = np.where(found, first, -1)
         return rate, choice
 
+    def counts(self, rental: dict[str, int]) -> np.ndarray:
+        """``[K]``: the nodes of each kind a rental (as :meth:`rental` gives it) holds."""
+        return np.array([rental.get(name, 0) for name in self.names], dtype=np.int64)
+
+    def held(self, rental: dict[str, int]) -> np.ndarray:
+        """``[T]``: the units of each type a rental holds."""
+        return self.counts(rental) @ self.units
+
     def rental(self, used: np.ndarray) -> dict[str, int]:
         """The cheapest rental holding ``used[T]``: nodes of each kind (kinds rented 0 times left out)."""
         _, choice = self.cover(np.asarray(used, dtype=float)[None, :])

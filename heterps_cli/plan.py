@@ -169,8 +169,7 @@ def make_plan(
     rental = idle = None
     if problem.nodes is not None and np.isfinite(sc.rate[0]):
         rental = problem.nodes.rental(sc.used[0])
-        held = sum((problem.nodes.units[problem.nodes.names.index(kind)] * n for kind, n in rental.items()),
-                   np.zeros(problem.n_types, dtype=np.int64))  # fmt: skip
+        held = problem.nodes.held(rental)
         idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
         placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
         out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))

@@ -318,3 +318,11 @@ def test_explain_what_if_is_in_the_output_and_check_recomputes_it(tmp_path):
     assert runner.invoke(app, check).exit_code == 1
     refused = runner.invoke(app, ["plan", profile, str(ROOT / "clusters/paper.yaml"), "--explain"])
     assert refused.exit_code == 2 and "--explain" in refused.output
+
+
+def test_a_profiles_job_has_no_rental(tmp_path):
+    profile = yaml.safe_load((ROOT / "profiles/ctr.yaml").read_text())
+    profile["job"]["rental"] = {"p3.2xlarge": 1}  # a plan's field, not a job's
+    path = write_yaml(tmp_path / "p.yaml", profile)
+    result = runner.invoke(app, ["validate", path])
+    assert result.exit_code == 2 and "job.rental" in result.output

@@ -206,7 +206,7 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
     and cost None where no plan fits on it; ``meets``: the job's required throughput and budget)."""
     nodes = problem.nodes
     assert nodes is not None and plan.rental is not None
-    counts = np.array([plan.rental.get(name, 0) for name in nodes.names], dtype=np.int64)
+    counts = nodes.counts(plan.rental)
     out = []
     for k, kind in enumerate(nodes.names):
         for change in (1, -1):
