@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from heterps_cli.errors import InputError
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
 from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve, with_what_if
 
@@ -83,15 +82,12 @@ def plan(
     progress: Progress | None = None,
     explain: bool = False,
 ) -> Plan:
-    """``heterps plan``: the plan ``scheduler`` finds for the job on these files; with ``explain``
-    (a cluster with nodes, docs/spec.md section 1e), also what one node more or fewer of each kind
-    would give."""
+    """``heterps plan``: the plan ``scheduler`` finds for the job on these files; with ``explain``, also
+    what one node more or fewer of each kind would give (a cluster with nodes, docs/spec.md section
+    1e), or one unit more or fewer of each type's limit."""
     problem = job.problem(profile_path, cluster_path)
-    if explain and problem.nodes is None:
-        why = "needs a cluster that lists its nodes (docs/spec.md section 1e); every plan explains its bottleneck"
-        raise InputError(None, None, "--explain", f"what one node more or fewer would give {why}")
     found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
-    return with_what_if(problem, found) if explain and found.rental is not None else found
+    return with_what_if(problem, found) if explain and (problem.nodes is None or found.rental) else found
 
 
 def frontier(

@@ -146,11 +146,14 @@ class PlanStage(_Strict):
 
 
 class WhatIf(_Strict):
-    """Section 1e, ``plan --explain``: the fastest plan on the plan's rental with one node more or fewer."""
+    """``plan --explain``: with nodes (section 1e), the fastest plan on the plan's rental with one node of
+    ``kind`` more or fewer (``rental``); without, the optimum with type ``kind``'s limit one higher or
+    lower (``limit``)."""
 
     kind: Name
     change: Literal[1, -1]
-    rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]]
+    rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]] | None = None
+    limit: Annotated[int, Field(ge=1, le=MAX_UNITS)] | None = None
     throughput: NonNegative | None
     cost_usd: NonNegative | None
     meets: bool

@@ -183,3 +183,29 @@ def test_one_thousand_layers_on_four_types_relax_nothing_and_are_optimal():
     """The case that used to be refused ("would need 48,148,100 states") fits the state budget."""
     # Tracked here as a size: the run itself is in benchmarks/bench_scale.py (13 s).
     assert 1001 * 4 * (480 + 1) * (24 + 1) <= chain_dp.MAX_STATE_CELLS
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(instances(), st.sampled_from(["cost", "time"]))
+def test_what_if_a_limit_were_one_higher_or_lower_is_the_enumerated_optimum(inst, objective):
+    arrays, B0, min_throughput = inst
+    profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput)
+    problem = problem_from_dicts(profile, cluster, objective=objective)
+    try:
+        plan = exact.solve(problem)
+    except InfeasibleError:
+        return
+    rows = exact.what_if(problem, plan)
+    limits = arrays[6]
+    expected = [(t, c) for t in range(len(limits)) for c in (1, -1) if limits[t] + c >= 1]
+    assert [(problem.types.index(w["kind"]), w["change"]) for w in rows] == expected
+    for w, (t, change) in zip(rows, expected):
+        other = limits.copy()
+        other[t] += change
+        assert w["limit"] == other[t]
+        best = brute_force(*arrays[:6], other, B0, 1e6, min_throughput=min_throughput, objective=objective)
+        assert (w["throughput"] is None) == (best is None)
+        if best is not None:
+            assert math.isclose(w["cost_usd"], best[0], rel_tol=1e-9, abs_tol=1e-12)
+            if objective == "time":
+                assert math.isclose(w["throughput"], best[1], rel_tol=1e-9)

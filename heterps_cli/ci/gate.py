@@ -138,7 +138,7 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
             for i in merged
         ]
     fresh = make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed)
-    if plan.what_if is not None and problem.nodes is not None and fresh.rental is not None:
+    if plan.what_if is not None and (problem.nodes is None or fresh.rental is not None):
         fresh = with_what_if(problem, fresh)
     return fresh, []
 
@@ -208,7 +208,9 @@ def _same_what_if(written, fresh) -> bool:
     if fresh is None or len(written) != len(fresh):
         return False
     for w, f in zip(written, fresh):
-        if (w.kind, w.change, w.rental, w.meets) != (f["kind"], f["change"], f["rental"], f["meets"]):
+        if (w.kind, w.change, w.rental, w.limit, w.meets) != tuple(
+            f.get(key) for key in ("kind", "change", "rental", "limit", "meets")
+        ):
             return False
         for name in ("throughput", "cost_usd"):
             a, b = getattr(w, name), f[name]

@@ -126,8 +126,9 @@ def plan(
         bool,
         typer.Option(
             "--explain",
-            help="With a cluster that lists its nodes: also what one node more or fewer of each kind would give "
-            "(the fastest plan on that rental and its cost, by the exact solver).",
+            help="Also what one node more or fewer of each kind would give (a cluster with nodes: the fastest "
+            "plan on that rental and its cost), or one unit more or fewer of each type's limit (the optimum "
+            "then); by the exact solver.",
         ),
     ] = False,
     evaluations: Annotated[

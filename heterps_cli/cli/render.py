@@ -122,20 +122,28 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
 
 
 def what_if_view(plan: Plan) -> Table:
-    """Section 1e, ``--explain``: one node more or fewer of each kind, against the plan."""
+    """``--explain``: one node more or fewer of each kind (section 1e), or one unit more or fewer of
+    each type's limit, against the plan."""
+    title = (
+        "what if the rental had one node more or fewer (the fastest plan on it, every node paid for)"
+        if plan.rental is not None
+        else "what if a type's limit were one higher or lower (the optimum then, by the exact solver)"
+    )
     table = Table(
-        title="what if the rental had one node more or fewer (the fastest plan on it, every node paid for)",
+        title=title,
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
     )
-    for name in ("node kind", "change", "samples/s", "faster", "cost", "dearer", "meets the job"):
-        table.add_column(name, justify="left" if name in ("node kind", "change", "meets the job") else "right")
+    first = "node kind" if plan.rental is not None else "type"
+    for name in (first, "change", "samples/s", "faster", "cost", "dearer", "meets the job"):
+        table.add_column(name, justify="left" if name in (first, "change", "meets the job") else "right")
     for w in plan.what_if or ():
         x, cost = w["throughput"], w["cost_usd"]
         table.add_row(
             Text(clip(w["kind"])),
-            "one more" if w["change"] > 0 else "one fewer",
+            ("one more" if w["change"] > 0 else "one fewer")
+            + (f" (limit {count(w['limit'])})" if w.get("limit") is not None else ""),
             "no plan fits" if x is None else count(x),
             "" if x is None else f"{100 * (x / plan.throughput - 1):+.1f}%",
             "" if cost is None else usd(cost),

@@ -92,8 +92,12 @@ def default_time_limit(n_layers: int) -> float:
 
 
 def with_what_if(problem: Problem, plan: Plan) -> Plan:
-    """The plan with section 1e's what-if (:func:`.rented.what_if`): ``plan --explain`` on a cluster
-    with nodes."""
-    from heterps_cli.schedulers.rented import what_if
+    """The plan with its what-if (``plan --explain``): with nodes, one node more or fewer of each kind
+    on the plan's rental (:func:`.rented.what_if`); without, the optimum with each type's limit one
+    higher or lower (:func:`.exact.what_if`)."""
+    if problem.nodes is not None:
+        from heterps_cli.schedulers.rented import what_if
+    else:
+        from heterps_cli.schedulers.exact import what_if
 
     return dataclasses.replace(plan, what_if=tuple(what_if(problem, plan)))

@@ -249,3 +249,31 @@ def solve(
     )
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan if proved else replace(plan, gap=gap)
+
+
+def what_if(problem: Problem, plan: Plan) -> list[dict]:
+    """``plan --explain`` on a cluster priced per unit: for each type, the optimum (the problem's
+    objective, by this solver) with its limit one higher and one lower: ``{"kind", "change", "limit",
+    "throughput", "cost_usd", "meets"}``, throughput and cost None where no plan meets the job then."""
+    out = []
+    for t, name in enumerate(problem.types):
+        for change in (1, -1):
+            limits = problem.limits.copy()
+            limits[t] += change
+            if limits[t] < 1:
+                continue
+            try:
+                best = solve(problem.replace(limits=limits))
+            except (InfeasibleError, TooLarge):
+                best = None
+            out.append(
+                {
+                    "kind": name,
+                    "change": change,
+                    "limit": int(limits[t]),
+                    "throughput": None if best is None else best.throughput,
+                    "cost_usd": None if best is None else best.cost_usd,
+                    "meets": best is not None,
+                }
+            )
+    return out
