@@ -18,9 +18,11 @@ import numpy as np
 
 from heterps_cli.errors import TooLarge
 
-# Rentals the menu may hold while it is built (counts, units and rate: about 60 bytes each with
-# 4 kinds and 3 types); past it, a cluster is refused rather than planned for minutes.
-MAX_MENU = 2_000_000
+# Bounds on the menu: rentals considered at once while it is built, and rentals on it (the exact
+# solver asks each of these one DP question at most). Past them a cluster is refused (exit 2):
+# real clusters list a few node kinds of a few dozen nodes (4 kinds of 2 to 13: 714 rentals).
+MAX_CANDIDATES = 100_000
+MAX_MENU = 10_000
 
 
 @dataclass(frozen=True)
@@ -65,16 +67,14 @@ class Nodes:
         rate = np.zeros(1)
         for k in range(K):
             c = np.arange(int(self.available[k]) + 1, dtype=np.int64)
-            if len(rate) * len(c) > MAX_MENU:
-                raise TooLarge(
-                    "cluster's nodes",
-                    f"its node kinds can be rented in more than {MAX_MENU:,} ways that are not beaten on price "
-                    "and units; lower the nodes' available counts",
-                )
+            if len(rate) * len(c) > MAX_CANDIDATES:
+                raise _too_many(f"more than {MAX_CANDIDATES:,} ways to compare")
             counts = np.concatenate([np.repeat(counts, len(c), axis=0), np.tile(c, len(rate))[:, None]], axis=1)
             capacity = np.repeat(capacity, len(c), axis=0) + np.tile(c, len(rate))[:, None] * self.units[k][None, :]
             rate = np.repeat(rate, len(c)) + np.tile(c, len(rate)) * self.price[k]
             keep = _unbeaten(capacity, rate)
+            if len(keep) > MAX_MENU:
+                raise _too_many(f"more than {MAX_MENU:,} ways that no other rental beats on price and units")
             counts, capacity, rate = counts[keep], capacity[keep], rate[keep]
         order = np.lexsort((counts.sum(axis=1), rate))  # cheapest first; then fewest nodes
         return Menu(counts[order], capacity[order], rate[order])
@@ -111,19 +111,32 @@ class Nodes:
         return {n: int(c) for n, c in zip(self.names, self.menu.counts[choice[0]]) if c}
 
 
+def _too_many(what: str) -> TooLarge:
+    return TooLarge("cluster's nodes", f"its node kinds can be rented in {what}; lower the nodes' available counts")
+
+
+BLOCK = 512  # candidates checked against the kept rentals at once
+
+
 def _unbeaten(capacity: np.ndarray, rate: np.ndarray) -> np.ndarray:
     """Indices of the rows that no other row beats: none cheaper or as cheap with at least the same
-    units of every type (of equal rows, the first)."""
+    units of every type (of equal rows, the first). Cheapest first, a block at a time: a row is
+    beaten only by an earlier one, kept or in its own block."""
     order = np.lexsort((-capacity.sum(axis=1), rate))
-    kept = np.empty(len(order), dtype=np.int64)
-    kept_cap = np.empty_like(capacity)
-    n = 0
-    for i in order:
-        if n and (kept_cap[:n] >= capacity[i]).all(axis=1).any():
-            continue
-        kept[n], kept_cap[n] = i, capacity[i]
-        n += 1
-    return kept[:n]
+    kept: list[np.ndarray] = []
+    kept_cap = np.empty((0, capacity.shape[1]), dtype=capacity.dtype)
+    for lo in range(0, len(order), BLOCK):
+        rows = order[lo : lo + BLOCK]
+        cap = capacity[rows]
+        beaten = np.any(np.all(kept_cap[None, :, :] >= cap[:, None, :], axis=2), axis=1)
+        inside = (cap[None, :, :] >= cap[:, None, :]).all(axis=2)  # [i, j]: row j holds at least row i's
+        inside &= np.tri(len(rows), k=-1, dtype=bool)  # ... and comes before it
+        for i in np.flatnonzero(~beaten):
+            if inside[i, :i][~beaten[:i]].any():
+                beaten[i] = True
+        kept.append(rows[~beaten])
+        kept_cap = np.concatenate([kept_cap, cap[~beaten]])
+    return np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
 
 
 def node_names(rental: dict[str, int]) -> list[tuple[str, str]]:

@@ -326,3 +326,28 @@ def test_a_profiles_job_has_no_rental(tmp_path):
     path = write_yaml(tmp_path / "p.yaml", profile)
     result = runner.invoke(app, ["validate", path])
     assert result.exit_code == 2 and "job.rental" in result.output
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(st.integers(0, 2**32 - 1))
+def test_the_menu_keeps_exactly_the_rentals_no_other_beats(seed):
+    from heterps_cli.nodes import _unbeaten
+
+    rng = np.random.default_rng(seed)
+    n, T = int(rng.integers(1, 2000)), int(rng.integers(1, 4))  # more rows than one block of the check
+    capacity, rate = rng.integers(0, 6, (n, T)), rng.integers(0, 8, n).astype(float)
+    order = np.lexsort((-capacity.sum(axis=1), rate))
+    first = np.empty(n, dtype=int)
+    first[order] = np.arange(n)  # where each row comes, cheapest first
+    holds = (capacity[None, :, :] >= capacity[:, None, :]).all(axis=2)  # [i, j]: j holds at least i's units
+    beaten = (holds & (rate[None, :] <= rate[:, None]) & (first[None, :] < first[:, None])).any(axis=1)
+    assert set(_unbeaten(capacity, rate).tolist()) == set(np.flatnonzero(~beaten).tolist())
+
+
+def test_a_cluster_rentable_in_too_many_ways_is_refused_at_once(tmp_path):
+    cluster = {"cluster": "x", "resources": {"cpu": {}, "v100": {}},
+               "nodes": {"n": {"price": 1, "units": {"cpu": 10**9, "v100": 1}, "available": 10**6}}}  # fmt: skip
+    path = write_yaml(tmp_path / "c.yaml", cluster)
+    result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), path, "-s", "exact"])
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2 and "lower the nodes' available counts" in shown, shown
