@@ -351,3 +351,18 @@ def test_a_cluster_rentable_in_too_many_ways_is_refused_at_once(tmp_path):
     result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), path, "-s", "exact"])
     shown = " ".join(result.output.split())
     assert result.exit_code == 2 and "lower the nodes' available counts" in shown, shown
+
+
+def test_no_rental_reaching_the_throughput_says_what_would(tmp_path):
+    few = json.loads(json.dumps(NODES))
+    few["nodes"]["c5.18xlarge"]["available"] = 1
+    path = write_yaml(tmp_path / "few.yaml", few)
+    ctr = str(ROOT / "profiles/ctr.yaml")
+    result = runner.invoke(app, ["plan", ctr, path, "-s", "exact", "--min-throughput", "5e6"])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 3 and "The cheapest plan that reaches it needs" in said, said
+    assert "(every node holds" in said and "offer more nodes" in said
+    capped = runner.invoke(app, ["plan", ctr, path, "-s", "exact", "--min-throughput", "2e7"])
+    said = " ".join(capped.stderr.split())
+    assert capped.exit_code == 3 and "With 100 times the units of every node the fastest plan reaches only" in said
+    assert "gradient synchronisation takes" in said and "does not shrink with replicas" in said

@@ -27,6 +27,7 @@ from heterps_cli.schedulers.chain_dp import (
     too_large,
 )
 from heterps_cli.schedulers.pipeline import solver_for
+from heterps_cli.schedulers.reach import more_units
 from heterps_cli.schedulers.rented import solve as solve_rented
 from heterps_cli.schedulers.step_solver import (
     StepSolver,
@@ -50,7 +51,7 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
         if cap < throughput_floor(problem):
             fix = f"{why}. No number of units changes that: lower the required throughput (--min-throughput)"
         else:
-            fix = _more_units(problem)
+            fix = more_units(problem)
         return InfeasibleError(
             f"no plan reaches the required {count(problem.min_throughput, 1)} samples/s within the limits "
             f"({_limits(problem)}); the fastest possible plan reaches {count(fastest.throughput, 1)} samples/s "
@@ -64,42 +65,6 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
         f"{count(problem.min_throughput, 1)} samples/s costs {usd(cheapest.cost)} "
         f"({count(cheapest.throughput, 1)} samples/s). Raise the budget (--max-cost)."
     )
-
-
-MORE_UNITS = 100  # an infeasible throughput is tried again on this many times every limit
-
-
-def _more_units(problem: Problem) -> str:
-    """What would reach the required throughput when no plan does within the limits: the units a plan
-    needs beyond them, or, when even :data:`MORE_UNITS` times every limit is not enough, the term of
-    the bottleneck that caps it there (a synchronisation that grows with replicas, say)."""
-    more = problem.replace(limits=problem.limits * MORE_UNITS, min_throughput=0.0, max_cost=None)
-    try:
-        best, _ = solver_for(more.replace(objective="time"), None).max_throughput()
-    except TooLarge:
-        best = None
-    if best is None:
-        return "Lower the required throughput (--min-throughput) or raise the limits"
-    floor = throughput_floor(problem)
-    if best.throughput < floor:
-        plan = make_plan(more, schedule_of(more, best.stages), best.replicas, scheduler="exact")
-        return (
-            f"With {MORE_UNITS} times every limit the fastest plan reaches only {count(best.throughput, 1)} "
-            f"samples/s: {plan.explanation[0]}; {plan.explanation[1]}. Lower the required throughput (--min-throughput)"
-        )
-    cheapest = solver_for(more.replace(objective="cost"), None).cheapest(floor)
-    if cheapest is None or not cheapest.within:
-        return "Lower the required throughput (--min-throughput) or raise the limits"
-    used = np.zeros(problem.n_types, dtype=np.int64)
-    for (_, _, t), k in zip(cheapest.stages, cheapest.replicas):
-        used[t] += int(k)
-    over = [
-        f"{count(int(u))} {problem.types[t]} (the limit is {count(int(problem.limits[t]))})"
-        for t, u in enumerate(used)
-        if u > problem.limits[t]
-    ]
-    fix = "raise the limits, or lower the required throughput (--min-throughput)"
-    return f"The cheapest plan that reaches it needs {', '.join(over)}: {fix}"
 
 
 def serial_cap(problem: Problem) -> tuple[float, str]:

@@ -39,6 +39,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
 from heterps_cli.schedulers.chain_dp import Candidate
 from heterps_cli.schedulers.pipeline import solver_for
+from heterps_cli.schedulers.reach import more_units
 from heterps_cli.schedulers.step_solver import schedule_of
 
 
@@ -103,12 +104,14 @@ class _Walk:
 
     def run(self) -> Plan:
         p, menu = self.p, self.menu
-        fastest = self._fastest(solver_for(on_rental(p, p.nodes.capacity), None))  # type: ignore[union-attr]
+        assert p.nodes is not None
+        every_node = on_rental(p, p.nodes.capacity)
+        fastest = self._fastest(solver_for(every_node, None))
         if fastest is None:
             raise InfeasibleError(_nothing_fits(p))
         self.x_max = fastest.throughput
         if self.x_max < throughput_floor(p):
-            raise InfeasibleError(_too_slow(p, fastest.throughput))
+            raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
         by_time = p.objective == "time" and not self.every
         target = self.x_max if by_time and p.max_cost is None else throughput_floor(p)
         best: Plan | None = None
@@ -186,8 +189,7 @@ def _nothing_fits(problem: Problem) -> str:
 def _too_slow(problem: Problem, fastest: float) -> str:
     return (
         f"no plan reaches the required {count(problem.min_throughput, 1)} samples/s: on every node the cluster "
-        f"offers, the fastest reaches {count(fastest, 1)} samples/s. Lower the required throughput "
-        "(--min-throughput) or offer more nodes"
+        f"offers, the fastest reaches {count(fastest, 1)} samples/s"
     )
 
 
