@@ -55,9 +55,8 @@ def explanation(problem: Problem, plan) -> tuple[str, ...]:
         first = f"{where} sets the throughput: {name} takes {_s(seconds)} of its {_s(total)} per step"
     else:
         other, other_s = ("communication", stage.comm_s) if name == "compute" else ("compute", stage.compute_s)
-        first = (
-            f"{where} sets the throughput: {name} takes {_s(seconds)} a batch, and {other} ({_s(other_s)}) overlaps it"
-        )
+        overlap = f", and {other} ({_s(other_s)}) overlaps it" if other_s > 0 else f", with no {other}"
+        first = f"{where} sets the throughput: {name} takes {_s(seconds)} a batch{overlap}"
     return first, _held_by(problem, plan, b)
 
 
