@@ -299,9 +299,11 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
     }
 
 
-def pipeline_optimum(profile: dict, cluster: dict, objective: str = "cost", min_throughput: float = 0.0):
+def pipeline_optimum(
+    profile: dict, cluster: dict, objective: str = "cost", min_throughput: float = 0.0, max_cost: float | None = None
+):
     """(cost, throughput) of the best plan under section 1d by enumerating every schedule and every
-    replica vector within the limits; None when no plan is feasible."""
+    replica vector within the limits (and the budget, when given); None when no plan is feasible."""
     types = list(cluster["resources"])
     layers = profile["layers"]
     best = None
@@ -312,6 +314,8 @@ def pipeline_optimum(profile: dict, cluster: dict, objective: str = "cost", min_
         for ks in itertools.product(*(range(1, cluster["resources"][t]["limit"] + 1) for t in run)):
             f = pipeline_figures(profile, cluster, list(sched), list(ks))
             if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
+                continue
+            if max_cost is not None and f["cost_usd"] > max_cost * (1 + 1e-12):
                 continue
             if best is None or _better(objective, f["cost_usd"], f["throughput"], *best):
                 best = (f["cost_usd"], f["throughput"])

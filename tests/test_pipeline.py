@@ -41,9 +41,9 @@ def pipelined(draw):
     return profile, cluster
 
 
-def _check(profile, cluster, objective):
-    problem = problem_from_dicts(profile, cluster, objective=objective)
-    expected = pipeline_optimum(profile, cluster, objective, profile["job"]["min_throughput"])
+def _check(profile, cluster, objective, budget=None):
+    problem = problem_from_dicts(profile, cluster, objective=objective, max_cost=budget)
+    expected = pipeline_optimum(profile, cluster, objective, profile["job"]["min_throughput"], budget)
     try:
         plan = exact.solve(problem)
     except InfeasibleError:
@@ -67,6 +67,17 @@ def _check(profile, cluster, objective):
 @given(pipelined(), st.sampled_from(["cost", "time"]))
 def test_exact_matches_brute_force_under_a_pipeline_schedule(inst, objective):
     _check(*inst, objective)
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(pipelined(), st.sampled_from(["cost", "time"]), st.sampled_from([0.5, 1.0, 2.0]))
+def test_exact_matches_brute_force_under_a_pipeline_schedule_and_a_budget(inst, objective, share):
+    """A budget between the cheapest and the dearest plans: the time objective then walks every step."""
+    profile, cluster = inst
+    cheapest = pipeline_optimum(profile, cluster, "cost", profile["job"]["min_throughput"])
+    if cheapest is None:
+        return
+    _check(profile, cluster, objective, budget=cheapest[0] * share)
 
 
 @settings(max_examples=60, **SETTINGS)

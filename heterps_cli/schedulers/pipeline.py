@@ -17,6 +17,13 @@ answer, and :class:`PipelineSolver` answers them so; the walks over ``X`` are
 :class:`~heterps_cli.schedulers.step_solver.StepSolver`'s own. A stage's step is at least
 ``M + S - 1`` micro-batches of the model's slowest layer on all of its type's units, so only
 the stage counts that can reach ``X`` are asked, and their grids are built when first asked.
+
+The two objectives' walks run one stage count at a time instead (:meth:`PipelineSolver.min_cost`,
+:meth:`PipelineSolver.max_throughput`): the optimum is the best of each grid's optimum, since a plan of
+``s`` stages is charged exactly in grid ``s`` and no less in any other. Before grid ``S`` is built, a
+relaxation bounds every plan of ``S`` stages or more (:func:`at_least_grid`: ``M + S - 1`` slots, one
+micro-batch in flight), and once it cannot beat the best plan found, no larger ``S`` can either. Each
+grid is dropped when its walk ends, so the walks hold one grid at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heterps_cli.costmodel import min_memory_replicas, pipeline_terms, score, split_stages
+from heterps_cli.costmodel import SLACK, min_memory_replicas, pipeline_terms, score, split_stages, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
 from heterps_cli.problem import Problem
@@ -35,6 +42,7 @@ from heterps_cli.schedulers.chain_dp import (
     MAX_GRID_CELLS,
     Candidate,
     Chain,
+    _chain_dp,
     _Table,
     boundary_transfer,
     most_stages,
@@ -44,30 +52,38 @@ from heterps_cli.schedulers.chain_dp import (
 from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
 
 
+def _step_terms(problem: Problem, stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[i, j, t]``: the serial and parallel parts of stage ``j..i-1``'s step on ``t`` in a plan of
+    ``stages`` stages (``T_s(k) = serial + parallel / k``)."""
+    serial, parallel, _, _ = problem.parts
+    micro_parallel = spans(parallel) + boundary_transfer(problem)
+    sync, update = spans(problem.odt), spans(problem.update_times)
+    return pipeline_terms(problem.micro_batches, stages, spans(serial), micro_parallel, sync, update)
+
+
+def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
+    """``[i, j, p, t]``: the fewest replicas of stage ``j..i-1`` on ``t`` that hold ``held[p]``
+    micro-batches of activations each within the type's memory (1 without a limit, inf: none)."""
+    n1, T = problem.n_layers + 1, problem.n_types
+    shape = (n1, n1, len(held), T)
+    if not np.isfinite(problem.memory).any():
+        return np.ones(shape)
+    state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
+    activations = spans(problem.activation_bytes[:, None])
+    fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
+    with np.errstate(over="ignore", invalid="ignore"):
+        split = state_split[:, :, None, :] + held[None, None, :, None] * activations[:, :, None, :]
+        fixed = np.broadcast_to(fixed[:, :, None, :], shape)
+        return min_memory_replicas(fixed, np.broadcast_to(split, shape), problem.memory[None, None, None, :])
+
+
 def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
     """The stage table and chain for plans of at most ``stages`` stages: DP type ``(r - 1) T + t`` is a
     stage on ``t`` with ``r`` stages from it to the last."""
     n1, T = problem.n_layers + 1, problem.n_types
-    serial, parallel, _, _ = problem.parts
-    micro_serial = spans(serial)
-    micro_parallel = spans(parallel) + boundary_transfer(problem)
-    sync, update = spans(problem.odt), spans(problem.update_times)
-    sc, pc = pipeline_terms(problem.micro_batches, stages, micro_serial, micro_parallel, sync, update)
     places = np.arange(1, stages + 1)  # r
-    min_k = np.ones((n1, n1, T * stages))
-    if np.isfinite(problem.memory).any():
-        state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-        activations = spans(problem.activation_bytes[:, None])
-        fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
-        held = np.minimum(places, problem.micro_batches)
-        shape = (n1, n1, stages, T)
-        with np.errstate(over="ignore", invalid="ignore"):
-            split = state_split[:, :, None, :] + held[None, None, :, None] * activations[:, :, None, :]
-            min_k = min_memory_replicas(
-                np.broadcast_to(fixed[:, :, None, :], shape),
-                np.broadcast_to(split, shape),
-                problem.memory[None, None, None, :],
-            ).reshape(n1, n1, stages * T)
+    min_k = _memory_replicas(problem, np.minimum(places, problem.micro_batches)).reshape(n1, n1, stages * T)
+    sc, pc = _step_terms(problem, stages)
     sc, pc, ok = (np.tile(a, (1, 1, stages)) for a in (sc, pc, runnable_spans(problem)))  # the same at every r
     zeros = np.zeros((n1, n1, T * stages))
     table = _Table(sc, pc, zeros, zeros, ok, min_k)
@@ -75,6 +91,17 @@ def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
     place = np.repeat(places, T)
     follows = (base[:, None] != base[None, :]) & (place[None, :] == place[:, None] - 1)
     return table, Chain(base, follows, np.ones(T * stages, dtype=bool), place == 1)
+
+
+def at_least_grid(problem: Problem, stages: int) -> _Table:
+    """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves: each
+    stage charged ``M + stages - 1`` slots and one micro-batch in flight. A plan of ``S >= stages``
+    stages needs no fewer replicas in its own grid than here (its slots and micro-batches in flight
+    are no fewer), so what no plan reaches here, or a bound on cost here, holds for all of them."""
+    n1, T = problem.n_layers + 1, problem.n_types
+    sc, pc = _step_terms(problem, stages)
+    zeros = np.zeros((n1, n1, T))
+    return _Table(sc, pc, zeros, zeros, runnable_spans(problem), _memory_replicas(problem, np.ones(1))[:, :, 0, :])
 
 
 class PipelineSolver(StepSolver):
@@ -96,6 +123,11 @@ class PipelineSolver(StepSolver):
         # Grids by stage count S; another solver of the same problem may share them (read-only).
         self.grids: dict[int, tuple[_Table, Chain]] = {} if grids is None else grids
         self.subs: dict[int, StepSolver] = {}
+        self.floors: dict[int, StepSolver] = {}  # by S: the solver on at_least_grid(S)
+        # What the solvers of dropped grids found (see the properties below).
+        self.dropped_relaxed: set[int] = set()
+        self.dropped_found: list[tuple[StepSolver, Candidate]] = []
+        self.fastest: tuple[Candidate | None, float] | None = None  # max_throughput's, once finished
         serial, parallel, _, _ = problem.parts
         with np.errstate(divide="ignore", invalid="ignore"):
             fastest = np.where(problem.runnable, serial + parallel / problem.limits[None, :].astype(float), np.inf)
@@ -113,6 +145,27 @@ class PipelineSolver(StepSolver):
         if not np.isfinite(slots):
             return range(1, self.most + 1)
         return range(1, min(self.most, int(slots) - M + 1) + 1)
+
+    def slot_bound(self, S: int) -> float:
+        """No plan of ``S`` stages or more, nor any plan of grid ``S``, is faster than this: each stage
+        takes ``M + S - 1`` slots of at least its slowest layer on all of its type's units."""
+        with np.errstate(divide="ignore", over="ignore"):
+            return float(np.float64(self.p.step_samples) / ((self.p.micro_batches + S - 1) * self.slowest_layer))
+
+    def at_least(self, S: int) -> StepSolver:
+        """The solver on :func:`at_least_grid`: its "no plan reaches X" and its cost bounds hold for
+        every plan of ``S`` stages or more."""
+        if S not in self.floors:
+            self.floors[S] = StepSolver(self.p, None, at_least_grid(self.p, S), self.relax)
+        return self.floors[S]
+
+    def drop(self, S: int) -> None:
+        """Forget grid ``S`` and its solver, keeping what it found within every limit."""
+        sub = self.subs.pop(S, None)
+        self.grids.pop(S, None)
+        if sub is not None:
+            self.dropped_relaxed |= sub.relaxed
+            self.dropped_found += [(sub, c) for c in (sub.cheapest_found, sub.fastest_found) if c is not None]
 
     def sub(self, S: int) -> StepSolver:
         """The solver on the grid of ``S`` stages, built now if no question needed it before."""
@@ -137,42 +190,39 @@ class PipelineSolver(StepSolver):
                 "granularity (fewer, larger layers)",
             )
 
-    def subs_for(self, target: float, every: bool = True):
-        """(S, its solver) for every stage count that can reach ``target``, fewest stages first; with
-        ``every``, refused at once when their grids will not all fit (a caller that may stop early
-        builds them as it goes)."""
-        counts = self.stage_counts(target)
-        if every:
-            self._room_for(counts)
-        for S in counts:
-            yield S, self.sub(S)
-
     # The aggregated state StepSolver's walks read.
     @property
     def relaxed(self) -> set[int]:  # type: ignore[override]
-        return set().union(*(sub.relaxed for sub in self.subs.values()))
+        return self.dropped_relaxed.union(*(sub.relaxed for sub in self.subs.values()))
+
+    def _found(self) -> list[Candidate]:
+        held = [(sub, c) for _, sub in sorted(self.subs.items()) for c in (sub.cheapest_found, sub.fastest_found)]
+        return [self._true(sub, c) for sub, c in self.dropped_found + held if c is not None]
 
     @property
     def cheapest_found(self) -> Candidate | None:  # type: ignore[override]
-        found = [self._true(sub, c) for _, sub in sorted(self.subs.items()) if (c := sub.cheapest_found) is not None]
-        return min(found, key=lambda c: (c.cost, -c.throughput), default=None)
+        return min(self._found(), key=lambda c: (c.cost, -c.throughput), default=None)
 
     @property
     def fastest_found(self) -> Candidate | None:  # type: ignore[override]
-        found = [self._true(sub, c) for _, sub in sorted(self.subs.items()) if (c := sub.fastest_found) is not None]
-        return min(found, key=lambda c: (-c.throughput, c.cost), default=None)
+        return min(self._found(), key=lambda c: (-c.throughput, c.cost), default=None)
 
     def _true(self, sub: StepSolver, cand: Candidate) -> Candidate:
         """``cand`` (a plan of ``sub``'s grid) with resource types for DP types, and the figures its
         real stage count gives."""
+        return self._scored(sub, cand)[0]
+
+    def _scored(self, sub: StepSolver, cand: Candidate) -> tuple[Candidate, bool]:
+        """:meth:`_true`, and whether the plan is within every limit and memory in its real figures."""
         stages = [(j, i, int(sub.chain.base[t])) for j, i, t in cand.stages]
         split = split_stages(self.p, schedule_of(self.p, stages)[None, :])
         k = np.zeros(split.valid.shape)
         k[0, : len(stages)] = cand.replicas
         figures = score(self.p, split, k)
-        return Candidate(
+        true = Candidate(
             stages, list(cand.replicas), float(figures.throughput[0]), float(figures.cost[0]), cand.rate, cand.within
         )
+        return true, bool(figures.within_limits[0])
 
     def cheapest(self, target: float) -> Candidate | None:
         self.evaluations += 1
@@ -180,7 +230,14 @@ class PipelineSolver(StepSolver):
         if self.progress:
             self.progress(f"exact: DP {self.evaluations} at {count(target, 1)} samples/s, up to {len(counts)} stages")
         best: Candidate | None = None
-        for _, sub in self.subs_for(target):
+        for S in counts:
+            if best is not None:
+                floor = self.at_least(S)
+                floor.replicas(target)
+                least_rate, _ = _chain_dp(floor._rate, floor.chain)  # over every plan of S stages or more
+                if least_rate * (1 - SLACK) > best.rate:
+                    break
+            sub = self.sub(S)
             cand = sub.cheapest(target)
             if cand is None:
                 continue
@@ -190,10 +247,20 @@ class PipelineSolver(StepSolver):
         return best
 
     def lower_bound(self, target: float) -> float:
-        return min((sub.lower_bound(target) for _, sub in self.subs_for(target)), default=math.inf)
+        best = math.inf
+        for S in self.stage_counts(target):
+            if self.at_least(S).lower_bound(target) >= best:
+                break
+            best = min(best, self.sub(S).lower_bound(target))
+        return best
 
     def reachable(self, target: float) -> bool:
-        return any(sub.reachable(target) for _, sub in self.subs_for(target, every=False))
+        for S in self.stage_counts(target):
+            if not self.at_least(S).reachable(target):
+                return False
+            if self.sub(S).reachable(target):
+                return True
+        return False
 
     def speed_bound(self) -> float:
         """A stage's step is at least ``M`` micro-batches of each of its layers' compute on all of its
@@ -202,14 +269,78 @@ class PipelineSolver(StepSolver):
         with np.errstate(divide="ignore"):
             return float(np.float64(self.p.batch_size) / self.slowest_layer)
 
+    def _walking(self, S: int) -> StepSolver:
+        sub = self.sub(S)
+        if self.progress is not None:
+            progress = self.progress
+            sub.progress = lambda message, *args, **kwargs: progress(f"{message}, {S} stages", *args, **kwargs)
+        return sub
+
+    def min_cost(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+        """:meth:`StepSolver.min_cost` one stage count at a time (the module's docstring).
+
+        For each ``S``, the cheapest plan of the relaxation :meth:`at_least` comes first: no plan of
+        ``S`` stages or more costs less. When that plan is itself within every limit and memory and
+        no dearer in its real figures, it beats every plan of ``S`` stages or more, and the search
+        ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
+        ``S`` is walked exactly, pruned by the best plan so far."""
+        floor = throughput_floor(self.p)
+        best: Candidate | None = None
+
+        def keep(found: Candidate) -> None:
+            nonlocal best
+            if best is None or (found.cost, -found.throughput) < (best.cost, -best.throughput):
+                best = found
+
+        for S in self.stage_counts(floor):
+            relaxed = self.at_least(S)
+            least, bound = relaxed.min_cost(out_of_time, incumbent=best)  # bound: on every plan of S stages or more
+            if least is None or least is best:
+                break  # none of S stages or more reaches the floor, or beats the best
+            if bound < least.cost:  # out of time
+                if best is not None:
+                    return best, min(best.cost, bound)
+            else:
+                witness, real = self._scored(relaxed, least)
+                if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
+                    keep(witness)
+                    break
+            sub = self._walking(S)
+            found, proven = sub.min_cost(out_of_time, incumbent=best)
+            if found is not None and found is not best:
+                keep(self._true(sub, found))
+            self.drop(S)
+            if best is not None and proven < best.cost:  # out of time inside grid S
+                rest = self.at_least(S + 1).lower_bound(floor) if S < self.most else math.inf
+                return best, min(best.cost, proven, rest)
+        return best, (best.cost if best is not None else math.inf)
+
     def max_throughput(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
-        """:meth:`StepSolver.max_throughput`, bracketed from the first plan of the fewest stages rather
-        than the cheapest of all (which would build every stage count's grid)."""
+        """:meth:`StepSolver.max_throughput` one stage count at a time (the module's docstring): grid
+        ``S`` is only searched for plans at least as fast as the best of the grids before it; a
+        finished search's answer is kept (an infeasible throughput asks it again for its message)."""
+        if self.fastest is not None:
+            return self.fastest
+        best: Candidate | None = None
         for S in range(1, self.most + 1):
-            first = self.sub(S).cheapest(0.0)
-            if first is not None:
-                return self._bisect(self._true(self.sub(S), first), out_of_time)
-        return None, 0.0
+            target = 0.0 if best is None else best.throughput
+            if not self.at_least(S).reachable(target):
+                break  # none of S stages or more is as fast
+            if best is not None and out_of_time():
+                return best, max(best.throughput, self.slot_bound(S))
+            sub = self._walking(S)
+            lo = sub.reaching(target)  # the bisection's exact finish finds the cheapest of a tie
+            if lo is not None:
+                found, hi = sub._bisect(lo, out_of_time, self.slot_bound(S))
+                found = self._true(sub, found)
+                if best is None or (-found.throughput, found.cost) < (-best.throughput, best.cost):
+                    best = found
+                if out_of_time():
+                    self.drop(S)
+                    return best, max(best.throughput, hi, self.slot_bound(S + 1))
+            self.drop(S)
+        self.fastest = best, (best.throughput if best is not None else 0.0)
+        return self.fastest
 
 
 def _cells(problem: Problem, stages: int) -> int:

@@ -267,15 +267,19 @@ class StepSolver:
 
     # -- the two objectives -------------------------------------------------
 
-    def min_cost(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+    def min_cost(
+        self, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
+    ) -> tuple[Candidate | None, float]:
         """The cheapest plan, and a proven lower bound on the optimum's cost: the plan's own cost
         when the walk finished, less when ``out_of_time()`` stopped it first.
 
         A coarse scan first (targets at least 2% apart) finds a plan close to the best, so that the
         walk's skip rule, which grows with how far a step's plan is from the best, takes long jumps.
+        With an ``incumbent`` (a plan found elsewhere), only plans that beat it are looked for, and
+        it is returned itself when none does.
         """
         floor = throughput_floor(self.p)
-        best, end, late = self._walk(floor, math.inf, None, 1.02, 4, out_of_time)
+        best, end, late = self._walk(floor, math.inf, incumbent, 1.02, 4, out_of_time)
         if best is None:
             return None, math.inf
         if late:  # the scan jumped: only what lies above the floor is bounded
@@ -329,7 +333,11 @@ class StepSolver:
         return best, target, False
 
     def reachable(self, target: float) -> bool:
-        """Does some plan reach ``target`` within the limits?
+        """Does some plan reach ``target`` within the limits?"""
+        return self.reaching(target) is not None
+
+    def reaching(self, target: float) -> Candidate | None:
+        """A plan that reaches ``target`` within the limits, or None when none does.
 
         First a few Lagrangian rounds, each one cheap DP over weighted units
         ``sum_t w_t k_t``: a plan that fits proves "yes"; a weighted minimum above
@@ -343,12 +351,12 @@ class StepSolver:
         for _ in range(8):
             value, stages = _chain_dp(np.where(finite, K * w[self.chain.base][None, None, :], np.inf), self.chain)
             if stages is None or value > float(w @ p.limits) * (1 + SLACK):
-                return False
+                return None
             used = self._used(stages, K)
             if (used <= p.limits).all():
-                return True
+                return self._candidate(stages, K)
             w = np.where(used > p.limits, 2 * w, w)
-        return self.cheapest(target) is not None
+        return self.cheapest(target)
 
     def speed_bound(self) -> float:
         return speed_bound(self.p)
@@ -361,23 +369,37 @@ class StepSolver:
             return None, 0.0
         return self._bisect(lo, out_of_time)
 
-    def _bisect(self, lo: Candidate, out_of_time: Callable[[], bool]) -> tuple[Candidate | None, float]:
+    def _bisect(
+        self, lo: Candidate, out_of_time: Callable[[], bool], hi: float | None = None
+    ) -> tuple[Candidate, float]:
         """From ``lo``, a plan within the limits: bisect for the largest reachable throughput, then the
-        cheapest of the fastest plans, and the proven upper bound."""
-        hi = self.speed_bound()
+        cheapest of the fastest plans, and the proven upper bound (``hi``: one known already)."""
+        hi = self.speed_bound() if hi is None else hi
         floor = lo.throughput
+        # After a "no", the first throughput above the floor is asked once: when no plan reaches it,
+        # the floor is the fastest, and the bisection need not close in on it from above.
+        ceiling, probed, said_no = math.inf, None, False
         while hi > floor * (1 + 1e-7):
             if out_of_time():  # the best plan known to exist, at least as fast as required
                 return self.cheapest(max(floor, throughput_floor(self.p))) or lo, hi
+            if said_no and probed != floor:
+                probed = floor
+                found = self.reaching(float(np.nextafter(floor, np.inf)))
+                if found is None:
+                    ceiling = floor
+                    break
+                floor, said_no = min(found.throughput, hi), False
+                continue
             mid = float(np.sqrt(floor * hi))
-            if self.reachable(mid):
-                floor = mid
-            else:
-                hi = mid
+            found = self.reaching(mid)
+            if found is None:
+                hi, said_no = mid, True
+            else:  # the plan that proves it may reach beyond mid
+                floor, said_no = max(mid, min(found.throughput, hi)), False
         # Exact finish: the cheapest plan at the bracket's floor, then jump past each
         # plan's own throughput while some plan still reaches it.
         best = self.cheapest(floor) or lo
-        while (cand := self.cheapest(float(np.nextafter(best.throughput, np.inf)))) is not None:
+        while best.throughput < ceiling and (cand := self.cheapest(float(np.nextafter(best.throughput, np.inf)))):
             best = cand
             if out_of_time():
                 return best, hi
