@@ -273,10 +273,16 @@ class PipelineSolver(StepSolver):
         sub = self.sub(S)
         if self.progress is not None:
             progress = self.progress
-            sub.progress = lambda message, *args, **kwargs: progress(f"{message}, {S} stages", *args, **kwargs)
+
+            def with_stages(description: str, completed: float | None = None, total: float | None = None) -> None:
+                progress(f"{description}, {S} stages", completed, total)
+
+            sub.progress = with_stages
         return sub
 
-    def min_cost(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+    def min_cost(
+        self, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
+    ) -> tuple[Candidate | None, float]:
         """:meth:`StepSolver.min_cost` one stage count at a time (the module's docstring).
 
         For each ``S``, the cheapest plan of the relaxation :meth:`at_least` comes first: no plan of
@@ -285,7 +291,7 @@ class PipelineSolver(StepSolver):
         ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
         ``S`` is walked exactly, pruned by the best plan so far."""
         floor = throughput_floor(self.p)
-        best: Candidate | None = None
+        best = incumbent
 
         def keep(found: Candidate) -> None:
             nonlocal best
