@@ -47,7 +47,7 @@ def run(
                         calls = []
                         start = time.perf_counter()
                         try:
-                            plan = exact.solve(problem, progress=calls.append)
+                            plan = exact.solve(problem, progress=lambda text, *_, calls=calls: calls.append(text))
                         except InfeasibleError:
                             plan = None
                         except TooLarge:  # more stage cells than the solver may hold

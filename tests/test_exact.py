@@ -209,3 +209,52 @@ def test_what_if_a_limit_were_one_higher_or_lower_is_the_enumerated_optimum(inst
             assert math.isclose(w["cost_usd"], best[0], rel_tol=1e-9, abs_tol=1e-12)
             if objective == "time":
                 assert math.isclose(w["throughput"], best[1], rel_tol=1e-9)
+
+
+def _cheapest_chain_by_enumeration(K, prices, limits):
+    """The least price rate over every chain of stages whose units fit the limits (None: none)."""
+    n1, _, T = K.shape
+    best = None
+
+    def walk(j, last, used, rate):
+        nonlocal best
+        if j == n1 - 1:
+            best = rate if best is None else min(best, rate)
+            return
+        for i in range(j + 1, n1):
+            for t in range(T):
+                k = K[i, j, t]
+                if t == last or not np.isfinite(k) or used[t] + k > limits[t]:
+                    continue
+                used[t] += k
+                walk(i, t, used, rate + prices[t] * k)
+                used[t] -= k
+
+    walk(0, -1, np.zeros(T), 0.0)
+    return best
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.booleans())
+def test_the_limit_aware_dp_is_the_cheapest_chain_within_the_limits(seed, n, capped):
+    """chain_dp's limit-aware DP (units of the tracked types in its state; the capped type's counted
+    and checked at the end) against enumeration of every chain of stages."""
+    rng = np.random.default_rng(seed)
+    T = 3
+    K = rng.integers(1, 4, size=(n + 1, n + 1, T)).astype(float)
+    K[rng.random(K.shape) < 0.2] = np.inf
+    K[np.triu_indices(n + 1)] = np.inf  # only j < i is a stage
+    prices = rng.choice([0.5, 1.0, 3.0], size=T)
+    limits = rng.integers(1, 6, size=T)
+    tracked, cap = ([0, 1], 2) if capped else ([0, 1, 2], None)
+    want = _cheapest_chain_by_enumeration(K, prices, limits)
+    stages = chain_dp._chain_dp_limited(K, prices, limits, tracked, cap)
+    if want is None:
+        assert stages is None
+        return
+    assert stages is not None and stages[0][0] == 0 and stages[-1][1] == n
+    used = np.zeros(T)
+    for j, i, t in stages:
+        used[t] += K[i, j, t]
+    assert (used <= limits).all()
+    assert math.isclose(float(prices @ used), want, rel_tol=1e-12)

@@ -73,12 +73,12 @@ def most_stages(problem: Problem) -> int:
 
 
 def grid_cells(problem: Problem) -> int:
-    """Stage cells the solver's grids hold: one grid, or under a pipeline schedule (section 1d,
-    :mod:`.pipeline`) one per stage count ``S``, on ``S`` times the types."""
+    """Stage cells the solver's largest grid holds: its one grid, or under a pipeline schedule
+    (section 1d, :mod:`.pipeline`, whose walks hold one stage count's grid at a time) the grid of
+    the most stages, on that many times the types."""
     cells = (problem.n_layers + 1) ** 2 * problem.n_types
     if problem.pipelined:
-        S = most_stages(problem)
-        cells *= S * (S + 1) // 2
+        cells *= most_stages(problem)
     return cells
 
 
