@@ -118,7 +118,7 @@ def random_instance(rng: np.random.Generator, n: int, T: int, max_limit: int = 5
 
 
 def layers_over_step(model) -> list[float]:
-    """Sum of the layers' median oct over a whole step's median (one thread, 20 runs each), up to
+    """Sum of the layers' median oct in step order over a whole step's median (one thread, 20 runs each), up to
     three rounds until one lands within 25%: one round can be skewed by whatever else the machine
     runs meanwhile (seen once in a full-suite run); the claim is that a quiet round agrees."""
     import statistics
@@ -133,7 +133,7 @@ def layers_over_step(model) -> list[float]:
     ratios: list[float] = []
     try:
         for _ in range(3):
-            layers = sum(statistics.median(timing.run_times(c, "cpu", 20)) for c in calls)
+            layers = sum(statistics.median(t) for t in timing.step_order_times(calls, "cpu", 20))  # type: ignore[arg-type]
             step = statistics.median(timing.step_times(model, "cpu", 20))
             ratios.append(layers / step)
             if 0.75 <= ratios[-1] <= 1.25:

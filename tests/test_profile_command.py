@@ -261,7 +261,8 @@ class _Sleeps(torch.nn.Module):
 
 def _alpha_of(layer: torch.nn.Module, batch: int) -> measure.LayerProfile:
     call = models.Call("0", layer, (torch.ones(batch, 2),), {})
-    return measure._layer(call, batch, [0.02], 1e9, "cpu")
+    shares = measure._share_times([call], "cpu", batch, [])
+    return measure._layer(call, batch, [0.02], 1e9, "cpu", {k: times[0] for k, times in shares.items()})
 
 
 def test_alpha_is_fitted_over_the_batch_shares_that_replicas_run():
@@ -449,3 +450,39 @@ def test_profile_is_a_group_whose_subcommands_have_their_own_help(runner):
     short = runner.invoke(app, ["profile", "mlp", "--as", "cpu"])
     assert short.exit_code == 2 and "profiling needs --batch-size, --out" in short.output
     assert runner.invoke(app, ["profile", "merge", "a.yaml"]).exit_code == 2  # --out is required
+
+
+class _Logged(torch.nn.Module):
+    """Logs ("forward", name, samples) and ("backward", name) to ``log``; refuses fewer than ``least`` samples."""
+
+    def __init__(self, name: str, log: list, least: int = 0):
+        super().__init__()
+        self.name, self.log, self.least = name, log, least
+        self.weight = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        if x.shape[0] < self.least:
+            raise ValueError(f"this layer takes {self.least} samples at least")
+        self.log.append(("forward", self.name, x.shape[0]))
+        y = x * self.weight
+        y.register_hook(lambda grad: self.log.append(("backward", self.name)))
+        return y
+
+
+def test_layers_are_timed_in_step_order_and_a_refused_share_spares_the_others():
+    log: list = []
+    calls = [models.Call(n, _Logged(n, log, least=8 if n == "b" else 0), (torch.ones(8, 2),), {}) for n in "abc"]
+    times = timing.step_order_times(calls, "cpu", repetitions=1, warmup=0)
+    # every forward in the model's order, then every backward in reverse, as a training step runs them
+    assert log == [("forward", "a", 8), ("forward", "b", 8), ("forward", "c", 8)] + [
+        ("backward", "c"),
+        ("backward", "b"),
+        ("backward", "a"),
+    ]
+    assert all(len(t) == 1 and t[0] > 0 for t in times)
+    log.clear()
+    shared = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0, shares=(8, 4))
+    assert isinstance(shared[1], ValueError) and len(shared[0]) == len(shared[2]) == 2
+    assert ("forward", "a", 4) in log and ("forward", "c", 4) in log
+    with pytest.raises(ValueError):  # on the whole batch a failing layer is the profile's error
+        timing.step_order_times([models.Call("b", _Logged("b", [], least=16), (torch.ones(8, 2),), {})], "cpu", 1)

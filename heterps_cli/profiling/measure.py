@@ -3,22 +3,19 @@
 * **Layers** are the modules a forward pass calls, in the order it calls them:
   the leaf modules (``nn.MultiheadAttention`` counts as one), or the factory's
   own list of blocks. A forward pre-hook records each layer's inputs.
-* **oct**: each layer alone, on copies of its recorded inputs, forward then
-  backward (ones as the output gradient; the parameter gradients zeroed
-  between runs, so that each backward adds into them as a micro-batch does; an
-  input's gradient computed only where training computes it: for an
-  activation, not for the model's data); the median of at least 20
-  timed runs. On cpu one unit is one core, so it runs on one thread; on cuda
-  the device is synchronised around each run. Two things keep a second
-  profile close to the first (``benchmarks/bench_profile.py`` measures it):
-  a few whole-model steps first, so that the allocator, the kernels and the
-  caches are warm before any layer is timed (their median is also reported,
-  beside the sum of the layers), and the runs are taken in
-  :data:`ROUNDS` interleaved rounds over all layers, so that a slow spell of
-  the machine is spread over every layer rather than landing on one. A short
-  layer gets more runs (up to :data:`MAX_RUNS`), until they add up to
-  :data:`MIN_SECONDS`, so that its median rests on more than a few
-  milliseconds of the machine's time.
+* **oct**: each layer in step order (:func:`~heterps_cli.profiling.timing.step_order_times`):
+  every layer's forward in the model's order, then every backward in reverse, as a training step
+  runs them, each layer on copies of its recorded inputs and timed on its own (ones as the output
+  gradient; the parameter gradients zeroed between passes, so that each backward adds into them as
+  a micro-batch does; an input's gradient computed only where training computes it: for an
+  activation, not for the model's data). A layer then finds the caches as a step leaves them,
+  where a layer timed alone in a loop finds its own weights still cached. The median of at least
+  20 passes. On cpu one unit is one core, so it runs on one thread; on cuda the device is
+  synchronised around each forward and backward. A few whole-model steps come first, so that the
+  allocator, the kernels and the caches are warm (their median is also reported, beside the sum
+  of the layers), and the passes are taken in :data:`ROUNDS` rounds, so that a slow spell of the
+  machine is spread over every layer. A short model gets more passes (up to :data:`MAX_RUNS`),
+  until they add up to :data:`MIN_SECONDS`.
 * **odt**: what a layer communicates wherever it runs inside its stage, its
   gradient synchronisation (an all-reduce as big as its weights), over the link
   bandwidth: measured (cpu: an all-reduce between two processes over loopback
@@ -31,13 +28,12 @@
   left out (they are training state, counted from ``weight_size``).
 * **sharded**: a module with the attribute ``heterps_sharded = True`` (the zoo's
   CTR embedding tables, which live on parameter servers) is marked ``sharded``.
-* **alpha**: a least-squares fit of T(k) = T1 (1 - a + a/k) to the best of 5
-  runs of the layer at batch B0/k for k = 1, 2, 4 (those that divide B0): what
-  each of k replicas runs, as the model's k splits a batch between replicas
-  (docs/spec.md section 1). When fewer than two k divide B0, the inputs cannot
-  be split along their first dimension, the times are too short to fit
-  (< 50 us), or the fit misses its points by more than 10%, the layer gets
-  :data:`ALPHA_DEFAULTS` for its kind, marked estimated.
+* **alpha**: a least-squares fit of T(k) = T1 (1 - a + a/k) to each layer's median over
+  :data:`~heterps_cli.profiling.timing.FIT_TRIALS` step-order passes at batch B0/k for k = 1, 2, 4
+  (those that divide B0): what each of k replicas runs, as the model's k splits a batch between
+  replicas (docs/spec.md section 1). When fewer than two k divide B0, the layer fails on a share of
+  its inputs' first dimension, the times are too short to fit (< 50 us), or the fit misses its
+  points by more than 10%, the layer gets :data:`ALPHA_DEFAULTS` for its kind, marked estimated.
 * **beta** is derived, not measured: odt is the gradient all-reduce, whose
   volume per replica does not shrink with more replicas, so beta is 0; marked
   estimated.
@@ -59,12 +55,12 @@ from heterps_cli.profiling.links import link_bandwidth
 from heterps_cli.profiling.models import Call, Model, bytes_of, kind, model_error, model_from_spec, trace
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
+    FIT_TRIALS,
     WARMUP,
     fit_alpha,
-    run_times,
     saved_bytes,
-    split_times,
     steady_allocator,
+    step_order_times,
     step_times,
     update_time,
 )
@@ -177,12 +173,11 @@ def measure(
         except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
         times = _time_layers(calls, device, repetitions, report, total, current)
+        report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
+        shares = _share_times(calls, device, B0, current)
         for i, call in enumerate(calls):
             current[:] = [call]
-            report(
-                f"alpha fit, layer {i + 1}/{len(calls)}: {call.name}", completed=ROUNDS * len(calls) + i, total=total
-            )
-            layers.append(_layer(call, B0, times[i], bandwidth, device))
+            layers.append(_layer(call, B0, times[i], bandwidth, device, {k: v[i] for k, v in shares.items()}))
         report("done", completed=total, total=total)
     except InputError:
         raise
@@ -220,24 +215,33 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
 def _time_layers(
     calls: list[Call], device: str, repetitions: int, report: Progress, total: int, current: list[Call]
 ) -> list[list[float]]:
-    """Each layer's run times, in :data:`ROUNDS` interleaved rounds (so that a slow moment of the
-    machine spreads over all layers); ``current`` holds the layer running."""
+    """Each layer's run times in step order (:func:`~heterps_cli.profiling.timing.step_order_times`), in
+    :data:`ROUNDS` rounds (so that a slow moment of the machine spreads over all layers); a short
+    model gets more passes, up to :data:`MAX_RUNS`, until they add up to :data:`MIN_SECONDS`;
+    ``current`` holds the layer running."""
     per_round = -(-repetitions // ROUNDS)
     times: list[list[float]] = [[] for _ in calls]
     for r in range(ROUNDS):
-        for i, call in enumerate(calls):
-            current[:] = [call]
-            report(
-                f"round {r + 1}/{ROUNDS}, layer {i + 1}/{len(calls)}: {call.name}",
-                completed=r * len(calls) + i,
-                total=total,
-            )
-            runs = per_round
-            if r:  # the first round's median says how many runs add up to MIN_SECONDS
-                wanted = MIN_SECONDS / max(statistics.median(times[i]), 1e-9)
-                runs = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
-            times[i] += run_times(call, device, runs, warmup=WARMUP if r == 0 else 1)
+        report(f"round {r + 1}/{ROUNDS}: every layer in step order", completed=r * len(calls), total=total)
+        passes = per_round
+        if r:  # the first round says how many passes add up to MIN_SECONDS
+            wanted = MIN_SECONDS / max(sum(statistics.median(t) for t in times), 1e-9)
+            passes = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
+        for i, got in enumerate(step_order_times(calls, device, passes, WARMUP if r == 0 else 1, current=current)):
+            assert not isinstance(got, Exception), "step_order_times raises on the whole batch"
+            times[i] += got
     return times
+
+
+def _share_times(calls: list[Call], device: str, B0: int, current: list[Call]) -> dict[int, list]:
+    """For each ``k`` of :data:`~heterps_cli.profiling.timing.FIT_SPLITS` that divides ``B0``: each
+    layer's median in step order at batch ``B0 / k`` (what each of ``k`` replicas runs), or the
+    exception the layer raised there."""
+    out: dict[int, list] = {}
+    for k in (k for k in FIT_SPLITS if B0 % k == 0):
+        got = step_order_times(calls, device, FIT_TRIALS, shares=(B0, B0 // k), current=current)
+        out[k] = [t if isinstance(t, Exception) else statistics.median(t) for t in got]
+    return out
 
 
 def weight_bytes(module: nn.Module) -> float:
@@ -277,29 +281,32 @@ def layer_profile(
     )
 
 
-def _layer(call: Call, B0: int, times: list[float], bandwidth: float, device: str) -> LayerProfile:
+def _layer(
+    call: Call, B0: int, times: list[float], bandwidth: float, device: str, shares: dict[int, object]
+) -> LayerProfile:
+    """The layer's profile from its run times at ``B0`` and ``shares``, its time (or the exception it
+    raised) at each batch share ``B0 / k`` for the alpha fit."""
     k = kind(call.module)
     oct_ = statistics.median(times)
     cv = statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
     estimated = {}
     alpha, residual = None, None
-    splits = [n for n in FIT_SPLITS if B0 % n == 0]
+    splits = sorted(shares)
+    failed = next((v for v in shares.values() if isinstance(v, Exception)), None)
     if len(splits) < 2:
         estimated["alpha"] = f"batch {B0} cannot be split between replicas, nothing to fit: default for {k}"
+    elif failed is not None:  # the user's layer may not take a share of its inputs' first dimension
+        estimated["alpha"] = f"the layer failed on a share of the batch ({type(failed).__name__}): default for {k}"
     else:
-        try:
-            best = [min(split_times(call, device, B0, B0 // n)) for n in splits]
-        except Exception as exc:  # the user's layer may not take a share of its inputs' first dimension
-            estimated["alpha"] = f"the layer failed on a share of the batch ({type(exc).__name__}): default for {k}"
+        best = [float(shares[n]) for n in splits]  # type: ignore[arg-type]
+        fitted = fit_alpha(splits, best)
+        if fitted is not None:
+            alpha, residual = fitted
         else:
-            fitted = fit_alpha(splits, best)
-            if fitted is not None:
-                alpha, residual = fitted
-            else:
-                estimated["alpha"] = (
-                    f"the fit over batch shares 1/{', 1/'.join(map(str, splits))} was unusable "
-                    f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}"
-                )
+            estimated["alpha"] = (
+                f"the fit over batch shares 1/{', 1/'.join(map(str, splits))} was unusable "
+                f"(times {', '.join(f'{t * 1e3:.3g} ms' for t in best)}): default for {k}"
+            )
     if alpha is None:
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
     estimated["beta"] = "derived: odt is the gradient all-reduce, which does not shrink with more replicas"

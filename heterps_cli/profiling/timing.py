@@ -16,7 +16,7 @@ from torch import nn
 from heterps_cli.profiling.models import Call, Model, tensors_of
 
 WARMUP = 3
-FIT_TRIALS = 5  # runs per batch share for the alpha fit; the minimum is kept
+FIT_TRIALS = 9  # step-order passes per batch share for the alpha fit; each layer's median is kept
 FIT_SPLITS = (1, 2, 4)  # the alpha fit times the layer at batch B0/k: one of k replicas' share
 SHORTEST_FIT = 50e-6  # s: below this, scaling is noise
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
@@ -73,17 +73,6 @@ def timed(
     return times
 
 
-def run_times(call: Call, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
-    """One layer alone, on fresh copies of its recorded inputs (activations need their gradients, data not)."""
-    return timed(
-        call.module,
-        lambda: call.fresh(device),
-        device,
-        repetitions,
-        warmup,
-    )
-
-
 def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
     """The whole model on one batch: what the layer times should add up to."""
     inputs = tuple(x.to(device) for x in model.inputs)
@@ -135,22 +124,86 @@ def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> floa
     return statistics.median(times[1:])
 
 
-def split_times(call: Call, device: str, batch: int, samples: int) -> list[float]:
-    """:func:`run_times` on ``samples`` of the ``batch``: every recorded input whose first dimension
-    is the batch is cut to that many (a replica's share, as ``heterps run`` splits them), the rest
-    kept whole."""
+def share(value, batch: int, samples: int):
+    """Recorded inputs cut to ``samples`` of the ``batch``: every tensor whose first dimension is the
+    batch (a replica's share, as ``heterps run`` splits them), the rest kept whole."""
+    if isinstance(value, torch.Tensor):
+        return value[:samples] if value.dim() and value.shape[0] == batch else value
+    if isinstance(value, tuple | list):
+        return type(value)(share(v, batch, samples) for v in value)
+    if isinstance(value, dict):
+        return {key: share(v, batch, samples) for key, v in value.items()}
+    return value
 
-    def share(value):
-        if isinstance(value, torch.Tensor):
-            return value[:samples] if value.dim() and value.shape[0] == batch else value
-        if isinstance(value, tuple | list):
-            return type(value)(share(v) for v in value)
-        if isinstance(value, dict):
-            return {key: share(v) for key, v in value.items()}
-        return value
 
-    args, kwargs = share(call.args), share(call.kwargs)
-    return timed(call.module, lambda: call.fresh(device, args, kwargs), device, FIT_TRIALS, 1)
+def step_order_times(
+    calls: list[Call],
+    device: str,
+    repetitions: int,
+    warmup: int = 1,
+    shares: tuple[int, int] | None = None,
+    current: list[Call] | None = None,
+) -> list[list[float] | Exception]:
+    """Each layer's seconds of forward and backward as a training step runs them: every layer's forward
+    in the model's order, then every layer's backward in reverse, each on fresh copies of its recorded
+    inputs (with ``shares = (batch, samples)``, cut to ``samples`` of the batch: :func:`share`) and
+    timed on its own. A layer then finds the caches as a step leaves them, the other layers' weights,
+    gradients and activations passing through between its forward and its backward; timed alone in
+    a loop, it finds its own still cached, which on this machine's CPU made mlp's layers add up to
+    8.7 ms at batch 32 where a whole step took 10.7 ms (docs/fidelity.md). On a share of the batch, a
+    layer that raises gets its exception instead of times, and the others go on (elsewhere it
+    raises); ``current`` holds the layer running."""
+    inputs = [
+        (call.args, call.kwargs) if shares is None else (share(call.args, *shares), share(call.kwargs, *shares))
+        for call in calls
+    ]
+    grads_of = [torch.zeros_like(p) for call in calls for p in call.module.parameters() if p.requires_grad]
+    params = [p for call in calls for p in call.module.parameters() if p.requires_grad]
+    for p, grad in zip(params, grads_of):
+        p.grad = grad
+    out: list[list[float] | Exception] = [[] for _ in calls]
+    for run in range(warmup + repetitions):
+        for grad in grads_of:
+            grad.zero_()
+        outputs: list = [None] * len(calls)
+        took = [0.0] * len(calls)
+        for i, call in enumerate(calls):
+            if isinstance(out[i], Exception):
+                continue
+            if current is not None:
+                current[:] = [call]
+            args, kwargs = call.fresh(device, *inputs[i])
+            try:
+                synchronise(device)
+                start = time.perf_counter()
+                outputs[i] = call.module(*args, **kwargs)
+                synchronise(device)
+            except MemoryError:
+                raise
+            except Exception as exc:  # the user's layer on a share of its batch
+                if shares is None:
+                    raise
+                out[i] = exc
+                continue
+            took[i] = time.perf_counter() - start
+        for i in reversed(range(len(calls))):
+            if outputs[i] is None:
+                continue
+            if current is not None:
+                current[:] = [calls[i]]
+            grads = [o for o in tensors_of(outputs[i]) if o.requires_grad]
+            synchronise(device)
+            start = time.perf_counter()
+            if grads:
+                torch.autograd.backward(grads, [torch.ones_like(o) for o in grads])
+            synchronise(device)
+            took[i] += time.perf_counter() - start
+            outputs[i] = None  # its activations go once its backward is done, as in a step
+        if run >= warmup:
+            for i, times in enumerate(out):
+                if not isinstance(times, Exception):
+                    times.append(took[i])
+    return out
 
 
 def saved_bytes(call: Call, device: str) -> float:

@@ -91,19 +91,21 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
     note = note if note is not None else python_path_note()
     header = [
         f"measured by heterps profile: model {p.model} as resource type {p.resource!r} on {p.device} ({note})",
-        f"oct: median of {p.repetitions} or more forward+backward runs of each layer alone (at least "
-        f"{MIN_SECONDS:g} s of them, up to {MAX_RUNS}), batch {p.batch_size}"
+        f"oct: median of {p.repetitions} or more forward+backward runs of each layer in step order (every "
+        f"forward in order, then every backward in reverse, as a training step; at least {MIN_SECONDS:g} s "
+        f"of passes, up to {MAX_RUNS}), batch {p.batch_size}"
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", device synchronised"),
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
         "update: median of the optimiser step (SGD) and the gradients' reset on the layer's weights, s per step "
         "(spec section 1d)",
-        "alpha: fitted over batch shares (B0/k, what each of k replicas runs) unless the entry says estimated; "
+        "alpha: fitted over batch shares (B0/k, what each of k replicas runs, in step order) unless the entry "
+        "says estimated; "
         "beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
-        f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and a layer alone runs "
-        "with warm caches)",
+        f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and each layer's "
+        "backward is a call of its own here)",
         *p.notes,
     ]
     rows = []
