@@ -143,7 +143,7 @@ def _rented_frontier(problem: Problem, progress: Progress | None, time_limit: fl
     """Section 1e: the frontier over rentals of whole nodes (:func:`.schedulers.rented.frontier_candidates`)."""
     from heterps_cli.schedulers.rented import frontier_candidates
 
-    found = frontier_candidates(problem, progress, Clock(start, time_limit))
+    found, cut_at = frontier_candidates(problem, progress, Clock(start, time_limit))
     frontier = _pareto(found)
     if problem.max_cost is not None:
         frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
@@ -152,7 +152,7 @@ def _rented_frontier(problem: Problem, progress: Progress | None, time_limit: fl
     solve_s = time.perf_counter() - start
     plans = tuple(_plan(problem, c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
     knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
-    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, len(found), solve_s)
+    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, len(found), solve_s, cut_at)
 
 
 def _walk(

@@ -140,6 +140,30 @@ def test_frontier_with_nodes_is_the_enumerated_pareto_set(inst):
 
 
 @settings(max_examples=40, **SETTINGS)
+@given(node_instances())
+def test_a_frontier_with_nodes_stopped_by_the_clock_is_exact_up_to_where_it_says(inst):
+    """With no time at all, the walk stops at the first rental after a plan: the frontier it gives is
+    the Pareto set of the enumerated plans no faster than its cut, and says where the cut is (a
+    faster plan, unexplored, may still beat some of them, as the output says)."""
+    arrays, B0, min_throughput, nodes = inst
+    _, e = _expected(arrays, B0, min_throughput, nodes, "cost")
+    cost, thr = feasible_plans(*e["args"], **e["kwargs"])
+    if len(cost) == 0:
+        return
+    profile, cluster = _dicts(*inst)
+    frontier = pareto_frontier(problem_from_dicts(profile, cluster), time_limit=0.0)
+    if frontier.cut_at is None:  # the walk had nothing left to ask
+        assert len(frontier.plans) == len(pareto(cost, thr))
+        return
+    upto = thr <= frontier.cut_at * (1 + 1e-9)
+    want = pareto(cost[upto], thr[upto])
+    got = [(p.throughput, p.cost_usd) for p in frontier.plans]
+    assert len(got) == len(want), (got, want)
+    for (x, c), (wx, wc) in zip(got, want):
+        assert math.isclose(x, wx, rel_tol=1e-9) and math.isclose(c, wc, rel_tol=1e-9)
+
+
+@settings(max_examples=40, **SETTINGS)
 @given(node_instances(), st.sampled_from(["greedy", "random"]))
 def test_heuristics_price_their_plans_by_the_cheapest_rental(inst, scheduler):
     profile, cluster = _dicts(*inst)

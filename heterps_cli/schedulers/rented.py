@@ -106,7 +106,8 @@ class _Walk:
         p, menu = self.p, self.menu
         assert p.nodes is not None
         every_node = on_rental(p, p.nodes.capacity)
-        fastest = self._fastest(solver_for(every_node, None))
+        # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
+        fastest = self._fastest(solver_for(every_node, None, relax=not self.every))
         if fastest is None:
             raise InfeasibleError(_nothing_fits(p))
         self.x_max = fastest.throughput
@@ -132,7 +133,7 @@ class _Walk:
                 break
             if self.progress is not None:
                 self.progress(f"exact: rental {row + 1:,} of {len(menu.rate):,}", completed=row, total=len(menu.rate))
-            solver = solver_for(on_rental(p, capacity), None)
+            solver = solver_for(on_rental(p, capacity), None, relax=not self.every)
             self.asked += 1
             if not solver.reachable(target):
                 cannot.append(capacity)
@@ -163,14 +164,21 @@ class _Walk:
         return make_plan(self.p, schedule_of(self.p, cand.stages), cand.replicas, scheduler="exact", seed=self.seed)
 
 
-def frontier_candidates(problem: Problem, progress: Progress | None, clock: Clock) -> list[Candidate]:
-    """Section 1e's frontier: the fastest plan of every rental the walk stops at, priced by its rental.
+def frontier_candidates(
+    problem: Problem, progress: Progress | None, clock: Clock
+) -> tuple[list[Candidate], float | None]:
+    """Section 1e's frontier: the fastest plan of every rental the walk stops at, priced by its rental,
+    and the throughput up to which they are exact when the clock stopped the walk (None: it finished).
+
     A frontier plan is the fastest on the cheapest rental holding it (on that rental a slower plan
     only costs more), and the walk stops at that rental unless an earlier, no dearer one was already
-    as fast (the module docstring): so every frontier plan, or one as good, is among these."""
+    as fast (the module docstring): so every frontier plan, or one as good, is among these. Stopped
+    early, every rental left is dearer than the one the fastest plan found runs on, so no plan there
+    as slow as that one beats it: the candidates are exact up to its throughput."""
     walk = _Walk(problem.replace(objective=Objective.COST), 0, progress, clock, every=True)
     walk.run()
-    return walk.found
+    cut_at = max(c.throughput for c in walk.found) if walk.stopped_at is not None and walk.found else None
+    return walk.found, cut_at
 
 
 def _better(objective: Objective, a: Plan, b: Plan) -> bool:
