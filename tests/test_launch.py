@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -123,4 +124,50 @@ def test_the_single_node_launch_file_runs_under_torchrun_and_matches_one_process
     measured = json.loads(report.read_text())
     assert measured["processes"] == 2 and len(measured["stages"]) == 2
     reference = single_process_losses("mlp", 64 * 16, 3)  # the plan's default of 16 micro-batches for 2 stages
+    assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
+
+
+@pytest.mark.slow  # two torchrun "nodes" on this machine, meeting over loopback: about 20 s
+def test_the_two_node_launch_files_run_as_two_nodes_over_loopback_and_match_one_process(tmp_path):
+    """Each node's command, as `heterps launch` writes it, started as its own torchrun on this machine
+    (node 0 hosting the rendezvous at 127.0.0.1): the multi-node path end to end, short of two machines."""
+    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu2", 1, MLP_LAYERS[4:])])
+    plan = json.loads(plan_path.read_text())
+    plan["rental"] = {"box": 2}
+    plan["stages"][0]["nodes"], plan["stages"][1]["nodes"] = {"box#1": 1}, {"box#2": 1}
+    plan_path.write_text(json.dumps(plan))
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out, report = tmp_path / "launch", tmp_path / "report.json"
+    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--model", "mlp", "--map", "cpu2=cpu",
+                               "--steps", "3", "--master-addr", "127.0.0.1", "--master-port", str(port)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
+    started = []
+    try:
+        for i in range(2):
+            command = (out / f"node-{i}.sh").read_text().strip().splitlines()[-1]
+            assert f"--nnodes 2 --node-rank {i} " in command and "--nproc-per-node 1 " in command
+            started.append(
+                subprocess.Popen(
+                    ["sh", "-c", command + f" --warmup 0 --out {report}"],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+        outputs = [p.communicate(timeout=240) for p in started]
+    finally:
+        for p in started:
+            for pid in session_processes(p.pid) if os.path.exists("/proc") else []:
+                os.kill(pid, signal.SIGKILL)
+    for p, (_, stderr) in zip(started, outputs):
+        assert p.returncode == 0, stderr[-3000:]
+    measured = json.loads(report.read_text())  # written by plan rank 0, on node 0
+    assert measured["processes"] == 2 and len(measured["stages"]) == 2
+    reference = single_process_losses("mlp", 64 * 16, 3)
     assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
