@@ -233,11 +233,11 @@ def _time_layers(
     return times
 
 
-def _share_times(calls: list[Call], device: str, B0: int, current: list[Call]) -> dict[int, list]:
+def _share_times(calls: list[Call], device: str, B0: int, current: list[Call]) -> dict[int, list[float | Exception]]:
     """For each ``k`` of :data:`~heterps_cli.profiling.timing.FIT_SPLITS` that divides ``B0``: each
     layer's median in step order at batch ``B0 / k`` (what each of ``k`` replicas runs), or the
     exception the layer raised there."""
-    out: dict[int, list] = {}
+    out: dict[int, list[float | Exception]] = {}
     for k in (k for k in FIT_SPLITS if B0 % k == 0):
         got = step_order_times(calls, device, FIT_TRIALS, shares=(B0, B0 // k), current=current)
         out[k] = [t if isinstance(t, Exception) else statistics.median(t) for t in got]
@@ -282,7 +282,7 @@ def layer_profile(
 
 
 def _layer(
-    call: Call, B0: int, times: list[float], bandwidth: float, device: str, shares: dict[int, object]
+    call: Call, B0: int, times: list[float], bandwidth: float, device: str, shares: dict[int, float | Exception]
 ) -> LayerProfile:
     """The layer's profile from its run times at ``B0`` and ``shares``, its time (or the exception it
     raised) at each batch share ``B0 / k`` for the alpha fit."""
@@ -292,13 +292,13 @@ def _layer(
     estimated = {}
     alpha, residual = None, None
     splits = sorted(shares)
-    failed = next((v for v in shares.values() if isinstance(v, Exception)), None)
+    best = [t for n in splits if not isinstance(t := shares[n], Exception)]
+    failed = next((t for t in shares.values() if isinstance(t, Exception)), None)
     if len(splits) < 2:
         estimated["alpha"] = f"batch {B0} cannot be split between replicas, nothing to fit: default for {k}"
     elif failed is not None:  # the user's layer may not take a share of its inputs' first dimension
         estimated["alpha"] = f"the layer failed on a share of the batch ({type(failed).__name__}): default for {k}"
     else:
-        best = [float(shares[n]) for n in splits]  # type: ignore[arg-type]
         fitted = fit_alpha(splits, best)
         if fitted is not None:
             alpha, residual = fitted

@@ -157,8 +157,8 @@ def step_order_times(
         (call.args, call.kwargs) if shares is None else (share(call.args, *shares), share(call.kwargs, *shares))
         for call in calls
     ]
-    grads_of = [torch.zeros_like(p) for call in calls for p in call.module.parameters() if p.requires_grad]
     params = [p for call in calls for p in call.module.parameters() if p.requires_grad]
+    grads_of = [torch.zeros_like(p) for p in params]
     for p, grad in zip(params, grads_of):
         p.grad = grad
     out: list[list[float] | Exception] = [[] for _ in calls]
