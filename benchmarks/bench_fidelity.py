@@ -3,6 +3,7 @@
     python benchmarks/bench_fidelity.py                  # every row: mlp at 64 and 256, vgg16 at 64
     python benchmarks/bench_fidelity.py --only mlp --rounds 1
     python benchmarks/bench_fidelity.py --docs docs/fidelity.md   # also write the table into that page
+    python benchmarks/bench_fidelity.py --device cuda              # on one GPU (the "GPU, here" table)
 
 Each model is profiled here with ``heterps profile`` on the CPU twice, as
 resource types ``cpu`` (price 1) and ``cpu2`` (price 1.5), one thread per unit,
@@ -14,6 +15,12 @@ planned by the exact solver on one of two clusters:
 * data-parallel: two ``cpu`` units and no ``cpu2``, so one stage whose replicas
   split each micro-batch and all-reduce their gradients once per step;
 * two stages: one unit of each type, so a two-stage 1F1B pipeline.
+
+With ``--device cuda`` each model is profiled once on the GPU as type ``gpu``
+(``heterps profile --device cuda``) and planned on a cluster of that one GPU
+(one stage, one replica), run with ``--map gpu=cuda``: it checks the profile's
+compute and memory against a training step on the same GPU. One GPU cannot
+check replicas or their NCCL all-reduce (two ranks on one GPU are refused).
 
 Each plan runs ``--rounds`` times with ``heterps run`` (fresh processes each
 round); a row shows the median round. Memory: the plan's per-replica figure
@@ -45,6 +52,9 @@ ROWS = [("mlp", 64), ("mlp", 256), ("vgg16", 64)]  # the zoo's chain models, at 
 MICRO_BATCHES = 8
 PLANS = {"data-parallel": {"cpu": 2}, "two stages": {"cpu": 1, "cpu2": 1}}
 PRICES = {"cpu": 1.0, "cpu2": 1.5}
+GPU_PLANS = {"one GPU": {"gpu": 1}}
+# On a GPU also at batches that keep it busy: at 64 these models wait on the CPU's kernel launches.
+GPU_ROWS = [("mlp", 64), ("mlp", 4096), ("vgg16", 64), ("vgg16", 1024)]
 UNITS = 2  # every plan here runs two processes, one per core of this machine
 
 
@@ -53,6 +63,12 @@ def heterps(*args: str) -> str:
     if done.returncode != 0:
         raise SystemExit(f"heterps {' '.join(args)} failed:\n{done.stderr}")
     return done.stdout
+
+
+def profile_gpu(model: str, batch: int, tmp: Path) -> Path:
+    path = tmp / f"{model}-{batch}.yaml"
+    heterps("profile", model, "--device", "cuda", "--as", "gpu", "--batch-size", str(batch), "--out", str(path))
+    return path
 
 
 def profile(model: str, batch: int, tmp: Path, gbps: float, concurrent: bool) -> Path:
@@ -72,10 +88,12 @@ def profile(model: str, batch: int, tmp: Path, gbps: float, concurrent: bool) ->
 
 
 def plan(merged: Path, batch: int, label: str, tmp: Path, gbps: float) -> Path:
-    limits = PLANS[label]
+    limits = {**PLANS, **GPU_PLANS}[label]
     cluster = tmp / f"{merged.stem}-{len(limits)}.cluster.yaml"
     lines = ["cluster: here", "resources:"]
-    lines += [f"  {r}: {{price: {PRICES[r]}, limit: {n}, bandwidth_gbps: {gbps:.4g}}}" for r, n in limits.items()]
+    lines += [
+        f"  {r}: {{price: {PRICES.get(r, 1.0)}, limit: {n}, bandwidth_gbps: {gbps:.4g}}}" for r, n in limits.items()
+    ]
     cluster.write_text("\n".join(lines) + "\n")
     out = tmp / f"{merged.stem}-{len(limits)}.plan.yaml"
     heterps("plan", str(merged), str(cluster), "--objective", "time", "--scheduler", "exact", "--samples", "100000",
@@ -90,7 +108,8 @@ def steps_for(plan_path: Path, steps: int, seconds: float) -> int:
     return max(steps, math.ceil(seconds * plan["throughput"] / plan["global_batch"]))
 
 
-def measure(plan_path: Path, model: str, steps: int, rounds: int) -> list[dict]:
+def measure(plan_path: Path, model: str, steps: int, rounds: int, device: str = "cpu") -> list[dict]:
+    mapping = "gpu=cuda" if device == "cuda" else "cpu2=cpu"
     return [
         json.loads(
             heterps(
@@ -99,7 +118,7 @@ def measure(plan_path: Path, model: str, steps: int, rounds: int) -> list[dict]:
                 "--model",
                 model,
                 "--map",
-                "cpu2=cpu",
+                mapping,
                 "--steps",
                 str(steps),
                 "--warmup",
@@ -172,6 +191,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--alone", action="store_true", help="profile each layer with the other core idle, "
                         "not busy (the profile before --concurrent)")  # fmt: skip
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: profile and run on one GPU")
     parser.add_argument("--json", action="store_true", help="every figure, per stage too, as JSON")
     parser.add_argument("--docs", type=Path, help="write the table into this page, between the benchmark's markers")
     args = parser.parse_args()
@@ -180,18 +200,23 @@ def main() -> None:
     print(f"loopback bandwidth: {gbps:.2f} Gbit/s", file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model, batch in ROWS:
+        for model, batch in GPU_ROWS if args.device == "cuda" else ROWS:
             if args.only and args.only not in model:
                 continue
-            merged = profile(model, batch, Path(tmp), gbps, concurrent=not args.alone)
-            for label in PLANS:
+            if args.device == "cuda":
+                merged, labels = profile_gpu(model, batch, Path(tmp)), GPU_PLANS
+            else:
+                merged, labels = profile(model, batch, Path(tmp), gbps, concurrent=not args.alone), PLANS
+            for label in labels:
                 planned = plan(merged, batch, label, Path(tmp), gbps)
-                reports = measure(planned, model, steps_for(planned, args.steps, args.seconds), args.rounds)
+                steps = steps_for(planned, args.steps, args.seconds)
+                reports = measure(planned, model, steps, args.rounds, args.device)
                 rows.append(row(model, batch, label, reports))
                 print(f"  {model} at {batch}, {label}: {rows[-1]['ratio']:.2f}", file=sys.stderr, flush=True)
     worst = max(abs(r["ratio"] - 1) for r in rows)
     summary = (
-        f"loopback bandwidth {gbps:.2f} Gbit/s; {args.rounds} rounds of at least {args.steps} steps and "
+        f"{'one GPU, ' if args.device == 'cuda' else ''}loopback bandwidth {gbps:.2f} Gbit/s; "
+        f"{args.rounds} rounds of at least {args.steps} steps and "
         f"{args.seconds:g} s; "
         f"worst |measured/predicted − 1| over the rows' medians: {worst:.0%} (target ≤ 15%)"
     )

@@ -486,3 +486,28 @@ def test_layers_are_timed_in_step_order_and_a_refused_share_spares_the_others():
     assert ("forward", "a", 4) in log and ("forward", "c", 4) in log
     with pytest.raises(ValueError):  # on the whole batch a failing layer is the profile's error
         timing.step_order_times([models.Call("b", _Logged("b", [], least=16), (torch.ones(8, 2),), {})], "cpu", 1)
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.03)
+        return grad * 2
+
+
+class _Slow(torch.nn.Module):
+    def forward(self, x):
+        return _SlowBackward.apply(x)
+
+
+def test_one_backward_call_gives_each_layer_its_own_backward_time():
+    """All layers' backwards run in one call, as in a step; each layer's share is where its nodes ran."""
+    calls = [models.Call(n, _Slow() if n == "b" else torch.nn.Linear(2, 2), (torch.ones(8, 2),), {}) for n in "abc"]
+    times = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0)
+    assert all(len(t) == 2 for t in times)
+    assert min(times[1]) >= 0.03  # the slow backward is b's
+    assert max(times[0]) < 0.015 and max(times[2]) < 0.015

@@ -257,6 +257,28 @@ def test_bad_runs_are_refused_before_starting(runner, tmp_path, stages, args, me
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("stages", "devices", "gpus", "refused"),
+    [
+        ([("gpu", 2)], {"gpu": "cuda"}, 1, True),  # seen on an H100: NCCL's "Duplicate GPU detected"
+        ([("gpu", 2)], {"gpu": "cuda"}, 2, False),
+        ([("gpu", 2)], {"gpu": "cuda:1"}, 2, True),
+        ([("cpu", 1), ("gpu", 2)], {"cpu": "cpu", "gpu": "cuda"}, 2, False),  # ranks 1, 2: cuda:1, cuda:0
+        ([("a", 1), ("b", 1)], {"a": "cuda:0", "b": "cuda:0"}, 1, False),  # two stages: no all-reduce between
+        ([("cpu", 4)], {"cpu": "cpu"}, 0, False),
+    ],
+)
+def test_two_replicas_of_a_stage_on_one_gpu_are_refused(stages, devices, gpus, refused):
+    from heterps_cli.errors import InputError
+    from heterps_cli.runtime import check_gpus_unshared
+
+    if refused:
+        with pytest.raises(InputError, match="refuses two processes on one GPU"):
+            check_gpus_unshared(stages, devices, gpus)
+    else:
+        check_gpus_unshared(stages, devices, gpus)
+
+
 @pytest.mark.parametrize("model", ["transformer", "ctr"])
 def test_a_model_that_is_not_a_chain_is_refused(runner, tmp_path, model):
     plan = write_plan(tmp_path / "plan.json", [("cpu", 1, ["embedding"])], model=model)

@@ -10,12 +10,12 @@
   a micro-batch does; an input's gradient computed only where training computes it: for an
   activation, not for the model's data). A layer then finds the caches as a step leaves them,
   where a layer timed alone in a loop finds its own weights still cached. The median of at least
-  20 passes. On cpu one unit is one core, so it runs on one thread; on cuda the device is
-  synchronised around each forward and backward. A few whole-model steps come first, so that the
-  allocator, the kernels and the caches are warm (their median is also reported, beside the sum
-  of the layers), and the passes are taken in :data:`ROUNDS` rounds, so that a slow spell of the
-  machine is spread over every layer. A short model gets more passes (up to :data:`MAX_RUNS`),
-  until they add up to :data:`MIN_SECONDS`.
+  20 passes. On cpu one unit is one core, so it runs on one thread; on cuda CUDA events time
+  it, nothing waiting for the GPU between layers (:class:`~.timing.Clock`). A few whole-model
+  steps come first, so that the allocator, the kernels and the caches are warm (their median is
+  also reported, beside the sum of the layers), and the passes are taken in :data:`ROUNDS`
+  rounds, so that a slow spell of the machine is spread over every layer. A short model gets
+  more passes (up to :data:`MAX_RUNS`), until they add up to :data:`MIN_SECONDS`.
 * **odt**: what a layer communicates wherever it runs inside its stage, its
   gradient synchronisation (an all-reduce as big as its weights), over the link
   bandwidth: measured (cpu: an all-reduce between two processes over loopback
@@ -52,7 +52,7 @@ from heterps_cli.errors import InputError
 from heterps_cli.formats import check_name
 from heterps_cli.profiling.granularity import at_blocks, chain_note
 from heterps_cli.profiling.links import link_bandwidth
-from heterps_cli.profiling.models import Call, Model, bytes_of, kind, model_error, model_from_spec, trace
+from heterps_cli.profiling.models import Call, Model, bytes_of, detached, kind, model_error, model_from_spec, trace
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
     FIT_TRIALS,
@@ -158,6 +158,9 @@ def measure(
             "to the system, so repeat profiles may differ more on layers with large tensors"
         )
     model.module.to(device)
+    if device != "cpu":  # a copy from host memory each run would empty the GPU's queue before every layer
+        for call in calls:
+            call.args, call.kwargs = detached(call.args, device), detached(call.kwargs, device)
     threads = torch.get_num_threads()
     total = (ROUNDS + 1) * len(calls)  # the timed rounds, then one alpha fit per layer
     layers = []
@@ -259,6 +262,7 @@ def layer_profile(
     cv: float = 0.0,
     estimated: dict[str, str] | None = None,
     residual: float | None = None,
+    update: float | None = None,
 ) -> LayerProfile:
     """A layer's profile from its time and alpha: its sizes and section 1b fields from the recorded call,
     odt its gradient all-reduce (as big as its weights) over ``bandwidth`` bytes/s, beta 0 (derived)."""
@@ -277,7 +281,7 @@ def layer_profile(
         residual,
         activation_size=saved_bytes(call, device) / B0,
         sharded=bool(getattr(call.module, "heterps_sharded", False)),
-        update=update_time(call.module, device),
+        update=update_time(call.module, device) if update is None else update,
     )
 
 

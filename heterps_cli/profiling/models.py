@@ -270,15 +270,16 @@ def trace(model: Model) -> list[Call]:
     return calls
 
 
-def detached(value):
+def detached(value, device=None):
+    """A copy of recorded inputs, cut from autograd, on ``device`` (default: where they are)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return value.detach().to(device or value.device, copy=True)
     if isinstance(value, tuple):
-        return tuple(detached(v) for v in value)
+        return tuple(detached(v, device) for v in value)
     if isinstance(value, list):
-        return [detached(v) for v in value]
+        return [detached(v, device) for v in value]
     if isinstance(value, dict):
-        return {k: detached(v) for k, v in value.items()}
+        return {k: detached(v, device) for k, v in value.items()}
     return value
 
 

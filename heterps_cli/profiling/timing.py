@@ -45,6 +45,30 @@ def synchronise(device: str) -> None:
         torch.cuda.synchronize()
 
 
+class Clock:
+    """Marks on the host clock (cpu) or CUDA events in the stream (cuda), read once the work has ended.
+
+    Synchronising around each layer on a GPU charges it a round trip to the host and an emptied queue
+    that a training step never pays: vgg16's ReLUs took 0.25 ms each on an H100 and its layers summed
+    to 1.5 whole steps, 2.4 times what ``heterps run`` then measured (docs/fidelity.md). Events time
+    the layer where the stream runs it, the launches of a CPU that lags the GPU included, as in a step.
+    """
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+
+    def mark(self) -> torch.cuda.Event | float:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        """Call after :func:`synchronise` on cuda: an event is read once the stream has passed it."""
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+
 def timed(
     module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int, warmup: int
 ) -> list[float]:
@@ -109,15 +133,16 @@ def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> floa
     for p in params:
         p.grad = torch.zeros_like(p)
     optimiser = torch.optim.SGD(params, lr=0.0)  # lr 0: the weights stay as they were measured with
-    times = []
+    clock, times = Clock(device), []
     with torch.no_grad():
         for _ in range(runs + 1):
             synchronise(device)
-            start = time.perf_counter()
+            start = clock.mark()
             optimiser.step()
             optimiser.zero_grad(set_to_none=False)
+            end = clock.mark()
             synchronise(device)
-            times.append(time.perf_counter() - start)
+            times.append(clock.seconds(start, end))
         for p, old in zip(params, saved):
             p.copy_(old)
             p.grad = None
@@ -145,14 +170,15 @@ def step_order_times(
     current: list[Call] | None = None,
 ) -> list[list[float] | Exception]:
     """Each layer's seconds of forward and backward as a training step runs them: every layer's forward
-    in the model's order, then every layer's backward in reverse, each on fresh copies of its recorded
-    inputs (with ``shares = (batch, samples)``, cut to ``samples`` of the batch: :func:`share`) and
-    timed on its own. A layer then finds the caches as a step leaves them, the other layers' weights,
-    gradients and activations passing through between its forward and its backward; timed alone in
-    a loop, it finds its own still cached, which on this machine's CPU made mlp's layers add up to
-    8.7 ms at batch 32 where a whole step took 10.7 ms (docs/fidelity.md). On a share of the batch, a
-    layer that raises gets its exception instead of times, and the others go on (elsewhere it
-    raises); ``current`` holds the layer running."""
+    in the model's order, each on fresh copies of its recorded inputs (with ``shares = (batch, samples)``,
+    cut to ``samples`` of the batch: :func:`share`) and timed on its own, then every layer's backward
+    in reverse, in one call (:func:`backward_marks`). A layer then finds the caches as a step leaves
+    them, the other layers' weights, gradients and activations passing through between its forward
+    and its backward; timed alone in a loop, it finds its own still cached, which on this machine's
+    CPU made mlp's layers add up to 8.7 ms at batch 32 where a whole step took 10.7 ms
+    (docs/fidelity.md); on cuda nothing waits for the GPU between layers (:class:`Clock`). On a share
+    of the batch, a layer that raises gets its exception instead of times, and the others go on
+    (elsewhere it raises); ``current`` holds the layer running."""
     inputs = [
         (call.args, call.kwargs) if shares is None else (share(call.args, *shares), share(call.kwargs, *shares))
         for call in calls
@@ -162,11 +188,12 @@ def step_order_times(
     for p, grad in zip(params, grads_of):
         p.grad = grad
     out: list[list[float] | Exception] = [[] for _ in calls]
+    clock = Clock(device)
     for run in range(warmup + repetitions):
         for grad in grads_of:
             grad.zero_()
         outputs: list = [None] * len(calls)
-        took = [0.0] * len(calls)
+        marks: list[list] = [[] for _ in calls]  # (start, end) of its forward, then of its backward
         for i, call in enumerate(calls):
             if isinstance(out[i], Exception):
                 continue
@@ -174,10 +201,9 @@ def step_order_times(
                 current[:] = [call]
             args, kwargs = call.fresh(device, *inputs[i])
             try:
-                synchronise(device)
-                start = time.perf_counter()
+                start = clock.mark()
                 outputs[i] = call.module(*args, **kwargs)
-                synchronise(device)
+                marks[i].append((start, clock.mark()))
             except MemoryError:
                 raise
             except Exception as exc:  # the user's layer on a share of its batch
@@ -185,25 +211,60 @@ def step_order_times(
                     raise
                 out[i] = exc
                 continue
-            took[i] = time.perf_counter() - start
-        for i in reversed(range(len(calls))):
-            if outputs[i] is None:
-                continue
-            if current is not None:
-                current[:] = [calls[i]]
-            grads = [o for o in tensors_of(outputs[i]) if o.requires_grad]
-            synchronise(device)
-            start = time.perf_counter()
-            if grads:
-                torch.autograd.backward(grads, [torch.ones_like(o) for o in grads])
-            synchronise(device)
-            took[i] += time.perf_counter() - start
-            outputs[i] = None  # its activations go once its backward is done, as in a step
+        for i, span in backward_marks(calls, outputs, clock, current).items():
+            marks[i].append(span)
+        outputs = []  # what each layer saved for its backward went as that backward ran, as in a step
+        synchronise(device)
         if run >= warmup:
             for i, times in enumerate(out):
                 if not isinstance(times, Exception):
-                    times.append(took[i])
+                    times.append(sum(clock.seconds(a, b) for a, b in marks[i]))
     return out
+
+
+def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list[Call] | None) -> dict[int, tuple]:
+    """Every layer's backward in one ``autograd.backward`` call, as a step makes it; (start, end) per layer.
+
+    A call per layer cost the profile the engine's start each time (on cuda a hand-off to the device's
+    thread), which a step pays once: vgg16's 38 layers on an H100 summed to 2.6 whole steps. A hook
+    marks when each layer's first node starts; a layer ends where the next one to run starts, the last
+    where the call returns. The engine runs the newest node first, so the layers run last to first."""
+    roots: list[torch.Tensor] = []
+    seeds: list[torch.Tensor] = []
+    firsts: dict = {}  # a layer's output node -> the layer
+    started: dict[int, object] = {}
+    for i, out in enumerate(outputs):
+        if out is None:
+            continue
+        for tensor in tensors_of(out):
+            if tensor.requires_grad:
+                roots.append(tensor)
+                seeds.append(torch.ones_like(tensor))
+            if tensor.grad_fn is not None:
+                firsts.setdefault(tensor.grad_fn, i)
+    if not roots:
+        return {}
+
+    def starting(i: int):
+        def hook(_grads):
+            if i not in started:
+                started[i] = clock.mark()
+                if current is not None:
+                    current[:] = [calls[i]]
+
+        return hook
+
+    handles = [node.register_prehook(starting(i)) for node, i in firsts.items()]
+    try:
+        base = clock.mark()
+        torch.autograd.backward(roots, seeds)
+        finish = clock.mark()
+    finally:
+        for handle in handles:
+            handle.remove()
+    synchronise("cuda" if clock.cuda else "cpu")
+    order = sorted(started, key=lambda i: clock.seconds(base, started[i]))
+    return {i: (started[i], started[order[n + 1]] if n + 1 < len(order) else finish) for n, i in enumerate(order)}
 
 
 def saved_bytes(call: Call, device: str) -> float:

@@ -92,9 +92,9 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
     header = [
         f"measured by heterps profile: model {p.model} as resource type {p.resource!r} on {p.device} ({note})",
         f"oct: median of {p.repetitions} or more forward+backward runs of each layer in step order (every "
-        f"forward in order, then every backward in reverse, as a training step; at least {MIN_SECONDS:g} s "
+        f"forward in order, then every backward in reverse in one call, as a training step; at least {MIN_SECONDS:g} s "
         f"of passes, up to {MAX_RUNS}), batch {p.batch_size}"
-        + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", device synchronised"),
+        + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", timed by CUDA events"),
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
@@ -105,7 +105,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         "beta: derived (see the entry)",
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
         f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and each layer's "
-        "backward is a call of its own here)",
+        "forward is a call of its own here)",
         *p.notes,
     ]
     rows = []
@@ -143,6 +143,8 @@ def estimated_text(e: Estimated) -> str:
         f"flops, bytes and kernels of each layer's forward+backward counted on the cpu, batch {e.batch_size}",
         "odt: gradient all-reduce bytes per batch (as big as the weights) / the device's network bandwidth",
         "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
+        "update: the optimiser step and the gradients' reset, 4 x weight bytes / (bandwidth x memory efficiency) "
+        "+ 2 x launch floor",
         f"sum of the layers' oct {e.total_oct:.4g} s",
     ]
     if e.calibrated_on:

@@ -68,6 +68,28 @@ def devices_for(types: list[str], mapping: dict[str, str]) -> dict[str, str]:
     return devices
 
 
+def check_gpus_unshared(stages: list[tuple[str, int]], devices: dict[str, str], gpus: int) -> None:
+    """Refuse a local run that puts two replicas of one stage on one GPU: their gradients are summed
+    over NCCL, which refuses two ranks on one device ("Duplicate GPU detected"). Locally rank ``r``
+    mapped to ``cuda`` runs on ``cuda:(r mod gpus)``, ranks going stage by stage."""
+    rank = 0
+    for i, (resource, replicas) in enumerate(stages):
+        device = devices[resource]
+        if device.startswith("cuda") and replicas > 1:
+            on = [device if ":" in device else f"cuda:{(rank + j) % max(gpus, 1)}" for j in range(replicas)]
+            if len(set(on)) < replicas:
+                raise InputError(
+                    None,
+                    None,
+                    "--map",
+                    f"stage {i} has {replicas} replicas of {resource}, mapped to {device}, but only "
+                    f"{len(set(on))} GPU(s) for them here ({', '.join(sorted(set(on)))}): NCCL sums a stage's "
+                    "gradients and refuses two processes on one GPU. Map the type to cpu, run under torchrun "
+                    "with one GPU per process, or plan with a lower limit for it",
+                )
+        rank += replicas
+
+
 def run_plan(
     plan_path: str,
     model: str | None = None,
@@ -107,6 +129,8 @@ def run_plan(
     devices = devices_for(types, mapping or {})
     world = sum(s.replicas for s in plan.stages)
     under_torchrun = torchrun_env() is not None
+    if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
+        check_gpus_unshared([(s.resource, s.replicas) for s in plan.stages], devices, torch.cuda.device_count())
     order = None
     if placed:
         from heterps_cli.runtime.placement import processes
