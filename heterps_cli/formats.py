@@ -236,6 +236,7 @@ KINDS = {  # what each file is, and the keys that say so
     "cluster": ("a cluster", "resources"),
     "plan": ("a plan", "stages"),
     "catalogue": ("a device catalogue", "devices"),
+    "instances": ("an instance catalogue", "instances"),
 }
 
 
@@ -264,6 +265,32 @@ class Catalogue(_Strict):
     efficiency: Annotated[dict[Name, Efficiency], Field(min_length=1)]
     memory_efficiency: Efficiency
     devices: Annotated[dict[Name, DeviceSpec], Field(min_length=1)]
+
+
+Day = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d{2}-\d{2}$")]
+
+
+class Instance(_Strict):
+    """One machine of the instance catalogue (heterps_cli/instances.yaml), rented whole by the hour."""
+
+    cloud: Name
+    region: Name
+    title: Name
+    units: Annotated[dict[Name, Annotated[int, Field(ge=1, le=MAX_UNITS)]], Field(min_length=1)]
+    host_memory_gib: GigaPerUnit
+    network_gbps: GigaPerUnit  # between nodes, the whole instance
+    on_demand: NonNegative  # USD per instance-hour
+    spot: NonNegative | None = None  # the lowest spot price seen, USD per instance-hour
+    read: Day  # when the figures were read from their source
+    source: Prose  # where the shape and the prices come from
+    network_source: Prose
+
+
+class InstanceCatalogue(_Strict):
+    """The catalogue ``heterps cluster`` builds cluster files from."""
+
+    catalogue: Literal["heterps-instances/1"]
+    instances: Annotated[dict[Name, Instance], Field(min_length=1)]
 
 
 def _strip(annotation: Any) -> Any:
@@ -535,6 +562,11 @@ def load_catalogue(path: str) -> Catalogue:
                 "under one byte a second: give the device's real bandwidth",
             )
     return catalogue
+
+
+def load_instances(path: str) -> InstanceCatalogue:
+    doc = load_yaml(path)
+    return _validate(InstanceCatalogue, doc, "instances")
 
 
 def load_plan(path: str) -> tuple[PlanFile, Document]:

@@ -17,7 +17,7 @@ DOCS = ROOT / "docs"
 DOCUMENTED = [  # the pages whose heterps commands run against the bundled files as written
     "model.md", "files.md", "commands.md", "frontier.md", "large-models.md", "api.md", "development.md",
     "schedulers/index.md", "schedulers/exact.md", "schedulers/rl.md", "schedulers/tapp.md",
-    "guide/profiling.md", "guide/running.md", "guide/check.md",
+    "guide/profiling.md", "guide/running.md", "guide/check.md", "guide/renting.md",
 ]  # fmt: skip
 
 
