@@ -55,23 +55,25 @@ def cluster_command(
 
 
 def listing_table(catalogue) -> Table:
-    dates = sorted({i.read for i in catalogue.instances.values()})
-    sources = sorted({i.source for i in catalogue.instances.values()})
+    instances = catalogue.instances.values()
+    dates = sorted({i.read for i in instances})
+    sources = sorted({i.source for i in instances})
+    regions = ", ".join(sorted({f"{i.cloud} {i.region}" for i in instances}))
     table = Table(
         title="instance catalogue: USD per instance-hour",
-        caption=f"read {', '.join(dates)} from {'; '.join(sources)}; network: each instance's published "
-        "figure (heterps_cli/instances.yaml says which)",
+        caption=f"{regions}; read {', '.join(dates)} from {'; '.join(sources)}; network: each instance's "
+        "published figure (heterps_cli/instances.yaml says which)",
         title_justify="left",
         caption_justify="left",
         box=None,
     )
-    table.add_column("instance", no_wrap=True)
-    table.add_column("where", no_wrap=True)
-    table.add_column("units")
+    table.add_column("instance", overflow="fold")
+    table.add_column("cloud", no_wrap=True)
+    table.add_column("units", no_wrap=True)
     for column in ("Gbit/s", "on-demand", "spot"):
         table.add_column(column, justify="right", no_wrap=True)
     for name, i in catalogue.instances.items():
         units = ", ".join(f"{n} {t}" for t, n in i.units.items())
         spot = f"{i.spot:,.2f}" if i.spot is not None else "-"
-        table.add_row(name, f"{i.cloud} {i.region}", units, f"{i.network_gbps:g}", f"{i.on_demand:,.2f}", spot)
+        table.add_row(name, i.cloud, units, f"{i.network_gbps:g}", f"{i.on_demand:,.2f}", spot)
     return table
