@@ -195,6 +195,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="every figure, per stage too, as JSON")
     parser.add_argument("--docs", type=Path, help="write the table into this page, between the benchmark's markers")
     args = parser.parse_args()
+    if args.docs and args.device == "cuda":
+        parser.error("--docs writes the CPU table; docs/fidelity.md's GPU table sets runs side by side by hand")
     bandwidth = loopback_allreduce_bandwidth()
     gbps = 8 * bandwidth / 1e9 if bandwidth else 10.0
     print(f"loopback bandwidth: {gbps:.2f} Gbit/s", file=sys.stderr)
