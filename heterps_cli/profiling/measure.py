@@ -59,6 +59,7 @@ from heterps_cli.profiling.timing import (
     WARMUP,
     fit_alpha,
     saved_bytes,
+    saved_once,
     steady_allocator,
     step_order_times,
     step_times,
@@ -181,6 +182,8 @@ def measure(
         for i, call in enumerate(calls):
             current[:] = [call]
             layers.append(_layer(call, B0, times[i], bandwidth, device, {k: v[i] for k, v in shares.items()}))
+        current[:] = []
+        notes.extend(double_counted(layers, saved_once(model, device) / B0))
         report("done", completed=total, total=total)
     except InputError:
         raise
@@ -193,6 +196,22 @@ def measure(
     return Profiled(
         model.name, resource, device, B0, bandwidth, how, ROUNDS * -(-repetitions // ROUNDS), layers, step, notes
     )
+
+
+SHARED_NOTE = 1.1  # the layers' saved bytes over one whole forward's, past which the profile says so
+
+
+def double_counted(layers: list[LayerProfile], once: float) -> list[str]:
+    """A note when the layers' activation_size add up to more than one whole forward saves (``once``,
+    bytes per sample): a tensor two layers save is in both, and a stage holding both counts it twice."""
+    total = sum(layer.activation_size for layer in layers)
+    if once <= 0 or total <= SHARED_NOTE * once:
+        return []
+    return [
+        f"the layers' activation_size add up to {total / once:.2f}x what one forward of the whole model keeps "
+        "for backward: a tensor two layers both save (a ReLU's output, the next layer's input) is in each, so a "
+        "stage that holds both counts it twice and plans more activation memory than it holds (docs/fidelity.md)"
+    ]
 
 
 def traced(model: Model) -> tuple[list[Call], list[str]]:

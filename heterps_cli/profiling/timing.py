@@ -267,6 +267,25 @@ def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list
     return {i: (started[i], started[order[n + 1]] if n + 1 < len(order) else finish) for n, i in enumerate(order)}
 
 
+def saved_once(model: Model, device: str) -> float:
+    """Bytes one forward of the whole model keeps for its backward, each storage once, its parameters
+    left out: what the layers' :func:`saved_bytes` add up to where no two layers save one tensor."""
+    params = {p.untyped_storage().data_ptr() for p in model.module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return tensor
+
+    inputs = tuple(x.to(device) for x in model.inputs)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = model.module(*inputs)
+    del out
+    return float(sum(seen.values()))
+
+
 def saved_bytes(call: Call, device: str) -> float:
     """Bytes the layer keeps for its backward pass on one batch: the tensors autograd saves during
     one forward on fresh copies of its inputs, each storage once, its own parameters left out."""
