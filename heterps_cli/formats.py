@@ -76,6 +76,7 @@ class Layer(_Strict):
     alpha: Fraction | None = None
     beta: Fraction | None = None
     activation_size: NonNegative = 0.0  # section 1b: bytes per sample kept for the backward pass
+    input_saved: NonNegative = 0.0  # section 1b: of those, the bytes the layer before also keeps
     sharded: bool = False  # section 1b: weights split across the stage's replicas
     times: Annotated[dict[Name, TimeEntry], Field(min_length=1)]
 
@@ -453,6 +454,16 @@ def _profile_of(doc: Document) -> Profile:
                 )
             )
         seen.setdefault(layer.name, i)
+        if layer.input_saved > layer.activation_size:
+            problems.append(
+                doc.error(
+                    ("layers", i, "input_saved"),
+                    f"{number(layer.input_saved)} is more than the layer's activation_size "
+                    f"({number(layer.activation_size)}): it is the part of it the layer before also keeps",
+                )
+            )
+        if i == 0 and layer.input_saved:
+            problems.append(doc.error(("layers", 0, "input_saved"), "the first layer has no layer before it: give 0"))
         for resource, entry in layer.times.items():
             for frac in ("alpha", "beta"):
                 if getattr(entry, frac) is None and getattr(layer, frac) is None:

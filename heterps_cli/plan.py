@@ -221,21 +221,20 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     reserved = problem.reserved_bytes
     pipeline: dict = {}
     transfer = float(stages.transfer[0, s] / kk)
+    state_fixed, state_split = problem.state_parts
+    # a stage holds once what two of its layers save; its first layer's share is its own copy
+    activations = (problem.activation_bytes - problem.shared_bytes)[a : b + 1].sum() + problem.shared_entry[a]
     if problem.pipelined:
-        state_fixed, state_split = problem.state_parts
         in_flight = int(stages.in_flight[0, s])
         memory = float(
-            state_fixed[a : b + 1].sum()
-            + reserved[t]
-            + (state_split[a : b + 1].sum() + in_flight * problem.activation_bytes[a : b + 1].sum()) / kk
+            state_fixed[a : b + 1].sum() + reserved[t] + (state_split[a : b + 1].sum() + in_flight * activations) / kk
         )
         compute = float(stages.micro_serial[0, s] + stages.micro_parallel[0, s] / kk) - transfer
         comm = float(2.0 * stages.sync[0, s] * (1.0 - 1.0 / kk))
         step = stages.sc[0, s] + stages.pc[0, s] / kk
         pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(step), "in_flight": in_flight}
     else:
-        fixed, split = problem.memory_parts
-        memory = float(fixed[a : b + 1].sum() + split[a : b + 1].sum() / kk)
+        memory = float(state_fixed[a : b + 1].sum() + (state_split[a : b + 1].sum() + activations) / kk)
         if problem.reserved is not None:
             memory += float(reserved[t])
         compute = float(stages.sc[0, s] + stages.pc[0, s] / kk)

@@ -63,6 +63,9 @@ class Problem:
     # docs/spec.md section 1e: units come in whole nodes; prices are then Nodes.unit_prices and
     # limits every available node's units, and a plan costs its cheapest rental.
     nodes: Nodes | None = None
+    # section 1b: of each layer's activation_size, the bytes the layer before it also saves (a ReLU's
+    # output, the next layer's input): held once in a stage that has both, again by a stage it starts.
+    input_saved: np.ndarray | None = None  # [n] bytes per sample
 
     @property
     def pipelined(self) -> bool:
@@ -163,6 +166,21 @@ class Problem:
         """Per layer, the bytes one (micro-)batch keeps for its backward pass, split across the replicas."""
         with np.errstate(over="ignore"):
             return self.batch_size * self.activation_size
+
+    @cached_property
+    def shared_bytes(self) -> np.ndarray:
+        """Per layer, the part of :attr:`activation_bytes` the layer before it also holds: a stage holds
+        it once, so a stage ``a..b`` holds its layers' activation bytes less ``shared_bytes[a+1..b]``."""
+        if self.input_saved is None:
+            return np.zeros(self.n_layers)
+        with np.errstate(over="ignore"):
+            return self.batch_size * self.input_saved
+
+    @cached_property
+    def shared_entry(self) -> np.ndarray:
+        """``[n + 1]``: :attr:`shared_bytes`, 0 past the last layer, to add back for a stage's first
+        layer (its own copy of what it saves of its input) where a span sums ``activation - shared``."""
+        return np.append(self.shared_bytes, 0.0)
 
     def replace(self, **changes) -> Problem:
         if "objective" in changes:
@@ -277,6 +295,11 @@ def build_problem(
         bandwidth=np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float),
         memory=np.array([r.memory_gb * 1e9 if r.memory_gb else np.inf for r in res], dtype=float),
         activation_size=np.array([layer.activation_size for layer in profile.layers], dtype=float),
+        input_saved=(
+            np.array([layer.input_saved for layer in profile.layers], dtype=float)
+            if any(layer.input_saved for layer in profile.layers)
+            else None
+        ),
         sharded=np.array([layer.sharded for layer in profile.layers], dtype=bool),
         state_factor=float(profile.state_factor),
         batch_size=profile.batch_size,

@@ -38,6 +38,8 @@ def instance_dicts(
             entry["input_size"] = float(hardware["input_size"][layer])
             entry["weight_size"] = float(hardware["weight_size"][layer])
             entry["activation_size"] = float(hardware["activation_size"][layer])
+            if hardware.get("input_saved") is not None:
+                entry["input_saved"] = float(hardware["input_saved"][layer])
             entry["sharded"] = bool(hardware["sharded"][layer])
         layers.append(entry)
     profile = {
@@ -80,10 +82,15 @@ def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None):
     bandwidth = [
         None if rng.random() < 0.3 else round(float(typical * rng.choice([0.3, 1.0, 3.0])), 6) or 1e-6 for _ in range(T)
     ]
+    # What a layer saves of its input that the layer before also saves (a ReLU's output, the next
+    # layer's input): half of the smaller of the two on every other layer, without drawing from rng.
+    input_saved = np.zeros(n)
+    input_saved[1::2] = 0.5 * np.minimum(activation[1::2], activation[:-1:2][: len(activation[1::2])])
     return {
         "input_size": input_size,
         "weight_size": weight,
         "activation_size": activation,
+        "input_saved": input_saved,
         "sharded": sharded,
         "state_factor": state_factor,
         "memory_gb": memory,

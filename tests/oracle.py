@@ -39,9 +39,10 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
         d += x / k
         sf = profile.get("state_factor", 4.0)
         mem = 0.0
-        for layer in layers[a_ : b_ + 1]:
+        for i, layer in enumerate(layers[a_ : b_ + 1]):
             w = sf * layer["weight_size"]
-            mem += (w / k if layer.get("sharded") else w) + B0 / k * layer.get("activation_size", 0.0)
+            held = layer.get("activation_size", 0.0) - (layer.get("input_saved", 0.0) if i else 0.0)
+            mem += (w / k if layer.get("sharded") else w) + B0 / k * held
         ct.append(c)
         dt.append(d)
         transfer.append(x / k)
@@ -173,7 +174,10 @@ def _section_1b(hw, B0, n, t, ls, k, c, d):
         sf = hw["state_factor"]
         unsharded = sum(hw["weight_size"][i] for i in ls if not hw["sharded"][i])
         sharded = sum(hw["weight_size"][i] for i in ls if hw["sharded"][i])
-        activations = sum(hw["activation_size"][i] for i in ls)
+        shared = hw.get("input_saved")
+        activations = sum(hw["activation_size"][i] for i in ls) - (
+            sum(shared[i] for i in ls[1:]) if shared is not None else 0.0
+        )
         mem = sf * (unsharded + sharded / k) + B0 / k * activations
         fit = mem <= hw["memory_gb"][t] * 1e9 * (1 + 1e-12)
     return c, d, fit
@@ -279,9 +283,10 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
         mem = (res.get("memory_reserved_gb") or 0.0) * 1e9
         for layer in ls:
             w = sf * layers[layer]["weight_size"]
-            mem += (w / k if layers[layer].get("sharded") else w) + held * B0 / k * layers[layer].get(
-                "activation_size", 0.0
-            )
+            kept = layers[layer].get("activation_size", 0.0)
+            if layer != ls[0]:  # a stage holds once what a layer and the one before it both save
+                kept -= layers[layer].get("input_saved", 0.0)
+            mem += (w / k if layers[layer].get("sharded") else w) + held * B0 / k * kept
         memory.append(mem / 1e9)
         fits.append(res.get("memory_gb") is None or mem <= res["memory_gb"] * 1e9 * (1 + 1e-12))
         k_t[t] += k

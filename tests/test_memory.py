@@ -106,3 +106,46 @@ def test_diff_shows_the_memory_per_replica(files, runner):
     _run(runner, ["plan", "profiles/ctr.yaml", HARDWARE, "-s", "exact", "--out", "b.yaml"])
     shown = _run(runner, ["diff", "a.yaml", "b.yaml", "--format", "markdown"]).stdout
     assert " GB" in shown and "4.1 GB" in shown, shown
+
+
+FAST_CPU = "{cpu: {oct: 0.1, odt: 0, alpha: 1, beta: 1}, gpu: {oct: 0.3, odt: 0, alpha: 1, beta: 1}}"
+FAST_GPU = "{cpu: {oct: 0.3, odt: 0, alpha: 1, beta: 1}, gpu: {oct: 0.1, odt: 0, alpha: 1, beta: 1}}"
+SHARED = f"""model: m
+batch_size: 8
+layers:
+  - {{name: fc1, type: fc, input_size: 4, weight_size: 0, activation_size: 10, times: {FAST_CPU}}}
+  - {{name: relu, type: activation, input_size: 8, weight_size: 0, activation_size: 8, times: {FAST_CPU}}}
+  - {{name: fc2, type: fc, input_size: 8, weight_size: 0, activation_size: 8, input_saved: 8, times: {FAST_GPU}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("types", "memory"),
+    [
+        ({"cpu": 1}, [8 * (10 + 8 + 8 - 8)]),  # one stage holds the ReLU's output once
+        ({"cpu": 1, "gpu": 1}, [8 * (10 + 8), 8 * 8]),  # fc2 starts a stage: its own copy of its input
+    ],
+)
+def test_a_tensor_two_layers_keep_is_held_once_by_a_stage_and_again_by_the_next(tmp_path, runner, types, memory):
+    (tmp_path / "p.yaml").write_text(SHARED)
+    lines = ["cluster: c", "resources:"]
+    lines += [f"  {t}: {{price: 1, limit: {n}, memory_gb: 1}}" for t, n in types.items()]
+    (tmp_path / "c.yaml").write_text("\n".join(lines) + "\n")
+    args = ["plan", str(tmp_path / "p.yaml"), str(tmp_path / "c.yaml"), "--samples", "100", "--objective", "time"]
+    result = runner.invoke(app, [*args, "--scheduler", "exact", "--json"])
+    assert result.exit_code == 0, result.output
+    stages = json.loads(result.stdout)["stages"]
+    assert [s["memory_gb"] * 1e9 for s in stages] == pytest.approx(memory)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ("activation_size: 10,", "activation_size: 10, input_saved: 1,", "layers[0].input_saved: the first layer"),
+        ("input_saved: 8", "input_saved: 9", "layers[2].input_saved: 9 is more than the layer's activation_size"),
+    ],
+)
+def test_input_saved_is_validated_with_file_line_and_field(tmp_path, runner, old, new, says):
+    (tmp_path / "p.yaml").write_text(SHARED.replace(old, new))
+    result = runner.invoke(app, ["validate", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2 and says in result.stderr and "p.yaml:" in result.stderr

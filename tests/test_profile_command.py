@@ -513,18 +513,14 @@ def test_one_backward_call_gives_each_layer_its_own_backward_time():
     assert max(times[0]) < 0.015 and max(times[2]) < 0.015
 
 
-def test_a_tensor_two_layers_save_is_counted_in_each_and_the_profile_says_so():
+def test_a_tensor_two_layers_save_is_their_shared_input_saved():
     """Linear(4, 8) saves its input (4 floats a sample), the ReLU its output (8) and the next Linear its
-    input, the same 8: 20 floats a sample over the layers, 12 in one whole forward."""
-    from heterps_cli.profiling.measure import double_counted, traced
+    input, the same 8 floats: that layer's input_saved is 8 floats a sample, the others' 0."""
+    from heterps_cli.profiling.measure import traced
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     model = models.Model("tiny", module, (torch.randn(16, 4),))
     calls, _ = traced(model)
-    per_layer = [timing.saved_bytes(call, "cpu") / 16 for call in calls]
-    assert per_layer == [4 * 4, 8 * 4, 8 * 4]
-    assert timing.saved_once(model, "cpu") / 16 == 12 * 4
-    (note,) = double_counted([type("L", (), {"activation_size": a})() for a in per_layer], 12 * 4)
-    assert "1.67x" in note
-    assert double_counted([type("L", (), {"activation_size": 48.0})()], 48.0) == []
+    assert [timing.saved_bytes(call, "cpu") / 16 for call in calls] == [4 * 4, 8 * 4, 8 * 4]
+    assert [b / 16 for b in timing.shared_with_previous(model, calls, "cpu")] == [0, 0, 8 * 4]

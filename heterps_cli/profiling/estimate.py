@@ -45,13 +45,13 @@ from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
     ALPHA_OTHER,
     LayerProfile,
-    double_counted,
     layer_profile,
     traced,
     weight_bytes,
+    with_shared,
 )
 from heterps_cli.profiling.models import Call, Model, bytes_of, kind, model_error, tensors_of
-from heterps_cli.profiling.timing import saved_once
+from heterps_cli.profiling.timing import shared_with_previous
 from heterps_cli.progress import Progress, quiet
 
 CATALOGUE = Path(__file__).with_name("devices.yaml")
@@ -321,7 +321,7 @@ def estimate(
         oct_ = core * factor + _launch(w, device)
         layers.append(layer_profile(call, B0, oct_, network, alpha, "cpu", update=update))
         estimates.append(Estimate(w, peak, _efficiency(catalogue, layer_kind) / factor))
-    notes.extend(double_counted(layers, saved_once(model, "cpu") / B0))
+    layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
     report("done", completed=len(calls), total=len(calls))
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(

@@ -41,6 +41,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ from heterps_cli.profiling.timing import (
     WARMUP,
     fit_alpha,
     saved_bytes,
-    saved_once,
+    shared_with_previous,
     steady_allocator,
     step_order_times,
     step_times,
@@ -115,6 +116,7 @@ class LayerProfile:
     fit_residual: float | None = None
     activation_size: float = 0.0  # bytes per sample kept for backward (docs/spec.md section 1b)
     sharded: bool = False  # docs/spec.md section 1b: the module says its weights are split across replicas
+    input_saved: float = 0.0  # of activation_size, bytes per sample the layer before also keeps (section 1b)
     update: float = 0.0  # docs/spec.md section 1d: seconds of the optimiser step on the layer's weights
 
 
@@ -183,7 +185,7 @@ def measure(
             current[:] = [call]
             layers.append(_layer(call, B0, times[i], bandwidth, device, {k: v[i] for k, v in shares.items()}))
         current[:] = []
-        notes.extend(double_counted(layers, saved_once(model, device) / B0))
+        layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
         report("done", completed=total, total=total)
     except InputError:
         raise
@@ -198,19 +200,13 @@ def measure(
     )
 
 
-SHARED_NOTE = 1.1  # the layers' saved bytes over one whole forward's, past which the profile says so
-
-
-def double_counted(layers: list[LayerProfile], once: float) -> list[str]:
-    """A note when the layers' activation_size add up to more than one whole forward saves (``once``,
-    bytes per sample): a tensor two layers save is in both, and a stage holding both counts it twice."""
-    total = sum(layer.activation_size for layer in layers)
-    if once <= 0 or total <= SHARED_NOTE * once:
-        return []
+def with_shared(layers: list[LayerProfile], shared: list[float], B0: int) -> list[LayerProfile]:
+    """The layers with ``input_saved``: ``shared`` bytes per batch (:func:`~.timing.shared_with_previous`)
+    per sample, at most the layer's activation_size (that is measured on the layer alone, this in one
+    whole forward)."""
     return [
-        f"the layers' activation_size add up to {total / once:.2f}x what one forward of the whole model keeps "
-        "for backward: a tensor two layers both save (a ReLU's output, the next layer's input) is in each, so a "
-        "stage that holds both counts it twice and plans more activation memory than it holds (docs/fidelity.md)"
+        dataclasses.replace(layer, input_saved=min(layer.activation_size, both / B0))
+        for layer, both in zip(layers, shared)
     ]
 
 

@@ -267,23 +267,41 @@ def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list
     return {i: (started[i], started[order[n + 1]] if n + 1 < len(order) else finish) for n, i in enumerate(order)}
 
 
-def saved_once(model: Model, device: str) -> float:
-    """Bytes one forward of the whole model keeps for its backward, each storage once, its parameters
-    left out: what the layers' :func:`saved_bytes` add up to where no two layers save one tensor."""
+def shared_with_previous(model: Model, calls: list[Call], device: str) -> list[float]:
+    """Per layer, bytes per batch of the tensors it keeps for backward that the layer before it also
+    keeps, in one forward of the whole model (a ReLU keeps its output, the next layer its input: one
+    tensor). Parameters are left out; the first layer's is 0. The layers are the calls in the order
+    :func:`~.models.trace` recorded them, each a firing of a layer's forward."""
     params = {p.untyped_storage().data_ptr() for p in model.module.parameters()}
-    seen: dict[int, int] = {}
+    kept: list[dict[int, int]] = [{} for _ in calls]
+    at = {"call": -1, "inside": False}
+
+    def enter(_module, _args):
+        at["call"] += 1
+        at["inside"] = True
+
+    def leave(_module, _args, _out):
+        at["inside"] = False
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        if at["inside"] and 0 <= at["call"] < len(calls) and storage.data_ptr() not in params:
+            kept[at["call"]].setdefault(storage.data_ptr(), storage.nbytes())
         return tensor
 
+    modules = list(dict.fromkeys(call.module for call in calls))
+    handles = [m.register_forward_pre_hook(enter) for m in modules] + [m.register_forward_hook(leave) for m in modules]
     inputs = tuple(x.to(device) for x in model.inputs)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = model.module(*inputs)
-    del out
-    return float(sum(seen.values()))
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = model.module(*inputs)
+        del out
+    finally:
+        for handle in handles:
+            handle.remove()
+    if at["call"] + 1 != len(calls):  # a forward that calls its layers differently from the trace
+        return [0.0] * len(calls)
+    return [0.0] + [float(sum(n for ptr, n in kept[i].items() if ptr in kept[i - 1])) for i in range(1, len(calls))]
 
 
 def saved_bytes(call: Call, device: str) -> float:

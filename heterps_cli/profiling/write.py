@@ -42,6 +42,7 @@ class LayerRow:
     times: dict[str, Entry]
     activation_size: float = 0.0  # docs/spec.md section 1b
     sharded: bool = False
+    input_saved: float = 0.0  # docs/spec.md section 1b
 
 
 def _number(x: float) -> str:
@@ -73,6 +74,7 @@ def render(
             f"    input_size: {_number(row.input_size)}",
             f"    weight_size: {_number(row.weight_size)}",
             f"    activation_size: {_number(row.activation_size)}",
+            *([f"    input_saved: {_number(row.input_saved)}"] if row.input_saved else []),
             *(["    sharded: true"] if row.sharded else []),
             "    times:",
         ]
@@ -97,7 +99,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", timed by CUDA events"),
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
-        "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once)",
+        "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once); "
+        "input_saved: of those, the bytes the layer before also keeps, in one forward of the whole model",
         "update: median of the optimiser step (SGD) and the gradients' reset on the layer's weights, s per step "
         "(spec section 1d)",
         "alpha: fitted over batch shares (B0/k, what each of k replicas runs, in step order) unless the entry "
@@ -125,6 +128,7 @@ def _row(layer: LayerProfile, resource: str, comment: str) -> LayerRow:
         {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment, layer.update)},
         layer.activation_size,
         layer.sharded,
+        layer.input_saved,
     )
 
 
@@ -180,9 +184,18 @@ def merge_profiles(paths: list[str]) -> str:
     loaded = [load_profile(path) for path in paths]
     (first, fdoc) = loaded[0]
     text_lines = {path: doc.text.splitlines() for path, (_, doc) in zip(paths, loaded)}
-    # activation_size and sharded come from the first profile: they describe the model, not the machine.
+    # activation_size, input_saved and sharded come from the first profile: they describe the model.
     rows = [
-        LayerRow(layer.name, layer.type, layer.input_size, layer.weight_size, {}, layer.activation_size, layer.sharded)
+        LayerRow(
+            layer.name,
+            layer.type,
+            layer.input_size,
+            layer.weight_size,
+            {},
+            layer.activation_size,
+            layer.sharded,
+            layer.input_saved,
+        )
         for layer in first.layers
     ]
     owner: dict[str, str] = {}

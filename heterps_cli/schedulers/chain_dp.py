@@ -132,7 +132,10 @@ def _table(problem: Problem) -> _Table:
         pd = pd + boundary_transfer(problem)
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
-        fixed, split = (spans(part[:, None]) for part in problem.memory_parts)
+        fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
+        with np.errstate(over="ignore", invalid="ignore"):  # a stage holds once what two of its layers save
+            activations = spans((problem.activation_bytes - problem.shared_bytes)[:, None])
+            split = state_split + activations + problem.shared_entry[None, :, None]
         if problem.reserved is not None:
             fixed = fixed + problem.reserved_bytes[None, None, :]
         with np.errstate(invalid="ignore"):
