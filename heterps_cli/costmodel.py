@@ -204,13 +204,11 @@ def split_stages(problem: Problem, schedules) -> Stages:
         # A stage holds once what two of its layers save; its first layer's share is its own copy.
         entry = np.where(valid, problem.shared_entry[np.where(valid, first, 0)], 0.0)
         with np.errstate(over="ignore", invalid="ignore"):
-            activations = summed(problem.activation_bytes - problem.shared_bytes) + entry
+            activations = summed(problem.held_once) + entry
             if problem.pipelined:  # the activations of in_flight micro-batches
-                mem_fixed = summed(problem.state_parts[0])
-                mem_split = summed(problem.state_parts[1]) + in_flight * activations
-            else:
-                mem_fixed = summed(problem.state_parts[0])
-                mem_split = summed(problem.state_parts[1]) + activations
+                activations = in_flight * activations
+            mem_fixed = summed(problem.state_parts[0])
+            mem_split = summed(problem.state_parts[1]) + activations
         if problem.reserved is not None:
             mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
         min_k = np.where(valid, min_memory_replicas(mem_fixed, mem_split, problem.memory[stype]), 1.0)

@@ -223,7 +223,7 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     transfer = float(stages.transfer[0, s] / kk)
     state_fixed, state_split = problem.state_parts
     # a stage holds once what two of its layers save; its first layer's share is its own copy
-    activations = (problem.activation_bytes - problem.shared_bytes)[a : b + 1].sum() + problem.shared_entry[a]
+    activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
         memory = float(

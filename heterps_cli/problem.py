@@ -177,9 +177,17 @@ class Problem:
             return self.batch_size * self.input_saved
 
     @cached_property
+    def held_once(self) -> np.ndarray:
+        """Per layer, :attr:`activation_bytes` less :attr:`shared_bytes`: what a stage holds for the layer
+        when the layer before is in it too; a span of these plus :attr:`shared_entry` at its first layer
+        is what the stage holds."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.activation_bytes - self.shared_bytes
+
+    @cached_property
     def shared_entry(self) -> np.ndarray:
         """``[n + 1]``: :attr:`shared_bytes`, 0 past the last layer, to add back for a stage's first
-        layer (its own copy of what it saves of its input) where a span sums ``activation - shared``."""
+        layer (its own copy of what it saves of its input) where a span sums :attr:`held_once`."""
         return np.append(self.shared_bytes, 0.0)
 
     def replace(self, **changes) -> Problem:

@@ -87,6 +87,13 @@ def too_large(problem: Problem) -> bool:
     return grid_cells(problem) > MAX_GRID_CELLS
 
 
+def activation_spans(problem: Problem) -> np.ndarray:
+    """``[i, j, 1]``: the activation bytes of one (micro-)batch that stage ``j..i-1`` holds, a tensor two
+    of its layers keep counted once, its first layer's own copy of its input included (section 1b)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return spans(problem.held_once[:, None]) + problem.shared_entry[None, :, None]
+
+
 def spans(per_layer: np.ndarray) -> np.ndarray:
     """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
     A difference of prefix sums loses a stage's small times beside a huge one earlier in the
@@ -133,9 +140,8 @@ def _table(problem: Problem) -> _Table:
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
         fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-        with np.errstate(over="ignore", invalid="ignore"):  # a stage holds once what two of its layers save
-            activations = spans((problem.activation_bytes - problem.shared_bytes)[:, None])
-            split = state_split + activations + problem.shared_entry[None, :, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            split = state_split + activation_spans(problem)
         if problem.reserved is not None:
             fixed = fixed + problem.reserved_bytes[None, None, :]
         with np.errstate(invalid="ignore"):

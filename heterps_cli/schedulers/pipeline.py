@@ -44,6 +44,7 @@ from heterps_cli.schedulers.chain_dp import (
     Chain,
     _chain_dp,
     _Table,
+    activation_spans,
     boundary_transfer,
     most_stages,
     runnable_spans,
@@ -69,9 +70,7 @@ def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
     if not np.isfinite(problem.memory).any():
         return np.ones(shape)
     state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-    with np.errstate(over="ignore", invalid="ignore"):  # a stage holds once what two of its layers save
-        activations = spans((problem.activation_bytes - problem.shared_bytes)[:, None])
-        activations = activations + problem.shared_entry[None, :, None]
+    activations = activation_spans(problem)
     fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
     with np.errstate(over="ignore", invalid="ignore"):
         split = state_split[:, :, None, :] + held[None, None, :, None] * activations[:, :, None, :]
