@@ -299,6 +299,8 @@ def load_yaml(path: str | os.PathLike) -> Document:
         elif "constructor for the tag" in problem:
             problem += " (heterps reads plain data only: tags that build objects are refused)"
         what = "refused" if isinstance(exc, _Refused) else "not valid YAML"
+        if "maximum nesting depth" in problem:  # PyYAML 6.0.4's own limit, met before ours: say it as ours
+            what, problem = "refused", f"nesting too deep (more than {MAX_DEPTH} levels)"
         # A value the reader parsed but cannot build (a number no float holds) has a field by now.
         found = walk.at.get((mark.line, mark.column)) if walk and mark else None
         field = format_path(found) if found else None
