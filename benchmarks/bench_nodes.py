@@ -6,8 +6,10 @@
 The chains are benchmarks/generate.py's (cpu, v100, a100 at its per-unit prices). Their units come
 in four node kinds shaped like cloud instances: 36 CPU cores; 4 V100 with 16 cores; 8 V100 with 32
 cores; 8 A100 with 48 cores; each priced at its units' prices, and as many available as the
-generated limits allow (tight: fewer GPUs). Target (issue 35): 64 layers x 3 types, 4 node kinds,
-under 5 s on 2 cores.
+generated limits allow (tight: fewer GPUs). With links, the GPU kinds give their GPUs' NVLink
+(V100 1,200 Gbit/s, A100 2,400 Gbit/s one way, heterps_cli/instances.yaml's figures): a type that
+one node of a rental holds all-reduces over it (docs/spec.md section 1e). Target (issue 35): 64
+layers x 3 types, 4 node kinds, under 5 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ KINDS = {  # name: units
     "v100x8": {"v100": 8, "cpu": 32},
     "a100x8": {"a100": 8, "cpu": 48},
 }
+LINKS = {"v100x4": {"v100": 1200}, "v100x8": {"v100": 1200}, "a100x8": {"a100": 2400}}  # Gbit/s, one way
 
 
-def with_nodes(cluster: dict) -> dict:
+def with_nodes(cluster: dict, links: bool = False) -> dict:
     """The generated cluster's types, their units in :data:`KINDS` (at the types' prices), as many
-    nodes of each as the types' limits allow (at least one)."""
+    nodes of each as the types' limits allow (at least one); ``links``: the GPU kinds' :data:`LINKS`."""
     resources = cluster["resources"]
     nodes = {}
     for name, units in KINDS.items():
@@ -45,6 +48,8 @@ def with_nodes(cluster: dict) -> dict:
         main = next(iter(units))
         available = max(1, resources[main]["limit"] // units[main])
         nodes[name] = {"price": round(price, 4), "units": units, "available": int(available)}
+        if links and name in LINKS:
+            nodes[name]["link_gbps"] = LINKS[name]
     return {
         "cluster": cluster["cluster"] + "-nodes",
         "resources": {t: {} for t in resources},
@@ -54,11 +59,11 @@ def with_nodes(cluster: dict) -> dict:
 
 def run(sizes=(16, 64), repeats: int = 3) -> list[dict]:
     rows = []
-    for n in sizes:
+    for n, links in ((n, links) for n in sizes for links in (False, True)):
         for tight in (False, True):
             for objective in ("cost", "time"):
                 profile, cluster = chain(n, 3, seed=0, tight=tight)
-                nodes = with_nodes(cluster)
+                nodes = with_nodes(cluster, links)
                 problem = build_problem(
                     Profile.model_validate(profile), Cluster.model_validate(nodes), objective=objective
                 )
@@ -73,6 +78,7 @@ def run(sizes=(16, 64), repeats: int = 3) -> list[dict]:
                 rows.append(
                     {
                         "layers": n,
+                        "links": "NVLink" if links else "none",
                         "limits": "tight" if tight else "loose",
                         "objective": objective,
                         "seconds": min(times),
@@ -82,12 +88,17 @@ def run(sizes=(16, 64), repeats: int = 3) -> list[dict]:
                         "cost": plan.cost_usd if plan is not None else math.nan,
                     }
                 )
-                print(f"  {n} layers, {rows[-1]['limits']}, {objective}: {rows[-1]['seconds']:.2f} s", file=sys.stderr)
+                print(
+                    f"  {n} layers, links {rows[-1]['links']}, {rows[-1]['limits']}, {objective}: "
+                    f"{rows[-1]['seconds']:.2f} s",
+                    file=sys.stderr,
+                )
     return rows
 
 
 COLUMNS = [
     ("layers", "r"),
+    ("links", "l"),
     ("limits", "l"),
     ("objective", "l"),
     ("seconds", "r"),
@@ -100,7 +111,8 @@ COLUMNS = [
 
 def table(rows: list[dict]) -> str:
     cells = [
-        [str(r["layers"]), r["limits"], r["objective"], f"{r['seconds']:.2f}", f"{r['rentals']:,}", r["asked"]]
+        [str(r["layers"]), r["links"], r["limits"], r["objective"], f"{r['seconds']:.2f}", f"{r['rentals']:,}"]
+        + [r["asked"]]
         + [r["rental"], f"{r['cost']:.2f}"]
         for r in rows
     ]

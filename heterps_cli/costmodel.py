@@ -277,14 +277,16 @@ def stage_throughputs(problem: Problem, stages: Stages, replicas) -> np.ndarray:
     )
 
 
-def score(problem: Problem, stages: Stages, replicas) -> Scores:
-    """Throughput, time, cost and feasibility of schedules with the given replica counts."""
+def score(problem: Problem, stages: Stages, replicas, rate: np.ndarray | None = None) -> Scores:
+    """Throughput, time, cost and feasibility of schedules with the given replica counts (``rate``:
+    USD an hour of each schedule's rental, where it is not the cheapest holding its units)."""
     k = np.where(stages.valid, np.asarray(replicas, dtype=float), 0.0)
     thr_s = stage_throughputs(problem, stages, k)
     bottleneck = np.argmin(thr_s, axis=1)
     thr = thr_s[np.arange(len(k)), bottleneck]
     used = used_per_type(problem, stages, k)
-    rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
+    if rate is None:
+        rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
     with np.errstate(divide="ignore", invalid="ignore"):
         time_s = problem.work / thr
         cost = run_cost(problem.work, thr, rate)

@@ -121,6 +121,8 @@ class NodeKind(_Strict):
     units: Annotated[dict[Name, Annotated[int, Field(ge=1, le=MAX_UNITS)]], Field(min_length=1)]
     available: Annotated[int, Field(ge=1, le=MAX_NODES)]
     label: Label | None = None  # e.g. the instance's description, for output
+    # section 1e: per type it holds, one unit's bandwidth to the other units of the node, Gbit/s
+    link_gbps: dict[Name, GigaPerUnit] | None = None
 
 
 class Cluster(_Strict):
@@ -184,6 +186,7 @@ class PlanFile(_Strict):
     rental: dict[Name, Annotated[int, Field(ge=1, le=MAX_NODES)]] | None = None  # section 1e
     rate_usd_per_hour: NonNegative | None = None
     idle_units: dict[Name, Units] | None = None
+    link_gbps: dict[Name, GigaPerUnit] | None = None  # section 1e: the node links the plan's types talk over
     global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
     micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     throughput: NonNegative
@@ -223,6 +226,7 @@ PLAN_ONLY_WHERE_GIVEN = (
     "rental",
     "rate_usd_per_hour",
     "idle_units",
+    "link_gbps",
     "global_batch",
     "micro_batches",
     "explanation",
@@ -285,6 +289,8 @@ class Instance(_Strict):
     read: Day  # when the figures were read from their source
     source: Prose  # where the shape and the prices come from
     network_source: Prose
+    link_gbps: dict[Name, GigaPerUnit] | None = None  # one unit's link to the others inside the instance
+    link_source: Prose | None = None
 
 
 class InstanceCatalogue(_Strict):
@@ -431,7 +437,7 @@ def load_any(path: str) -> tuple[str, Profile | Cluster | PlanFile, Document]:
     doc = load_yaml(path)
     kind = _kind_of(doc.data) if isinstance(doc.data, dict) else None
     if kind == "cluster":
-        return kind, _validate(Cluster, doc, kind), doc
+        return kind, _checked_cluster(doc), doc
     if kind == "plan":
         return kind, _validate(PlanFile, doc, kind), doc
     return "profile", _profile_of(doc), doc
@@ -502,6 +508,12 @@ def micro_batches(global_batch: int, batch_size: int, what: str = "--global-batc
 
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
+    return _checked_cluster(doc), doc
+
+
+def _checked_cluster(doc: Document) -> Cluster:
+    """The cluster a document holds, with every rule the schema alone cannot say (``validate`` and
+    ``plan`` refuse the same files)."""
     cluster: Cluster = _validate(Cluster, doc, "cluster")
     _check_pricing(cluster, doc)
     for name, r in cluster.resources.items():
@@ -511,7 +523,7 @@ def load_cluster(path: str) -> tuple[Cluster, Document]:
                 f"{number(r.memory_reserved_gb)} GB reserved is not below the unit's memory_gb of "
                 f"{number(r.memory_gb)}: nothing would be left for training",
             )
-    return cluster, doc
+    return cluster
 
 
 def _check_pricing(cluster: Cluster, doc: Document) -> None:
@@ -545,6 +557,12 @@ def _check_pricing(cluster: Cluster, doc: Document) -> None:
                     f"no resource type {t!r} in this cluster{hint}: the types are {', '.join(cluster.resources)}",
                 )
             held.add(t)
+        for t in node.link_gbps or {}:
+            if t not in node.units:
+                raise doc.error(
+                    ("nodes", kind, "link_gbps", t),
+                    f"this node holds no {t}: a link is given for the types in its units ({', '.join(node.units)})",
+                )
     for name in cluster.resources:
         if name not in held:
             raise doc.error(("resources", name), f"no node kind holds {name}: add it to a node's units, or remove it")
@@ -577,7 +595,17 @@ def load_catalogue(path: str) -> Catalogue:
 
 def load_instances(path: str) -> InstanceCatalogue:
     doc = load_yaml(path)
-    return _validate(InstanceCatalogue, doc, "instances")
+    catalogue: InstanceCatalogue = _validate(InstanceCatalogue, doc, "instances")
+    for name, instance in catalogue.instances.items():
+        for t in instance.link_gbps or {}:
+            if t not in instance.units:
+                raise doc.error(
+                    ("instances", name, "link_gbps", t),
+                    f"this instance holds no {t}: a link is given for the units it holds ({', '.join(instance.units)})",
+                )
+        if instance.link_gbps and instance.link_source is None:
+            raise doc.error(("instances", name), "gives link_gbps without a link_source: say where the figure is from")
+    return catalogue
 
 
 def load_plan(path: str) -> tuple[PlanFile, Document]:

@@ -234,7 +234,14 @@ def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: flo
     """A frontier point as a plan file: the answer to ``plan --scheduler exact --min-throughput`` its throughput."""
     own = problem.replace(objective="cost", min_throughput=c.throughput)
     plan = make_plan(
-        own, schedule_of(problem, c.stages), c.replicas, scheduler="exact", seed=0, solve_s=solve_s, optimal=True
+        own,
+        schedule_of(problem, c.stages),
+        c.replicas,
+        scheduler="exact",
+        seed=0,
+        solve_s=solve_s,
+        optimal=True,
+        rental=c.rental,
     )
     assert plan.feasible, "the frontier holds a plan that breaks a constraint"
     note = (

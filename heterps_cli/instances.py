@@ -79,6 +79,7 @@ def cluster_text(
             "units": dict(chosen[n].units),
             "available": p.count,
             "label": f"{chosen[n].title}, {'spot' if spot else 'on-demand'}",
+            **({"link_gbps": dict(chosen[n].link_gbps or {})} if chosen[n].link_gbps else {}),
         }
         for p in picks
         for n in [p.instance]
@@ -89,11 +90,13 @@ def cluster_text(
         f"{', '.join(f'{p.instance} x{p.count}' for p in picks)}, at the {price}, USD per instance-hour.",
     ]
     for n, i in chosen.items():
-        header.append(f"  {n} ({i.cloud} {i.region}, read {i.read}): {i.source}; network: {i.network_source}")
+        links = f"; links: {i.link_source}" if i.link_source else ""
+        header.append(f"  {n} ({i.cloud} {i.region}, read {i.read}): {i.source}; network: {i.network_source}{links}")
     header += [
         "Per unit: a GPU's memory is its device's (heterps_cli/profiling/devices.yaml); a cpu core's memory",
         "and every unit's bandwidth_gbps are the instance's memory and network divided over its units of",
-        "that type, the least over the instances above.",
+        "that type, the least over the instances above. A node's link_gbps is one unit's link to the",
+        "others inside it, one way (docs/spec.md section 1e).",
     ]
     body = dump_yaml({"cluster": name, "resources": resources, "nodes": nodes})
     return "".join(f"# {line}\n" for line in header) + body

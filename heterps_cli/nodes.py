@@ -27,11 +27,14 @@ MAX_MENU = 10_000
 
 @dataclass(frozen=True)
 class Menu:
-    """Rentals no other beats, cheapest first: ``counts[P, K]``, ``capacity[P, T]``, ``rate[P]``."""
+    """Rentals no other beats, cheapest first: ``counts[P, K]``, ``capacity[P, T]``, ``rate[P]``,
+    ``links[P, T]`` (:meth:`Nodes.links`) and ``inside[P]`` (:meth:`Nodes.inside`)."""
 
     counts: np.ndarray
     capacity: np.ndarray
     rate: np.ndarray
+    links: np.ndarray
+    inside: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +44,26 @@ class Nodes:
     price: np.ndarray  # [K] USD per node-hour
     units: np.ndarray  # [K, T] units of each of the problem's types one node holds (int)
     available: np.ndarray  # [K] nodes of each kind that may be rented (int)
+    link: np.ndarray | None = None  # [K, T] bytes/s of one unit's link inside a node; 0: none given
+
+    def links(self, counts: np.ndarray) -> np.ndarray:
+        """``[T]`` bytes/s: per type, the link of the one node of a rental of ``counts[K]`` nodes that
+        holds the type, where exactly one does and its kind gives one; else 0 (the network)."""
+        T = self.units.shape[1]
+        if self.link is None:
+            return np.zeros(T)
+        holding = np.asarray(counts)[:, None] * (self.units > 0)  # [K, T]: nodes of each kind holding t
+        one = holding.sum(axis=0) == 1
+        return np.where(one, self.link[np.argmax(holding, axis=0), np.arange(T)], 0.0)
+
+    def inside(self, counts: np.ndarray) -> int:
+        """The kind of a rental of ``counts[K]`` nodes when it is one node with links, whose stages
+        then also move activations over them; else -1."""
+        counts = np.asarray(counts)
+        if self.link is None or counts.sum() != 1:
+            return -1
+        k = int(np.argmax(counts))
+        return k if (self.link[k] > 0).any() else -1
 
     @property
     def capacity(self) -> np.ndarray:
@@ -59,8 +82,9 @@ class Nodes:
     @cached_property
     def menu(self) -> Menu:
         """Every rental that no other one beats: built kind by kind, dropping a partial rental as soon
-        as another is no dearer and holds at least as many units of every type (any completion of
-        it is then beaten by the same completion of the other)."""
+        as another is no dearer, holds at least as many units of every type and talks over the same
+        links whatever nodes are added to both (:meth:`_sides`; any completion of it is then beaten
+        by the same completion of the other)."""
         K, T = self.units.shape
         counts = np.zeros((1, 0), dtype=np.int64)
         capacity = np.zeros((1, T), dtype=np.int64)
@@ -72,12 +96,30 @@ class Nodes:
             counts = np.concatenate([np.repeat(counts, len(c), axis=0), np.tile(c, len(rate))[:, None]], axis=1)
             capacity = np.repeat(capacity, len(c), axis=0) + np.tile(c, len(rate))[:, None] * self.units[k][None, :]
             rate = np.repeat(rate, len(c)) + np.tile(c, len(rate)) * self.price[k]
-            keep = _unbeaten(capacity, rate)
+            alike = _groups(self._sides(counts))
+            keep = np.sort(np.concatenate([rows[_unbeaten(capacity[rows], rate[rows])] for rows in alike]))
             if len(keep) > MAX_MENU:
                 raise _too_many(f"more than {MAX_MENU:,} ways that no other rental beats on price and units")
             counts, capacity, rate = counts[keep], capacity[keep], rate[keep]
         order = np.lexsort((counts.sum(axis=1), rate))  # cheapest first; then fewest nodes
-        return Menu(counts[order], capacity[order], rate[order])
+        counts = counts[order]
+        links = np.array([self.links(c) for c in counts]).reshape(len(counts), T)
+        inside = np.array([self.inside(c) for c in counts], dtype=np.int64)
+        return Menu(counts, capacity[order], rate[order], links, inside)
+
+    def _sides(self, counts: np.ndarray) -> np.ndarray:
+        """``[P, ...]``: what decides the links of partial rentals ``counts[P, k]`` (the first ``k``
+        kinds) and of any completion of them: per type some kind links, whether no node, one node
+        (of which kind) or several hold it, and the same for the rental's nodes in all. Two rentals
+        alike in these talk over the same links with any nodes added to both."""
+        P, k = counts.shape
+        if self.link is None or not (self.link > 0).any():
+            return np.zeros((P, 1), dtype=np.int64)
+        linked = (self.link > 0).any(axis=0)
+        holding = counts[:, :, None] * (self.units[:k, linked] > 0)[None, :, :]  # [P, k, T']
+        every = np.concatenate([holding, counts[:, :, None]], axis=2)  # ... and the nodes in all
+        n = every.sum(axis=1)
+        return np.where(n == 0, 0, np.where(n == 1, 1 + np.argmax(every, axis=1), k + 1))
 
     def cover(self, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each row of ``used[B, T]``, the cheapest rental holding it: its rate (inf: none does)
@@ -109,6 +151,13 @@ class Nodes:
         if choice[0] < 0:
             return {}
         return {n: int(c) for n, c in zip(self.names, self.menu.counts[choice[0]]) if c}
+
+
+def _groups(keys: np.ndarray) -> list[np.ndarray]:
+    """The indices of each distinct row of ``keys``."""
+    _, group = np.unique(keys, axis=0, return_inverse=True)
+    order = np.argsort(group.ravel(), kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(group.ravel()[order])) + 1)
 
 
 def _too_many(what: str) -> TooLarge:

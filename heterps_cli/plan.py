@@ -69,11 +69,12 @@ class Plan:
     gap: float | None = None
     micro_batches: int = 0  # section 1d: M per step (0: no pipeline schedule)
     reserved: dict[str, float | None] | None = None  # section 1d: memory_reserved_gb per type, if any is given
-    rental: dict[str, int] | None = None  # section 1e: nodes of each kind rented (the cheapest that hold the plan)
+    rental: dict[str, int] | None = None  # section 1e: nodes of each kind rented (holding the plan's units)
     rate: float | None = None  # section 1e: USD an hour of the rental
     idle: dict[str, int] | None = None  # section 1e: units of each type the rental holds and the plan leaves unused
     explanation: tuple[str, ...] = ()  # the bottleneck's binding term and what holds it (heterps_cli.explain)
     what_if: tuple[dict, ...] | None = None  # section 1e, --explain: one node more or fewer of each kind
+    links: dict[str, float] | None = None  # section 1e: Gbit/s of the node link each type talks over
     # Not written to plan files: they are for the run that made the plan.
     units: dict[str, str] = field(default_factory=dict)  # the cluster's unit label per type
     interrupted: bool = False  # Ctrl-C cut the search short (the notes say so too)
@@ -126,6 +127,7 @@ class Plan:
             rental=dict(self.rental) if self.rental is not None else None,
             rate_usd_per_hour=self.rate,
             idle_units=dict(self.idle) if self.idle is not None else None,
+            link_gbps=dict(self.links) if self.links is not None else None,
             global_batch=self.batch_size * self.micro_batches if pipelined else None,
             micro_batches=self.micro_batches if pipelined else None,
             throughput=self.throughput,
@@ -158,18 +160,39 @@ def make_plan(
     evaluations: int | None = None,
     notes: tuple[str, ...] = (),
     interrupted: bool = False,
+    rental: dict[str, int] | None = None,
 ) -> Plan:
-    """Build a :class:`Plan` for one schedule (type per layer) and its per-stage replica counts."""
+    """Build a :class:`Plan` for one schedule (type per layer) and its per-stage replica counts.
+
+    With whole nodes (section 1e) the plan runs on ``rental`` (nodes per kind, holding its units);
+    without one, on the best of the cheapest rental holding them and each single node with links
+    that holds them (:func:`_rental_for`)."""
     stages = split_stages(problem, np.asarray(schedule)[None, :])
     S = int(stages.valid.sum())
     k = np.zeros(stages.valid.shape)
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
-    out = tuple(_stage(problem, stages, k, sc, s) for s in range(S))
-    rental = idle = None
+    cluster_bandwidth = problem.bandwidth
+    links = None
     if problem.nodes is not None and np.isfinite(sc.rate[0]):
-        rental = problem.nodes.rental(sc.used[0])
+        if rental is None:
+            rental = _rental_for(problem, schedule, k, sc)
+        counts = problem.nodes.counts(rental)
+        over = problem.nodes.links(counts)
+        rate = np.array([float(counts @ problem.nodes.price)])
+        if (over > 0).any():
+            problem = problem.over_links(counts)
+            stages = split_stages(problem, np.asarray(schedule)[None, :])
+            links = {t: float(g * 8 / 1e9) for t, g in zip(problem.types, over) if g > 0}
+        sc = score(problem, stages, k, rate=rate)
+    else:
+        rental = None
+    out = tuple(_stage(problem, stages, k, sc, s) for s in range(S))
+    idle = None
+    if rental is not None:
+        assert problem.nodes is not None
         held = problem.nodes.held(rental)
+        assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
         idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
         placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
         out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))
@@ -188,7 +211,7 @@ def make_plan(
         resources={t: int(u) for t, u in zip(problem.types, sc.used[0])},
         limits={t: int(n) for t, n in zip(problem.types, problem.limits)},
         memory={t: float(m / 1e9) if np.isfinite(m) else None for t, m in zip(problem.types, problem.memory)},
-        bandwidth={t: float(b * 8 / 1e9) if np.isfinite(b) else None for t, b in zip(problem.types, problem.bandwidth)},
+        bandwidth={t: float(b * 8 / 1e9) if np.isfinite(b) else None for t, b in zip(problem.types, cluster_bandwidth)},
         throughput=float(sc.throughput[0]),
         bottleneck=int(sc.bottleneck[0]),
         time_s=float(sc.time_s[0]),
@@ -209,8 +232,36 @@ def make_plan(
         rental=rental,
         rate=float(sc.rate[0]) if rental is not None else None,
         idle=idle,
+        links=links,
     )
     return replace(plan, explanation=explanation(problem, plan)) if np.isfinite(plan.throughput) else plan
+
+
+def _rental_for(problem: Problem, schedule, k: np.ndarray, sc) -> dict[str, int]:
+    """The rental a plan found without one runs on: the cheapest holding its units, or a single node
+    with links that holds them, whichever the objective prefers (on one node the same plan is no
+    slower, and may be dearer an hour)."""
+    nodes = problem.nodes
+    assert nodes is not None
+    options = [nodes.rental(sc.used[0])]
+    options += [
+        {name: 1}
+        for kind, name in enumerate(nodes.names)
+        if nodes.inside(np.eye(len(nodes.names), dtype=np.int64)[kind]) >= 0
+        and (nodes.units[kind] >= sc.used[0]).all()
+        and options[0] != {name: 1}
+    ]
+    if len(options) == 1:
+        return options[0]
+
+    def rank(rental: dict[str, int]) -> tuple:
+        counts = nodes.counts(rental)
+        there = problem.over_links(counts)
+        s = score(there, split_stages(there, np.asarray(schedule)[None, :]), k, rate=np.array([counts @ nodes.price]))
+        cost, thr = float(s.cost[0]), float(s.throughput[0])
+        return (not bool(s.feasible[0]), *((cost, -thr) if problem.objective == "cost" else (-thr, cost)))
+
+    return min(options, key=rank)
 
 
 def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:

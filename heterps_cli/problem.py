@@ -61,7 +61,7 @@ class Problem:
     update: np.ndarray | None = None  # [n, T] seconds of the optimiser step per step on one unit
     reserved: np.ndarray | None = None  # [T] bytes of a unit's memory the runtime takes
     # docs/spec.md section 1e: units come in whole nodes; prices are then Nodes.unit_prices and
-    # limits every available node's units, and a plan costs its cheapest rental.
+    # limits every available node's units, and a plan costs the rental it runs on.
     nodes: Nodes | None = None
     # section 1b: of each layer's activation_size, the bytes the layer before it also saves (a ReLU's
     # output, the next layer's input): held once in a stage that has both, again by a stage it starts.
@@ -189,6 +189,23 @@ class Problem:
         """``[n + 1]``: :attr:`shared_bytes`, 0 past the last layer, to add back for a stage's first
         layer (its own copy of what it saves of its input) where a span sums :attr:`held_once`."""
         return np.append(self.shared_bytes, 0.0)
+
+    def over_links(self, counts: np.ndarray) -> Problem:
+        """Section 1e: the problem on a rental of ``counts[K]`` nodes, whose units talk over a node's
+        links where they are faster than the network. A type that one node of the rental holds
+        runs an unsharded layer's gradient all-reduce in ``weight_size / link`` (how a profile
+        derives ``odt``, over that node's link); on a rental of one node, a stage also moves its
+        boundary activations at its type's link."""
+        assert self.nodes is not None
+        link = self.nodes.links(counts)
+        if not (link > 0).any():
+            return self
+        with np.errstate(divide="ignore", invalid="ignore"):
+            over_link = np.where(link[None, :] > 0, self.weight_size[:, None] / link[None, :], np.inf)
+        over_link = np.where(self.sharded[:, None], np.inf, over_link)
+        odt = np.where(self.runnable, np.minimum(self.odt, over_link), self.odt)
+        one_node = self.nodes.inside(counts) >= 0
+        return self.replace(odt=odt, bandwidth=np.maximum(self.bandwidth, link) if one_node else self.bandwidth)
 
     def replace(self, **changes) -> Problem:
         if "objective" in changes:
@@ -339,6 +356,7 @@ def _nodes(cluster: Cluster, types: tuple[str, ...]) -> Nodes | None:
         price=np.array([node.price for _, node in kinds], dtype=float),
         units=np.array([[node.units.get(t, 0) for t in types] for _, node in kinds], dtype=np.int64),
         available=np.array([node.available for _, node in kinds], dtype=np.int64),
+        link=np.array([[(node.link_gbps or {}).get(t, 0.0) * 1e9 / 8 for t in types] for _, node in kinds]),
     )
 
 

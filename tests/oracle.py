@@ -337,3 +337,34 @@ def cheapest_rental(used, capacity, rate):
     """For each row of ``used[M, T]``, the least rate of a rental holding it (inf: none does)."""
     holds = (capacity[None, :, :] >= used[:, None, :]).all(axis=2)
     return np.where(holds, rate[None, :], np.inf).min(axis=1)
+
+
+def assert_is_the_optimum(plan, expected, objective) -> bool:
+    """The exact solver's ``plan`` (None: infeasible) against the enumerated optimum ``expected``
+    ((cost, throughput) or None); True when there is a plan to check further."""
+    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
+    if plan is None:
+        return False
+    assert plan.optimal and plan.feasible
+    assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
+    if objective == "time":
+        assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
+    return True
+
+
+def assert_is_the_frontier(problem, cost, thr) -> None:
+    """The exact frontier of ``problem`` is the Pareto set of the enumerated plans ``cost``, ``thr``."""
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.frontier import pareto_frontier
+
+    if len(cost) == 0:
+        try:
+            pareto_frontier(problem)
+        except InfeasibleError:
+            return
+        raise AssertionError("a frontier where enumeration finds no feasible plan")
+    got = [(p.throughput, p.cost_usd) for p in pareto_frontier(problem).plans]
+    want = pareto(cost, thr)
+    assert len(got) == len(want), (got, want)
+    for (x, c), (wx, wc) in zip(got, want):
+        assert math.isclose(x, wx, rel_tol=1e-9) and math.isclose(c, wc, rel_tol=1e-9)

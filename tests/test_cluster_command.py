@@ -81,7 +81,8 @@ def test_the_bundled_catalogue_example_is_what_the_command_and_the_planner_give(
     result = runner.invoke(app, ["check", str(plan), *files, *job, "--replan", "exact"])
     assert result.exit_code == 0, result.output
     written = yaml.safe_load(plan.read_text())
-    assert written["optimal"] is True and written["rental"] == {"g6.24xlarge": 2}
+    assert written["optimal"] is True and written["rental"] == {"g6.24xlarge": 1}
+    assert written["link_gbps"] == {"l4": 256}  # four L4s all-reduce over the node's PCIe links
     assert written["what_if"]  # the explanation: one node more or fewer of each kind
 
 

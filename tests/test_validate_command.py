@@ -88,3 +88,20 @@ def test_plot_to_a_terminal_is_refused(monkeypatch):
     else:
         raise AssertionError("--plot - on a terminal was accepted")
     cli._one_stdout(False, "picture.png")
+
+
+def test_validate_refuses_a_cluster_that_plan_refuses(runner, tmp_path):
+    """A type without a price (and no nodes), or a reserve above the memory: validate said it was
+    fine, then failed inside its own table; it now gives plan's error."""
+    for text, where in (
+        ("cluster: x\nresources:\n  cpu: {limit: 3}\n", "resources.cpu"),
+        (
+            "cluster: x\nresources:\n  v100: {price: 1, limit: 2, memory_gb: 16, memory_reserved_gb: 20}\n",
+            "resources.v100.memory_reserved_gb",
+        ),
+    ):
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        result = runner.invoke(app, ["validate", str(path)])
+        assert result.exit_code == 2, result.output
+        assert f"c.yaml:3: {where}" in result.output and "internal error" not in result.output

@@ -137,10 +137,26 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
             f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: docs/spec.md makes them one stage"
             for i in merged
         ]
-    fresh = make_plan(problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed)
+    fresh = make_plan(
+        problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed, rental=_still_rentable(problem, plan)
+    )
     if plan.what_if is not None and (problem.nodes is None or fresh.rental is not None):
         fresh = with_what_if(problem, fresh)
     return fresh, []
+
+
+def _still_rentable(problem: Problem, plan: PlanFile) -> dict[str, int] | None:
+    """Section 1e: the plan's rental, where the cluster still offers it and it holds the plan's units
+    (a plan may run on a dearer rental than the cheapest, a single node with links); else None, and
+    the plan is recomputed on the rental heterps would choose (which the check then reports)."""
+    nodes, rental = problem.nodes, plan.rental
+    if nodes is None or not rental or any(kind not in nodes.names for kind in rental):
+        return None
+    counts = nodes.counts(rental)
+    used = np.array([sum(s.replicas for s in plan.stages if s.resource == t) for t in problem.types])
+    if (counts > nodes.available).any() or (counts @ nodes.units < used).any():
+        return None
+    return dict(rental)
 
 
 def _differs(a: float, b: float) -> bool:
@@ -231,6 +247,13 @@ def _stale_rental(written: PlanFile, fresh: Plan) -> list[str]:
         and _differs(written.rate_usd_per_hour, fresh.rate)
     ):
         out.append(f"rate_usd_per_hour {written.rate_usd_per_hour} -> {fresh.rate}")
+    if (written.link_gbps or None) != (fresh.links or None) and (
+        written.link_gbps is None
+        or fresh.links is None
+        or written.link_gbps.keys() != fresh.links.keys()
+        or any(_differs(written.link_gbps[t], fresh.links[t]) for t in fresh.links)
+    ):
+        out.append(f"link_gbps {written.link_gbps} -> {fresh.links}")
     if written.idle_units is not None and written.idle_units != fresh.idle:
         out.append(f"idle_units {written.idle_units} -> {fresh.idle}")
     for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):

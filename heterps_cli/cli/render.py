@@ -159,7 +159,12 @@ def rental_line(plan: Plan) -> str:
     nodes = ", ".join(f"{count(n)} × {clip(kind)}" for kind, n in plan.rental.items())
     idle = {t: n for t, n in (plan.idle or {}).items() if n}
     left = f"; idle: {', '.join(f'{count(n)} {clip(t)}' for t, n in idle.items())}" if idle else ""
-    return f"{nodes} ({usd(plan.rate)}/h, billed whole){left}"
+    links = ""
+    if plan.links:
+        over = ", ".join(f"{clip(t)} {number(g)} Gbit/s" for t, g in plan.links.items())
+        what = "all-reduce and stage transfers" if sum(plan.rental.values()) == 1 else "all-reduce"
+        links = f"; {what} over the node's links: {over}"
+    return f"{nodes} ({usd(plan.rate)}/h, billed whole){left}{links}"
 
 
 def schedule_line(plan: Plan) -> str:
@@ -330,7 +335,7 @@ def print_cluster(console: Console, cluster: Cluster, path: str) -> None:
         )
     )
     table = Table(header_style="bold", box=box.SIMPLE_HEAD)
-    for name in ("resource", "unit", "price $/h", "limit", "memory GB", "link Gbit/s"):
+    for name in ("resource", "unit", "price $/h", "limit", "memory GB", "network Gbit/s"):
         table.add_column(name, justify="left" if name in ("resource", "unit") else "right")
     for t, r in cluster.resources.items():
         table.add_row(
@@ -343,11 +348,15 @@ def print_cluster(console: Console, cluster: Cluster, path: str) -> None:
     console.print(table)
     if cluster.nodes is not None:
         nodes = Table(header_style="bold", box=box.SIMPLE_HEAD)
-        for name in ("node kind", "units", "price $/h", "available"):
-            nodes.add_column(name, justify="left" if name in ("node kind", "units") else "right")
+        for name in ("node kind", "units", "price $/h", "available", "links in node, Gbit/s"):
+            nodes.add_column(
+                name, justify="left" if name in ("node kind", "units", "links in node, Gbit/s") else "right"
+            )
         for kind, node in cluster.nodes.items():
             held = ", ".join(f"{clip(t)}×{n:,}" for t, n in node.units.items())
-            nodes.add_row(Text(clip(kind)), Text(held), usd(node.price).removeprefix("$"), count(node.available))
+            links = ", ".join(f"{clip(t)} {g:,.6g}" for t, g in (node.link_gbps or {}).items()) or "—"
+            price = usd(node.price).removeprefix("$")
+            nodes.add_row(Text(clip(kind)), Text(held), price, count(node.available), Text(links))
         console.print(nodes)
         console.print("  units come in whole nodes: a plan pays for every unit of the nodes it rents")
     if any(r.memory_gb is None or r.bandwidth_gbps is None for r in cluster.resources.values()):

@@ -157,6 +157,7 @@ class Candidate:
     cost: float
     rate: float  # USD per hour of all its units
     within: bool = True  # within every limit (False only for a bound while limits are relaxed)
+    rental: dict[str, int] | None = None  # section 1e: the nodes it was found on (the frontier's walk)
 
 
 def _chain_dp(C: np.ndarray, chain: Chain | None = None):

@@ -1,38 +1,41 @@
 """The exact optimum when units come in whole nodes (docs/spec.md section 1e; docs/exact.md section 7).
 
 Once a rental (a count of each node kind) is fixed, every unit it holds is paid for, so the run
-costs ``rate x work / throughput`` and the best plan on it is the fastest one within its units.
-The optimum rents one of :attr:`heterps_cli.nodes.Nodes.menu`'s rentals (any other is beaten on
-price and units by one of them), and a plan is always priced at the cheapest rental holding it.
+costs ``rate x work / throughput`` and the best plan on it is the fastest one within its units,
+over its links. The optimum rents one of :attr:`heterps_cli.nodes.Nodes.menu`'s rentals (any
+other is beaten on price, units and links by one of them).
 
 The walk goes down the menu, cheapest first, with a throughput ``target``:
 
 * a rental that cannot reach ``target`` is passed over (one DP question, and none at all when a
-  rental holding at least as much of every type already could not);
+  rental with at least its units and links already could not);
 * the first that can is asked for its fastest plan, at throughput ``X``, which is a candidate;
   every later rental costs at least as much an hour, so it can win only by being faster:
   ``target`` becomes just above ``X``;
-* objective ``cost`` stops when ``rate x work / X_max`` (``X_max``: the fastest plan on every
-  node) passes the best cost, since no later rental can cost less; objective ``time`` starts at
-  ``target = X_max`` and stops at the first rental that reaches it; with ``--max-cost`` it stops
-  when that floor passes the budget.
+* objective ``cost`` stops when ``rate x work / X_max`` (``X_max``: the fastest plan on any
+  rental, found on :func:`widest_rentals`) passes the best cost, since no later rental can cost
+  less; objective ``time`` starts at ``target = X_max`` and stops at the first rental that reaches
+  it; with ``--max-cost`` it stops when that floor passes the budget.
 
-Why it is exact: let P* be an optimal plan and R* the cheapest rental holding its units. When the
-walk reaches R*, either ``target`` is at most P*'s throughput, so R* reaches it and its fastest
-plan is at least as fast as P* and costs at most R*'s rate over that, or an earlier, no dearer
-rental already gave a plan at least as fast: both are no worse than P*.
+Why it is exact: let P* be an optimal plan on its rental R*, and R' the menu's rental that is or
+beats R*. When the walk reaches R', either ``target`` is at most P*'s throughput, so R' reaches it
+and its fastest plan is at least as fast as P* and costs at most R*'s rate over that, or an
+earlier, no dearer rental already gave a plan at least as fast: both are no worse than P*.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from dataclasses import replace
 
 import numpy as np
 
 from heterps_cli.costmodel import SLACK, run_cost, throughput_floor
-from heterps_cli.errors import InfeasibleError
+from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.figures import count, usd
+from heterps_cli.nodes import Menu, Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -43,10 +46,13 @@ from heterps_cli.schedulers.reach import more_units
 from heterps_cli.schedulers.step_solver import schedule_of
 
 
-def on_rental(problem: Problem, capacity: np.ndarray) -> Problem:
-    """The question one rental asks: plans within its units, priced per unit only to choose between
-    equally fast ones (a plan is priced by its rental afterwards)."""
-    capacity = np.asarray(capacity, dtype=np.int64)
+def on_rental(problem: Problem, counts: np.ndarray) -> Problem:
+    """The question a rental of ``counts[K]`` nodes asks: plans within its units, over its links
+    (:meth:`Problem.over_links`), priced per unit only to choose between equally fast ones (a plan
+    is priced by its rental afterwards)."""
+    assert problem.nodes is not None
+    capacity = np.asarray(counts, dtype=np.int64) @ problem.nodes.units
+    problem = problem.over_links(counts)
     return problem.replace(
         nodes=None,
         limits=capacity,
@@ -65,7 +71,7 @@ def solve(
     walk = _Walk(problem, seed, progress, Clock.of(options, start))
     best = walk.run()
     notes: tuple[str, ...] = (
-        f"{walk.asked:,} of {len(walk.menu.rate):,} rentals that no other beats on price and units were asked "
+        f"{walk.asked:,} of {len(walk.menu.rate):,} rentals that no other beats on price, units and links were asked "
         "whether they reach the throughput, and "
         f"{walk.fastest_asked:,} for their fastest plan (docs/exact.md section 7)",
     )
@@ -105,9 +111,13 @@ class _Walk:
     def run(self) -> Plan:
         p, menu = self.p, self.menu
         assert p.nodes is not None
-        every_node = on_rental(p, p.nodes.capacity)
+        every_node = on_rental(p, p.nodes.available)
         # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
-        fastest = self._fastest(solver_for(every_node, None, relax=not self.every))
+        fastest = None
+        for counts in widest_rentals(p.nodes):
+            found = self._fastest(solver_for(on_rental(p, counts), None, relax=not self.every))
+            if found is not None and (fastest is None or found.throughput > fastest.throughput):
+                fastest = found
         if fastest is None:
             raise InfeasibleError(_nothing_fits(p))
         self.x_max = fastest.throughput
@@ -116,7 +126,7 @@ class _Walk:
         by_time = p.objective == "time" and not self.every
         target = self.x_max if by_time and p.max_cost is None else throughput_floor(p)
         best: Plan | None = None
-        cannot: list[np.ndarray] = []  # capacities known not to reach target (nor any higher one)
+        cannot: list[int] = []  # rows known not to reach target (nor any higher one)
         for row in range(len(menu.rate)):
             floor = run_cost(p.work, self.x_max, float(menu.rate[row]))  # no plan here or later costs less
             if (best is not None and not by_time and not self.every and floor >= best.cost_usd * (1 - SLACK)) or (
@@ -125,24 +135,27 @@ class _Walk:
                 break
             if self.every and target > self.x_max * (1 + SLACK):
                 break  # the fastest plan is found
-            capacity = menu.capacity[row]
-            if any((capacity <= c).all() for c in cannot):
+            if cannot and _no_better(menu, row, np.array(cannot)):
                 continue
             if self.clock.out_of_time() and best is not None:
                 self.stopped_at = row
                 break
             if self.progress is not None:
                 self.progress(f"exact: rental {row + 1:,} of {len(menu.rate):,}", completed=row, total=len(menu.rate))
-            solver = solver_for(on_rental(p, capacity), None, relax=not self.every)
+            solver = solver_for(self._asks(row), None, relax=not self.every)
             self.asked += 1
             if not solver.reachable(target):
-                cannot.append(capacity)
+                cannot.append(row)
                 continue
             cand = self._fastest(solver) if target < self.x_max else solver.cheapest(target)
             assert cand is not None, "the rental reaches the target"
-            plan = self._plan(cand)
+            plan = self._plan(cand, row)
             if self.every:
-                self.found.append(replace(cand, cost=plan.cost_usd, rate=plan.rate or 0.0, throughput=plan.throughput))
+                self.found.append(
+                    replace(
+                        cand, cost=plan.cost_usd, rate=plan.rate or 0.0, throughput=plan.throughput, rental=plan.rental
+                    )
+                )
             if plan.feasible and (best is None or _better(p.objective, plan, best)):
                 best = plan
             if by_time and plan.throughput >= self.x_max * (1 - SLACK) and plan.feasible:
@@ -160,8 +173,14 @@ class _Walk:
             cand = solver.fastest_found
         return cand
 
-    def _plan(self, cand: Candidate) -> Plan:
-        return make_plan(self.p, schedule_of(self.p, cand.stages), cand.replicas, scheduler="exact", seed=self.seed)
+    def _asks(self, row: int) -> Problem:
+        return on_rental(self.p, self.menu.counts[row])
+
+    def _plan(self, cand: Candidate, row: int) -> Plan:
+        assert self.p.nodes is not None
+        rental = {n: int(c) for n, c in zip(self.p.nodes.names, self.menu.counts[row]) if c}
+        schedule = schedule_of(self.p, cand.stages)
+        return make_plan(self.p, schedule, cand.replicas, scheduler="exact", seed=self.seed, rental=rental)
 
 
 def frontier_candidates(
@@ -170,7 +189,7 @@ def frontier_candidates(
     """Section 1e's frontier: the fastest plan of every rental the walk stops at, priced by its rental,
     and the throughput up to which they are exact when the clock stopped the walk (None: it finished).
 
-    A frontier plan is the fastest on the cheapest rental holding it (on that rental a slower plan
+    A frontier plan is the fastest on its rental (on that rental a slower plan
     only costs more), and the walk stops at that rental unless an earlier, no dearer one was already
     as fast (the module docstring): so every frontier plan, or one as good, is among these. Stopped
     early, every rental left is dearer than the one the fastest plan found runs on, so no plan there
@@ -179,6 +198,53 @@ def frontier_candidates(
     walk.run()
     cut_at = max(c.throughput for c in walk.found) if walk.stopped_at is not None and walk.found else None
     return walk.found, cut_at
+
+
+def _no_better(menu: Menu, row: int, rows: np.ndarray) -> bool:
+    """Whether some rental of ``rows`` holds at least the units of ``row``, over links at least as
+    fast for every type and, where ``row`` is one node moving activations over its links, is one too:
+    then what ``row`` reaches, it reaches."""
+    as_much = (menu.capacity[rows] >= menu.capacity[row]).all(axis=1)
+    as_fast = (menu.links[rows] >= menu.links[row]).all(axis=1)
+    if menu.inside[row] >= 0:
+        as_fast &= menu.inside[rows] >= 0
+    return bool((as_much & as_fast).any())
+
+
+MAX_WIDEST = 4096  # ways to choose each linked type's links: the exact solver asks each its fastest plan
+
+
+def widest_rentals(nodes: Nodes) -> list[np.ndarray]:
+    """Rentals at least one of which is as fast as any rental: every rental holds no more nodes than,
+    and talks over links no slower than, one of them. Per choice of, for each type some kind links,
+    the network or one node of such a kind: that node, no node of another kind holding the type,
+    and every available node of the other kinds; and each single node with links (which also
+    moves activations over them)."""
+    K, T = nodes.units.shape
+    out = [nodes.available.copy()]
+    if nodes.link is None:
+        return out
+    linked = [t for t in range(T) if (nodes.link[:, t] > 0).any()]
+    choices = [[-1, *np.flatnonzero(nodes.link[:, t] > 0)] for t in linked]
+    if math.prod(len(c) for c in choices) > MAX_WIDEST:
+        raise TooLarge(
+            "cluster's nodes",
+            f"its links can be chosen in more than {MAX_WIDEST:,} ways (a type's network or one node of a kind "
+            "linking it, for every type some kind links); give link_gbps for fewer types or kinds",
+        )
+    for pick in itertools.product(*choices):
+        counts = nodes.available.copy()
+        for t, k in zip(linked, pick):
+            if k >= 0:
+                counts[(nodes.units[:, t] > 0) & (np.arange(K) != k)] = 0
+        for k in pick:
+            if k >= 0:
+                counts[k] = min(counts[k], 1)
+        if all(k < 0 or counts[k] == 1 for k in pick):
+            out.append(counts)
+    out += [np.eye(K, dtype=np.int64)[k] for k in range(K) if nodes.inside(np.eye(K, dtype=np.int64)[k]) >= 0]
+    unique = {tuple(c) for c in out if c.any()}
+    return [np.array(c) for c in sorted(unique)]
 
 
 def _better(objective: Objective, a: Plan, b: Plan) -> bool:
@@ -225,7 +291,7 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
             if not 0 <= other[k] <= nodes.available[k] or not other.any():
                 continue
             rate = float(other @ nodes.price)
-            cand, _ = solver_for(on_rental(problem, other @ nodes.units), None).max_throughput()
+            cand, _ = solver_for(on_rental(problem, other), None).max_throughput()
             x = None if cand is None else float(cand.throughput)
             cost = None if x is None else float(run_cost(problem.work, x, rate))
             meets = x is not None and x >= throughput_floor(problem)

@@ -1,0 +1,322 @@
+"""Links inside a node (docs/spec.md section 1e): on one node whose kind gives ``link_gbps``, a
+layer's all-reduce and a stage's boundary transfer go over the node's links where they are faster
+than the network. The exact solver against enumeration of every schedule, replica vector and
+rental, each rental with its own links; heuristics, check and the cluster file."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heterps_cli.cli.app import app
+from heterps_cli.errors import InfeasibleError
+from heterps_cli.schedulers import exact, solve
+from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance, runner, write_yaml
+from tests.oracle import _better, assert_is_the_frontier, assert_is_the_optimum, feasible_plans
+from tests.strategies import SETTINGS
+
+
+@st.composite
+def linked_instances(draw):
+    """(arrays, B0, min_throughput, hardware, nodes, links): as test_nodes.py's node instances, with
+    section 1b's sizes, memory and bandwidth, and per kind a link for some of the types it holds,
+    drawn around what makes a layer's all-reduce over it cost about its odt."""
+    T = draw(st.integers(2, 3))
+    n = draw(st.integers(1, 4 if T == 2 else 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    arrays = random_instance(rng, n, T)
+    B0 = 32
+    hardware = random_hardware(rng, arrays[0], B0, tightness=draw(st.sampled_from((1.5, 4.0, 1e3))))
+    K = draw(st.integers(1, 3))
+    units = rng.integers(0, 3, (K, T))
+    units[rng.integers(0, K, T), np.arange(T)] = rng.integers(1, 3, T)
+    units[units.sum(axis=1) == 0, 0] = 1
+    if draw(st.booleans()):  # kinds of one type each, so that a plan of two types rents two nodes or more
+        K = T
+        units = np.diag(rng.integers(1, 3, T))
+    price = rng.uniform(0.5, 10.0, K).round(3)
+    available = rng.integers(1, 3, K)
+    odt = arrays[1]
+    typical = np.median(hardware["weight_size"]) / max(np.median(odt[odt > 0]) if (odt > 0).any() else 1.0, 1e-9)
+    links = [
+        [
+            round(float(typical * 8 / 1e9 * rng.choice([0.1, 1.0, 10.0])), 6) or 1e-6
+            if units[k, t] and rng.random() < 0.7
+            else None
+            for t in range(T)
+        ]
+        for k in range(K)
+    ]
+    reference = B0 / arrays[0].min(axis=1).sum()
+    min_throughput = draw(st.sampled_from((0.0, 0.5, 1.0))) * reference
+    return arrays, B0, min_throughput, hardware, (units, price, available), links
+
+
+def _dicts(inst):
+    arrays, B0, min_throughput, hardware, (units, price, available), links = inst
+    profile, cluster = instance_dicts(*arrays, B0=B0, samples=1e6, min_throughput=min_throughput, hardware=hardware)
+    types = list(cluster["resources"])
+    for t in types:
+        for key in ("price", "limit"):
+            cluster["resources"][t].pop(key)
+    cluster["nodes"] = {}
+    for k in range(len(price)):
+        node = {
+            "price": float(price[k]),
+            "units": {t: int(u) for t, u in zip(types, units[k]) if u},
+            "available": int(available[k]),
+        }
+        if any(g is not None for g in links[k]):
+            node["link_gbps"] = {t: g for t, g in zip(types, links[k]) if g is not None}
+        cluster["nodes"][f"n{k}"] = node
+    return profile, cluster
+
+
+def _links_of(counts, units, links):
+    """Per type, the link (Gbit/s) of the one node of the rental that holds it, or None: written
+    from section 1e, node by node."""
+    nodes = [k for k, c in enumerate(counts) for _ in range(int(c))]
+    out = []
+    for t in range(units.shape[1]):
+        holders = [k for k in nodes if units[k, t] > 0]
+        out.append(links[holders[0]][t] if len(holders) == 1 else None)
+    return out
+
+
+def _enumerated(inst, objective):
+    """The optimum among :func:`_every_plan`'s: (cost, throughput) or None."""
+    best = None
+    for c, x in zip(*_every_plan(inst)):
+        if best is None or _better(objective, c, x, *best):
+            best = (float(c), float(x))
+    return best
+
+
+def _every_plan(inst):
+    """(cost, throughput) arrays of every feasible plan over every rental (a count of each kind),
+    every schedule and every replica vector within the rental's units, written from section 1e:
+    a type that one node of the rental holds, whose kind gives it a link, has an odt of
+    min(odt, weight_size / link) on unsharded layers, and on a rental of one node a bandwidth of
+    max(bandwidth, link) too; the rest keep the network's."""
+    arrays, B0, min_throughput, hardware, (units, price, available), links = inst
+    oct_, odt, alpha, beta, runnable = arrays[:5]
+    every: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0), np.zeros(0))]
+    for counts in itertools.product(*(range(int(a) + 1) for a in available)):
+        counts = np.array(counts)
+        if not counts.any():
+            continue
+        capacity = (counts @ units).astype(int)
+        rate = float(counts @ price)
+        d = odt.copy()
+        bandwidth = list(hardware["bandwidth_gbps"])
+        for t, g in enumerate(_links_of(counts, units, links)):
+            if g is None:
+                continue
+            for layer in range(len(d)):
+                if not hardware["sharded"][layer]:
+                    d[layer, t] = min(d[layer, t], hardware["weight_size"][layer] / (g * 1e9 / 8))
+            if counts.sum() == 1 and bandwidth[t] is not None:
+                bandwidth[t] = max(bandwidth[t], g)
+        hw = {**hardware, "bandwidth_gbps": bandwidth}
+        costs, thrs = feasible_plans(
+            oct_,
+            d,
+            alpha,
+            beta,
+            runnable,
+            np.zeros(len(capacity)),
+            capacity,
+            B0,
+            1e6,
+            min_throughput=min_throughput,
+            hardware=hw,
+            rate_of=lambda used, rate=rate: np.full(len(used), rate),
+        )
+        every.append((costs, thrs))
+    return np.concatenate([c for c, _ in every]), np.concatenate([x for _, x in every])
+
+
+def _solve(inst, scheduler, objective):
+    profile, cluster = _dicts(inst)
+    problem = problem_from_dicts(profile, cluster, objective=objective)
+    try:
+        return solve(scheduler, problem, seed=1) if scheduler != "exact" else exact.solve(problem)
+    except InfeasibleError:
+        return None
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(linked_instances(), st.sampled_from(["cost", "time"]))
+def test_exact_with_links_matches_enumeration_of_schedules_replicas_and_rentals(inst, objective):
+    plan = _solve(inst, "exact", objective)
+    if assert_is_the_optimum(plan, _enumerated(inst, objective), objective):
+        _holds(inst, plan)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(linked_instances())
+def test_frontier_with_links_is_the_enumerated_pareto_set(inst):
+    profile, cluster = _dicts(inst)
+    assert_is_the_frontier(problem_from_dicts(profile, cluster), *_every_plan(inst))
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(linked_instances(), st.sampled_from(["greedy", "genetic"]))
+def test_heuristics_plans_run_on_a_rental_that_holds_them_and_are_no_better_than_the_optimum(inst, scheduler):
+    plan = _solve(inst, scheduler, "cost")
+    if plan is None:
+        return
+    _holds(inst, plan)
+    optimum = _enumerated(inst, "cost")
+    if plan.feasible:
+        assert optimum is not None and plan.cost_usd >= optimum[0] * (1 - 1e-9)
+
+
+def _holds(inst, plan):
+    """The plan pays for all of its rental, which holds its units; it says when it runs on one node's links."""
+    units, price, available = inst[4]
+    rented = np.array([plan.rental.get(f"n{k}", 0) for k in range(len(price))])
+    assert (rented <= available).all() and math.isclose(rented @ price, plan.rate, rel_tol=1e-12)
+    used = np.array([plan.resources[t] for t in plan.resources])
+    assert (rented @ units >= used).all()
+    assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate, rel_tol=1e-9)
+    over = {f"r{t}": g for t, g in enumerate(_links_of(rented, units, inst[5])) if g is not None}
+    assert (plan.links or {}) == pytest.approx(over)
+
+
+# -- known answers ---------------------------------------------------------------------------------------
+
+# One layer of 4e8 weight bytes, on V100s of a node whose links move 1,200 Gbit/s (150 GB/s) and a
+# network of 25 Gbit/s: the all-reduce between two replicas is 4e8 / 1.5e11 s on the node, and the
+# profile's odt (4e8 / 3.125e9 s, the network) between nodes.
+PROFILE = {
+    "model": "one",
+    "batch_size": 64,
+    "job": {"samples": 1_000_000, "epochs": 1, "global_batch": 512},
+    "layers": [
+        {
+            "name": "fc",
+            "type": "fc",
+            "input_size": 4096,
+            "weight_size": 4e8,
+            "times": {"v100": {"oct": 0.01, "odt": 4e8 / 3.125e9, "alpha": 1.0, "beta": 0.0}},
+        }
+    ],
+}
+CLUSTER = {
+    "cluster": "links",
+    "resources": {"v100": {"unit": "V100", "bandwidth_gbps": 25}},
+    "nodes": {
+        "p3.8xlarge": {"price": 12.24, "units": {"v100": 4}, "available": 1, "link_gbps": {"v100": 1200}},
+    },
+}
+
+
+def test_on_one_node_the_all_reduce_goes_over_its_links(tmp_path):
+    profile = write_yaml(tmp_path / "p.yaml", PROFILE)
+    cluster = write_yaml(tmp_path / "c.yaml", CLUSTER)
+    out = tmp_path / "plan.yaml"
+    args = ["plan", profile, cluster, "--objective", "time", "--scheduler", "exact", "-o", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    plan = yaml.safe_load(out.read_text())
+    (stage,) = plan["stages"]
+    assert stage["replicas"] == 4 and plan["link_gbps"] == {"v100": 1200}
+    assert math.isclose(stage["comm_s"], 2 * 4e8 / 1.5e11 * 3 / 4, rel_tol=1e-12)  # 2 Y (k-1)/k, section 1d
+    assert "links" in result.output
+    checked = runner.invoke(app, ["check", str(out), "--profile", profile, "--cluster", cluster, "--objective", "time"])
+    assert checked.exit_code == 0, checked.output
+
+
+def test_without_links_the_same_node_pays_the_network(tmp_path):
+    node = {k: v for k, v in CLUSTER["nodes"]["p3.8xlarge"].items() if k != "link_gbps"}
+    cluster = {**CLUSTER, "nodes": {"p3.8xlarge": node}}
+    profile = write_yaml(tmp_path / "p.yaml", PROFILE)
+    out = tmp_path / "plan.yaml"
+    args = ["plan", profile, write_yaml(tmp_path / "c.yaml", cluster), "--objective", "time", "--scheduler", "exact"]
+    assert runner.invoke(app, [*args, "-o", str(out)]).exit_code == 0
+    plan = yaml.safe_load(out.read_text())
+    assert "link_gbps" not in plan
+    k = plan["stages"][0]["replicas"]
+    assert math.isclose(plan["stages"][0]["comm_s"], 2 * 4e8 / 3.125e9 * (k - 1) / k, rel_tol=1e-12)
+
+
+def test_check_fails_a_plan_whose_rental_no_longer_has_links(tmp_path):
+    profile = write_yaml(tmp_path / "p.yaml", PROFILE)
+    cluster = write_yaml(tmp_path / "c.yaml", CLUSTER)
+    out = tmp_path / "plan.yaml"
+    args = ["plan", profile, cluster, "--objective", "time", "-s", "exact", "-o", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    slow = {**CLUSTER, "nodes": {"p3.8xlarge": {**CLUSTER["nodes"]["p3.8xlarge"], "link_gbps": {"v100": 30}}}}
+    slower = write_yaml(tmp_path / "slow.yaml", slow)
+    result = runner.invoke(app, ["check", str(out), "--profile", profile, "--cluster", slower, "--objective", "time"])
+    assert result.exit_code == 1, result.output
+    assert "comm_s" in result.output
+
+
+@pytest.mark.parametrize(
+    ("link", "where", "says"),
+    [
+        ({"cpu": 100}, "nodes.p3.8xlarge.link_gbps.cpu", "holds no cpu"),
+        ({"v100": 0}, "nodes.p3.8xlarge.link_gbps.v100", "must be > 0"),
+        ({"v100": "fast"}, "nodes.p3.8xlarge.link_gbps.v100", "number"),
+        ({"v100": 1e300}, "nodes.p3.8xlarge.link_gbps.v100", "1,000,000,000"),
+    ],
+)
+def test_a_bad_link_is_one_line_naming_its_field(tmp_path, link, where, says):
+    cluster = {
+        "cluster": "bad",
+        "resources": {"v100": {"unit": "V100"}, "cpu": {"unit": "CPU core"}},
+        "nodes": {
+            "p3.8xlarge": {"price": 12.24, "units": {"v100": 4}, "available": 1, "link_gbps": link},
+            "c5": {"price": 3.06, "units": {"cpu": 36}, "available": 1},
+        },
+    }
+    path = write_yaml(tmp_path / "c.yaml", cluster)
+    result = runner.invoke(app, ["validate", path])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert where in result.output and says in result.output, result.output
+
+
+def test_a_cluster_whose_links_can_be_chosen_in_too_many_ways_is_refused(tmp_path):
+    """Seven types each linked on three kinds: 4^7 ways to choose where each type talks (the network,
+    or one node of a kind), past the 4,096 the exact solver asks its fastest plan of."""
+    types = [f"t{i}" for i in range(7)]
+    profile = {
+        "model": "wide",
+        "batch_size": 8,
+        "job": {"samples": 1000, "epochs": 1},
+        "layers": [
+            {
+                "name": "l0",
+                "type": "fc",
+                "input_size": 4,
+                "weight_size": 4,
+                "times": {t: {"oct": 0.01, "odt": 0.001, "alpha": 1.0, "beta": 0.0} for t in types},
+            }
+        ],
+    }
+    cluster = {
+        "cluster": "wide",
+        "resources": {t: {} for t in types},
+        "nodes": {
+            f"k{k}": {
+                "price": 1.0 + k,
+                "units": dict.fromkeys(types, 1),
+                "available": 1,
+                "link_gbps": dict.fromkeys(types, 100),
+            }
+            for k in range(3)
+        },
+    }
+    args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster), "-s", "exact"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "4,096 ways" in result.output and "Traceback" not in result.output
