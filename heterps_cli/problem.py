@@ -207,6 +207,21 @@ class Problem:
         one_node = self.nodes.inside(counts) >= 0
         return self.replace(odt=odt, bandwidth=np.maximum(self.bandwidth, link) if one_node else self.bandwidth)
 
+    def on_rental(self, counts: np.ndarray) -> Problem:
+        """Section 1e: the question a rental of ``counts[K]`` nodes asks: plans within its units, over its
+        links (:meth:`over_links`). Every unit of it is paid for, so the fastest plan is the cheapest:
+        objective time, priced per unit only to choose between equally fast ones (a plan is priced by
+        its rental afterwards)."""
+        assert self.nodes is not None
+        capacity = np.asarray(counts, dtype=np.int64) @ self.nodes.units
+        return self.over_links(counts).replace(
+            nodes=None,
+            limits=capacity,
+            runnable=self.runnable & (capacity > 0)[None, :],
+            objective=Objective.TIME,
+            max_cost=None,
+        )
+
     def replace(self, **changes) -> Problem:
         if "objective" in changes:
             changes["objective"] = Objective(changes["objective"])

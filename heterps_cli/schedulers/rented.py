@@ -46,22 +46,6 @@ from heterps_cli.schedulers.reach import more_units
 from heterps_cli.schedulers.step_solver import schedule_of
 
 
-def on_rental(problem: Problem, counts: np.ndarray) -> Problem:
-    """The question a rental of ``counts[K]`` nodes asks: plans within its units, over its links
-    (:meth:`Problem.over_links`), priced per unit only to choose between equally fast ones (a plan
-    is priced by its rental afterwards)."""
-    assert problem.nodes is not None
-    capacity = np.asarray(counts, dtype=np.int64) @ problem.nodes.units
-    problem = problem.over_links(counts)
-    return problem.replace(
-        nodes=None,
-        limits=capacity,
-        runnable=problem.runnable & (capacity > 0)[None, :],
-        objective=Objective.TIME,
-        max_cost=None,
-    )
-
-
 def solve(
     problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
 ) -> Plan:
@@ -111,11 +95,11 @@ class _Walk:
     def run(self) -> Plan:
         p, menu = self.p, self.menu
         assert p.nodes is not None
-        every_node = on_rental(p, p.nodes.available)
+        every_node = p.on_rental(p.nodes.available)
         # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
         fastest = None
         for counts in widest_rentals(p.nodes):
-            found = self._fastest(solver_for(on_rental(p, counts), None, relax=not self.every))
+            found = self._fastest(solver_for(p.on_rental(counts), None, relax=not self.every))
             if found is not None and (fastest is None or found.throughput > fastest.throughput):
                 fastest = found
         if fastest is None:
@@ -174,7 +158,7 @@ class _Walk:
         return cand
 
     def _asks(self, row: int) -> Problem:
-        return on_rental(self.p, self.menu.counts[row])
+        return self.p.on_rental(self.menu.counts[row])
 
     def _plan(self, cand: Candidate, row: int) -> Plan:
         assert self.p.nodes is not None
@@ -291,7 +275,7 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
             if not 0 <= other[k] <= nodes.available[k] or not other.any():
                 continue
             rate = float(other @ nodes.price)
-            cand, _ = solver_for(on_rental(problem, other), None).max_throughput()
+            cand, _ = solver_for(problem.on_rental(other), None).max_throughput()
             x = None if cand is None else float(cand.throughput)
             cost = None if x is None else float(run_cost(problem.work, x, rate))
             meets = x is not None and x >= throughput_floor(problem)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import better, provision, split_stages, stage_ids
+from heterps_cli.costmodel import Scores, better, meets_targets, provision, run_cost, split_stages, stage_ids
 from heterps_cli.errors import SearchFailed
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
@@ -68,6 +68,7 @@ class Evaluator:
 
     def __init__(self, problem: Problem):
         self.problem = problem
+        self.alone = single_nodes(problem)
         self.cache: OrderedDict[bytes, tuple] = OrderedDict()
         self.bytes = 0  # what the cache holds, about
         self.evaluations = 0
@@ -106,6 +107,8 @@ class Evaluator:
             rows = schedules[list(new.values())]
             stages = split_stages(self.problem, rows)
             scores = provision(self.problem, stages)
+            for alone, price in self.alone:
+                _take_better(self.problem, scores, _on_one_node(self.problem, alone, price, rows))
             self.evaluations += len(rows)
             count = stages.valid.sum(axis=1)
             for j, key in enumerate(new):
@@ -128,6 +131,43 @@ class Evaluator:
         return Provisioned(
             np.array(feasible), np.array(cost), np.array(thr), np.stack(used), padded, np.array(memory_miss)
         )
+
+
+def single_nodes(problem: Problem) -> list[tuple[Problem, float]]:
+    """Section 1e: for each node kind with links, the question one node of it asks
+    (:meth:`Problem.on_rental`) and its price an hour. A plan that fits one such node runs faster
+    there than over the network; the search scores each schedule on them too."""
+    nodes = problem.nodes
+    if nodes is None or nodes.link is None:
+        return []
+    one = np.eye(len(nodes.names), dtype=np.int64)
+    return [(problem.on_rental(one[k]), float(nodes.price[k])) for k in range(len(one)) if nodes.inside(one[k]) >= 0]
+
+
+def _on_one_node(problem: Problem, alone: Problem, price: float, rows: np.ndarray) -> Scores:
+    """Schedules provisioned on one node (its fastest replicas: the node is paid for whole), priced at
+    the node's rate and checked against the job's targets."""
+    scores = provision(alone, split_stages(alone, rows))
+    scores.rate = np.full(len(rows), price)
+    scores.cost = run_cost(problem.work, scores.throughput, scores.rate)
+    scores.feasible = scores.feasible & meets_targets(problem, scores.throughput, scores.cost)
+    return scores
+
+
+def _take_better(problem: Problem, scores: Scores, other: Scores) -> None:
+    """Per schedule, ``other``'s figures where they are feasible and better (in place)."""
+    won = other.feasible & (
+        ~scores.feasible | better(problem, other.cost, other.throughput, scores.cost, scores.throughput)
+    )
+    if not won.any():
+        return
+    for name in ("throughput", "used", "rate", "cost", "feasible", "memory_miss"):
+        getattr(scores, name)[won] = getattr(other, name)[won]
+    width = max(scores.replicas.shape[1], other.replicas.shape[1])
+    replicas = np.zeros((len(won), width))
+    replicas[:, : scores.replicas.shape[1]] = scores.replicas
+    replicas[won, : other.replicas.shape[1]] = other.replicas[won]
+    scores.replicas = replicas
 
 
 @dataclass
