@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shlex
 
 import numpy as np
 import pytest
@@ -346,3 +347,25 @@ def test_heuristics_find_the_plan_that_needs_one_nodes_links(tmp_path, scheduler
     assert plan["link_gbps"] == {"v100": 1200} and plan["stages"][0]["replicas"] == 4
     assert math.isclose(plan["throughput"], 512 / (8 * 0.01 / 4 + 2 * 4e8 / 1.5e11 * 3 / 4), rel_tol=1e-9)
     assert math.isclose(plan["throughput"], exact_plan["throughput"], rel_tol=1e-12)
+
+
+def test_a_stale_plan_with_a_what_if_is_refreshed_with_it(tmp_path):
+    """check's fix command for a plan made with --explain keeps --explain, so the refreshed plan
+    still holds its what-if, and it passes the check that suggested it."""
+    two = {**CLUSTER, "nodes": {"p3.8xlarge": {**CLUSTER["nodes"]["p3.8xlarge"], "available": 2}}}
+    profile = write_yaml(tmp_path / "p.yaml", PROFILE)
+    cluster = write_yaml(tmp_path / "c.yaml", two)
+    out = tmp_path / "plan.yaml"
+    args = ["plan", profile, cluster, "--objective", "time", "-s", "exact", "--explain", "-o", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    faster = {**two, "nodes": {"p3.8xlarge": {**two["nodes"]["p3.8xlarge"], "link_gbps": {"v100": 2400}}}}
+    write_yaml(tmp_path / "c.yaml", faster)
+    check = ["check", str(out), "--profile", profile, "--cluster", cluster, "--objective", "time"]
+    result = runner.invoke(app, check, env={"COLUMNS": "400"})
+    assert result.exit_code == 1, result.output
+    fix = next(line for line in result.output.splitlines() if "refresh it: heterps plan" in line)
+    command = shlex.split(fix.split("refresh it: ", 1)[1].strip())
+    assert "--explain" in command
+    assert runner.invoke(app, command[1:]).exit_code == 0
+    assert yaml.safe_load(out.read_text())["what_if"]
+    assert runner.invoke(app, check).exit_code == 0

@@ -288,9 +288,10 @@ def plan_command(
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
     stochastic = f" --seed {seed}" if seed and name not in ("exact", "greedy") else ""
+    explain = " --explain" if plan.what_if is not None else ""  # the refreshed plan keeps its what-if
     return (
         f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name} "
-        f"--objective {problem.objective}{job}{stochastic} --out {shlex.quote(plan_path)}"
+        f"--objective {problem.objective}{job}{stochastic}{explain} --out {shlex.quote(plan_path)}"
     )
 
 
