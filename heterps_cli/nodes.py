@@ -28,12 +28,14 @@ MAX_MENU = 10_000
 @dataclass(frozen=True)
 class Menu:
     """Rentals no other beats, cheapest first: ``counts[P, K]``, ``capacity[P, T]``, ``rate[P]``,
-    ``links[P, T]`` (:meth:`Nodes.links`) and ``inside[P]`` (:meth:`Nodes.inside`)."""
+    ``links[P, T]`` (:meth:`Nodes.links` without a plan), ``room[P, T]`` (:meth:`Nodes.room`) and
+    ``inside[P]`` (:meth:`Nodes.inside`)."""
 
     counts: np.ndarray
     capacity: np.ndarray
     rate: np.ndarray
     links: np.ndarray
+    room: np.ndarray
     inside: np.ndarray
 
 
@@ -46,15 +48,30 @@ class Nodes:
     available: np.ndarray  # [K] nodes of each kind that may be rented (int)
     link: np.ndarray | None = None  # [K, T] bytes/s of one unit's link inside a node; 0: none given
 
-    def links(self, counts: np.ndarray) -> np.ndarray:
-        """``[T]`` bytes/s: per type, the link of the one node of a rental of ``counts[K]`` nodes that
-        holds the type, where exactly one does and its kind gives one; else 0 (the network)."""
+    def first(self, counts: np.ndarray) -> np.ndarray:
+        """``[T]``: per type, the kind of the first node of a rental of ``counts[K]`` nodes that holds
+        it, in the file's order of kinds (-1: none does). Replicas are placed on the rental's nodes in
+        that order (:func:`place`), so a type's units fill that node first."""
+        holding = (np.asarray(counts)[:, None] > 0) & (self.units > 0)  # [K, T]
+        return np.where(holding.any(axis=0), np.argmax(holding, axis=0), -1)
+
+    def room(self, counts: np.ndarray) -> np.ndarray:
+        """``[T]``: the units of each type on the first node of the rental that holds it (0: none)."""
+        f = self.first(counts)
+        return np.where(f >= 0, self.units[np.maximum(f, 0), np.arange(len(f))], 0)
+
+    def links(self, counts: np.ndarray, used: np.ndarray | None = None) -> np.ndarray:
+        """``[T]`` bytes/s: per type, the link of the first node of a rental of ``counts[K]`` nodes that
+        holds it, where a plan's ``used[T]`` units of the type all fit on that node (placed there
+        first); else 0 (the network). Without ``used``: the link any plan on the rental could have."""
         T = self.units.shape[1]
         if self.link is None:
             return np.zeros(T)
-        holding = np.asarray(counts)[:, None] * (self.units > 0)  # [K, T]: nodes of each kind holding t
-        one = holding.sum(axis=0) == 1
-        return np.where(one, self.link[np.argmax(holding, axis=0), np.arange(T)], 0.0)
+        f = self.first(counts)
+        link = np.where(f >= 0, self.link[np.maximum(f, 0), np.arange(T)], 0.0)
+        if used is not None:
+            link = np.where(np.asarray(used) <= self.room(counts), link, 0.0)
+        return link
 
     def inside(self, counts: np.ndarray) -> int:
         """The kind of a rental of ``counts[K]`` nodes when it is one node with links, whose stages
@@ -82,9 +99,9 @@ class Nodes:
     @cached_property
     def menu(self) -> Menu:
         """Every rental that no other one beats: built kind by kind, dropping a partial rental as soon
-        as another is no dearer, holds at least as many units of every type and talks over the same
-        links whatever nodes are added to both (:meth:`_sides`; any completion of it is then beaten
-        by the same completion of the other)."""
+        as another is no dearer, holds at least as many units of every type and places them on the
+        same first nodes whatever nodes are added to both (:meth:`_sides`; any completion of it is
+        then beaten by the same completion of the other)."""
         K, T = self.units.shape
         counts = np.zeros((1, 0), dtype=np.int64)
         capacity = np.zeros((1, T), dtype=np.int64)
@@ -104,22 +121,25 @@ class Nodes:
         order = np.lexsort((counts.sum(axis=1), rate))  # cheapest first; then fewest nodes
         counts = counts[order]
         links = np.array([self.links(c) for c in counts]).reshape(len(counts), T)
+        room = np.array([self.room(c) for c in counts], dtype=np.int64).reshape(len(counts), T)
         inside = np.array([self.inside(c) for c in counts], dtype=np.int64)
-        return Menu(counts, capacity[order], rate[order], links, inside)
+        return Menu(counts, capacity[order], rate[order], links, room, inside)
 
     def _sides(self, counts: np.ndarray) -> np.ndarray:
         """``[P, ...]``: what decides the links of partial rentals ``counts[P, k]`` (the first ``k``
-        kinds) and of any completion of them: per type some kind links, whether no node, one node
-        (of which kind) or several hold it, and the same for the rental's nodes in all. Two rentals
-        alike in these talk over the same links with any nodes added to both."""
+        kinds, in the file's order) and of any completion of them (nodes of later kinds): per type
+        some kind links, the kind of its first node (nodes added later come after it), and whether
+        the rental is no node, one node (of which kind) or several. Two rentals alike in these
+        place a plan's units on the same first nodes, over the same links, with any nodes added."""
         P, k = counts.shape
         if self.link is None or not (self.link > 0).any():
             return np.zeros((P, 1), dtype=np.int64)
         linked = (self.link > 0).any(axis=0)
-        holding = counts[:, :, None] * (self.units[:k, linked] > 0)[None, :, :]  # [P, k, T']
-        every = np.concatenate([holding, counts[:, :, None]], axis=2)  # ... and the nodes in all
-        n = every.sum(axis=1)
-        return np.where(n == 0, 0, np.where(n == 1, 1 + np.argmax(every, axis=1), k + 1))
+        holding = (counts[:, :, None] > 0) & (self.units[:k, linked] > 0)[None, :, :]  # [P, k, T']
+        first = np.where(holding.any(axis=1), 1 + np.argmax(holding, axis=1), 0)
+        n = counts.sum(axis=1)
+        nodes = np.where(n == 0, 0, np.where(n == 1, 1 + np.argmax(counts, axis=1), k + 1))
+        return np.concatenate([first, nodes[:, None]], axis=1)
 
     def cover(self, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each row of ``used[B, T]``, the cheapest rental holding it: its rate (inf: none does)
@@ -198,7 +218,8 @@ def place(nodes: Nodes, types: tuple[str, ...], rental: dict[str, int], stages) 
     each replica takes the first node with a free unit of its type, so a stage fills a node before
     it starts the next (its all-reduce then crosses as few nodes as the rental lets it)."""
     kind_of = {name: k for k, name in enumerate(nodes.names)}
-    free = {node: nodes.units[kind_of[kind]].copy() for node, kind in node_names(rental)}
+    ordered = {kind: rental[kind] for kind in nodes.names if rental.get(kind)}  # the file's order of kinds
+    free = {node: nodes.units[kind_of[kind]].copy() for node, kind in node_names(ordered)}
     placed = []
     for t, replicas in stages:
         here: dict[str, int] = {}

@@ -178,10 +178,10 @@ def make_plan(
         if rental is None:
             rental = _rental_for(problem, schedule, k, sc)
         counts = problem.nodes.counts(rental)
-        over = problem.nodes.links(counts)
+        over = problem.nodes.links(counts, sc.used[0])
         rate = np.array([float(counts @ problem.nodes.price)])
         if (over > 0).any():
-            problem = problem.over_links(counts)
+            problem = problem.over_links(counts, sc.used[0])
             stages = split_stages(problem, np.asarray(schedule)[None, :])
             links = {t: float(g * 8 / 1e9) for t, g in zip(problem.types, over) if g > 0}
         sc = score(problem, stages, k, rate=rate)
@@ -256,7 +256,7 @@ def _rental_for(problem: Problem, schedule, k: np.ndarray, sc) -> dict[str, int]
 
     def rank(rental: dict[str, int]) -> tuple:
         counts = nodes.counts(rental)
-        there = problem.over_links(counts)
+        there = problem.over_links(counts, sc.used[0])
         s = score(there, split_stages(there, np.asarray(schedule)[None, :]), k, rate=np.array([counts @ nodes.price]))
         cost, thr = float(s.cost[0]), float(s.throughput[0])
         return (not bool(s.feasible[0]), *((cost, -thr) if problem.objective == "cost" else (-thr, cost)))

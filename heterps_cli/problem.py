@@ -8,6 +8,7 @@ kept (a type that runs no layer can never be part of a plan).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -190,37 +191,53 @@ class Problem:
         layer (its own copy of what it saves of its input) where a span sums :attr:`held_once`."""
         return np.append(self.shared_bytes, 0.0)
 
-    def over_links(self, counts: np.ndarray) -> Problem:
-        """Section 1e: the problem on a rental of ``counts[K]`` nodes, whose units talk over a node's
-        links where they are faster than the network. A type that one node of the rental holds
-        runs an unsharded layer's gradient all-reduce in ``weight_size / link`` (how a profile
-        derives ``odt``, over that node's link); on a rental of one node, a stage also moves its
-        boundary activations at its type's link."""
+    def over_links(self, counts: np.ndarray, used: np.ndarray | None = None) -> Problem:
+        """Section 1e: the problem on a rental of ``counts[K]`` nodes for a plan of ``used[T]`` units,
+        whose units talk over a node's links where they are faster than the network. A type whose
+        units all fit the first node of the rental holding it (:meth:`Nodes.links`; without
+        ``used``, every type that node links) runs an unsharded layer's gradient all-reduce in
+        ``weight_size / link`` (how a profile derives ``odt``, over that node's link); on a rental of
+        one node, a stage also moves its boundary activations at its type's link."""
         assert self.nodes is not None
-        link = self.nodes.links(counts)
+        return self._over(self.nodes.links(counts, used), self.nodes.inside(counts) >= 0)
+
+    def _over(self, link: np.ndarray, one_node: bool) -> Problem:
         if not (link > 0).any():
             return self
         with np.errstate(divide="ignore", invalid="ignore"):
             over_link = np.where(link[None, :] > 0, self.weight_size[:, None] / link[None, :], np.inf)
         over_link = np.where(self.sharded[:, None], np.inf, over_link)
         odt = np.where(self.runnable, np.minimum(self.odt, over_link), self.odt)
-        one_node = self.nodes.inside(counts) >= 0
         return self.replace(odt=odt, bandwidth=np.maximum(self.bandwidth, link) if one_node else self.bandwidth)
 
-    def on_rental(self, counts: np.ndarray) -> Problem:
-        """Section 1e: the question a rental of ``counts[K]`` nodes asks: plans within its units, over its
-        links (:meth:`over_links`). Every unit of it is paid for, so the fastest plan is the cheapest:
-        objective time, priced per unit only to choose between equally fast ones (a plan is priced by
-        its rental afterwards)."""
-        assert self.nodes is not None
-        capacity = np.asarray(counts, dtype=np.int64) @ self.nodes.units
-        return self.over_links(counts).replace(
-            nodes=None,
-            limits=capacity,
-            runnable=self.runnable & (capacity > 0)[None, :],
-            objective=Objective.TIME,
-            max_cost=None,
-        )
+    def on_rental(self, counts: np.ndarray) -> list[Problem]:
+        """Section 1e: the questions a rental of ``counts[K]`` nodes asks, whose fastest answer is its
+        fastest plan. Every unit of it is paid for, so the fastest plan is the cheapest: objective
+        time, priced per unit only to choose between equally fast ones (a plan is priced by its
+        rental afterwards). A type whose first node links it but holds fewer of its units than the
+        rental asks two: its units within that node, over the link, or up to all of them, over the
+        network."""
+        nodes = self.nodes
+        assert nodes is not None
+        counts = np.asarray(counts, dtype=np.int64)
+        capacity = counts @ nodes.units
+        link, room = nodes.links(counts), nodes.room(counts)
+        split = np.flatnonzero((link > 0) & (room < capacity))
+        questions = []
+        for over in itertools.product((True, False), repeat=len(split)):
+            here, limits = link.copy(), capacity.copy()
+            for t, inside in zip(split, over):
+                here[t], limits[t] = (link[t], room[t]) if inside else (0.0, capacity[t])
+            questions.append(
+                self._over(here, nodes.inside(counts) >= 0).replace(
+                    nodes=None,
+                    limits=limits,
+                    runnable=self.runnable & (limits > 0)[None, :],
+                    objective=Objective.TIME,
+                    max_cost=None,
+                )
+            )
+        return questions
 
     def replace(self, **changes) -> Problem:
         if "objective" in changes:

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InfeasibleError
+from heterps_cli.formats import Cluster, Profile
 from heterps_cli.schedulers import exact, solve
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance, runner, write_yaml
-from tests.oracle import _better, assert_is_the_frontier, assert_is_the_optimum, feasible_plans
+from tests.oracle import _better, _section_1b, assert_is_the_frontier, assert_is_the_optimum
 from tests.strategies import SETTINGS
 
 
@@ -80,15 +81,17 @@ def _dicts(inst):
     return profile, cluster
 
 
-def _links_of(counts, units, links):
-    """Per type, the link (Gbit/s) of the one node of the rental that holds it, or None: written
-    from section 1e, node by node."""
+def _first_nodes(counts, units, links):
+    """Per type, the room (units on it) and link (Gbit/s, or None) of the first node of the rental
+    that holds it, its nodes listed kind by kind in the file's order: written from section 1e, node
+    by node."""
     nodes = [k for k, c in enumerate(counts) for _ in range(int(c))]
-    out = []
+    room, link = [], []
     for t in range(units.shape[1]):
-        holders = [k for k in nodes if units[k, t] > 0]
-        out.append(links[holders[0]][t] if len(holders) == 1 else None)
-    return out
+        first = next((k for k in nodes if units[k, t] > 0), None)
+        room.append(0 if first is None else int(units[first, t]))
+        link.append(None if first is None else links[first][t])
+    return np.array(room), link
 
 
 def _enumerated(inst, objective):
@@ -102,46 +105,59 @@ def _enumerated(inst, objective):
 
 def _every_plan(inst):
     """(cost, throughput) arrays of every feasible plan over every rental (a count of each kind),
-    every schedule and every replica vector within the rental's units, written from section 1e:
-    a type that one node of the rental holds, whose kind gives it a link, has an odt of
-    min(odt, weight_size / link) on unsharded layers, and on a rental of one node a bandwidth of
-    max(bandwidth, link) too; the rest keep the network's."""
-    arrays, B0, min_throughput, hardware, (units, price, available), links = inst
+    every schedule and every replica vector within the rental's units, written from section 1e: a
+    type whose units in the plan all fit the first node holding it, whose kind gives it a link, has
+    an odt of min(odt, weight_size / link) on unsharded layers, and on a rental of one node a
+    bandwidth of max(bandwidth, link) too; the rest keep the network's."""
+    arrays, B0, min_throughput, hw, (units, price, available), links = inst
     oct_, odt, alpha, beta, runnable = arrays[:5]
-    every: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0), np.zeros(0))]
+    n, T = oct_.shape
+    costs, thrs = [np.zeros(0)], [np.zeros(0)]
     for counts in itertools.product(*(range(int(a) + 1) for a in available)):
         counts = np.array(counts)
         if not counts.any():
             continue
-        capacity = (counts @ units).astype(int)
-        rate = float(counts @ price)
-        d = odt.copy()
-        bandwidth = list(hardware["bandwidth_gbps"])
-        for t, g in enumerate(_links_of(counts, units, links)):
-            if g is None:
+        capacity, rate = counts @ units, float(counts @ price)
+        room, link = _first_nodes(counts, units, links)
+        bandwidth = list(hw["bandwidth_gbps"])
+        if counts.sum() == 1:
+            bandwidth = [b if b is None or g is None else max(b, g) for b, g in zip(bandwidth, link)]
+        here = {**hw, "bandwidth_gbps": bandwidth}
+        for sched in itertools.product(range(T), repeat=n):
+            if not all(runnable[layer, t] for layer, t in enumerate(sched)):
                 continue
-            for layer in range(len(d)):
-                if not hardware["sharded"][layer]:
-                    d[layer, t] = min(d[layer, t], hardware["weight_size"][layer] / (g * 1e9 / 8))
-            if counts.sum() == 1 and bandwidth[t] is not None:
-                bandwidth[t] = max(bandwidth[t], g)
-        hw = {**hardware, "bandwidth_gbps": bandwidth}
-        costs, thrs = feasible_plans(
-            oct_,
-            d,
-            alpha,
-            beta,
-            runnable,
-            np.zeros(len(capacity)),
-            capacity,
-            B0,
-            1e6,
-            min_throughput=min_throughput,
-            hardware=hw,
-            rate_of=lambda used, rate=rate: np.full(len(used), rate),
-        )
-        every.append((costs, thrs))
-    return np.concatenate([c for c, _ in every]), np.concatenate([x for _, x in every])
+            stages: list[tuple[int, list[int]]] = []
+            for layer, t in enumerate(sched):
+                if stages and stages[-1][0] == t:
+                    stages[-1][1].append(layer)
+                else:
+                    stages.append((t, [layer]))
+            ks = np.array(list(itertools.product(*(range(1, capacity[t] + 1) for t, _ in stages))), dtype=float)
+            if len(ks) == 0:
+                continue
+            used = np.stack([ks[:, [s for s, (u, _) in enumerate(stages) if u == t]].sum(axis=1) for t in range(T)], 1)
+            ks, used = ks[(used <= capacity).all(axis=1)], used[(used <= capacity).all(axis=1)]
+            if len(ks) == 0:
+                continue
+            inside = np.array([g is not None for g in link])[None, :] & (used <= room[None, :])
+            worst, fits = np.zeros(len(ks)), np.ones(len(ks), dtype=bool)
+            for s, (t, ls) in enumerate(stages):
+                k = ks[:, s]
+                c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] / k) for layer in ls)
+                d = np.zeros(len(ks))
+                for layer in ls:
+                    o = np.full(len(ks), odt[layer, t])
+                    if link[t] is not None and not hw["sharded"][layer]:
+                        o = np.where(inside[:, t], np.minimum(o, hw["weight_size"][layer] / (link[t] * 1e9 / 8)), o)
+                    d = d + o * (1 - beta[layer, t] + beta[layer, t] / k)
+                c, d, fit = _section_1b(here, B0, n, t, ls, k, c, d)
+                worst, fits = np.maximum(worst, np.maximum(c, d)), fits & fit
+            thr = B0 / worst
+            cost = 1e6 / thr / 3600 * rate
+            ok = fits & (thr >= min_throughput * (1 - 1e-12))
+            costs.append(cost[ok])
+            thrs.append(thr[ok])
+    return np.concatenate(costs), np.concatenate(thrs)
 
 
 def _solve(inst, scheduler, objective):
@@ -161,7 +177,7 @@ def test_exact_with_links_matches_enumeration_of_schedules_replicas_and_rentals(
         _holds(inst, plan)
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(linked_instances())
 def test_frontier_with_links_is_the_enumerated_pareto_set(inst):
     profile, cluster = _dicts(inst)
@@ -188,7 +204,9 @@ def _holds(inst, plan):
     used = np.array([plan.resources[t] for t in plan.resources])
     assert (rented @ units >= used).all()
     assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate, rel_tol=1e-9)
-    over = {f"r{t}": g for t, g in enumerate(_links_of(rented, units, inst[5])) if g is not None}
+    room, link = _first_nodes(rented, units, inst[5])
+    used = np.array([plan.resources[f"r{t}"] for t in range(len(link))])
+    over = {f"r{t}": g for t, g in enumerate(link) if g is not None and used[t] <= room[t]}
     assert (plan.links or {}) == pytest.approx(over)
 
 
@@ -369,3 +387,22 @@ def test_a_stale_plan_with_a_what_if_is_refreshed_with_it(tmp_path):
     assert runner.invoke(app, command[1:]).exit_code == 0
     assert yaml.safe_load(out.read_text())["what_if"]
     assert runner.invoke(app, check).exit_code == 0
+
+
+@pytest.mark.parametrize(("replicas", "over_link"), [(4, True), (5, False)])
+def test_on_several_nodes_a_type_that_fits_its_first_node_all_reduces_over_its_links(replicas, over_link):
+    """Two 4-V100 nodes rented (for their cores, say): four replicas are placed on the first and
+    all-reduce over its NVLink; a fifth lands on the second node and the ring crosses the network."""
+    from heterps_cli.plan import make_plan
+    from heterps_cli.problem import build_problem
+
+    cluster = {
+        **CLUSTER,
+        "nodes": {"p3.8xlarge": {**CLUSTER["nodes"]["p3.8xlarge"], "available": 2}},
+    }
+    problem = build_problem(Profile.model_validate(PROFILE), Cluster.model_validate(cluster))
+    plan = make_plan(problem, [0], [replicas], scheduler="exact", rental={"p3.8xlarge": 2})
+    y = 4e8 / 1.5e11 if over_link else 4e8 / 3.125e9  # the all-reduce between two replicas, Y
+    assert math.isclose(plan.stages[0].comm_s, 2 * y * (replicas - 1) / replicas, rel_tol=1e-12)
+    assert plan.links == ({"v100": 1200} if over_link else None)
+    assert plan.stages[0].nodes == ({"p3.8xlarge#1": 4} if over_link else {"p3.8xlarge#1": 4, "p3.8xlarge#2": 1})

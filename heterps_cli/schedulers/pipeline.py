@@ -322,15 +322,19 @@ class PipelineSolver(StepSolver):
                 return best, min(best.cost, proven, rest)
         return best, (best.cost if best is not None else math.inf)
 
-    def max_throughput(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+    def max_throughput(
+        self, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
+    ) -> tuple[Candidate | None, float]:
         """:meth:`StepSolver.max_throughput` one stage count at a time (the module's docstring): grid
-        ``S`` is only searched for plans at least as fast as the best of the grids before it; a
-        finished search's answer is kept (an infeasible throughput asks it again for its message)."""
+        ``S`` is only searched for plans at least as fast as the best of the grids before it (and
+        as ``at_least``); a finished search's answer is kept (an infeasible throughput asks it again
+        for its message)."""
         if self.fastest is not None:
-            return self.fastest
+            found = self.fastest[0]
+            return self.fastest if found is None or found.throughput >= at_least else (None, 0.0)
         best: Candidate | None = None
         for S in range(1, self.most + 1):
-            target = 0.0 if best is None else best.throughput
+            target = at_least if best is None else best.throughput
             if not self.at_least(S).reachable(target):
                 break  # none of S stages or more is as fast
             if best is not None and out_of_time():
@@ -346,6 +350,8 @@ class PipelineSolver(StepSolver):
                     self.drop(S)
                     return best, max(best.throughput, hi, self.slot_bound(S + 1))
             self.drop(S)
+        if at_least > 0:  # not the fastest of all when none reaches at_least: not kept
+            return best, (best.throughput if best is not None else 0.0)
         self.fastest = best, (best.throughput if best is not None else 0.0)
         return self.fastest
 

@@ -43,7 +43,7 @@ from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
 from heterps_cli.schedulers.chain_dp import Candidate
 from heterps_cli.schedulers.pipeline import solver_for
 from heterps_cli.schedulers.reach import more_units
-from heterps_cli.schedulers.step_solver import schedule_of
+from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
 
 
 def solve(
@@ -91,15 +91,17 @@ class _Walk:
         self.stopped_at: int | None = None
         self.relaxed = False  # some rental's question needed more states than the DP holds
         self.x_max = 0.0
+        self.tables: dict[tuple, StepSolver] = {}  # a solver per set of question terms, for its stage table
 
     def run(self) -> Plan:
         p, menu = self.p, self.menu
         assert p.nodes is not None
-        every_node = p.on_rental(p.nodes.available)
+        every_node = p.on_rental(p.nodes.available)[-1]  # over the network
         # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
         fastest = None
         for counts in widest_rentals(p.nodes):
-            found = self._fastest(solver_for(p.on_rental(counts), None, relax=not self.every))
+            above = float(np.nextafter(fastest.throughput, np.inf)) if fastest is not None else 0.0
+            found = self._fastest(self._questions(counts), above)
             if found is not None and (fastest is None or found.throughput > fastest.throughput):
                 fastest = found
         if fastest is None:
@@ -126,12 +128,13 @@ class _Walk:
                 break
             if self.progress is not None:
                 self.progress(f"exact: rental {row + 1:,} of {len(menu.rate):,}", completed=row, total=len(menu.rate))
-            solver = solver_for(self._asks(row), None, relax=not self.every)
+            questions = self._questions(menu.counts[row])
             self.asked += 1
-            if not solver.reachable(target):
+            reaching = next((q for q in questions if q.reachable(target)), None)
+            if reaching is None:
                 cannot.append(row)
                 continue
-            cand = self._fastest(solver) if target < self.x_max else solver.cheapest(target)
+            cand = self._fastest(questions, target) if target < self.x_max else reaching.cheapest(target)
             assert cand is not None, "the rental reaches the target"
             plan = self._plan(cand, row)
             if self.every:
@@ -149,16 +152,34 @@ class _Walk:
             raise InfeasibleError(_over_budget(p))
         return best
 
-    def _fastest(self, solver) -> Candidate | None:
-        self.fastest_asked += 1
-        cand, _ = solver.max_throughput()
-        if cand is not None and not cand.within:  # the DP relaxed a limit: the best plan found within all
-            self.relaxed = True
-            cand = solver.fastest_found
-        return cand
+    def _questions(self, counts: np.ndarray) -> list[_Lazy]:
+        return [_Lazy(self, q) for q in self.p.on_rental(counts)]
 
-    def _asks(self, row: int) -> Problem:
-        return self.p.on_rental(self.menu.counts[row])
+    def _solver(self, question: Problem):
+        """A solver for one rental's question, sharing the stage table of an earlier question with the
+        same terms (links, and the types it has units of): most rentals differ only in their limits."""
+        key = (question.odt.tobytes(), question.bandwidth.tobytes(), (question.limits > 0).tobytes())
+        like = self.tables.get(key)
+        solver = solver_for(question, None, relax=not self.every, like=like)
+        if like is None and (question.n_layers + 1) ** 2 * question.n_types <= TABLE_CACHE_CELLS:
+            self.tables[key] = solver
+        return solver
+
+    def _fastest(self, questions: list, at_least: float = 0.0) -> Candidate | None:
+        """The fastest plan over a rental's questions (each one's fastest: the rental's fastest), where
+        one is at least ``at_least`` fast; each question after the first only searches above the
+        fastest found so far."""
+        self.fastest_asked += 1
+        best = None
+        for solver in questions:
+            above = float(np.nextafter(best.throughput, np.inf)) if best is not None else at_least
+            cand, _ = solver.max_throughput(at_least=above)
+            if cand is not None and not cand.within:  # the DP relaxed a limit: the best plan found within all
+                self.relaxed = True
+                cand = solver.fastest_found
+            if cand is not None and (best is None or cand.throughput > best.throughput):
+                best = cand
+        return best
 
     def _plan(self, cand: Candidate, row: int) -> Plan:
         assert self.p.nodes is not None
@@ -184,49 +205,78 @@ def frontier_candidates(
     return walk.found, cut_at
 
 
+class _Lazy:
+    """One of a rental's questions, its solver made when first asked (most rentals are settled by
+    their first question)."""
+
+    def __init__(self, walk: _Walk, question: Problem):
+        self.walk, self.question, self._solver = walk, question, None
+
+    @property
+    def solver(self):
+        if self._solver is None:
+            self._solver = self.walk._solver(self.question)
+        return self._solver
+
+    def reachable(self, target: float) -> bool:
+        return self.solver.reachable(target)
+
+    def cheapest(self, target: float) -> Candidate | None:
+        return self.solver.cheapest(target)
+
+    def max_throughput(self, at_least: float = 0.0):
+        return self.solver.max_throughput(at_least=at_least)
+
+    @property
+    def fastest_found(self) -> Candidate | None:
+        return self.solver.fastest_found
+
+
 def _no_better(menu: Menu, row: int, rows: np.ndarray) -> bool:
     """Whether some rental of ``rows`` holds at least the units of ``row``, over links at least as
-    fast for every type and, where ``row`` is one node moving activations over its links, is one too:
-    then what ``row`` reaches, it reaches."""
+    fast for every type, with at least as many of a linked type's units on its first node and, where
+    ``row`` is one node moving activations over its links, is one too: then what ``row`` reaches, it
+    reaches."""
     as_much = (menu.capacity[rows] >= menu.capacity[row]).all(axis=1)
     as_fast = (menu.links[rows] >= menu.links[row]).all(axis=1)
+    linked = menu.links[row] > 0
+    as_fast &= (menu.room[rows][:, linked] >= menu.room[row][linked]).all(axis=1)
     if menu.inside[row] >= 0:
         as_fast &= menu.inside[rows] >= 0
     return bool((as_much & as_fast).any())
 
 
+TABLE_CACHE_CELLS = 1_000_000  # stage tables kept for reuse up to this many cells each (90 bytes a cell)
 MAX_WIDEST = 4096  # ways to choose each linked type's links: the exact solver asks each its fastest plan
 
 
 def widest_rentals(nodes: Nodes) -> list[np.ndarray]:
-    """Rentals at least one of which is as fast as any rental: every rental holds no more nodes than,
-    and talks over links no slower than, one of them. Per choice of, for each type some kind links,
-    the network or one node of such a kind: that node, no node of another kind holding the type,
-    and every available node of the other kinds; and each single node with links (which also
-    moves activations over them)."""
+    """Rentals at least one of which is as fast as any rental: every rental holds no more nodes than
+    one of them, whose first node of each type some kind links is of the same kind (the same link,
+    the same room). Per choice, for each such type, of no choice or the kind of its first node: no
+    node of the kinds before it that hold the type, and every available node of the rest; and
+    each single node with links (which also moves activations over them)."""
     K, T = nodes.units.shape
     out = [nodes.available.copy()]
     if nodes.link is None:
         return out
     linked = [t for t in range(T) if (nodes.link[:, t] > 0).any()]
-    choices = [[-1, *np.flatnonzero(nodes.link[:, t] > 0)] for t in linked]
+    choices = [[-1, *np.flatnonzero(nodes.units[:, t] > 0)] for t in linked]
     if math.prod(len(c) for c in choices) > MAX_WIDEST:
         raise TooLarge(
             "cluster's nodes",
-            f"its links can be chosen in more than {MAX_WIDEST:,} ways (a type's network or one node of a kind "
-            "linking it, for every type some kind links); give link_gbps for fewer types or kinds",
+            f"its first nodes can be chosen in more than {MAX_WIDEST:,} ways (for every type some kind links, "
+            "none or a kind holding it); give link_gbps for fewer types, or list fewer kinds",
         )
     for pick in itertools.product(*choices):
         counts = nodes.available.copy()
         for t, k in zip(linked, pick):
             if k >= 0:
-                counts[(nodes.units[:, t] > 0) & (np.arange(K) != k)] = 0
-        for k in pick:
-            if k >= 0:
-                counts[k] = min(counts[k], 1)
-        if all(k < 0 or counts[k] == 1 for k in pick):
+                counts[(nodes.units[:, t] > 0) & (np.arange(K) < k)] = 0
+        if all(k < 0 or counts[k] > 0 for k in pick):
             out.append(counts)
-    out += [np.eye(K, dtype=np.int64)[k] for k in range(K) if nodes.inside(np.eye(K, dtype=np.int64)[k]) >= 0]
+    one = np.eye(K, dtype=np.int64)
+    out += [one[k] for k in range(K) if nodes.inside(one[k]) >= 0]
     unique = {tuple(c) for c in out if c.any()}
     return [np.array(c) for c in sorted(unique)]
 
@@ -275,8 +325,8 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
             if not 0 <= other[k] <= nodes.available[k] or not other.any():
                 continue
             rate = float(other @ nodes.price)
-            cand, _ = solver_for(problem.on_rental(other), None).max_throughput()
-            x = None if cand is None else float(cand.throughput)
+            found = [solver_for(q, None).max_throughput()[0] for q in problem.on_rental(other)]
+            x = max((float(c.throughput) for c in found if c is not None), default=None)
             cost = None if x is None else float(run_cost(problem.work, x, rate))
             meets = x is not None and x >= throughput_floor(problem)
             if meets and problem.max_cost is not None and cost is not None:

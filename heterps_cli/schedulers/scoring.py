@@ -141,7 +141,8 @@ def single_nodes(problem: Problem) -> list[tuple[Problem, float]]:
     if nodes is None or nodes.link is None:
         return []
     one = np.eye(len(nodes.names), dtype=np.int64)
-    return [(problem.on_rental(one[k]), float(nodes.price[k])) for k in range(len(one)) if nodes.inside(one[k]) >= 0]
+    # one node holds all its units, so it asks one question
+    return [(problem.on_rental(one[k])[0], float(nodes.price[k])) for k in range(len(one)) if nodes.inside(one[k]) >= 0]
 
 
 def _on_one_node(problem: Problem, alone: Problem, price: float, rows: np.ndarray) -> Scores:

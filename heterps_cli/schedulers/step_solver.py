@@ -361,10 +361,13 @@ class StepSolver:
     def speed_bound(self) -> float:
         return speed_bound(self.p)
 
-    def max_throughput(self, out_of_time: Callable[[], bool] = lambda: False) -> tuple[Candidate | None, float]:
+    def max_throughput(
+        self, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
+    ) -> tuple[Candidate | None, float]:
         """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost, and a
-        proven upper bound on the fastest throughput: the plan's own when the search finished."""
-        lo = self.cheapest(0.0)
+        proven upper bound on the fastest throughput: the plan's own when the search finished.
+        ``at_least``: only a plan at least that fast is wanted (None when there is none)."""
+        lo = self.reaching(at_least) if at_least > 0 else self.cheapest(0.0)
         if lo is None:
             return None, 0.0
         return self._bisect(lo, out_of_time)
