@@ -67,6 +67,18 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
     }
 
 
+def stages_of(schedule) -> list:
+    """The stages of a schedule (a type per layer), as docs/spec.md section 1 defines them: maximal
+    runs of layers on one type, each ``(type, [layers])``."""
+    stages: list = []
+    for layer, t in enumerate(schedule):
+        if stages and stages[-1][0] == t:
+            stages[-1][1].append(layer)
+        else:
+            stages.append((t, [layer]))
+    return stages
+
+
 def feasible_plans(
     oct_,
     odt,
@@ -92,12 +104,7 @@ def feasible_plans(
     for sched in schedules if schedules is not None else itertools.product(range(T), repeat=n):
         if not all(runnable[layer, t] for layer, t in enumerate(sched)):
             continue
-        stages = []  # (type, [layers])
-        for layer, t in enumerate(sched):
-            if stages and stages[-1][0] == t:
-                stages[-1][1].append(layer)
-            else:
-                stages.append((t, [layer]))
+        stages = stages_of(sched)
         ranges = [range(1, limits[t] + 1) for t, _ in stages]
         ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
         if len(ks) == 0:  # a type with no units (section 1e: a rental without it)
@@ -254,12 +261,7 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
     layers, B0 = profile["layers"], profile["batch_size"]
     M = profile["job"]["global_batch"] // B0
     n = len(layers)
-    stages: list[tuple[str, list[int]]] = []
-    for layer, t in enumerate(schedule):
-        if stages and stages[-1][0] == t:
-            stages[-1][1].append(layer)
-        else:
-            stages.append((t, [layer]))
+    stages = stages_of(schedule)
     S = len(stages)
     step, memory, fits, k_t = [], [], [], {t: 0 for t in cluster["resources"]}
     for s, ((t, ls), k) in enumerate(zip(stages, replicas)):

@@ -21,7 +21,7 @@ from heterps_cli.errors import InfeasibleError
 from heterps_cli.formats import Cluster, Profile
 from heterps_cli.schedulers import exact, solve
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance, runner, write_yaml
-from tests.oracle import _better, _section_1b, assert_is_the_frontier, assert_is_the_optimum
+from tests.oracle import _better, _section_1b, assert_is_the_frontier, assert_is_the_optimum, stages_of
 from tests.strategies import SETTINGS
 
 
@@ -126,12 +126,7 @@ def _every_plan(inst):
         for sched in itertools.product(range(T), repeat=n):
             if not all(runnable[layer, t] for layer, t in enumerate(sched)):
                 continue
-            stages: list[tuple[int, list[int]]] = []
-            for layer, t in enumerate(sched):
-                if stages and stages[-1][0] == t:
-                    stages[-1][1].append(layer)
-                else:
-                    stages.append((t, [layer]))
+            stages = stages_of(sched)
             ks = np.array(list(itertools.product(*(range(1, capacity[t] + 1) for t, _ in stages))), dtype=float)
             if len(ks) == 0:
                 continue
