@@ -172,6 +172,27 @@ def test_exact_with_links_matches_enumeration_of_schedules_replicas_and_rentals(
         _holds(inst, plan)
 
 
+@settings(max_examples=60, **SETTINGS)
+@given(linked_instances(), st.sampled_from([0.7, 1.0, 1.5]))
+def test_exact_with_links_within_a_budget_matches_enumeration(inst, scale):
+    """Objective time under --max-cost: the fastest enumerated plan within the budget."""
+    cheapest = _enumerated(inst, "cost")
+    if cheapest is None:
+        return
+    budget = cheapest[0] * scale
+    profile, cluster = _dicts(inst)
+    try:
+        plan = exact.solve(problem_from_dicts(profile, cluster, objective="time", max_cost=budget))
+    except InfeasibleError:
+        plan = None
+    cost, thr = _every_plan(inst)
+    within = cost <= budget * (1 + 1e-12)
+    assert (plan is None) == (not within.any())
+    if plan is not None:
+        assert plan.cost_usd <= budget * (1 + 1e-9)
+        assert math.isclose(plan.throughput, thr[within].max(), rel_tol=1e-9)
+
+
 @settings(max_examples=150, **SETTINGS)
 @given(linked_instances())
 def test_frontier_with_links_is_the_enumerated_pareto_set(inst):
