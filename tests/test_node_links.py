@@ -21,17 +21,25 @@ from heterps_cli.errors import InfeasibleError
 from heterps_cli.formats import Cluster, Profile
 from heterps_cli.schedulers import exact, solve
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance, runner, write_yaml
-from tests.oracle import _better, _section_1b, assert_is_the_frontier, assert_is_the_optimum, stages_of
+from tests.oracle import (
+    _better,
+    _section_1b,
+    assert_is_the_frontier,
+    assert_is_the_optimum,
+    pipeline_figures,
+    stages_of,
+)
 from tests.strategies import SETTINGS
 
 
 @st.composite
-def linked_instances(draw):
+def linked_instances(draw, layers=(4, 3)):
     """(arrays, B0, min_throughput, hardware, nodes, links): as test_nodes.py's node instances, with
     section 1b's sizes, memory and bandwidth, and per kind a link for some of the types it holds,
-    drawn around what makes a layer's all-reduce over it cost about its odt."""
+    drawn around what makes a layer's all-reduce over it cost about its odt. ``layers``: at most
+    that many on 2 types, and on 3."""
     T = draw(st.integers(2, 3))
-    n = draw(st.integers(1, 4 if T == 2 else 3))
+    n = draw(st.integers(1, layers[0] if T == 2 else layers[1]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     arrays = random_instance(rng, n, T)
     B0 = 32
@@ -422,3 +430,59 @@ def test_on_several_nodes_a_type_that_fits_its_first_node_all_reduces_over_its_l
     assert math.isclose(plan.stages[0].comm_s, 2 * y * (replicas - 1) / replicas, rel_tol=1e-12)
     assert plan.links == ({"v100": 1200} if over_link else None)
     assert plan.stages[0].nodes == ({"p3.8xlarge#1": 4} if over_link else {"p3.8xlarge#1": 4, "p3.8xlarge#2": 1})
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(linked_instances(layers=(3, 2)), st.sampled_from([1, 3]), st.sampled_from(["cost", "time"]))
+def test_exact_with_links_and_a_pipeline_schedule_matches_enumeration(inst, micro_batches, objective):
+    """Section 1d's terms with links: every plan on every rental, its figures by the oracle's
+    pipeline_figures on a profile whose odt (and, on one node, cluster bandwidth) section 1e gives
+    that plan, priced at the rental's rate."""
+    arrays, B0, min_throughput, hw, (units, price, available), links = inst
+    profile, cluster = _dicts(inst)
+    profile["job"]["global_batch"] = B0 * micro_batches
+    types = list(cluster["resources"])
+    best = None
+    for counts in itertools.product(*(range(int(a) + 1) for a in available)):
+        counts = np.array(counts)
+        if not counts.any():
+            continue
+        capacity, rate = counts @ units, float(counts @ price)
+        room, link = _first_nodes(counts, units, links)
+        here = {"cluster": "x", "resources": {}}
+        for t, name in enumerate(types):
+            res = {**cluster["resources"][name], "price": 0.0, "limit": max(int(capacity[t]), 1)}
+            if counts.sum() == 1 and link[t] is not None and res.get("bandwidth_gbps") is not None:
+                res["bandwidth_gbps"] = max(res["bandwidth_gbps"], link[t])
+            here["resources"][name] = res
+        for sched in itertools.product(range(len(types)), repeat=len(profile["layers"])):
+            if not all(types[t] in layer["times"] for t, layer in zip(sched, profile["layers"])):
+                continue
+            run = [t for i, t in enumerate(sched) if i == 0 or sched[i - 1] != t]
+            for ks in itertools.product(*(range(1, int(capacity[t]) + 1) for t in run)):
+                used = np.zeros(len(types))
+                for t, k in zip(run, ks):
+                    used[t] += k
+                if (used > capacity).any():
+                    continue
+                mine = {**profile, "layers": [dict(layer) for layer in profile["layers"]]}
+                for t, name in enumerate(types):
+                    if link[t] is None or used[t] > room[t]:
+                        continue
+                    for i, layer in enumerate(mine["layers"]):
+                        if name in layer["times"] and not layer.get("sharded"):
+                            over = layer["weight_size"] / (link[t] * 1e9 / 8)
+                            times = {**layer["times"], name: {**layer["times"][name]}}
+                            times[name]["odt"] = min(times[name]["odt"], over)
+                            mine["layers"][i] = {**layer, "times": times}
+                f = pipeline_figures(mine, here, [types[t] for t in sched], list(ks))
+                cost = profile["job"]["samples"] / f["throughput"] / 3600 * rate
+                if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
+                    continue
+                if best is None or _better(objective, cost, f["throughput"], *best):
+                    best = (cost, f["throughput"])
+    try:
+        plan = exact.solve(problem_from_dicts(profile, cluster, objective=objective))
+    except InfeasibleError:
+        plan = None
+    assert_is_the_optimum(plan, best, objective)

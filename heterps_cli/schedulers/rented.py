@@ -110,7 +110,10 @@ class _Walk:
         if self.x_max < throughput_floor(p):
             raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
         by_time = p.objective == "time" and not self.every
-        target = self.x_max if by_time and p.max_cost is None else throughput_floor(p)
+        # x_max within SLACK: the fastest plan's own figure can sit an ulp above what a grid's test of
+        # "reaches X" grants at exactly X (a pipeline's relaxation rounds the other way).
+        top = self.x_max * (1 - SLACK)
+        target = top if by_time and p.max_cost is None else throughput_floor(p)
         best: Plan | None = None
         cannot: list[int] = []  # rows known not to reach target (nor any higher one)
         for row in range(len(menu.rate)):
@@ -134,7 +137,7 @@ class _Walk:
             if reaching is None:
                 cannot.append(row)
                 continue
-            cand = self._fastest(questions, target) if target < self.x_max else reaching.cheapest(target)
+            cand = self._fastest(questions, target) if target < top else reaching.cheapest(target)
             assert cand is not None, "the rental reaches the target"
             plan = self._plan(cand, row)
             if self.every:
