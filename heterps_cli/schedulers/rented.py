@@ -40,7 +40,7 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
-from heterps_cli.schedulers.chain_dp import Candidate
+from heterps_cli.schedulers.chain_dp import Candidate, most_stages
 from heterps_cli.schedulers.pipeline import solver_for
 from heterps_cli.schedulers.reach import more_units
 from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
@@ -164,7 +164,8 @@ class _Walk:
         key = (question.odt.tobytes(), question.bandwidth.tobytes(), (question.limits > 0).tobytes())
         like = self.tables.get(key)
         solver = solver_for(question, None, relax=not self.every, like=like)
-        if like is None and (question.n_layers + 1) ** 2 * question.n_types <= TABLE_CACHE_CELLS:
+        grids = most_stages(question) if question.pipelined else 1  # a pipeline keeps a grid per stage count
+        if like is None and (question.n_layers + 1) ** 2 * question.n_types * grids <= TABLE_CACHE_CELLS:
             self.tables[key] = solver
         return solver
 
@@ -249,7 +250,9 @@ def _no_better(menu: Menu, row: int, rows: np.ndarray) -> bool:
     return bool((as_much & as_fast).any())
 
 
-TABLE_CACHE_CELLS = 1_000_000  # stage tables kept for reuse up to this many cells each (90 bytes a cell)
+# Stage tables (a pipeline's grids, all stage counts) kept for reuse up to this many cells each, at
+# about 90 bytes a cell: the few sets of terms a walk meets then hold well under a GB.
+TABLE_CACHE_CELLS = 1_000_000
 MAX_WIDEST = 4096  # ways to choose each linked type's links: the exact solver asks each its fastest plan
 
 
