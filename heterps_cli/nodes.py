@@ -1,12 +1,13 @@
 """Whole nodes (docs/spec.md section 1e): what a plan's units cost when they come in machines rented whole.
 
 A node kind holds a fixed number of units of one or more types and is paid for by the hour
-whether its units are used or not. A plan needs ``u[t]`` units of each type; what it rents is
-the cheapest count of each node kind that holds them all. That count is a small integer
-programme; :attr:`Nodes.menu` solves all of them at once by listing every *rental* (a count
-per kind, within what is available) that no other rental beats on both price and units of
-every type. The cheapest rental that covers ``u`` is always on that menu, and so is the one
-the exact solver's optimum rents (:mod:`heterps_cli.schedulers.rented`).
+whether its units are used or not. A plan needs ``u[t]`` units of each type and runs on a
+*rental* (a count per kind, within what is available) that holds them all; where a kind gives
+links, the rental also decides which types talk over a node's links (:meth:`Nodes.links`).
+Finding the cheapest rental that holds ``u`` is a small integer programme; :attr:`Nodes.menu`
+solves all of them at once by listing every rental that no other beats on price, units of
+every type and first nodes. The cheapest rental that covers ``u`` is always on that menu, and
+so is one as good as the exact solver's optimum rents (:mod:`heterps_cli.schedulers.rented`).
 """
 
 from __future__ import annotations
