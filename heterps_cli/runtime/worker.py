@@ -94,26 +94,40 @@ def _synchronise(device: torch.device) -> None:
 
 def peak_memory(device: torch.device) -> tuple[float, str]:
     """Bytes this process held at its peak, and what that figure is: CUDA, the allocator's peak over the
-    measured steps (tensors only); CPU, the process's peak resident memory (ru_maxrss), which also
-    counts the interpreter, torch itself and the warm-up steps."""
+    measured steps (tensors only); CPU, the process's peak resident memory since
+    :func:`baseline_memory` (Linux's VmHWM, reset there), which also counts the interpreter, torch
+    and the warm-up steps; elsewhere since the process started (ru_maxrss)."""
     if device.type == "cuda":
         return float(torch.cuda.max_memory_allocated(device)), "CUDA allocator peak"
-    import resource
+    try:
+        with open("/proc/self/status") as status:
+            kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        return float(kib) * 1024, "peak resident memory since the model was built (VmHWM)"
+    except (OSError, ValueError, IndexError, StopIteration):
+        import resource
 
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident memory (ru_maxrss)"
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident memory (ru_maxrss)"
 
 
 def baseline_memory(device: torch.device) -> float:
     """Bytes this process holds before its stage's model is built, in :func:`peak_memory`'s measure:
     on CPU the interpreter, torch and the process group (the part ``memory_reserved_gb`` stands
-    for); on CUDA the allocator's tensors so far (none)."""
+    for); on CUDA the allocator's tensors so far (none). On Linux it also resets the process's
+    peak to what is resident now, so that a higher peak while torch was imported cannot stand in
+    for the stage's."""
     if device.type == "cuda":
         return float(torch.cuda.memory_allocated(device))
     try:
         with open("/proc/self/statm") as statm:
-            return float(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            resident = float(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return peak_memory(device)[0]  # no /proc: the peak so far, an upper bound on what is resident now
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # resets VmHWM (Linux 4.0 and later)
+    except OSError:
+        pass
+    return resident
 
 
 def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
