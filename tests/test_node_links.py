@@ -102,6 +102,16 @@ def _first_nodes(counts, units, links):
     return np.array(room), link
 
 
+def _rentals(inst):
+    """Every rental but the empty one: (counts, capacity, rate, room, link), the last two per type as
+    :func:`_first_nodes` gives them."""
+    units, price, available = inst[4]
+    for counts in itertools.product(*(range(int(a) + 1) for a in available)):
+        counts = np.array(counts)
+        if counts.any():
+            yield (counts, counts @ units, float(counts @ price), *_first_nodes(counts, units, inst[5]))
+
+
 def _enumerated(inst, objective):
     """The optimum among :func:`_every_plan`'s: (cost, throughput) or None."""
     best = None
@@ -121,12 +131,7 @@ def _every_plan(inst):
     oct_, odt, alpha, beta, runnable = arrays[:5]
     n, T = oct_.shape
     costs, thrs = [np.zeros(0)], [np.zeros(0)]
-    for counts in itertools.product(*(range(int(a) + 1) for a in available)):
-        counts = np.array(counts)
-        if not counts.any():
-            continue
-        capacity, rate = counts @ units, float(counts @ price)
-        room, link = _first_nodes(counts, units, links)
+    for counts, capacity, rate, room, link in _rentals(inst):
         bandwidth = list(hw["bandwidth_gbps"])
         if counts.sum() == 1:
             bandwidth = [b if b is None or g is None else max(b, g) for b, g in zip(bandwidth, link)]
@@ -443,12 +448,7 @@ def test_exact_with_links_and_a_pipeline_schedule_matches_enumeration(inst, micr
     profile["job"]["global_batch"] = B0 * micro_batches
     types = list(cluster["resources"])
     best = None
-    for counts in itertools.product(*(range(int(a) + 1) for a in available)):
-        counts = np.array(counts)
-        if not counts.any():
-            continue
-        capacity, rate = counts @ units, float(counts @ price)
-        room, link = _first_nodes(counts, units, links)
+    for counts, capacity, rate, room, link in _rentals(inst):
         here = {"cluster": "x", "resources": {}}
         for t, name in enumerate(types):
             res = {**cluster["resources"][name], "price": 0.0, "limit": max(int(capacity[t]), 1)}
