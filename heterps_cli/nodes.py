@@ -83,6 +83,12 @@ class Nodes:
         k = int(np.argmax(counts))
         return k if (self.link[k] > 0).any() else -1
 
+    @cached_property
+    def linked(self) -> tuple[int, ...]:
+        """The kinds whose one node, rented alone, moves activations and gradients over its links."""
+        one = np.eye(len(self.names), dtype=np.int64)
+        return tuple(k for k in range(len(self.names)) if self.inside(one[k]) >= 0)
+
     @property
     def capacity(self) -> np.ndarray:
         """``[T]``: units of each type when every available node is rented (the types' limits)."""

@@ -245,11 +245,9 @@ def _rental_for(problem: Problem, schedule, k: np.ndarray, sc) -> dict[str, int]
     assert nodes is not None
     options = [nodes.rental(sc.used[0])]
     options += [
-        {name: 1}
-        for kind, name in enumerate(nodes.names)
-        if nodes.inside(np.eye(len(nodes.names), dtype=np.int64)[kind]) >= 0
-        and (nodes.units[kind] >= sc.used[0]).all()
-        and options[0] != {name: 1}
+        {nodes.names[k]: 1}
+        for k in nodes.linked
+        if (nodes.units[k] >= sc.used[0]).all() and options[0] != {nodes.names[k]: 1}
     ]
     if len(options) == 1:
         return options[0]

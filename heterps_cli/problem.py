@@ -191,13 +191,13 @@ class Problem:
         layer (its own copy of what it saves of its input) where a span sums :attr:`held_once`."""
         return np.append(self.shared_bytes, 0.0)
 
-    def over_links(self, counts: np.ndarray, used: np.ndarray | None = None) -> Problem:
+    def over_links(self, counts: np.ndarray, used: np.ndarray) -> Problem:
         """Section 1e: the problem on a rental of ``counts[K]`` nodes for a plan of ``used[T]`` units,
         whose units talk over a node's links where they are faster than the network. A type whose
-        units all fit the first node of the rental holding it (:meth:`Nodes.links`; without
-        ``used``, every type that node links) runs an unsharded layer's gradient all-reduce in
-        ``weight_size / link`` (how a profile derives ``odt``, over that node's link); on a rental of
-        one node, a stage also moves its boundary activations at its type's link."""
+        units all fit the first node of the rental holding it (:meth:`Nodes.links`) runs an
+        unsharded layer's gradient all-reduce in ``weight_size / link`` (how a profile derives
+        ``odt``, over that node's link); on a rental of one node, a stage also moves its boundary
+        activations at its type's link."""
         assert self.nodes is not None
         return self._over(self.nodes.links(counts, used), self.nodes.inside(counts) >= 0)
 

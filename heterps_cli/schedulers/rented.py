@@ -281,8 +281,7 @@ def widest_rentals(nodes: Nodes) -> list[np.ndarray]:
                 counts[(nodes.units[:, t] > 0) & (np.arange(K) < k)] = 0
         if all(k < 0 or counts[k] > 0 for k in pick):
             out.append(counts)
-    one = np.eye(K, dtype=np.int64)
-    out += [one[k] for k in range(K) if nodes.inside(one[k]) >= 0]
+    out += [np.eye(K, dtype=np.int64)[k] for k in nodes.linked]
     unique = {tuple(c) for c in out if c.any()}
     return [np.array(c) for c in sorted(unique)]
 

@@ -138,11 +138,11 @@ def single_nodes(problem: Problem) -> list[tuple[Problem, float]]:
     (:meth:`Problem.on_rental`) and its price an hour. A plan that fits one such node runs faster
     there than over the network; the search scores each schedule on them too."""
     nodes = problem.nodes
-    if nodes is None or nodes.link is None:
+    if nodes is None:
         return []
     one = np.eye(len(nodes.names), dtype=np.int64)
     # one node holds all its units, so it asks one question
-    return [(problem.on_rental(one[k])[0], float(nodes.price[k])) for k in range(len(one)) if nodes.inside(one[k]) >= 0]
+    return [(problem.on_rental(one[k])[0], float(nodes.price[k])) for k in nodes.linked]
 
 
 def _on_one_node(problem: Problem, alone: Problem, price: float, rows: np.ndarray) -> Scores:
