@@ -557,15 +557,20 @@ def _check_pricing(cluster: Cluster, doc: Document) -> None:
                     f"no resource type {t!r} in this cluster{hint}: the types are {', '.join(cluster.resources)}",
                 )
             held.add(t)
-        for t in node.link_gbps or {}:
-            if t not in node.units:
-                raise doc.error(
-                    ("nodes", kind, "link_gbps", t),
-                    f"this node holds no {t}: a link is given for the types in its units ({', '.join(node.units)})",
-                )
+        _links_held(doc, ("nodes", kind), "node", node.link_gbps, node.units)
     for name in cluster.resources:
         if name not in held:
             raise doc.error(("resources", name), f"no node kind holds {name}: add it to a node's units, or remove it")
+
+
+def _links_held(doc: Document, where: tuple, what: str, links: dict | None, units: dict) -> None:
+    """Section 1e: a link is given only for a type the node (or instance) holds."""
+    for t in links or {}:
+        if t not in units:
+            raise doc.error(
+                (*where, "link_gbps", t),
+                f"this {what} holds no {t}: a link is given for the types in its units ({', '.join(units)})",
+            )
 
 
 def load_catalogue(path: str) -> Catalogue:
@@ -597,12 +602,7 @@ def load_instances(path: str) -> InstanceCatalogue:
     doc = load_yaml(path)
     catalogue: InstanceCatalogue = _validate(InstanceCatalogue, doc, "instances")
     for name, instance in catalogue.instances.items():
-        for t in instance.link_gbps or {}:
-            if t not in instance.units:
-                raise doc.error(
-                    ("instances", name, "link_gbps", t),
-                    f"this instance holds no {t}: a link is given for the units it holds ({', '.join(instance.units)})",
-                )
+        _links_held(doc, ("instances", name), "instance", instance.link_gbps, instance.units)
         if instance.link_gbps and instance.link_source is None:
             raise doc.error(("instances", name), "gives link_gbps without a link_source: say where the figure is from")
     return catalogue

@@ -247,12 +247,8 @@ def _stale_rental(written: PlanFile, fresh: Plan) -> list[str]:
         and _differs(written.rate_usd_per_hour, fresh.rate)
     ):
         out.append(f"rate_usd_per_hour {written.rate_usd_per_hour} -> {fresh.rate}")
-    if (written.link_gbps or None) != (fresh.links or None) and (
-        written.link_gbps is None
-        or fresh.links is None
-        or written.link_gbps.keys() != fresh.links.keys()
-        or any(_differs(written.link_gbps[t], fresh.links[t]) for t in fresh.links)
-    ):
+    links, fresh_links = written.link_gbps or {}, fresh.links or {}
+    if links.keys() != fresh_links.keys() or any(_differs(links[t], fresh_links[t]) for t in links):
         out.append(f"link_gbps {written.link_gbps} -> {fresh.links}")
     if written.idle_units is not None and written.idle_units != fresh.idle:
         out.append(f"idle_units {written.idle_units} -> {fresh.idle}")

@@ -96,7 +96,6 @@ class _Walk:
     def run(self) -> Plan:
         p, menu = self.p, self.menu
         assert p.nodes is not None
-        every_node = p.on_rental(p.nodes.available)[-1]  # over the network
         # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
         fastest = None
         for counts in widest_rentals(p.nodes):
@@ -108,6 +107,7 @@ class _Walk:
             raise InfeasibleError(_nothing_fits(p))
         self.x_max = fastest.throughput
         if self.x_max < throughput_floor(p):
+            every_node = p.on_rental(p.nodes.available)[-1]  # every node, over the network
             raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
         by_time = p.objective == "time" and not self.every
         # x_max within SLACK: the fastest plan's own figure can sit an ulp above what a grid's test of
