@@ -82,3 +82,15 @@ class SearchFailed(InfeasibleError):
 class SearchGaveUp(InfeasibleError):
     """A search found no feasible plan, and nothing proved that none exists: a feasible plan exists
     (the message names it), or the exact solver could not tell (too large, out of time). Exit 5."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised where the process was (cli.entry.main): the user's code is never blamed for it."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_TERMINATED)
+
+
+# Raised by a signal wherever the process was: code that catches what a user's model or factory
+# raises lets these through.
+SIGNALLED = (KeyboardInterrupt, Terminated)

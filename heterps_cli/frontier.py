@@ -37,7 +37,6 @@ curve with fewer than three plans, or none below the line, has no knee.
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -46,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from heterps_cli.costmodel import SLACK, throughput_floor
-from heterps_cli.errors import InfeasibleError, InputError
+from heterps_cli.errors import InfeasibleError
 from heterps_cli.figures import count
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -306,40 +305,13 @@ PLAN_FILE = re.compile(r"plan-\d+\.yaml")
 
 
 def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
-    """Each plan as ``plan-NNN.yaml`` (its position on the whole frontier, from 1), and the
-    ``plan-NNN.yaml`` files a previous frontier left there removed, nothing else.
-
-    The whole set is written into a staging folder inside ``directory`` first, then renamed into
-    place: a run that fails while writing leaves the folder as it was, never two runs' plans mixed.
-    A rename replaces a directory entry, so a ``plan-NNN.yaml`` that is a symlink is replaced by the
-    plan, and nothing outside the folder is written through it."""
-    import shutil
-    import tempfile
-
+    """Each plan as ``plan-NNN.yaml`` (its position on the whole frontier, from 1), as one set
+    (:func:`heterps_cli.outfiles.write_set`): the ``plan-NNN.yaml`` files a previous frontier left
+    there are removed, nothing else, and a failure leaves the folder as it was."""
+    from heterps_cli.outfiles import OutFile, write_set
     from heterps_cli.yamlio import dump_yaml
 
-    folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(str(folder), None, "--out", "exists and is not a directory: give a directory for the plans")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".heterps-frontier-", dir=folder))
-    except OSError as exc:
-        raise InputError(str(folder), None, "--out", f"cannot create the directory: {exc.strerror}") from None
     width = max(3, len(str(frontier.size)))
     names = [f"plan-{position + 1:0{width}d}.yaml" for position in frontier.positions]
-    try:
-        try:
-            for name, plan in zip(names, frontier.plans):
-                (staging / name).write_text(dump_yaml(plan.to_dict()), encoding="utf-8")  # mode 0666 less umask
-            for name in names:
-                os.replace(staging / name, folder / name)
-        except OSError as exc:
-            raise InputError(str(folder), None, "--out", f"cannot write the plans: {exc.strerror}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    keep = set(names)
-    for old in folder.iterdir():
-        if PLAN_FILE.fullmatch(old.name) and old.name not in keep and (old.is_symlink() or old.is_file()):
-            old.unlink()
-    return [folder / name for name in names]
+    files = {name: OutFile(dump_yaml(plan.to_dict())) for name, plan in zip(names, frontier.plans)}
+    return write_set(directory, files, PLAN_FILE, "--out")

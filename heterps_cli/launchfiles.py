@@ -10,10 +10,15 @@ cluster priced per unit, all on this machine) runs with ``torchrun --standalone`
 
 from __future__ import annotations
 
-import shlex
+import os
+import re
 from dataclasses import dataclass
 
 from heterps_cli.runtime.placement import per_node
+from heterps_cli.shell import Env, Word, address, command, comment, quote
+
+# What a launch writes into its folder; the same names left there by an earlier launch are removed.
+LAUNCH_FILES = re.compile(r"node-\d+\.sh|launch\.sbatch")
 
 
 @dataclass(frozen=True)
@@ -44,33 +49,32 @@ def launch_for(
     master_port: int = 29500,
 ) -> Launch:
     """The commands that run ``plan`` (a :class:`~heterps_cli.formats.PlanFile` read from ``plan_path``)
-    node by node; ``run_args`` are ``heterps run``'s own options (``--model``, ``--map``, ...)."""
+    node by node; ``run_args`` are ``heterps run``'s own options (``--model``, ``--map``, ...). The
+    plan is named by its absolute path: every node starts in its own directory, and a name like
+    ``-x.yaml`` is never read as an option."""
     placed = all(s.nodes is not None for s in plan.stages)
     counts = per_node(plan.stages) if placed else {"this machine": sum(s.replicas for s in plan.stages)}
-    run = ["-m", "heterps_cli", "run", plan_path, *(["--placed"] if placed else []), *run_args]
+    run: list[Word] = ["-m", "heterps_cli", "run", os.path.abspath(plan_path), *(["--placed"] if placed else [])]
+    run += run_args
     nodes = []
     for i, (node, n) in enumerate(counts.items()):
+        where: list[Word]
         if len(counts) == 1:
             where = ["--standalone", "--nnodes", "1"]
         else:
             where = ["--nnodes", str(len(counts)), "--node-rank", str(i)]
-            where += ["--master-addr", master_addr, "--master-port", str(master_port)]
-        argv = ["torchrun", *where, "--nproc-per-node", str(n), *run]
+            where += ["--master-addr", address(master_addr), "--master-port", str(master_port)]
+        argv: list[Word] = ["torchrun", *where, "--nproc-per-node", str(n), *run]
         kind = node.split("#")[0] if placed else None
-        nodes.append(NodeLaunch(i, node, kind, n, _shell(argv)))
+        nodes.append(NodeLaunch(i, node, kind, n, command(argv)))
     return Launch(tuple(nodes), _slurm(plan, plan_path, run, counts, master_port))
-
-
-def _shell(argv: list[str]) -> str:
-    """A command line for a POSIX shell; ``$MASTER_ADDR``-style words stay expandable."""
-    return " ".join(a if a.startswith("$") and a[1:].replace("_", "").isalnum() else shlex.quote(a) for a in argv)
 
 
 def node_script(plan_path: str, launch: Launch, node: NodeLaunch) -> str:
     head = f"node {node.index} of {len(launch.nodes)}: {node.node}" + (f" (a {node.kind})" if node.kind else "")
     lines = [
         "#!/bin/sh",
-        f"# heterps launch {plan_path}: {head}, {node.processes} processes",
+        comment(f"heterps launch {plan_path}: {head}, {node.processes} processes"),
         f"# of {launch.world_size} in all. Run it on that node; node 0's address is MASTER_ADDR on every node.",
         "set -eu",
         node.command,
@@ -79,18 +83,18 @@ def node_script(plan_path: str, launch: Launch, node: NodeLaunch) -> str:
     return "\n".join(lines)
 
 
-def _slurm(plan, plan_path: str, run: list[str], counts: dict[str, int], master_port: int) -> str:
+def _slurm(plan, plan_path: str, run: list[Word], counts: dict[str, int], master_port: int) -> str:
     """An sbatch script: one task per node, each starting torchrun with its own process count. Slurm
     numbers a job's nodes 0..N-1; node kinds must land in the plan's order (a heterogeneous job, or
     --nodelist), which the header lists."""
     n = len(counts)
     lines = [
         "#!/bin/bash",
-        f"# heterps launch {plan_path}: {sum(counts.values())} processes on {n} node{'s' if n != 1 else ''}.",
+        comment(f"heterps launch {plan_path}: {sum(counts.values())} processes on {n} node{'s' if n != 1 else ''}."),
         "# Slurm node i must be the plan's node i (its kind below): use --nodelist, or one component per",
         "# kind of a heterogeneous job, in this order.",
     ]
-    lines += [f"#   node {i}: {node}, {count} processes" for i, (node, count) in enumerate(counts.items())]
+    lines += [comment(f"  node {i}: {node}, {count} processes") for i, (node, count) in enumerate(counts.items())]
     lines += [
         f"#SBATCH --job-name=heterps-{_slug(plan.model)}",
         f"#SBATCH --nodes={n}",
@@ -103,9 +107,10 @@ def _slurm(plan, plan_path: str, run: list[str], counts: dict[str, int], master_
     per_task = ['case "$SLURM_NODEID" in']
     per_task += [f"  {i}) NPROC={count} ;;" for i, count in enumerate(counts.values())]
     per_task += ['  *) echo "heterps: the plan has no node $SLURM_NODEID" >&2; exit 2 ;;', "esac"]
-    rendezvous = f'--nnodes {n} --node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR" --master-port {master_port}'
-    per_task.append(f'exec torchrun {rendezvous} --nproc-per-node "$NPROC" {_shell(run)}')
-    lines.append("srun --ntasks-per-node=1 bash -c " + shlex.quote("\n".join(per_task)))
+    rendezvous: list[Word] = ["--nnodes", str(n), "--node-rank", Env("SLURM_NODEID"), "--master-addr"]
+    rendezvous += [Env("MASTER_ADDR"), "--master-port", str(master_port), "--nproc-per-node", Env("NPROC")]
+    per_task.append(f"exec {command(['torchrun', *rendezvous, *run])}")
+    lines.append("srun --ntasks-per-node=1 bash -c " + quote("\n".join(per_task)))
     lines.append("")
     return "\n".join(lines)
 

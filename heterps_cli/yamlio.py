@@ -1,4 +1,5 @@
-"""YAML in and out: safe loading that remembers the line of every field, atomic writes.
+"""YAML in and out: safe loading that remembers the line of every field, and dumping (files are
+written by :mod:`heterps_cli.outfiles`).
 
 Validation errors must name the line of the offending field, and PyYAML's
 ``safe_load`` forgets positions. So we compose the node graph with the safe
@@ -18,8 +19,6 @@ import os
 import re
 import select
 import stat
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -313,67 +312,6 @@ def load_yaml(path: str | os.PathLike) -> Document:
     if not isinstance(data, dict):
         raise InputError(shown, 1, None, f"expected a YAML mapping at the top, found {type(data).__name__}")
     return Document(shown, data, walk.lines, text)
-
-
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write ``data`` so that readers see the old file or the new one, never half of it.
-
-    A symlink is followed and its target replaced (the link stays a link). A path
-    that exists and is not a regular file (a directory, a FIFO, a device) is
-    refused, and so is a path ending in a slash. A new file gets mode 0644 less
-    the umask; a replaced file keeps its mode. If anything fails or the run is
-    interrupted, the old file is left as it was.
-    """
-    shown = str(path)
-    if shown.endswith(("/", os.sep)):
-        raise InputError(shown, None, None, "names a directory: give a file name to write")
-    target = Path(os.path.realpath(path))  # through any symlinks, to the file a reader will open
-    try:
-        existing = os.stat(target)
-    except FileNotFoundError:
-        existing = None
-    except OSError as exc:
-        raise InputError(shown, None, None, f"cannot write here: {exc.strerror}") from None
-    if existing is not None and not stat.S_ISREG(existing.st_mode):
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(existing.st_mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(existing.st_mode)
-            else "a device"
-            if stat.S_ISCHR(existing.st_mode) or stat.S_ISBLK(existing.st_mode)
-            else "not a regular file"
-        )
-        raise InputError(
-            shown,
-            None,
-            None,
-            f"exists and is {kind}: refusing to replace it (give a file path, or - for standard output)",
-        )
-    if existing is not None:
-        mode = stat.S_IMODE(existing.st_mode)
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o644 & ~umask
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise InputError(shown, None, None, f"cannot write here: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), mode)
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(shown, None, None, f"cannot write: {exc.strerror}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def dump_yaml(data: Any) -> str:

@@ -15,13 +15,15 @@ def main() -> None:
     import signal
     import sys
 
-    from heterps_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+    from heterps_cli.cli.terminal import never_fail_to_encode
+    from heterps_cli.errors import EXIT_INTERRUPTED, Terminated
 
     def terminate(signum, frame):
         sys.stderr.write("terminated\n")
-        raise SystemExit(EXIT_TERMINATED)
+        raise Terminated()
 
     signal.signal(signal.SIGTERM, terminate)
+    never_fail_to_encode()
     try:
         from heterps_cli.cli.app import app
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ from rich.text import Text
 
 from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt
 from heterps_cli.cli.session import exit_codes, out
+from heterps_cli.shell import quote
 
 
 def launch_command(
@@ -39,31 +39,23 @@ def launch_command(
     with exit_codes():
         from heterps_cli.errors import InputError
         from heterps_cli.formats import load_plan
-        from heterps_cli.launchfiles import launch_for, node_script
+        from heterps_cli.launchfiles import LAUNCH_FILES, launch_for, node_script
+        from heterps_cli.outfiles import OutFile, write_set
         from heterps_cli.runtime import parse_map
-        from heterps_cli.yamlio import write_atomic
 
         plan, _ = load_plan(str(plan_file))
         parse_map(device_map or [])  # the same errors as heterps run's, before any file is written
-        if out_dir.exists() and not out_dir.is_dir():
-            raise InputError(str(out_dir), None, "--out-dir", "is a file, not a directory")
         run_args = [*(["--model", model] if model else []), *(a for m in device_map or [] for a in ("--map", m))]
         run_args += ["--steps", str(steps)]
         try:
             launch = launch_for(plan, str(plan_file), run_args, master_addr=master_addr, master_port=master_port)
         except ValueError as exc:
             raise InputError(str(plan_file), None, "stages", str(exc)) from None
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = []
-        for node in launch.nodes:
-            path = out_dir / f"node-{node.index}.sh"
-            write_atomic(path, node_script(str(plan_file), launch, node))
-            path.chmod(0o755)
-            written.append(path)
-        write_atomic(out_dir / "launch.sbatch", launch.slurm)
+        files = {f"node-{n.index}.sh": OutFile(node_script(str(plan_file), launch, n), 0o755) for n in launch.nodes}
+        files["launch.sbatch"] = OutFile(launch.slurm)
+        written = write_set(out_dir, files, LAUNCH_FILES, "--out-dir")
         for node in launch.nodes:
             kind = f" ({node.kind})" if node.kind else ""
             out.print(Text(f"node {node.index}: {node.node}{kind}, {node.processes} processes", style="bold"))
             out.print(Text(f"  {node.command}"))
-        where = ", ".join(shlex.quote(str(p)) for p in written)
-        out.print(Text(f"wrote {where} and {out_dir / 'launch.sbatch'}"))
+        out.print(Text(f"wrote {', '.join(quote(str(p)) for p in written)}"))

@@ -10,11 +10,11 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from heterps_cli import __version__
+from heterps_cli.cli.terminal import err, out, silence_stdout, stderr_is_a_terminal, write_stdout
 from heterps_cli.errors import (
     EXIT_BAD_INPUT,
     EXIT_INFEASIBLE,
@@ -27,8 +27,7 @@ from heterps_cli.errors import (
 )
 from heterps_cli.untrusted import printable
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+__all__ = ["err", "out"]
 
 
 DEBUG = {"on": False}  # set by the root callback, which every command runs first
@@ -69,6 +68,9 @@ def exit_codes():
     except typer.Exit:
         raise
     except Exception as exc:  # a bug: one line and its own exit code, the traceback on request
+        if isinstance(exc, OSError) and exc.errno == errno.EPIPE:  # the reader left (| head): as rich's output
+            silence_stdout()
+            return
         if isinstance(exc, OSError) and exc.errno in STDOUT_ERRNOS:
             silence_stdout()
             print_error(
@@ -90,18 +92,7 @@ def exit_codes():
 
 # Write failures only standard output can still raise here: files are read and written through
 # yamlio, which turns every OSError into an InputError naming the file.
-STDOUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EFBIG, errno.EIO}
-
-
-def silence_stdout() -> None:
-    """Point standard output at /dev/null once it has refused a write (a full disk, a reader that went
-    away), so that Python's own flush at exit neither fails again nor changes the exit code."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner's buffer)
-        pass
+STDOUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def users_prints_to_stderr():
@@ -115,7 +106,7 @@ def progress_bar():
     """A transient progress bar on stderr; yields the callback schedulers report to."""
     columns = (SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn())
     # Not drawn when stderr is a file or a pipe: a log would keep only a stray blank line of it.
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+    with Progress(*columns, console=err, transient=True, disable=not stderr_is_a_terminal()) as bar:
         task = bar.add_task("starting…", total=None)
 
         def report(description: str, completed: float | None = None, total: float | None = None) -> None:
@@ -139,15 +130,10 @@ def not_an_input(out_file: str | Path | None, *inputs: Path | str | None) -> Non
 
 def write_output(path: str, data: str | bytes) -> None:
     """``--out FILE`` atomically, or ``--out -`` to standard output."""
-    from heterps_cli.yamlio import write_atomic
+    from heterps_cli.outfiles import write_atomic
 
     if path == "-":
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        else:
-            sys.stdout.write(data)
-            sys.stdout.flush()
+        write_stdout(data)
         return
     write_atomic(path, data)
 

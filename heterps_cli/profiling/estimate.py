@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from heterps_cli.errors import InputError
+from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.formats import Catalogue, DeviceSpec, load_catalogue
 from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
@@ -300,7 +300,7 @@ def estimate(
             current[:] = [call]
             report(f"counting layer {i + 1}/{len(calls)}: {call.name}", completed=i, total=len(calls))
             works.append(work(call))
-    except KeyboardInterrupt:
+    except SIGNALLED:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None

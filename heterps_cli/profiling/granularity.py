@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from heterps_cli.errors import InputError
+from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.profiling.models import Model, layers_of, model_error
 
 
@@ -72,7 +72,7 @@ def record_calls(model: Model) -> Calls:
         model.module.eval()
         with torch.no_grad():
             result = model.module(*example)
-    except KeyboardInterrupt:
+    except SIGNALLED:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, "the model's forward pass failed") from None

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from heterps_cli.errors import InputError
+from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.formats import check_name
 from heterps_cli.profiling.granularity import at_blocks, chain_note
 from heterps_cli.profiling.links import link_bandwidth
@@ -174,7 +174,7 @@ def measure(
         report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
         try:
             step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
-        except KeyboardInterrupt:
+        except SIGNALLED:
             raise
         except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
@@ -189,7 +189,7 @@ def measure(
         report("done", completed=total, total=total)
     except InputError:
         raise
-    except KeyboardInterrupt:
+    except SIGNALLED:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
@@ -216,7 +216,7 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
     (:func:`heterps_cli.profiling.granularity.chain_note`) when they are the leaves."""
     try:
         calls = trace(model)
-    except KeyboardInterrupt:
+    except SIGNALLED:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, "the model's forward pass failed") from None

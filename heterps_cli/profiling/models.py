@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from heterps_cli.errors import InputError
+from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.profiling.zoo import MODELS
 
 
@@ -58,7 +58,7 @@ def model_from_spec(spec: str, batch_size: int, input_shape: tuple[int, ...] | N
         kwargs["input_shape"] = input_shape
     try:
         made = factory(**kwargs)
-    except KeyboardInterrupt:
+    except SIGNALLED:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise _user_error(where, name, exc, "raised") from None
@@ -93,7 +93,7 @@ def _factory(where: str, name: str) -> Callable:
                 return _factory(str(beside), name)
     except InputError:
         raise
-    except KeyboardInterrupt:
+    except SIGNALLED:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise _user_error(where, None, exc, "could not be loaded:") from None

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.errors import InputError
+from heterps_cli.outfiles import write_atomic
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers import policy_gradient
@@ -35,7 +36,6 @@ from heterps_cli.schedulers.scoring import (
     heuristic_schedules,
     rewards,
 )
-from heterps_cli.yamlio import write_atomic
 
 POLICY_FORMAT = "heterps-policy/1"
 # The limit mask (schedulers/headroom.py) up to this many layers. It costs about 50 us a layer of every
