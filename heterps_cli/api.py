@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
 from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve, with_what_if
@@ -231,7 +231,12 @@ def validate(path: str, cluster_path: str | None = None) -> Validated:
     from heterps_cli.formats import check_pair, load_any, load_pair
 
     if cluster_path is None:
-        kind, found, _ = load_any(path)
+        kind, found, doc = load_any(path)
+        if kind == "cluster":
+            from heterps_cli.problem import unrentable
+
+            if (too_many := unrentable(cast("Cluster", found))) is not None:
+                raise doc.error(("nodes",), too_many)
         return Validated(kind, found)
     (profile, pdoc), (cluster, cdoc) = load_pair(path, cluster_path)
     check_pair(profile, pdoc, cluster, cdoc)

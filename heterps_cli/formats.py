@@ -439,7 +439,7 @@ def load_any(path: str) -> tuple[str, Profile | Cluster | PlanFile, Document]:
     if kind == "cluster":
         return kind, _checked_cluster(doc), doc
     if kind == "plan":
-        return kind, _validate(PlanFile, doc, kind), doc
+        return kind, _plan_of(doc), doc
     return "profile", _profile_of(doc), doc
 
 
@@ -610,7 +610,33 @@ def load_instances(path: str) -> InstanceCatalogue:
 
 def load_plan(path: str) -> tuple[PlanFile, Document]:
     doc = load_yaml(path)
-    return _validate(PlanFile, doc, "plan"), doc
+    return _plan_of(doc), doc
+
+
+def _plan_of(doc: Document) -> PlanFile:
+    """A plan file, with the rules between its fields that the schema cannot state."""
+    plan: PlanFile = _validate(PlanFile, doc, "plan")
+    problems = []
+    if plan.gap is not None and plan.optimal:
+        problems.append(
+            doc.error(("gap",), "a gap says exact stopped before proving the plan optimal, yet it says optimal: true")
+        )
+    if (plan.global_batch is None) != (plan.micro_batches is None):
+        given, missing = (
+            ("global_batch", "micro_batches") if plan.micro_batches is None else ("micro_batches", "global_batch")
+        )
+        problems.append(doc.error((given,), f"a pipelined plan (docs/spec.md section 1d) gives {missing} too"))
+    elif plan.global_batch is not None and plan.micro_batches is not None:
+        if plan.global_batch != plan.batch_size * plan.micro_batches:
+            problems.append(
+                doc.error(
+                    ("micro_batches",),
+                    f"global_batch {plan.global_batch} is not batch_size {plan.batch_size} × micro_batches "
+                    f"{plan.micro_batches}",
+                )
+            )
+    _raise_all(problems)
+    return plan
 
 
 def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Document], tuple[Cluster, Document]]:

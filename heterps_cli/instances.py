@@ -10,11 +10,13 @@ instance gives a unit of that type: a plan that fits on the smallest share fits 
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from heterps_cli.errors import InputError
-from heterps_cli.formats import Catalogue, InstanceCatalogue, load_catalogue, load_instances
+from heterps_cli.formats import Catalogue, Cluster, InstanceCatalogue, load_catalogue, load_instances
 from heterps_cli.yamlio import dump_yaml
 
 CATALOGUE = Path(__file__).with_name("instances.yaml")
@@ -39,7 +41,7 @@ def parse_picks(entries: list[str], catalogue: InstanceCatalogue, shown: str) ->
             raise InputError(None, None, FIELD, f"{name!r} is not in the instance catalogue {shown} (it has: {known})")
         if not sep:
             count = 1
-        elif not count_text.isdigit() or not 1 <= int(count_text) <= 10**6:
+        elif not re.fullmatch("[0-9]{1,7}", count_text) or not 1 <= int(count_text) <= 10**6:  # ASCII digits only
             raise InputError(None, None, FIELD, f"{entry!r}: COUNT must be a whole number from 1 to 1,000,000")
         else:
             count = int(count_text)
@@ -65,13 +67,13 @@ def cluster_text(
     for t in types:
         holders = {n: i for n, i in chosen.items() if t in i.units}
         if t == "cpu":  # a core's share of the host's memory, on the instance that gives the least
-            memory = round(min(i.host_memory_gib * GIB / i.units[t] for i in holders.values()), 3)
+            memory = _figure(min(i.host_memory_gib * GIB / i.units[t] for i in holders.values()), 3)
             entry: dict = {"unit": "CPU core", "memory_gb": memory}  # 2 vCPUs
         elif t in devices.devices:
             entry = {"unit": devices.devices[t].title, "memory_gb": devices.devices[t].memory_gb}
         else:  # a user's catalogue may name a device the device catalogue does not hold
             entry = {"unit": t}
-        entry["bandwidth_gbps"] = round(min(i.network_gbps / i.units[t] for i in holders.values()), 4)
+        entry["bandwidth_gbps"] = _figure(min(i.network_gbps / i.units[t] for i in holders.values()), 4)
         resources[t] = entry
     nodes = {
         n: {
@@ -98,8 +100,19 @@ def cluster_text(
         "that type, the least over the instances above. A node's link_gbps is one unit's link to the",
         "others inside it, one way (docs/spec.md section 1e).",
     ]
-    body = dump_yaml({"cluster": name, "resources": resources, "nodes": nodes})
+    data = {"cluster": name, "resources": resources, "nodes": nodes}
+    from heterps_cli.problem import unrentable  # numpy: only once a cluster is built
+
+    if (too_many := unrentable(Cluster.model_validate(data))) is not None:
+        raise InputError(None, None, FIELD, f"{too_many} (the COUNTs here): every plan command would refuse it")
+    body = dump_yaml(data)
     return "".join(f"# {line}\n" for line in header) + body
+
+
+def _figure(x: float, decimals: int) -> float:
+    """``decimals`` decimals, and at least four significant digits: a small share (a network over many
+    units) never rounds to 0, which the cluster's own schema refuses."""
+    return round(x, max(decimals, 3 - math.floor(math.log10(x)))) if x > 0 else x
 
 
 def build(entries: list[str], *, spot: bool = False, name: str | None = None, catalogue_path: str | None = None) -> str:

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from heterps_cli.errors import InputError
+from heterps_cli.errors import InputError, TooLarge
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
 from heterps_cli.nodes import Nodes
@@ -286,7 +286,25 @@ def load_problem(
         global_batch=global_batch,
     )
     _check_finite_figures(problem, pdoc, samples_given=samples is not None, epochs_given=epochs is not None)
+    if (too_many := _unrentable(problem.nodes)) is not None:
+        raise cdoc.error(("nodes",), too_many)
     return problem
+
+
+def unrentable(cluster: Cluster) -> str | None:
+    """Section 1e: why the cluster's rentals are too many to search, so that every plan command
+    would refuse it (``validate`` and ``heterps cluster`` say so first), or None."""
+    return _unrentable(_nodes(cluster, tuple(cluster.resources)))
+
+
+def _unrentable(nodes: Nodes | None) -> str | None:
+    if nodes is None:
+        return None
+    try:
+        nodes.menu  # noqa: B018  (built once here, and kept for the search)
+    except TooLarge as exc:
+        return exc.message
+    return None
 
 
 def build_problem(

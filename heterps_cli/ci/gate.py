@@ -194,30 +194,70 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
     return out
 
 
+# How a plan was found, not what it is: a plan found by another search or seed still holds.
+HOW_FOUND = frozenset({"scheduler", "seed", "evaluations", "solve_s", "notes", "optimal", "gap"})
+# The job: job_changes compares these with the files and flags, so they are not stale figures.
+JOB_FIELDS = frozenset({"model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput"})
+JOB_FIELDS |= {"max_cost", "global_batch"}
+# Compared below in their own words, or judged by their own gates (feasible: limits, budget, throughput).
+OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
+
+
 def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
-    """Each figure the plan file states that the files no longer give, as 'field: written -> recomputed'."""
+    """Each field the plan file records that the files no longer give, as 'field: written -> recomputed'.
+
+    Every field is compared, at any depth (a stage's figures, each type's memory_gb, the rental),
+    except how the plan was found (:data:`HOW_FOUND`) and its job (:func:`job_changes`). A field the
+    file leaves out is one an older heterps did not write, and is not compared; one it adds that the
+    recomputation does not give is stale."""
+    mine, theirs = written.written(), fresh.to_dict()
     out = []
-    for name in ("throughput", "time_s", "cost_usd"):
-        if _differs(getattr(written, name), getattr(fresh, name)):
-            out.append(f"{name} {getattr(written, name):,.6g} -> {getattr(fresh, name):,.6g}")
-    if written.bottleneck != fresh.bottleneck:
-        out.append(f"bottleneck {written.bottleneck} -> {fresh.bottleneck}")
-    for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):
-        for name in ("compute_s", "comm_s", "throughput", "transfer_s", "memory_gb", "update_s", "step_s", "in_flight"):
-            written_value = getattr(w, name)  # section 1b's and 1d's are absent from plans made without them
-            fresh_value = getattr(f, name)
-            if written_value is not None and (fresh_value is None or _differs(written_value, fresh_value)):
-                now = "none" if fresh_value is None else f"{fresh_value:.6g}"
-                out.append(f"stages[{i}].{name} {written_value:.6g} -> {now}")
-    used = {t: u for t, u in fresh.resources.items() if u}
-    if {t: u for t, u in written.resources.items() if u} != used:
-        out.append(f"resources {dict(written.resources)} -> {used}")
-    out += _stale_rental(written, fresh)
+    skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
+    headline = ("throughput", "time_s", "cost_usd", "bottleneck")  # shown first: the message lists four
+    for key in sorted(mine, key=lambda k: headline.index(k) if k in headline else len(headline)):
+        if key not in skip:
+            out += _changes(key, mine[key], theirs.get(key))
     if written.explanation is not None and tuple(written.explanation) != fresh.explanation:
         out.append("explanation: the files now give another (heterps plan writes it)")
     if written.what_if is not None and not _same_what_if(written.what_if, fresh.what_if):
         out.append("what_if: one node more or fewer now gives other figures (heterps plan --explain writes them)")
     return out
+
+
+def _changes(where: str, mine: Any, theirs: Any) -> list[str]:
+    """Where ``mine`` (a written field) and ``theirs`` (recomputed) differ, as 'where written -> recomputed'."""
+    if isinstance(mine, dict) and isinstance(theirs, dict) and mine.keys() == theirs.keys():
+        return [c for key in mine for c in _changes(f"{where}.{key}", mine[key], theirs[key])]
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        if where == "stages":
+            return [c for i, (m, t) in enumerate(zip(mine, theirs)) for c in _stage_changes(i, m, t)]
+        return [c for i, (m, t) in enumerate(zip(mine, theirs)) for c in _changes(f"{where}[{i}]", m, t)]
+    if _same(mine, theirs):
+        return []
+    return [f"{where} {_shown(mine)} -> {_shown(theirs)}"]
+
+
+def _stage_changes(i: int, mine: dict, theirs: dict) -> list[str]:
+    """A stage's fields: those it writes must match; those it leaves out are an older heterps's."""
+    out = []
+    for key, value in mine.items():
+        out += _changes(f"stages[{i}].{key}", value, theirs.get(key))
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(a, bool) or isinstance(b, bool) or not (isinstance(a, numbers) and isinstance(b, numbers)):
+        return a == b
+    return not _differs(float(a), float(b))
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:,.6g}"
+    return str(value)
 
 
 def _same_what_if(written, fresh) -> bool:
@@ -233,29 +273,6 @@ def _same_what_if(written, fresh) -> bool:
             if (a is None) != (b is None) or (a is not None and _differs(a, b)):
                 return False
     return True
-
-
-def _stale_rental(written: PlanFile, fresh: Plan) -> list[str]:
-    """Section 1e: the rental, its rate, the idle units and where each stage's replicas run, as the
-    cluster's nodes give them now (a plan made without nodes has none, and the cluster has none)."""
-    out = []
-    if (written.rental or None) != (fresh.rental or None):
-        out.append(f"rental {written.rental} -> {fresh.rental}")
-    if (written.rate_usd_per_hour is None) != (fresh.rate is None) or (
-        written.rate_usd_per_hour is not None
-        and fresh.rate is not None
-        and _differs(written.rate_usd_per_hour, fresh.rate)
-    ):
-        out.append(f"rate_usd_per_hour {written.rate_usd_per_hour} -> {fresh.rate}")
-    links, fresh_links = written.link_gbps or {}, fresh.links or {}
-    if links.keys() != fresh_links.keys() or any(_differs(links[t], fresh_links[t]) for t in links):
-        out.append(f"link_gbps {written.link_gbps} -> {fresh.links}")
-    if written.idle_units is not None and written.idle_units != fresh.idle:
-        out.append(f"idle_units {written.idle_units} -> {fresh.idle}")
-    for i, (w, f) in enumerate(zip(written.stages, fresh.stages)):
-        if (w.nodes or None) != (f.nodes or None):
-            out.append(f"stages[{i}].nodes {w.nodes} -> {f.nodes}")
-    return out
 
 
 def plan_command(

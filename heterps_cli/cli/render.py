@@ -460,7 +460,7 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Gr
     spare = width - 64  # what the six figure columns, their padding and separators leave
     shown = max(7, min(18, spare // 3))
     table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=shown)
-    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=max(10, spare - shown))
+    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=max(9, spare - shown))
     base = frontier.plans[0] if frontier.positions[0] == 0 else None
     for position, plan in zip(frontier.positions, frontier.plans):
         knee = position == frontier.knee

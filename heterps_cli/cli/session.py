@@ -120,9 +120,12 @@ def not_an_input(out_file: str | Path | None, *inputs: Path | str | None) -> Non
     --out p.yaml`` replaced the profile with a plan)."""
     if out_file is None or str(out_file) == "-":
         return
-    target = Path(out_file)
     for given in inputs:
-        if given is not None and target.exists() and Path(given).exists() and os.path.samefile(target, given):
+        try:
+            same = given is not None and os.path.samefile(out_file, given)
+        except (OSError, ValueError):  # either is missing or unreadable: not the same file
+            same = False
+        if same:
             raise InputError(
                 str(out_file), None, "--out", f"is {given}, an input of this command: write the result elsewhere"
             )

@@ -44,8 +44,9 @@ class _Console(Console):
             self._width = given
 
     def _need(self, renderable: Any) -> int:
-        """The narrowest width that shows ``renderable`` whole: a table's unwrapped columns at their
-        widest cell (rich's own measure lets them break between words, then cuts them)."""
+        """The narrowest width that shows ``renderable`` as its view meant: a table's unwrapped columns
+        at their widest cell, up to their max_width (rich's own measure lets them break between words,
+        then cuts them to fit)."""
         if isinstance(renderable, Group):
             return max((self._need(r) for r in renderable.renderables), default=0)
         if not isinstance(renderable, Table):
