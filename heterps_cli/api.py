@@ -264,7 +264,7 @@ def measure(
     from heterps_cli.profiling.measure import measure as measure_model
     from heterps_cli.profiling.processes import measure_in_processes
 
-    check_name(resource, "--as")
+    resource = check_name(resource, "--as")
     if progress is not None:
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
@@ -306,7 +306,7 @@ def estimate(
     from heterps_cli.profiling.estimate import estimate as estimate_model
     from heterps_cli.profiling.measure import load_model
 
-    check_name(resource, "--as")
+    resource = check_name(resource, "--as")
     if progress is not None:
         progress(f"loading {model}")
     return estimate_model(

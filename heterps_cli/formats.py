@@ -8,7 +8,9 @@ than a refusal. Every error names the file, the line and the field path.
 from __future__ import annotations
 
 import difflib
+import re
 import sys
+import unicodedata
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -17,16 +19,66 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
 from heterps_cli.untrusted import first_unprintable
-from heterps_cli.yamlio import Document, load_yaml
+from heterps_cli.yamlio import Document, load_yaml, nfc
 
 
 def _printable(text: str) -> str:
     if (bad := first_unprintable(text)) is not None:
-        raise ValueError(f"must hold no control characters (has {bad}, which can rewrite a terminal or a log)")
+        raise ValueError(
+            f"must hold no control or invisible character (has {bad}, which can rewrite a terminal or a log, or "
+            "make one name read as another)"
+        )
     return text
 
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)]
+# Characters that show as nothing (or as a space) in a terminal: a name holding one reads as another
+# name ("gpu" + U+200B beside "gpu"). Format characters (Cf: zero-width spaces and joiners, U+FEFF,
+# soft hyphens, direction marks), separators other than a plain space, private and unassigned code
+# points, and the default-ignorable letters and marks unicodedata has no category for.
+_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
+_HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+
+
+def _name(text: str) -> str:
+    """The one rule for every name (a layer, a type, a node kind, a model): printable, no invisible
+    characters, no space it starts or ends with, and NFC (as every file is read: yamlio.nfc)."""
+    text = nfc(_printable(text))
+    if not text.strip():
+        raise ValueError("must hold a visible character (it is empty or only spaces)")
+    if text != text.strip():
+        raise ValueError("must not start or end with a space: it would print like a name without it")
+    for c in text:
+        if unicodedata.category(c) in _HIDDEN_CATEGORIES or _IGNORABLE.match(c) or (c.isspace() and c != " "):
+            raise ValueError(
+                f"must hold no invisible character (has U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}, which "
+                "prints as nothing or as a space: the name would read as another)"
+            )
+    return text
+
+
+MAX_NAME = 256
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME), AfterValidator(_name)]
+
+
+def fitted_name(text: str, room: int = 0) -> str:
+    """A name heterps makes (a layer's module path) within :data:`MAX_NAME` less ``room`` characters
+    for a suffix it adds: a longer one keeps its end, the most particular part, after an ellipsis."""
+    most = MAX_NAME - room
+    return text if len(text) <= most else "…" + text[-(most - 1) :]
+
+
+def _placement(text: str) -> str:
+    """A rented node's name in a plan, ``KIND#i``: a node kind's name and its place among its kind."""
+    kind, sep, index = text.rpartition("#")
+    if not sep or not re.fullmatch("[1-9][0-9]{0,6}", index):
+        raise ValueError("must be a node's name, KIND#i (i from 1)")
+    _name(kind)
+    if len(kind) > MAX_NAME:
+        raise ValueError(f"names a node kind of over {MAX_NAME} characters")
+    return text
+
+
+Placement = Annotated[str, AfterValidator(_placement)]
 Label = Annotated[str, StringConstraints(max_length=256), AfterValidator(_printable)]
 Prose = Annotated[str, AfterValidator(_printable)]
 # Bounds on whole numbers: what the model can use, and far inside int64 so that sums never wrap.
@@ -145,7 +197,7 @@ class PlanStage(_Strict):
     update_s: NonNegative | None = None  # section 1d; only in plans with a pipeline schedule
     step_s: NonNegative | None = None
     in_flight: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
-    nodes: dict[Name, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
+    nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
 
 
 class WhatIf(_Strict):
@@ -409,7 +461,10 @@ def _validate(model: type[_Strict], doc: Document, kind: str) -> Any:
             if error["type"] == "missing" and loc[:-1] in unknown_parents:
                 continue
             if loc and loc[-1] == "[key]":
-                problems.append(doc.error(loc[:-1], f"a name must be a non-empty string (got {_shown(loc[-2])})"))
+                why = str(error.get("ctx", {}).get("error", "")) if error["type"] == "value_error" else ""
+                problems.append(
+                    doc.error(loc[:-1], f"the name {_shown(loc[-2])} {why or 'must be a non-empty string'}")
+                )
                 continue
             problems.append(doc.error(loc, _describe(error, model, missing.get(loc[:-1], []))))
         problems.sort(key=lambda e: e.line or 0)
@@ -420,7 +475,7 @@ def check_name(text: str, field: str) -> str:
     """A name given on the command line (``--as``) or made from one (a model's), held to the rules a
     file's names meet, so that heterps never writes a profile it would then refuse to read."""
     try:
-        return TypeAdapter(Name).validate_python(text)
+        return TypeAdapter(Name).validate_python(text)  # NFC: callers use what it returns
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         raise InputError(None, None, field, _describe(error, Profile, [])) from None

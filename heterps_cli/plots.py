@@ -7,6 +7,7 @@ and what each number means is written in a caption under the axes.
 from __future__ import annotations
 
 import io
+import logging
 from typing import TYPE_CHECKING
 
 from heterps_cli.figures import count, usd
@@ -19,6 +20,12 @@ if TYPE_CHECKING:
 LABELS = 8  # numbered points on a frontier picture, at most
 STAGES = 5  # a layout with more stages is cut in the caption (its lines then fit the axes' width)
 MARKERS = "o^sDvP*X<>"
+
+
+# With HOME unwritable matplotlib makes a temporary cache (and rebuilds its font list) and says so
+# on stderr at warning level; the picture is the same, so only its errors are shown. Set before any
+# matplotlib module is imported, which happens only in this module's functions.
+logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
 
 def _pyplot():

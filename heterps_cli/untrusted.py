@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 controls and DEL (ESC starts terminal sequences), and the bidirectional overrides and
-# isolates, which reorder what a reader sees.
-UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls and DEL (ESC starts terminal sequences), the bidirectional marks, overrides and
+# isolates, which reorder what a reader sees, and the characters that show as nothing (zero-width
+# spaces and joiners, the word joiner, U+FEFF, the soft hyphen, line and paragraph separators).
+UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff]"
+)
 
 
 def printable(text: str) -> str:

@@ -19,6 +19,7 @@ import os
 import re
 import select
 import stat
+import unicodedata
 from typing import Any
 
 import yaml
@@ -156,6 +157,12 @@ class Document:
         return InputError(self.path, self.line(field), format_path(field) or None, message)
 
 
+def nfc(text: str) -> str:
+    """Text as NFC: "é" typed as one code point or as "e" and a combining accent is one name (a
+    file saved on macOS and one saved elsewhere name the same type)."""
+    return unicodedata.normalize("NFC", text) if isinstance(text, str) and not text.isascii() else text
+
+
 class _Walk:
     """Records the line of every field path, refusing recursive aliases and alias bombs."""
 
@@ -187,6 +194,7 @@ class _Walk:
         self.seen.add(id(node))
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.ScalarNode):
+            node.value = nfc(node.value)
             self.at.setdefault((node.start_mark.line, node.start_mark.column), path)
             return
         self.open.add(id(node))
@@ -196,14 +204,20 @@ class _Walk:
                 line = key_node.start_mark.line + 1
                 if not isinstance(key_node, yaml.ScalarNode):
                     raise self.refuse(key_node, path, "a key must be a plain name, not a list or a mapping")
-                key = key_node.value
+                written, key = key_node.value, nfc(key_node.value)
+                key_node.value = key
                 if key in first:
                     # PyYAML silently keeps the last duplicate; a typo must not change a plan.
+                    other = (
+                        ""
+                        if written == key
+                        else ", as the same letters composed differently: names compare in Unicode NFC"
+                    )
                     raise InputError(
                         self.doc_path,
                         line,
                         format_path(path + (key,)),
-                        f"duplicate key (first given on line {first[key]})",
+                        f"duplicate key (first given on line {first[key]}{other})",
                     )
                 first[key] = line
                 self.lines[path + (key,)] = line

@@ -46,7 +46,7 @@ def cluster_command(
             out.print(listing_table(catalogue_of.listing(catalogue)))
             return
         if name is not None:
-            check_name(name, "--name")
+            name = check_name(name, "--name")
         text = catalogue_of.build(instances, spot=spot, name=name, catalogue_path=catalogue)
         write_output(out_file, text)
         if out_file != "-":

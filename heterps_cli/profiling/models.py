@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import SIGNALLED, InputError
+from heterps_cli.formats import fitted_name
 from heterps_cli.profiling.zoo import MODELS
 
 
@@ -254,7 +255,7 @@ def trace(model: Model) -> list[Call]:
     seen: dict[str, int] = {}
 
     def record(module, args, kwargs):
-        name = layers[module] or type(module).__name__.lower()
+        name = fitted_name(layers[module] or type(module).__name__.lower(), room=8)  # room for "#N"
         seen[name] = seen.get(name, 0) + 1
         unique = name if seen[name] == 1 else f"{name}#{seen[name]}"
         calls.append(Call(unique, module, detached(args), detached(kwargs), (needs_grad(args), needs_grad(kwargs))))
