@@ -25,8 +25,8 @@ from heterps_cli.yamlio import Document, load_yaml, nfc
 def _printable(text: str) -> str:
     if (bad := first_unprintable(text)) is not None:
         raise ValueError(
-            f"must hold no control or invisible character (has {bad}, which can rewrite a terminal or a log, or "
-            "make one name read as another)"
+            f"must hold no control characters and nothing invisible (has {bad}, which can rewrite a terminal or a "
+            "log, or make one name read as another)"
         )
     return text
 

@@ -48,6 +48,8 @@ class Nodes:
     units: np.ndarray  # [K, T] units of each of the problem's types one node holds (int)
     available: np.ndarray  # [K] nodes of each kind that may be rented (int)
     link: np.ndarray | None = None  # [K, T] bytes/s of one unit's link inside a node; 0: none given
+    # Units of the types no layer runs on, per kind ([K] each): a rental holds them idle all the same.
+    others: dict[str, np.ndarray] | None = None
 
     def first(self, counts: np.ndarray) -> np.ndarray:
         """``[T]``: per type, the kind of the first node of a rental of ``counts[K]`` nodes that holds
@@ -171,6 +173,11 @@ class Nodes:
     def held(self, rental: dict[str, int]) -> np.ndarray:
         """``[T]``: the units of each type a rental holds."""
         return self.counts(rental) @ self.units
+
+    def held_others(self, rental: dict[str, int]) -> dict[str, int]:
+        """The units of each type no layer runs on that a rental holds (all idle)."""
+        counts = self.counts(rental)
+        return {t: int(counts @ per_kind) for t, per_kind in (self.others or {}).items()}
 
     def rental(self, used: np.ndarray) -> dict[str, int]:
         """The cheapest rental holding ``used[T]``: nodes of each kind (kinds rented 0 times left out)."""

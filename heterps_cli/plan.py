@@ -194,6 +194,7 @@ def make_plan(
         held = problem.nodes.held(rental)
         assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
         idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
+        idle |= problem.nodes.held_others(rental)  # docs/spec.md section 1e: every unit the rental holds
         placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
         out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))
     plan = Plan(

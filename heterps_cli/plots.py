@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from heterps_cli.figures import count, usd
@@ -45,8 +46,9 @@ def _png(fig) -> bytes:
 
 def tick_labels(values, money: bool = False) -> list[str]:
     """Labels for one axis's ticks: one scale for all (from the largest: 950, 12k, 3.5M, 2G; money
-    in dollars with digit groups up to a million) and the fewest decimals that tell every tick apart
-    (``$0.016, $0.018`` rather than ``$0.02`` twice)."""
+    in dollars with digit groups up to a million) and the fewest decimals that write every tick as it
+    is (``12.5k``, not ``12k``; ``$0.016, $0.018`` rather than ``$0.02`` twice): ticks are round
+    numbers, so a few decimals always do."""
     values = [float(v) for v in values]
     top = max((abs(v) for v in values), default=0.0)
     scale, suffix = 1.0, ""
@@ -55,12 +57,13 @@ def tick_labels(values, money: bool = False) -> list[str]:
             scale, suffix = size, name
             break
     prefix = "$" if money else ""
-    for decimals in range(0, 10):
-        if money and not suffix and decimals < 2 and top < 10:
-            continue  # cents at least under $10: "$0.50", not "$0" and "$1"
-        labels = [f"{prefix}{v / scale:,.{decimals}f}{suffix}" if v else f"{prefix}0" for v in values]
-        if len(set(labels)) == len(labels):
-            return [label.replace(f"{prefix}-", f"-{prefix}") for label in labels]
+    fewest = 2 if money and not suffix and top < 10 else 0  # cents at least under $10: "$0.50", not "$0" and "$1"
+    for must_be_exact in (True, False):  # ticks off the round numbers (never matplotlib's): just apart
+        for decimals in range(fewest, 7):
+            labels = [f"{prefix}{v / scale:,.{decimals}f}{suffix}" if v else f"{prefix}0" for v in values]
+            exact = all(math.isclose(round(v / scale, decimals), v / scale, rel_tol=1e-9) for v in values)
+            if (exact or not must_be_exact) and len(set(labels)) == len(labels):
+                return [label.replace(f"{prefix}-", f"-{prefix}") for label in labels]
     return [f"{prefix}{v:.6g}" for v in values]
 
 

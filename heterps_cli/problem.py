@@ -285,7 +285,7 @@ def load_problem(
         max_cost=max_cost,
         global_batch=global_batch,
     )
-    _check_finite_figures(problem, pdoc, samples_given=samples is not None, epochs_given=epochs is not None)
+    _check_finite_figures(problem, pdoc, cdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     if (too_many := _unrentable(problem.nodes)) is not None:
         raise cdoc.error(("nodes",), too_many)
     return problem
@@ -407,6 +407,11 @@ def _nodes(cluster: Cluster, types: tuple[str, ...]) -> Nodes | None:
         units=np.array([[node.units.get(t, 0) for t in types] for _, node in kinds], dtype=np.int64),
         available=np.array([node.available for _, node in kinds], dtype=np.int64),
         link=np.array([[(node.link_gbps or {}).get(t, 0.0) * 1e9 / 8 for t in types] for _, node in kinds]),
+        others={
+            t: np.array([node.units.get(t, 0) for _, node in kinds], dtype=np.int64)
+            for t in cluster.resources
+            if t not in types and any(t in node.units for _, node in kinds)
+        },
     )
 
 
@@ -449,7 +454,9 @@ def _check_fastest(problem: Problem, pdoc: Document) -> None:
     )
 
 
-def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bool, epochs_given: bool) -> None:
+def _check_finite_figures(
+    problem: Problem, pdoc: Document, cdoc: Document, *, samples_given: bool, epochs_given: bool
+) -> None:
     """Refuse a job whose training time or cost would overflow a float, before any search.
 
     No plan is slower than every layer on its slowest type with one replica (each
@@ -463,9 +470,21 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
     slowest = problem.batch_size / max(float(per_batch.max(axis=1).sum()), 1e-300)
     worst_time = work / slowest
     with np.errstate(over="ignore"):
-        worst_cost = worst_time / 3600 * _most_per_hour(problem)
+        rate = _most_per_hour(problem)
+        worst_cost = worst_time / 3600 * rate
     if math.isfinite(work) and math.isfinite(worst_time) and math.isfinite(worst_cost):
         return
+    # The cost overflows as a product: blame the factor further from any real figure, the prices
+    # (an hour of everything the cluster offers) or the job's hours, and name the other in words.
+    hours = worst_time / 3600
+    if math.isfinite(worst_time) and (not math.isfinite(rate) or math.log10(max(rate, 1)) > math.log10(max(hours, 1))):
+        path = _dearest(problem)
+        raise cdoc.error(
+            path,
+            f"at these prices an hour of the cluster's {'nodes' if problem.nodes is not None else 'units'} costs "
+            f"{'more than a float holds' if not math.isfinite(rate) else f'${number(rate)}'}, so the job's cost "
+            f"(up to {number(hours)} hours) would overflow a float (over 1.8e308): give a real price",
+        )
     figure = "samples" if not math.isfinite(work) else "training time" if not math.isfinite(worst_time) else "cost"
     in_file = not samples_given
     raise InputError(
@@ -475,6 +494,16 @@ def _check_finite_figures(problem: Problem, pdoc: Document, *, samples_given: bo
         f"{number(problem.samples)} samples x {number(problem.epochs)} epochs is too large: the job's {figure} would "
         "overflow a float (over 1.8e308); give a real job size",
     )
+
+
+def _dearest(problem: Problem) -> tuple[str, ...]:
+    """The cluster field of the dearest hour: a node kind's price times its count, or a type's."""
+    with np.errstate(over="ignore"):
+        if problem.nodes is not None:
+            k = int(np.argmax(problem.nodes.price * problem.nodes.available))
+            return ("nodes", problem.nodes.names[k], "price")
+        t = int(np.argmax(problem.prices * problem.limits))
+    return ("resources", problem.types[t], "price")
 
 
 def _most_per_hour(problem: Problem) -> float:

@@ -173,24 +173,28 @@ def test_frontier_out_never_writes_through_a_planted_link(runner, tmp_path):
     assert not (folder / "plan-001.yaml").is_symlink() and "stages" in (folder / "plan-001.yaml").read_text()
 
 
-def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(runner, tmp_path, monkeypatch):
-    from heterps_cli import plan as plan_module
+@pytest.mark.parametrize("step", ["_write_new", "rename"])
+def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(runner, tmp_path, monkeypatch, step):
+    """A disk that fills while the new plans are written, or while they are renamed into place: the
+    folder holds the previous run's plans, byte for byte, and nothing else."""
+    from heterps_cli import outfiles
 
     folder = tmp_path / "fr"
     assert runner.invoke(app, ["frontier", CTR, PAPER, "--out", str(folder)]).exit_code == 0
     before = {p.name: p.read_text() for p in folder.iterdir()}
     calls = {"n": 0}
-    original = plan_module.Plan.to_dict
+    target = outfiles if step == "_write_new" else outfiles.os
+    original = getattr(target, step)
 
-    def fails_on_the_fifth(self):
+    def fails_on_the_fifth(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 5:
             raise OSError(28, "No space left on device")
-        return original(self)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(plan_module.Plan, "to_dict", fails_on_the_fifth)
+    monkeypatch.setattr(target, step, fails_on_the_fifth)
     result = runner.invoke(app, ["frontier", CTR, PAPER, "--min-throughput", "2e6", "--out", str(folder)])
-    assert result.exit_code == 2 and "cannot write the plans" in result.stderr, result.output
+    assert result.exit_code == 2 and "cannot write the files (the folder is as it was)" in result.stderr, result.output
     assert {p.name: p.read_text() for p in folder.iterdir()} == before
 
 

@@ -120,9 +120,28 @@ def diff_plans(old: PlanFile, new: PlanFile) -> list[Change]:
         out.append(Change(what, a, b))
     for t in dict.fromkeys([*old.resources, *new.resources]):
         out.append(Change(f"{t} units", old.resources.get(t, 0), new.resources.get(t, 0)))
+    out += _rental_changes(old, new)
     out += [
         Change("throughput samples/s", old.throughput, new.throughput),
         Change("training time s", old.time_s, new.time_s),
         Change("cost USD", old.cost_usd, new.cost_usd),
     ]
+    return out
+
+
+def _rental_changes(old: PlanFile, new: PlanFile) -> list[Change]:
+    """Section 1e: the nodes of each kind rented, the rate and the idle units, where either plan rents
+    nodes (a plan priced per unit has none, and shows as 0 nodes)."""
+    if old.rental is None and new.rental is None:
+        return []
+    out = []
+    a, b = old.rental or {}, new.rental or {}
+    for kind in dict.fromkeys([*a, *b]):
+        out.append(Change(f"{kind} nodes", a.get(kind, 0), b.get(kind, 0)))
+    if old.rate_usd_per_hour is not None or new.rate_usd_per_hour is not None:
+        out.append(Change("rate USD/h", old.rate_usd_per_hour or 0.0, new.rate_usd_per_hour or 0.0))
+    idle_a, idle_b = old.idle_units or {}, new.idle_units or {}
+    for t in dict.fromkeys([*idle_a, *idle_b]):
+        if idle_a.get(t, 0) or idle_b.get(t, 0):
+            out.append(Change(f"{t} idle units", idle_a.get(t, 0), idle_b.get(t, 0)))
     return out

@@ -453,32 +453,38 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Gr
     )
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
-    for name in ("#", "samples/s", "faster", "time", "cost", "dearer"):
-        table.add_column(name, min_width=len(name), **numeric)
-    # One line per plan at any width (pipes and CI logs are 80 columns): cut, never wrapped; the
-    # stage count leads its cell so a cut keeps it. --json and --out hold every plan whole.
-    spare = width - 64  # what the six figure columns, their padding and separators leave
-    shown = max(7, min(18, spare // 3))
-    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=shown)
-    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=max(9, spare - shown))
+    figures = ("#", "samples/s", "faster", "time", "cost", "dearer")
     base = frontier.plans[0] if frontier.positions[0] == 0 else None
+    rows = []
     for position, plan in zip(frontier.positions, frontier.plans):
         knee = position == frontier.knee
         faster = dearer = "—"
         if base is not None and position > 0:
             faster = f"+{100 * (plan.throughput / base.throughput - 1):.1f}%"
             dearer = f"+{100 * (plan.cost_usd / base.cost_usd - 1):.1f}%" if base.cost_usd > 0 else "—"
-        table.add_row(
+        shown = [
             f"{position + 1}{' ◆' if knee else ''}",
             count(plan.throughput, 1 if plan.throughput < 1000 else 0),
             faster,
             duration(plan.time_s),
             usd(plan.cost_usd),
             dearer,
-            Text(", ".join(f"{clip(t)} {count(n)}" for t, n in plan.resources.items() if n)),
-            Text(f"{len(plan.stages)}: {layout(plan, STAGES)}"),
-            style="bold" if knee else None,
-        )
+        ]
+        words = ", ".join(f"{clip(t)} {count(n)}" for t, n in plan.resources.items() if n)
+        rows.append((knee, shown, words, f"{len(plan.stages)}: {layout(plan, STAGES)}"))
+    for name in figures:
+        table.add_column(name, min_width=len(name), **numeric)
+    # One line per plan at any width (pipes and CI logs are 80 columns): the figures whole, the two
+    # text columns cut to what they leave, never wrapped; the stage count leads its cell so a cut
+    # keeps it. --json and --out hold every plan whole.
+    widest = [max(len(name), *(len(r[1][i]) for r in rows)) for i, name in enumerate(figures)]
+    columns = len(figures) + 2
+    spare = width - sum(widest) - (3 * columns - 1)  # padding and a separator between columns, one edge each side
+    shown_width = max(7, min(18, spare // 3))
+    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=shown_width)
+    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=max(9, spare - shown_width))
+    for knee, shown, words, stages in rows:
+        table.add_row(*shown, Text(words), Text(stages), style="bold" if knee else None)
     notes = [Text("faster, dearer: against plan 1, the cheapest", style="dim")] if base is not None else []
     if frontier.knee is not None:
         notes.append(Text(f"◆ knee (plan {frontier.knee + 1}): {KNEE_RULE}", style="dim"))
