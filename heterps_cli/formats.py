@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
-from heterps_cli.untrusted import first_unprintable
+from heterps_cli.untrusted import first_unprintable, invisible
 from heterps_cli.yamlio import Document, load_yaml, nfc
 
 
@@ -31,28 +31,20 @@ def _printable(text: str) -> str:
     return text
 
 
-# Characters that show as nothing (or as a space) in a terminal: a name holding one reads as another
-# name ("gpu" + U+200B beside "gpu"). Format characters (Cf: zero-width spaces and joiners, U+FEFF,
-# soft hyphens, direction marks), separators other than a plain space, private and unassigned code
-# points, and the default-ignorable letters and marks unicodedata has no category for.
-_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
-_HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
-
-
 def _name(text: str) -> str:
     """The one rule for every name (a layer, a type, a node kind, a model): printable, no invisible
     characters, no space it starts or ends with, and NFC (as every file is read: yamlio.nfc)."""
     text = nfc(_printable(text))
-    if not text.strip():
-        raise ValueError("must hold a visible character (it is empty or only spaces)")
-    if text != text.strip():
-        raise ValueError("must not start or end with a space: it would print like a name without it")
     for c in text:
-        if unicodedata.category(c) in _HIDDEN_CATEGORIES or _IGNORABLE.match(c) or (c.isspace() and c != " "):
+        if invisible(c):
             raise ValueError(
                 f"must hold no invisible character (has U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}, which "
                 "prints as nothing or as a space: the name would read as another)"
             )
+    if not text.strip():
+        raise ValueError("must hold a visible character (it is empty or only spaces)")
+    if text != text.strip():
+        raise ValueError("must not start or end with a space: it would print like a name without it")
     return text
 
 

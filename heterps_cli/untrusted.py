@@ -9,6 +9,7 @@ and every table cell passes through :func:`printable` on its way out, and markdo
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # C0 and C1 controls and DEL (ESC starts terminal sequences), the bidirectional marks, overrides and
 # isolates, which reorder what a reader sees, and the characters that show as nothing (zero-width
@@ -18,9 +19,26 @@ UNPRINTABLE = re.compile(
 )
 
 
+# What else shows as nothing or as a space, so that a name holding it reads as another name ("gpu" and
+# "gpu" + U+200B): format characters (Cf), separators but the plain space, private and unassigned
+# code points, and the default-ignorable letters and marks no category singles out.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
+_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
+
+
+def invisible(char: str) -> bool:
+    """Whether ``char`` prints as nothing or as a space (the plain space itself excepted)."""
+    if char == " ":
+        return False
+    return unicodedata.category(char) in _HIDDEN_CATEGORIES or bool(_IGNORABLE.match(char)) or char.isspace()
+
+
 def printable(text: str) -> str:
-    """``text`` with every :data:`UNPRINTABLE` character written as its escape (``\\x1b``, ``\\u202e``)."""
-    return UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    """``text`` with every :data:`UNPRINTABLE` and :func:`invisible` character written as its escape
+    (``\\x1b``, ``\\u202e``, ``\\u200b``)."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii") if UNPRINTABLE.match(c) or invisible(c) else c for c in text
+    )
 
 
 def first_unprintable(text: str) -> str | None:
