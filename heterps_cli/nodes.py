@@ -174,6 +174,10 @@ class Nodes:
         """``[T]``: the units of each type a rental holds."""
         return self.counts(rental) @ self.units
 
+    def capacity_others(self) -> dict[str, int]:
+        """The units of each type no layer runs on that the cluster's nodes hold in all."""
+        return {t: int(self.available @ per_kind) for t, per_kind in (self.others or {}).items()}
+
     def held_others(self, rental: dict[str, int]) -> dict[str, int]:
         """The units of each type no layer runs on that a rental holds (all idle)."""
         counts = self.counts(rental)

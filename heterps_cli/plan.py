@@ -197,6 +197,8 @@ def make_plan(
         idle |= problem.nodes.held_others(rental)  # docs/spec.md section 1e: every unit the rental holds
         placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
         out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))
+    # Section 1e: the nodes' units of types no layer runs on, never used and all there to rent.
+    others = {} if problem.nodes is None else problem.nodes.capacity_others()
     plan = Plan(
         model=problem.model,
         cluster=problem.cluster,
@@ -209,8 +211,8 @@ def make_plan(
         min_throughput=problem.min_throughput,
         max_cost=problem.max_cost,
         stages=out,
-        resources={t: int(u) for t, u in zip(problem.types, sc.used[0])},
-        limits={t: int(n) for t, n in zip(problem.types, problem.limits)},
+        resources={t: int(u) for t, u in zip(problem.types, sc.used[0])} | {t: 0 for t in others},
+        limits={t: int(n) for t, n in zip(problem.types, problem.limits)} | others,
         memory={t: float(m / 1e9) if np.isfinite(m) else None for t, m in zip(problem.types, problem.memory)},
         bandwidth={t: float(b * 8 / 1e9) if np.isfinite(b) else None for t, b in zip(problem.types, cluster_bandwidth)},
         throughput=float(sc.throughput[0]),

@@ -479,6 +479,11 @@ def test_idle_units_list_every_unit_the_rental_holds(runner, tmp_path):
     assert runner.invoke(app, ["plan", CTR, str(tmp_path / "c.yaml"), "-s", "exact", "--out", str(out)]).exit_code == 0
     plan = yaml.safe_load(out.read_text())
     assert plan["idle_units"]["tpu"] == 2 * sum(plan["rental"].values())
+    assert plan["resources"]["tpu"] == 0 and plan["limits"]["tpu"] == 2 * sum(
+        cluster["nodes"][k]["available"] for k in cluster["nodes"]
+    )
+    check = runner.invoke(app, ["check", str(out), "--profile", CTR, "--cluster", str(tmp_path / "c.yaml")])
+    assert check.exit_code == 0, check.output
 
 
 def test_tick_labels_write_every_tick_as_it_is():

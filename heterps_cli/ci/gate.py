@@ -406,8 +406,7 @@ def _fresh(g: Gate, stale: list[str]) -> Finding:
 
 
 def _limits(g: Gate, fresh: Plan) -> Finding:
-    limit = {t: g.problem.limits[g.problem.types.index(t)] for t in fresh.resources}
-    over = [f"{t} {u} > limit {limit[t]}" for t, u in fresh.resources.items() if u > limit[t]]
+    over = [f"{t} {u} > limit {fresh.limits[t]}" for t, u in fresh.resources.items() if u > fresh.limits[t]]
     for i, s in enumerate(fresh.stages):  # section 1b: every replica must fit its unit's memory
         memory = fresh.memory.get(s.resource)
         if memory is not None and s.memory_gb > memory * (1 + SLACK):
