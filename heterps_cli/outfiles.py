@@ -117,6 +117,26 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, field: str | None =
         raise
 
 
+def append_text(path: str | os.PathLike, text: str, field: str | None = None) -> None:
+    """``text`` added at the end of a file someone else owns (``$GITHUB_STEP_SUMMARY``), created if
+    missing; a directory, a FIFO (which would wait for a reader) or a device is refused."""
+    shown = str(path)
+    _check_names(shown, field, path)
+    try:
+        existing = os.stat(path)
+    except FileNotFoundError:
+        existing = None
+    except OSError as exc:
+        raise _cannot(shown, field, exc, "cannot append here") from None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise InputError(shown, None, field, f"exists and is {_kind(existing.st_mode)}: refusing to append to it")
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise _cannot(shown, field, exc, "cannot append") from None
+
+
 def write_set(
     directory: str | os.PathLike, files: Mapping[str, OutFile], stale: re.Pattern[str], field: str
 ) -> list[Path]:

@@ -12,7 +12,6 @@ from rich.text import Text
 
 from heterps_cli.errors import (
     EXIT_CHECK_FAILED,
-    InputError,
 )
 from heterps_cli.objective import Objective
 
@@ -32,25 +31,22 @@ from heterps_cli.cli.options import (
     tolerance_rule,
 )
 from heterps_cli.cli.session import err, exit_codes, out, progress_bar, say_interrupted
+from heterps_cli.cli.terminal import write_stdout
+from heterps_cli.outfiles import append_text
 
 
 def emit_report(fmt: Format, markdown: str, json_text: str, annotations: str = "") -> bool:
     """Print a json/markdown/github report; False for the table format, which the caller renders."""
+    # Documents, not words for a terminal: UTF-8 whatever its encoding, as a file of them would be.
     if fmt == Format.json:
-        print(json_text)
+        write_stdout(json_text + "\n")
     elif fmt == Format.markdown:
-        print(markdown, end="")
+        write_stdout(markdown)
     elif fmt == Format.github:
-        print(annotations + markdown, end="")
+        write_stdout(annotations + markdown)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
-            try:
-                with open(summary, "a", encoding="utf-8") as fh:
-                    fh.write(markdown + "\n")
-            except OSError as exc:
-                raise InputError(
-                    summary, None, "GITHUB_STEP_SUMMARY", f"cannot append the summary: {exc.strerror}"
-                ) from None
+            append_text(summary, markdown + "\n", "GITHUB_STEP_SUMMARY")
     return fmt != Format.table
 
 
