@@ -15,7 +15,7 @@ def main() -> None:
     import signal
     import sys
 
-    from heterps_cli.cli.terminal import never_fail_to_encode
+    from heterps_cli.cli import terminal
     from heterps_cli.errors import EXIT_INTERRUPTED, Terminated
 
     def terminate(signum, frame):
@@ -23,7 +23,7 @@ def main() -> None:
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminate)
-    never_fail_to_encode()
+    terminal.install()
     try:
         from heterps_cli.cli.app import app
 

@@ -57,10 +57,15 @@ class _Console(Console):
         return cells + renderable._extra_width
 
     def on_broken_pipe(self) -> None:
-        # rich exits 1 here, which a CI step reads as a failed gate (`heterps check | head`): the reader
-        # left, so the rest of the output goes nowhere and the command still ends with its own code.
-        self.quiet = True
-        silence_stdout()
+        _keep_going(self)
+
+
+def _keep_going(console: Console) -> None:
+    """rich exits 1 when the reader of standard output goes away, which a CI step reads as a failed
+    gate (`heterps check | head`): instead the rest of the output goes nowhere and the command
+    still ends with its own code."""
+    console.quiet = True
+    silence_stdout()
 
 
 out = _Console(soft_wrap=True, highlight=False)
@@ -87,10 +92,13 @@ def stderr_is_a_terminal() -> bool:
         return False
 
 
-def never_fail_to_encode() -> None:
-    """Words that the terminal's encoding cannot hold (×, —, a name in Greek) are written as escapes
-    instead of ending the command with an internal error after its output file was written
-    (PYTHONIOENCODING=ascii, LANG=C on an old system). Files heterps writes are UTF-8 whatever this says."""
+def install() -> None:
+    """For the whole process (the console script): every rich console, typer's help too, keeps going
+    when its reader leaves; and words that the terminal's encoding cannot hold (×, —, a name in
+    Greek) are written as escapes instead of ending the command with an internal error after its
+    output file was written (PYTHONIOENCODING=ascii, LANG=C). Files heterps writes are UTF-8
+    whatever the terminal's encoding."""
+    Console.on_broken_pipe = _keep_going  # type: ignore[method-assign,assignment]
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None and stream.errors == "strict":
