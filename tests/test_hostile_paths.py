@@ -266,7 +266,7 @@ def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_bytes((ROOT / "docs/plans/ctr.yaml").read_bytes())
     job = f"--profile {CTR} --cluster {PAPER}"
-    for command, code in ((f"check {plan} {job}", 0), (f"check {plan} {job} --max-cost 0.1", 1)):
+    for command, code in ((f"check {plan} {job}", 0), (f"check {plan} {job} --max-cost 0.1", 1), ("--help", 0)):
         shell = f"{' '.join(HEAD)} {command} | true; echo $? ${{PIPESTATUS[0]}}"
         done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120)
         assert done.stdout.split() == ["0", str(code)] and done.stderr == "", done
