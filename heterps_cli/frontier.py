@@ -91,6 +91,7 @@ class Frontier:
             "size": self.size,
             "positions": list(self.positions),
             "knee": self.knee_plan,
+            "knee_position": self.knee,  # on the whole frontier: there even when --points left it out
             "knee_rule": KNEE_RULE,
             "steps": self.steps,
             "solve_s": self.solve_s,

@@ -486,6 +486,13 @@ def test_idle_units_list_every_unit_the_rental_holds(runner, tmp_path):
     assert check.exit_code == 0, check.output
 
 
+def test_a_frontier_thinned_past_its_knee_still_says_where_the_knee_is(runner):
+    whole = json.loads(runner.invoke(app, ["frontier", CTR, PAPER, "--json"]).stdout)
+    ends = json.loads(runner.invoke(app, ["frontier", CTR, PAPER, "--points", "2", "--json"]).stdout)
+    assert whole["knee"] is not None and whole["knee_position"] == whole["knee"]
+    assert ends["knee"] is None and ends["knee_position"] == whole["knee"]
+
+
 def test_tick_labels_write_every_tick_as_it_is():
     assert tick_labels([10000, 12500, 15000, 17500, 20000]) == ["10.0k", "12.5k", "15.0k", "17.5k", "20.0k"]
     assert tick_labels([0.016, 0.018, 0.02], money=True) == ["$0.016", "$0.018", "$0.020"]
