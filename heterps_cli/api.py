@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from heterps_cli.objective import Objective
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
 from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve, with_what_if
 
@@ -57,7 +58,8 @@ __all__ = [
 class Job:
     """The job settings a caller gives; None takes the profile's ``job`` section (docs/spec.md section 2)."""
 
-    objective: str = "cost"  # cost: cheapest plan meeting min_throughput; time: fastest within limits and max_cost
+    objective: Objective = Objective.COST  # cost: cheapest plan meeting min_throughput; time: fastest within limits
+    # and max_cost
     samples: float | None = None  # per epoch
     epochs: float | None = None
     min_throughput: float | None = None  # samples/s

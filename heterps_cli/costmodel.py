@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
 
 
@@ -334,7 +335,7 @@ def cost_lower_bound(price, replicas, throughput):
 
 def better(problem: Problem, cost, thr, best_cost, best_thr):
     """Is (cost, thr) a better plan than (best_cost, best_thr) under the problem's objective?"""
-    if problem.objective == "time":
+    if problem.objective is Objective.TIME:
         return (thr > best_thr) | ((thr == best_thr) & (cost < best_cost))
     return (cost < best_cost) | ((cost == best_cost) & (thr > best_thr))
 
@@ -459,7 +460,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
     between closed forms a step adds one replica to each bottleneck stage
     (:data:`CLOSED_EVERY`).
     """
-    if problem.objective == "time" and problem.max_cost is None:
+    if problem.objective is Objective.TIME and problem.max_cost is None:
         return score(problem, stages, fastest_replicas(problem, stages))
     B = stages.type.shape[0]
     best_k = np.where(stages.valid, 1.0, 0.0)
@@ -475,7 +476,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
     for step in range(int(problem.limits.sum()) + 2):
         if len(rows) == 0:
             break
-        if step == SEED_AFTER and problem.objective == "cost":
+        if step == SEED_AFTER and problem.objective is Objective.COST:
             seed_k, seed_cost, seed_thr = _seed(problem, live, price)
             won = better(problem, seed_cost, seed_thr, best_cost[rows], best_thr[rows])
             at = rows[won]
@@ -486,7 +487,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
             k, active = _step_past(problem, live, k, thr_s, thr)  # a plan that gains nothing cannot win
         thr_s = stage_throughputs(problem, live, np.maximum(k, 1.0))
         rate = (price * k).sum(axis=1)
-        if problem.objective == "cost":
+        if problem.objective is Objective.COST:
             # No plan at least as fast as the target can cost less than this bound.
             bound = problem.work / 3600.0 * cost_lower_bound(price, k, thr_s).sum(axis=1)
             active &= bound < best_cost[rows] * (1 - SLACK)
@@ -496,7 +497,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         won = rows[take]
         best_k[won], best_cost[won], best_thr[won] = k[take], cost[take], thr[take]
         target = np.nextafter(thr, np.inf)
-        if problem.objective == "cost":
+        if problem.objective is Objective.COST:
             # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
             # this rate), so targets below W * rate / best_cost cannot win: skip them.
             with np.errstate(divide="ignore", invalid="ignore"):

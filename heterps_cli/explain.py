@@ -8,6 +8,7 @@ import numpy as np
 
 from heterps_cli.costmodel import split_stages, stage_throughputs
 from heterps_cli.figures import count, usd
+from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
 
 
@@ -78,7 +79,7 @@ def _held_by(problem: Problem, plan, b: int) -> str:
         return f"another replica would not make it faster ({count(faster)} samples/s): {why}"
     if problem.max_cost is not None and plan.cost_usd >= problem.max_cost * (1 - 1e-6):
         return f"the budget: the plan spends {usd(plan.cost_usd)} of {usd(problem.max_cost)}"
-    if problem.objective == "cost":
+    if problem.objective is Objective.COST:
         need = f"meets the required {count(problem.min_throughput)} samples/s" if problem.min_throughput > 0 else ""
         return (
             f"the objective is cost{': the plan ' + need if need else ''}; another {stage.resource} replica there "

@@ -85,4 +85,4 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 
 def setting(value) -> str:
     """A job setting as a message shows it: 'ctr', none, 1,000,000,000."""
-    return repr(value) if isinstance(value, str) else "none" if value is None else number(value)
+    return repr(str(value)) if isinstance(value, str) else "none" if value is None else number(value)

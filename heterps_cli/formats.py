@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
+from heterps_cli.objective import Objective
 from heterps_cli.untrusted import first_unprintable, invisible
 from heterps_cli.yamlio import Document, load_yaml, nfc
 
@@ -213,7 +214,7 @@ class PlanFile(_Strict):
 
     model: Name
     cluster: Name
-    objective: Name
+    objective: Annotated[Objective, Field(strict=False)]  # read from the file's text
     scheduler: Name
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)]
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
@@ -250,6 +251,7 @@ class PlanFile(_Strict):
         """The file's mapping, in the order above; a field that only some plans have (section 1b and 1d
         figures, a gap) is left out where it is None, the rest are written as they are (null too)."""
         out = self.model_dump()
+        out["objective"] = str(self.objective)
         for key in ("samples", "epochs", "min_throughput"):  # a whole number reads as one
             out[key] = int(out[key]) if float(out[key]).is_integer() else float(out[key])
         for key in PLAN_ONLY_WHERE_GIVEN:

@@ -47,6 +47,7 @@ import numpy as np
 from heterps_cli.costmodel import SLACK, throughput_floor
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.figures import count
+from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress
@@ -232,7 +233,7 @@ def _pareto(found: list[Candidate]) -> list[Candidate]:
 
 def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: float) -> Plan:
     """A frontier point as a plan file: the answer to ``plan --scheduler exact --min-throughput`` its throughput."""
-    own = problem.replace(objective="cost", min_throughput=c.throughput)
+    own = problem.replace(objective=Objective.COST, min_throughput=c.throughput)
     plan = make_plan(
         own,
         schedule_of(problem, c.stages),

@@ -15,6 +15,7 @@ import numpy as np
 from heterps_cli.costmodel import score, split_stages
 from heterps_cli.explain import explanation
 from heterps_cli.nodes import place
+from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 
 
@@ -42,7 +43,7 @@ class Stage:
 class Plan:
     model: str
     cluster: str
-    objective: str
+    objective: Objective
     scheduler: str
     seed: int
     batch_size: int
@@ -202,7 +203,7 @@ def make_plan(
     plan = Plan(
         model=problem.model,
         cluster=problem.cluster,
-        objective=str(problem.objective),
+        objective=problem.objective,
         scheduler=scheduler,
         seed=seed,
         batch_size=problem.batch_size,
@@ -260,7 +261,7 @@ def _rental_for(problem: Problem, schedule, k: np.ndarray, sc) -> dict[str, int]
         there = problem.over_links(counts, sc.used[0])
         s = score(there, split_stages(there, np.asarray(schedule)[None, :]), k, rate=np.array([counts @ nodes.price]))
         cost, thr = float(s.cost[0]), float(s.throughput[0])
-        return (not bool(s.feasible[0]), *((cost, -thr) if problem.objective == "cost" else (-thr, cost)))
+        return (not bool(s.feasible[0]), *((cost, -thr) if problem.objective is Objective.COST else (-thr, cost)))
 
     return min(options, key=rank)
 

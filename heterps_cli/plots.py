@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from heterps_cli.figures import count, usd
+from heterps_cli.objective import Objective
 
 if TYPE_CHECKING:
     from heterps_cli.compare import Entry
@@ -178,7 +179,7 @@ def compare_png(problem: Problem, entries: list[Entry], frontier: Frontier | Non
             )
         _axes_style(ax)
         ax.legend(loc="upper left", bbox_to_anchor=(0, -0.13), fontsize=8.5, frameon=False)  # under: never on a point
-        goal = "cheapest plan" if problem.objective == "cost" else "fastest plan"
+        goal = "cheapest plan" if problem.objective is Objective.COST else "fastest plan"
         ax.set_title(f"{problem.model} on {problem.cluster}: each scheduler's {goal}", fontsize=11)
         names = [e.scheduler for e in entries]
         seconds = [max(e.solve_s, 1e-3) for e in entries]

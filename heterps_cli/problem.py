@@ -240,8 +240,6 @@ class Problem:
         return questions
 
     def replace(self, **changes) -> Problem:
-        if "objective" in changes:
-            changes["objective"] = Objective(changes["objective"])
         return dataclasses.replace(self, **changes)
 
 
@@ -249,7 +247,7 @@ def load_problem(
     profile_path: str,
     cluster_path: str,
     *,
-    objective: str = "cost",
+    objective: Objective = Objective.COST,
     samples: float | None = None,
     epochs: float | None = None,
     min_throughput: float | None = None,
@@ -311,7 +309,7 @@ def build_problem(
     profile: Profile,
     cluster: Cluster,
     *,
-    objective: str = "cost",
+    objective: Objective = Objective.COST,
     samples: float | None = None,
     epochs: float | None = None,
     min_throughput: float | None = None,

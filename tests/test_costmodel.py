@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from heterps_cli.costmodel import min_replicas, provision, score, split_stages, stage_throughput
+from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
 from tests.helpers import instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force, spec_figures
@@ -101,7 +102,7 @@ def test_infeasible_schedules_get_the_fastest_counts_the_limits_allow():
     problem = problem_from_dicts(profile, cluster)
     scheds = _random_schedules(np.random.default_rng(0), arrays[4], 8)
     scores = provision(problem, split_stages(problem, scheds))
-    fastest = provision(problem.replace(objective="time", min_throughput=0.0), split_stages(problem, scheds))
+    fastest = provision(problem.replace(objective=Objective.TIME, min_throughput=0.0), split_stages(problem, scheds))
     assert not scores.feasible.any()
     np.testing.assert_allclose(scores.throughput, fastest.throughput)
 
@@ -120,7 +121,7 @@ def test_the_walks_shortcuts_change_no_answer(seed, monkeypatch):
     profile, cluster = instance_dicts(*arrays, min_throughput=float(rng.choice([0.0, 0.5, 2.0])) * reference)
     problem = problem_from_dicts(profile, cluster)
     stages = split_stages(problem, _random_schedules(rng, arrays[4], 400))
-    capped = problem.replace(objective="time", max_cost=float(np.median(provision(problem, stages).cost)))
+    capped = problem.replace(objective=Objective.TIME, max_cost=float(np.median(provision(problem, stages).cost)))
     answers = [provision(p, stages).replicas for p in (problem, capped)]
     monkeypatch.setattr(costmodel, "SEED_AFTER", 10**9)
     monkeypatch.setattr(costmodel, "CLOSED_EVERY", 1)

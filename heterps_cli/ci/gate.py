@@ -20,6 +20,7 @@ from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import PlanFile
+from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve, with_what_if
@@ -172,7 +173,7 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
     now: dict[str, Any] = {
         "model": problem.model,
         "cluster": problem.cluster,
-        "objective": str(problem.objective),
+        "objective": problem.objective,
         "batch_size": problem.batch_size,
         "samples": problem.samples,
         "epochs": problem.epochs,
@@ -514,7 +515,7 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
                 interrupted=True,
             )
         ]
-    if problem.objective == "time":  # the plan's own objective decides what wasteful means
+    if problem.objective is Objective.TIME:  # the plan's own objective decides what wasteful means
         saving = 1 - fresh.throughput / better.throughput if better.throughput > 0 else 0.0
         found = (
             f"{name} finds {count(better.throughput, 1)} samples/s against the plan's "

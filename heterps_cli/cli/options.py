@@ -218,7 +218,7 @@ def job_from(
 ):
     from heterps_cli.api import Job
 
-    return Job(objective.value, samples, epochs, min_throughput, max_cost, global_batch)
+    return Job(objective, samples, epochs, min_throughput, max_cost, global_batch)
 
 
 class Granularity(str, enum.Enum):

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from heterps_cli.figures import count, duration, number, plural, usd
 from heterps_cli.formats import Cluster, PlanFile, Profile
+from heterps_cli.objective import Objective
 from heterps_cli.untrusted import printable
 
 if TYPE_CHECKING:
@@ -390,7 +391,7 @@ def print_plan_file(console: Console, plan: PlanFile, path: str) -> None:
     console.print("  well-formed; to recompute its figures from the files: heterps check PLAN --profile P --cluster C")
 
 
-def compare_view(entries, objective: str, width: int = 120) -> Group:
+def compare_view(entries, objective: Objective, width: int = 120) -> Group:
     """One row per scheduler: feasible, cost, throughput, resources, evaluations, seconds, gap.
 
     Fits 80 columns: one space between columns, and the legend under the table."""
@@ -426,7 +427,7 @@ def compare_view(entries, objective: str, width: int = 120) -> Group:
         )
     legend = []
     if any(e.gap is not None for e in entries):
-        what = "lost throughput" if objective == "time" else "extra cost"
+        what = "lost throughput" if objective is Objective.TIME else "extra cost"
         legend.append(Text(f"gap: {what} relative to the exact optimum", style="dim"))
         legend.append(Text("evals: schedules scored by the cost model", style="dim"))
     if any(e.plan is not None and e.plan.interrupted for e in entries):

@@ -19,6 +19,7 @@ from heterps_cli.costmodel import (
 )
 from heterps_cli.errors import InfeasibleError, SearchGaveUp, TooLarge
 from heterps_cli.figures import count, number, usd
+from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
@@ -57,7 +58,7 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
             f"({_limits(problem)}); the fastest possible plan reaches {count(fastest.throughput, 1)} samples/s "
             f"(costing {usd(fastest.cost)}). {fix}."
         )
-    cheapest, _ = solver_for(problem.replace(objective="cost", max_cost=None), None).min_cost()
+    cheapest, _ = solver_for(problem.replace(objective=Objective.COST, max_cost=None), None).min_cost()
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     assert problem.max_cost is not None, "within the limits and the throughput, only the budget can rule a plan out"
     return InfeasibleError(
@@ -165,7 +166,7 @@ def solve(
     limit = options.time_limit if options is not None else None
     out_of_time = Clock.of(options, start).out_of_time
     solver = solver_for(problem, progress)
-    if problem.objective == "cost":
+    if problem.objective is Objective.COST:
         best, bound = solver.min_cost(out_of_time)
         if best is not None and not meets_targets(problem, best.throughput, best.cost):
             best = None
@@ -180,7 +181,7 @@ def solve(
     if not best.within:
         # The search ran on relaxed limits: its best is a bound, and the plan is the best one found
         # within every limit.
-        best = solver.cheapest_found if problem.objective == "cost" else solver.fastest_found
+        best = solver.cheapest_found if problem.objective is Objective.COST else solver.fastest_found
         names = ", ".join(problem.types[t] for t in sorted(solver.relaxed))
         if best is None:
             raise TooLarge(
@@ -198,7 +199,7 @@ def solve(
     if not proved:
         what = (
             f"no plan costs less than {usd(bound)}"
-            if problem.objective == "cost"
+            if problem.objective is Objective.COST
             else f"no plan is faster than {count(bound, 1)} samples/s"
         )
         notes = (f"{why}: {what}, so it is within {100 * gap:.2f}% of the optimum",)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
@@ -22,7 +23,9 @@ from heterps_cli.schedulers.scoring import Reference, Search
 
 def rule_schedule(problem: Problem) -> np.ndarray:
     """Each layer's type by the greedy rule (see the module docstring)."""
-    per_sample = problem.oct * (np.maximum(problem.prices, 1e-12)[None, :] if problem.objective == "cost" else 1.0)
+    per_sample = problem.oct * (
+        np.maximum(problem.prices, 1e-12)[None, :] if problem.objective is Objective.COST else 1.0
+    )
     return np.where(problem.usable, per_sample, np.inf).argmin(axis=1).astype(np.int64)
 
 

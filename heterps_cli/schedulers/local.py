@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.schedulers.scoring import (
@@ -442,7 +443,7 @@ def polish(
         if search.stop() and best.schedule is not None:
             break
         search.descend(begin)
-    cost = problem.objective == "cost"
+    cost = problem.objective is Objective.COST
     # The repair also runs when the best plan uses all of some type: on chain64x4-tight the policy's
     # feasible samples (17-26% off) led the descents to plans 5.6-9.8% off, the repair to 3.0-6.4%.
     if cost and (best.schedule is None or search.binding()) and not search.stop():

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, TrainingOptions, quiet
@@ -277,7 +278,7 @@ class _Training:
         if self.on_step is not None:
             self.learned.offer(problem, schedules, scores)
         reward = rewards(problem, scores, self.reference)
-        if logp.dim() == 2 and cfg.credit_to_go and problem.objective == "cost":
+        if logp.dim() == 2 and cfg.credit_to_go and problem.objective is Objective.COST:
             advantage = rank_advantage(rewards_to_go(problem, schedules, scores, self.reference, reward))
             loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
         else:

@@ -9,6 +9,7 @@ import numpy as np
 from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
+from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.pipeline import solver_for
@@ -26,7 +27,7 @@ def more_units(problem: Problem, nodes: bool = False) -> str:
     give_up = f"Lower the required throughput (--min-throughput) or {more_of}"
     more = problem.replace(limits=problem.limits * MORE_UNITS, min_throughput=0.0, max_cost=None, nodes=None)
     try:
-        best, _ = solver_for(more.replace(objective="time"), None).max_throughput()
+        best, _ = solver_for(more.replace(objective=Objective.TIME), None).max_throughput()
     except TooLarge:
         best = None
     if best is None:
@@ -40,7 +41,7 @@ def more_units(problem: Problem, nodes: bool = False) -> str:
             f"With {MORE_UNITS} times {every} the fastest plan reaches only {count(best.throughput, 1)} "
             f"samples/s: {why}. Lower the required throughput (--min-throughput)"
         )
-    cheapest = solver_for(more.replace(objective="cost"), None).cheapest(floor)
+    cheapest = solver_for(more.replace(objective=Objective.COST), None).cheapest(floor)
     if cheapest is None or not cheapest.within:
         return give_up
     used = np.zeros(problem.n_types, dtype=np.int64)

@@ -62,7 +62,11 @@ def solve(
     gap = None
     if walk.stopped_at is not None:
         floor = run_cost(problem.work, walk.x_max, float(walk.menu.rate[walk.stopped_at]))
-        gap = max(0.0, best.cost_usd / floor - 1) if problem.objective == "cost" else 1 - best.throughput / walk.x_max
+        gap = (
+            max(0.0, best.cost_usd / floor - 1)
+            if problem.objective is Objective.COST
+            else 1 - best.throughput / walk.x_max
+        )
         notes += (
             f"exact stopped at the --time-limit before asking every rental: within {100 * gap:.2f}% of the optimum",
         )
@@ -109,7 +113,7 @@ class _Walk:
         if self.x_max < throughput_floor(p):
             every_node = p.on_rental(p.nodes.available)[-1]  # every node, over the network
             raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
-        by_time = p.objective == "time" and not self.every
+        by_time = p.objective is Objective.TIME and not self.every
         # x_max within SLACK: the fastest plan's own figure can sit an ulp above what a grid's test of
         # "reaches X" grants at exactly X (a pipeline's relaxation rounds the other way).
         top = self.x_max * (1 - SLACK)
@@ -287,7 +291,7 @@ def widest_rentals(nodes: Nodes) -> list[np.ndarray]:
 
 
 def _better(objective: Objective, a: Plan, b: Plan) -> bool:
-    if objective == "cost":
+    if objective is Objective.COST:
         return a.cost_usd < b.cost_usd * (1 - SLACK) or (a.cost_usd <= b.cost_usd and a.throughput > b.throughput)
     return a.throughput > b.throughput * (1 + SLACK) or (a.throughput >= b.throughput and a.cost_usd < b.cost_usd)
 

@@ -335,7 +335,7 @@ def rewards(problem: Problem, scores: Provisioned, reference: Reference, soft: b
     feasible plans are ever kept.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        if problem.objective == "time":
+        if problem.objective is Objective.TIME:
             ratio = reference.throughput / scores.throughput + TIE_BREAK * scores.cost / reference.cost
         else:
             ratio = scores.cost / reference.cost
@@ -429,7 +429,7 @@ def heuristic_schedules(problem: Problem) -> np.ndarray:
     for t in range(problem.n_types):
         rows.append(np.where(problem.usable[:, t], t, rows[0]))
     if np.isfinite(problem.memory).any():  # section 1b: the same, cut where a stage outgrows memory
-        weight = np.ones_like(price) if problem.objective == "time" else price
+        weight = np.ones_like(price) if problem.objective is Objective.TIME else price
         rows += [_cut_for_memory(problem, row, weight) for row in rows]
     return np.array(rows, dtype=np.int64)
 
