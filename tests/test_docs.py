@@ -173,3 +173,21 @@ def test_the_spec_page_is_the_contract_the_code_cites():
         assert "SPEC" not in text, f"{path} cites the founding SPEC.md: cite docs/spec.md"
         cited |= set(re.findall(r"spec(?:\.md)? sections? (\d+b?)", text))
     assert cited and cited <= sections, cited - sections
+
+
+def test_the_readme_command_table_and_the_commands_page_name_every_command_and_plan_option():
+    """Hand-written lists cannot drift either: the README's table names every command, and the
+    commands page's paragraph on `heterps plan` names every one of its options."""
+    from heterps_cli.cli.reference import commands
+
+    table = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("\n\n", 2)[1]
+    listed = {" ".join(re.findall(r"^\| `(heterps(?: [a-z]+)+)", row)[0].split()[:2]) for row in table.splitlines()[2:]}
+    top = {" ".join(path.split()[:2]) for path, _ in commands()}
+    assert top <= listed, f"the README's command table leaves out {sorted(top - listed)}"
+    paragraph = (
+        (DOCS / "commands.md").read_text().split("`heterps plan PROFILE CLUSTER` options:", 1)[1].split("\n\n")[0]
+    )
+    plan = dict(commands())["heterps plan"]
+    options = {o for p in plan.params if p.param_type_name == "option" for o in p.opts if o.startswith("--")}
+    missing = {o for o in options if f"`{o}" not in paragraph} - {"--help"}
+    assert not missing, f"docs/commands.md's plan paragraph leaves out {sorted(missing)}"
