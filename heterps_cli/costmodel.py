@@ -41,13 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
-
-
-def run_cost(work, throughput, rate):
-    """USD of ``work`` samples at ``throughput`` samples/s on units that cost ``rate`` USD an hour."""
-    return work / throughput / 3600.0 * rate
 
 
 def stage_throughput(sc, pc, sd, pd, batch_size, k):
@@ -489,7 +485,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         rate = (price * k).sum(axis=1)
         if problem.objective is Objective.COST:
             # No plan at least as fast as the target can cost less than this bound.
-            bound = problem.work / 3600.0 * cost_lower_bound(price, k, thr_s).sum(axis=1)
+            bound = sample_hours(problem.work) * cost_lower_bound(price, k, thr_s).sum(axis=1)
             active &= bound < best_cost[rows] * (1 - SLACK)
         thr = thr_s.min(axis=1)
         cost = run_cost(problem.work, thr, rate)
@@ -501,7 +497,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
             # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
             # this rate), so targets below W * rate / best_cost cannot win: skip them.
             with np.errstate(divide="ignore", invalid="ignore"):
-                skip = problem.work / 3600.0 * rate / best_cost[rows] * (1 - SLACK)
+                skip = sample_hours(problem.work) * rate / best_cost[rows] * (1 - SLACK)
             target = np.where(np.isfinite(skip), np.maximum(target, skip), target)
         if not active.all():
             rows, live, price, target = rows[active], live.take(active), price[active], target[active]

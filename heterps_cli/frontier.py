@@ -47,6 +47,7 @@ import numpy as np
 from heterps_cli.costmodel import SLACK, throughput_floor
 from heterps_cli.errors import InfeasibleError
 from heterps_cli.figures import count
+from heterps_cli.formulas import sample_hours
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -162,7 +163,7 @@ def _walk(
     """From ``first`` up to the fastest plan: a plan of every step of ``rate`` that no probe shows
     dominated, and the probes; and the throughput the walk had reached if ``deadline`` stopped it."""
     p = walker.p
-    hours = p.work / 3600.0  # cost = hours * rate / throughput
+    hours = sample_hours(p.work)  # cost = hours * rate / throughput
     lo, bound = first.throughput, walker.speed_bound()
     unreachable = math.inf  # the least throughput a probe found no plan reaching (none reaches more)
     found = [first]

@@ -18,6 +18,7 @@ import numpy as np
 from heterps_cli.errors import InputError, TooLarge
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
+from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.yamlio import Document
@@ -469,12 +470,12 @@ def _check_finite_figures(
     worst_time = work / slowest
     with np.errstate(over="ignore"):
         rate = _most_per_hour(problem)
-        worst_cost = worst_time / 3600 * rate
+        worst_cost = run_cost(work, slowest, rate)
     if math.isfinite(work) and math.isfinite(worst_time) and math.isfinite(worst_cost):
         return
     # The cost overflows as a product: blame the factor further from any real figure, the prices
     # (an hour of everything the cluster offers) or the job's hours, and name the other in words.
-    hours = worst_time / 3600
+    hours = sample_hours(worst_time)  # the job's hours at the slowest plan
     if math.isfinite(worst_time) and (not math.isfinite(rate) or math.log10(max(rate, 1)) > math.log10(max(hours, 1))):
         path = _dearest(problem)
         raise cdoc.error(

@@ -32,9 +32,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, run_cost, throughput_floor
+from heterps_cli.costmodel import SLACK, throughput_floor
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.figures import count, usd
+from heterps_cli.formulas import run_cost
 from heterps_cli.nodes import Menu, Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan

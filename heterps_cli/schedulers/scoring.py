@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import Scores, better, meets_targets, provision, run_cost, split_stages, stage_ids
+from heterps_cli.costmodel import Scores, better, meets_targets, provision, split_stages, stage_ids
 from heterps_cli.errors import SearchFailed
+from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -371,7 +372,7 @@ def rewards_to_go(
     togo = np.cumsum(rate[:, ::-1], axis=1)[:, ::-1]  # from stage s on
     owner = np.concatenate([np.zeros((B, 1), dtype=np.int64), sid[:, :-1]], axis=1)  # layer i - 1's stage
     with np.errstate(divide="ignore", invalid="ignore"):
-        cost = problem.work / 3600.0 / scores.throughput[:, None] * np.take_along_axis(togo, owner, axis=1)
+        cost = sample_hours(problem.work) / scores.throughput[:, None] * np.take_along_axis(togo, owner, axis=1)
         quality = _capped(cost / reference.cost)
     return np.where(scores.feasible[:, None], quality, whole[:, None])
 

@@ -33,11 +33,11 @@ from heterps_cli.costmodel import (
     cost_lower_bound,
     meets_targets,
     min_replicas,
-    run_cost,
     stage_throughput,
     throughput_floor,
 )
 from heterps_cli.figures import count
+from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
 from heterps_cli.schedulers.chain_dp import (
@@ -150,7 +150,7 @@ class StepSolver:
         """No plan reaching ``target`` or any higher throughput costs less than this."""
         self.replicas(target)
         value, _ = _chain_dp(self._bound, self.chain)
-        return self.p.work / 3600.0 * value
+        return sample_hours(self.p.work) * value
 
     def cheapest(self, target: float) -> Candidate | None:
         """The plan of least price rate reaching ``target`` within the limits (None: no plan does).
