@@ -145,10 +145,11 @@ def write_set(
     touched. Returns the paths written, in ``files``' order.
 
     All or nothing: every file is written to a staging folder inside ``directory`` first; then each
-    old file is moved aside and the new one renamed into its place; a failure or an interrupt at
-    any step puts every old file back. A rename replaces a directory entry, so a planted symlink
-    ``DIR/node-0.sh`` is replaced by the new file, and nothing outside the folder is written
-    through it. A name that is a directory in the folder is refused before anything is written."""
+    old file is kept aside (a hard link) and the new one renamed over it, so each name always holds
+    one whole file; a failure or an interrupt at any step puts every old file back. A rename
+    replaces a directory entry, so a planted symlink ``DIR/node-0.sh`` is replaced by the new file,
+    and nothing outside the folder is written through it. A name that is a directory in the folder
+    is refused before anything is written."""
     folder = Path(directory)
     shown = str(folder)
     _check_names(shown, field, folder)
@@ -172,32 +173,50 @@ def write_set(
     except OSError as exc:
         raise _cannot(shown, field, exc, "cannot create the directory") from None
     aside = staging / "previous"
-    moved: list[str] = []  # old entries moved aside, to put back on failure
+    kept: list[str] = []  # old entries kept aside (a hard link, or moved), to put back on failure
+    gone: list[str] = []  # of those, the ones no longer in the folder (moved away, or replaced)
     placed: list[str] = []  # new files renamed into the folder
     try:
         try:
             aside.mkdir()
             fresh = {name: _write_new(staging, ".new.", _bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
             old = [p.name for p in folder.iterdir() if stale.fullmatch(p.name) and p.name not in files]
-            for name in [*files, *old]:
+            for name in files:  # a second name for the old entry: readers still see it until it is replaced
                 if os.path.lexists(folder / name):
-                    os.rename(folder / name, aside / name)  # the entry itself: a symlink stays one, unfollowed
-                    moved.append(name)
+                    _keep(folder / name, aside / name, gone)
+                    kept.append(name)
             for name, tmp in fresh.items():
-                os.rename(tmp, folder / name)
+                os.rename(tmp, folder / name)  # replaces the entry itself: a symlink stays unfollowed
                 placed.append(name)
+                if name in kept and name not in gone:
+                    gone.append(name)
+            for name in old:
+                os.rename(folder / name, aside / name)
+                kept.append(name)
+                gone.append(name)
             _sync(folder)
         except OSError as exc:
             raise _cannot(shown, field, exc, "cannot write the files (the folder is as it was)") from None
     except BaseException:
         for name in placed:
-            (folder / name).unlink(missing_ok=True)
-        for name in moved:
+            if name not in kept:
+                (folder / name).unlink(missing_ok=True)
+        for name in gone:
             os.rename(aside / name, folder / name)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [folder / name for name in files]
+
+
+def _keep(entry: Path, aside: Path, gone: list[str]) -> None:
+    """``entry`` (a file or a symlink, never followed) also at ``aside``: a hard link where the file
+    system allows one, so the folder keeps the old file until the new one replaces it; else moved."""
+    try:
+        os.link(entry, aside, follow_symlinks=False)
+    except OSError:
+        os.rename(entry, aside)
+        gone.append(entry.name)
 
 
 def _sync(folder: Path) -> None:
