@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from heterps_cli.cli.app import app
 from tests.helpers import ROOT, runner
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
+PLAN = str(ROOT / "docs/plans/ctr.yaml")
 PLACED = ROOT / "docs/plans/ctr-aws-p3.yaml"  # two nodes
 
 
@@ -199,3 +201,80 @@ def test_profiled_layer_names_fit_the_name_rule(tmp_path):
     names = [layer["name"] for layer in yaml.safe_load(out.read_text())["layers"]]
     assert max(len(n) for n in names) <= 256 and names[0].startswith("…") and names[0].endswith(deep)
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
+
+
+# -- files damaged or lost -----------------------------------------------------------------------------
+
+
+def test_frontier_out_never_writes_through_a_planted_link(runner, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not yours\n")
+    folder = tmp_path / "fr"
+    folder.mkdir()
+    (folder / "plan-001.yaml").symlink_to("../outside.txt")
+    result = runner.invoke(app, ["frontier", CTR, PAPER, "--out", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert outside.read_text() == "not yours\n"
+    assert not (folder / "plan-001.yaml").is_symlink() and "stages" in (folder / "plan-001.yaml").read_text()
+
+
+@pytest.mark.parametrize("step", ["_write_new", "rename"])
+def test_a_frontier_out_that_fails_partway_leaves_the_folder_as_it_was(runner, tmp_path, monkeypatch, step):
+    """A disk that fills while the new plans are written, or while they are renamed into place: the
+    folder holds the previous run's plans, byte for byte, and nothing else."""
+    from heterps_cli import outfiles
+
+    folder = tmp_path / "fr"
+    assert runner.invoke(app, ["frontier", CTR, PAPER, "--out", str(folder)]).exit_code == 0
+    before = {p.name: p.read_text() for p in folder.iterdir()}
+    calls = {"n": 0}
+    target = outfiles if step == "_write_new" else outfiles.os
+    original = getattr(target, step)
+
+    def fails_on_the_fifth(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError(28, "No space left on device")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, step, fails_on_the_fifth)
+    result = runner.invoke(app, ["frontier", CTR, PAPER, "--min-throughput", "2e6", "--out", str(folder)])
+    assert result.exit_code == 2 and "cannot write the files (the folder is as it was)" in result.stderr, result.output
+    assert {p.name: p.read_text() for p in folder.iterdir()} == before
+
+
+def test_plan_out_is_never_its_own_input(runner, tmp_path):
+    profile = tmp_path / "p.yaml"
+    shutil.copy(CTR, profile)
+    text = profile.read_text()
+    result = runner.invoke(app, ["plan", str(profile), PAPER, "-s", "greedy", "--out", str(profile)])
+    assert result.exit_code == 2 and "an input of this command" in result.stderr
+    assert profile.read_text() == text
+
+
+@pytest.mark.parametrize("args", [["--json"], [], ["--out", "-"]])
+def test_a_plan_that_cannot_reach_standard_output_is_an_error(args):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "-s", "exact", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "error: cannot write standard output (No space left on device): what heterps printed there is incomplete"
+    )
+
+
+def test_closed_standard_output_is_refused_before_any_work():
+    done = subprocess.run(
+        [sys.executable, "-m", "heterps_cli", "plan", CTR, PAPER, "-s", "exact", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 2 and "standard output is closed" in done.stderr, done.stderr

@@ -9,6 +9,7 @@ a test per class:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from heterps_cli.cli.app import app
 from tests.helpers import ROOT
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
+PLAN = str(ROOT / "docs/plans/ctr.yaml")
 PLACED = ROOT / "docs/plans/ctr-aws-p3.yaml"  # two nodes
 
 HEAD = [sys.executable, "-m", "heterps_cli"]
@@ -171,3 +173,58 @@ def test_no_library_warning_and_no_progress_bar_reach_a_log(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "matplotlib" not in done.stderr.lower() and "mkdir" not in done.stderr
     assert "\x1b[?25l" not in done.stderr and "\r" not in done.stderr  # no bar drawn into the file
+
+
+# -- escape sequences from input files -----------------------------------------------------------------
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    for folder in ("profiles", "clusters"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    shutil.copy(PLAN, tmp_path / "plan.yaml")
+    return tmp_path / "profiles/ctr.yaml", tmp_path / "clusters/paper.yaml", tmp_path / "plan.yaml"
+
+
+@pytest.mark.parametrize(
+    "old, new, field",
+    [
+        ("name: fc2", 'name: "A\\e[31mRED\\e]0;TITLE\\a"', "layers[4].name"),  # printed raw by plan
+        ("model: ctr", 'model: "ctr\\u202e"', "model"),  # a bidirectional override reorders what is read
+        ("type: fc", 'type: "fc\\x9b2J"', "layers[2].type"),  # C1 CSI
+    ],
+)
+def test_control_characters_in_a_name_are_refused(runner, tmp_path, old, new, field):
+    profile, cluster, _ = _files(tmp_path)
+    profile.write_text(profile.read_text().replace(old, new, 1))
+    result = runner.invoke(app, ["plan", str(profile), str(cluster), "-s", "greedy"])
+    assert result.exit_code == 2, result.output
+    assert "\x1b" not in result.output and "\u202e" not in result.output and "\x9b" not in result.output
+    assert field in result.stderr and "control characters" in result.stderr and f"{profile}:" in result.stderr
+
+
+def test_an_unknown_key_with_escapes_is_quoted_escaped(runner, tmp_path):
+    profile, cluster, _ = _files(tmp_path)
+    text = profile.read_text()
+    profile.write_text(text.replace("batch_size:", '"\\e[2J\\e[Hcleared": 1\nbatch_size:', 1))
+    result = runner.invoke(app, ["validate", str(profile)])
+    assert result.exit_code == 2 and "\x1b" not in result.output
+    assert "\\x1b[2J" in result.stderr and "unknown field" in result.stderr
+
+
+def test_a_committed_plan_cannot_hide_its_own_failure(runner, tmp_path):
+    profile, cluster, plan = _files(tmp_path)
+    plan.write_text(plan.read_text().replace(" fc2,", ' "fc2\\e[1A\\e[2K\\e[8m",', 1))
+    result = runner.invoke(app, ["check", str(plan), "--profile", str(profile), "--cluster", str(cluster)])
+    assert result.exit_code == 2 and "\x1b" not in result.output and "control characters" in result.stderr
+
+
+def test_markdown_reports_show_names_as_text(runner, tmp_path):
+    profile, cluster, plan = _files(tmp_path)
+    # A renamed layer makes check quote both names in its message; one opens an HTML comment.
+    profile.write_text(profile.read_text().replace("name: fc2", "name: fc2<!--", 1))
+    result = runner.invoke(
+        app, ["check", str(plan), "--profile", str(profile), "--cluster", str(cluster), "--format", "markdown"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "<!--" not in result.stdout and "fc2&lt;!--" in result.stdout
+    assert result.stdout.count("\n| ") >= 2  # the table's rows all there
