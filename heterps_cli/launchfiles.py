@@ -65,7 +65,7 @@ def launch_for(
             where = ["--nnodes", str(len(counts)), "--node-rank", str(i)]
             where += ["--master-addr", address(master_addr), "--master-port", str(master_port)]
         argv: list[Word] = ["torchrun", *where, "--nproc-per-node", str(n), *run]
-        kind = node.split("#")[0] if placed else None
+        kind = node.rpartition("#")[0] if placed else None
         nodes.append(NodeLaunch(i, node, kind, n, command(argv)))
     return Launch(tuple(nodes), _slurm(plan, plan_path, run, counts, master_port))
 

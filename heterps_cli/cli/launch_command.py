@@ -11,6 +11,7 @@ from rich.text import Text
 from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt
 from heterps_cli.cli.session import exit_codes, out
 from heterps_cli.shell import quote
+from heterps_cli.untrusted import printable
 
 
 def launch_command(
@@ -57,5 +58,5 @@ def launch_command(
         for node in launch.nodes:
             kind = f" ({node.kind})" if node.kind else ""
             out.print(Text(f"node {node.index}: {node.node}{kind}, {node.processes} processes", style="bold"))
-            out.print(Text(f"  {node.command}"))
-        out.print(Text(f"wrote {', '.join(quote(str(p)) for p in written)}"))
+            out.print(Text(f"  {printable(node.command)}"))  # a path's newline, quoted, is still one line here
+        out.print(Text(printable(f"wrote {', '.join(quote(str(p)) for p in written)}")))
