@@ -155,6 +155,25 @@ def write_set(
     _check_names(shown, field, folder)
     if folder.exists() and not folder.is_dir():
         raise InputError(shown, None, field, "exists and is not a directory: give a directory for the files")
+    _refuse_directories(folder, files, field)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".heterps-", dir=folder))
+    except OSError as exc:
+        raise _cannot(shown, field, exc, "cannot create the directory") from None
+    try:
+        fresh = {name: _write_new(staging, ".new.", _bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
+        old = [p.name for p in folder.iterdir() if stale.fullmatch(p.name) and p.name not in files]
+        _swap(folder, staging / "previous", fresh, old)
+    except OSError as exc:
+        raise _cannot(shown, field, exc, "cannot write the files (the folder is as it was)") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [folder / name for name in files]
+
+
+def _refuse_directories(folder: Path, files: Mapping[str, OutFile], field: str) -> None:
+    """A name of the set that is a directory in ``folder``: refused before anything is written."""
     for name in files:
         assert "/" not in name and name not in (".", "..")
         try:
@@ -167,36 +186,30 @@ def write_set(
             raise InputError(
                 str(folder / name), None, field, "exists and is a directory: refusing to replace it (nothing written)"
             )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".heterps-", dir=folder))
-    except OSError as exc:
-        raise _cannot(shown, field, exc, "cannot create the directory") from None
-    aside = staging / "previous"
+
+
+def _swap(folder: Path, aside: Path, fresh: dict[str, Path], old: list[str]) -> None:
+    """The ``fresh`` files (name -> staged path) renamed into ``folder`` over their old entries, and
+    the ``old`` names moved away; on any failure or interrupt, every old entry put back."""
     kept: list[str] = []  # old entries kept aside (a hard link, or moved), to put back on failure
     gone: list[str] = []  # of those, the ones no longer in the folder (moved away, or replaced)
     placed: list[str] = []  # new files renamed into the folder
     try:
-        try:
-            aside.mkdir()
-            fresh = {name: _write_new(staging, ".new.", _bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
-            old = [p.name for p in folder.iterdir() if stale.fullmatch(p.name) and p.name not in files]
-            for name in files:  # a second name for the old entry: readers still see it until it is replaced
-                if os.path.lexists(folder / name):
-                    _keep(folder / name, aside / name, gone)
-                    kept.append(name)
-            for name, tmp in fresh.items():
-                os.rename(tmp, folder / name)  # replaces the entry itself: a symlink stays unfollowed
-                placed.append(name)
-                if name in kept and name not in gone:
-                    gone.append(name)
-            for name in old:
-                os.rename(folder / name, aside / name)
+        aside.mkdir()
+        for name in fresh:  # a second name for the old entry: readers still see it until it is replaced
+            if os.path.lexists(folder / name):
+                _keep(folder / name, aside / name, gone)
                 kept.append(name)
+        for name, tmp in fresh.items():
+            os.rename(tmp, folder / name)  # replaces the entry itself: a symlink stays unfollowed
+            placed.append(name)
+            if name in kept and name not in gone:
                 gone.append(name)
-            _sync(folder)
-        except OSError as exc:
-            raise _cannot(shown, field, exc, "cannot write the files (the folder is as it was)") from None
+        for name in old:
+            os.rename(folder / name, aside / name)
+            kept.append(name)
+            gone.append(name)
+        _sync(folder)
     except BaseException:
         for name in placed:
             if name not in kept:
@@ -204,9 +217,6 @@ def write_set(
         for name in gone:
             os.rename(aside / name, folder / name)
         raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [folder / name for name in files]
 
 
 def _keep(entry: Path, aside: Path, gone: list[str]) -> None:
