@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -278,3 +279,37 @@ def test_closed_standard_output_is_refused_before_any_work():
         preexec_fn=lambda: os.close(1),
     )
     assert done.returncode == 2 and "standard output is closed" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-links", "no-hard-links"])
+def test_a_set_fails_at_any_rename_and_the_folder_is_as_it_was(tmp_path, monkeypatch, links):
+    """Every rename of the swap failing in turn, where the file system takes hard links and where it
+    does not (the old files are then moved aside): either the whole new set, or the old one."""
+    from heterps_cli import outfiles
+    from heterps_cli.errors import InputError
+    from heterps_cli.outfiles import OutFile, write_set
+
+    pattern = re.compile(r"a-\d")
+    for fail_at in range(1, 8):
+        folder = tmp_path / str(fail_at)
+        write_set(folder, {f"a-{i}": OutFile(f"old{i}") for i in (1, 2, 3)}, pattern, "--out")
+        before = {p.name: p.read_text() for p in folder.iterdir()}
+        calls, rename = {"n": 0}, os.rename
+
+        def fails(*args, fail_at=fail_at, rename=rename, calls=calls, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise OSError(5, "Input/output error")
+            return rename(*args, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(outfiles.os, "rename", fails)
+            if not links:
+                patch.setattr(outfiles.os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(1, "EPERM")))
+            try:
+                write_set(folder, {"a-1": OutFile("new1"), "a-2": OutFile("new2")}, pattern, "--out")
+                wrote = True
+            except InputError:
+                wrote = False
+        after = {p.name: p.read_text() for p in folder.iterdir()}
+        assert after == ({"a-1": "new1", "a-2": "new2"} if wrote else before), fail_at
