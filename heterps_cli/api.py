@@ -58,8 +58,8 @@ __all__ = [
 class Job:
     """The job settings a caller gives; None takes the profile's ``job`` section (docs/spec.md section 2)."""
 
-    objective: Objective = Objective.COST  # cost: cheapest plan meeting min_throughput; time: fastest within limits
-    # and max_cost
+    # cost: the cheapest plan meeting min_throughput; time: the fastest within the limits and max_cost
+    objective: Objective = Objective.COST
     samples: float | None = None  # per epoch
     epochs: float | None = None
     min_throughput: float | None = None  # samples/s

@@ -174,13 +174,9 @@ class Nodes:
         """``[T]``: the units of each type a rental holds."""
         return self.counts(rental) @ self.units
 
-    def capacity_others(self) -> dict[str, int]:
-        """The units of each type no layer runs on that the cluster's nodes hold in all."""
-        return {t: int(self.available @ per_kind) for t, per_kind in (self.others or {}).items()}
-
-    def held_others(self, rental: dict[str, int]) -> dict[str, int]:
-        """The units of each type no layer runs on that a rental holds (all idle)."""
-        counts = self.counts(rental)
+    def others_held(self, counts: np.ndarray) -> dict[str, int]:
+        """The units of each type no layer runs on that ``counts[K]`` nodes hold (a rental's, all idle;
+        or :attr:`available`, all the cluster has)."""
         return {t: int(counts @ per_kind) for t, per_kind in (self.others or {}).items()}
 
     def rental(self, used: np.ndarray) -> dict[str, int]:

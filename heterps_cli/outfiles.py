@@ -198,7 +198,8 @@ def _swap(folder: Path, aside: Path, fresh: dict[str, Path], old: list[str]) -> 
         aside.mkdir()
         for name in fresh:  # a second name for the old entry: readers still see it until it is replaced
             if os.path.lexists(folder / name):
-                _keep(folder / name, aside / name, gone)
+                if _moved_aside(folder / name, aside / name):
+                    gone.append(name)
                 kept.append(name)
         for name, tmp in fresh.items():
             os.rename(tmp, folder / name)  # replaces the entry itself: a symlink stays unfollowed
@@ -219,14 +220,16 @@ def _swap(folder: Path, aside: Path, fresh: dict[str, Path], old: list[str]) -> 
         raise
 
 
-def _keep(entry: Path, aside: Path, gone: list[str]) -> None:
+def _moved_aside(entry: Path, aside: Path) -> bool:
     """``entry`` (a file or a symlink, never followed) also at ``aside``: a hard link where the file
-    system allows one, so the folder keeps the old file until the new one replaces it; else moved."""
+    system allows one, so the folder keeps the old file until the new one replaces it (False); else
+    moved there (True)."""
     try:
         os.link(entry, aside, follow_symlinks=False)
     except OSError:
         os.rename(entry, aside)
-        gone.append(entry.name)
+        return True
+    return False
 
 
 def _sync(folder: Path) -> None:

@@ -195,11 +195,11 @@ def make_plan(
         held = problem.nodes.held(rental)
         assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
         idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
-        idle |= problem.nodes.held_others(rental)  # docs/spec.md section 1e: every unit the rental holds
+        idle |= problem.nodes.others_held(problem.nodes.counts(rental))  # section 1e: every unit the rental holds
         placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
         out = tuple(replace(stage, nodes=where) for stage, where in zip(out, placed))
     # Section 1e: the nodes' units of types no layer runs on, never used and all there to rent.
-    others = {} if problem.nodes is None else problem.nodes.capacity_others()
+    others = {} if problem.nodes is None else problem.nodes.others_held(problem.nodes.available)
     plan = Plan(
         model=problem.model,
         cluster=problem.cluster,

@@ -18,7 +18,7 @@ import numpy as np
 from heterps_cli.errors import InputError, TooLarge
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
-from heterps_cli.formulas import run_cost, sample_hours
+from heterps_cli.formulas import SECONDS_PER_HOUR, run_cost
 from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.yamlio import Document
@@ -475,7 +475,7 @@ def _check_finite_figures(
         return
     # The cost overflows as a product: blame the factor further from any real figure, the prices
     # (an hour of everything the cluster offers) or the job's hours, and name the other in words.
-    hours = sample_hours(worst_time)  # the job's hours at the slowest plan
+    hours = worst_time / SECONDS_PER_HOUR  # the job's hours at the slowest plan
     if math.isfinite(worst_time) and (not math.isfinite(rate) or math.log10(max(rate, 1)) > math.log10(max(hours, 1))):
         path = _dearest(problem)
         raise cdoc.error(

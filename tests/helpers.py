@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,14 @@ from heterps_cli.problem import Problem, build_problem
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 runner = CliRunner()  # the one CLI runner: conftest's `runner` fixture, and the helpers that invoke the CLI
+HEAD = [sys.executable, "-m", "heterps_cli"]  # the CLI as a fresh process
+
+
+def heterps(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``heterps ARGS`` in a fresh process (``env`` added to this one's), its output captured."""
+    return subprocess.run(
+        [*HEAD, *args], capture_output=True, text=True, timeout=timeout, check=False, env={**os.environ, **(env or {})}
+    )
 
 
 def instance_dicts(

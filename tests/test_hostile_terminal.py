@@ -8,11 +8,9 @@ a test per class:
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -21,19 +19,11 @@ import pytest
 import yaml
 
 from heterps_cli.cli.app import app
-from tests.helpers import ROOT
+from tests.helpers import HEAD, ROOT, heterps
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 PLAN = str(ROOT / "docs/plans/ctr.yaml")
 PLACED = ROOT / "docs/plans/ctr-aws-p3.yaml"  # two nodes
-
-HEAD = [sys.executable, "-m", "heterps_cli"]
-
-
-def _heterps(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*HEAD, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120, **kw
-    )
 
 
 # 4. Exit codes ---------------------------------------------------------------------------------------
@@ -51,20 +41,20 @@ def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
 
 @pytest.mark.parametrize("columns", ["0", "10"])
 def test_any_width_prints_the_figures_and_the_errors(columns):
-    done = _heterps("plan", CTR, PAPER, "-s", "exact", env={"COLUMNS": columns})
+    done = heterps("plan", CTR, PAPER, "-s", "exact", env={"COLUMNS": columns})
     assert done.returncode == 0
     for figure in ("$0.80", "1,326,103", "34", "0.00304"):
         assert figure in done.stdout
-    refused = _heterps("validate", "no-such-file.yaml", env={"COLUMNS": columns})
+    refused = heterps("validate", "no-such-file.yaml", env={"COLUMNS": columns})
     assert refused.returncode == 2 and "no-such-file.yaml: file not found" in refused.stderr
 
 
 def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_an_internal_error(tmp_path):
     out = tmp_path / "plan.yaml"
-    done = _heterps("plan", CTR, PAPER, "-s", "exact", "--out", str(out), env={"PYTHONIOENCODING": "ascii"})
+    done = heterps("plan", CTR, PAPER, "-s", "exact", "--out", str(out), env={"PYTHONIOENCODING": "ascii"})
     assert done.returncode == 0, done.stderr
     assert "\\xb7" in done.stdout and yaml.safe_load(out.read_text())["feasible"] is True
-    piped = _heterps("plan", CTR, PAPER, "-s", "exact", "--out", "-", env={"PYTHONIOENCODING": "ascii"})
+    piped = heterps("plan", CTR, PAPER, "-s", "exact", "--out", "-", env={"PYTHONIOENCODING": "ascii"})
     assert piped.returncode == 0 and yaml.safe_load(piped.stdout)["cost_usd"] > 0
 
 
@@ -169,7 +159,7 @@ def test_no_library_warning_and_no_progress_bar_reach_a_log(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")
     env = {"MPLCONFIGDIR": str(blocked), "FORCE_COLOR": "1"}
-    done = _heterps("compare", CTR, PAPER, "--schedulers", "greedy,exact", "--plot", str(tmp_path / "c.png"), env=env)
+    done = heterps("compare", CTR, PAPER, "--schedulers", "greedy,exact", "--plot", str(tmp_path / "c.png"), env=env)
     assert done.returncode == 0, done.stderr
     assert "matplotlib" not in done.stderr.lower() and "mkdir" not in done.stderr
     assert "\x1b[?25l" not in done.stderr and "\r" not in done.stderr  # no bar drawn into the file

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from heterps_cli.cli.app import app
 from heterps_cli.runtime import single_process_losses
 from heterps_cli.runtime.layout import layout
+from tests.helpers import heterps
 
 MLP_LAYERS = [str(i) for i in range(7)]  # nn.Sequential: fc, relu, fc, relu, fc, relu, fc
 
@@ -69,12 +70,6 @@ def write_plan(path: Path, stages: list[tuple[str, int, list[str]]], batch_size:
     }
     path.write_text(json.dumps(plan))
     return path
-
-
-def heterps(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "heterps_cli", *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def session_processes(session: int) -> list[int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from heterps_cli.ci.diff import incomparable
+from heterps_cli.ci import diff
 from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
@@ -198,8 +198,7 @@ def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
 # How a plan was found, not what it is: a plan found by another search or seed still holds.
 HOW_FOUND = frozenset({"scheduler", "seed", "evaluations", "solve_s", "notes", "optimal", "gap"})
 # The job: job_changes compares these with the files and flags, so they are not stale figures.
-JOB_FIELDS = frozenset({"model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput"})
-JOB_FIELDS |= {"max_cost", "global_batch"}
+JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "global_batch"})
 # Compared below in their own words, or judged by their own gates (feasible: limits, budget, throughput).
 OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
 
@@ -485,7 +484,7 @@ def _baseline(g: Gate, fresh: Plan, stale: list[str]) -> Finding | None:
     where = f"see where the cost rose: heterps diff {shlex.quote(g.baseline_path)} {shlex.quote(g.plan_path)}"
     if stale:  # the diff reads the written figures, so they must be the recomputed ones first
         where = f"refresh {g.plan_path} ({g.replan_command}), then {where}"
-    unlike = incomparable(g.baseline, g.plan)
+    unlike = diff.incomparable(g.baseline, g.plan)
     caveat = f" (warning: {'; '.join(unlike)})" if unlike else ""
     return Finding(
         "baseline",

@@ -90,8 +90,8 @@ def exit_codes():
         raise typer.Exit(EXIT_INTERNAL) from None
 
 
-# Write failures only standard output can still raise here: files are read and written through
-# yamlio, which turns every OSError into an InputError naming the file.
+# Write failures only standard output can still raise here: files are read through yamlio and
+# written through outfiles, which turn every OSError into an InputError naming the file.
 STDOUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
