@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from heterps_cli.objective import Objective
+from heterps_cli.formats import Job
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
 from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve, with_what_if
 
@@ -54,23 +54,11 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Job:
-    """The job settings a caller gives; None takes the profile's ``job`` section (docs/spec.md section 2)."""
+def _problem(job: Job, profile_path: str, cluster_path: str) -> Problem:
+    """The problem the job makes of the two files (:func:`heterps_cli.problem.load_problem`)."""
+    from heterps_cli.problem import load_problem
 
-    # cost: the cheapest plan meeting min_throughput; time: the fastest within the limits and max_cost
-    objective: Objective = Objective.COST
-    samples: float | None = None  # per epoch
-    epochs: float | None = None
-    min_throughput: float | None = None  # samples/s
-    max_cost: float | None = None  # USD
-    global_batch: int | None = None  # samples per optimiser step (docs/spec.md section 1d)
-
-    def problem(self, profile_path: str, cluster_path: str) -> Problem:
-        """The problem these settings make of the two files (:func:`heterps_cli.problem.load_problem`)."""
-        from heterps_cli.problem import load_problem
-
-        return load_problem(profile_path, cluster_path, **dataclasses.asdict(self))
+    return load_problem(profile_path, cluster_path, **dataclasses.asdict(job))
 
 
 def plan(
@@ -87,7 +75,7 @@ def plan(
     """``heterps plan``: the plan ``scheduler`` finds for the job on these files; with ``explain``, also
     what one node more or fewer of each kind would give (a cluster with nodes, docs/spec.md section
     1e), or one unit more or fewer of each type's limit."""
-    problem = job.problem(profile_path, cluster_path)
+    problem = _problem(job, profile_path, cluster_path)
     found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
     return with_what_if(problem, found) if explain and (problem.nodes is None or found.rental) else found
 
@@ -105,7 +93,7 @@ def frontier(
     (seconds) stops the walk where it is, with the frontier exact up to there."""
     from heterps_cli.frontier import pareto_frontier
 
-    return pareto_frontier(job.problem(profile_path, cluster_path), progress=progress, time_limit=time_limit)
+    return pareto_frontier(_problem(job, profile_path, cluster_path), progress=progress, time_limit=time_limit)
 
 
 @dataclass(frozen=True)
@@ -145,7 +133,7 @@ def compare(
     from heterps_cli.errors import InfeasibleError
     from heterps_cli.frontier import pareto_frontier
 
-    problem = job.problem(profile_path, cluster_path)
+    problem = _problem(job, profile_path, cluster_path)
     entries = compare_schedulers(problem, schedulers, seed=seed, budget=budget, progress=progress, on_done=on_done)
     curve = None
     if with_frontier:
@@ -180,7 +168,7 @@ def check(
     increase = Increase.parse(max_increase)
     # The job is what the profile and the caller say, as for `plan`; the plan's own settings are
     # checked against it (the "job" gate), never used in its place.
-    problem = job.problem(profile_path, cluster_path)
+    problem = _problem(job, profile_path, cluster_path)
     return gate(
         Gate(
             problem,

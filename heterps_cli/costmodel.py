@@ -41,16 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.formulas import run_cost, sample_hours
+from heterps_cli.formulas import activations_held, amdahl, pipeline_step, run_cost, sample_hours, stage_throughput
 from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
-
-
-def stage_throughput(sc, pc, sd, pd, batch_size, k):
-    """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))`` (section 1d:
-    samples per step over the stage's step time, with ``sd = pd = 0``)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return batch_size / np.maximum(sc + pc / k, sd + pd / k)
 
 
 def _need(serial, parallel, tau):
@@ -83,7 +76,7 @@ def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0):
 def memory_fits(fixed, split, memory, k):
     """Does one replica of ``k`` hold ``fixed + split / k`` bytes within ``memory`` (section 1b)?"""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return fixed + split / k <= memory * (1 + SLACK)
+        return amdahl(fixed, split, k) <= memory * (1 + SLACK)
 
 
 def min_memory_replicas(fixed, split, memory):
@@ -186,7 +179,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
             for part in (problem.odt, problem.update_times)
         )
         micro = (sc, pc + transfer, sync, update)  # odt: the all-reduce between two replicas (beta unused)
-        sc, pc = pipeline_terms(problem.micro_batches, count, *micro)
+        sc, pc = pipeline_step(problem.micro_batches, count, *micro)
         sd = pd = zeros
     else:
         pd = pd + transfer
@@ -203,7 +196,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
         with np.errstate(over="ignore", invalid="ignore"):
             activations = summed(problem.held_once) + entry
             if problem.pipelined:  # the activations of in_flight micro-batches
-                activations = in_flight * activations
+                activations = activations_held(in_flight, activations)
             mem_fixed = summed(problem.state_parts[0])
             mem_split = summed(problem.state_parts[1]) + activations
         if problem.reserved is not None:
@@ -227,18 +220,6 @@ def split_stages(problem: Problem, schedules) -> Stages:
         *micro,
         in_flight,
     )
-
-
-def pipeline_terms(micro_batches, stages, micro_serial, micro_parallel, sync, update):
-    """Section 1d: a stage's step time ``(M + S - 1) c(k) + 2 Y (1 - 1/k) + U`` as ``serial + parallel / k``.
-
-    ``c(k) = micro_serial + micro_parallel / k`` is a replica's time per micro-batch (compute and the
-    boundary transfer it waits for); ``S`` stages fill and drain the pipeline around ``M`` micro-batches;
-    ``Y`` is the stage's gradient all-reduce between two replicas, ``2 (k - 1) / k`` of it at ``k`` (a
-    ring); ``U`` its optimiser step."""
-    slots = micro_batches + stages - 1.0
-    with np.errstate(over="ignore", invalid="ignore"):
-        return slots * micro_serial + 2.0 * sync + update, slots * micro_parallel - 2.0 * sync
 
 
 @dataclass
@@ -293,7 +274,7 @@ def score(problem: Problem, stages: Stages, replicas, rate: np.ndarray | None = 
     miss = np.zeros(len(k))
     if np.isfinite(problem.memory).any():
         with np.errstate(divide="ignore", invalid="ignore"):
-            need = stages.mem_fixed + stages.mem_split / np.maximum(k, 1.0)
+            need = amdahl(stages.mem_fixed, stages.mem_split, np.maximum(k, 1.0))
             over = np.where(stages.valid, np.maximum(need / problem.memory[stages.type] - 1.0, 0.0), 0.0)
         miss = np.nan_to_num(over, nan=0.0, posinf=1e300).sum(axis=1)
     return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible, miss)

@@ -8,6 +8,7 @@ import numpy as np
 
 from heterps_cli.costmodel import split_stages, stage_throughputs
 from heterps_cli.figures import count, usd
+from heterps_cli.formulas import pipeline_slots, ring_allreduce, step_parts
 from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
 
@@ -22,13 +23,7 @@ def terms(stage, micro_batches: int, stages: int) -> dict[str, float]:
             "gradient synchronisation": stage.comm_s - stage.transfer_s,
             "stage-boundary transfer": stage.transfer_s,
         }
-    return {
-        "compute": micro_batches * stage.compute_s,
-        "stage-boundary transfer": micro_batches * stage.transfer_s,
-        "pipeline fill and drain": (stages - 1) * (stage.compute_s + stage.transfer_s),
-        "gradient synchronisation": stage.comm_s,
-        "optimiser step": stage.update_s or 0.0,
-    }
+    return step_parts(micro_batches, stages, stage.compute_s, stage.transfer_s, stage.comm_s, stage.update_s or 0.0)
 
 
 def binding(stage, micro_batches: int, stages: int) -> tuple[str, float, float]:
@@ -101,9 +96,9 @@ def _one_more(problem: Problem, plan, b: int) -> tuple[float, str]:
     faster = float(stage_throughputs(problem, stages, k)[0, b])
     shrink = 1 / now - 1 / (now + 1)
     if problem.pipelined:
-        slots = plan.micro_batches + len(plan.stages) - 1
+        slots = pipeline_slots(plan.micro_batches, len(plan.stages))
         saved = slots * float(stages.micro_parallel[0, b]) * shrink
-        added = 2 * float(stages.sync[0, b]) * shrink
+        added = float(ring_allreduce(stages.sync[0, b], now + 1) - ring_allreduce(stages.sync[0, b], now))
         return faster, (
             f"its gradient all-reduce would grow by {_s(added)} a step, more than the {_s(saved)} of compute "
             "and transfer it would save"

@@ -11,10 +11,20 @@ import difflib
 import re
 import sys
 import unicodedata
+from dataclasses import dataclass
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import number
@@ -134,17 +144,38 @@ class Layer(_Strict):
         return alpha, beta
 
 
-class Job(_Strict):
-    samples: Positive | None = None
+GlobalBatch = Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)]  # section 1d
+
+
+@dataclass(frozen=True)
+class Job:
+    """The one job: what a plan must reach and how long it trains (docs/spec.md section 2); None takes
+    the profile's ``job`` section. A caller (the command line, :mod:`heterps_cli.api`) gives every field;
+    a profile's ``job`` section may give those of :data:`PROFILE_JOB` (:class:`ProfileJob`, derived
+    from this class with its constraints)."""
+
+    # cost: the cheapest plan meeting min_throughput; time: the fastest within the limits and max_cost
+    objective: Objective = Objective.COST
+    samples: Positive | None = None  # per epoch
     epochs: Positive | None = None
-    min_throughput: NonNegative | None = None
-    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
+    min_throughput: NonNegative | None = None  # samples/s
+    max_cost: Positive | None = None  # USD
+    global_batch: GlobalBatch | None = None  # samples per optimiser step (section 1d)
+
+
+PROFILE_JOB = ("samples", "epochs", "min_throughput", "global_batch")
+
+if TYPE_CHECKING:  # the type checker sees Job's fields; the file reads only PROFILE_JOB's
+    ProfileJob = Job
+else:
+    _JOB_TYPES = get_type_hints(Job, include_extras=True)
+    ProfileJob = create_model("Job", __base__=_Strict, **{name: (_JOB_TYPES[name], None) for name in PROFILE_JOB})
 
 
 class Profile(_Strict):
     model: Name
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
-    job: Job = Job()
+    job: ProfileJob = ProfileJob()
     # section 1b: training-state bytes per weight byte
     state_factor: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] = 4.0
     layers: Annotated[list[Layer], Field(min_length=1)]
@@ -232,7 +263,7 @@ class PlanFile(_Strict):
     rate_usd_per_hour: NonNegative | None = None
     idle_units: dict[Name, Units] | None = None
     link_gbps: dict[Name, GigaPerUnit] | None = None  # section 1e: the node links the plan's types talk over
-    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH * MAX_MICRO_BATCHES)] | None = None  # section 1d
+    global_batch: GlobalBatch | None = None  # section 1d
     micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     throughput: NonNegative
     bottleneck: Index

@@ -1,10 +1,67 @@
 """The model's formulas that every other module uses and none writes out again (docs/spec.md
-section 1): money, in one home. Each works on numbers and numpy arrays alike, and keeps its order
+section 1): a stage's time, its pipeline step, its gradient all-reduce, a replica's memory and the
+run's money, each in one home. Each works on numbers and numpy arrays alike, and keeps its order
 of operations, so that every figure is the same to the last bit wherever it is computed."""
 
 from __future__ import annotations
 
+import numpy as np
+
 SECONDS_PER_HOUR = 3600.0
+
+
+def amdahl(serial, parallel, k):
+    """Section 1: ``serial + parallel / k``, the time of a part of a stage on ``k`` replicas (CT and DT,
+    a pipeline step, a replica's memory in bytes)."""
+    return serial + parallel / k
+
+
+def stage_throughput(sc, pc, sd, pd, batch_size, k):
+    """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))`` (section 1d:
+    samples per step over the stage's step time, with ``sd = pd = 0``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return batch_size / np.maximum(amdahl(sc, pc, k), amdahl(sd, pd, k))
+
+
+def pipeline_slots(micro_batches, stages):
+    """Section 1d: ``M + S - 1``, the micro-batch slots of a step, ``S`` stages filling and draining
+    the pipeline around ``M`` micro-batches."""
+    return micro_batches + stages - 1.0
+
+
+def ring_allreduce(sync, k):
+    """Section 1d: ``2 Y (k - 1) / k``, a ring all-reduce among ``k`` replicas of what takes ``Y``
+    between two."""
+    return 2.0 * sync * (1.0 - 1.0 / k)
+
+
+def pipeline_step(micro_batches, stages, micro_serial, micro_parallel, sync, update):
+    """Section 1d: a stage's step time ``(M + S - 1) c(k) + 2 Y (1 - 1/k) + U`` as ``serial + parallel / k``
+    (:func:`amdahl`).
+
+    ``c(k) = micro_serial + micro_parallel / k`` is a replica's time per micro-batch (compute and the
+    boundary transfer it waits for); ``Y`` is the stage's gradient all-reduce between two replicas
+    (:func:`ring_allreduce`); ``U`` its optimiser step."""
+    slots = pipeline_slots(micro_batches, stages)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return slots * micro_serial + 2.0 * sync + update, slots * micro_parallel - 2.0 * sync
+
+
+def step_parts(micro_batches, stages, compute, transfer, allreduce, update) -> dict[str, float]:
+    """Section 1d: the terms of a stage's step, in seconds, that :func:`pipeline_step` adds up, from
+    a replica's compute and transfer per micro-batch, its all-reduce and its update per step."""
+    return {
+        "compute": micro_batches * compute,
+        "stage-boundary transfer": micro_batches * transfer,
+        "pipeline fill and drain": (stages - 1) * (compute + transfer),
+        "gradient synchronisation": allreduce,
+        "optimiser step": update,
+    }
+
+
+def activations_held(in_flight, activations):
+    """Section 1d: the activation bytes a replica holds, ``in_flight`` micro-batches' worth."""
+    return in_flight * activations
 
 
 def run_cost(work, throughput, rate):

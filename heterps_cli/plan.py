@@ -14,6 +14,7 @@ import numpy as np
 
 from heterps_cli.costmodel import score, split_stages
 from heterps_cli.explain import explanation
+from heterps_cli.formulas import activations_held, amdahl, ring_allreduce
 from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
@@ -279,19 +280,18 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
-        memory = float(
-            state_fixed[a : b + 1].sum() + reserved[t] + (state_split[a : b + 1].sum() + in_flight * activations) / kk
-        )
-        compute = float(stages.micro_serial[0, s] + stages.micro_parallel[0, s] / kk) - transfer
-        comm = float(2.0 * stages.sync[0, s] * (1.0 - 1.0 / kk))
-        step = stages.sc[0, s] + stages.pc[0, s] / kk
+        held = activations_held(in_flight, activations)
+        memory = float(amdahl(state_fixed[a : b + 1].sum() + reserved[t], state_split[a : b + 1].sum() + held, kk))
+        compute = float(amdahl(stages.micro_serial[0, s], stages.micro_parallel[0, s], kk)) - transfer
+        comm = float(ring_allreduce(stages.sync[0, s], kk))
+        step = amdahl(stages.sc[0, s], stages.pc[0, s], kk)
         pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(step), "in_flight": in_flight}
     else:
-        memory = float(state_fixed[a : b + 1].sum() + (state_split[a : b + 1].sum() + activations) / kk)
+        memory = float(amdahl(state_fixed[a : b + 1].sum(), state_split[a : b + 1].sum() + activations, kk))
         if problem.reserved is not None:
             memory += float(reserved[t])
-        compute = float(stages.sc[0, s] + stages.pc[0, s] / kk)
-        comm = float(stages.sd[0, s] + stages.pd[0, s] / kk)
+        compute = float(amdahl(stages.sc[0, s], stages.pc[0, s], kk))
+        comm = float(amdahl(stages.sd[0, s], stages.pd[0, s], kk))
     return Stage(
         first=a,
         last=b,

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from heterps_cli.costmodel import min_replicas, provision, score, split_stages, stage_throughput
+from heterps_cli.costmodel import min_replicas, provision, score, split_stages
+from heterps_cli.formulas import stage_throughput
 from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
 from tests.helpers import instance_dicts, problem_from_dicts, random_instance

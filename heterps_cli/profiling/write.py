@@ -260,7 +260,7 @@ def merge_profiles(paths: list[str]) -> str:
         rows,
         header,
         state_factor=first.state_factor if "state_factor" in given else None,
-        job=first.job.model_dump(exclude_none=True) if "job" in given else None,
+        job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
     )
 
 

@@ -33,9 +33,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, min_memory_replicas, pipeline_terms, score, split_stages, throughput_floor
+from heterps_cli.costmodel import SLACK, min_memory_replicas, score, split_stages, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
+from heterps_cli.formulas import pipeline_slots, pipeline_step
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
 from heterps_cli.schedulers.chain_dp import (
@@ -59,7 +60,7 @@ def _step_terms(problem: Problem, stages: int) -> tuple[np.ndarray, np.ndarray]:
     serial, parallel, _, _ = problem.parts
     micro_parallel = spans(parallel) + boundary_transfer(problem)
     sync, update = spans(problem.odt), spans(problem.update_times)
-    return pipeline_terms(problem.micro_batches, stages, spans(serial), micro_parallel, sync, update)
+    return pipeline_step(problem.micro_batches, stages, spans(serial), micro_parallel, sync, update)
 
 
 def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
@@ -151,7 +152,8 @@ class PipelineSolver(StepSolver):
         """No plan of ``S`` stages or more, nor any plan of grid ``S``, is faster than this: each stage
         takes ``M + S - 1`` slots of at least its slowest layer on all of its type's units."""
         with np.errstate(divide="ignore", over="ignore"):
-            return float(np.float64(self.p.step_samples) / ((self.p.micro_batches + S - 1) * self.slowest_layer))
+            slowest = pipeline_slots(self.p.micro_batches, S) * self.slowest_layer
+            return float(np.float64(self.p.step_samples) / slowest)
 
     def at_least(self, S: int) -> StepSolver:
         """The solver on :func:`at_least_grid`: its "no plan reaches X" and its cost bounds hold for

@@ -33,11 +33,10 @@ from heterps_cli.costmodel import (
     cost_lower_bound,
     meets_targets,
     min_replicas,
-    stage_throughput,
     throughput_floor,
 )
 from heterps_cli.figures import count
-from heterps_cli.formulas import run_cost, sample_hours
+from heterps_cli.formulas import run_cost, sample_hours, stage_throughput
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
 from heterps_cli.schedulers.chain_dp import (
