@@ -26,7 +26,7 @@ from benchmarks.verdicts import worst_times  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.frontier import pareto_frontier  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
-from heterps_cli.schedulers import step_solver  # noqa: E402
+from heterps_cli.schedulers.exact import kernel  # noqa: E402
 
 CASES = [  # layers, types, tight limits, docs/spec.md section 1b hardware
     (64, 2, False, None),
@@ -47,13 +47,13 @@ CASES = [  # layers, types, tight limits, docs/spec.md section 1b hardware
 def run(cases=CASES) -> list[dict]:
     rows = []
     limited = [0]
-    plain_limited = step_solver._chain_dp_limited
+    plain_limited = kernel.chain_dp_limited
 
     def counting(*args, **kwargs):
         limited[0] += 1
         return plain_limited(*args, **kwargs)
 
-    step_solver._chain_dp_limited = counting
+    kernel.chain_dp_limited = counting
     try:
         for n, T, tight, hardware in cases:
             profile, cluster = chain(n, T, seed=0, tight=tight, hardware=hardware)
@@ -84,7 +84,7 @@ def run(cases=CASES) -> list[dict]:
                 flush=True,
             )
     finally:
-        step_solver._chain_dp_limited = plain_limited
+        kernel.chain_dp_limited = plain_limited
     return rows
 
 

@@ -28,9 +28,8 @@ if TYPE_CHECKING:
     from heterps_cli.ci.diff import Change
     from heterps_cli.ci.gate import Finding
     from heterps_cli.compare import Entry
-    from heterps_cli.formats import Cluster, PlanFile, Profile
+    from heterps_cli.formats import Cluster, Plan, Profile
     from heterps_cli.frontier import Frontier
-    from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
     from heterps_cli.profiling.measure import Profiled
 
@@ -211,7 +210,7 @@ class Validated:
     and ``cluster`` the cluster a profile was checked against (None without one)."""
 
     kind: str
-    found: Profile | Cluster | PlanFile
+    found: Profile | Cluster | Plan
     cluster: Cluster | None = None
 
 

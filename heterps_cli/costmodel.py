@@ -32,7 +32,7 @@ all-reduce outgrows the compute replicas divide (then one replica is fastest,
 and :func:`_need` says so). Its step time ``k T(k) = k serial + parallel`` still
 never falls as ``k`` grows, which is all :func:`cost_lower_bound` needs. ``S`` and a
 stage's place in the pipeline are known for a whole schedule; the exact solver,
-which builds schedules stage by stage, carries them (:mod:`.schedulers.pipeline`).
+which builds schedules stage by stage, carries them (:mod:`.schedulers.exact.pipeline`).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def _held_by(problem: Problem, plan, b: int) -> str:
     if used >= limit:
         held = "the cluster's nodes hold" if problem.nodes is not None else "the limit allows"
         return f"it has no more {stage.resource} to take: the plan uses all {count(limit)} units {held}"
-    if plan.idle is not None and not plan.idle.get(stage.resource):
+    if plan.idle_units is not None and not plan.idle_units.get(stage.resource):
         # one more replica needs another node, which may also move its all-reduce off a node's links
         return (
             f"its rental has no {stage.resource} left: another replica needs another node "

@@ -8,6 +8,7 @@ than a refusal. Every error names the file, the line and the field path.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import sys
 import unicodedata
@@ -20,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     TypeAdapter,
     ValidationError,
@@ -207,7 +209,11 @@ class Cluster(_Strict):
     nodes: Annotated[dict[Name, NodeKind], Field(min_length=1)] | None = None  # section 1e
 
 
-class PlanStage(_Strict):
+class Stage(_Strict):
+    """One pipeline stage of a :class:`Plan`: its layers, type, replicas and figures (docs/spec.md
+    section 4). Section 1d's ``update_s``, ``step_s`` and ``in_flight`` only in a pipelined plan: its
+    ``compute_s`` and ``transfer_s`` are then per micro-batch, and ``comm_s`` the all-reduce per step."""
+
     first: Index
     last: Index
     layers: Annotated[list[Name], Field(min_length=1)]
@@ -238,10 +244,11 @@ class WhatIf(_Strict):
     meets: bool
 
 
-class PlanFile(_Strict):
-    """A plan as ``heterps plan --out`` writes it (docs/spec.md section 4, plus heterps' own extra fields):
-    the one schema of a plan file, read by :meth:`model_validate` and written by :meth:`written`, in
-    this order."""
+class Plan(_Strict):
+    """The one plan: what every scheduler returns (:func:`heterps_cli.plan.make_plan` builds it, its
+    figures recomputed by the cost model) and what a plan file holds (docs/spec.md section 4, plus
+    heterps' own extra fields), read by :meth:`model_validate` and written by :meth:`written`, in this
+    order. A plan file made before a field existed may lack it (None)."""
 
     model: Name
     cluster: Name
@@ -253,7 +260,7 @@ class PlanFile(_Strict):
     epochs: Positive
     min_throughput: NonNegative
     max_cost: Positive | None = None
-    stages: Annotated[list[PlanStage], Field(min_length=1)]
+    stages: Annotated[list[Stage], Field(min_length=1)]
     resources: dict[Name, Units]
     limits: dict[Name, Units] | None = None
     memory_gb: dict[Name, GigaPerUnit | None] | None = None  # section 1b: the cluster's, per type
@@ -277,6 +284,33 @@ class PlanFile(_Strict):
     what_if: list[WhatIf] | None = None  # section 1e, plan --explain
     gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
     solve_s: NonNegative
+    # Not written to plan files: they are for the run that made the plan.
+    _units: dict[str, str] = PrivateAttr(default_factory=dict)  # the cluster's unit label per type
+    _interrupted: bool = PrivateAttr(default=False)  # Ctrl-C cut the search short (the notes say so too)
+
+    @property
+    def units(self) -> dict[str, str]:
+        return self._units
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted
+
+    def of_run(self, units: dict[str, str], interrupted: bool) -> Plan:
+        """This plan as the run that made it knows it: with the cluster's unit labels and whether
+        Ctrl-C cut the search short."""
+        plan = self.model_copy()
+        plan._units, plan._interrupted = dict(units), interrupted
+        return plan
+
+    def but(self, **changes: Any) -> Plan:
+        """A copy with ``changes`` (unvalidated: a plan's figures come from the cost model)."""
+        return self.model_copy(update=changes)
+
+    @property
+    def schedule(self) -> list[str]:
+        """The type of each layer, in order."""
+        return [s.resource for s in self.stages for _ in range(s.first, s.last + 1)]
 
     def written(self) -> dict:
         """The file's mapping, in the order above; a field that only some plans have (section 1b and 1d
@@ -293,6 +327,13 @@ class PlanFile(_Strict):
                 if stage[key] is None:
                     del stage[key]
         return out
+
+    def to_dict(self) -> dict:
+        """The plan file's mapping (:meth:`written`), its solve time to the microsecond."""
+        return self.but(solve_s=round(self.solve_s, 6)).written()
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)  # NaN/Infinity are not JSON
 
 
 PLAN_ONLY_WHERE_GIVEN = (
@@ -511,7 +552,7 @@ def _raise_all(problems: list[InputError]) -> None:
         raise InputError.joined(problems)
 
 
-def load_any(path: str) -> tuple[str, Profile | Cluster | PlanFile, Document]:
+def load_any(path: str) -> tuple[str, Profile | Cluster | Plan, Document]:
     """A profile, a cluster or a plan, whichever the file is (read once): its kind, model and document.
     A file that says none of them is read as a profile, whose errors then say what is missing."""
     doc = load_yaml(path)
@@ -688,14 +729,14 @@ def load_instances(path: str) -> InstanceCatalogue:
     return catalogue
 
 
-def load_plan(path: str) -> tuple[PlanFile, Document]:
+def load_plan(path: str) -> tuple[Plan, Document]:
     doc = load_yaml(path)
     return _plan_of(doc), doc
 
 
-def _plan_of(doc: Document) -> PlanFile:
+def _plan_of(doc: Document) -> Plan:
     """A plan file, with the rules between its fields that the schema cannot state."""
-    plan: PlanFile = _validate(PlanFile, doc, "plan")
+    plan: Plan = _validate(Plan, doc, "plan")
     problems = []
     if plan.gap is not None and plan.optimal:
         problems.append(

@@ -52,10 +52,10 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress
-from heterps_cli.schedulers.chain_dp import Candidate
 from heterps_cli.schedulers.exact import infeasible_error
-from heterps_cli.schedulers.pipeline import solver_for
-from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
+from heterps_cli.schedulers.exact.kernel import Candidate
+from heterps_cli.schedulers.exact.pipeline import solver_for
+from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 PROBE_STEP = 0.02  # probes every 2% of throughput (chosen by measurement: benchmarks/bench_frontier.py)
 PROBE_AHEAD = 1.0  # ... up to twice the walk's throughput ahead of it
@@ -142,8 +142,8 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
 
 
 def _rented_frontier(problem: Problem, progress: Progress | None, time_limit: float | None, start: float) -> Frontier:
-    """Section 1e: the frontier over rentals of whole nodes (:func:`.schedulers.rented.frontier_candidates`)."""
-    from heterps_cli.schedulers.rented import frontier_candidates
+    """Section 1e: the frontier over rentals of whole nodes (:func:`.schedulers.exact.rented.frontier_candidates`)."""
+    from heterps_cli.schedulers.exact.rented import frontier_candidates
 
     found, cut_at = frontier_candidates(problem, progress, Clock(start, time_limit))
     frontier = _pareto(found)
@@ -251,7 +251,7 @@ def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: flo
         f"{count(c.throughput, 1)} samples/s"
     )
     # The plan's own figure, which may differ from the solver's sum in the last bit.
-    return replace(plan, min_throughput=plan.throughput, notes=(*plan.notes, note))
+    return plan.but(min_throughput=plan.throughput, notes=[*plan.notes, note])
 
 
 def knee(throughput: list[float], cost: list[float]) -> int | None:

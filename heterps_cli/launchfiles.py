@@ -48,7 +48,7 @@ def launch_for(
     master_addr: str = "$MASTER_ADDR",
     master_port: int = 29500,
 ) -> Launch:
-    """The commands that run ``plan`` (a :class:`~heterps_cli.formats.PlanFile` read from ``plan_path``)
+    """The commands that run ``plan`` (a :class:`~heterps_cli.formats.Plan` read from ``plan_path``)
     node by node; ``run_args`` are ``heterps run``'s own options (``--model``, ``--map``, ...). The
     plan is named by its absolute path: every node starts in its own directory, and a name like
     ``-x.yaml`` is never read as an option."""

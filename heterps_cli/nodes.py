@@ -7,7 +7,7 @@ links, the rental also decides which types talk over a node's links (:meth:`Node
 Finding the cheapest rental that holds ``u`` is a small integer programme; :attr:`Nodes.menu`
 solves all of them at once by listing every rental that no other beats on price, units of
 every type and first nodes. The cheapest rental that covers ``u`` is always on that menu, and
-so is one as good as the exact solver's optimum rents (:mod:`heterps_cli.schedulers.rented`).
+so is one as good as the exact solver's optimum rents (:mod:`heterps_cli.schedulers.exact.rented`).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Nodes:
     def unit_prices(self) -> np.ndarray:
         """``[T]``: per type, the cheapest price per unit of a node rented for that type alone
         (node price / its units of the type). What a search that prices units one by one uses
-        (:mod:`heterps_cli.schedulers.rented`); a plan's cost is always its rental's."""
+        (:mod:`heterps_cli.schedulers.exact.rented`); a plan's cost is always its rental's."""
         with np.errstate(divide="ignore"):
             per = np.where(self.units > 0, self.price[:, None] / np.maximum(self.units, 1), np.inf)
         return per.min(axis=0)

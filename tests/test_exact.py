@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heterps_cli.errors import InfeasibleError, InputError
-from heterps_cli.schedulers import chain_dp, exact, step_solver
+from heterps_cli.schedulers import exact
+from heterps_cli.schedulers.exact import kernel, step
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import brute_force, spec_figures
 from tests.strategies import SETTINGS, hardware_instances, instances
@@ -154,7 +155,7 @@ def test_relaxed_limits_give_a_feasible_plan_and_a_true_bound(inst, objective):
     problem = problem_from_dicts(profile, cluster, objective=objective)
     expected = brute_force(*arrays, B0, problem.work, min_throughput=min_throughput, objective=objective)
     with pytest.MonkeyPatch.context() as patch:
-        for module in (chain_dp, step_solver):  # the DP's own check, and where the solver decides to relax
+        for module in (kernel, step):  # the DP's own check, and where the solver decides to relax
             patch.setattr(module, "MAX_STATE_CELLS", (problem.n_layers + 1) * problem.n_types * 2)
         try:
             plan = exact.solve(problem)
@@ -182,7 +183,7 @@ def test_relaxed_limits_give_a_feasible_plan_and_a_true_bound(inst, objective):
 def test_one_thousand_layers_on_four_types_relax_nothing_and_are_optimal():
     """The case that used to be refused ("would need 48,148,100 states") fits the state budget."""
     # Tracked here as a size: the run itself is in benchmarks/bench_scale.py (13 s).
-    assert 1001 * 4 * (480 + 1) * (24 + 1) <= chain_dp.MAX_STATE_CELLS
+    assert 1001 * 4 * (480 + 1) * (24 + 1) <= kernel.MAX_STATE_CELLS
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -237,7 +238,7 @@ def _cheapest_chain_by_enumeration(K, prices, limits):
 @settings(max_examples=200, **SETTINGS)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.booleans())
 def test_the_limit_aware_dp_is_the_cheapest_chain_within_the_limits(seed, n, capped):
-    """chain_dp's limit-aware DP (units of the tracked types in its state; the capped type's counted
+    """The kernel's limit-aware DP (units of the tracked types in its state; the capped type's counted
     and checked at the end) against enumeration of every chain of stages."""
     rng = np.random.default_rng(seed)
     T = 3
@@ -248,7 +249,7 @@ def test_the_limit_aware_dp_is_the_cheapest_chain_within_the_limits(seed, n, cap
     limits = rng.integers(1, 6, size=T)
     tracked, cap = ([0, 1], 2) if capped else ([0, 1, 2], None)
     want = _cheapest_chain_by_enumeration(K, prices, limits)
-    stages = chain_dp._chain_dp_limited(K, prices, limits, tracked, cap)
+    stages = kernel.chain_dp_limited(K, prices, limits, tracked, cap)
     if want is None:
         assert stages is None
         return

@@ -229,14 +229,14 @@ def _holds(inst, plan):
     """The plan pays for all of its rental, which holds its units; it says when it runs on one node's links."""
     units, price, available = inst[4]
     rented = np.array([plan.rental.get(f"n{k}", 0) for k in range(len(price))])
-    assert (rented <= available).all() and math.isclose(rented @ price, plan.rate, rel_tol=1e-12)
+    assert (rented <= available).all() and math.isclose(rented @ price, plan.rate_usd_per_hour, rel_tol=1e-12)
     used = np.array([plan.resources[t] for t in plan.resources])
     assert (rented @ units >= used).all()
-    assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate, rel_tol=1e-9)
+    assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate_usd_per_hour, rel_tol=1e-9)
     room, link = _first_nodes(rented, units, inst[5])
     used = np.array([plan.resources[f"r{t}"] for t in range(len(link))])
     over = {f"r{t}": g for t, g in enumerate(link) if g is not None and used[t] <= room[t]}
-    assert (plan.links or {}) == pytest.approx(over)
+    assert (plan.link_gbps or {}) == pytest.approx(over)
 
 
 # -- known answers ---------------------------------------------------------------------------------------
@@ -433,7 +433,7 @@ def test_on_several_nodes_a_type_that_fits_its_first_node_all_reduces_over_its_l
     plan = make_plan(problem, [0], [replicas], scheduler="exact", rental={"p3.8xlarge": 2})
     y = 4e8 / 1.5e11 if over_link else 4e8 / 3.125e9  # the all-reduce between two replicas, Y
     assert math.isclose(plan.stages[0].comm_s, 2 * y * (replicas - 1) / replicas, rel_tol=1e-12)
-    assert plan.links == ({"v100": 1200} if over_link else None)
+    assert plan.link_gbps == ({"v100": 1200} if over_link else None)
     assert plan.stages[0].nodes == ({"p3.8xlarge#1": 4} if over_link else {"p3.8xlarge#1": 4, "p3.8xlarge#2": 1})
 
 

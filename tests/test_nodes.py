@@ -175,10 +175,10 @@ def _check_rental(inst, plan):
     capacity, rate = rentals(units, price, available)
     types = list(plan.resources)
     used = np.array([[plan.resources[t] for t in types]], dtype=float)
-    assert math.isclose(plan.rate, cheapest_rental(used, capacity, rate)[0], rel_tol=1e-12)
+    assert math.isclose(plan.rate_usd_per_hour, cheapest_rental(used, capacity, rate)[0], rel_tol=1e-12)
     rented = np.array([plan.rental.get(f"n{k}", 0) for k in range(len(price))])
-    assert (rented <= available).all() and math.isclose(rented @ price, plan.rate, rel_tol=1e-12)
-    assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate, rel_tol=1e-9)
+    assert (rented <= available).all() and math.isclose(rented @ price, plan.rate_usd_per_hour, rel_tol=1e-12)
+    assert math.isclose(plan.cost_usd, plan.time_s / 3600 * plan.rate_usd_per_hour, rel_tol=1e-9)
     on_node: dict[str, np.ndarray] = {}
     for stage in plan.stages:
         assert sum(stage.nodes.values()) == stage.replicas
@@ -190,7 +190,7 @@ def _check_rental(inst, plan):
     for node, held in on_node.items():
         assert (held <= units[int(node.split("#")[0][1:])]).all(), f"{node} holds more replicas than units"
     held = rented @ units
-    assert plan.idle == {t: int(h - u) for t, h, u in zip(types, held, used[0])}
+    assert plan.idle_units == {t: int(h - u) for t, h, u in zip(types, held, used[0])}
 
 
 # -- the cluster file and the command line ----------------------------------------------------------------
@@ -288,14 +288,14 @@ def test_what_if_is_the_fastest_plan_on_one_node_more_or_fewer_by_enumeration(in
             other[k] += change
             if 0 <= other[k] <= available[k] and other.any():
                 expected.append((names[k], change, other))
-    assert [(w["kind"], w["change"]) for w in rows] == [(n, c) for n, c, _ in expected]
+    assert [(w.kind, w.change) for w in rows] == [(n, c) for n, c, _ in expected]
     for w, (_, _, other) in zip(rows, expected):
         fastest = brute_force(*arrays[:6], other @ units, B0, 1e6, objective="time")
         if fastest is None:
-            assert w["throughput"] is None
+            assert w.throughput is None
             continue
-        assert math.isclose(w["throughput"], fastest[1], rel_tol=1e-9)
-        assert math.isclose(w["cost_usd"], 1e6 / fastest[1] / 3600 * float(other @ price), rel_tol=1e-9)
+        assert math.isclose(w.throughput, fastest[1], rel_tol=1e-9)
+        assert math.isclose(w.cost_usd, 1e6 / fastest[1] / 3600 * float(other @ price), rel_tol=1e-9)
 
 
 def test_explain_names_the_binding_term_and_what_holds_it(tmp_path):

@@ -237,14 +237,14 @@ def test_a_flag_of_another_scheduler_is_refused(runner, scheduler, flags, says):
     ],
 )
 def test_a_plan_file_is_one_schema_written_and_read(profile, cluster, job):
-    """What a plan writes is what PlanFile reads, and PlanFile writes it back byte for byte: one schema."""
+    """What a plan writes is what Plan reads, and Plan writes it back byte for byte: one schema."""
     import yaml
 
     from heterps_cli import load_problem, solve
-    from heterps_cli.formats import PlanFile
+    from heterps_cli.formats import Plan
     from heterps_cli.yamlio import dump_yaml
 
     problem = load_problem(str(ROOT / f"profiles/{profile}.yaml"), str(ROOT / f"clusters/{cluster}.yaml"), **job)
     written = solve("exact", problem).to_dict()
-    read = PlanFile.model_validate(yaml.safe_load(dump_yaml(written)))
+    read = Plan.model_validate(yaml.safe_load(dump_yaml(written)))
     assert dump_yaml(read.written()) == dump_yaml(written)

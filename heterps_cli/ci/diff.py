@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.figures import setting
-from heterps_cli.formats import PlanFile
+from heterps_cli.formats import Plan
 
 # Stage pairs the alignment may score (it is quadratic in Python): 500 x 500 stages take about a
 # second; past it stages pair by a linear sweep of their layer ranges (30,000 x 30,000 took hours).
@@ -95,7 +95,7 @@ def _sweep(old: list, new: list) -> list[tuple[int | None, int | None]]:
 JOB_FIELDS = ("model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput", "max_cost")
 
 
-def incomparable(old: PlanFile, new: PlanFile) -> list[str]:
+def incomparable(old: Plan, new: Plan) -> list[str]:
     """Why two plans are not two answers to one question: each job setting that differs."""
     out = []
     for field in JOB_FIELDS:
@@ -107,7 +107,7 @@ def incomparable(old: PlanFile, new: PlanFile) -> list[str]:
     return [f"the plans are for different jobs ({', '.join(out)}): their figures do not compare like for like"]
 
 
-def diff_plans(old: PlanFile, new: PlanFile) -> list[Change]:
+def diff_plans(old: Plan, new: Plan) -> list[Change]:
     """Stages, resources, throughput, time and cost of two plans, side by side."""
     out = []
     for i, j in pair_stages(old.stages, new.stages):
@@ -129,7 +129,7 @@ def diff_plans(old: PlanFile, new: PlanFile) -> list[Change]:
     return out
 
 
-def _rental_changes(old: PlanFile, new: PlanFile) -> list[Change]:
+def _rental_changes(old: Plan, new: Plan) -> list[Change]:
     """Section 1e: the nodes of each kind rented, the rate and the idle units, where either plan rents
     nodes (a plan priced per unit has none, and shows as 0 nodes)."""
     if old.rental is None and new.rental is None:

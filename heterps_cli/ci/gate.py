@@ -19,9 +19,9 @@ from heterps_cli.ci import diff
 from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
-from heterps_cli.formats import PlanFile
+from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective
-from heterps_cli.plan import Plan, make_plan
+from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve, with_what_if
 
@@ -92,7 +92,7 @@ def percent(text: str, field: str) -> float:
     return value
 
 
-def schedule_of(problem: Problem, plan: PlanFile) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def schedule_of(problem: Problem, plan: Plan) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """The plan's type per layer and replicas per stage, and what no longer fits the files (empty if all fits)."""
     problems: list[str] = []
     n = problem.n_layers
@@ -127,7 +127,7 @@ def schedule_of(problem: Problem, plan: PlanFile) -> tuple[np.ndarray, np.ndarra
     return schedule, np.array([s.replicas for s in plan.stages], dtype=float), problems
 
 
-def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]:
+def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
     schedule, replicas, problems = schedule_of(problem, plan)
     if problems:
         return None, problems
@@ -146,7 +146,7 @@ def recompute(problem: Problem, plan: PlanFile) -> tuple[Plan | None, list[str]]
     return fresh, []
 
 
-def _still_rentable(problem: Problem, plan: PlanFile) -> dict[str, int] | None:
+def _still_rentable(problem: Problem, plan: Plan) -> dict[str, int] | None:
     """Section 1e: the plan's rental, where the cluster still offers it and it holds the plan's units
     (a plan may run on a dearer rental than the cheapest, a single node with links); else None, and
     the plan is recomputed on the rental heterps would choose (which the check then reports)."""
@@ -164,7 +164,7 @@ def _differs(a: float, b: float) -> bool:
     return not math.isclose(a, b, rel_tol=FIGURE_TOL, abs_tol=1e-12)
 
 
-def job_changes(plan: PlanFile, problem: Problem) -> list[str]:
+def job_changes(plan: Plan, problem: Problem) -> list[str]:
     """Each job setting the plan was made for that the profile, cluster and command line no longer give.
 
     The gate's truth is those files and flags, never the plan: a plan made for fewer
@@ -203,7 +203,7 @@ JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "global_batch"})
 OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
 
 
-def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
+def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     """Each field the plan file records that the files no longer give, as 'field: written -> recomputed'.
 
     Every field is compared, at any depth (a stage's figures, each type's memory_gb, the rental),
@@ -217,7 +217,7 @@ def stale_fields(written: PlanFile, fresh: Plan) -> list[str]:
     for key in sorted(mine, key=lambda k: headline.index(k) if k in headline else len(headline)):
         if key not in skip:
             out += _changes(key, mine[key], theirs.get(key))
-    if written.explanation is not None and tuple(written.explanation) != fresh.explanation:
+    if written.explanation is not None and written.explanation != fresh.explanation:
         out.append("explanation: the files now give another (heterps plan writes it)")
     if written.what_if is not None and not _same_what_if(written.what_if, fresh.what_if):
         out.append("what_if: one node more or fewer now gives other figures (heterps plan --explain writes them)")
@@ -264,12 +264,10 @@ def _same_what_if(written, fresh) -> bool:
     if fresh is None or len(written) != len(fresh):
         return False
     for w, f in zip(written, fresh):
-        if (w.kind, w.change, w.rental, w.limit, w.meets) != tuple(
-            f.get(key) for key in ("kind", "change", "rental", "limit", "meets")
-        ):
+        if (w.kind, w.change, w.rental, w.limit, w.meets) != (f.kind, f.change, f.rental, f.limit, f.meets):
             return False
         for name in ("throughput", "cost_usd"):
-            a, b = getattr(w, name), f[name]
+            a, b = getattr(w, name), getattr(f, name)
             if (a is None) != (b is None) or (a is not None and _differs(a, b)):
                 return False
     return True
@@ -279,7 +277,7 @@ def plan_command(
     profile: str,
     cluster: str,
     problem: Problem,
-    plan: PlanFile,
+    plan: Plan,
     plan_path: str,
     scheduler: str | None = None,
     seed: int = 0,
@@ -318,13 +316,13 @@ class Gate:
     """
 
     problem: Problem
-    plan: PlanFile
+    plan: Plan
     plan_path: str
     profile_path: str
     cluster_path: str
     max_cost: float | None = None
     min_throughput: float | None = None
-    baseline: PlanFile | None = None
+    baseline: Plan | None = None
     baseline_path: str = "BASELINE"
     max_increase: Increase = Increase(0.0, True)
     replan: str | None = None
@@ -406,15 +404,16 @@ def _fresh(g: Gate, stale: list[str]) -> Finding:
 
 
 def _limits(g: Gate, fresh: Plan) -> Finding:
-    over = [f"{t} {u} > limit {fresh.limits[t]}" for t, u in fresh.resources.items() if u > fresh.limits[t]]
+    limits, units_gb = fresh.limits or {}, fresh.memory_gb or {}  # a recomputed plan has both
+    over = [f"{t} {u} > limit {limits[t]}" for t, u in fresh.resources.items() if u > limits[t]]
     for i, s in enumerate(fresh.stages):  # section 1b: every replica must fit its unit's memory
-        memory = fresh.memory.get(s.resource)
-        if memory is not None and s.memory_gb > memory * (1 + SLACK):
+        memory = units_gb.get(s.resource)
+        if memory is not None and s.memory_gb is not None and s.memory_gb > memory * (1 + SLACK):
             over.append(
                 f"stage {i} needs {s.memory_gb:.3g} GB per replica on {s.resource} (memory {number(memory)} GB)"
             )
     if not over:
-        return Finding("limits", True, "within every resource limit" + (" and memory" if _has(fresh.memory) else ""))
+        return Finding("limits", True, "within every resource limit" + (" and memory" if _has(units_gb) else ""))
     return Finding(
         "limits",
         False,
@@ -456,7 +455,7 @@ def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
 def _cheapest(problem: Problem) -> str | None:
     """exact, which finds a plan within the budget whenever one exists (a heuristic may not); the
     plan's own scheduler (None) where the model is too long for exact."""
-    from heterps_cli.schedulers.chain_dp import too_large
+    from heterps_cli.schedulers.exact.kernel import too_large
 
     return None if too_large(problem) else "exact"
 

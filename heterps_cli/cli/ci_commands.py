@@ -16,7 +16,7 @@ from heterps_cli.errors import (
 from heterps_cli.objective import Objective
 
 if TYPE_CHECKING:
-    from heterps_cli.formats import Cluster, PlanFile, Profile
+    from heterps_cli.formats import Cluster, Plan, Profile
 from heterps_cli.cli.options import (
     EpochsOpt,
     Format,
@@ -208,6 +208,6 @@ def validate(
         if read.kind == "cluster":
             print_cluster(out, cast("Cluster", read.found), str(file))
         elif read.kind == "plan":
-            print_plan_file(out, cast("PlanFile", read.found), str(file))
+            print_plan_file(out, cast("Plan", read.found), str(file))
         else:
             print_summary(out, cast("Profile", read.found), str(file), read.cluster, str(cluster) if cluster else None)

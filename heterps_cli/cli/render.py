@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console, Group
@@ -10,12 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from heterps_cli.figures import count, duration, number, plural, usd
-from heterps_cli.formats import Cluster, PlanFile, Profile
+from heterps_cli.formats import Cluster, Plan, Profile
 from heterps_cli.objective import Objective
 from heterps_cli.untrusted import printable
-
-if TYPE_CHECKING:
-    from heterps_cli.plan import Plan
 
 # User strings (model, layer and type names, paths) are data, never markup: a layer named "[/]"
 # must print as itself. They reach rich only through Text() or escape().
@@ -85,7 +82,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
             _layers(s),
             Text(clip(s.resource)),
             count(s.replicas),
-            f"{s.compute_s + (s.transfer_s if piped else 0.0):.3g}",
+            f"{s.compute_s + ((s.transfer_s or 0.0) if piped else 0.0):.3g}",
             f"{s.comm_s:.3g}",
             *step,
             count(s.throughput) + (" ◀" if bottleneck else "  "),
@@ -110,7 +107,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"
     scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
-    for i, why in enumerate(plan.explanation):
+    for i, why in enumerate(plan.explanation or ()):
         summary.add_row("why" if i == 0 else "", Text(why))
     for note in plan.notes:
         summary.add_row("note", Text(note))
@@ -140,32 +137,32 @@ def what_if_view(plan: Plan) -> Table:
     for name in (first, "change", "samples/s", "faster", "cost", "dearer", "meets the job"):
         table.add_column(name, justify="left" if name in (first, "change", "meets the job") else "right")
     for w in plan.what_if or ():
-        x, cost = w["throughput"], w["cost_usd"]
+        x, cost = w.throughput, w.cost_usd
         table.add_row(
-            Text(clip(w["kind"])),
-            ("one more" if w["change"] > 0 else "one fewer")
-            + (f" (limit {count(w['limit'])})" if w.get("limit") is not None else ""),
+            Text(clip(w.kind)),
+            ("one more" if w.change > 0 else "one fewer")
+            + (f" (limit {count(w.limit)})" if w.limit is not None else ""),
             "no plan fits" if x is None else count(x),
             "" if x is None else f"{100 * (x / plan.throughput - 1):+.1f}%",
             "" if cost is None else usd(cost),
             "" if cost is None or not plan.cost_usd else f"{100 * (cost / plan.cost_usd - 1):+.1f}%",
-            "yes" if w["meets"] else "no",
+            "yes" if w.meets else "no",
         )
     return table
 
 
 def rental_line(plan: Plan) -> str:
     """Section 1e: the nodes a plan rents, what they cost an hour, and the units it leaves idle."""
-    assert plan.rental is not None and plan.rate is not None
+    assert plan.rental is not None and plan.rate_usd_per_hour is not None
     nodes = ", ".join(f"{count(n)} × {clip(kind)}" for kind, n in plan.rental.items())
-    idle = {t: n for t, n in (plan.idle or {}).items() if n}
+    idle = {t: n for t, n in (plan.idle_units or {}).items() if n}
     left = f"; idle: {', '.join(f'{count(n)} {clip(t)}' for t, n in idle.items())}" if idle else ""
     links = ""
-    if plan.links:
-        over = ", ".join(f"{clip(t)} {number(g)} Gbit/s" for t, g in plan.links.items())
+    if plan.link_gbps:
+        over = ", ".join(f"{clip(t)} {number(g)} Gbit/s" for t, g in plan.link_gbps.items())
         what = "all-reduce and stage transfers" if sum(plan.rental.values()) == 1 else "all-reduce"
         links = f"; {what} over the node's links: {over}"
-    return f"{nodes} ({usd(plan.rate)}/h, billed whole){left}{links}"
+    return f"{nodes} ({usd(plan.rate_usd_per_hour)}/h, billed whole){left}{links}"
 
 
 def schedule_line(plan: Plan) -> str:
@@ -180,9 +177,10 @@ def assumptions(plan: Plan) -> str:
     """What the plan's figures leave out because the cluster does not say: free transfer across a
     stage boundary on a type with no ``bandwidth_gbps``, unchecked memory on one with no ``memory_gb``."""
     edges = [s.resource for s in plan.stages[1:]] + [s.resource for s in plan.stages[:-1]]
-    free = [t for t in dict.fromkeys(edges) if plan.bandwidth.get(t) is None]
+    bandwidth, memory = plan.bandwidth_gbps or {}, plan.memory_gb or {}
+    free = [t for t in dict.fromkeys(edges) if bandwidth.get(t) is None]
     used = [t for t, n in plan.resources.items() if n]
-    unchecked = [t for t in used if plan.memory.get(t) is None]
+    unchecked = [t for t in used if memory.get(t) is None]
     parts = []
     if free:
         parts.append(f"activations cross stage boundaries for free on {', '.join(map(clip, free))} (no bandwidth_gbps)")
@@ -198,8 +196,9 @@ def _gb(x: float) -> str:
 def _hardware_view(plan: Plan) -> Table | None:
     """Section 1b per stage, when the cluster gives memory or bandwidth: what each replica holds
     against its unit's memory, and the stage-boundary transfer inside DT."""
-    memory = any(v is not None for v in plan.memory.values())
-    transfer = any(v is not None for v in plan.bandwidth.values())
+    units_gb = plan.memory_gb or {}
+    memory = any(v is not None for v in units_gb.values())
+    transfer = any(v is not None for v in (plan.bandwidth_gbps or {}).values())
     if not (memory or transfer):
         return None  # the paper's model: nothing to show
     numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
@@ -218,15 +217,16 @@ def _hardware_view(plan: Plan) -> Table | None:
     for i, s in enumerate(plan.stages):
         row: list[str | Text] = [str(i), Text(clip(s.resource))]
         if memory:
-            of = plan.memory.get(s.resource)
+            of, held = units_gb.get(s.resource), s.memory_gb or 0.0
             row += [
-                _gb(s.memory_gb),
+                _gb(held),
                 "no limit" if of is None else number(of),
-                "" if of is None else f"{100 * s.memory_gb / of:.0f}%",
+                "" if of is None else f"{100 * held / of:.0f}%",
             ]
         if transfer:
-            whole = s.compute_s + s.transfer_s if plan.micro_batches else s.comm_s  # section 1d: waited for
-            row += [f"{s.transfer_s:.3g}", f"{100 * s.transfer_s / whole:.0f}%" if whole > 0 else "—"]
+            moved = s.transfer_s or 0.0
+            whole = s.compute_s + moved if plan.micro_batches else s.comm_s  # section 1d: waited for
+            row += [f"{moved:.3g}", f"{100 * moved / whole:.0f}%" if whole > 0 else "—"]
         table.add_row(*row)
     return table
 
@@ -234,11 +234,11 @@ def _hardware_view(plan: Plan) -> Table | None:
 def _units(plan: Plan, t: str) -> str:
     """'cpu 35 of 480 CPU cores': the type, units used of its limit, and the cluster's unit label."""
     label = plan.units.get(t, t)
-    used = plan.resources[t]
-    shown = f"{clip(t)} {count(used)} of {count(plan.limits[t])}"
+    used, limit = plan.resources[t], (plan.limits or plan.resources)[t]  # a plan heterps makes has limits
+    shown = f"{clip(t)} {count(used)} of {count(limit)}"
     if label.lower() == t.lower():
         return shown
-    return f"{shown} {clip(label) if plan.limits[t] == 1 or label.endswith('s') else clip(label) + 's'}"
+    return f"{shown} {clip(label) if limit == 1 or label.endswith('s') else clip(label) + 's'}"
 
 
 def print_plan(console: Console, plan: Plan) -> None:
@@ -374,7 +374,7 @@ def _price_and_limit(cluster: Cluster, t: str) -> tuple[str, str]:
     return "per node", count(sum(node.units.get(t, 0) * node.available for node in cluster.nodes.values()))
 
 
-def print_plan_file(console: Console, plan: PlanFile, path: str) -> None:
+def print_plan_file(console: Console, plan: Plan, path: str) -> None:
     """``heterps validate PLAN``: what the plan file says, well-formed; its figures are check's to judge."""
     layout = " | ".join(f"{clip(s.resource)}×{s.replicas}" for s in plan.stages)
     console.print(

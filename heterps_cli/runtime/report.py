@@ -6,7 +6,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from heterps_cli.formats import PlanFile
+from heterps_cli.formats import Plan
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def build_report(plan_path: str, plan: PlanFile, model: str, ranks: list[dict], micro_batches: int) -> RunReport:
+def build_report(plan_path: str, plan: Plan, model: str, ranks: list[dict], micro_batches: int) -> RunReport:
     """Each rank's per-step times (``worker.train``) summarised against the plan's figures, per batch
     of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
     B, M = plan.batch_size, micro_batches

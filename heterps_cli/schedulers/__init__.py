@@ -75,7 +75,7 @@ def solve(
             f"the time limit was the default budget for {problem.n_layers:,} layers, {DEFAULT_BUDGET_S:g} s + "
             f"{1000 * DEFAULT_BUDGET_PER_LAYER_S:g} ms a layer = {budget:,.0f} s (--time-limit sets another)"
         )
-        plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+        plan = plan.but(notes=[*plan.notes, note])
     return plan
 
 
@@ -96,8 +96,10 @@ def with_what_if(problem: Problem, plan: Plan) -> Plan:
     on the plan's rental (:func:`.rented.what_if`); without, the optimum with each type's limit one
     higher or lower (:func:`.exact.what_if`)."""
     if problem.nodes is not None:
-        from heterps_cli.schedulers.rented import what_if
+        from heterps_cli.schedulers.exact.rented import what_if
     else:
         from heterps_cli.schedulers.exact import what_if
 
-    return dataclasses.replace(plan, what_if=tuple(what_if(problem, plan)))
+    from heterps_cli.formats import WhatIf
+
+    return plan.but(what_if=[WhatIf.model_construct(**w) for w in what_if(problem, plan)])

@@ -1,6 +1,6 @@
 """The exact optimum over all schedules and replica counts (``--scheduler exact``, docs/exact.md).
 
-:func:`solve` runs :mod:`.step_solver`'s walks (under a pipeline schedule, :mod:`.pipeline`'s) for
+:func:`solve` runs :mod:`.walks` over :mod:`.step`'s solver (under a pipeline schedule, :mod:`.pipeline`'s) for
 the objective, and says how far from proven it stopped; :func:`diagnose` and
 :func:`infeasible_error` explain a problem that has no plan, with the best figure reachable.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 
 import numpy as np
 
@@ -23,14 +22,14 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
-from heterps_cli.schedulers.chain_dp import (
+from heterps_cli.schedulers.exact.kernel import (
     MAX_STATE_CELLS,
     too_large,
 )
-from heterps_cli.schedulers.pipeline import solver_for
-from heterps_cli.schedulers.reach import more_units
-from heterps_cli.schedulers.rented import solve as solve_rented
-from heterps_cli.schedulers.step_solver import (
+from heterps_cli.schedulers.exact.pipeline import solver_for
+from heterps_cli.schedulers.exact.reach import more_units
+from heterps_cli.schedulers.exact.rented import solve as solve_rented
+from heterps_cli.schedulers.exact.step import (
     StepSolver,
     schedule_of,
 )
@@ -214,7 +213,7 @@ def solve(
         notes=notes,
     )
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
-    return plan if proved else replace(plan, gap=gap)
+    return plan if proved else plan.but(gap=gap)
 
 
 def what_if(problem: Problem, plan: Plan) -> list[dict]:

@@ -12,8 +12,8 @@ from heterps_cli.figures import count
 from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.pipeline import solver_for
-from heterps_cli.schedulers.step_solver import schedule_of
+from heterps_cli.schedulers.exact.pipeline import solver_for
+from heterps_cli.schedulers.exact.step import schedule_of
 
 MORE_UNITS = 100  # an infeasible throughput is tried again on this many times every limit
 
@@ -36,6 +36,7 @@ def more_units(problem: Problem, nodes: bool = False) -> str:
     every = "the units of every node" if nodes else "every limit"
     if best.throughput < floor:
         plan = make_plan(more, schedule_of(more, best.stages), best.replicas, scheduler="exact")
+        assert plan.explanation is not None, "a plan of finite throughput explains itself"
         why = f"{plan.explanation[0]}; {plan.explanation[1]}"
         return (
             f"With {MORE_UNITS} times {every} the fastest plan reaches only {count(best.throughput, 1)} "

@@ -1,12 +1,13 @@
 """The stage grid and the shortest-path DP over stage boundaries that the exact solver runs.
 
-``_Table`` holds the cost terms of every contiguous stage (layers ``j..i-1`` on a type);
-:func:`_chain_dp` is the recurrence of docs/exact.md section 3, and :func:`_chain_dp_limited`
+``Table`` holds the cost terms of every contiguous stage (layers ``j..i-1`` on a type);
+:func:`chain_dp` is the recurrence of docs/exact.md section 3, and :func:`chain_dp_limited`
 the same with the units of binding types in the state. :mod:`.step_solver` asks them its questions.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -25,7 +26,7 @@ MAX_STATE_CELLS = 60_000_000
 
 
 @dataclass
-class _Table:
+class Table:
     """Cost terms of every contiguous stage: index ``[i, j, t]`` = layers ``j..i-1`` on type ``t``.
 
     End first: the DP reads all the stages that end at one boundary at a time, and
@@ -123,7 +124,7 @@ def runnable_spans(problem: Problem) -> np.ndarray:
     return below & (spans((~problem.runnable).astype(float)) == 0)
 
 
-def _table(problem: Problem) -> _Table:
+def stage_table(problem: Problem) -> Table:
     n, T = problem.n_layers, problem.n_types
     if too_large(problem):
         cells = (n + 1) ** 2 * T
@@ -146,7 +147,7 @@ def _table(problem: Problem) -> _Table:
             fixed = fixed + problem.reserved_bytes[None, None, :]
         with np.errstate(invalid="ignore"):
             min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :])
-    return _Table(sc, pc, sd, pd, ok, min_k)
+    return Table(sc, pc, sd, pd, ok, min_k)
 
 
 @dataclass
@@ -160,7 +161,7 @@ class Candidate:
     rental: dict[str, int] | None = None  # section 1e: the nodes it was found on (the frontier's walk)
 
 
-def _chain_dp(C: np.ndarray, chain: Chain | None = None):
+def chain_dp(C: np.ndarray, chain: Chain | None = None):
     """Cheapest chain of stages covering all layers; ``C[i, j, t]`` prices stage ``j..i-1`` on ``t``.
 
     Returns (value, [(j, i, t), ...]) or (inf, None). The recurrence (docs/exact.md,
@@ -201,7 +202,7 @@ def _chain_dp(C: np.ndarray, chain: Chain | None = None):
     return value, stages[::-1]
 
 
-def _chain_dp_limited(
+def chain_dp_limited(
     K: np.ndarray,
     prices: np.ndarray,
     limits: np.ndarray,
@@ -250,7 +251,7 @@ def _chain_dp_limited(
 
 
 def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...], chain: Chain):
-    """The forward pass of :func:`_chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`_chain_dp`.
+    """The forward pass of :func:`chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`chain_dp`.
 
     For a fixed end ``i`` and type ``t``, the feasible starts ``j`` are cut into
     runs of consecutive starts with equal replica count (a stage needs fewer
@@ -345,3 +346,53 @@ def _backtrack(
         if i > 0:
             t = next(u for u in chain.before[t] if f[(i, u, *cell)] == g[(i, t, *cell)])
     return stages[::-1]
+
+
+def limited_dp(problem: Problem, chain: Chain, K: np.ndarray, prices: np.ndarray, state: tuple[list[int], int | None]):
+    """:func:`chain_dp_limited`, or the plain DP when every limit it would track is relaxed."""
+    if state[0] or state[1] is not None:
+        return chain_dp_limited(K, prices, problem.limits, *state, chain)
+    with np.errstate(invalid="ignore"):
+        return chain_dp(np.where(np.isfinite(K), prices[None, None, :] * K, np.inf), chain)[1]
+
+
+def state_cells(problem: Problem, table: Table, state: tuple[list[int], int | None]) -> int:
+    """The cells of :func:`chain_dp_limited`'s arrays for ``state``."""
+    n1, _, T = table.sc.shape
+    return n1 * T * math.prod(int(problem.limits[t]) + 1 for t in state[0])
+
+
+def limit_state(problem: Problem, tracked: set[int]) -> tuple[list[int], int | None]:
+    """The types whose units the limit-aware DP tracks, and the one it caps, for ``tracked`` limits.
+
+    Either exactly the ``tracked`` types, or every type but one priced type, left out of the
+    state and "capped": the DP then minimises its units and checks its limit at the end (its
+    cost is its price times its units). Capping the type with the most units usually gives
+    far fewer states: that is the choice whenever it does."""
+    p = problem
+    state = sorted(tracked)
+    priced = [t for t in range(p.n_types) if p.prices[t] > 0]
+    if not priced:
+        return state, None
+    capped = max(priced, key=lambda t: p.limits[t])
+    others = [t for t in range(p.n_types) if t != capped]
+
+    def cells(types: list[int]) -> int:
+        return math.prod(int(p.limits[t]) + 1 for t in types)
+
+    if cells(others) < cells(state) or len(tracked) == p.n_types:
+        return others, capped
+    return state, None
+
+
+def units_used(problem: Problem, chain: Chain, stages, K) -> np.ndarray:
+    """Units of each resource type the DP's ``stages`` take with replicas ``K``."""
+    used = np.zeros(problem.n_types)
+    for j, i, t in stages:
+        used[chain.base[t]] += K[i, j, t]
+    return used
+
+
+def overused(problem: Problem, chain: Chain, stages, K) -> set[int]:
+    """The resource types whose limits ``stages`` break."""
+    return set(np.flatnonzero(units_used(problem, chain, stages, K) > problem.limits).tolist())

@@ -41,10 +41,10 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
-from heterps_cli.schedulers.chain_dp import Candidate, most_stages
-from heterps_cli.schedulers.pipeline import solver_for
-from heterps_cli.schedulers.reach import more_units
-from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
+from heterps_cli.schedulers.exact.kernel import Candidate, most_stages
+from heterps_cli.schedulers.exact.pipeline import solver_for
+from heterps_cli.schedulers.exact.reach import more_units
+from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
 def solve(
@@ -77,7 +77,7 @@ def solve(
             "so it could not prove this plan optimal",
         )
     optimal = gap is None and not walk.relaxed
-    plan = replace(best, optimal=optimal, gap=gap, notes=notes, solve_s=time.perf_counter() - start)
+    plan = best.but(optimal=optimal, gap=gap, notes=list(notes), solve_s=time.perf_counter() - start)
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan
 
@@ -148,7 +148,11 @@ class _Walk:
             if self.every:
                 self.found.append(
                     replace(
-                        cand, cost=plan.cost_usd, rate=plan.rate or 0.0, throughput=plan.throughput, rental=plan.rental
+                        cand,
+                        cost=plan.cost_usd,
+                        rate=plan.rate_usd_per_hour or 0.0,
+                        throughput=plan.throughput,
+                        rental=plan.rental,
                     )
                 )
             if plan.feasible and (best is None or _better(p.objective, plan, best)):

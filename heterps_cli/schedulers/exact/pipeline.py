@@ -7,14 +7,14 @@ holds ``min(S - s, M)`` micro-batches of activations under 1F1B). So the exact
 solver is run once per stage count ``S`` (:func:`stage_grid`), on "types" that
 pair a resource type with ``r``, the stages from this one to the last: a stage
 on ``(t, r)`` may only come right before one on ``(t', r - 1)``, ``t' != t``
-(:class:`~heterps_cli.schedulers.chain_dp.Chain`), and the chain ends at ``r = 1``.
+(:class:`~heterps_cli.schedulers.exact.kernel.Chain`), and the chain ends at ``r = 1``.
 
 Every plan of the grid for ``S`` has at most ``S`` stages and is charged as if
 it had ``S``: at least what it really takes, exactly when it has ``S``. So the
 best over all ``S`` of each question the solver asks ("the cheapest plan
 reaching ``X``", "is ``X`` reachable", a cost bound) is that question's exact
 answer, and :class:`PipelineSolver` answers them so; the walks over ``X`` are
-:class:`~heterps_cli.schedulers.step_solver.StepSolver`'s own. A stage's step is at least
+:class:`~heterps_cli.schedulers.exact.step.StepSolver`'s own. A stage's step is at least
 ``M + S - 1`` micro-batches of the model's slowest layer on all of its type's units, so only
 the stage counts that can reach ``X`` are asked, and their grids are built when first asked.
 
@@ -33,25 +33,26 @@ from collections.abc import Callable
 
 import numpy as np
 
+import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.costmodel import SLACK, min_memory_replicas, score, split_stages, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
-from heterps_cli.formulas import pipeline_slots, pipeline_step
+from heterps_cli.formulas import amdahl, pipeline_slots, pipeline_step
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
-from heterps_cli.schedulers.chain_dp import (
+from heterps_cli.schedulers.exact.kernel import (
     MAX_GRID_CELLS,
     Candidate,
     Chain,
-    _chain_dp,
-    _Table,
+    Table,
     activation_spans,
     boundary_transfer,
+    chain_dp,
     most_stages,
     runnable_spans,
     spans,
 )
-from heterps_cli.schedulers.step_solver import StepSolver, schedule_of
+from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
 def _step_terms(problem: Problem, stages: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +80,7 @@ def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
         return min_memory_replicas(fixed, np.broadcast_to(split, shape), problem.memory[None, None, None, :])
 
 
-def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
+def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     """The stage table and chain for plans of at most ``stages`` stages: DP type ``(r - 1) T + t`` is a
     stage on ``t`` with ``r`` stages from it to the last."""
     n1, T = problem.n_layers + 1, problem.n_types
@@ -88,14 +89,14 @@ def stage_grid(problem: Problem, stages: int) -> tuple[_Table, Chain]:
     sc, pc = _step_terms(problem, stages)
     sc, pc, ok = (np.tile(a, (1, 1, stages)) for a in (sc, pc, runnable_spans(problem)))  # the same at every r
     zeros = np.zeros((n1, n1, T * stages))
-    table = _Table(sc, pc, zeros, zeros, ok, min_k)
+    table = Table(sc, pc, zeros, zeros, ok, min_k)
     base = np.tile(np.arange(T), stages)
     place = np.repeat(places, T)
     follows = (base[:, None] != base[None, :]) & (place[None, :] == place[:, None] - 1)
     return table, Chain(base, follows, np.ones(T * stages, dtype=bool), place == 1)
 
 
-def at_least_grid(problem: Problem, stages: int) -> _Table:
+def at_least_grid(problem: Problem, stages: int) -> Table:
     """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves: each
     stage charged ``M + stages - 1`` slots and one micro-batch in flight. A plan of ``S >= stages``
     stages needs no fewer replicas in its own grid than here (its slots and micro-batches in flight
@@ -103,7 +104,7 @@ def at_least_grid(problem: Problem, stages: int) -> _Table:
     n1, T = problem.n_layers + 1, problem.n_types
     sc, pc = _step_terms(problem, stages)
     zeros = np.zeros((n1, n1, T))
-    return _Table(sc, pc, zeros, zeros, runnable_spans(problem), _memory_replicas(problem, np.ones(1))[:, :, 0, :])
+    return Table(sc, pc, zeros, zeros, runnable_spans(problem), _memory_replicas(problem, np.ones(1))[:, :, 0, :])
 
 
 class PipelineSolver(StepSolver):
@@ -115,7 +116,7 @@ class PipelineSolver(StepSolver):
         problem: Problem,
         progress: Progress | None,
         relax: bool = True,
-        grids: dict[int, tuple[_Table, Chain]] | None = None,
+        grids: dict[int, tuple[Table, Chain]] | None = None,
     ):
         self.p = problem
         self.progress = progress
@@ -123,7 +124,7 @@ class PipelineSolver(StepSolver):
         self.evaluations = 0
         self.most = most_stages(problem)
         # Grids by stage count S; another solver of the same problem may share them (read-only).
-        self.grids: dict[int, tuple[_Table, Chain]] = {} if grids is None else grids
+        self.grids: dict[int, tuple[Table, Chain]] = {} if grids is None else grids
         self.subs: dict[int, StepSolver] = {}
         self.floors: dict[int, StepSolver] = {}  # by S: the solver on at_least_grid(S)
         # What the solvers of dropped grids found (see the properties below).
@@ -132,7 +133,9 @@ class PipelineSolver(StepSolver):
         self.fastest: tuple[Candidate | None, float] | None = None  # max_throughput's, once finished
         serial, parallel, _, _ = problem.parts
         with np.errstate(divide="ignore", invalid="ignore"):
-            fastest = np.where(problem.runnable, serial + parallel / problem.limits[None, :].astype(float), np.inf)
+            fastest = np.where(
+                problem.runnable, amdahl(serial, parallel, problem.limits[None, :].astype(float)), np.inf
+            )
         # Every stage holds some layer, and runs a micro-batch of it no faster than on all of its type's units.
         self.slowest_layer = float(fastest.min(axis=1).max())
 
@@ -174,24 +177,11 @@ class PipelineSolver(StepSolver):
         """The solver on the grid of ``S`` stages, built now if no question needed it before."""
         if S not in self.subs:
             if S not in self.grids:
-                self._room_for([S])
+                _room_for(self.p, self.grids, [S])
                 self.grids[S] = stage_grid(self.p, S)
             table, chain = self.grids[S]
             self.subs[S] = StepSolver(self.p, None, table, self.relax, chain)
         return self.subs[S]
-
-    def _room_for(self, counts) -> None:
-        """Refuse (exit 2) before building grids for ``counts`` that would pass :data:`MAX_GRID_CELLS`
-        with those already built."""
-        cells = sum(_cells(self.p, S) for S in set(self.grids) | set(counts))
-        if cells > MAX_GRID_CELLS:
-            raise TooLarge(
-                "exact scheduler",
-                f"under a pipeline schedule the exact solver would hold {cells:,} stage cells for "
-                f"{self.p.n_layers:,} layers x {self.p.n_types} types x up to {max(counts):,} stages, more than it "
-                f"may use ({MAX_GRID_CELLS:,}); use --scheduler greedy or rl, or profile the model at a coarser "
-                "granularity (fewer, larger layers)",
-            )
 
     # The aggregated state StepSolver's walks read.
     @property
@@ -200,7 +190,7 @@ class PipelineSolver(StepSolver):
 
     def _found(self) -> list[Candidate]:
         held = [(sub, c) for _, sub in sorted(self.subs.items()) for c in (sub.cheapest_found, sub.fastest_found)]
-        return [self._true(sub, c) for sub, c in self.dropped_found + held if c is not None]
+        return [true_candidate(self.p, sub, c) for sub, c in self.dropped_found + held if c is not None]
 
     @property
     def cheapest_found(self) -> Candidate | None:  # type: ignore[override]
@@ -209,23 +199,6 @@ class PipelineSolver(StepSolver):
     @property
     def fastest_found(self) -> Candidate | None:  # type: ignore[override]
         return min(self._found(), key=lambda c: (-c.throughput, c.cost), default=None)
-
-    def _true(self, sub: StepSolver, cand: Candidate) -> Candidate:
-        """``cand`` (a plan of ``sub``'s grid) with resource types for DP types, and the figures its
-        real stage count gives."""
-        return self._scored(sub, cand)[0]
-
-    def _scored(self, sub: StepSolver, cand: Candidate) -> tuple[Candidate, bool]:
-        """:meth:`_true`, and whether the plan is within every limit and memory in its real figures."""
-        stages = [(j, i, int(sub.chain.base[t])) for j, i, t in cand.stages]
-        split = split_stages(self.p, schedule_of(self.p, stages)[None, :])
-        k = np.zeros(split.valid.shape)
-        k[0, : len(stages)] = cand.replicas
-        figures = score(self.p, split, k)
-        true = Candidate(
-            stages, list(cand.replicas), float(figures.throughput[0]), float(figures.cost[0]), cand.rate, cand.within
-        )
-        return true, bool(figures.within_limits[0])
 
     def cheapest(self, target: float) -> Candidate | None:
         self.evaluations += 1
@@ -237,14 +210,14 @@ class PipelineSolver(StepSolver):
             if best is not None:
                 floor = self.at_least(S)
                 floor.replicas(target)
-                least_rate, _ = _chain_dp(floor._rate, floor.chain)  # over every plan of S stages or more
+                least_rate, _ = chain_dp(floor.grid.rate, floor.chain)  # over every plan of S stages or more
                 if least_rate * (1 - SLACK) > best.rate:
                     break
             sub = self.sub(S)
             cand = sub.cheapest(target)
             if cand is None:
                 continue
-            cand = self._true(sub, cand)
+            cand = true_candidate(self.p, sub, cand)
             if best is None or (cand.rate, -cand.throughput) < (best.rate, -best.throughput):
                 best = cand
         return best
@@ -272,90 +245,139 @@ class PipelineSolver(StepSolver):
         with np.errstate(divide="ignore"):
             return float(np.float64(self.p.batch_size) / self.slowest_layer)
 
-    def _walking(self, S: int) -> StepSolver:
-        sub = self.sub(S)
-        if self.progress is not None:
-            progress = self.progress
-
-            def with_stages(description: str, completed: float | None = None, total: float | None = None) -> None:
-                progress(f"{description}, {S} stages", completed, total)
-
-            sub.progress = with_stages
-        return sub
-
     def min_cost(
         self, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
     ) -> tuple[Candidate | None, float]:
-        """:meth:`StepSolver.min_cost` one stage count at a time (the module's docstring).
-
-        For each ``S``, the cheapest plan of the relaxation :meth:`at_least` comes first: no plan of
-        ``S`` stages or more costs less. When that plan is itself within every limit and memory and
-        no dearer in its real figures, it beats every plan of ``S`` stages or more, and the search
-        ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
-        ``S`` is walked exactly, pruned by the best plan so far."""
-        floor = throughput_floor(self.p)
-        best = incumbent
-
-        def keep(found: Candidate) -> None:
-            nonlocal best
-            if best is None or (found.cost, -found.throughput) < (best.cost, -best.throughput):
-                best = found
-
-        for S in self.stage_counts(floor):
-            relaxed = self.at_least(S)
-            least, bound = relaxed.min_cost(out_of_time, incumbent=best)  # bound: on every plan of S stages or more
-            if least is None or least is best:
-                break  # none of S stages or more reaches the floor, or beats the best
-            if bound < least.cost:  # out of time
-                if best is not None:
-                    return best, min(best.cost, bound)
-            else:
-                witness, real = self._scored(relaxed, least)
-                if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
-                    keep(witness)
-                    break
-            sub = self._walking(S)
-            found, proven = sub.min_cost(out_of_time, incumbent=best)
-            if found is not None and found is not best:
-                keep(self._true(sub, found))
-            self.drop(S)
-            if best is not None and proven < best.cost:  # out of time inside grid S
-                rest = self.at_least(S + 1).lower_bound(floor) if S < self.most else math.inf
-                return best, min(best.cost, proven, rest)
-        return best, (best.cost if best is not None else math.inf)
+        """:meth:`StepSolver.min_cost` one stage count at a time (:func:`min_cost_by_stages`)."""
+        return min_cost_by_stages(self, out_of_time, incumbent)
 
     def max_throughput(
         self, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
     ) -> tuple[Candidate | None, float]:
-        """:meth:`StepSolver.max_throughput` one stage count at a time (the module's docstring): grid
-        ``S`` is only searched for plans at least as fast as the best of the grids before it (and
-        as ``at_least``); a finished search's answer is kept (an infeasible throughput asks it again
-        for its message)."""
-        if self.fastest is not None:
-            found = self.fastest[0]
-            return self.fastest if found is None or found.throughput >= at_least else (None, 0.0)
-        best: Candidate | None = None
-        for S in range(1, self.most + 1):
-            target = at_least if best is None else best.throughput
-            if not self.at_least(S).reachable(target):
-                break  # none of S stages or more is as fast
-            if best is not None and out_of_time():
-                return best, max(best.throughput, self.slot_bound(S))
-            sub = self._walking(S)
-            lo = sub.reaching(target)  # the bisection's exact finish finds the cheapest of a tie
-            if lo is not None:
-                found, hi = sub._bisect(lo, out_of_time, self.slot_bound(S))
-                found = self._true(sub, found)
-                if best is None or (-found.throughput, found.cost) < (-best.throughput, best.cost):
-                    best = found
-                if out_of_time():
-                    self.drop(S)
-                    return best, max(best.throughput, hi, self.slot_bound(S + 1))
-            self.drop(S)
-        if at_least > 0:  # not the fastest of all when none reaches at_least: not kept
-            return best, (best.throughput if best is not None else 0.0)
-        self.fastest = best, (best.throughput if best is not None else 0.0)
-        return self.fastest
+        """:meth:`StepSolver.max_throughput` one stage count at a time (:func:`max_throughput_by_stages`)."""
+        return max_throughput_by_stages(self, out_of_time, at_least)
+
+
+def min_cost_by_stages(
+    solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
+) -> tuple[Candidate | None, float]:
+    """:func:`min_cost` one stage count at a time (:mod:`.pipeline`'s docstring).
+
+    For each ``S``, the cheapest plan of the relaxation :meth:`at_least` comes first: no plan of
+    ``S`` stages or more costs less. When that plan is itself within every limit and memory and
+    no dearer in its real figures, it beats every plan of ``S`` stages or more, and the search
+    ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
+    ``S`` is walked exactly, pruned by the best plan so far."""
+    floor = throughput_floor(solver.p)
+    best = incumbent
+
+    def keep(found: Candidate) -> None:
+        nonlocal best
+        if best is None or (found.cost, -found.throughput) < (best.cost, -best.throughput):
+            best = found
+
+    for S in solver.stage_counts(floor):
+        relaxed = solver.at_least(S)
+        least, bound = relaxed.min_cost(out_of_time, incumbent=best)  # bound: on every plan of S stages or more
+        if least is None or least is best:
+            break  # none of S stages or more reaches the floor, or beats the best
+        if bound < least.cost:  # out of time
+            if best is not None:
+                return best, min(best.cost, bound)
+        else:
+            witness, real = scored(solver.p, relaxed, least)
+            if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
+                keep(witness)
+                break
+        sub = walking(solver, S)
+        found, proven = sub.min_cost(out_of_time, incumbent=best)
+        if found is not None and found is not best:
+            keep(true_candidate(solver.p, sub, found))
+        solver.drop(S)
+        if best is not None and proven < best.cost:  # out of time inside grid S
+            rest = solver.at_least(S + 1).lower_bound(floor) if S < solver.most else math.inf
+            return best, min(best.cost, proven, rest)
+    return best, (best.cost if best is not None else math.inf)
+
+
+def max_throughput_by_stages(
+    solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
+) -> tuple[Candidate | None, float]:
+    """:func:`max_throughput` one stage count at a time (:mod:`.pipeline`'s docstring): grid
+    ``S`` is only searched for plans at least as fast as the best of the grids before it (and
+    as ``at_least``); a finished search's answer is kept (an infeasible throughput asks it again
+    for its message)."""
+    if solver.fastest is not None:
+        found = solver.fastest[0]
+        return solver.fastest if found is None or found.throughput >= at_least else (None, 0.0)
+    best: Candidate | None = None
+    for S in range(1, solver.most + 1):
+        target = at_least if best is None else best.throughput
+        if not solver.at_least(S).reachable(target):
+            break  # none of S stages or more is as fast
+        if best is not None and out_of_time():
+            return best, max(best.throughput, solver.slot_bound(S))
+        sub = walking(solver, S)
+        lo = sub.reaching(target)  # the bisection's exact finish finds the cheapest of a tie
+        if lo is not None:
+            found, hi = walks.bisect(sub, lo, out_of_time, solver.slot_bound(S))
+            found = true_candidate(solver.p, sub, found)
+            if best is None or (-found.throughput, found.cost) < (-best.throughput, best.cost):
+                best = found
+            if out_of_time():
+                solver.drop(S)
+                return best, max(best.throughput, hi, solver.slot_bound(S + 1))
+        solver.drop(S)
+    if at_least > 0:  # not the fastest of all when none reaches at_least: not kept
+        return best, (best.throughput if best is not None else 0.0)
+    solver.fastest = best, (best.throughput if best is not None else 0.0)
+    return solver.fastest
+
+
+def true_candidate(problem: Problem, sub: StepSolver, cand: Candidate) -> Candidate:
+    """``cand`` (a plan of ``sub``'s grid) with resource types for DP types, and the figures its
+    real stage count gives."""
+    return scored(problem, sub, cand)[0]
+
+
+def scored(problem: Problem, sub: StepSolver, cand: Candidate) -> tuple[Candidate, bool]:
+    """:func:`true_candidate`, and whether the plan is within every limit and memory in its real figures."""
+    stages = [(j, i, int(sub.chain.base[t])) for j, i, t in cand.stages]
+    split = split_stages(problem, schedule_of(problem, stages)[None, :])
+    k = np.zeros(split.valid.shape)
+    k[0, : len(stages)] = cand.replicas
+    figures = score(problem, split, k)
+    true = Candidate(
+        stages, list(cand.replicas), float(figures.throughput[0]), float(figures.cost[0]), cand.rate, cand.within
+    )
+    return true, bool(figures.within_limits[0])
+
+
+def walking(solver: PipelineSolver, S: int) -> StepSolver:
+    """The solver of grid ``S``, its progress naming the stage count."""
+    sub = solver.sub(S)
+    if solver.progress is not None:
+        progress = solver.progress
+
+        def with_stages(description: str, completed: float | None = None, total: float | None = None) -> None:
+            progress(f"{description}, {S} stages", completed, total)
+
+        sub.progress = with_stages
+    return sub
+
+
+def _room_for(problem: Problem, built, counts) -> None:
+    """Refuse (exit 2) before building grids for ``counts`` that would pass :data:`MAX_GRID_CELLS`
+    with those already built."""
+    cells = sum(_cells(problem, S) for S in set(built) | set(counts))
+    if cells > MAX_GRID_CELLS:
+        raise TooLarge(
+            "exact scheduler",
+            f"under a pipeline schedule the exact solver would hold {cells:,} stage cells for "
+            f"{problem.n_layers:,} layers x {problem.n_types} types x up to {max(counts):,} stages, more than it "
+            f"may use ({MAX_GRID_CELLS:,}); use --scheduler greedy or rl, or profile the model at a coarser "
+            "granularity (fewer, larger layers)",
+        )
 
 
 def _cells(problem: Problem, stages: int) -> int:

@@ -1,0 +1,90 @@
+"""The exact solver's replica grid at a bottleneck throughput (docs/exact.md section 2): for every
+contiguous stage and DP type, the fewest replicas reaching the target, what they give, their price
+rate and their share of the cost bound. The DP (:mod:`.kernel`) runs over these arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heterps_cli.costmodel import cost_lower_bound, min_replicas
+from heterps_cli.formulas import stage_throughput
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.exact.kernel import Chain, Table
+
+
+class ReplicaGrid:
+    """``K``, ``reach``, ``rate`` and ``bound``, each ``[i, j, t]`` for stage ``j..i-1`` on DP type ``t``,
+    at the last target asked (:meth:`replicas`); inf where a stage cannot reach it."""
+
+    def __init__(self, problem: Problem, table: Table, chain: Chain):
+        self.p = problem
+        self.tab = table
+        self.chain = chain
+        self.price = problem.prices[chain.base]  # per DP type
+        self.unit_limit = problem.limits[chain.base]
+        self.type_index = np.arange(len(chain.base))[None, None, :]
+        self.target: float | None = None  # the target the arrays below were computed for
+        self.K: np.ndarray = np.empty(0)  # replicas
+        self.reach: np.ndarray = np.empty(0)  # their throughput
+        self.rate: np.ndarray = np.empty(0)  # their price rate
+        self.bound: np.ndarray = np.empty(0)  # costmodel.cost_lower_bound per stage
+
+    def replicas(self, target: float) -> np.ndarray:
+        """``K[i, j, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
+        within its type's limit and memory (inf: none). Read-only; valid until the next call."""
+        if self.target is None or target < self.target:
+            self._fill(target)
+        elif target > self.target:
+            # Walks go upwards: only cells whose throughput falls short of the new target change.
+            # Replica counts only grow with the target, so the others keep theirs exactly.
+            cells = np.flatnonzero(self.reach < target)
+            if cells.size:
+                self._raise(cells, target)
+        self.target = target
+        return self.K
+
+    def _fill(self, target: float) -> None:
+        """The whole grid for ``target``, a block of ends at a time: the temporaries of the closed
+        form then take a block's memory, not the grid's (a 2,000-layer grid is 96 MB per array)."""
+        t = self.tab
+        shape = t.sc.shape
+        if self.K.shape != shape:
+            self.K, self.reach, self.rate, self.bound = (np.empty(shape) for _ in range(4))
+        block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
+        for lo in range(0, shape[0], block):
+            rows = slice(lo, lo + block)
+            K = min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.step_samples, target, t.min_k[rows])
+            K = np.where(t.ok[rows] & (K <= self.unit_limit[None, None, :]), K, np.inf)
+            cells = np.arange(lo * shape[1] * shape[2], lo * shape[1] * shape[2] + K.size)
+            self.K[rows] = K
+            self.reach[rows] = self._throughput(cells, K.ravel()).reshape(K.shape)
+            self.rate[rows] = self._priced(K, self.type_index)
+            self.bound[rows] = self._per_stage_bound(K, self.reach[rows], self.type_index)
+
+    def _raise(self, cells: np.ndarray, target: float) -> None:
+        t = self.tab
+        types = cells % len(self.chain.base)
+        sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
+        k = min_replicas(sc, pc, sd, pd, self.p.step_samples, target, t.min_k.ravel()[cells])
+        k = np.where(k <= self.unit_limit[types], k, np.inf)
+        self.K.ravel()[cells] = k
+        self.reach.ravel()[cells] = self._throughput(cells, k)
+        self.rate.ravel()[cells] = self._priced(k, types)
+        self.bound.ravel()[cells] = self._per_stage_bound(k, self.reach.ravel()[cells], types)
+
+    def _throughput(self, cells: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The throughput of each cell with ``k`` replicas; inf where it has none (it never changes again)."""
+        t = self.tab
+        sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
+        finite = np.isfinite(k)
+        with np.errstate(invalid="ignore"):
+            thr = stage_throughput(sc, pc, sd, pd, self.p.step_samples, np.where(finite, k, 1.0))
+        return np.where(finite, thr, np.inf)
+
+    def _priced(self, K: np.ndarray, types: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):  # a free type times an unreachable stage
+            return np.where(np.isfinite(K), self.price[types] * K, np.inf)
+
+    def _per_stage_bound(self, K: np.ndarray, reach: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """costmodel.cost_lower_bound per stage (inf where a stage cannot reach the target)."""
+        return np.where(np.isfinite(K), cost_lower_bound(self.price[types], K, reach), np.inf)
