@@ -426,6 +426,19 @@ def _seed(problem: Problem, stages: Stages, price) -> tuple[np.ndarray, np.ndarr
     return k[pick], cost[np.arange(R), col], thr[pick]
 
 
+def _next_targets(problem: Problem, thr, rate, best_cost):
+    """Where each walk of :func:`provision` goes next: just past its plan's throughput, and under
+    objective cost past every target that cannot win."""
+    target = np.nextafter(thr, np.inf)
+    if problem.objective is Objective.COST:
+        # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
+        # this rate), so targets below W * rate / best_cost cannot win: skip them.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            skip = sample_hours(problem.work) * rate / best_cost * (1 - SLACK)
+        target = np.where(np.isfinite(skip), np.maximum(target, skip), target)
+    return target
+
+
 def provision(problem: Problem, stages: Stages) -> Scores:
     """Exact replica counts for each schedule of the batch, under the problem's objective.
 
@@ -473,13 +486,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         take = active & meets_targets(problem, thr, cost) & better(problem, cost, thr, best_cost[rows], best_thr[rows])
         won = rows[take]
         best_k[won], best_cost[won], best_thr[won] = k[take], cost[take], thr[take]
-        target = np.nextafter(thr, np.inf)
-        if problem.objective is Objective.COST:
-            # A plan with throughput X' costs at least W * rate / X' (faster plans need at least
-            # this rate), so targets below W * rate / best_cost cannot win: skip them.
-            with np.errstate(divide="ignore", invalid="ignore"):
-                skip = sample_hours(problem.work) * rate / best_cost[rows] * (1 - SLACK)
-            target = np.where(np.isfinite(skip), np.maximum(target, skip), target)
+        target = _next_targets(problem, thr, rate, best_cost[rows])
         if not active.all():
             rows, live, price, target = rows[active], live.take(active), price[active], target[active]
             k, thr_s, thr = k[active], thr_s[active], thr[active]

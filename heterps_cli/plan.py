@@ -44,32 +44,8 @@ def make_plan(
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
     cluster_bandwidth = problem.bandwidth
-    links = None
-    if problem.nodes is not None and np.isfinite(sc.rate[0]):
-        if rental is None:
-            rental = _rental_for(problem, schedule, k, sc)
-        counts = problem.nodes.counts(rental)
-        over = problem.nodes.links(counts, sc.used[0])
-        rate = np.array([float(counts @ problem.nodes.price)])
-        if (over > 0).any():
-            problem = problem.over_links(counts, sc.used[0])
-            stages = split_stages(problem, np.asarray(schedule)[None, :])
-            links = {t: float(g * 8 / 1e9) for t, g in zip(problem.types, over) if g > 0}
-        sc = score(problem, stages, k, rate=rate)
-    else:
-        rental = None
-    out = [_stage(problem, stages, k, sc, s) for s in range(S)]
-    idle = None
-    if rental is not None:
-        assert problem.nodes is not None
-        held = problem.nodes.held(rental)
-        assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
-        idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
-        idle |= problem.nodes.others_held(problem.nodes.counts(rental))  # section 1e: every unit the rental holds
-        placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
-        out = [stage.model_copy(update={"nodes": where}) for stage, where in zip(out, placed)]
-    # Section 1e: the nodes' units of types no layer runs on, never used and all there to rent.
-    others = {} if problem.nodes is None else problem.nodes.others_held(problem.nodes.available)
+    problem, stages, sc, rental, links = _on_rental(problem, schedule, k, stages, sc, rental)
+    out, idle = _placed(problem, stages, k, sc, rental)
     pipelined = bool(problem.micro_batches)
     plan = Plan.model_construct(
         model=problem.model,
@@ -83,17 +59,7 @@ def make_plan(
         min_throughput=problem.min_throughput,
         max_cost=problem.max_cost,
         stages=out,
-        resources={t: int(u) for t, u in zip(problem.types, sc.used[0])} | {t: 0 for t in others},
-        limits={t: int(n) for t, n in zip(problem.types, problem.limits)} | others,
-        memory_gb={t: float(m / 1e9) if np.isfinite(m) else None for t, m in zip(problem.types, problem.memory)},
-        bandwidth_gbps={
-            t: float(b * 8 / 1e9) if np.isfinite(b) else None for t, b in zip(problem.types, cluster_bandwidth)
-        },
-        memory_reserved_gb=(
-            {t: float(r / 1e9) for t, r in zip(problem.types, problem.reserved)}
-            if problem.reserved is not None
-            else None
-        ),
+        **_per_type(problem, cluster_bandwidth, sc.used[0]),
         rental=rental,
         rate_usd_per_hour=float(sc.rate[0]) if rental is not None else None,
         idle_units=idle,
@@ -111,6 +77,58 @@ def make_plan(
         solve_s=solve_s,
     ).of_run(dict(zip(problem.types, problem.units)), interrupted)
     return plan.but(explanation=list(explanation(problem, plan))) if np.isfinite(plan.throughput) else plan
+
+
+def _on_rental(problem: Problem, schedule, k: np.ndarray, stages, sc, rental: dict[str, int] | None):
+    """Section 1e: (problem, stages, scores, rental, links) of the plan on its rental, the node links
+    its types talk over in the problem and the rental's price in the scores; as given without nodes."""
+    if problem.nodes is None or not np.isfinite(sc.rate[0]):
+        return problem, stages, sc, None, None
+    if rental is None:
+        rental = _rental_for(problem, schedule, k, sc)
+    links = None
+    counts = problem.nodes.counts(rental)
+    over = problem.nodes.links(counts, sc.used[0])
+    rate = np.array([float(counts @ problem.nodes.price)])
+    if (over > 0).any():
+        problem = problem.over_links(counts, sc.used[0])
+        stages = split_stages(problem, np.asarray(schedule)[None, :])
+        links = {t: float(g * 8 / 1e9) for t, g in zip(problem.types, over) if g > 0}
+    return problem, stages, score(problem, stages, k, rate=rate), rental, links
+
+
+def _placed(problem: Problem, stages, k: np.ndarray, sc, rental: dict[str, int] | None):
+    """The plan's stages and, on a rental (section 1e), the units of each type it leaves idle, each
+    stage's replicas placed on the rental's nodes."""
+    S = int(stages.valid.sum())
+    out = [_stage(problem, stages, k, sc, s) for s in range(S)]
+    if rental is None:
+        return out, None
+    assert problem.nodes is not None
+    held = problem.nodes.held(rental)
+    assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
+    idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
+    idle |= problem.nodes.others_held(problem.nodes.counts(rental))  # section 1e: every unit the rental holds
+    placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
+    return [stage.model_copy(update={"nodes": where}) for stage, where in zip(out, placed)], idle
+
+
+def _per_type(problem: Problem, bandwidth: np.ndarray, used: np.ndarray) -> dict:
+    """The plan's figures per type: units used of each limit, and the cluster's memory, bandwidth and
+    reserved memory (section 1b, 1d) as its file gives them."""
+    # Section 1e: the nodes' units of types no layer runs on, never used and all there to rent.
+    others = {} if problem.nodes is None else problem.nodes.others_held(problem.nodes.available)
+    return {
+        "resources": {t: int(u) for t, u in zip(problem.types, used)} | {t: 0 for t in others},
+        "limits": {t: int(n) for t, n in zip(problem.types, problem.limits)} | others,
+        "memory_gb": {t: float(m / 1e9) if np.isfinite(m) else None for t, m in zip(problem.types, problem.memory)},
+        "bandwidth_gbps": {t: float(b * 8 / 1e9) if np.isfinite(b) else None for t, b in zip(problem.types, bandwidth)},
+        "memory_reserved_gb": (
+            {t: float(r / 1e9) for t, r in zip(problem.types, problem.reserved)}
+            if problem.reserved is not None
+            else None
+        ),
+    }
 
 
 def _rental_for(problem: Problem, schedule, k: np.ndarray, sc) -> dict[str, int]:

@@ -250,6 +250,19 @@ def chain_dp_limited(
     return _backtrack(K, f, g, weight, axis, t, cell, chain)
 
 
+def _shifts(dims: tuple[int, ...]) -> list[list[tuple[tuple, tuple]]]:
+    """``shifts[a][k]``: the (destination, source) index pairs that add ``k`` units along tracked axis ``a``."""
+    shifts = []
+    for a, d in enumerate(dims):
+        pairs = []
+        for k in range(d):
+            dst, src = [slice(None)] * len(dims), [slice(None)] * len(dims)
+            dst[a], src[a] = slice(k, None), slice(0, d - k)
+            pairs.append((tuple(dst), tuple(src)))
+        shifts.append(pairs)
+    return shifts
+
+
 def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...], chain: Chain):
     """The forward pass of :func:`chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`chain_dp`.
 
@@ -278,15 +291,7 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
     run_k = kk[starts[:-1]].tolist()
     run_lo, run_hi = jj[starts[:-1]].tolist(), (jj[starts[1:] - 1] + 1).tolist()
     pair_first = np.searchsorted(pair[starts[:-1]], np.arange(n1 * T + 1)).tolist()
-    # shifts[a][k] = (destination, source) index pairs that add k units along tracked axis a
-    shifts = []
-    for a, d in enumerate(dims):
-        pairs = []
-        for k in range(d):
-            dst, src = [slice(None)] * len(dims), [slice(None)] * len(dims)
-            dst[a], src[a] = slice(k, None), slice(0, d - k)
-            pairs.append((tuple(dst), tuple(src)))
-        shifts.append(pairs)
+    shifts = _shifts(dims)
     least = np.minimum.reduce
     for i in range(1, n1):
         for t in range(T):

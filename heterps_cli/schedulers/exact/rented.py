@@ -101,19 +101,7 @@ class _Walk:
     def run(self) -> Plan:
         p, menu = self.p, self.menu
         assert p.nodes is not None
-        # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
-        fastest = None
-        for counts in widest_rentals(p.nodes):
-            above = float(np.nextafter(fastest.throughput, np.inf)) if fastest is not None else 0.0
-            found = self._fastest(self._questions(counts), above)
-            if found is not None and (fastest is None or found.throughput > fastest.throughput):
-                fastest = found
-        if fastest is None:
-            raise InfeasibleError(_nothing_fits(p))
-        self.x_max = fastest.throughput
-        if self.x_max < throughput_floor(p):
-            every_node = p.on_rental(p.nodes.available)[-1]  # every node, over the network
-            raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
+        self.x_max = self._fastest_of_all()
         by_time = p.objective is Objective.TIME and not self.every
         # x_max within SLACK: the fastest plan's own figure can sit an ulp above what a grid's test of
         # "reaches X" grants at exactly X (a pipeline's relaxation rounds the other way).
@@ -163,6 +151,25 @@ class _Walk:
         if best is None:
             raise InfeasibleError(_over_budget(p))
         return best
+
+    def _fastest_of_all(self) -> float:
+        """The fastest throughput any rental reaches (its widest rentals hold the answer); raises
+        InfeasibleError when no plan fits or none is fast enough."""
+        p = self.p
+        assert p.nodes is not None
+        # The frontier refuses (TooLarge) rather than relax a limit: a frontier of relaxed plans is not exact.
+        fastest = None
+        for counts in widest_rentals(p.nodes):
+            above = float(np.nextafter(fastest.throughput, np.inf)) if fastest is not None else 0.0
+            found = self._fastest(self._questions(counts), above)
+            if found is not None and (fastest is None or found.throughput > fastest.throughput):
+                fastest = found
+        if fastest is None:
+            raise InfeasibleError(_nothing_fits(p))
+        if fastest.throughput < throughput_floor(p):
+            every_node = p.on_rental(p.nodes.available)[-1]  # every node, over the network
+            raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
+        return fastest.throughput
 
     def _questions(self, counts: np.ndarray) -> list[_Lazy]:
         return [_Lazy(self, q) for q in self.p.on_rental(counts)]

@@ -24,6 +24,7 @@ from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
 from heterps_cli.schedulers.exact.kernel import (
     MAX_STATE_CELLS,
+    Candidate,
     too_large,
 )
 from heterps_cli.schedulers.exact.pipeline import solver_for
@@ -178,20 +179,7 @@ def solve(
         raise infeasible_error(problem, solver)
     why = f"exact stopped at the --time-limit of {limit or 0:g} s before proving this plan optimal"
     if not best.within:
-        # The search ran on relaxed limits: its best is a bound, and the plan is the best one found
-        # within every limit.
-        best = solver.cheapest_found if problem.objective is Objective.COST else solver.fastest_found
-        names = ", ".join(problem.types[t] for t in sorted(solver.relaxed))
-        if best is None:
-            raise TooLarge(
-                "exact scheduler",
-                f"honouring the limits of {names} needs more than {MAX_STATE_CELLS:,} states, and no plan "
-                "within every limit was found without them; use --scheduler rl or genetic, or lower the limits",
-            )
-        why = (
-            f"exact relaxed the limits of {names} (honouring them needs more than {MAX_STATE_CELLS:,} states), "
-            "so it could not prove this plan optimal"
-        )
+        best, why = _within_every_limit(problem, solver)
     gap = float(problem.objective.gap(problem.objective.figure(best.cost, best.throughput), bound))
     proved = bool(gap <= 1e-12)
     notes: tuple[str, ...] = ()
@@ -214,6 +202,24 @@ def solve(
     )
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan if proved else plan.but(gap=gap)
+
+
+def _within_every_limit(problem: Problem, solver: StepSolver) -> tuple[Candidate, str]:
+    """When the search ran on relaxed limits its best is a bound: the plan is then the best found
+    within every limit, and the note says why it is not proven optimal."""
+    best = solver.cheapest_found if problem.objective is Objective.COST else solver.fastest_found
+    names = ", ".join(problem.types[t] for t in sorted(solver.relaxed))
+    if best is None:
+        raise TooLarge(
+            "exact scheduler",
+            f"honouring the limits of {names} needs more than {MAX_STATE_CELLS:,} states, and no plan "
+            "within every limit was found without them; use --scheduler rl or genetic, or lower the limits",
+        )
+    why = (
+        f"exact relaxed the limits of {names} (honouring them needs more than {MAX_STATE_CELLS:,} states), "
+        "so it could not prove this plan optimal"
+    )
+    return best, why
 
 
 def what_if(problem: Problem, plan: Plan) -> list[dict]:
