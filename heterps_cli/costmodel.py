@@ -141,6 +141,28 @@ def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.cumsum(starts, axis=1) - 1
 
 
+def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight):
+    """Section 1b: per stage, the bytes every replica holds, the bytes split across them (with section
+    1d's micro-batches in flight) and the fewest replicas whose memory fits."""
+    B, S = shape
+    n = problem.n_layers
+
+    def summed(part):
+        return np.bincount(flat, weights=np.broadcast_to(part, (B, n)).ravel(), minlength=B * S).reshape(B, S)
+
+    # A stage holds once what two of its layers save; its first layer's share is its own copy.
+    entry = np.where(valid, problem.shared_entry[np.where(valid, first, 0)], 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        activations = summed(problem.held_once) + entry
+        if problem.pipelined:  # the activations of in_flight micro-batches
+            activations = activations_held(in_flight, activations)
+        mem_fixed = summed(problem.state_parts[0])
+        mem_split = summed(problem.state_parts[1]) + activations
+    if problem.reserved is not None:
+        mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
+    return mem_fixed, mem_split, np.where(valid, min_memory_replicas(mem_fixed, mem_split, problem.memory[stype]), 1.0)
+
+
 def split_stages(problem: Problem, schedules) -> Stages:
     """Group each schedule's layers into stages and sum their cost terms, all in numpy."""
     sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
@@ -183,25 +205,9 @@ def split_stages(problem: Problem, schedules) -> Stages:
         sd = pd = zeros
     else:
         pd = pd + transfer
-    mem_fixed: np.ndarray = zeros
-    mem_split: np.ndarray = zeros
-    min_k: np.ndarray = np.ones((B, S))
+    mem_fixed, mem_split, min_k = zeros, zeros, np.ones((B, S))
     if np.isfinite(problem.memory).any():
-
-        def summed(part):
-            return np.bincount(flat, weights=np.broadcast_to(part, (B, n)).ravel(), minlength=B * S).reshape(B, S)
-
-        # A stage holds once what two of its layers save; its first layer's share is its own copy.
-        entry = np.where(valid, problem.shared_entry[np.where(valid, first, 0)], 0.0)
-        with np.errstate(over="ignore", invalid="ignore"):
-            activations = summed(problem.held_once) + entry
-            if problem.pipelined:  # the activations of in_flight micro-batches
-                activations = activations_held(in_flight, activations)
-            mem_fixed = summed(problem.state_parts[0])
-            mem_split = summed(problem.state_parts[1]) + activations
-        if problem.reserved is not None:
-            mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
-        min_k = np.where(valid, min_memory_replicas(mem_fixed, mem_split, problem.memory[stype]), 1.0)
+        mem_fixed, mem_split, min_k = _memory(problem, flat, (B, S), valid, first, stype, in_flight)
     return Stages(
         sched,
         sc,

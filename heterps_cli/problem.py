@@ -325,9 +325,69 @@ def build_problem(
     samples = samples if samples is not None else profile.job.samples
     if samples is None:
         raise ValueError("samples per epoch are not given: the profile has no job.samples")
-    n, T = len(profile.layers), len(types)
-    if T == 0:
+    if not types:
         raise ValueError("the cluster offers none of the resource types the profile times")
+    oct_, odt, alpha, beta, update, runnable = _times(profile, types)
+    if not runnable.any(axis=1).all():
+        layer = profile.layers[int(np.argmin(runnable.any(axis=1)))]
+        raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
+    res = [cluster.resources[t] for t in types]
+    nodes = _nodes(cluster, types)
+    prices, limits = _prices_and_limits(res, nodes)
+    steps = global_batch if global_batch is not None else profile.job.global_batch
+    M = micro_batches(steps, profile.batch_size) if steps is not None else 0
+    return Problem(
+        model=profile.model,
+        cluster=cluster.cluster,
+        **_layers(profile),
+        types=types,
+        units=tuple(r.unit or t for r, t in zip(res, types)),
+        **_hardware(res),
+        prices=prices,
+        limits=limits,
+        oct=oct_,
+        odt=odt,
+        alpha=alpha,
+        beta=beta,
+        runnable=runnable,
+        state_factor=float(profile.state_factor),
+        batch_size=profile.batch_size,
+        samples=float(samples),
+        epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
+        min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
+        max_cost=max_cost,
+        objective=Objective(objective),
+        micro_batches=M,
+        update=update if update.any() else None,
+        nodes=nodes,
+    )
+
+
+def _prices_and_limits(res: list, nodes: Nodes | None) -> tuple[np.ndarray, np.ndarray]:
+    """USD an hour and units of each type: the cluster's, or per unit of its nodes (section 1e)."""
+    if nodes is not None:
+        return nodes.unit_prices, nodes.capacity.astype(np.int64)
+    return np.array([r.price for r in res], dtype=float), np.array([r.limit for r in res], dtype=np.int64)
+
+
+def _hardware(res: list) -> dict:
+    """Each type's bandwidth (bytes/s) and memory (bytes) per unit, inf where the cluster gives none
+    (section 1b), and its reserved memory where any type gives one (section 1d)."""
+    return {
+        "bandwidth": np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float),
+        "memory": np.array([r.memory_gb * 1e9 if r.memory_gb else np.inf for r in res], dtype=float),
+        "reserved": (
+            np.array([(r.memory_reserved_gb or 0.0) * 1e9 for r in res])
+            if any(r.memory_reserved_gb for r in res)
+            else None
+        ),
+    }
+
+
+def _times(profile: Profile, types: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """``[n, T]`` oct, odt, alpha, beta and update of each layer on each type (0 where it cannot run),
+    and where it can."""
+    n, T = len(profile.layers), len(types)
     oct_, odt, alpha, beta, update = (np.zeros((n, T)) for _ in range(5))
     runnable = np.zeros((n, T), dtype=bool)
     for i, layer in enumerate(profile.layers):
@@ -338,59 +398,25 @@ def build_problem(
                 update[i, j] = entry.update or 0.0
                 alpha[i, j], beta[i, j] = layer.fractions(t)
                 runnable[i, j] = True
-    if not runnable.any(axis=1).all():
-        layer = profile.layers[int(np.argmin(runnable.any(axis=1)))]
-        raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
-    res = [cluster.resources[t] for t in types]
-    nodes = _nodes(cluster, types)
-    if nodes is not None:
-        prices, limits = nodes.unit_prices, nodes.capacity.astype(np.int64)
-    else:
-        prices = np.array([r.price for r in res], dtype=float)
-        limits = np.array([r.limit for r in res], dtype=np.int64)
-    steps = global_batch if global_batch is not None else profile.job.global_batch
-    M = micro_batches(steps, profile.batch_size) if steps is not None else 0
-    return Problem(
-        model=profile.model,
-        cluster=cluster.cluster,
-        layer_names=tuple(layer.name for layer in profile.layers),
-        layer_kinds=tuple(layer.type for layer in profile.layers),
-        input_size=np.array([layer.input_size for layer in profile.layers], dtype=float),
-        weight_size=np.array([layer.weight_size for layer in profile.layers], dtype=float),
-        types=types,
-        units=tuple(r.unit or t for r, t in zip(res, types)),
-        prices=prices,
-        limits=limits,
-        oct=oct_,
-        odt=odt,
-        alpha=alpha,
-        beta=beta,
-        runnable=runnable,
-        bandwidth=np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float),
-        memory=np.array([r.memory_gb * 1e9 if r.memory_gb else np.inf for r in res], dtype=float),
-        activation_size=np.array([layer.activation_size for layer in profile.layers], dtype=float),
-        input_saved=(
-            np.array([layer.input_saved for layer in profile.layers], dtype=float)
-            if any(layer.input_saved for layer in profile.layers)
+    return oct_, odt, alpha, beta, update, runnable
+
+
+def _layers(profile: Profile) -> dict:
+    """The problem's per-layer fields that do not depend on the type: names, kinds and sizes."""
+    layers = profile.layers
+    return {
+        "layer_names": tuple(layer.name for layer in layers),
+        "layer_kinds": tuple(layer.type for layer in layers),
+        "input_size": np.array([layer.input_size for layer in layers], dtype=float),
+        "weight_size": np.array([layer.weight_size for layer in layers], dtype=float),
+        "activation_size": np.array([layer.activation_size for layer in layers], dtype=float),
+        "input_saved": (
+            np.array([layer.input_saved for layer in layers], dtype=float)
+            if any(layer.input_saved for layer in layers)
             else None
         ),
-        sharded=np.array([layer.sharded for layer in profile.layers], dtype=bool),
-        state_factor=float(profile.state_factor),
-        batch_size=profile.batch_size,
-        samples=float(samples),
-        epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
-        min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
-        max_cost=max_cost,
-        objective=Objective(objective),
-        micro_batches=M,
-        update=update if update.any() else None,
-        reserved=(
-            np.array([(r.memory_reserved_gb or 0.0) * 1e9 for r in res])
-            if any(r.memory_reserved_gb for r in res)
-            else None
-        ),
-        nodes=nodes,
-    )
+        "sharded": np.array([layer.sharded for layer in layers], dtype=bool),
+    }
 
 
 def _nodes(cluster: Cluster, types: tuple[str, ...]) -> Nodes | None:
