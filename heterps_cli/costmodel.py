@@ -141,6 +141,25 @@ def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.cumsum(starts, axis=1) - 1
 
 
+def _transfer(problem: Problem, valid, first, last, stype) -> np.ndarray:
+    """Section 1b: ``X_s``, each stage's boundary bytes over its type's bandwidth (zeros when the
+    cluster gives no bandwidth: the paper's model pays nothing for this)."""
+    if not np.isfinite(problem.bandwidth).any():
+        return np.zeros(valid.shape)
+    bytes_ = problem.boundary_bytes
+    return np.where(valid, (bytes_[first] + bytes_[last + 1]) / problem.bandwidth[stype], 0.0)
+
+
+def _pipelined(problem: Problem, micro, sid: np.ndarray, valid: np.ndarray):
+    """Section 1d: each stage's step as ``serial + parallel / k`` from its ``micro`` terms, and the
+    micro-batches in flight on it (``min(S - s, M)`` for stage ``s`` of ``S``)."""
+    count = sid[:, -1:] + 1  # S of each row
+    S = valid.shape[1]
+    in_flight = np.where(valid, np.minimum(count - np.arange(S)[None, :], problem.micro_batches), 1.0)
+    serial, parallel = pipeline_step(problem.micro_batches, count, *micro)
+    return serial, parallel, in_flight
+
+
 def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight):
     """Section 1b: per stage, the bytes every replica holds, the bytes split across them (with section
     1d's micro-batches in flight) and the fewest replicas whose memory fits."""
@@ -186,22 +205,17 @@ def split_stages(problem: Problem, schedules) -> Stages:
     valid = np.arange(S)[None, :] <= sid[:, -1:]
     runnable = np.asarray(problem.runnable[layers, sched].all(axis=1))
     sc, pc, sd, pd = sums
-    transfer: np.ndarray = np.zeros((B, S))
-    if np.isfinite(problem.bandwidth).any():  # only then: the paper's model pays nothing for this
-        bytes_ = problem.boundary_bytes
-        transfer = np.where(valid, (bytes_[first] + bytes_[last + 1]) / problem.bandwidth[stype], 0.0)
+    transfer = _transfer(problem, valid, first, last, stype)
     zeros: np.ndarray = np.zeros((B, S))
     in_flight: np.ndarray = np.ones((B, S))
     micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)
     if problem.pipelined:
-        count = sid[:, -1:] + 1  # S of each row
-        in_flight = np.where(valid, np.minimum(count - np.arange(S)[None, :], problem.micro_batches), 1.0)
         sync, update = (
             np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S)
             for part in (problem.odt, problem.update_times)
         )
         micro = (sc, pc + transfer, sync, update)  # odt: the all-reduce between two replicas (beta unused)
-        sc, pc = pipeline_step(problem.micro_batches, count, *micro)
+        sc, pc, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:
         pd = pd + transfer
