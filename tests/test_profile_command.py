@@ -14,7 +14,7 @@ import yaml
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
-from heterps_cli.profiling import measure, models, timing
+from heterps_cli.profiling import measure
 from heterps_cli.profiling.processes import combine
 from tests.helpers import layers_over_step, runner
 
@@ -215,69 +215,6 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     assert "no CUDA device" in result.output
 
 
-def test_layer_kinds_from_module_classes():
-    from torch import nn
-
-    cases = {
-        nn.Linear(2, 2): "fc",
-        nn.Conv2d(1, 1, 1): "conv",
-        nn.EmbeddingBag(4, 2): "embedding",
-        nn.MaxPool2d(2): "pool",
-        nn.ReLU(): "activation",
-        nn.LayerNorm(2): "norm",
-        nn.MultiheadAttention(4, 1): "attention",
-        nn.Dropout(): "dropout",
-        nn.MSELoss(): "loss",
-        nn.Flatten(): "flatten",
-    }
-    assert {models.kind(m): k for m, k in cases.items()} == {k: k for k in cases.values()}
-
-
-def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
-    for alpha in (0.0, 0.3, 0.9):
-        threads = [1, 2, 3, 4]
-        times = [0.01 * (1 - alpha + alpha / k) for k in threads]
-        fitted, residual = timing.fit_alpha(threads, times)
-        assert fitted == pytest.approx(alpha, abs=1e-9) and residual < 1e-9
-    assert timing.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
-    assert timing.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
-    assert timing.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
-
-
-class _Sleeps(torch.nn.Module):
-    """A layer whose time is known: ``fixed`` seconds, plus ``per_sample`` seconds per sample of its input."""
-
-    def __init__(self, fixed: float, per_sample: float, needs: int | None = None):
-        super().__init__()
-        self.fixed, self.per_sample, self.needs = fixed, per_sample, needs
-        self.weight = torch.nn.Parameter(torch.ones(2))
-
-    def forward(self, x):
-        if self.needs is not None and x.shape[0] != self.needs:
-            raise ValueError(f"this layer takes batches of {self.needs}")
-        time.sleep(self.fixed + self.per_sample * x.shape[0])
-        return x * self.weight
-
-
-def _alpha_of(layer: torch.nn.Module, batch: int) -> measure.LayerProfile:
-    call = models.Call("0", layer, (torch.ones(batch, 2),), {})
-    shares = measure._share_times([call], "cpu", batch, [])
-    return measure._layer(call, batch, [0.02], 1e9, "cpu", {k: times[0] for k, times in shares.items()})
-
-
-def test_alpha_is_fitted_over_the_batch_shares_that_replicas_run():
-    # T(b) = 4 ms + 1 ms per sample: at 16 samples 20 ms, of which 16 ms divide between replicas
-    fitted = _alpha_of(_Sleeps(0.004, 0.001), 16)
-    # A sleep overshoots by a fixed amount on a loaded machine, which the fit reads as serial time
-    # (0.746 seen once with the other core busy); that the figure was fitted, not the default, is
-    # what `estimated` says.
-    assert fitted.alpha == pytest.approx(0.8, abs=0.08) and "alpha" not in fitted.estimated
-    odd = _alpha_of(_Sleeps(0.004, 0.001), 3)  # 3 samples: no share of 2 or 4 replicas
-    assert odd.alpha == measure.ALPHA_OTHER and "cannot be split" in odd.estimated["alpha"]
-    fixed = _alpha_of(_Sleeps(0.004, 0.001, needs=16), 16)  # the user's layer refuses a smaller batch
-    assert "failed on a share of the batch (ValueError)" in fixed.estimated["alpha"]
-
-
 @pytest.mark.slow
 def test_processes_take_each_layers_median_over_fresh_processes(factory, tmp_path):
     out = tmp_path / "p.yaml"
@@ -453,77 +390,3 @@ def test_profile_is_a_group_whose_subcommands_have_their_own_help(runner):
     short = runner.invoke(app, ["profile", "mlp", "--as", "cpu"])
     assert short.exit_code == 2 and "profiling needs --batch-size, --out" in short.output
     assert runner.invoke(app, ["profile", "merge", "a.yaml"]).exit_code == 2  # --out is required
-
-
-class _Logged(torch.nn.Module):
-    """Logs ("forward", name, samples) and ("backward", name) to ``log``; refuses fewer than ``least`` samples."""
-
-    def __init__(self, name: str, log: list, least: int = 0):
-        super().__init__()
-        self.name, self.log, self.least = name, log, least
-        self.weight = torch.nn.Parameter(torch.ones(2))
-
-    def forward(self, x):
-        if x.shape[0] < self.least:
-            raise ValueError(f"this layer takes {self.least} samples at least")
-        self.log.append(("forward", self.name, x.shape[0]))
-        y = x * self.weight
-        y.register_hook(lambda grad: self.log.append(("backward", self.name)))
-        return y
-
-
-def test_layers_are_timed_in_step_order_and_a_refused_share_spares_the_others():
-    log: list = []
-    calls = [models.Call(n, _Logged(n, log, least=8 if n == "b" else 0), (torch.ones(8, 2),), {}) for n in "abc"]
-    times = timing.step_order_times(calls, "cpu", repetitions=1, warmup=0)
-    # every forward in the model's order, then every backward in reverse, as a training step runs them
-    assert log == [("forward", "a", 8), ("forward", "b", 8), ("forward", "c", 8)] + [
-        ("backward", "c"),
-        ("backward", "b"),
-        ("backward", "a"),
-    ]
-    assert all(len(t) == 1 and t[0] > 0 for t in times)
-    log.clear()
-    shared = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0, shares=(8, 4))
-    assert isinstance(shared[1], ValueError) and len(shared[0]) == len(shared[2]) == 2
-    assert ("forward", "a", 4) in log and ("forward", "c", 4) in log
-    with pytest.raises(ValueError):  # on the whole batch a failing layer is the profile's error
-        timing.step_order_times([models.Call("b", _Logged("b", [], least=16), (torch.ones(8, 2),), {})], "cpu", 1)
-
-
-class _SlowBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(0.03)
-        return grad * 2
-
-
-class _Slow(torch.nn.Module):
-    def forward(self, x):
-        return _SlowBackward.apply(x)
-
-
-def test_one_backward_call_gives_each_layer_its_own_backward_time():
-    """All layers' backwards run in one call, as in a step; each layer's share is where its nodes ran."""
-    calls = [models.Call(n, _Slow() if n == "b" else torch.nn.Linear(2, 2), (torch.ones(8, 2),), {}) for n in "abc"]
-    times = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0)
-    assert all(len(t) == 2 for t in times)
-    assert min(times[1]) >= 0.03  # the slow backward is b's
-    assert max(times[0]) < 0.015 and max(times[2]) < 0.015
-
-
-def test_a_tensor_two_layers_save_is_their_shared_input_saved():
-    """Linear(4, 8) saves its input (4 floats a sample), the ReLU its output (8) and the next Linear its
-    input, the same 8 floats: that layer's input_saved is 8 floats a sample, the others' 0."""
-    from heterps_cli.profiling.measure import traced
-
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    model = models.Model("tiny", module, (torch.randn(16, 4),))
-    calls, _ = traced(model)
-    assert [timing.saved_bytes(call, "cpu") / 16 for call in calls] == [4 * 4, 8 * 4, 8 * 4]
-    assert [b / 16 for b in timing.shared_with_previous(model, calls, "cpu")] == [0, 0, 8 * 4]
