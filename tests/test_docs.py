@@ -142,11 +142,12 @@ def test_readme_error_examples_are_what_the_tool_prints(runner, tmp_path, monkey
 
 def test_the_layout_lists_every_module_and_only_those():
     layout = (DOCS / "development.md").read_text().split("```")[1]
-    listed, folder = set(), ""
-    for indent, name in re.findall(r"^( {2,4})(\S+\.py|\S+/)", layout, flags=re.M):
-        if len(indent) == 2:
-            folder = name if name.endswith("/") else ""
-        listed.add(name if len(indent) == 2 else folder + name)
+    listed, folders = set(), {}  # the folder named at each depth (two spaces a level)
+    for indent, name in re.findall(r"^( {2,})(\S+\.py|\S+/)", layout, flags=re.M):
+        depth = len(indent) // 2 - 1
+        listed.add("".join(folders[d] for d in range(depth)) + name)
+        if name.endswith("/"):
+            folders[depth] = name
     on_disk = {str(p.relative_to(ROOT / "heterps_cli")) for p in (ROOT / "heterps_cli").rglob("*.py")}
     on_disk = {p for p in on_disk if not p.endswith("__init__.py") or p == "__init__.py"} - {"__main__.py"}
     assert {n for n in listed if n.endswith(".py")} == on_disk
