@@ -2,7 +2,7 @@
 
 ``Table`` holds the cost terms of every contiguous stage (layers ``j..i-1`` on a type);
 :func:`chain_dp` is the recurrence of docs/exact.md section 3, and :func:`chain_dp_limited`
-the same with the units of binding types in the state. :mod:`.step_solver` asks them its questions.
+the same with the units of binding types in the state. :mod:`.step` asks them its questions.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-from heterps_cli.costmodel import (
-    min_memory_replicas,
-)
+from heterps_cli.costmodel import min_memory_replicas
 from heterps_cli.errors import TooLarge
 from heterps_cli.problem import Problem
 

@@ -14,12 +14,12 @@ it had ``S``: at least what it really takes, exactly when it has ``S``. So the
 best over all ``S`` of each question the solver asks ("the cheapest plan
 reaching ``X``", "is ``X`` reachable", a cost bound) is that question's exact
 answer, and :class:`PipelineSolver` answers them so; the walks over ``X`` are
-:class:`~heterps_cli.schedulers.exact.step.StepSolver`'s own. A stage's step is at least
+:mod:`.walks`'s own. A stage's step is at least
 ``M + S - 1`` micro-batches of the model's slowest layer on all of its type's units, so only
 the stage counts that can reach ``X`` are asked, and their grids are built when first asked.
 
-The two objectives' walks run one stage count at a time instead (:meth:`PipelineSolver.min_cost`,
-:meth:`PipelineSolver.max_throughput`): the optimum is the best of each grid's optimum, since a plan of
+The two objectives' walks run one stage count at a time instead (:func:`min_cost_by_stages`,
+:func:`max_throughput_by_stages`): the optimum is the best of each grid's optimum, since a plan of
 ``s`` stages is charged exactly in grid ``s`` and no less in any other. Before grid ``S`` is built, a
 relaxation bounds every plan of ``S`` stages or more (:func:`at_least_grid`: ``M + S - 1`` slots, one
 micro-batch in flight), and once it cannot beat the best plan found, no larger ``S`` can either. Each
@@ -183,7 +183,7 @@ class PipelineSolver(StepSolver):
             self.subs[S] = StepSolver(self.p, None, table, self.relax, chain)
         return self.subs[S]
 
-    # The aggregated state StepSolver's walks read.
+    # The aggregated state the walks read.
     @property
     def relaxed(self) -> set[int]:  # type: ignore[override]
         return self.dropped_relaxed.union(*(sub.relaxed for sub in self.subs.values()))
@@ -248,22 +248,22 @@ class PipelineSolver(StepSolver):
     def min_cost(
         self, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
     ) -> tuple[Candidate | None, float]:
-        """:meth:`StepSolver.min_cost` one stage count at a time (:func:`min_cost_by_stages`)."""
+        """:func:`.walks.min_cost` one stage count at a time (:func:`min_cost_by_stages`)."""
         return min_cost_by_stages(self, out_of_time, incumbent)
 
     def max_throughput(
         self, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
     ) -> tuple[Candidate | None, float]:
-        """:meth:`StepSolver.max_throughput` one stage count at a time (:func:`max_throughput_by_stages`)."""
+        """:func:`.walks.max_throughput` one stage count at a time (:func:`max_throughput_by_stages`)."""
         return max_throughput_by_stages(self, out_of_time, at_least)
 
 
 def min_cost_by_stages(
     solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
 ) -> tuple[Candidate | None, float]:
-    """:func:`min_cost` one stage count at a time (:mod:`.pipeline`'s docstring).
+    """:func:`.walks.min_cost` one stage count at a time (the module's docstring).
 
-    For each ``S``, the cheapest plan of the relaxation :meth:`at_least` comes first: no plan of
+    For each ``S``, the cheapest plan of the relaxation :meth:`PipelineSolver.at_least` comes first: no plan of
     ``S`` stages or more costs less. When that plan is itself within every limit and memory and
     no dearer in its real figures, it beats every plan of ``S`` stages or more, and the search
     ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
@@ -303,7 +303,7 @@ def min_cost_by_stages(
 def max_throughput_by_stages(
     solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
 ) -> tuple[Candidate | None, float]:
-    """:func:`max_throughput` one stage count at a time (:mod:`.pipeline`'s docstring): grid
+    """:func:`.walks.max_throughput` one stage count at a time (the module's docstring): grid
     ``S`` is only searched for plans at least as fast as the best of the grids before it (and
     as ``at_least``); a finished search's answer is kept (an infeasible throughput asks it again
     for its message)."""

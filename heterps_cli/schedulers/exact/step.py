@@ -1,4 +1,4 @@
-"""The exact solver's questions at a bottleneck throughput, and its walks over it (docs/exact.md).
+"""The exact solver's questions at a bottleneck throughput (docs/exact.md).
 
 For a fixed bottleneck throughput ``X`` every stage's cheapest replica count is
 known in closed form, so the cheapest schedule reaching ``X`` is a shortest path
@@ -10,15 +10,7 @@ DP is re-run with the units of each type it overuses as part of the state (a
 dense array per boundary and type), again while the answer overuses another
 type: a plan cheapest under some of the limits that honours them all is the
 cheapest. :class:`StepSolver` answers "the cheapest plan reaching ``X``" at
-rising ``X`` cheaply, which :mod:`heterps_cli.frontier` walks too.
-
-Over ``X`` (see costmodel's docstring): objective ``cost`` walks the right ends of
-the price-rate steps upwards from ``min_throughput`` and stops at the first ``X``
-no plan reaches or where a lower bound (a DP over the continuous relaxation)
-exceeds the best cost. Objective ``time`` bisects for the largest reachable
-``X`` (reachability only shrinks as ``X`` grows), then finishes by exact jumps;
-the cheapest plan at that ``X`` breaks ties. With ``max_cost`` it walks every
-step instead, since the budget is not monotone in ``X``.
+rising ``X`` cheaply, which :mod:`.walks` and :mod:`heterps_cli.frontier` walk.
 """
 
 from __future__ import annotations
@@ -28,10 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import (
-    SLACK,
-    meets_targets,
-)
+from heterps_cli.costmodel import SLACK, meets_targets
 from heterps_cli.figures import count
 from heterps_cli.formulas import run_cost, sample_hours, stage_throughput
 from heterps_cli.problem import Problem
@@ -98,7 +87,7 @@ class StepSolver:
         the rest of the search) and the answer is the cheapest plan within the other limits: a
         lower bound, since every plan within all limits is among those it chose from. A plan
         within every limit is then looked for by pricing the overused types higher
-        (:meth:`_repair`), and the best such plans are kept (:attr:`cheapest_found`).
+        (:func:`_repair`), and the best such plans are kept (:attr:`cheapest_found`).
         """
         self.evaluations += 1
         if self.progress:
@@ -109,17 +98,17 @@ class StepSolver:
         if stages is None:
             return None
         tracked: set[int] = set()
-        while over := overused(self.p, self.chain, stages, K) - self.relaxed:
+        while over := overused(p, self.chain, stages, K) - self.relaxed:
             # Track the units of every type the best plan so far overuses, and solve again: a
             # plan that is cheapest while honouring only some limits and honours them all is
             # the cheapest. A type that was never overused needs no state.
             tracked |= over
-            state = limit_state(self.p, tracked)
-            while self.relax and state_cells(self.p, self.tab, state) > MAX_STATE_CELLS:
+            state = limit_state(p, tracked)
+            while self.relax and state_cells(p, self.tab, state) > MAX_STATE_CELLS:
                 self.relaxed.add(max(tracked - self.relaxed, key=lambda t: p.limits[t]))
                 tracked -= self.relaxed
-                state = limit_state(self.p, tracked)
-            stages = limited_dp(self.p, self.chain, K, self.price, state)
+                state = limit_state(p, tracked)
+            stages = limited_dp(p, self.chain, K, self.price, state)
             if stages is None:
                 return None
         found = self.candidate(stages, K)
@@ -130,11 +119,13 @@ class StepSolver:
         return found
 
     def candidate(self, stages, K) -> Candidate:
+        """The DP's ``stages`` with replicas ``K`` as a plan: its throughput, cost, price rate, and
+        whether it is within every limit."""
         p = self.p
         k = [int(K[i, j, t]) for j, i, t in stages]
         thr = min(float(self.grid.reach[i, j, t]) for j, i, t in stages)
         rate = sum(self.price[t] * kk for (_, _, t), kk in zip(stages, k))
-        return Candidate(stages, k, thr, run_cost(p.work, thr, rate), rate, not overused(self.p, self.chain, stages, K))
+        return Candidate(stages, k, thr, run_cost(p.work, thr, rate), rate, not overused(p, self.chain, stages, K))
 
     def _keep(self, cand: Candidate) -> None:
         if not meets_targets(self.p, cand.throughput, cand.cost):
