@@ -61,6 +61,7 @@ from heterps_cli.schedulers.names import (
     SCHEDULERS,
 )
 
+ALL_SCHEDULERS = ",".join(SCHEDULERS)  # heterps compare's default
 TABLE_ROWS = 20  # heterps frontier: rows its table shows unless --points says otherwise
 
 
@@ -97,18 +98,59 @@ def _root(
     DEBUG["on"] = debug or os.environ.get("HETERPS_DEBUG", "") not in ("", "0")
 
 
+_PlanSchedulerOpt = Annotated[
+    SchedulerName,
+    typer.Option(
+        "--scheduler",
+        "-s",
+        help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items()),
+    ),
+]
+_PlanAsJsonOpt = Annotated[
+    bool, typer.Option("--json", metavar="", help="Print the plan as JSON on stdout, and nothing else.")
+]
+_PlanExplainOpt = Annotated[
+    bool,
+    typer.Option(
+        "--explain",
+        help="Also what one node more or fewer of each kind would give (a cluster with nodes: the fastest "
+        "plan on that rental and its cost), or one unit more or fewer of each type's limit (the optimum "
+        "then); by the exact solver.",
+    ),
+]
+_PlanEvaluationsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help=f"genetic, random: cost-model evaluations (default {DEFAULT_EVALUATIONS:,}).",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+_PlanPolicyInOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+_PlanPolicyOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help=f"rl: save the trained policy to this file, first fitted to plans of {POLICY_VARIANTS} nearby models "
+        "(a few seconds more) so that it warm-starts a changed model well.",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+
+
 @app.command()
 def plan(
     profile: ProfileArg,
     cluster: ClusterArg,
-    scheduler: Annotated[
-        SchedulerName,
-        typer.Option(
-            "--scheduler",
-            "-s",
-            help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items()),
-        ),
-    ] = DEFAULT_SCHEDULER,
+    scheduler: _PlanSchedulerOpt = DEFAULT_SCHEDULER,
     objective: PlanObjectiveOpt = None,
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
@@ -117,47 +159,14 @@ def plan(
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
     out_file: OutOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", metavar="", help="Print the plan as JSON on stdout, and nothing else.")
-    ] = False,
+    as_json: _PlanAsJsonOpt = False,
     steps: StepsOpt = None,
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
-    explain: Annotated[
-        bool,
-        typer.Option(
-            "--explain",
-            help="Also what one node more or fewer of each kind would give (a cluster with nodes: the fastest "
-            "plan on that rental and its cost), or one unit more or fewer of each type's limit (the optimum "
-            "then); by the exact solver.",
-        ),
-    ] = False,
-    evaluations: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help=f"genetic, random: cost-model evaluations (default {DEFAULT_EVALUATIONS:,}).",
-            show_default=False,
-            rich_help_panel="Search budget",
-        ),
-    ] = None,
-    policy_in: Annotated[
-        Path | None,
-        typer.Option(
-            help="rl: warm-start from a policy saved by --policy-out (same cluster types, any model).",
-            show_default=False,
-            rich_help_panel="Search budget",
-        ),
-    ] = None,
-    policy_out: Annotated[
-        Path | None,
-        typer.Option(
-            help=f"rl: save the trained policy to this file, first fitted to plans of {POLICY_VARIANTS} nearby models "
-            "(a few seconds more) so that it warm-starts a changed model well.",
-            show_default=False,
-            rich_help_panel="Search budget",
-        ),
-    ] = None,
+    explain: _PlanExplainOpt = False,
+    evaluations: _PlanEvaluationsOpt = None,
+    policy_in: _PlanPolicyInOpt = None,
+    policy_out: _PlanPolicyOutOpt = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with exit_codes():
@@ -209,68 +218,75 @@ def plan(
         say_interrupted("the plan above is the best found before Ctrl-C (exit 130)")
 
 
+_FrontierMinThroughputOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=non_negative_number,
+        help="The curve's lower end in samples/s. Default: the profile's job.min_throughput, else 0.",
+        show_default=False,
+    ),
+]
+_FrontierMaxCostOpt = Annotated[
+    float | None,
+    typer.Option(callback=positive_number, help="Leave out plans costing more than this (USD).", show_default=False),
+]
+_FrontierPointsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Keep N plans spread evenly over throughput: both ends and the knee always; 1 gives the knee. "
+        f"Default: all of them (the table shows at most {TABLE_ROWS}).",
+        show_default=False,
+    ),
+]
+_FrontierAsJsonOpt = Annotated[
+    bool,
+    typer.Option("--json", metavar="", help="Print the frontier as JSON, every plan in full, and nothing else."),
+]
+_FrontierOutDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="DIR",
+        help="Write each plan to DIR/plan-NNN.yaml (NNN: its place on the frontier), atomically; "
+        "plan-NNN.yaml files an earlier run left in DIR are removed.",
+        show_default=False,
+    ),
+]
+_FrontierPlotOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="FILE",
+        help="Draw cost against throughput as a step curve, knee marked, to this PNG (- for standard output).",
+        show_default=False,
+    ),
+]
+_FrontierTimeLimitOpt = Annotated[
+    float,
+    typer.Option(
+        callback=positive_number,
+        help="Stop walking the frontier after this many seconds: the plans up to the throughput reached are "
+        "exact, and the output says where it stopped (limits of millions of units make frontiers of "
+        "hundreds of thousands of plans).",
+    ),
+]
+
+
 @app.command()
 def frontier(
     profile: ProfileArg,
     cluster: ClusterArg,
-    min_throughput: Annotated[
-        float | None,
-        typer.Option(
-            callback=non_negative_number,
-            help="The curve's lower end in samples/s. Default: the profile's job.min_throughput, else 0.",
-            show_default=False,
-        ),
-    ] = None,
+    min_throughput: _FrontierMinThroughputOpt = None,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
-    max_cost: Annotated[
-        float | None,
-        typer.Option(
-            callback=positive_number, help="Leave out plans costing more than this (USD).", show_default=False
-        ),
-    ] = None,
-    points: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Keep N plans spread evenly over throughput: both ends and the knee always; 1 gives the knee. "
-            f"Default: all of them (the table shows at most {TABLE_ROWS}).",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", metavar="", help="Print the frontier as JSON, every plan in full, and nothing else."),
-    ] = False,
-    out_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="DIR",
-            help="Write each plan to DIR/plan-NNN.yaml (NNN: its place on the frontier), atomically; "
-            "plan-NNN.yaml files an earlier run left in DIR are removed.",
-            show_default=False,
-        ),
-    ] = None,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            metavar="FILE",
-            help="Draw cost against throughput as a step curve, knee marked, to this PNG (- for standard output).",
-            show_default=False,
-        ),
-    ] = None,
-    time_limit: Annotated[
-        float,
-        typer.Option(
-            callback=positive_number,
-            help="Stop walking the frontier after this many seconds: the plans up to the throughput reached are "
-            "exact, and the output says where it stopped (limits of millions of units make frontiers of "
-            "hundreds of thousands of plans).",
-        ),
-    ] = FRONTIER_TIME_LIMIT,
+    max_cost: _FrontierMaxCostOpt = None,
+    points: _FrontierPointsOpt = None,
+    as_json: _FrontierAsJsonOpt = False,
+    out_dir: _FrontierOutDirOpt = None,
+    plot: _FrontierPlotOpt = None,
+    time_limit: _FrontierTimeLimitOpt = FRONTIER_TIME_LIMIT,
 ) -> None:
     """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact)."""
     _one_stdout(as_json, plot)
@@ -313,13 +329,38 @@ def _one_stdout(as_json: bool, plot: str | None) -> None:
         )
 
 
+_CompareSchedulersOpt = Annotated[
+    str, typer.Option(help="Comma-separated schedulers to run, in table order.", callback=scheduler_list)
+]
+_CompareAsJsonOpt = Annotated[
+    bool, typer.Option("--json", metavar="", help="Print the results as JSON on stdout, and nothing else.")
+]
+_ComparePlotOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="FILE",
+        help="Draw each scheduler's plan on the exact cost-throughput frontier, with solve times beside, "
+        "to this PNG (- for standard output).",
+        show_default=False,
+    ),
+]
+_CompareEvaluationsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="genetic, random: cost-model evaluations. Default: as many as rl used (when rl runs), "
+        f"else {DEFAULT_EVALUATIONS:,}.",
+        show_default=False,
+        rich_help_panel="Search budget",
+    ),
+]
+
+
 @app.command()
 def compare(
     profile: ProfileArg,
     cluster: ClusterArg,
-    schedulers: Annotated[
-        str, typer.Option(help="Comma-separated schedulers to run, in table order.", callback=scheduler_list)
-    ] = ",".join(SCHEDULERS),
+    schedulers: _CompareSchedulersOpt = ALL_SCHEDULERS,
     objective: ObjectiveOpt = Objective.COST,
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
@@ -327,31 +368,12 @@ def compare(
     global_batch: GlobalBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
-    as_json: Annotated[
-        bool, typer.Option("--json", metavar="", help="Print the results as JSON on stdout, and nothing else.")
-    ] = False,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            metavar="FILE",
-            help="Draw each scheduler's plan on the exact cost-throughput frontier, with solve times beside, "
-            "to this PNG (- for standard output).",
-            show_default=False,
-        ),
-    ] = None,
+    as_json: _CompareAsJsonOpt = False,
+    plot: _ComparePlotOpt = None,
     steps: StepsOpt = None,
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
-    evaluations: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="genetic, random: cost-model evaluations. Default: as many as rl used (when rl runs), "
-            f"else {DEFAULT_EVALUATIONS:,}.",
-            show_default=False,
-            rich_help_panel="Search budget",
-        ),
-    ] = None,
+    evaluations: _CompareEvaluationsOpt = None,
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
     _one_stdout(as_json, plot)

@@ -50,75 +50,84 @@ def emit_report(fmt: Format, markdown: str, json_text: str, annotations: str = "
     return fmt != Format.table
 
 
+_CheckPlanFileArg = Annotated[
+    Path,
+    typer.Argument(metavar="PLAN", help="The committed plan (YAML written by heterps plan --out).", show_default=False),
+]
+_CheckObjectiveOpt = Annotated[
+    Objective, typer.Option(help="The job's objective, as given to heterps plan: a plan made for another is stale.")
+]
+_CheckMaxCostOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=positive_number,
+        help="Fail when the plan costs more (USD); also the job's budget.",
+        show_default=False,
+    ),
+]
+_CheckMinThroughputOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=non_negative_number,
+        help="Fail when the plan is slower (samples/s); also the job's requirement. "
+        "Default: the profile's job.min_throughput.",
+        show_default=False,
+    ),
+]
+_CheckBaselineOpt = Annotated[
+    Path | None,
+    typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False),
+]
+_CheckMaxIncreaseOpt = Annotated[
+    str,
+    typer.Option(
+        callback=increase_rule,
+        help="With --baseline: the allowed cost increase, with its unit: a percentage of the baseline's cost "
+        "(10%) or dollars ('$25' or 25usd).",
+    ),
+]
+_CheckReplanOpt = Annotated[
+    SchedulerName | None,
+    typer.Option(
+        help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) "
+        "by more than --tolerance.",
+        show_default=False,
+    ),
+]
+_CheckToleranceOpt = Annotated[
+    str,
+    typer.Option(
+        callback=tolerance_rule,
+        help="With --replan: how much cheaper (faster, for a time plan) a new plan may be before the committed "
+        "one counts as wasteful, as a percentage (1%).",
+    ),
+]
+_CheckFmtOpt = Annotated[
+    Format,
+    typer.Option(
+        "--format",
+        help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, "
+        "appended to $GITHUB_STEP_SUMMARY when set).",
+    ),
+]
+
+
 def check(
-    plan_file: Annotated[
-        Path,
-        typer.Argument(
-            metavar="PLAN", help="The committed plan (YAML written by heterps plan --out).", show_default=False
-        ),
-    ],
+    plan_file: _CheckPlanFileArg,
     profile: Annotated[Path, typer.Option(help="The current model profile.", show_default=False)],
     cluster: Annotated[Path, typer.Option(help="The current cluster.", show_default=False)],
-    objective: Annotated[
-        Objective, typer.Option(help="The job's objective, as given to heterps plan: a plan made for another is stale.")
-    ] = Objective.COST,
+    objective: _CheckObjectiveOpt = Objective.COST,
     samples: SamplesOpt = None,
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
-    max_cost: Annotated[
-        float | None,
-        typer.Option(
-            callback=positive_number,
-            help="Fail when the plan costs more (USD); also the job's budget.",
-            show_default=False,
-        ),
-    ] = None,
-    min_throughput: Annotated[
-        float | None,
-        typer.Option(
-            callback=non_negative_number,
-            help="Fail when the plan is slower (samples/s); also the job's requirement. "
-            "Default: the profile's job.min_throughput.",
-            show_default=False,
-        ),
-    ] = None,
-    baseline: Annotated[
-        Path | None,
-        typer.Option(help="An older plan: fail when the cost rose by more than --max-increase.", show_default=False),
-    ] = None,
-    max_increase: Annotated[
-        str,
-        typer.Option(
-            callback=increase_rule,
-            help="With --baseline: the allowed cost increase, with its unit: a percentage of the baseline's cost "
-            "(10%) or dollars ('$25' or 25usd).",
-        ),
-    ] = "0%",
-    replan: Annotated[
-        SchedulerName | None,
-        typer.Option(
-            help="Fail when this scheduler finds a plan cheaper (faster, for an --objective time plan) "
-            "by more than --tolerance.",
-            show_default=False,
-        ),
-    ] = None,
-    tolerance: Annotated[
-        str,
-        typer.Option(
-            callback=tolerance_rule,
-            help="With --replan: how much cheaper (faster, for a time plan) a new plan may be before the committed "
-            "one counts as wasteful, as a percentage (1%).",
-        ),
-    ] = "1%",
+    max_cost: _CheckMaxCostOpt = None,
+    min_throughput: _CheckMinThroughputOpt = None,
+    baseline: _CheckBaselineOpt = None,
+    max_increase: _CheckMaxIncreaseOpt = "0%",
+    replan: _CheckReplanOpt = None,
+    tolerance: _CheckToleranceOpt = "1%",
     seed: SeedOpt = 0,
-    fmt: Annotated[
-        Format,
-        typer.Option(
-            "--format",
-            help="table, json, markdown (a pull-request comment), or github (workflow annotations + markdown, "
-            "appended to $GITHUB_STEP_SUMMARY when set).",
-        ),
-    ] = Format.table,
+    fmt: _CheckFmtOpt = Format.table,
 ) -> None:
     """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds.
 

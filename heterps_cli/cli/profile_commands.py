@@ -126,74 +126,84 @@ def merge_command(
             out.print(Text(f"wrote {out_file} ({len(files)} profiles merged)"))
 
 
+_ProfileAsTypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        help="The resource type name this machine is in the cluster file (e.g. cpu, v100).",
+        show_default=False,
+    ),
+]
+_ProfileBatchSizeOpt = Annotated[
+    int | None, typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)
+]
+_ProfileOutFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="FILE",
+        help="Write the profile YAML here, atomically (- for standard output).",
+        show_default=False,
+    ),
+]
+_ProfileRepetitionsOpt = Annotated[
+    int,
+    typer.Option(
+        min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median."
+    ),
+]
+_ProfileLinkGbpsOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=positive_number,
+        help="Link bandwidth in Gbit/s for odt, instead of measuring it.",
+        show_default=False,
+    ),
+]
+_ProfileProcessesOpt = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Profile in this many fresh processes and keep each layer's median: steadier on a shared machine, "
+        "N times longer.",
+    ),
+]
+_ProfileConcurrentOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--concurrent",
+        metavar="K",
+        help="Run the --processes K at a time, one per core, so that every layer is timed while K - 1 other "
+        "cpu units are busy, as in a plan that uses K units of this machine (cpu only; --processes defaults "
+        "to K and must be a multiple of it).",
+        show_default=False,
+    ),
+]
+_ProfileEstimateOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="DEVICE",
+        help="Estimate, do not measure: each layer's time on this device of the catalogue (a100-80gb, h100, "
+        "t4, ...; see --catalogue) by a roofline model of its FLOPs and bytes, counted here.",
+        show_default=False,
+    ),
+]
+
+
 @profile_app.command(name="measure")
 def profile_command(
     model: ModelArg,
-    as_type: Annotated[
-        str | None,
-        typer.Option(
-            "--as",
-            help="The resource type name this machine is in the cluster file (e.g. cpu, v100).",
-            show_default=False,
-        ),
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)
-    ] = None,
+    as_type: _ProfileAsTypeOpt = None,
+    batch_size: _ProfileBatchSizeOpt = None,
     device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
-    out_file: Annotated[
-        str | None,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="FILE",
-            help="Write the profile YAML here, atomically (- for standard output).",
-            show_default=False,
-        ),
-    ] = None,
+    out_file: _ProfileOutFileOpt = None,
     input_shape: InputShapeOpt = None,
-    repetitions: Annotated[
-        int,
-        typer.Option(
-            min=20, help="Timed runs per layer at least (after warm-up; short layers get more); oct is their median."
-        ),
-    ] = 20,
-    link_gbps: Annotated[
-        float | None,
-        typer.Option(
-            callback=positive_number,
-            help="Link bandwidth in Gbit/s for odt, instead of measuring it.",
-            show_default=False,
-        ),
-    ] = None,
-    processes: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Profile in this many fresh processes and keep each layer's median: steadier on a shared machine, "
-            "N times longer.",
-        ),
-    ] = 1,
-    concurrent: Annotated[
-        int | None,
-        typer.Option(
-            "--concurrent",
-            metavar="K",
-            help="Run the --processes K at a time, one per core, so that every layer is timed while K - 1 other "
-            "cpu units are busy, as in a plan that uses K units of this machine (cpu only; --processes defaults "
-            "to K and must be a multiple of it).",
-            show_default=False,
-        ),
-    ] = None,
-    estimate: Annotated[
-        str | None,
-        typer.Option(
-            metavar="DEVICE",
-            help="Estimate, do not measure: each layer's time on this device of the catalogue (a100-80gb, h100, "
-            "t4, ...; see --catalogue) by a roofline model of its FLOPs and bytes, counted here.",
-            show_default=False,
-        ),
-    ] = None,
+    repetitions: _ProfileRepetitionsOpt = 20,
+    link_gbps: _ProfileLinkGbpsOpt = None,
+    processes: _ProfileProcessesOpt = 1,
+    concurrent: _ProfileConcurrentOpt = None,
+    estimate: _ProfileEstimateOpt = None,
     catalogue: CatalogueOpt = None,
     calibrate: CalibrateOpt = None,
     granularity: GranularityOpt = Granularity.layers,

@@ -13,68 +13,78 @@ from rich.text import Text
 from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt, parse_shape, positive_number, seed_callback
 from heterps_cli.cli.session import exit_codes, out, progress_bar, users_prints_to_stderr, write_output
 
+_RunPlanFileArg = Annotated[
+    Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
+]
+_RunInputShapeOpt = Annotated[
+    str | None,
+    typer.Option(help="Per-sample input shape, as for heterps profile.", callback=parse_shape, show_default=False),
+]
+_RunStepsOpt = Annotated[
+    int, typer.Option(min=1, help="Training steps measured (each runs --micro-batches batches, then a flush).")
+]
+_RunMicroBatchesOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Batches of the plan's batch size per step (1F1B: they fill the pipeline, then a flush and "
+        "one optimiser step). Default: the plan's micro_batches (docs/spec.md section 1d), else 16 x "
+        "(stages - 1), at most 64: the fill and drain then idle a stage 6% of a step.",
+        show_default=False,
+    ),
+]
+_RunMaxProcessesOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Refuse a plan that needs more processes than this (default: the cores here).",
+        show_default=False,
+    ),
+]
+_RunSeedOpt = Annotated[
+    int, typer.Option(callback=seed_callback, help="Seeds the model's weights and the synthetic data.")
+]
+_RunTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        min=1.0,
+        max=86_400.0,
+        help="Seconds any process may wait for another before the run fails (1 to 86,400: gloo's own timers "
+        "take whole milliseconds and a day at most).",
+    ),
+]
+_RunPlacedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--placed",
+        help="Under torchrun: the processes run where the plan places them (its stages' nodes), node by "
+        "node, as heterps launch writes the commands.",
+    ),
+]
+_RunOutFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out", "-o", metavar="FILE", help="Also write the report as JSON here, atomically.", show_default=False
+    ),
+]
+
 
 def run_command(
-    plan_file: Annotated[
-        Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
-    ],
+    plan_file: _RunPlanFileArg,
     model: RunModelOpt = None,
     device_map: DeviceMapOpt = None,
-    input_shape: Annotated[
-        str | None,
-        typer.Option(help="Per-sample input shape, as for heterps profile.", callback=parse_shape, show_default=False),
-    ] = None,
-    steps: Annotated[
-        int, typer.Option(min=1, help="Training steps measured (each runs --micro-batches batches, then a flush).")
-    ] = 10,
+    input_shape: _RunInputShapeOpt = None,
+    steps: _RunStepsOpt = 10,
     warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 2,
-    micro_batches: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Batches of the plan's batch size per step (1F1B: they fill the pipeline, then a flush and "
-            "one optimiser step). Default: the plan's micro_batches (docs/spec.md section 1d), else 16 x "
-            "(stages - 1), at most 64: the fill and drain then idle a stage 6% of a step.",
-            show_default=False,
-        ),
-    ] = None,
+    micro_batches: _RunMicroBatchesOpt = None,
     threads: Annotated[int, typer.Option(min=1, help="Threads per process (one unit of a CPU type = one core).")] = 1,
-    max_processes: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Refuse a plan that needs more processes than this (default: the cores here).",
-            show_default=False,
-        ),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option(callback=seed_callback, help="Seeds the model's weights and the synthetic data.")
-    ] = 0,
+    max_processes: _RunMaxProcessesOpt = None,
+    seed: _RunSeedOpt = 0,
     lr: Annotated[float, typer.Option(callback=positive_number, help="SGD learning rate.")] = 0.01,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            min=1.0,
-            max=86_400.0,
-            help="Seconds any process may wait for another before the run fails (1 to 86,400: gloo's own timers "
-            "take whole milliseconds and a day at most).",
-        ),
-    ] = 120.0,
-    placed: Annotated[
-        bool,
-        typer.Option(
-            "--placed",
-            help="Under torchrun: the processes run where the plan places them (its stages' nodes), node by "
-            "node, as heterps launch writes the commands.",
-        ),
-    ] = False,
+    timeout: _RunTimeoutOpt = 120.0,
+    placed: _RunPlacedOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    out_file: Annotated[
-        str | None,
-        typer.Option(
-            "--out", "-o", metavar="FILE", help="Also write the report as JSON here, atomically.", show_default=False
-        ),
-    ] = None,
+    out_file: _RunOutFileOpt = None,
 ) -> None:
     """Train with a plan on real processes (torch.distributed) and measure it against its prediction.
 

@@ -68,6 +68,25 @@ def measure_in_processes(
         "link_gbps": link_gbps,
         "granularity": granularity,
     }
+    runs = _run_all(args, processes, concurrent, report)
+    report("combining the processes", completed=processes, total=processes)
+    combined = combine(runs)
+    if concurrent is not None:
+        assert how is not None
+        others = f"{concurrent - 1} other {'units' if concurrent > 2 else 'unit'} of this machine"
+        combined.bandwidth_how = how
+        combined.notes = [
+            *notes,
+            *combined.notes,
+            f"oct and alpha: timed {concurrent} processes at a time, one per core: each layer ran while {others} "
+            f"{'were' if concurrent > 2 else 'was'} busy with the same work, as in a plan that uses {concurrent} units",
+        ]
+    return combined
+
+
+def _run_all(args: dict, processes: int, concurrent: int | None, report: Progress) -> list[Profiled]:
+    """Each process's profile: one after another, or ``concurrent`` at a time."""
+    spec = args["spec"]
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"run{i}.json" for i in range(processes)]
         if concurrent is not None:
@@ -85,19 +104,7 @@ def measure_in_processes(
                 )
                 _finished(i, processes, subprocess.run(_command(args, out), capture_output=True, text=True))
         runs = [from_dict(json.loads(out.read_text())) for out in outs]
-    report("combining the processes", completed=processes, total=processes)
-    combined = combine(runs)
-    if concurrent is not None:
-        assert how is not None
-        others = f"{concurrent - 1} other {'units' if concurrent > 2 else 'unit'} of this machine"
-        combined.bandwidth_how = how
-        combined.notes = [
-            *notes,
-            *combined.notes,
-            f"oct and alpha: timed {concurrent} processes at a time, one per core: each layer ran while {others} "
-            f"{'were' if concurrent > 2 else 'was'} busy with the same work, as in a plan that uses {concurrent} units",
-        ]
-    return combined
+    return runs
 
 
 def _command(args: dict, out: Path) -> list[str]:

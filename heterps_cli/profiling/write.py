@@ -18,9 +18,10 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import exact
-from heterps_cli.formats import load_profile
+from heterps_cli.formats import Profile, load_profile
 from heterps_cli.profiling.estimate import Estimated
 from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, LayerProfile, Profiled, python_path_note
+from heterps_cli.yamlio import Document
 
 
 @dataclass
@@ -206,53 +207,8 @@ def merge_profiles(paths: list[str]) -> str:
             for line in text_lines[path]
             if line.startswith("# ") and not line.startswith("# merged by")
         ]
-        if prof.model != first.model:
-            raise doc.error(
-                ("model",),
-                f"model {prof.model!r} is not {first.model!r} of {paths[0]}: "
-                "only profiles of the same model can be merged",
-            )
-        if prof.batch_size != first.batch_size:
-            raise doc.error(
-                ("batch_size",),
-                f"batch size {prof.batch_size} differs from {first.batch_size} in "
-                f"{paths[0]}: measure every machine at the same --batch-size",
-            )
-        for field in ("state_factor", "job"):  # the model's and the job's: every profile must say the same
-            if getattr(prof, field) != getattr(first, field):
-                raise doc.error(
-                    (field,),
-                    f"{field} {_said(getattr(prof, field))} differs from {_said(getattr(first, field))} in "
-                    f"{paths[0]}: profiles of one model must agree on it (set it alike in each, then merge)",
-                )
-        if [layer.name for layer in prof.layers] != [layer.name for layer in first.layers]:
-            raise doc.error(
-                ("layers",),
-                f"the layers ({len(prof.layers)}) differ from those of {paths[0]} "
-                f"({len(first.layers)}) in number, names or order: not the same model",
-            )
-        for i, (layer, row) in enumerate(zip(prof.layers, rows)):
-            if (
-                layer.type != row.kind
-                or not _close(layer.input_size, row.input_size)
-                or not _close(layer.weight_size, row.weight_size)
-            ):
-                raise doc.error(
-                    ("layers", i),
-                    f"layer {layer.name!r} has another type or size than in {paths[0]}: not the same model",
-                )
-            for t, e in layer.times.items():
-                if t in row.times:
-                    raise doc.error(
-                        ("layers", i, "times", t),
-                        f"type {t!r} is measured in {owner[t]} too: merge one profile per resource type",
-                    )
-                alpha, beta = layer.fractions(t)
-                line = text_lines[path][doc.line(("layers", i, "times", t)) - 1]
-                found = re.search(r"#\s*(estimated:.*)$", line)
-                comment = found.group(1).strip() if found else ""
-                row.times[t] = Entry(e.oct, e.odt, alpha, beta, comment, e.update)
-                owner[t] = path
+        _same_model(prof, doc, first, paths[0])
+        _take_times(prof, doc, rows, owner, path, text_lines[path], paths[0])
     given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
     return render(
         first.model,
@@ -262,6 +218,69 @@ def merge_profiles(paths: list[str]) -> str:
         state_factor=first.state_factor if "state_factor" in given else None,
         job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
     )
+
+
+def _same_model(prof: Profile, doc: Document, first: Profile, first_path: str) -> None:
+    """``prof`` describes the model ``first`` does: its name, batch, job, and layers' names and order."""
+    if prof.model != first.model:
+        raise doc.error(
+            ("model",),
+            f"model {prof.model!r} is not {first.model!r} of {first_path}: "
+            "only profiles of the same model can be merged",
+        )
+    if prof.batch_size != first.batch_size:
+        raise doc.error(
+            ("batch_size",),
+            f"batch size {prof.batch_size} differs from {first.batch_size} in "
+            f"{first_path}: measure every machine at the same --batch-size",
+        )
+    for field in ("state_factor", "job"):  # the model's and the job's: every profile must say the same
+        if getattr(prof, field) != getattr(first, field):
+            raise doc.error(
+                (field,),
+                f"{field} {_said(getattr(prof, field))} differs from {_said(getattr(first, field))} in "
+                f"{first_path}: profiles of one model must agree on it (set it alike in each, then merge)",
+            )
+    if [layer.name for layer in prof.layers] != [layer.name for layer in first.layers]:
+        raise doc.error(
+            ("layers",),
+            f"the layers ({len(prof.layers)}) differ from those of {first_path} "
+            f"({len(first.layers)}) in number, names or order: not the same model",
+        )
+
+
+def _take_times(
+    prof: Profile,
+    doc: Document,
+    rows: list[LayerRow],
+    owner: dict[str, str],
+    path: str,
+    lines: list[str],
+    first_path: str,
+) -> None:
+    """Each layer's entries of ``prof`` into ``rows``, with their estimate comments; a type measured
+    twice, or a layer of another type or size, is an error."""
+    for i, (layer, row) in enumerate(zip(prof.layers, rows)):
+        if (
+            layer.type != row.kind
+            or not _close(layer.input_size, row.input_size)
+            or not _close(layer.weight_size, row.weight_size)
+        ):
+            raise doc.error(
+                ("layers", i),
+                f"layer {layer.name!r} has another type or size than in {first_path}: not the same model",
+            )
+        for t, e in layer.times.items():
+            if t in row.times:
+                raise doc.error(
+                    ("layers", i, "times", t),
+                    f"type {t!r} is measured in {owner[t]} too: merge one profile per resource type",
+                )
+            alpha, beta = layer.fractions(t)
+            found = re.search(r"#\s*(estimated:.*)$", lines[doc.line(("layers", i, "times", t)) - 1])
+            comment = found.group(1).strip() if found else ""
+            row.times[t] = Entry(e.oct, e.odt, alpha, beta, comment, e.update)
+            owner[t] = path
 
 
 def _said(value) -> str:

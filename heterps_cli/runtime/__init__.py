@@ -16,6 +16,8 @@ from heterps_cli.errors import InputError
 from heterps_cli.progress import Progress, quiet
 
 if TYPE_CHECKING:
+    from heterps_cli.formats import Plan
+    from heterps_cli.runtime.placement import Process
     from heterps_cli.runtime.report import RunReport
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -110,12 +112,7 @@ def run_plan(
     """``heterps run``: train with the plan (one process per replica) and measure it against its
     prediction; a :class:`~.report.RunReport` (None on a torchrun rank other than 0). ``model``
     defaults to the one the plan names."""
-    import torch
-
     from heterps_cli.formats import load_plan
-    from heterps_cli.profiling.granularity import use_layers
-    from heterps_cli.profiling.measure import load_model
-    from heterps_cli.runtime.chain import check_plan_layers, trace_chain
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
     from heterps_cli.runtime.report import build_report
     from heterps_cli.runtime.worker import RunConfig
@@ -127,40 +124,10 @@ def run_plan(
     model = model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})
-    world = sum(s.replicas for s in plan.stages)
     under_torchrun = torchrun_env() is not None
-    if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
-        check_gpus_unshared([(s.resource, s.replicas) for s in plan.stages], devices, torch.cuda.device_count())
-    order = None
-    if placed:
-        from heterps_cli.runtime.placement import processes
-
-        if not under_torchrun:
-            why = "heterps launch writes the commands; here heterps run starts every process itself"
-            raise InputError(None, None, "--placed", f"--placed is for a run under torchrun, one node each ({why})")
-        try:
-            order = processes(plan.stages)
-        except ValueError as exc:
-            raise InputError(plan_path, None, "stages", f"--placed: {exc} (plan on a cluster with nodes)") from None
-    limit = max_processes if max_processes is not None else (os.cpu_count() or 1)
-    if not under_torchrun and world > limit:
-        raise InputError(
-            plan_path,
-            None,
-            "stages",
-            f"the plan has {world} replicas in all, one process each, more than --max-processes {limit}: "
-            "raise --max-processes, run it on a cluster under torchrun, or plan with lower limits",
-        )
-    widest = max(s.replicas for s in plan.stages)
-    if widest > plan.batch_size:
-        raise InputError(
-            plan_path, None, "stages", f"a stage has {widest} replicas but a batch only {plan.batch_size} samples"
-        )
+    order = _processes(plan, plan_path, devices, placed, max_processes, under_torchrun)
     report(f"loading {model} and checking it against the plan")
-    torch.manual_seed(seed)
-    names = [name for s in plan.stages for name in s.layers]
-    chain = trace_chain(use_layers(load_model(model, plan.batch_size, input_shape), names))
-    check_plan_layers(chain, [s.layers for s in plan.stages], plan_path)
+    _check_model(plan, plan_path, model, input_shape, seed)
     cfg = RunConfig(
         model=model,
         input_shape=input_shape,
@@ -208,3 +175,55 @@ def single_process_losses(
         optimiser.step()
         losses.append(float(loss.detach()))
     return losses
+
+
+def _check_model(plan: Plan, plan_path: str, model: str, input_shape: tuple[int, ...] | None, seed: int) -> None:
+    """The model is a chain whose layers are the plan's, in its order."""
+    import torch
+
+    from heterps_cli.profiling.granularity import use_layers
+    from heterps_cli.profiling.measure import load_model
+    from heterps_cli.runtime.chain import check_plan_layers, trace_chain
+
+    torch.manual_seed(seed)
+    names = [name for s in plan.stages for name in s.layers]
+    chain = trace_chain(use_layers(load_model(model, plan.batch_size, input_shape), names))
+    check_plan_layers(chain, [s.layers for s in plan.stages], plan_path)
+
+
+def _processes(
+    plan: Plan, plan_path: str, devices: dict[str, str], placed: bool, max_processes: int | None, under_torchrun: bool
+) -> list[Process] | None:
+    """Refuse a plan these processes cannot run (a GPU shared, too many processes, a replica with no
+    sample); with ``placed``, the order torchrun's ranks take (docs/guide/running.md)."""
+    import torch
+
+    world = sum(s.replicas for s in plan.stages)
+    if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
+        check_gpus_unshared([(s.resource, s.replicas) for s in plan.stages], devices, torch.cuda.device_count())
+    order = None
+    if placed:
+        from heterps_cli.runtime.placement import processes
+
+        if not under_torchrun:
+            why = "heterps launch writes the commands; here heterps run starts every process itself"
+            raise InputError(None, None, "--placed", f"--placed is for a run under torchrun, one node each ({why})")
+        try:
+            order = processes(plan.stages)
+        except ValueError as exc:
+            raise InputError(plan_path, None, "stages", f"--placed: {exc} (plan on a cluster with nodes)") from None
+    limit = max_processes if max_processes is not None else (os.cpu_count() or 1)
+    if not under_torchrun and world > limit:
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            f"the plan has {world} replicas in all, one process each, more than --max-processes {limit}: "
+            "raise --max-processes, run it on a cluster under torchrun, or plan with lower limits",
+        )
+    widest = max(s.replicas for s in plan.stages)
+    if widest > plan.batch_size:
+        raise InputError(
+            plan_path, None, "stages", f"a stage has {widest} replicas but a batch only {plan.batch_size} samples"
+        )
+    return order
