@@ -41,7 +41,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.formulas import activations_held, amdahl, pipeline_step, run_cost, sample_hours, stage_throughput
+from heterps_cli.formulas import (
+    activations_held,
+    amdahl,
+    pipeline_step,
+    run_cost,
+    sample_hours,
+    share,
+    stage_throughput,
+    stretch,
+    whole_samples,
+)
 from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
 
@@ -55,14 +65,56 @@ def _need(serial, parallel, tau):
     return np.where(parallel > 0, np.where(gap > 0, k, np.inf), np.where(serial + parallel <= tau, 1.0, np.inf))
 
 
-def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0):
+def next_whole(batch, k):
+    """The fewest replicas above ``k`` whose whole-sample share of a batch of ``batch`` is smaller
+    (``k + 1`` unless ``k + 1`` replicas share it as ``k`` do; inf once ``k`` replicas take one
+    sample each): the only counts between which a stage's time can fall (section 1)."""
+    s = share(batch, k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s > 1, np.ceil(batch / (s - 1)), np.inf)
+
+
+def _whole(k, holds, batch):
+    """From ``k``, the fewest replicas for which ``holds`` under real division (so no fewer can hold
+    under whole samples), the fewest for which it holds under whole samples, at most ``batch`` (inf if
+    none). Between two counts that share a batch alike only what ``k`` divides as it is changes (section
+    1d's all-reduce grows), so past ``k`` only :func:`next_whole`'s counts can hold first."""
+    k = np.where(k <= batch, k, np.inf)
+    while True:
+        finite = np.isfinite(k)
+        pending = finite & ~holds(np.where(finite, k, 1.0))
+        if not pending.any():
+            return k
+        k = np.where(pending, next_whole(batch, np.where(finite, k, 1.0)), k)
+
+
+def _whole_monotone(k, holds, batch):
+    """As :func:`_whole`, for a ``holds`` that never fails again once it holds (memory): bisected, as the
+    fewest may fall between :func:`next_whole`'s counts."""
+    lo = np.where(k <= batch, k, np.inf)
+    top = holds(np.full(np.shape(lo), float(batch)))
+    lo = np.where(np.isfinite(lo) & ~top, np.inf, lo)
+    hi = np.where(np.isfinite(lo), float(batch), lo)
+    while True:
+        open_ = np.isfinite(lo) & (lo < hi)
+        if not open_.any():
+            return lo
+        mid = np.where(open_, np.floor((lo + hi) / 2), 1.0)
+        ok = holds(mid)
+        hi = np.where(open_ & ok, mid, hi)
+        lo = np.where(open_ & ~ok, mid + 1, lo)
+
+
+def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0, ps=None, batch=None):
     """The smallest integer ``k >= at_least`` with ``stage_throughput(k) >= target`` (inf if none).
 
     Closed form from the Amdahl terms, then corrected by one step either way so
     the answer agrees bit for bit with :func:`stage_throughput`. ``at_least`` is
     memory's own lower bound (section 1b); the last check then also catches a
     section 1d stage that more replicas slow down, which that bound can push
-    past the target.
+    past the target. With ``batch``, a replica trains whole samples of it (``ps``: the part of
+    ``pc`` that is per sample, all of it when not given) and at most ``batch`` replicas share it:
+    the count under real division bounds it from below (:func:`_whole`).
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny target: every k reaches it
         tau = np.divide(batch_size, np.asarray(target, dtype=float))
@@ -70,22 +122,40 @@ def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0):
     def reaches(k):
         return stage_throughput(sc, pc, sd, pd, batch_size, k) >= target
 
-    return _least(np.maximum(_need(sc, pc, tau), _need(sd, pd, tau)), reaches, at_least)
+    real = _least(np.maximum(_need(sc, pc, tau), _need(sd, pd, tau)), reaches, at_least)
+    if batch is None:
+        return real
+
+    def reaches_whole(k):
+        return stage_throughput(sc, pc, sd, pd, batch_size, k, ps, batch) >= target
+
+    return _whole(real, reaches_whole, batch)
 
 
-def memory_fits(fixed, split, memory, k):
-    """Does one replica of ``k`` hold ``fixed + split / k`` bytes within ``memory`` (section 1b)?"""
+def memory_need(fixed, split, k, activations=None, batch=None):
+    """Bytes one replica of ``k`` holds: ``fixed + split / k`` (section 1b), with ``batch`` the part of
+    ``split`` that is ``activations`` charged at the replica's whole-sample share."""
+    if batch is not None:
+        split = whole_samples(split, activations, batch, k)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return amdahl(fixed, split, k) <= memory * (1 + SLACK)
+        return amdahl(fixed, split, k)
 
 
-def min_memory_replicas(fixed, split, memory):
+def memory_fits(fixed, split, memory, k, activations=None, batch=None):
+    """Does one replica of ``k`` hold :func:`memory_need` within ``memory`` (section 1b)?"""
+    return memory_need(fixed, split, k, activations, batch) <= memory * (1 + SLACK)
+
+
+def min_memory_replicas(fixed, split, memory, activations=None, batch=None):
     """The smallest integer ``k >= 1`` whose replicas each fit ``memory`` (inf if none; 1 without a limit).
 
     Closed form, then corrected by one step either way so that it agrees bit for
-    bit with :func:`memory_fits`.
+    bit with :func:`memory_fits`; with ``batch``, at most ``batch`` and under whole samples.
     """
-    return _least(_need(fixed, split, memory * (1 + SLACK)), lambda k: memory_fits(fixed, split, memory, k))
+    real = _least(_need(fixed, split, memory * (1 + SLACK)), lambda k: memory_fits(fixed, split, memory, k))
+    if batch is None:
+        return real
+    return _whole_monotone(real, lambda k: memory_fits(fixed, split, memory, k, activations, batch), batch)
 
 
 def _least(closed_form, holds, at_least=1.0):
@@ -129,6 +199,9 @@ class Stages:
     sync: np.ndarray  # [B, S] Y: the gradient all-reduce between two replicas, per step
     update: np.ndarray  # [B, S] U: the optimiser step, per step
     in_flight: np.ndarray  # [B, S] micro-batches whose activations a replica holds at once (1 without)
+    # Section 1's whole samples: the parts the busiest replica's share of a batch sets.
+    ps: np.ndarray  # [B, S] the part of pc that is per sample (pc itself but under section 1d)
+    mem_act: np.ndarray  # [B, S] the part of mem_split that is activations
 
     def take(self, rows) -> Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
@@ -156,13 +229,14 @@ def _pipelined(problem: Problem, micro, sid: np.ndarray, valid: np.ndarray):
     count = sid[:, -1:] + 1  # S of each row
     S = valid.shape[1]
     in_flight = np.where(valid, np.minimum(count - np.arange(S)[None, :], problem.micro_batches), 1.0)
-    serial, parallel = pipeline_step(problem.micro_batches, count, *micro)
-    return serial, parallel, in_flight
+    serial, parallel, per_sample = pipeline_step(problem.micro_batches, count, *micro)
+    return serial, parallel, per_sample, in_flight
 
 
 def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight):
     """Section 1b: per stage, the bytes every replica holds, the bytes split across them (with section
-    1d's micro-batches in flight) and the fewest replicas whose memory fits."""
+    1d's micro-batches in flight), the activations among those, and the fewest replicas whose memory
+    fits."""
     B, S = shape
     n = problem.n_layers
 
@@ -179,7 +253,8 @@ def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, f
         mem_split = summed(problem.state_parts[1]) + activations
     if problem.reserved is not None:
         mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
-    return mem_fixed, mem_split, np.where(valid, min_memory_replicas(mem_fixed, mem_split, problem.memory[stype]), 1.0)
+    fewest = min_memory_replicas(mem_fixed, mem_split, problem.memory[stype], activations, problem.batch_size)
+    return mem_fixed, mem_split, activations, np.where(valid, fewest, 1.0)
 
 
 def split_stages(problem: Problem, schedules) -> Stages:
@@ -209,19 +284,20 @@ def split_stages(problem: Problem, schedules) -> Stages:
     zeros: np.ndarray = np.zeros((B, S))
     in_flight: np.ndarray = np.ones((B, S))
     micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)
+    ps = pc
     if problem.pipelined:
         sync, update = (
             np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S)
             for part in (problem.odt, problem.update_times)
         )
         micro = (sc, pc + transfer, sync, update)  # odt: the all-reduce between two replicas (beta unused)
-        sc, pc, in_flight = _pipelined(problem, micro, sid, valid)
+        sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:
         pd = pd + transfer
-    mem_fixed, mem_split, min_k = zeros, zeros, np.ones((B, S))
+    mem_fixed, mem_split, mem_act, min_k = zeros, zeros, zeros, np.ones((B, S))
     if np.isfinite(problem.memory).any():
-        mem_fixed, mem_split, min_k = _memory(problem, flat, (B, S), valid, first, stype, in_flight)
+        mem_fixed, mem_split, mem_act, min_k = _memory(problem, flat, (B, S), valid, first, stype, in_flight)
     return Stages(
         sched,
         sc,
@@ -239,6 +315,8 @@ def split_stages(problem: Problem, schedules) -> Stages:
         min_k,
         *micro,
         in_flight,
+        ps,
+        mem_act,
     )
 
 
@@ -270,9 +348,10 @@ def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
 def stage_throughputs(problem: Problem, stages: Stages, replicas) -> np.ndarray:
     """``[B, S]`` samples/s of every stage with the given replica counts (inf in padding)."""
     k = np.where(stages.valid, replicas, 1.0)
-    return np.where(
-        stages.valid, stage_throughput(stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, k), np.inf
+    thr = stage_throughput(
+        stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, k, stages.ps, problem.batch_size
     )
+    return np.where(stages.valid, thr, np.inf)
 
 
 def score(problem: Problem, stages: Stages, replicas, rate: np.ndarray | None = None) -> Scores:
@@ -289,12 +368,15 @@ def score(problem: Problem, stages: Stages, replicas, rate: np.ndarray | None = 
         time_s = problem.work / thr
         cost = run_cost(problem.work, thr, rate)
     fits = (used <= problem.limits[None, :]).all(axis=1)
-    within = np.asarray(fits & np.where(stages.valid, k >= np.maximum(stages.min_k, 1), True).all(axis=1))
+    each = (k >= np.maximum(stages.min_k, 1)) & (k <= problem.batch_size)  # section 1: whole samples
+    within = np.asarray(fits & np.where(stages.valid, each, True).all(axis=1))
     feasible = stages.runnable & within & meets_targets(problem, thr, cost)
     miss = np.zeros(len(k))
     if np.isfinite(problem.memory).any():
         with np.errstate(divide="ignore", invalid="ignore"):
-            need = amdahl(stages.mem_fixed, stages.mem_split, np.maximum(k, 1.0))
+            need = memory_need(
+                stages.mem_fixed, stages.mem_split, np.maximum(k, 1.0), stages.mem_act, problem.batch_size
+            )
             over = np.where(stages.valid, np.maximum(need / problem.memory[stages.type] - 1.0, 0.0), 0.0)
         miss = np.nan_to_num(over, nan=0.0, posinf=1e300).sum(axis=1)
     return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible, miss)
@@ -317,7 +399,7 @@ def meets_targets(problem: Problem, throughput, cost):
     return ok
 
 
-def cost_lower_bound(price, replicas, throughput):
+def cost_lower_bound(price, replicas, throughput, batch):
     """Per stage, a lower bound on ``price * k' / X'`` for every target ``X' >= X``.
 
     ``replicas`` are the fewest reaching ``X`` and ``throughput`` what they give.
@@ -325,9 +407,13 @@ def cost_lower_bound(price, replicas, throughput):
     ``k'/X' >= k'/thr(k') = k' ET(k') / B0 >= replicas / throughput`` because
     ``k ET(k) = max(k sc + pc, k sd + pd)`` never falls as ``k`` grows. Summed
     over a plan's stages this bounds the cost of every faster plan (times W/3600).
+
+    Under whole samples (section 1) that holds of the times under real division, which are at least
+    the whole-sample times over :func:`~heterps_cli.formulas.stretch` (its serial terms are never
+    negative), hence the division by it: 1 where ``replicas`` divide ``batch``.
     """
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(price > 0, price * replicas / throughput, 0.0)
+        return np.where(price > 0, price * replicas / throughput / stretch(batch, replicas), 0.0)
 
 
 def better(problem: Problem, cost, thr, best_cost, best_thr):
@@ -341,7 +427,15 @@ def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, 
     """Fewest replicas per stage reaching ``target`` (per row), 0 in padding; and whether they fit the limits."""
     limit = problem.limits[stages.type].astype(float)
     k = min_replicas(
-        stages.sc, stages.pc, stages.sd, stages.pd, problem.step_samples, np.asarray(target)[:, None], stages.min_k
+        stages.sc,
+        stages.pc,
+        stages.sd,
+        stages.pd,
+        problem.step_samples,
+        np.asarray(target)[:, None],
+        stages.min_k,
+        stages.ps,
+        problem.batch_size,
     )
     k = np.where(stages.valid, np.where(k <= limit, k, np.inf), 0.0)
     ok = stages.runnable & np.isfinite(k).all(axis=1)
@@ -352,11 +446,12 @@ def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, 
 
 def _step_past(problem: Problem, stages: Stages, k, thr_s, thr) -> tuple[np.ndarray, np.ndarray]:
     """The fewest replicas just above the plan ``k`` (stage throughputs ``thr_s``, throughput ``thr``),
-    given that ``k`` are the fewest reaching something at most ``thr``: one more on each bottleneck
-    stage, the others as they are; and whether those fit the limits. Where one more gains a stage
+    given that ``k`` are the fewest reaching something at most ``thr``: on each bottleneck stage the
+    next count with a smaller share of the batch (:func:`next_whole`, one more unless that one shares
+    it alike), the others as they are; and whether those fit the limits. Where one more gains a stage
     nothing, the plan is dearer and as fast (the closed form would say no count reaches past ``thr``).
     Two numpy calls where :func:`_replicas_at` makes forty."""
-    ahead = k + (stages.valid & (thr_s == thr[:, None]))
+    ahead = np.where(stages.valid & (thr_s == thr[:, None]), next_whole(problem.batch_size, np.maximum(k, 1.0)), k)
     return ahead, np.asarray((used_per_type(problem, stages, ahead) <= problem.limits).all(axis=1))
 
 
@@ -499,7 +594,7 @@ def provision(problem: Problem, stages: Stages) -> Scores:
         rate = (price * k).sum(axis=1)
         if problem.objective is Objective.COST:
             # No plan at least as fast as the target can cost less than this bound.
-            bound = sample_hours(problem.work) * cost_lower_bound(price, k, thr_s).sum(axis=1)
+            bound = sample_hours(problem.work) * cost_lower_bound(price, k, thr_s, problem.batch_size).sum(axis=1)
             active &= bound < best_cost[rows] * (1 - SLACK)
         thr = thr_s.min(axis=1)
         cost = run_cost(problem.work, thr, rate)

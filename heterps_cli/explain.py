@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import split_stages, stage_throughputs
+from heterps_cli.costmodel import next_whole, split_stages, stage_throughputs
 from heterps_cli.figures import count, usd
-from heterps_cli.formulas import pipeline_slots, ring_allreduce, step_parts
+from heterps_cli.formulas import pipeline_slots, ring_allreduce, share, step_parts, stretch
 from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
 
@@ -69,36 +69,58 @@ def _held_by(problem: Problem, plan, b: int) -> str:
             f"its rental has no {stage.resource} left: another replica needs another node "
             "(plan --explain gives one node more of each kind)"
         )
-    faster, why = _one_more(problem, plan, b)
+    B = plan.batch_size
+    if stage.replicas >= B:
+        each = f"its {count(stage.replicas)} replicas train one sample each of the batch of {count(B)}"
+        return f"{each}: no more can share it"
+    more = int(next_whole(B, stage.replicas)) - stage.replicas
+    if used + more > limit:
+        return (
+            f"{_another(more, B, stage.replicas)} would split the batch of {count(B)} finer, and the plan uses "
+            f"{count(used)} of the {count(limit)} {stage.resource} units the limit allows"
+        )
+    faster, why = _one_more(problem, plan, b, more)
     if faster <= stage.throughput * (1 + SLACK):
-        return f"another replica would not make it faster ({count(faster)} samples/s): {why}"
+        return f"{_another(more, B, stage.replicas)} would not make it faster ({count(faster)} samples/s): {why}"
     if problem.max_cost is not None and plan.cost_usd >= problem.max_cost * (1 - 1e-6):
         return f"the budget: the plan spends {usd(plan.cost_usd)} of {usd(problem.max_cost)}"
     if problem.objective is Objective.COST:
         need = f"meets the required {count(problem.min_throughput)} samples/s" if problem.min_throughput > 0 else ""
         return (
-            f"the objective is cost{': the plan ' + need if need else ''}; another {stage.resource} replica there "
-            f"would reach {count(faster)} samples/s and cost more"
+            f"the objective is cost{': the plan ' + need if need else ''}; "
+            f"{_another(more, B, stage.replicas, stage.resource)} there would reach {count(faster)} samples/s "
+            "and cost more"
         )
-    return f"another {stage.resource} replica there would reach {count(faster)} samples/s"
+    return f"{_another(more, B, stage.replicas, stage.resource)} there would reach {count(faster)} samples/s"
 
 
-def _one_more(problem: Problem, plan, b: int) -> tuple[float, str]:
-    """The bottleneck stage's throughput with one replica more (the others as they are), and what
-    that replica changes: the gradient all-reduce it adds against the compute it saves (section 1d),
+def _another(more: int, batch: int, k: int, resource: str = "") -> str:
+    """ "another replica", or the fewest more that split the batch finer (section 1's whole samples)."""
+    kind = f"{resource} " if resource else ""
+    if more == 1:
+        return f"another {kind}replica"
+    return (
+        f"{more} more {kind}replicas (fewer would leave the busiest with {count(int(share(batch, k)))} samples as now)"
+    )
+
+
+def _one_more(problem: Problem, plan, b: int, more: int = 1) -> tuple[float, str]:
+    """The bottleneck stage's throughput with ``more`` replicas more (the others as they are), and what
+    they change: the gradient all-reduce they add against the compute they save (section 1d),
     or the part of the stage's time that replicas do not divide."""
     schedule = np.array([problem.types.index(r) for r in plan.schedule])
     stages = split_stages(problem, schedule[None, :])
     k = np.zeros(stages.valid.shape)
     k[0, : len(plan.stages)] = [s.replicas for s in plan.stages]
     now = float(k[0, b])
-    k[0, b] += 1
+    k[0, b] += more
     faster = float(stage_throughputs(problem, stages, k)[0, b])
-    shrink = 1 / now - 1 / (now + 1)
+    B = problem.batch_size
+    shrink = float(stretch(B, now)) / now - float(stretch(B, now + more)) / (now + more)
     if problem.pipelined:
         slots = pipeline_slots(plan.micro_batches, len(plan.stages))
         saved = slots * float(stages.micro_parallel[0, b]) * shrink
-        added = float(ring_allreduce(stages.sync[0, b], now + 1) - ring_allreduce(stages.sync[0, b], now))
+        added = float(ring_allreduce(stages.sync[0, b], now + more) - ring_allreduce(stages.sync[0, b], now))
         return faster, (
             f"its gradient all-reduce would grow by {_s(added)} a step, more than the {_s(saved)} of compute "
             "and transfer it would save"

@@ -16,9 +16,38 @@ def amdahl(serial, parallel, k):
     return serial + parallel / k
 
 
-def stage_throughput(sc, pc, sd, pd, batch_size, k):
+def share(batch, k):
+    """Section 1: ``⌈B/k⌉``, the samples of a batch of ``B`` that the busiest of ``k`` replicas trains
+    (a replica trains whole samples: the shares are ``⌈B/k⌉`` and ``⌊B/k⌋``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.ceil(batch / k)
+
+
+def stretch(batch, k):
+    """Section 1: ``k ⌈B/k⌉ / B``, how much longer than ``1/k`` of the batch the busiest replica's
+    share takes (1 exactly when ``k`` divides ``B``)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = k * share(batch, k) / batch
+    return np.where(np.isfinite(s), s, 1.0)  # no replicas or infinitely many: nothing to stretch
+
+
+def whole_samples(parallel, per_sample, batch, k):
+    """Section 1: the part of ``amdahl(serial, parallel, k)`` that replicas divide, charged at the
+    busiest replica's whole-sample share: ``per_sample``, the part of ``parallel`` that is per sample,
+    grows by :func:`stretch` (``parallel`` itself when ``k`` divides ``B``; the rest of ``parallel``,
+    such as section 1d's all-reduce, is divided by ``k`` as it is)."""
+    s = stretch(batch, k)
+    with np.errstate(invalid="ignore", over="ignore"):  # kept apart where s is 1, so inf stays inf
+        return np.where(s == 1.0, parallel, parallel + per_sample * (s - 1.0))
+
+
+def stage_throughput(sc, pc, sd, pd, batch_size, k, ps=None, batch=None):
     """Samples per second of a stage with ``k`` replicas: ``B0 / max(CT(k), DT(k))`` (section 1d:
-    samples per step over the stage's step time, with ``sd = pd = 0``)."""
+    samples per step over the stage's step time, with ``sd = pd = 0``). With ``batch`` (the batch
+    ``B`` its replicas split), the per-sample parts (``ps`` of ``pc``, all of ``pd``) are charged at
+    the busiest replica's whole share (:func:`whole_samples`); without it, at ``1/k``."""
+    if batch is not None:
+        pc, pd = whole_samples(pc, pc if ps is None else ps, batch, k), whole_samples(pd, pd, batch, k)
     with np.errstate(divide="ignore", invalid="ignore"):
         return batch_size / np.maximum(amdahl(sc, pc, k), amdahl(sd, pd, k))
 
@@ -41,10 +70,12 @@ def pipeline_step(micro_batches, stages, micro_serial, micro_parallel, sync, upd
 
     ``c(k) = micro_serial + micro_parallel / k`` is a replica's time per micro-batch (compute and the
     boundary transfer it waits for); ``Y`` is the stage's gradient all-reduce between two replicas
-    (:func:`ring_allreduce`); ``U`` its optimiser step."""
+    (:func:`ring_allreduce`); ``U`` its optimiser step. The third part is the per-sample part of
+    ``parallel`` (its compute and transfer, not the all-reduce), for :func:`whole_samples`."""
     slots = pipeline_slots(micro_batches, stages)
     with np.errstate(over="ignore", invalid="ignore"):
-        return slots * micro_serial + 2.0 * sync + update, slots * micro_parallel - 2.0 * sync
+        per_sample = slots * micro_parallel
+        return slots * micro_serial + 2.0 * sync + update, per_sample - 2.0 * sync, per_sample
 
 
 def step_parts(micro_batches, stages, compute, transfer, allreduce, update) -> dict[str, float]:

@@ -13,7 +13,7 @@ import numpy as np
 from heterps_cli.costmodel import score, split_stages
 from heterps_cli.explain import explanation
 from heterps_cli.formats import Plan, Stage
-from heterps_cli.formulas import activations_held, amdahl, ring_allreduce
+from heterps_cli.formulas import activations_held, amdahl, ring_allreduce, whole_samples
 from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
@@ -163,24 +163,34 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     t = int(stages.type[0, s])
     reserved = problem.reserved_bytes
     pipeline: dict = {}
-    transfer = float(stages.transfer[0, s] / kk)
+    B = problem.batch_size  # a replica trains whole samples of each batch: the busiest sets the figures
+
+    def whole(parallel, per_sample):
+        return whole_samples(parallel, per_sample, B, kk)
+
+    transfer = float(whole(stages.transfer[0, s], stages.transfer[0, s]) / kk)
     state_fixed, state_split = problem.state_parts
     # a stage holds once what two of its layers save; its first layer's share is its own copy
     activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
         held = activations_held(in_flight, activations)
-        memory = float(amdahl(state_fixed[a : b + 1].sum() + reserved[t], state_split[a : b + 1].sum() + held, kk))
-        compute = float(amdahl(stages.micro_serial[0, s], stages.micro_parallel[0, s], kk)) - transfer
+        memory = float(
+            amdahl(state_fixed[a : b + 1].sum() + reserved[t], whole(state_split[a : b + 1].sum() + held, held), kk)
+        )
+        micro = stages.micro_parallel[0, s]
+        compute = float(amdahl(stages.micro_serial[0, s], whole(micro, micro), kk)) - transfer
         comm = float(ring_allreduce(stages.sync[0, s], kk))
-        step = amdahl(stages.sc[0, s], stages.pc[0, s], kk)
+        step = amdahl(stages.sc[0, s], whole(stages.pc[0, s], stages.ps[0, s]), kk)
         pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(step), "in_flight": in_flight}
     else:
-        memory = float(amdahl(state_fixed[a : b + 1].sum(), state_split[a : b + 1].sum() + activations, kk))
+        memory = float(
+            amdahl(state_fixed[a : b + 1].sum(), whole(state_split[a : b + 1].sum() + activations, activations), kk)
+        )
         if problem.reserved is not None:
             memory += float(reserved[t])
-        compute = float(amdahl(stages.sc[0, s], stages.pc[0, s], kk))
-        comm = float(amdahl(stages.sd[0, s], stages.pd[0, s], kk))
+        compute = float(amdahl(stages.sc[0, s], whole(stages.pc[0, s], stages.ps[0, s]), kk))
+        comm = float(amdahl(stages.sd[0, s], whole(stages.pd[0, s], stages.pd[0, s]), kk))
     return Stage.model_construct(
         first=a,
         last=b,

@@ -12,6 +12,11 @@ import math
 import numpy as np
 
 
+def share(B0, k):
+    """docs/spec.md section 1: a replica trains whole samples, the busiest ``ceil(B0 / k)`` of ``B0``."""
+    return np.ceil(B0 / k) if isinstance(k, np.ndarray) else math.ceil(B0 / k)
+
+
 def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
     """Recompute every figure of a plan from the raw profile and cluster mappings (docs/spec.md sections 1, 1b)."""
     layers = profile["layers"]
@@ -27,8 +32,8 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
             e = layer["times"][t]
             a = e.get("alpha", layer.get("alpha"))
             b = e.get("beta", layer.get("beta"))
-            c += e["oct"] * (1 - a + a / k)
-            d += e["odt"] * (1 - b + b / k)
+            c += e["oct"] * (1 - a + a * share(B0, k) / B0)
+            d += e["odt"] * (1 - b + b * share(B0, k) / B0)
         resource = cluster["resources"][t]
         x = 0.0
         if resource.get("bandwidth_gbps"):
@@ -36,18 +41,20 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
                 layers[b_ + 1]["input_size"] if b_ < n - 1 else 0.0
             )
             x = 2 * B0 * moved / (resource["bandwidth_gbps"] * 1e9 / 8)
-        d += x / k
+        d += x * share(B0, k) / B0
         sf = profile.get("state_factor", 4.0)
         mem = 0.0
         for i, layer in enumerate(layers[a_ : b_ + 1]):
             w = sf * layer["weight_size"]
             held = layer.get("activation_size", 0.0) - (layer.get("input_saved", 0.0) if i else 0.0)
-            mem += (w / k if layer.get("sharded") else w) + B0 / k * held
+            mem += (w / k if layer.get("sharded") else w) + share(B0, k) * held
         ct.append(c)
         dt.append(d)
-        transfer.append(x / k)
+        transfer.append(x * share(B0, k) / B0)
         memory.append(mem / 1e9)
-        fits.append(resource.get("memory_gb") is None or mem <= resource["memory_gb"] * 1e9 * (1 + 1e-9))
+        fits.append(
+            k <= B0 and (resource.get("memory_gb") is None or mem <= resource["memory_gb"] * 1e9 * (1 + 1e-9))
+        )
         stage_thr.append(B0 / max(c, d))
         k_t[t] += k
     thr = min(stage_thr)
@@ -105,7 +112,7 @@ def feasible_plans(
         if not all(runnable[layer, t] for layer, t in enumerate(sched)):
             continue
         stages = stages_of(sched)
-        ranges = [range(1, limits[t] + 1) for t, _ in stages]
+        ranges = [range(1, min(limits[t], B0) + 1) for t, _ in stages]  # section 1: k <= B0
         ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
         if len(ks) == 0:  # a type with no units (section 1e: a rental without it)
             continue
@@ -118,8 +125,8 @@ def feasible_plans(
         fits = np.ones(len(ks), dtype=bool)
         for s, (t, ls) in enumerate(stages):
             k = ks[:, s]
-            c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] / k) for layer in ls)
-            d = sum(odt[layer, t] * (1 - beta[layer, t] + beta[layer, t] / k) for layer in ls)
+            c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] * share(B0, k) / B0) for layer in ls)
+            d = sum(odt[layer, t] * (1 - beta[layer, t] + beta[layer, t] * share(B0, k) / B0) for layer in ls)
             if hardware is not None:
                 c, d, fit = _section_1b(hardware, B0, n, t, ls, k, c, d)
                 fits &= fit
@@ -175,7 +182,7 @@ def _section_1b(hw, B0, n, t, ls, k, c, d):
     first, last = ls[0], ls[-1]
     if hw["bandwidth_gbps"][t] is not None:
         moved = (hw["input_size"][first] if first > 0 else 0.0) + (hw["input_size"][last + 1] if last < n - 1 else 0.0)
-        d = d + 2 * B0 * moved / (hw["bandwidth_gbps"][t] * 1e9 / 8) / k
+        d = d + 2 * share(B0, k) * moved / (hw["bandwidth_gbps"][t] * 1e9 / 8)
     fit = np.ones_like(k, dtype=bool)
     if hw["memory_gb"][t] is not None:
         sf = hw["state_factor"]
@@ -185,7 +192,7 @@ def _section_1b(hw, B0, n, t, ls, k, c, d):
         activations = sum(hw["activation_size"][i] for i in ls) - (
             sum(shared[i] for i in ls[1:]) if shared is not None else 0.0
         )
-        mem = sf * (unsharded + sharded / k) + B0 / k * activations
+        mem = sf * (unsharded + sharded / k) + share(B0, k) * activations
         fit = mem <= hw["memory_gb"][t] * 1e9 * (1 + 1e-12)
     return c, d, fit
 
@@ -221,14 +228,14 @@ def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, w
                 stages.append((t, [layer]))
         curves = []
         for t, ls in stages:
-            k = np.arange(1, cluster["resources"][t]["limit"] + 1, dtype=float)
+            k = np.arange(1, min(cluster["resources"][t]["limit"], B0) + 1, dtype=float)
             c = d = 0.0
             for layer in ls:
                 e = layers[layer]["times"][t]
                 a = e.get("alpha", layers[layer].get("alpha"))
                 b = e.get("beta", layers[layer].get("beta"))
-                c = c + e["oct"] * (1 - a + a / k)
-                d = d + e["odt"] * (1 - b + b / k)
+                c = c + e["oct"] * (1 - a + a * share(B0, k) / B0)
+                d = d + e["odt"] * (1 - b + b * share(B0, k) / B0)
             curves.append(B0 / np.maximum(c, d))
         candidates = np.unique(np.concatenate(curves))
         candidates = candidates[candidates >= min_throughput * (1 - 1e-12)]
@@ -270,7 +277,7 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
         for layer in ls:
             e = layers[layer]["times"][t]
             a = e.get("alpha", layers[layer].get("alpha"))
-            c += e["oct"] * (1 - a + a / k)
+            c += e["oct"] * (1 - a + a * share(B0, k) / B0)
             y += e["odt"]
             u += e.get("update", 0.0)
         first, last = ls[0], ls[-1]
@@ -278,7 +285,7 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
             moved = (layers[first]["input_size"] if first > 0 else 0.0) + (
                 layers[last + 1]["input_size"] if last < n - 1 else 0.0
             )
-            c += 2 * B0 * moved / (res["bandwidth_gbps"] * 1e9 / 8) / k
+            c += 2 * share(B0, k) * moved / (res["bandwidth_gbps"] * 1e9 / 8)
         step.append((M + S - 1) * c + 2 * y * (k - 1) / k + u)
         sf = profile.get("state_factor", 4.0)
         held = min(S - s, M)
@@ -288,7 +295,7 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
             kept = layers[layer].get("activation_size", 0.0)
             if layer != ls[0]:  # a stage holds once what a layer and the one before it both save
                 kept -= layers[layer].get("input_saved", 0.0)
-            mem += (w / k if layers[layer].get("sharded") else w) + held * B0 / k * kept
+            mem += (w / k if layers[layer].get("sharded") else w) + held * share(B0, k) * kept
         memory.append(mem / 1e9)
         fits.append(res.get("memory_gb") is None or mem <= res["memory_gb"] * 1e9 * (1 + 1e-12))
         k_t[t] += k
@@ -318,7 +325,8 @@ def pipeline_optimum(
         if not all(t in layer["times"] for t, layer in zip(sched, layers)):
             continue
         run = [t for i, t in enumerate(sched) if i == 0 or sched[i - 1] != t]
-        for ks in itertools.product(*(range(1, cluster["resources"][t]["limit"] + 1) for t in run)):
+        B0 = profile["batch_size"]
+        for ks in itertools.product(*(range(1, min(cluster["resources"][t]["limit"], B0) + 1) for t in run)):
             f = pipeline_figures(profile, cluster, list(sched), list(ks))
             if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
                 continue

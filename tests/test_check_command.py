@@ -75,7 +75,7 @@ def test_baseline_gate(files):
     shown = _check(
         "--baseline", "plans/ctr.yaml", "--max-increase", "5%", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1
     )
-    assert "$0.80 -> $0.853, +$0.0525 (+6.6%); allowed increase 5%" in shown
+    assert "$0.80 -> $0.855, +$0.0552 (+6.9%); allowed increase 5%" in shown
     assert "heterps diff plans/ctr.yaml plans/ctr-3m.yaml" in shown
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "10%", plan="plans/ctr-3m.yaml", job=THREE_M)
     _check("--baseline", "plans/ctr.yaml", "--max-increase", "$0.10", plan="plans/ctr-3m.yaml", job=THREE_M)
@@ -128,9 +128,9 @@ def test_a_figure_without_its_unit_is_refused(files, flag, value):
 
 def test_units_as_written(files):
     old = ("--baseline", "plans/ctr.yaml", "--max-increase")
-    _check(*old, "$0.06", plan="plans/ctr-3m.yaml", job=THREE_M)  # +$0.0525
+    _check(*old, "$0.06", plan="plans/ctr-3m.yaml", job=THREE_M)  # +$0.0552
     _check(*old, "0.05usd", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
-    _check(*old, "7%", plan="plans/ctr-3m.yaml", job=THREE_M)  # +6.6%
+    _check(*old, "7%", plan="plans/ctr-3m.yaml", job=THREE_M)  # +6.9%
     _check(*old, "6%", plan="plans/ctr-3m.yaml", job=THREE_M, expect=1)
     _check("--max-increase", "0", "--tolerance", "0")
 
@@ -182,8 +182,8 @@ def test_github_annotations_and_step_summary(runner, files, monkeypatch):
     )
     assert result.exit_code == 1
     first = result.stdout.splitlines()[0]
-    assert first.startswith("::error file=plans/ctr-3m.yaml,title=heterps check baseline::cost $0.80 -> $0.853")
-    assert "(+6.6%25)" in first  # GitHub's escaping of %
+    assert first.startswith("::error file=plans/ctr-3m.yaml,title=heterps check baseline::cost $0.80 -> $0.855")
+    assert "(+6.9%25)" in first  # GitHub's escaping of %
     assert "### heterps check" in summary.read_text()
 
 
@@ -208,9 +208,9 @@ def test_json_report(runner, files):
 def test_diff_of_the_bundled_plans_shows_the_cost_change(runner, files):
     result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml"])
     assert result.exit_code == 0, result.output
-    assert "+$0.0525 (+6.6%)" in result.stdout and "cost USD" in result.stdout
+    assert "+$0.0552 (+6.9%)" in result.stdout and "cost USD" in result.stdout
     result = runner.invoke(app, ["diff", "plans/ctr.yaml", "plans/ctr-3m.yaml", "--format", "markdown"])
-    assert "| cost USD | $0.80 | $0.853 | +$0.0525 (+6.6%) |" in result.stdout
+    assert "| cost USD | $0.80 | $0.855 | +$0.0552 (+6.9%) |" in result.stdout
     changes = {
         c["what"]: c
         for c in json.loads(

@@ -53,7 +53,17 @@ class ReplicaGrid:
         block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
         for lo in range(0, shape[0], block):
             rows = slice(lo, lo + block)
-            K = min_replicas(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], self.p.step_samples, target, t.min_k[rows])
+            K = min_replicas(
+                t.sc[rows],
+                t.pc[rows],
+                t.sd[rows],
+                t.pd[rows],
+                self.p.step_samples,
+                target,
+                t.min_k[rows],
+                t.ps[rows],
+                self.p.batch_size,
+            )
             K = np.where(t.ok[rows] & (K <= self.unit_limit[None, None, :]), K, np.inf)
             cells = np.arange(lo * shape[1] * shape[2], lo * shape[1] * shape[2] + K.size)
             self.K[rows] = K
@@ -64,8 +74,8 @@ class ReplicaGrid:
     def _raise(self, cells: np.ndarray, target: float) -> None:
         t = self.tab
         types = cells % len(self.chain.base)
-        sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
-        k = min_replicas(sc, pc, sd, pd, self.p.step_samples, target, t.min_k.ravel()[cells])
+        sc, pc, sd, pd, ps = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd, t.ps))
+        k = min_replicas(sc, pc, sd, pd, self.p.step_samples, target, t.min_k.ravel()[cells], ps, self.p.batch_size)
         k = np.where(k <= self.unit_limit[types], k, np.inf)
         self.K.ravel()[cells] = k
         self.reach.ravel()[cells] = self._throughput(cells, k)
@@ -75,10 +85,10 @@ class ReplicaGrid:
     def _throughput(self, cells: np.ndarray, k: np.ndarray) -> np.ndarray:
         """The throughput of each cell with ``k`` replicas; inf where it has none (it never changes again)."""
         t = self.tab
-        sc, pc, sd, pd = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd))
+        sc, pc, sd, pd, ps = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd, t.ps))
         finite = np.isfinite(k)
         with np.errstate(invalid="ignore"):
-            thr = stage_throughput(sc, pc, sd, pd, self.p.step_samples, np.where(finite, k, 1.0))
+            thr = stage_throughput(sc, pc, sd, pd, self.p.step_samples, np.where(finite, k, 1.0), ps, self.p.batch_size)
         return np.where(finite, thr, np.inf)
 
     def _priced(self, K: np.ndarray, types: np.ndarray) -> np.ndarray:
@@ -87,4 +97,4 @@ class ReplicaGrid:
 
     def _per_stage_bound(self, K: np.ndarray, reach: np.ndarray, types: np.ndarray) -> np.ndarray:
         """costmodel.cost_lower_bound per stage (inf where a stage cannot reach the target)."""
-        return np.where(np.isfinite(K), cost_lower_bound(self.price[types], K, reach), np.inf)
+        return np.where(np.isfinite(K), cost_lower_bound(self.price[types], K, reach, self.p.batch_size), np.inf)

@@ -36,6 +36,7 @@ class Table:
     pd: np.ndarray  # with the stage-boundary transfer (section 1b), which depends on j, i and t only
     ok: np.ndarray  # j < i and every layer of the stage can run on t
     min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
+    ps: np.ndarray  # the part of pc that is per sample (section 1's whole samples): pc but under section 1d
 
 
 @dataclass(frozen=True)
@@ -134,18 +135,20 @@ def stage_table(problem: Problem) -> Table:
         )
     ok = runnable_spans(problem)
     sc, pc, sd, pd = (spans(part) for part in problem.parts)
+    ps = pc
     if np.isfinite(problem.bandwidth).any():
         pd = pd + boundary_transfer(problem)
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
         fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
+        activations = activation_spans(problem)
         with np.errstate(over="ignore", invalid="ignore"):
-            split = state_split + activation_spans(problem)
+            split = state_split + activations
         if problem.reserved is not None:
             fixed = fixed + problem.reserved_bytes[None, None, :]
         with np.errstate(invalid="ignore"):
-            min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :])
-    return Table(sc, pc, sd, pd, ok, min_k)
+            min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :], activations, problem.batch_size)
+    return Table(sc, pc, sd, pd, ok, min_k, ps)
 
 
 @dataclass

@@ -55,9 +55,9 @@ from heterps_cli.schedulers.exact.kernel import (
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
-def _step_terms(problem: Problem, stages: int) -> tuple[np.ndarray, np.ndarray]:
+def _step_terms(problem: Problem, stages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``[i, j, t]``: the serial and parallel parts of stage ``j..i-1``'s step on ``t`` in a plan of
-    ``stages`` stages (``T_s(k) = serial + parallel / k``)."""
+    ``stages`` stages (``T_s(k) = serial + parallel / k``), and the per-sample part of ``parallel``."""
     serial, parallel, _, _ = problem.parts
     micro_parallel = spans(parallel) + boundary_transfer(problem)
     sync, update = spans(problem.odt), spans(problem.update_times)
@@ -75,9 +75,16 @@ def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
     activations = activation_spans(problem)
     fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
     with np.errstate(over="ignore", invalid="ignore"):
-        split = state_split[:, :, None, :] + held[None, None, :, None] * activations[:, :, None, :]
+        held_bytes = held[None, None, :, None] * activations[:, :, None, :]
+        split = state_split[:, :, None, :] + held_bytes
         fixed = np.broadcast_to(fixed[:, :, None, :], shape)
-        return min_memory_replicas(fixed, np.broadcast_to(split, shape), problem.memory[None, None, None, :])
+        return min_memory_replicas(
+            fixed,
+            np.broadcast_to(split, shape),
+            problem.memory[None, None, None, :],
+            np.broadcast_to(held_bytes, shape),
+            problem.batch_size,
+        )
 
 
 def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
@@ -86,10 +93,10 @@ def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     n1, T = problem.n_layers + 1, problem.n_types
     places = np.arange(1, stages + 1)  # r
     min_k = _memory_replicas(problem, np.minimum(places, problem.micro_batches)).reshape(n1, n1, stages * T)
-    sc, pc = _step_terms(problem, stages)
-    sc, pc, ok = (np.tile(a, (1, 1, stages)) for a in (sc, pc, runnable_spans(problem)))  # the same at every r
+    sc, pc, ps = _step_terms(problem, stages)
+    sc, pc, ps, ok = (np.tile(a, (1, 1, stages)) for a in (sc, pc, ps, runnable_spans(problem)))  # the same at every r
     zeros = np.zeros((n1, n1, T * stages))
-    table = Table(sc, pc, zeros, zeros, ok, min_k)
+    table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
     base = np.tile(np.arange(T), stages)
     place = np.repeat(places, T)
     follows = (base[:, None] != base[None, :]) & (place[None, :] == place[:, None] - 1)
@@ -102,9 +109,9 @@ def at_least_grid(problem: Problem, stages: int) -> Table:
     stages needs no fewer replicas in its own grid than here (its slots and micro-batches in flight
     are no fewer), so what no plan reaches here, or a bound on cost here, holds for all of them."""
     n1, T = problem.n_layers + 1, problem.n_types
-    sc, pc = _step_terms(problem, stages)
+    sc, pc, ps = _step_terms(problem, stages)
     zeros = np.zeros((n1, n1, T))
-    return Table(sc, pc, zeros, zeros, runnable_spans(problem), _memory_replicas(problem, np.ones(1))[:, :, 0, :])
+    return Table(sc, pc, zeros, zeros, runnable_spans(problem), _memory_replicas(problem, np.ones(1))[:, :, 0, :], ps)
 
 
 class PipelineSolver(StepSolver):
