@@ -756,6 +756,16 @@ def _plan_of(doc: Document) -> Plan:
                     f"{plan.micro_batches}",
                 )
             )
+    for i, stage in enumerate(plan.stages):  # docs/spec.md section 1: a replica trains whole samples
+        if stage.replicas > plan.batch_size:
+            problems.append(
+                doc.error(
+                    ("stages", i, "replicas"),
+                    f"stage {i} has {stage.replicas} replicas but a batch of {plan.batch_size} samples, and a "
+                    f"replica trains whole samples: give it at most {plan.batch_size} (heterps plan does), or "
+                    "profile the model at a larger batch",
+                )
+            )
     _raise_all(problems)
     return plan
 

@@ -52,9 +52,7 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
         dt.append(d)
         transfer.append(x * share(B0, k) / B0)
         memory.append(mem / 1e9)
-        fits.append(
-            k <= B0 and (resource.get("memory_gb") is None or mem <= resource["memory_gb"] * 1e9 * (1 + 1e-9))
-        )
+        fits.append(k <= B0 and (resource.get("memory_gb") is None or mem <= resource["memory_gb"] * 1e9 * (1 + 1e-9)))
         stage_thr.append(B0 / max(c, d))
         k_t[t] += k
     thr = min(stage_thr)

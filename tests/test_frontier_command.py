@@ -187,7 +187,7 @@ def chain8x2(runner) -> tuple[str, str, dict]:
 
 def test_a_long_frontier_is_thinned_to_20_rows_by_default_and_says_so(runner, chain8x2):
     profile, cluster, whole = chain8x2
-    assert whole["size"] > 100 and len(whole["plans"]) == whole["size"]  # --json keeps every plan
+    assert whole["size"] > 50 and len(whole["plans"]) == whole["size"]  # --json keeps every plan
     result = runner.invoke(app, ["frontier", profile, cluster])
     assert result.exit_code == 0, result.output
     assert f"showing 20 of {whole['size']}" in " ".join(result.stdout.split())
@@ -263,7 +263,8 @@ def test_out_writes_each_plan_as_a_file_that_check_accepts_and_removes_stale_one
     result = runner.invoke(app, ["frontier", CTR, PAPER, "--points", "3", "--out", str(folder)])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in folder.iterdir())
-    assert names[-1] == "plan-016.yaml" and names[0] == "notes.txt" and "plan-999.yaml" not in names
+    last = f"plan-{_json(runner, [CTR, PAPER])['size']:03d}.yaml"  # the fastest end is always kept
+    assert names[-1] == last and names[0] == "notes.txt" and "plan-999.yaml" not in names
     assert len(names) == 4
     knee_file = folder / names[2]
     plan = yaml.safe_load(knee_file.read_text())

@@ -22,6 +22,7 @@ from tests.oracle import (
     assert_is_the_frontier,
     assert_is_the_optimum,
     pipeline_figures,
+    share,
     stages_of,
 )
 from tests.strategies import SETTINGS
@@ -135,7 +136,9 @@ def _every_plan(inst):
             if not all(runnable[layer, t] for layer, t in enumerate(sched)):
                 continue
             stages = stages_of(sched)
-            ks = np.array(list(itertools.product(*(range(1, capacity[t] + 1) for t, _ in stages))), dtype=float)
+            ks = np.array(
+                list(itertools.product(*(range(1, min(capacity[t], B0) + 1) for t, _ in stages))), dtype=float
+            )
             if len(ks) == 0:
                 continue
             used = np.stack([ks[:, [s for s, (u, _) in enumerate(stages) if u == t]].sum(axis=1) for t in range(T)], 1)
@@ -146,13 +149,13 @@ def _every_plan(inst):
             worst, fits = np.zeros(len(ks)), np.ones(len(ks), dtype=bool)
             for s, (t, ls) in enumerate(stages):
                 k = ks[:, s]
-                c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] / k) for layer in ls)
+                c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] * share(B0, k) / B0) for layer in ls)
                 d = np.zeros(len(ks))
                 for layer in ls:
                     o = np.full(len(ks), odt[layer, t])
                     if link[t] is not None and not hw["sharded"][layer]:
                         o = np.where(inside[:, t], np.minimum(o, hw["weight_size"][layer] / (link[t] * 1e9 / 8)), o)
-                    d = d + o * (1 - beta[layer, t] + beta[layer, t] / k)
+                    d = d + o * (1 - beta[layer, t] + beta[layer, t] * share(B0, k) / B0)
                 c, d, fit = _section_1b(here, B0, n, t, ls, k, c, d)
                 worst, fits = np.maximum(worst, np.maximum(c, d)), fits & fit
             thr = B0 / worst
@@ -259,7 +262,7 @@ def test_exact_with_links_and_a_pipeline_schedule_matches_enumeration(inst, micr
             if not all(types[t] in layer["times"] for t, layer in zip(sched, profile["layers"])):
                 continue
             run = [t for i, t in enumerate(sched) if i == 0 or sched[i - 1] != t]
-            for ks in itertools.product(*(range(1, int(capacity[t]) + 1) for t in run)):
+            for ks in itertools.product(*(range(1, min(int(capacity[t]), profile["batch_size"]) + 1) for t in run)):
                 used = np.zeros(len(types))
                 for t, k in zip(run, ks):
                     used[t] += k
