@@ -300,7 +300,7 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
     thr = M * B0 / max(step)
     time_s = profile["job"]["epochs"] * profile["job"]["samples"] / thr
     rate = sum(cluster["resources"][t]["price"] * k for t, k in k_t.items())
-    within = all(k <= cluster["resources"][t]["limit"] for t, k in k_t.items())
+    within = all(k <= cluster["resources"][t]["limit"] for t, k in k_t.items()) and max(replicas) <= B0
     return {
         "step_s": step,
         "throughput": thr,

@@ -17,14 +17,14 @@ from tests.strategies import SETTINGS
 
 
 @st.composite
-def pipelined(draw):
+def pipelined(draw, batches=(32,), max_limit=3):
     """A small instance with section 1b's fields and 1d's: micro-batches, optimiser-step times and
     reserved memory, drawn so that the bubble, the all-reduce and memory in flight each matter."""
     T = draw(st.integers(2, 3))
     n = draw(st.integers(1, 4 if T == 2 else 3))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    arrays = random_instance(rng, n, T, max_limit=3)
-    B0 = 32
+    arrays = random_instance(rng, n, T, max_limit=max_limit)
+    B0 = draw(st.sampled_from(batches))
     hardware = random_hardware(rng, arrays[0], B0)
     profile, cluster = instance_dicts(*arrays, B0=B0, hardware=hardware)
     M = draw(st.sampled_from([1, 2, 3, 8]))

@@ -299,7 +299,7 @@ def test_validate_of_a_fifo_nothing_writes_ends(runner, tmp_path, monkeypatch):
 
 
 PARALLEL = """model: par
-batch_size: 32
+batch_size: 1000000000  # whole samples: replicas up to the batch, so the frontier is long
 job: {samples: 1000000}
 layers:
   - {name: a, type: fc, input_size: 4, weight_size: 4, times: {cpu: {oct: 0.01, odt: 0.001, alpha: 0.99999, beta: 1},
