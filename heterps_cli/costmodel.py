@@ -207,6 +207,17 @@ class Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
 
+def labelled(n_types: int, stages) -> np.ndarray:
+    """A schedule that keeps apart the ``stages`` given as ``(first, end, type)`` (``end`` exclusive,
+    in order): each layer holds its stage's type, plus ``n_types`` on every other stage, so that two
+    neighbouring stages on one type stay two (:func:`split_stages` reads a label modulo the types;
+    a schedule of plain types makes each maximal run one stage, as the papers do)."""
+    sched = np.zeros(max(end for _, end, _ in stages), dtype=np.int64)
+    for s, (first, end, t) in enumerate(stages):
+        sched[first:end] = t + n_types * (s % 2)
+    return sched
+
+
 def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[B, n]`` schedules: where a stage starts (bool), and each layer's stage index."""
     starts = np.ones(schedules.shape, dtype=bool)
@@ -258,12 +269,14 @@ def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, f
 
 
 def split_stages(problem: Problem, schedules) -> Stages:
-    """Group each schedule's layers into stages and sum their cost terms, all in numpy."""
+    """Group each schedule's layers into stages and sum their cost terms, all in numpy. A stage is a
+    maximal run of one label: a type, or a type plus ``n_types`` (:func:`labelled`)."""
     sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
     B, n = sched.shape
     if n != problem.n_layers:
         raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
     starts, sid = stage_ids(sched)
+    sched = sched % problem.n_types  # stage labels (:func:`labelled`) to types
     S = int(sid.max()) + 1
     flat = (np.arange(B)[:, None] * S + sid).ravel()
     layers = np.arange(n)[None, :]
@@ -452,7 +465,9 @@ def _step_past(problem: Problem, stages: Stages, k, thr_s, thr) -> tuple[np.ndar
     nothing, the plan is dearer and as fast (the closed form would say no count reaches past ``thr``).
     Two numpy calls where :func:`_replicas_at` makes forty."""
     ahead = np.where(stages.valid & (thr_s == thr[:, None]), next_whole(problem.batch_size, np.maximum(k, 1.0)), k)
-    return ahead, np.asarray((used_per_type(problem, stages, ahead) <= problem.limits).all(axis=1))
+    whole = np.isfinite(ahead).all(axis=1)  # a bottleneck whose replicas take one sample each cannot step
+    ahead = np.where(np.isfinite(ahead), ahead, k)
+    return ahead, whole & np.asarray((used_per_type(problem, stages, ahead) <= problem.limits).all(axis=1))
 
 
 # fastest_replicas bisects to this relative width, then steps exactly to the fastest plan: the answer is the

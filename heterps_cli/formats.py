@@ -163,6 +163,8 @@ class Job:
     min_throughput: NonNegative | None = None  # samples/s
     max_cost: Positive | None = None  # USD
     global_batch: GlobalBatch | None = None  # samples per optimiser step (section 1d)
+    # section 1: True keeps the papers' space, where a stage is a maximal run of layers on one type
+    maximal_stages: bool = False
 
 
 PROFILE_JOB = ("samples", "epochs", "min_throughput", "global_batch")
@@ -272,6 +274,7 @@ class Plan(_Strict):
     link_gbps: dict[Name, GigaPerUnit] | None = None  # section 1e: the node links the plan's types talk over
     global_batch: GlobalBatch | None = None  # section 1d
     micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
+    maximal_stages: bool | None = None  # section 1: planned in the papers' space (true), written only then
     throughput: NonNegative
     bottleneck: Index
     time_s: NonNegative
@@ -347,6 +350,7 @@ PLAN_ONLY_WHERE_GIVEN = (
     "link_gbps",
     "global_batch",
     "micro_batches",
+    "maximal_stages",
     "explanation",
     "what_if",
     "gap",

@@ -65,6 +65,7 @@ def make_plan(
         idle_units=idle,
         link_gbps=links,
         global_batch=problem.batch_size * problem.micro_batches if pipelined else None,
+        maximal_stages=True if problem.maximal_stages else None,
         micro_batches=problem.micro_batches if pipelined else None,
         throughput=float(sc.throughput[0]),
         bottleneck=int(sc.bottleneck[0]),

@@ -68,6 +68,8 @@ class Problem:
     # section 1b: of each layer's activation_size, the bytes the layer before it also saves (a ReLU's
     # output, the next layer's input): held once in a stage that has both, again by a stage it starts.
     input_saved: np.ndarray | None = None  # [n] bytes per sample
+    # section 1: neighbouring stages may share a type, unless the papers' maximal runs are asked for
+    maximal_stages: bool = False
 
     @property
     def pipelined(self) -> bool:
@@ -254,6 +256,7 @@ def load_problem(
     min_throughput: float | None = None,
     max_cost: float | None = None,
     global_batch: int | None = None,
+    maximal_stages: bool = False,
 ) -> Problem:
     """Read, validate and join a profile and a cluster file into the problem every scheduler takes.
 
@@ -283,6 +286,7 @@ def load_problem(
         min_throughput=min_throughput,
         max_cost=max_cost,
         global_batch=global_batch,
+        maximal_stages=maximal_stages,
     )
     _check_finite_figures(problem, pdoc, cdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     if (too_many := _unrentable(problem.nodes)) is not None:
@@ -316,6 +320,7 @@ def build_problem(
     min_throughput: float | None = None,
     max_cost: float | None = None,
     global_batch: int | None = None,
+    maximal_stages: bool = False,
 ) -> Problem:
     """Join a validated profile and cluster (:func:`load_problem` checks them against each other
     first); the keyword values override the profile's ``job``."""
@@ -360,6 +365,7 @@ def build_problem(
         micro_batches=M,
         update=update if update.any() else None,
         nodes=nodes,
+        maximal_stages=maximal_stages,
     )
 
 

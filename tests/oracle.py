@@ -84,6 +84,24 @@ def stages_of(schedule) -> list:
     return stages
 
 
+def partitions_of(schedule, maximal: bool = False) -> list:
+    """Every way docs/spec.md section 1 cuts a schedule into stages, each as :func:`stages_of` gives
+    them: at every change of type, and anywhere inside a run of one type (each cut or not); with
+    ``maximal`` (the papers' space) only the maximal runs."""
+    n = len(schedule)
+    changes = [i for i in range(1, n) if schedule[i] != schedule[i - 1]]
+    inside = [] if maximal else [i for i in range(1, n) if schedule[i] == schedule[i - 1]]
+    out = []
+    for chosen in itertools.product([False, True], repeat=len(inside)):
+        cuts = sorted(changes + [i for i, c in zip(inside, chosen) if c]) + [n]
+        start, stages = 0, []
+        for cut in cuts:
+            stages.append((schedule[start], list(range(start, cut))))
+            start = cut
+        out.append(stages)
+    return out
+
+
 def feasible_plans(
     oct_,
     odt,
@@ -99,9 +117,11 @@ def feasible_plans(
     schedules=None,
     hardware=None,
     rate_of=None,
+    maximal=False,
 ):
     """(cost, throughput) arrays of every feasible plan, by enumerating every schedule (or only
-    ``schedules``) and every replica vector within the limits (and, with ``hardware``, docs/spec.md
+    ``schedules``), every cut of it into stages (:func:`partitions_of`; only maximal runs with
+    ``maximal``) and every replica vector within the limits (and, with ``hardware``, docs/spec.md
     section 1b: transfer and memory). ``rate_of(used[M, T])``: USD an hour of the units each plan
     uses, instead of ``prices`` per unit (section 1e: :func:`cheapest_rental`)."""
     n, T = oct_.shape
@@ -109,39 +129,43 @@ def feasible_plans(
     for sched in schedules if schedules is not None else itertools.product(range(T), repeat=n):
         if not all(runnable[layer, t] for layer, t in enumerate(sched)):
             continue
-        stages = stages_of(sched)
-        ranges = [range(1, min(limits[t], B0) + 1) for t, _ in stages]  # section 1: k <= B0
-        ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
-        if len(ks) == 0:  # a type with no units (section 1e: a rental without it)
-            continue
-        types = np.array([t for t, _ in stages])
-        used = np.stack([ks[:, types == t].sum(axis=1) for t in range(T)], axis=1)
-        ks = ks[(used <= limits).all(axis=1)]
-        if len(ks) == 0:
-            continue
-        et = []
-        fits = np.ones(len(ks), dtype=bool)
-        for s, (t, ls) in enumerate(stages):
-            k = ks[:, s]
-            c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] * share(B0, k) / B0) for layer in ls)
-            d = sum(odt[layer, t] * (1 - beta[layer, t] + beta[layer, t] * share(B0, k) / B0) for layer in ls)
-            if hardware is not None:
-                c, d, fit = _section_1b(hardware, B0, n, t, ls, k, c, d)
-                fits &= fit
-            et.append(np.maximum(c, d))
-        thr = B0 / np.max(np.stack(et, axis=1), axis=1)
-        rate = (
-            (ks * prices[types][None, :]).sum(axis=1)
-            if rate_of is None
-            else rate_of(used[(used <= limits).all(axis=1)])
-        )
-        cost = work / thr / 3600 * rate
-        ok = (thr >= min_throughput * (1 - 1e-12)) & fits
-        if max_cost is not None:
-            ok &= cost <= max_cost * (1 + 1e-12)
-        costs.append(cost[ok])
-        thrs.append(thr[ok])
+        for stages in partitions_of(sched, maximal):
+            _plans_of(stages, oct_, odt, alpha, beta, prices, limits, B0, work, min_throughput, max_cost, hardware,
+                      rate_of, costs, thrs)  # fmt: skip
     return np.concatenate(costs), np.concatenate(thrs)
+
+
+def _plans_of(stages, oct_, odt, alpha, beta, prices, limits, B0, work, min_throughput, max_cost, hardware, rate_of,
+              costs, thrs):  # fmt: skip
+    """:func:`feasible_plans` for one cut into stages: appends the feasible plans' costs and throughputs."""
+    n, T = oct_.shape
+    ranges = [range(1, min(limits[t], B0) + 1) for t, _ in stages]  # section 1: k <= B0
+    ks = np.array(list(itertools.product(*ranges)), dtype=float)  # [M, S]
+    if len(ks) == 0:  # a type with no units (section 1e: a rental without it)
+        return
+    types = np.array([t for t, _ in stages])
+    used = np.stack([ks[:, types == t].sum(axis=1) for t in range(T)], axis=1)
+    ks = ks[(used <= limits).all(axis=1)]
+    if len(ks) == 0:
+        return
+    et = []
+    fits = np.ones(len(ks), dtype=bool)
+    for s, (t, ls) in enumerate(stages):
+        k = ks[:, s]
+        c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] * share(B0, k) / B0) for layer in ls)
+        d = sum(odt[layer, t] * (1 - beta[layer, t] + beta[layer, t] * share(B0, k) / B0) for layer in ls)
+        if hardware is not None:
+            c, d, fit = _section_1b(hardware, B0, n, t, ls, k, c, d)
+            fits &= fit
+        et.append(np.maximum(c, d))
+    thr = B0 / np.max(np.stack(et, axis=1), axis=1)
+    rate = (ks * prices[types][None, :]).sum(axis=1) if rate_of is None else rate_of(used[(used <= limits).all(axis=1)])
+    cost = work / thr / 3600 * rate
+    ok = (thr >= min_throughput * (1 - 1e-12)) & fits
+    if max_cost is not None:
+        ok &= cost <= max_cost * (1 + 1e-12)
+    costs.append(cost[ok])
+    thrs.append(thr[ok])
 
 
 def brute_force(*arrays, objective="cost", **kwargs):
@@ -258,7 +282,7 @@ def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, w
     return best
 
 
-def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas: list[int]) -> dict:
+def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas: list[int], stages=None) -> dict:
     """Every figure of a plan under docs/spec.md section 1d, written from its formulas alone: stage
     ``s`` of ``S`` on ``t`` with ``k`` replicas takes ``(M + S - 1) c + 2 Y (k - 1) / k + U`` per step,
     ``c`` its compute and boundary transfer per micro-batch, and holds ``min(S - s, M)`` micro-batches
@@ -266,7 +290,7 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
     layers, B0 = profile["layers"], profile["batch_size"]
     M = profile["job"]["global_batch"] // B0
     n = len(layers)
-    stages = stages_of(schedule)
+    stages = stages_of(schedule) if stages is None else stages
     S = len(stages)
     step, memory, fits, k_t = [], [], [], {t: 0 for t in cluster["resources"]}
     for s, ((t, ls), k) in enumerate(zip(stages, replicas)):
@@ -322,10 +346,9 @@ def pipeline_optimum(
     for sched in itertools.product(types, repeat=len(layers)):
         if not all(t in layer["times"] for t, layer in zip(sched, layers)):
             continue
-        run = [t for i, t in enumerate(sched) if i == 0 or sched[i - 1] != t]
         B0 = profile["batch_size"]
-        for ks in itertools.product(*(range(1, min(cluster["resources"][t]["limit"], B0) + 1) for t in run)):
-            f = pipeline_figures(profile, cluster, list(sched), list(ks))
+        for stages, ks in _cuts_and_replicas(sched, cluster, B0):
+            f = pipeline_figures(profile, cluster, list(sched), list(ks), stages)
             if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
                 continue
             if max_cost is not None and f["cost_usd"] > max_cost * (1 + 1e-12):
@@ -333,6 +356,14 @@ def pipeline_optimum(
             if best is None or _better(objective, f["cost_usd"], f["throughput"], *best):
                 best = (f["cost_usd"], f["throughput"])
     return best
+
+
+def _cuts_and_replicas(sched, cluster, B0):
+    """Every cut of ``sched`` into stages with every replica vector of at most each type's limit and ``B0``."""
+    for stages in partitions_of(list(sched)):
+        ranges = (range(1, min(cluster["resources"][t]["limit"], B0) + 1) for t, _ in stages)
+        for ks in itertools.product(*ranges):
+            yield stages, ks
 
 
 def rentals(units, price, available):

@@ -259,12 +259,12 @@ def test_window_search_finds_at_least_the_best_plan_of_three_stages(seed):
     n = 7
     arrays = random_instance(np.random.default_rng(80 + seed), n, 3, max_limit=3)
     few = [s for s in itertools.product(range(3), repeat=n) if len(_stage_list(np.array(s))) <= 3]
-    fastest = brute_force(*arrays, 32, 1.0, objective="time", schedules=few)
+    fastest = brute_force(*arrays, 32, 1.0, objective="time", schedules=few, maximal=True)
     assert fastest is not None
     # 90% of the fastest such plan: the limits bind, and the cheapest plans are not the fastest
     profile, cluster = instance_dicts(*arrays, min_throughput=0.9 * fastest[1])
     problem = problem_from_dicts(profile, cluster)
-    best = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput, schedules=few)
+    best = brute_force(*arrays, 32, problem.work, min_throughput=problem.min_throughput, schedules=few, maximal=True)
     assert best is not None
     evaluate = scoring.Evaluator(problem)
     start = greedy.rule_schedule(problem)

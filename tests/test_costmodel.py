@@ -87,7 +87,13 @@ def test_provision_matches_brute_force_for_fixed_schedules(objective, seed):
     scores = provision(problem, split_stages(problem, scheds))
     for b, sched in enumerate(scheds):
         expected = brute_force(
-            *arrays, 32, problem.work, min_throughput=min_thr, objective=objective, schedules=[tuple(sched)]
+            *arrays,
+            32,
+            problem.work,
+            min_throughput=min_thr,
+            objective=objective,
+            schedules=[tuple(sched)],
+            maximal=True,
         )
         assert bool(scores.feasible[b]) == (expected is not None)
         if expected is None:

@@ -29,7 +29,7 @@ def _tight(seed: int, n: int = 6, T: int = 3, hardware: bool = False):
     rng = np.random.default_rng(seed)
     arrays = random_instance(rng, n, T, max_limit=3)
     hw = random_hardware(rng, arrays[0]) if hardware else None
-    fastest = brute_force(*arrays, 32, 1.0, objective="time", hardware=hw)
+    fastest = brute_force(*arrays, 32, 1.0, objective="time", hardware=hw, maximal=True)
     if fastest is None:
         return None
     profile, cluster = instance_dicts(*arrays, min_throughput=0.9 * fastest[1], hardware=hw)
@@ -52,7 +52,13 @@ def test_no_schedule_with_a_feasible_plan_is_ever_masked(hardware):
         allowed = _given(problem, schedules)
         for schedule, ok in zip(schedules, allowed):
             costs, _ = feasible_plans(
-                *arrays, 32, 1.0, min_throughput=problem.min_throughput, schedules=[tuple(schedule)], hardware=hw
+                *arrays,
+                32,
+                1.0,
+                min_throughput=problem.min_throughput,
+                schedules=[tuple(schedule)],
+                hardware=hw,
+                maximal=True,
             )
             if len(costs):
                 assert ok, (seed, schedule)

@@ -88,7 +88,7 @@ EDITS = {
     "limits": lambda p: p["limits"].update(l4=17),
     "memory_reserved_gb added": lambda p: p.update(memory_reserved_gb={"l4": 1.0}),
     "memory_gb of a type added": lambda p: p["memory_gb"].update(tpu=8.0),
-    "a stage's in_flight": lambda p: p["stages"][0].update(in_flight=2),
+    "a stage's in_flight": lambda p: p["stages"][0].update(in_flight=p["stages"][0]["in_flight"] + 1),
     "idle_units": lambda p: p.update(idle_units={**p["idle_units"], "cpu": 1}),
     "link_gbps": lambda p: p.update(link_gbps={"l4": 1.0}),
 }

@@ -18,12 +18,13 @@ from heterps_cli.schedulers import exact, solve
 from tests.helpers import instance_dicts, problem_from_dicts, random_hardware, random_instance
 from tests.oracle import (
     _better,
+    _cuts_and_replicas,
     _section_1b,
     assert_is_the_frontier,
     assert_is_the_optimum,
+    partitions_of,
     pipeline_figures,
     share,
-    stages_of,
 )
 from tests.strategies import SETTINGS
 
@@ -135,34 +136,38 @@ def _every_plan(inst):
         for sched in itertools.product(range(T), repeat=n):
             if not all(runnable[layer, t] for layer, t in enumerate(sched)):
                 continue
-            stages = stages_of(sched)
-            ks = np.array(
-                list(itertools.product(*(range(1, min(capacity[t], B0) + 1) for t, _ in stages))), dtype=float
-            )
-            if len(ks) == 0:
-                continue
-            used = np.stack([ks[:, [s for s, (u, _) in enumerate(stages) if u == t]].sum(axis=1) for t in range(T)], 1)
-            ks, used = ks[(used <= capacity).all(axis=1)], used[(used <= capacity).all(axis=1)]
-            if len(ks) == 0:
-                continue
-            inside = np.array([g is not None for g in link])[None, :] & (used <= room[None, :])
-            worst, fits = np.zeros(len(ks)), np.ones(len(ks), dtype=bool)
-            for s, (t, ls) in enumerate(stages):
-                k = ks[:, s]
-                c = sum(oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] * share(B0, k) / B0) for layer in ls)
-                d = np.zeros(len(ks))
-                for layer in ls:
-                    o = np.full(len(ks), odt[layer, t])
-                    if link[t] is not None and not hw["sharded"][layer]:
-                        o = np.where(inside[:, t], np.minimum(o, hw["weight_size"][layer] / (link[t] * 1e9 / 8)), o)
-                    d = d + o * (1 - beta[layer, t] + beta[layer, t] * share(B0, k) / B0)
-                c, d, fit = _section_1b(here, B0, n, t, ls, k, c, d)
-                worst, fits = np.maximum(worst, np.maximum(c, d)), fits & fit
-            thr = B0 / worst
-            cost = 1e6 / thr / 3600 * rate
-            ok = fits & (thr >= min_throughput * (1 - 1e-12))
-            costs.append(cost[ok])
-            thrs.append(thr[ok])
+            for stages in partitions_of(sched):
+                ks = np.array(
+                    list(itertools.product(*(range(1, min(capacity[t], B0) + 1) for t, _ in stages))), dtype=float
+                )
+                if len(ks) == 0:
+                    continue
+                used = np.stack(
+                    [ks[:, [s for s, (u, _) in enumerate(stages) if u == t]].sum(axis=1) for t in range(T)], 1
+                )
+                ks, used = ks[(used <= capacity).all(axis=1)], used[(used <= capacity).all(axis=1)]
+                if len(ks) == 0:
+                    continue
+                inside = np.array([g is not None for g in link])[None, :] & (used <= room[None, :])
+                worst, fits = np.zeros(len(ks)), np.ones(len(ks), dtype=bool)
+                for s, (t, ls) in enumerate(stages):
+                    k = ks[:, s]
+                    c = sum(
+                        oct_[layer, t] * (1 - alpha[layer, t] + alpha[layer, t] * share(B0, k) / B0) for layer in ls
+                    )
+                    d = np.zeros(len(ks))
+                    for layer in ls:
+                        o = np.full(len(ks), odt[layer, t])
+                        if link[t] is not None and not hw["sharded"][layer]:
+                            o = np.where(inside[:, t], np.minimum(o, hw["weight_size"][layer] / (link[t] * 1e9 / 8)), o)
+                        d = d + o * (1 - beta[layer, t] + beta[layer, t] * share(B0, k) / B0)
+                    c, d, fit = _section_1b(here, B0, n, t, ls, k, c, d)
+                    worst, fits = np.maximum(worst, np.maximum(c, d)), fits & fit
+                thr = B0 / worst
+                cost = 1e6 / thr / 3600 * rate
+                ok = fits & (thr >= min_throughput * (1 - 1e-12))
+                costs.append(cost[ok])
+                thrs.append(thr[ok])
     return np.concatenate(costs), np.concatenate(thrs)
 
 
@@ -261,8 +266,8 @@ def test_exact_with_links_and_a_pipeline_schedule_matches_enumeration(inst, micr
         for sched in itertools.product(range(len(types)), repeat=len(profile["layers"])):
             if not all(types[t] in layer["times"] for t, layer in zip(sched, profile["layers"])):
                 continue
-            run = [t for i, t in enumerate(sched) if i == 0 or sched[i - 1] != t]
-            for ks in itertools.product(*(range(1, min(int(capacity[t]), profile["batch_size"]) + 1) for t in run)):
+            for named, ks in _cuts_and_replicas([types[t] for t in sched], here, profile["batch_size"]):
+                run = [types.index(name) for name, _ in named]
                 used = np.zeros(len(types))
                 for t, k in zip(run, ks):
                     used[t] += k
@@ -278,7 +283,7 @@ def test_exact_with_links_and_a_pipeline_schedule_matches_enumeration(inst, micr
                             times = {**layer["times"], name: {**layer["times"][name]}}
                             times[name]["odt"] = min(times[name]["odt"], over)
                             mine["layers"][i] = {**layer, "times": times}
-                f = pipeline_figures(mine, here, [types[t] for t in sched], list(ks))
+                f = pipeline_figures(mine, here, [types[t] for t in sched], list(ks), named)
                 cost = profile["job"]["samples"] / f["throughput"] / 3600 * rate
                 if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
                     continue

@@ -41,6 +41,11 @@ def pipelined(draw, batches=(32,), max_limit=3):
     return profile, cluster
 
 
+def _stages(plan) -> list:
+    """The plan's stages as the oracle takes them: (type, [layers]) each, two on one type kept two."""
+    return [(s.resource, list(range(s.first, s.last + 1))) for s in plan.stages]
+
+
 def _check(profile, cluster, objective, budget=None):
     problem = problem_from_dicts(profile, cluster, objective=objective, max_cost=budget)
     expected = pipeline_optimum(profile, cluster, objective, profile["job"]["min_throughput"], budget)
@@ -51,7 +56,7 @@ def _check(profile, cluster, objective, budget=None):
     assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
     if plan is None:
         return None
-    ref = pipeline_figures(profile, cluster, plan.schedule, [s.replicas for s in plan.stages])
+    ref = pipeline_figures(profile, cluster, plan.schedule, [s.replicas for s in plan.stages], _stages(plan))
     assert ref["feasible"] and plan.feasible and plan.optimal
     assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
     assert math.isclose(plan.cost_usd, ref["cost_usd"], rel_tol=1e-9, abs_tol=1e-12)
@@ -90,7 +95,7 @@ def test_heuristics_score_plans_by_the_pipeline_model(inst, scheduler):
         plan = solve(scheduler, problem, seed=0)
     except InfeasibleError:
         return
-    ref = pipeline_figures(profile, cluster, plan.schedule, [s.replicas for s in plan.stages])
+    ref = pipeline_figures(profile, cluster, plan.schedule, [s.replicas for s in plan.stages], _stages(plan))
     assert ref["feasible"] and plan.feasible
     assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
     best = pipeline_optimum(profile, cluster, "cost", profile["job"]["min_throughput"])

@@ -98,6 +98,7 @@ def schedule_of(problem: Problem, plan: Plan) -> tuple[np.ndarray, np.ndarray, l
     n = problem.n_layers
     schedule = np.full(n, -1, dtype=np.int64)
     expected_first = 0
+    T = problem.n_types
     for i, stage in enumerate(plan.stages):
         where = f"stage {i}"
         if stage.first != expected_first or stage.last < stage.first:
@@ -121,7 +122,7 @@ def schedule_of(problem: Problem, plan: Plan) -> tuple[np.ndarray, np.ndarray, l
         for layer in range(stage.first, min(stage.last, n - 1) + 1):
             if not problem.runnable[layer, t]:
                 problems.append(f"layer {problem.layer_names[layer]} cannot run on {stage.resource} any more")
-            schedule[layer] = t
+            schedule[layer] = t + T * (i % 2)  # costmodel.labelled: each stage a stage of its own
     if expected_first != n:
         problems.append(f"the plan covers {expected_first} layers, the profile has {n}")
     return schedule, np.array([s.replicas for s in plan.stages], dtype=float), problems
@@ -131,11 +132,11 @@ def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
     schedule, replicas, problems = schedule_of(problem, plan)
     if problems:
         return None, problems
-    # Consecutive plan stages on one type would be one stage by the maximal-run rule (docs/spec.md section 1).
+    # In the papers' space consecutive stages on one type would be one stage (docs/spec.md section 1).
     merged = [i for i in range(1, len(plan.stages)) if plan.stages[i].resource == plan.stages[i - 1].resource]
-    if merged:
+    if merged and problem.maximal_stages:
         return None, [
-            f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: docs/spec.md makes them one stage"
+            f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: with --maximal-stages they are one stage"
             for i in merged
         ]
     fresh = make_plan(
@@ -179,6 +180,7 @@ def job_changes(plan: Plan, problem: Problem) -> list[str]:
         "epochs": problem.epochs,
         "min_throughput": problem.min_throughput,
         "global_batch": problem.step_samples if problem.pipelined else None,  # section 1d
+        "maximal_stages": True if problem.maximal_stages else None,
     }
     if plan.max_cost is not None:  # a budget the plan was made under must still be the budget
         now["max_cost"] = problem.max_cost

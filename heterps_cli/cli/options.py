@@ -90,6 +90,16 @@ EpochsOpt = Annotated[
     ),
 ]
 
+MaximalStagesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--maximal-stages",
+        metavar="",
+        help="Plan in the papers' space: a stage is a maximal run of layers on one type, so two "
+        "neighbouring stages never share a type (docs/spec.md section 1). Default: they may.",
+    ),
+]
+
 GlobalBatchOpt = Annotated[
     int | None,
     typer.Option(
@@ -215,10 +225,11 @@ def job_from(
     min_throughput: float | None,
     max_cost: float | None,
     global_batch: int | None = None,
+    maximal_stages: bool = False,
 ):
     from heterps_cli.api import Job
 
-    return Job(objective, samples, epochs, min_throughput, max_cost, global_batch)
+    return Job(objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages)
 
 
 class Granularity(str, enum.Enum):

@@ -70,6 +70,10 @@ def solve(
 
         # The explanation runs within what is left of the time limit, if there is one.
         raise diagnose(problem, exc.failure, exc.hint, time_limit=Clock.of(options, start).left()) from None
+    if name != "exact":  # the search chose each layer's type; its runs' cuts into stages are exact
+        from heterps_cli.schedulers.cuts import cut_exactly
+
+        plan = cut_exactly(problem, plan, Clock.of(options, start).left())
     if budget is not None and any("time limit" in note for note in plan.notes):
         note = (
             f"the time limit was the default budget for {problem.n_layers:,} layers, {DEFAULT_BUDGET_S:g} s + "

@@ -50,10 +50,12 @@ class Chain:
     ends: np.ndarray  # [P] bool: may run the last layer
 
     @staticmethod
-    def of_types(n_types: int) -> Chain:
-        """Sections 1 and 1b: any type, but never the same type twice in a row (stages are maximal)."""
+    def of_types(n_types: int, maximal: bool = False) -> Chain:
+        """Sections 1 and 1b: any type after any type; with ``maximal`` (the papers' space) never the
+        same type twice in a row, as stages are then maximal runs."""
         every = np.ones(n_types, dtype=bool)
-        return Chain(np.arange(n_types), ~np.eye(n_types, dtype=bool), every, every)
+        follows = ~np.eye(n_types, dtype=bool) if maximal else np.ones((n_types, n_types), dtype=bool)
+        return Chain(np.arange(n_types), follows, every, every)
 
     @cached_property
     def before(self) -> list[list[int]]:
@@ -176,7 +178,7 @@ def chain_dp(C: np.ndarray, chain: Chain | None = None):
     which ``t'`` may come before ``t``, and which types may start and end the chain.
     """
     n1, _, T = C.shape
-    chain = chain or Chain.of_types(T)
+    chain = chain or Chain.of_types(T, True)
     f = np.full((n1, T), np.inf)
     g = np.full((n1, T), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
     g[0] = np.where(chain.starts, 0.0, np.inf)
@@ -219,7 +221,7 @@ def chain_dp_limited(
     units, and its limit is checked at the end (docs/exact.md, section 3, "Limits").
     """
     n1, _, T = K.shape
-    chain = chain or Chain.of_types(T)
+    chain = chain or Chain.of_types(T, True)
     base = chain.base
     dims = tuple(int(limits[t]) + 1 for t in tracked)
     cells = int(np.prod(dims)) if dims else 1

@@ -99,7 +99,9 @@ def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
     base = np.tile(np.arange(T), stages)
     place = np.repeat(places, T)
-    follows = (base[:, None] != base[None, :]) & (place[None, :] == place[:, None] - 1)
+    follows = place[None, :] == place[:, None] - 1
+    if problem.maximal_stages:  # the papers' space: never one type twice in a row
+        follows &= base[:, None] != base[None, :]
     return table, Chain(base, follows, np.ones(T * stages, dtype=bool), place == 1)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import SLACK, meets_targets
+from heterps_cli.costmodel import SLACK, labelled, meets_targets
 from heterps_cli.figures import count
 from heterps_cli.formulas import run_cost, sample_hours, stage_throughput
 from heterps_cli.problem import Problem
@@ -58,7 +58,7 @@ class StepSolver:
         self.relax = relax  # False: refuse (TooLarge) rather than relax a limit (see cheapest)
         self.tab = stage_table(problem) if table is None else table
         # The DP's types (the table's last axis): the resource types, or section 1d's (type, place) pairs.
-        self.chain = chain or Chain.of_types(problem.n_types)
+        self.chain = chain or Chain.of_types(problem.n_types, problem.maximal_stages)
         self.grid = ReplicaGrid(problem, self.tab, self.chain)
         self.price = self.grid.price
         self.progress = progress
@@ -211,7 +211,5 @@ def speed_bound(problem: Problem) -> float:
 
 
 def schedule_of(problem: Problem, stages) -> np.ndarray:
-    sched = np.zeros(problem.n_layers, dtype=np.int64)
-    for j, i, t in stages:
-        sched[j:i] = t
-    return sched
+    """The schedule of the DP's ``stages`` (``(first, end, type)`` each), each kept a stage of its own."""
+    return labelled(problem.n_types, stages)
