@@ -34,6 +34,8 @@ plan by these rules, every one a figure the data measures or a count it states:
   there; then every other run is predicted with it. The table also shows the
   prediction without it.
 * **price**: 11.06 USD per GPU-hour (Sailor's), 44.24 per node-hour.
+* **stages**: the run's, all on the one type ``gh200`` (neighbouring stages may
+  share a type), the cluster's limit the nodes the run used.
 
 Prints per run the measured and predicted throughput and peak memory per GPU,
 the same prediction without a pipeline schedule (sections 1 and 1b, as converted
@@ -58,6 +60,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tables import header, row  # noqa: E402
+from heterps_cli.costmodel import labelled  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.plan import make_plan  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
@@ -159,24 +162,19 @@ def convert(run: dict, times: dict, sizes: dict, fit: list, gpu_memory: float, r
 
 
 def plan_for(run: dict, profile: dict, cluster: dict):
-    """The run's plan with heterps's figures. Its stages all run on one type, which section 1's
-    maximal-run rule would merge: so each stage gets its own copy of the type (same price, unit,
-    memory and bandwidth; the limit shared out as the run used it)."""
+    """The run's plan with heterps's figures: its stages, all on the one type ``gh200`` (neighbouring
+    stages may share a type, docs/spec.md section 1), each with the run's replicas; the cluster's limit
+    is the nodes the run used."""
     stages = run["stages"]
-    types = [f"gh200_{s}" for s in range(len(stages))]
-    resources = {}
-    for s, t in enumerate(types):
-        resources[t] = {**cluster["resources"]["gh200"], "limit": run["dp"][s]}
-    layers = []
-    for s, (a, b) in enumerate(stages):
-        for layer in profile["layers"][a : b + 1]:
-            layers.append({**layer, "times": {types[s]: layer["times"]["gh200"]}})
-    staged_profile = {**profile, "layers": layers}
-    staged_cluster = {"cluster": cluster["cluster"], "resources": resources}
-    problem = build_problem(Profile.model_validate(staged_profile), Cluster.model_validate(staged_cluster))
-    schedule = [s for s, (a, b) in enumerate(stages) for _ in range(a, b + 1)]
+    nodes = sum(run["dp"])
+    staged_cluster = {
+        "cluster": cluster["cluster"],
+        "resources": {"gh200": {**cluster["resources"]["gh200"], "limit": nodes}},
+    }
+    problem = build_problem(Profile.model_validate(profile), Cluster.model_validate(staged_cluster))
+    schedule = labelled(problem.n_types, [(a, b + 1, 0) for a, b in stages])
     plan = make_plan(problem, schedule, run["dp"], scheduler="measured")
-    return plan, staged_profile, staged_cluster
+    return plan, profile, staged_cluster
 
 
 def reserved_from(run: dict, times, sizes, fit, gpu_memory) -> float:

@@ -156,3 +156,21 @@ def test_a_plan_with_more_replicas_than_samples_is_refused(tmp_path, command):
     said = " ".join(result.output.split())
     assert "stages[0].replicas" in said and "stage 0 has 40 replicas but a batch of 32 samples" in said
     assert "at most 32" in said
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from([2, 3, 5]), st.sampled_from([3, 8, 32]))
+def test_one_type_pipelines_match_enumeration(seed, n, limit, B0):
+    """One resource type: every plan of several stages shares its limit (the limit-aware DP then tracks
+    no type but the capped one), and only the cuts into stages and the replicas differ."""
+    from tests.helpers import random_instance
+
+    arrays = list(random_instance(np.random.default_rng(seed), n, 1, max_limit=limit))
+    arrays[4] = np.ones((n, 1), dtype=bool)
+    arrays[6] = np.array([limit])
+    target = 0.6 * limit * B0 / arrays[0].sum()
+    for objective in ("cost", "time"):
+        profile, cluster, plan, expected = _both(tuple(arrays), B0, target, None, objective)
+        if plan is not None:
+            figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
+            assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)

@@ -223,8 +223,10 @@ def chain_dp_limited(
     n1, _, T = K.shape
     chain = chain or Chain.of_types(T, True)
     base = chain.base
-    dims = tuple(int(limits[t]) + 1 for t in tracked)
-    cells = int(np.prod(dims)) if dims else 1
+    # With no tracked type (the capped one alone, as when one type's stages overuse its limit) the state
+    # keeps one cell, so that f and g stay arrays the loop can write into.
+    dims = tuple(int(limits[t]) + 1 for t in tracked) or (1,)
+    cells = int(np.prod(dims))
     if n1 * T * cells > MAX_STATE_CELLS:
         raise TooLarge(
             "exact scheduler",

@@ -43,10 +43,7 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
         blocked = _memory_blocked(problem)
         if blocked is not None:
             return InfeasibleError(blocked)
-        return InfeasibleError(
-            "no plan fits the cluster's limits even with one replica per stage: "
-            f"the limits ({_limits(problem)}) are too small for this model"
-        )
+        return InfeasibleError(_nothing_fits(problem))
     if fastest.throughput < throughput_floor(problem):
         cap, why = serial_cap(problem)
         if cap < throughput_floor(problem):
@@ -66,6 +63,28 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
         f"{count(problem.min_throughput, 1)} samples/s costs {usd(cheapest.cost)} "
         f"({count(cheapest.throughput, 1)} samples/s). Raise the budget (--max-cost)."
     )
+
+
+def _nothing_fits(problem: Problem) -> str:
+    """Why no plan fits within the limits at all: memory (every plan the limits allow has a replica over
+    its unit's memory, which the same problem without memory would not), or the limits themselves."""
+    limits = f"the limits ({_limits(problem)})"
+
+    def fits(p: Problem) -> bool:
+        loose = p.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
+        return solver_for(loose, None).max_throughput()[0] is not None
+
+    if np.isfinite(problem.memory).any() and fits(
+        problem.replace(memory=np.full(problem.n_types, np.inf), reserved=None)
+    ):
+        lift = "more units, more memory per unit, or a smaller batch_size (fewer activations per replica)"
+        if problem.maximal_stages and fits(problem.replace(maximal_stages=False)):
+            lift = "drop --maximal-stages (a plan exists when neighbouring stages may share a type), " + lift
+        return (
+            f"memory: within {limits} every plan has a replica that holds more than its unit's memory_gb "
+            f"(training state and activations, docs/spec.md section 1b). Lift it with {lift}"
+        )
+    return f"no plan fits the cluster's limits even with one replica per stage: {limits} are too small for this model"
 
 
 def serial_cap(problem: Problem) -> tuple[float, str]:
