@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import tempfile
+import threading
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -125,8 +126,17 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
             for r in range(world)
         ]
         try:
-            for p in processes:
-                p.start()
+            # Ctrl-C reaches the whole terminal group: a worker still importing torch would print its
+            # KeyboardInterrupt. An ignored SIGINT survives exec and a fresh Python then keeps ignoring
+            # it, so the workers start ignoring it; this process takes it back at once and ends them all.
+            main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+            try:
+                for p in processes:
+                    p.start()
+            finally:
+                if main:
+                    signal.signal(signal.SIGINT, handler)
             report(f"running {world} processes: {cfg.warmup} warm-up and {cfg.steps} measured steps")
             pending = dict(enumerate(processes))
             while pending:
