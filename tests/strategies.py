@@ -12,7 +12,7 @@ SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCh
 
 
 @st.composite
-def instances(draw, layers=((2, 8), (3, 6)), limits=(2, 3, 5), targets=(0.0, 0.2, 0.5, 1.0, 2.0, 4.0)):
+def instances(draw, layers=((2, 6), (3, 4)), limits=(2, 3, 5), targets=(0.0, 0.2, 0.5, 1.0, 2.0, 4.0)):
     """(arrays, B0, min_throughput): up to ``layers[0][1]`` layers on 2 types or ``layers[1][1]``
     on 3, type limits up to one of ``limits``, and a required throughput of one of ``targets``
     times a reference (between "anything goes" and "beyond reach", so that limits bind sometimes)."""

@@ -70,7 +70,7 @@ def _frontier_against_brute_force(arrays, B0, min_throughput, budget_scale, hard
 
 
 # Richer than the exact solver's own instances: more units, lower targets, so frontiers have many plans.
-RICH = dict(layers=((2, 7), (3, 5)), limits=(4, 6, 8), targets=(0.0, 0.0, 0.2, 0.5, 1.0, 2.0))
+RICH = dict(layers=((2, 5), (3, 4)), limits=(4, 6, 8), targets=(0.0, 0.0, 0.2, 0.5, 1.0, 2.0))
 
 
 @settings(max_examples=200, **SETTINGS)
