@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gpu_layers.py --out h200.json            # on a GPU machine (minutes)
     python benchmarks/bench_gpu_layers.py --device cpu --small --out /tmp/x.json   # a smoke run here
+    python benchmarks/bench_gpu_layers.py --shape llama-7b-8k --batches 1,2 --no-matmul --out l.json  # a 7B block
 
 Three tables, written as one JSON file (``benchmarks/data/gpu-layers/`` keeps the ones measured):
 
@@ -47,6 +48,12 @@ class Shape:
     heads: int = 20
     sequence: int = 2048
     vocab: int = 50257
+
+
+SHAPES = {
+    "gpt-neo-2.7b": Shape(),
+    "llama-7b-8k": Shape(hidden=4096, heads=32, sequence=8192, vocab=32000),  # issue 49's 7B at sequence 8,192
+}
 
 
 class Embedding(nn.Module):
@@ -262,9 +269,11 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes: a smoke run of the script itself")
     parser.add_argument("--batches", default="1,2,4,8", help="micro-batches, comma-separated")
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt-neo-2.7b")
+    parser.add_argument("--no-matmul", action="store_true", help="leave out the products per shape")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    s = Shape(hidden=64, heads=4, sequence=32, vocab=500) if args.small else Shape()
+    s = Shape(hidden=64, heads=4, sequence=32, vocab=500) if args.small else SHAPES[args.shape]
     timer = Timer(args.device, warmup=3, reps=args.reps)
     report: dict = {"shape": s.__dict__, "torch": torch.__version__, "python": platform.python_version()}
     if args.device == "cuda":
@@ -301,7 +310,7 @@ def main() -> None:
                     torch.cuda.empty_cache()
         save()
     report["matmul"] = []
-    for prec in PRECISIONS if args.device == "cuda" else ("fp32", "bf16"):
+    for prec in () if args.no_matmul else PRECISIONS if args.device == "cuda" else ("fp32", "bf16"):
         for shape in matmul_shapes(s, args.small):
             report["matmul"].append(one_matmul(shape, prec, args.device, timer))
         print(prec, " ".join(f"{r['tflops']:.0f}" for r in report["matmul"] if r["precision"] == prec), flush=True)
