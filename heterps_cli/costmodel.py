@@ -218,6 +218,12 @@ def labelled(n_types: int, stages) -> np.ndarray:
     return sched
 
 
+def schedule_of_stages(types: tuple[str, ...], stages) -> np.ndarray:
+    """:func:`labelled` for a plan's ``stages`` (each with ``first``, ``last`` and ``resource``, one of
+    ``types``), so that the cost model reads them as the plan cuts them."""
+    return labelled(len(types), [(s.first, s.last + 1, types.index(s.resource)) for s in stages])
+
+
 def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[B, n]`` schedules: where a stage starts (bool), and each layer's stage index."""
     starts = np.ones(schedules.shape, dtype=bool)

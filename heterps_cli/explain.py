@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import labelled, next_whole, split_stages, stage_throughputs
+from heterps_cli.costmodel import next_whole, schedule_of_stages, split_stages, stage_throughputs
 from heterps_cli.figures import count, usd
 from heterps_cli.formulas import pipeline_slots, ring_allreduce, share, step_parts, stretch
 from heterps_cli.objective import Objective
@@ -108,8 +108,7 @@ def _one_more(problem: Problem, plan, b: int, more: int = 1) -> tuple[float, str
     """The bottleneck stage's throughput with ``more`` replicas more (the others as they are), and what
     they change: the gradient all-reduce they add against the compute they save (section 1d),
     or the part of the stage's time that replicas do not divide."""
-    schedule = labelled(problem.n_types, [(s.first, s.last + 1, problem.types.index(s.resource)) for s in plan.stages])
-    stages = split_stages(problem, schedule[None, :])
+    stages = split_stages(problem, schedule_of_stages(problem.types, plan.stages)[None, :])
     k = np.zeros(stages.valid.shape)
     k[0, : len(plan.stages)] = [s.replicas for s in plan.stages]
     now = float(k[0, b])

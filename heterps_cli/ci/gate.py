@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from heterps_cli.ci import diff
-from heterps_cli.costmodel import SLACK
+from heterps_cli.costmodel import SLACK, schedule_of_stages
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import Plan
@@ -92,13 +92,11 @@ def percent(text: str, field: str) -> float:
     return value
 
 
-def schedule_of(problem: Problem, plan: Plan) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """The plan's type per layer and replicas per stage, and what no longer fits the files (empty if all fits)."""
+def misfits(problem: Problem, plan: Plan) -> list[str]:
+    """What of the plan no longer fits the files (empty if all fits)."""
     problems: list[str] = []
     n = problem.n_layers
-    schedule = np.full(n, -1, dtype=np.int64)
     expected_first = 0
-    T = problem.n_types
     for i, stage in enumerate(plan.stages):
         where = f"stage {i}"
         if stage.first != expected_first or stage.last < stage.first:
@@ -122,14 +120,13 @@ def schedule_of(problem: Problem, plan: Plan) -> tuple[np.ndarray, np.ndarray, l
         for layer in range(stage.first, min(stage.last, n - 1) + 1):
             if not problem.runnable[layer, t]:
                 problems.append(f"layer {problem.layer_names[layer]} cannot run on {stage.resource} any more")
-            schedule[layer] = t + T * (i % 2)  # costmodel.labelled: each stage a stage of its own
     if expected_first != n:
         problems.append(f"the plan covers {expected_first} layers, the profile has {n}")
-    return schedule, np.array([s.replicas for s in plan.stages], dtype=float), problems
+    return problems
 
 
 def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
-    schedule, replicas, problems = schedule_of(problem, plan)
+    problems = misfits(problem, plan)
     if problems:
         return None, problems
     # In the papers' space consecutive stages on one type would be one stage (docs/spec.md section 1).
@@ -139,6 +136,8 @@ def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
             f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: with --maximal-stages they are one stage"
             for i in merged
         ]
+    schedule = schedule_of_stages(problem.types, plan.stages)  # each of the plan's stages one of its own
+    replicas = [s.replicas for s in plan.stages]
     fresh = make_plan(
         problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed, rental=_still_rentable(problem, plan)
     )

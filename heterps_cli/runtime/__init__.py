@@ -194,8 +194,9 @@ def _check_model(plan: Plan, plan_path: str, model: str, input_shape: tuple[int,
 def _processes(
     plan: Plan, plan_path: str, devices: dict[str, str], placed: bool, max_processes: int | None, under_torchrun: bool
 ) -> list[Process] | None:
-    """Refuse a plan these processes cannot run (a GPU shared, too many processes, a replica with no
-    sample); with ``placed``, the order torchrun's ranks take (docs/guide/running.md)."""
+    """Refuse a plan these processes cannot run (a GPU shared, too many processes; a replica with no
+    sample is refused where the plan is read, formats.load_plan); with ``placed``, the order
+    torchrun's ranks take (docs/guide/running.md)."""
     import torch
 
     world = sum(s.replicas for s in plan.stages)
@@ -220,10 +221,5 @@ def _processes(
             "stages",
             f"the plan has {world} replicas in all, one process each, more than --max-processes {limit}: "
             "raise --max-processes, run it on a cluster under torchrun, or plan with lower limits",
-        )
-    widest = max(s.replicas for s in plan.stages)
-    if widest > plan.batch_size:
-        raise InputError(
-            plan_path, None, "stages", f"a stage has {widest} replicas but a batch only {plan.batch_size} samples"
         )
     return order

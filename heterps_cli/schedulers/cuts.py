@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from heterps_cli.costmodel import better, labelled
+from heterps_cli.costmodel import better, schedule_of_stages
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.formats import Plan
 from heterps_cli.plan import make_plan
@@ -35,10 +35,9 @@ def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
         return plan
     if not cut.feasible or not better(problem, cut.cost_usd, cut.throughput, plan.cost_usd, plan.throughput):
         return plan
-    stages = [(s.first, s.last + 1, problem.types.index(s.resource)) for s in cut.stages]
     return make_plan(
         problem,
-        labelled(problem.n_types, stages),
+        schedule_of_stages(problem.types, cut.stages),
         [s.replicas for s in cut.stages],
         scheduler=plan.scheduler,
         seed=plan.seed,
