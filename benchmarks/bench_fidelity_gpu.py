@@ -184,6 +184,12 @@ def reserved_from(run: dict, times, sizes, fit, gpu_memory) -> float:
     return run["max_mem"] / 1e9 - max(s.memory_gb for s in plan.stages)
 
 
+def measured_reserved() -> float:
+    """memory_reserved_gb as this benchmark measures it, on :data:`CALIBRATION`."""
+    times, sizes, fit, gpu_memory, runs = load()
+    return reserved_from(next(r for r in runs if r["name"] == CALIBRATION), times, sizes, fit, gpu_memory)
+
+
 def check(plan, profile: dict, cluster: dict, tmp: Path) -> tuple[bool, str]:
     """Run ``heterps check`` on the plan's files: do its memory and limit gates pass?"""
     paths = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from heterps_cli.formats import Job
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
@@ -307,6 +307,65 @@ def estimate(
         calibrate_on=calibrate_on,
         progress=progress,
     )
+
+
+def measure_sizes(model: str, resource: str, sizes: tuple[int, ...], **options) -> tuple[str, Profiled]:
+    """``heterps profile --batch-sizes``: :func:`measure` at each size, as one profile's YAML text
+    (docs/spec.md section 1f), and the measurement at the largest size."""
+    from heterps_cli.profiling.write import measured_text
+
+    progress = options.pop("progress", None)
+    return _at_each_size(
+        sizes, lambda size, report: measure(model, resource, size, **options, progress=report), measured_text, progress
+    )
+
+
+def estimate_sizes(model: str, resource: str, sizes: tuple[int, ...], device: str, **options) -> tuple[str, Any]:
+    """``heterps profile --estimate --batch-sizes``: :func:`estimate` at each size, as one profile's YAML
+    text (docs/spec.md section 1f), and the estimate at the largest size."""
+    from heterps_cli.profiling.write import estimated_text
+
+    progress = options.pop("progress", None)
+    return _at_each_size(
+        sizes,
+        lambda size, report: estimate(model, resource, size, device, **options, progress=report),
+        estimated_text,
+        progress,
+    )
+
+
+def _at_each_size(sizes, profile_at, render, progress):
+    """Profile at each size (progress naming it), render each, and join them (:func:`at_sizes`)."""
+    texts, profiled = {}, None
+    for i, size in enumerate(sizes):
+        report = progress
+        if progress is not None and len(sizes) > 1:
+
+            def report(description, completed=None, total=None, size=size, i=i):
+                progress(f"batch {size} ({i + 1} of {len(sizes)}): {description}", completed, total)
+
+        profiled = profile_at(size, report)
+        texts[size] = render(profiled)
+    return at_sizes(texts), profiled
+
+
+def at_sizes(texts: dict[int, str]) -> str:
+    """One profile (YAML text) from the profile texts of one model at each batch size: the text itself
+    for one size, else a merge of them (docs/spec.md section 1f)."""
+    if len(texts) == 1:
+        return next(iter(texts.values()))
+    import tempfile
+    from pathlib import Path
+
+    from heterps_cli.profiling.write import merge_profiles
+
+    with tempfile.TemporaryDirectory(prefix="heterps-sizes-") as tmp:
+        paths = []
+        for size, text in texts.items():
+            path = Path(tmp) / f"batch-{size}.yaml"
+            path.write_text(text, encoding="utf-8")
+            paths.append(str(path))
+        return merge_profiles(paths, said=[f"batch {size}" for size in texts])
 
 
 def merge(profile_paths: list[str]) -> str:

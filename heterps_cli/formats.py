@@ -117,12 +117,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
+class BatchTime(_Strict):
+    """Section 2: a layer's times on a type at a batch size other than the profile's ``batch_size``."""
+
+    oct: Positive
+    odt: NonNegative
+    alpha: Fraction | None = None  # default: the entry's, else the layer's
+    beta: Fraction | None = None
+
+
 class TimeEntry(_Strict):
     oct: Positive
     odt: NonNegative
     update: NonNegative | None = None  # section 1d: the optimiser step on the layer's weights, s per step
     alpha: Fraction | None = None
     beta: Fraction | None = None
+    batches: Annotated[dict[BatchSize, BatchTime], Field(min_length=1)] | None = None  # section 2: other sizes
+
+    def at(self, size: int, batch_size: int) -> BatchTime | None:
+        """The times measured at ``size`` (the profile's ``batch_size`` is the entry's own), or None."""
+        if size == batch_size:
+            return BatchTime.model_construct(oct=self.oct, odt=self.odt, alpha=self.alpha, beta=self.beta)
+        return (self.batches or {}).get(size)
 
 
 class Layer(_Strict):
@@ -137,11 +156,15 @@ class Layer(_Strict):
     sharded: bool = False  # section 1b: weights split across the stage's replicas
     times: Annotated[dict[Name, TimeEntry], Field(min_length=1)]
 
-    def fractions(self, resource: str) -> tuple[float, float]:
-        """(alpha, beta) of this layer on ``resource``: the per-type override, else the layer's."""
+    def fractions(self, resource: str, size: BatchTime | None = None) -> tuple[float, float]:
+        """(alpha, beta) of this layer on ``resource``: the per-type override, else the layer's; at
+        another batch ``size`` (an entry of ``batches``), its own first."""
         entry = self.times[resource]
         alpha = entry.alpha if entry.alpha is not None else self.alpha
         beta = entry.beta if entry.beta is not None else self.beta
+        if size is not None:
+            alpha = size.alpha if size.alpha is not None else alpha
+            beta = size.beta if size.beta is not None else beta
         assert alpha is not None and beta is not None  # guaranteed by load_profile
         return alpha, beta
 
@@ -165,6 +188,7 @@ class Job:
     global_batch: GlobalBatch | None = None  # samples per optimiser step (section 1d)
     # section 1: True keeps the papers' space, where a stage is a maximal run of layers on one type
     maximal_stages: bool = False
+    micro_batch: BatchSize | None = None  # section 1f: the micro-batch; None lets the plan choose it
 
 
 PROFILE_JOB = ("samples", "epochs", "min_throughput", "global_batch")
@@ -178,11 +202,17 @@ else:
 
 class Profile(_Strict):
     model: Name
-    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+    batch_size: BatchSize
     job: ProfileJob = ProfileJob()
     # section 1b: training-state bytes per weight byte
     state_factor: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] = 4.0
     layers: Annotated[list[Layer], Field(min_length=1)]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Section 2: every batch size some layer's times were measured at, ascending."""
+        more = {b for layer in self.layers for e in layer.times.values() for b in (e.batches or {})}
+        return tuple(sorted({self.batch_size, *more}))
 
 
 class Resource(_Strict):
@@ -530,6 +560,13 @@ def _validate(model: type[_Strict], doc: Document, kind: str) -> Any:
             loc = tuple(error["loc"])
             if error["type"] == "missing" and loc[:-1] in unknown_parents:
                 continue
+            if loc and loc[-1] == "[key]" and len(loc) > 2 and loc[-3] == "batches":
+                problems.append(
+                    doc.error(
+                        loc[:-1], f"the batch size {_shown(loc[-2])} must be a whole number from 1 to {MAX_BATCH:,}"
+                    )
+                )
+                continue
             if loc and loc[-1] == "[key]":
                 why = str(error.get("ctx", {}).get("error", "")) if error["type"] == "value_error" else ""
                 problems.append(
@@ -604,28 +641,41 @@ def _profile_of(doc: Document) -> Profile:
                             f"no {frac}: give the layer a default '{frac}' or this entry its own",
                         )
                     )
+            if profile.batch_size in (entry.batches or {}):
+                problems.append(
+                    doc.error(
+                        ("layers", i, "times", resource, "batches", profile.batch_size),
+                        f"batch {profile.batch_size} is the profile's batch_size, whose times are the entry's own "
+                        "oct and odt: give each size once",
+                    )
+                )
     if profile.job.global_batch is not None:
         try:
-            micro_batches(profile.job.global_batch, profile.batch_size, "job.global_batch")
+            micro_batches(profile.job.global_batch, profile.sizes, "job.global_batch")
         except ValueError as exc:
             problems.append(doc.error(("job", "global_batch"), str(exc)))
     _raise_all(problems)
     return profile
 
 
-def micro_batches(global_batch: int, batch_size: int, what: str = "--global-batch") -> int:
-    """Section 1d's M: the micro-batches of ``batch_size`` samples in a step of ``global_batch``
-    (ValueError, in words, when it is not a whole number of them or too many)."""
-    count_, left = divmod(global_batch, batch_size)
-    if left or count_ < 1:
+def micro_batches(global_batch: int, sizes: int | tuple[int, ...], what: str = "--global-batch") -> int:
+    """Section 1d's M: the micro-batches of ``sizes`` samples in a step of ``global_batch`` (of the
+    largest of several sizes that gives a whole number of them; ValueError, in words, when none does
+    or they are too many)."""
+    sizes = (sizes,) if isinstance(sizes, int) else sizes
+    whole = [b for b in sizes if global_batch % b == 0]
+    if not whole:
+        b = sizes[-1]
+        said = f"batch_size {b:,}" if len(sizes) == 1 else f"any of the sizes {', '.join(map(str, sizes))}"
         raise ValueError(
-            f"{what} {global_batch:,} is not a whole number of micro-batches of batch_size {batch_size:,} "
-            f"(the batch the times were measured at): give a multiple of {batch_size:,}, e.g. "
-            f"{max(1, round(global_batch / batch_size)) * batch_size:,}"
+            f"{what} {global_batch:,} is not a whole number of micro-batches of {said} "
+            f"(the batch the times were measured at): give a multiple of {b:,}, e.g. "
+            f"{max(1, round(global_batch / b)) * b:,}"
         )
+    count_ = global_batch // whole[-1]
     if count_ > MAX_MICRO_BATCHES:
         raise ValueError(
-            f"{what} {global_batch:,} is {count_:,} micro-batches of {batch_size:,}, more than "
+            f"{what} {global_batch:,} is {count_:,} micro-batches of {whole[-1]:,}, more than "
             f"{MAX_MICRO_BATCHES:,}: a step that long is no pipeline; profile at a larger batch_size"
         )
     return count_

@@ -105,14 +105,48 @@ class Frontier:
 def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None) -> Frontier:
     """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
     (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none.
+    Where the plan chooses its micro-batch (docs/spec.md section 1f), the frontier of the plans at
+    every choice together.
 
     With ``time_limit`` (seconds), a walk still going then stops: the plans up to the throughput
     it reached are exactly the frontier's there (the walk rises), and :attr:`Frontier.cut_at` says
     where it stopped."""
     start = time.perf_counter()
+    choices = problem.micro_batch_choices
+    found: list[tuple[Candidate, Problem]] = []
+    failed: list[InfeasibleError] = []
+    steps, cut_at = 0, None
+    for i, batch in enumerate(choices):
+        left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start)) / (len(choices) - i)
+        sub = problem.at_micro_batch(batch)
+        try:
+            candidates, evaluations, cut = _candidates(sub, progress, left)
+        except InfeasibleError as exc:
+            failed.append(exc)
+            continue
+        found += [(c, sub) for c in candidates]
+        steps += evaluations
+        cut_at = cut if cut_at is None or (cut is not None and cut < cut_at) else cut_at
+    if not found:
+        raise failed[0] if len(failed) == 1 else InfeasibleError("; ".join(map(str, failed)))
+    if cut_at is not None:  # exact up to where the first walk stopped, for every micro-batch
+        found = [(c, sub) for c, sub in found if c.throughput <= cut_at]
+    where = {id(c): sub for c, sub in found}
+    frontier = _pareto([c for c, _ in found])
+    solve_s = time.perf_counter() - start
+    plans = tuple(_plan(where[id(c)], c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
+    knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
+    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, steps, solve_s, cut_at)
+
+
+def _candidates(
+    problem: Problem, progress: Progress | None, time_limit: float | None
+) -> tuple[list[Candidate], int, float | None]:
+    """The frontier's plans at the problem's own micro-batch (within ``max_cost``), the exact
+    solver's evaluations, and where the time limit cut the walk (None: it finished)."""
     if problem.nodes is not None:
-        return _rented_frontier(problem, progress, time_limit, start)
-    deadline = math.inf if time_limit is None else start + time_limit
+        return _rented_candidates(problem, progress, time_limit)
+    deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     walker = solver_for(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
     floor = throughput_floor(problem)
     first = walker.cheapest(floor)
@@ -127,34 +161,23 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
         frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
         if not frontier:
             raise infeasible_error(problem, walker)
-    solve_s = time.perf_counter() - start
-    plans = tuple(_plan(problem, c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
-    return Frontier(
-        problem,
-        plans,
-        tuple(range(len(plans))),
-        len(plans),
-        knee([c.throughput for c in frontier], [c.cost for c in frontier]),
-        walker.evaluations + prober.evaluations,
-        solve_s,
-        cut_at,
-    )
+    return frontier, walker.evaluations + prober.evaluations, cut_at
 
 
-def _rented_frontier(problem: Problem, progress: Progress | None, time_limit: float | None, start: float) -> Frontier:
-    """Section 1e: the frontier over rentals of whole nodes (:func:`.schedulers.exact.rented.frontier_candidates`)."""
+def _rented_candidates(
+    problem: Problem, progress: Progress | None, time_limit: float | None
+) -> tuple[list[Candidate], int, float | None]:
+    """Section 1e: :func:`_candidates` over rentals of whole nodes
+    (:func:`.schedulers.exact.rented.frontier_candidates`)."""
     from heterps_cli.schedulers.exact.rented import frontier_candidates
 
-    found, cut_at = frontier_candidates(problem, progress, Clock(start, time_limit))
+    found, cut_at = frontier_candidates(problem, progress, Clock(time.perf_counter(), time_limit))
     frontier = _pareto(found)
     if problem.max_cost is not None:
         frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
     if not frontier:
         raise InfeasibleError("no plan meets the job's targets on any rental of the cluster's nodes")
-    solve_s = time.perf_counter() - start
-    plans = tuple(_plan(problem, c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
-    knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
-    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, len(found), solve_s, cut_at)
+    return frontier, len(found), cut_at
 
 
 def _walk(

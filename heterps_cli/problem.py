@@ -15,6 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
+from heterps_cli.batches import Measured, measured
 from heterps_cli.errors import InputError, TooLarge
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
@@ -70,6 +71,10 @@ class Problem:
     input_saved: np.ndarray | None = None  # [n] bytes per sample
     # section 1: neighbouring stages may share a type, unless the papers' maximal runs are asked for
     maximal_stages: bool = False
+    # section 1f: the profile's times at every size it measured, and whether a plan chooses batch_size
+    # among them (a global batch, several sizes, no --micro-batch)
+    measured: Measured | None = None
+    choose_micro_batch: bool = False
 
     @property
     def pipelined(self) -> bool:
@@ -80,6 +85,25 @@ class Problem:
     def step_samples(self) -> int:
         """Samples per step: what a stage's time is for (B0, or M x B0 under section 1d)."""
         return self.batch_size * self.micro_batches if self.pipelined else self.batch_size
+
+    @property
+    def micro_batch_choices(self) -> tuple[int, ...]:
+        """Section 1f: the micro-batches a plan chooses among (``batch_size`` alone unless it chooses)."""
+        if not self.choose_micro_batch or self.measured is None:
+            return (self.batch_size,)
+        return self.measured.choices(self.step_samples)
+
+    def at_micro_batch(self, batch: int) -> Problem:
+        """Section 1f: this problem with micro-batches of ``batch`` samples (the same samples per step),
+        its times from the profile's measured sizes; ValueError, in words, if no measured size is at
+        least ``batch`` for some layer, or ``batch`` does not divide the step."""
+        if batch == self.batch_size:
+            return self.replace(choose_micro_batch=False) if self.choose_micro_batch else self
+        assert self.measured is not None
+        return self.replace(
+            **_at_batch(self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None),
+            choose_micro_batch=False,
+        )
 
     @property
     def update_times(self) -> np.ndarray:
@@ -257,6 +281,7 @@ def load_problem(
     max_cost: float | None = None,
     global_batch: int | None = None,
     maximal_stages: bool = False,
+    micro_batch: int | None = None,
 ) -> Problem:
     """Read, validate and join a profile and a cluster file into the problem every scheduler takes.
 
@@ -266,11 +291,18 @@ def load_problem(
     """
     (profile, pdoc), (cluster, cdoc) = load_pair(profile_path, cluster_path)
     check_pair(profile, pdoc, cluster, cdoc)
-    if global_batch is not None:
+    if global_batch is not None and micro_batch is None:
         try:
-            micro_batches(global_batch, profile.batch_size)
+            micro_batches(global_batch, profile.sizes)
         except ValueError as exc:
             raise InputError(None, None, "--global-batch", str(exc)) from None
+    if micro_batch is not None:
+        steps = global_batch if global_batch is not None else profile.job.global_batch
+        names = tuple(layer.name for layer in profile.layers)
+        try:
+            _at_batch(measured(profile, usable_types(profile, cluster)), micro_batch, names, steps)
+        except ValueError as exc:
+            raise InputError(None, None, "--micro-batch", str(exc)) from None
     if samples is None and profile.job.samples is None:
         raise pdoc.error(
             ("job", "samples"),
@@ -287,6 +319,7 @@ def load_problem(
         max_cost=max_cost,
         global_batch=global_batch,
         maximal_stages=maximal_stages,
+        micro_batch=micro_batch,
     )
     _check_finite_figures(problem, pdoc, cdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     if (too_many := _unrentable(problem.nodes)) is not None:
@@ -321,6 +354,7 @@ def build_problem(
     max_cost: float | None = None,
     global_batch: int | None = None,
     maximal_stages: bool = False,
+    micro_batch: int | None = None,
 ) -> Problem:
     """Join a validated profile and cluster (:func:`load_problem` checks them against each other
     first); the keyword values override the profile's ``job``."""
@@ -340,8 +374,9 @@ def build_problem(
     nodes = _nodes(cluster, types)
     prices, limits = _prices_and_limits(res, nodes)
     steps = global_batch if global_batch is not None else profile.job.global_batch
-    M = micro_batches(steps, profile.batch_size) if steps is not None else 0
-    return Problem(
+    table = measured(profile, types)
+    batch, M, choose = _micro_batch(profile, table, steps, micro_batch)
+    problem = Problem(
         model=profile.model,
         cluster=cluster.cluster,
         **_layers(profile),
@@ -356,7 +391,7 @@ def build_problem(
         beta=beta,
         runnable=runnable,
         state_factor=float(profile.state_factor),
-        batch_size=profile.batch_size,
+        batch_size=batch,
         samples=float(samples),
         epochs=float(epochs if epochs is not None else (profile.job.epochs or 1.0)),
         min_throughput=float(min_throughput if min_throughput is not None else (profile.job.min_throughput or 0.0)),
@@ -366,7 +401,59 @@ def build_problem(
         update=update if update.any() else None,
         nodes=nodes,
         maximal_stages=maximal_stages,
+        measured=table,
+        choose_micro_batch=choose,
     )
+    if batch == profile.batch_size:  # the profile's own figures, as written
+        return problem
+    return problem.replace(**_at_batch(table, batch, problem.layer_names, steps))
+
+
+def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: int | None) -> tuple[int, int, bool]:
+    """Section 1f: the micro-batch a problem starts at, its micro-batches per step (0 without a global
+    batch), and whether a plan chooses among several. ValueError, in words, for a ``--micro-batch``
+    that does not divide the step."""
+    if fixed is not None:
+        return fixed, _whole_micro_batches(steps, fixed) if steps is not None else 0, False
+    if steps is None:
+        return profile.batch_size, 0, False
+    choices = table.choices(steps) or (profile.batch_size,)
+    batch = profile.batch_size if profile.batch_size in choices else choices[-1]
+    return batch, micro_batches(steps, batch), len(choices) > 1
+
+
+def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | None) -> dict:
+    """The fields of a problem at micro-batch ``batch`` (section 1f); ValueError naming the first layer
+    that no measured size can give a time at it."""
+    oct_, odt, alpha, beta, found = table.at(batch)
+    if not found.any(axis=1).all():
+        layer = names[int(np.argmin(found.any(axis=1)))]
+        raise ValueError(
+            f"micro-batch {batch:,} is above every size layer {layer!r} was measured at (up to "
+            f"{table.most(int(np.argmin(found.any(axis=1)))):,}), and heterps does not extrapolate: measure it "
+            f"at {batch:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
+        )
+    return {
+        "oct": oct_,
+        "odt": odt,
+        "alpha": alpha,
+        "beta": beta,
+        "runnable": found,
+        "batch_size": batch,
+        "micro_batches": _whole_micro_batches(steps, batch) if steps is not None else 0,
+    }
+
+
+def _whole_micro_batches(steps: int, batch: int) -> int:
+    """Section 1f: the micro-batches of ``batch`` in a step of ``steps`` samples; ValueError, in words,
+    unless ``batch`` divides it into at most MAX_MICRO_BATCHES."""
+    if steps % batch:
+        near = min((d for d in range(1, min(steps, 10**6) + 1) if steps % d == 0), key=lambda d: abs(d - batch))
+        raise ValueError(
+            f"micro-batch {batch:,} does not divide the global batch {steps:,} into whole micro-batches: "
+            f"take a divisor of it, such as {near:,}"
+        )
+    return micro_batches(steps, batch)
 
 
 def _prices_and_limits(res: list, nodes: Nodes | None) -> tuple[np.ndarray, np.ndarray]:
@@ -449,7 +536,8 @@ def _nodes(cluster: Cluster, types: tuple[str, ...]) -> Nodes | None:
 def _check_sizes(problem: Problem, pdoc: Document) -> None:
     """Refuse a size whose bytes per batch overflow a float (the transfer or memory it feeds would be
     infinite and silently drop out of the model), naming the first such layer and field."""
-    B0 = float(problem.batch_size)
+    # the largest size any time was measured at: section 1f may choose it
+    B0 = float(max(problem.batch_size, problem.measured.largest if problem.measured is not None else 0))
     with np.errstate(over="ignore"):
         scaled = {
             "input_size": (2.0 * B0 * problem.input_size, "2 x batch_size x input_size"),

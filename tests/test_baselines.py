@@ -331,7 +331,7 @@ def test_neighbours_are_every_schedule_one_move_away(seed):
     runnable = problem.runnable.copy()
     runnable[np.random.default_rng(seed).random((n, T)) < 0.2] = False
     runnable[np.arange(n), np.arange(n) % T] = True
-    problem = problem.replace(runnable=runnable)
+    problem = problem.replace(runnable=runnable, maximal_stages=True)  # the papers' moves alone
     every = np.array(list(itertools.product(range(T), repeat=n)))
     every = every[problem.usable[np.arange(n), every].all(axis=1)]
     rng = np.random.default_rng(seed)
@@ -354,6 +354,42 @@ def test_neighbours_are_every_schedule_one_move_away(seed):
             finally:
                 local.MOVE_BYTES = saved
             assert set(batched) == whole
+
+
+def _cuts(row: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """A labelled schedule's stages: (first, end, type)."""
+    bounds = [0, *(np.flatnonzero(np.diff(row)) + 1).tolist(), len(row)]
+    return tuple((a, z, int(row[a]) % 3) for a, z in zip(bounds[:-1], bounds[1:]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_in_the_whole_space_the_neighbours_also_cut_join_and_keep_stages_apart(seed):
+    """Section 1's whole space: besides the papers' moves, every stage cut in two at every layer on its
+    type, every pair of neighbouring stages on one type joined, and every stage put on another type
+    without joining a neighbour; every neighbour runs each layer on a type that can run it."""
+    n, T = 7, 3
+    _, _, _, problem = _instance(seed=40 + seed, n=n, T=T)
+    rng = np.random.default_rng(seed)
+    papers = problem.replace(maximal_stages=True)
+    for _ in range(10):
+        schedule = rng.integers(0, T, n) + T * rng.integers(0, local.LABELS, n)
+        schedule = schedule[np.argsort(rng.random(n))] if rng.random() < 0.5 else schedule
+        schedule = np.where(problem.usable[np.arange(n), schedule % T], schedule, np.argmax(problem.usable, axis=1))
+        found = {_cuts(row) for row in local.neighbours(problem, schedule)}
+        assert {_cuts(row) for row in local.neighbours(papers, schedule)} <= found
+        for row in local.neighbours(problem, schedule):
+            assert problem.usable[np.arange(n), row % T].all()
+        stages = _cuts(schedule)
+        for i, (a, z, t) in enumerate(stages):
+            for m in range(a + 1, z):
+                assert (*stages[:i], (a, m, t), (m, z, t), *stages[i + 1 :]) in found
+            for other in range(T):
+                if other != t and problem.usable[a:z, other].all():
+                    assert (*stages[:i], (a, z, other), *stages[i + 1 :]) in found
+        for i in range(len(stages) - 1):
+            (a, _, t), (_, z, u) = stages[i], stages[i + 1]
+            if t == u:
+                assert (*stages[:i], (a, z, t), *stages[i + 2 :]) in found
 
 
 @pytest.mark.parametrize("seed", range(4))

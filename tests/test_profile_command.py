@@ -159,15 +159,15 @@ def test_module_only_factory_with_input_shape(factory, tmp_path):
     assert len(load_profile(str(out))[0].layers) == 2
 
 
-def test_merge_refuses_other_models_batch_sizes_and_repeated_types(factory, tmp_path):
+def test_merge_refuses_other_models_sizes_in_no_common_and_repeated_types(factory, tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(a), "--link-gbps", "10"])
     _profile([f"{factory}:small", "--as", "cpu", "--batch-size", "16", "--out", str(b), "--link-gbps", "10"])
     result = _profile(["merge", str(a), str(b), "-o", str(tmp_path / "m.yaml")], expect=2)
-    assert "type 'cpu' is measured in" in result.output
+    assert "type 'cpu' at batch 16 is measured in" in " ".join(result.output.split())
     data = yaml.safe_load(b.read_text())
     for change, words in [
-        ({"batch_size": 32}, "batch size 32 differs"),
+        ({"batch_size": 32}, "no batch size is measured for every layer on every type (cpu at 16, gpu at 32)"),
         ({"model": "other"}, "same model"),
         ({"layers": data["layers"][:3]}, "not the same model"),
     ]:

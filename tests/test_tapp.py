@@ -77,11 +77,13 @@ def test_tapp_finds_the_brute_force_fastest_plan_on_small_instances(seed):
     arrays = random_instance(np.random.default_rng(seed), 5, 2)
     profile, cluster = instance_dicts(*arrays)
     problem = problem_from_dicts(profile, cluster, objective="time")
+    own = problem_from_dicts(profile, cluster, objective="time", maximal_stages=True)
     expected = brute_force(*arrays, 32, problem.work, objective="time", maximal=True)  # TAPP's own space
-    plan = tapp.solve(problem, seed=seed, options=TrainingOptions(steps=20, batch=16))
+    plan = tapp.solve(own, seed=seed, options=TrainingOptions(steps=20, batch=16))
     assert expected is not None and plan.feasible
     assert math.isclose(plan.throughput, expected[1], rel_tol=1e-9)
-    # through schedulers.solve its runs are then cut exactly, which can only help, up to the whole space's best
+    # in the whole space its polish also cuts and joins stages on one type, and schedulers.solve then
+    # cuts its runs exactly: either can only help, up to the whole space's best
     cut = solve("tapp", problem, seed=seed, options=TrainingOptions(steps=20, batch=16))
     best = brute_force(*arrays, 32, problem.work, objective="time")
     assert expected[1] * (1 - 1e-9) <= cut.throughput <= best[1] * (1 + 1e-9)

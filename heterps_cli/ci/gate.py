@@ -125,7 +125,22 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
     return problems
 
 
+def at_plans_micro_batch(problem: Problem, plan: Plan) -> tuple[Problem, list[str]]:
+    """Section 1f: where the job lets a plan choose its micro-batch, the problem at the plan's (and
+    what stops it, if no measured size can give it); else the problem as it is (job_changes then
+    compares the micro-batch)."""
+    if not problem.choose_micro_batch or plan.batch_size == problem.batch_size:
+        return problem, []
+    try:
+        return problem.at_micro_batch(plan.batch_size), []
+    except ValueError as exc:
+        return problem, [f"batch_size {plan.batch_size:,}: {exc}"]
+
+
 def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
+    problem, problems = at_plans_micro_batch(problem, plan)
+    if problems:
+        return None, problems
     problems = misfits(problem, plan)
     if problems:
         return None, problems
@@ -297,6 +312,10 @@ def plan_command(
         job += f" --max-cost {exact(problem.max_cost)}"
     if problem.pipelined:
         job += f" --global-batch {problem.step_samples}"
+    if _fixed_micro_batch(problem):
+        job += f" --micro-batch {problem.batch_size}"
+    if problem.maximal_stages:
+        job += " --maximal-stages"
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
     stochastic = f" --seed {seed}" if seed and name not in ("exact", "greedy") else ""
@@ -305,6 +324,13 @@ def plan_command(
         f"heterps plan {shlex.quote(profile)} {shlex.quote(cluster)} --scheduler {name} "
         f"--objective {problem.objective}{job}{stochastic}{explain} --out {shlex.quote(plan_path)}"
     )
+
+
+def _fixed_micro_batch(problem: Problem) -> bool:
+    """Section 1f: whether the job fixes a micro-batch that the profile alone would not give (a
+    ``--micro-batch`` among several measured sizes, or at an unmeasured one)."""
+    sizes = problem.measured.sizes if problem.measured is not None else (problem.batch_size,)
+    return not problem.choose_micro_batch and (len(sizes) > 1 or problem.batch_size not in sizes)
 
 
 @dataclass(frozen=True)
@@ -379,7 +405,7 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
 
 
 def _job(g: Gate) -> Finding:
-    changed = job_changes(g.plan, g.problem)
+    changed = job_changes(g.plan, at_plans_micro_batch(g.problem, g.plan)[0])
     if not changed:
         return Finding(
             "job", True, "made for this job (model, cluster, objective, samples, epochs, required throughput)"

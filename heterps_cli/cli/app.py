@@ -24,6 +24,7 @@ from heterps_cli.cli.options import (
     GlobalBatchOpt,
     MaxCostOpt,
     MaximalStagesOpt,
+    MicroBatchOpt,
     MinThroughputOpt,
     ObjectiveOpt,
     OutOpt,
@@ -158,6 +159,7 @@ def plan(
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
     maximal_stages: MaximalStagesOpt = False,
+    micro_batch: MicroBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
     out_file: OutOpt = None,
@@ -196,7 +198,9 @@ def plan(
                 str(profile),
                 str(cluster),
                 scheduler.value,
-                job_from(objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages),
+                job_from(
+                    objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages, micro_batch
+                ),
                 seed=seed,
                 options=options,
                 progress=report,
@@ -284,6 +288,7 @@ def frontier(
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
     maximal_stages: MaximalStagesOpt = False,
+    micro_batch: MicroBatchOpt = None,
     max_cost: _FrontierMaxCostOpt = None,
     points: _FrontierPointsOpt = None,
     as_json: _FrontierAsJsonOpt = False,
@@ -303,7 +308,9 @@ def frontier(
             whole = api.frontier(
                 str(profile),
                 str(cluster),
-                job_from(Objective.COST, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages),
+                job_from(
+                    Objective.COST, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages, micro_batch
+                ),
                 time_limit=time_limit,
                 progress=report,
             )
@@ -370,6 +377,7 @@ def compare(
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
     maximal_stages: MaximalStagesOpt = False,
+    micro_batch: MicroBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
     as_json: _CompareAsJsonOpt = False,
@@ -407,7 +415,9 @@ def compare(
                 str(profile),
                 str(cluster),
                 cast(list[str], schedulers),  # the callback made the text a list
-                job_from(objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages),
+                job_from(
+                    objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages, micro_batch
+                ),
                 seed=seed,
                 budget=budget,
                 progress=report,

@@ -22,6 +22,7 @@ from heterps_cli.cli.options import (
     Format,
     GlobalBatchOpt,
     MaximalStagesOpt,
+    MicroBatchOpt,
     SamplesOpt,
     SchedulerName,
     SeedOpt,
@@ -122,6 +123,7 @@ def check(
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
     maximal_stages: MaximalStagesOpt = False,
+    micro_batch: MicroBatchOpt = None,
     max_cost: _CheckMaxCostOpt = None,
     min_throughput: _CheckMinThroughputOpt = None,
     baseline: _CheckBaselineOpt = None,
@@ -145,7 +147,9 @@ def check(
                 str(plan_file),
                 str(profile),
                 str(cluster),
-                job_from(objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages),
+                job_from(
+                    objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages, micro_batch
+                ),
                 baseline_path=str(baseline) if baseline is not None else None,
                 max_increase=max_increase,
                 replan=replan.value if replan else None,

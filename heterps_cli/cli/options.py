@@ -104,9 +104,21 @@ GlobalBatchOpt = Annotated[
     int | None,
     typer.Option(
         min=1,
-        help="Samples per optimiser step: a whole number of micro-batches of the profile's batch_size, run "
-        "through a 1F1B pipeline (docs/spec.md section 1d). Default: the profile's job.global_batch, else none "
-        "(sections 1 and 1b: no pipeline schedule).",
+        help="Samples per optimiser step: a whole number of micro-batches, run through a 1F1B pipeline "
+        "(docs/spec.md section 1d); the plan chooses the micro-batch among the sizes the profile measured "
+        "(section 1f). Default: the profile's job.global_batch, else none (sections 1 and 1b: no pipeline "
+        "schedule).",
+        show_default=False,
+    ),
+]
+
+MicroBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Samples per micro-batch, instead of the plan choosing it (docs/spec.md section 1f): a measured size "
+        "or below one (charged as its share); never above the largest the profile measured. Default: the best "
+        "of the measured sizes that divide the global batch, else the profile's batch_size.",
         show_default=False,
     ),
 ]
@@ -226,10 +238,11 @@ def job_from(
     max_cost: float | None,
     global_batch: int | None = None,
     maximal_stages: bool = False,
+    micro_batch: int | None = None,
 ):
     from heterps_cli.api import Job
 
-    return Job(objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages)
+    return Job(objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages, micro_batch)
 
 
 class Granularity(str, enum.Enum):
@@ -252,6 +265,19 @@ def parse_shape(value: str | None) -> tuple[int, ...] | None:
     if not shape or min(shape) < 1:
         raise typer.BadParameter(f"expected sizes like 3,32,32 (got {value!r})")
     return shape
+
+
+def parse_sizes(value: str | None) -> tuple[int, ...] | None:
+    """``--batch-sizes 1,2,4,8``: distinct batch sizes, ascending."""
+    if value is None:
+        return None
+    try:
+        sizes = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1 or max(sizes) > 10**9 or len(set(sizes)) != len(sizes):
+        raise typer.BadParameter(f"expected distinct batch sizes like 1,2,4,8 (got {value!r})")
+    return tuple(sorted(sizes))
 
 
 class Format(str, enum.Enum):

@@ -12,7 +12,7 @@ import typer
 import typer.core
 from rich.text import Text
 
-from heterps_cli.cli.options import ZOO_NAMES, Device, Granularity, parse_shape, positive_number
+from heterps_cli.cli.options import ZOO_NAMES, Device, Granularity, parse_shape, parse_sizes, positive_number
 from heterps_cli.cli.session import exit_codes, not_an_input, out, progress_bar, users_prints_to_stderr, write_output
 from heterps_cli.errors import (
     InputError,
@@ -137,6 +137,16 @@ _ProfileAsTypeOpt = Annotated[
 _ProfileBatchSizeOpt = Annotated[
     int | None, typer.Option(min=1, help="B0: the batch size to measure at.", show_default=False)
 ]
+BatchSizesOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="B1,B2,...",
+        help="Profile at each of these batch sizes, into one profile (docs/spec.md section 1f: a plan then "
+        "chooses its micro-batch among them): the largest is the profile's batch_size. Instead of --batch-size.",
+        callback=parse_sizes,
+        show_default=False,
+    ),
+]
 _ProfileOutFileOpt = Annotated[
     str | None,
     typer.Option(
@@ -196,6 +206,7 @@ def profile_command(
     model: ModelArg,
     as_type: _ProfileAsTypeOpt = None,
     batch_size: _ProfileBatchSizeOpt = None,
+    batch_sizes: BatchSizesOpt = None,
     device: Annotated[Device, typer.Option(help="Where to run the layers.")] = Device.cpu,
     out_file: _ProfileOutFileOpt = None,
     input_shape: InputShapeOpt = None,
@@ -218,10 +229,10 @@ def profile_command(
         from heterps_cli import api
         from heterps_cli.cli.render_measured import profile_view
         from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
-        from heterps_cli.profiling.write import measured_text
 
+        sizes = _sizes(batch_size, batch_sizes)
         profile_flags_agree(
-            {"--as": as_type, "--batch-size": batch_size, "--out": out_file},
+            {"--as": as_type, "--batch-size": sizes, "--out": out_file},
             estimating=estimate is not None,
             estimating_only={"--catalogue": catalogue, "--calibrate": calibrate, "--calibrate-on": calibrate_on},
             measuring_only={
@@ -231,19 +242,19 @@ def profile_command(
                 "--link-gbps": link_gbps is not None,
             },
         )
-        assert as_type is not None and batch_size is not None and out_file is not None
+        assert as_type is not None and sizes is not None and out_file is not None
         if concurrent is not None and processes == 1:
             processes = concurrent  # one wave
         if estimate is not None:
-            job = _Estimate(model, as_type, batch_size, estimate, input_shape, catalogue, calibrate, calibrate_on)
+            job = _Estimate(model, as_type, sizes, estimate, input_shape, catalogue, calibrate, calibrate_on)
             job.run(granularity, out_file)
             return
 
         with progress_bar() as report, users_prints_to_stderr():
-            measured = api.measure(
+            text, measured = api.measure_sizes(
                 model,
                 as_type,
-                batch_size,
+                sizes,
                 device=device.value,
                 input_shape=cast(tuple[int, ...] | None, input_shape),  # the callback parsed it
                 repetitions=repetitions,
@@ -253,11 +264,13 @@ def profile_command(
                 concurrent=concurrent,
                 progress=report,
             )
-        write_output(out_file, measured_text(measured))
+        write_output(out_file, text)
         if out_file == "-":
             return
         out.print(profile_view(measured, NOISY_CV))
-        out.print(Text(f"wrote {out_file}"))
+        out.print(
+            Text(f"wrote {out_file}" + (f" (batch sizes {', '.join(map(str, sizes))})" if len(sizes) > 1 else ""))
+        )
         out.print(
             Text(
                 f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
@@ -266,6 +279,15 @@ def profile_command(
                 style="dim",
             )
         )
+
+
+def _sizes(batch_size: int | None, batch_sizes: object) -> tuple[int, ...] | None:
+    """The sizes to profile at: ``--batch-size`` or ``--batch-sizes`` (exit 2 for both)."""
+    if batch_size is not None and batch_sizes is not None:
+        raise InputError(None, None, "--batch-sizes", "give --batch-size B or --batch-sizes B1,B2,..., not both")
+    if batch_sizes is not None:
+        return cast(tuple[int, ...], batch_sizes)  # the callback parsed it
+    return (batch_size,) if batch_size is not None else None
 
 
 def profile_flags_agree(required: dict, estimating: bool, estimating_only: dict, measuring_only: dict) -> None:
@@ -299,13 +321,16 @@ def estimate_command(
         str,
         typer.Option("--as", help="The resource type name of the device in the cluster file (e.g. a100)."),
     ],
-    batch_size: Annotated[int, typer.Option(min=1, help="B0: the batch size to estimate at.")],
     out_file: Annotated[
         str,
         typer.Option(
             "--out", "-o", metavar="FILE", help="Write the profile YAML here, atomically (- for standard output)."
         ),
     ],
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, help="B0: the batch size to estimate at.", show_default=False)
+    ] = None,
+    batch_sizes: BatchSizesOpt = None,
     input_shape: InputShapeOpt = None,
     catalogue: CatalogueOpt = None,
     calibrate: CalibrateOpt = None,
@@ -320,7 +345,10 @@ def estimate_command(
     with exit_codes():
         if calibrate_on is not None and calibrate is None:
             raise InputError(None, None, "--calibrate-on", "--calibrate-on goes with --calibrate PROFILE")
-        job = _Estimate(model, as_type, batch_size, device, input_shape, catalogue, calibrate, calibrate_on, "DEVICE")
+        sizes = _sizes(batch_size, batch_sizes)
+        if sizes is None:
+            raise InputError(None, None, "--batch-size", "estimating needs --batch-size B or --batch-sizes B1,B2,...")
+        job = _Estimate(model, as_type, sizes, device, input_shape, catalogue, calibrate, calibrate_on, "DEVICE")
         job.run(granularity, out_file)
 
 
@@ -331,7 +359,7 @@ class _Estimate:
 
     model: str
     as_type: str
-    batch_size: int
+    sizes: tuple[int, ...]
     device: str
     input_shape: str | None
     catalogue: Path | None
@@ -342,13 +370,13 @@ class _Estimate:
     def run(self, granularity: Granularity, out_file: str) -> None:
         from heterps_cli import api
         from heterps_cli.cli.render_measured import estimate_view
-        from heterps_cli.profiling.write import cluster_snippet, estimated_text
+        from heterps_cli.profiling.write import cluster_snippet
 
         with progress_bar() as report, users_prints_to_stderr(), self._naming_the_device():
-            estimated = api.estimate(
+            text, estimated = api.estimate_sizes(
                 self.model,
                 self.as_type,
-                self.batch_size,
+                self.sizes,
                 self.device,
                 input_shape=cast(tuple[int, ...] | None, self.input_shape),  # the callback parsed it
                 catalogue=None if self.catalogue is None else str(self.catalogue),
@@ -357,7 +385,7 @@ class _Estimate:
                 granularity=granularity.value,
                 progress=report,
             )
-        write_output(out_file, estimated_text(estimated))
+        write_output(out_file, text)
         if out_file != "-":
             out.print(estimate_view(estimated, cluster_snippet(estimated)))
             out.print(Text(f"wrote {out_file}"))

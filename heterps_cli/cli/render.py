@@ -254,7 +254,8 @@ def print_summary(
             ("✓", "bold green"),
             f" {clip(path)}: model ",
             bold(profile.model),
-            f", {plural(len(profile.layers), 'layer')}, batch size {profile.batch_size}",
+            f", {plural(len(profile.layers), 'layer')}, batch size {profile.batch_size}"
+            + (f" (times at {', '.join(map(str, profile.sizes))})" if len(profile.sizes) > 1 else ""),
         )
     )
     if job.samples or job.epochs or job.min_throughput:

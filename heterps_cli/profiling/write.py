@@ -32,6 +32,7 @@ class Entry:
     beta: float
     comment: str = ""  # "estimated: ..." or empty
     update: float | None = None  # docs/spec.md section 1d, where measured
+    batches: dict[int, Entry] | None = None  # section 2: the times at other batch sizes
 
 
 @dataclass
@@ -81,12 +82,14 @@ def render(
         ]
         for t, e in row.times.items():
             update = f", update: {_number(e.update)}" if e.update is not None else ""
-            entry = (
-                f"      {json.dumps(t)}: {{oct: {_number(e.oct)}, odt: {_number(e.odt)}, "
-                f"alpha: {e.alpha:.4g}, beta: {e.beta:.4g}{update}}}"
-            )
+            more = ", ".join(f"{b}: {{{_times(x)}}}" for b, x in sorted((e.batches or {}).items()))
+            entry = f"      {json.dumps(t)}: {{{_times(e)}{update}" + (f", batches: {{{more}}}}}" if more else "}")
             lines.append(entry + (f"  # {e.comment}" if e.comment else ""))
     return "\n".join(lines) + "\n"
+
+
+def _times(e: Entry) -> str:
+    return f"oct: {_number(e.oct)}, odt: {_number(e.odt)}, alpha: {e.alpha:.4g}, beta: {e.beta:.4g}"
 
 
 def measured_text(p: Profiled, note: str | None = None) -> str:
@@ -178,8 +181,10 @@ def cluster_snippet(e: Estimated) -> str:
     )
 
 
-def merge_profiles(paths: list[str]) -> str:
-    """One multi-type profile from profiles of the same model measured as different types."""
+def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
+    """One profile from profiles of the same model measured as different types, at different batch
+    sizes, or both (docs/spec.md section 2): its ``batch_size`` the largest size every type was
+    measured at, each other size under the entry's ``batches``."""
     if len(paths) < 2:
         raise InputError(None, None, "merge", "give at least two profiles to merge")
     loaded = [load_profile(path) for path in paths]
@@ -199,20 +204,30 @@ def merge_profiles(paths: list[str]) -> str:
         )
         for layer in first.layers
     ]
-    owner: dict[str, str] = {}
-    header = [f"merged by heterps profile merge from {', '.join(paths)}"]
-    for (prof, doc), path in zip(loaded, paths):
+    sized: list[dict[str, dict[int, Entry]]] = [{} for _ in rows]  # per layer: type -> size -> times
+    owner: dict[tuple[str, int], str] = {}
+    said = said or [Path(path).name for path in paths]  # what the header calls each source
+    header = (
+        [f"merged by heterps profile merge from {', '.join(paths)}"] if said == [Path(p).name for p in paths] else []
+    )
+    for (prof, doc), path, name in zip(loaded, paths, said):
         header += [
-            f"{Path(path).name}: {line[2:]}"
+            f"{name}: {line[2:]}"
             for line in text_lines[path]
             if line.startswith("# ") and not line.startswith("# merged by")
         ]
         _same_model(prof, doc, first, paths[0])
-        _take_times(prof, doc, rows, owner, path, text_lines[path], paths[0])
+        _take_times(prof, doc, rows, sized, owner, path, text_lines[path], paths[0])
+    batch_size = _common_size(sized, owner)
+    for row, times in zip(rows, sized):
+        for t, by_size in times.items():
+            main = by_size.pop(batch_size)
+            main.batches = dict(sorted(by_size.items())) or None
+            row.times[t] = main
     given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
     return render(
         first.model,
-        first.batch_size,
+        batch_size,
         rows,
         header,
         state_factor=first.state_factor if "state_factor" in given else None,
@@ -220,19 +235,29 @@ def merge_profiles(paths: list[str]) -> str:
     )
 
 
+def _common_size(sized: list[dict[str, dict[int, Entry]]], owner: dict[tuple[str, int], str]) -> int:
+    """The largest batch size at which every layer was measured on every type it has."""
+    common = set.intersection(*(set(by_size) for times in sized for by_size in times.values()))
+    if not common:
+        seen = sorted({(t, b) for t, b in owner})
+        raise InputError(
+            None,
+            None,
+            "merge",
+            "no batch size is measured for every layer on every type ("
+            + ", ".join(f"{t} at {b}" for t, b in seen)
+            + "), and a profile's times at its batch_size need one: measure each type at one size in common too",
+        )
+    return max(common)
+
+
 def _same_model(prof: Profile, doc: Document, first: Profile, first_path: str) -> None:
-    """``prof`` describes the model ``first`` does: its name, batch, job, and layers' names and order."""
+    """``prof`` describes the model ``first`` does: its name, job, and layers' names and order."""
     if prof.model != first.model:
         raise doc.error(
             ("model",),
             f"model {prof.model!r} is not {first.model!r} of {first_path}: "
             "only profiles of the same model can be merged",
-        )
-    if prof.batch_size != first.batch_size:
-        raise doc.error(
-            ("batch_size",),
-            f"batch size {prof.batch_size} differs from {first.batch_size} in "
-            f"{first_path}: measure every machine at the same --batch-size",
         )
     for field in ("state_factor", "job"):  # the model's and the job's: every profile must say the same
         if getattr(prof, field) != getattr(first, field):
@@ -253,13 +278,14 @@ def _take_times(
     prof: Profile,
     doc: Document,
     rows: list[LayerRow],
-    owner: dict[str, str],
+    sized: list[dict[str, dict[int, Entry]]],
+    owner: dict[tuple[str, int], str],
     path: str,
     lines: list[str],
     first_path: str,
 ) -> None:
-    """Each layer's entries of ``prof`` into ``rows``, with their estimate comments; a type measured
-    twice, or a layer of another type or size, is an error."""
+    """Each layer's entries of ``prof``, at each of its sizes, into ``sized``, with their estimate
+    comments; a type measured twice at one size, or a layer of another type or size, is an error."""
     for i, (layer, row) in enumerate(zip(prof.layers, rows)):
         if (
             layer.type != row.kind
@@ -271,16 +297,20 @@ def _take_times(
                 f"layer {layer.name!r} has another type or size than in {first_path}: not the same model",
             )
         for t, e in layer.times.items():
-            if t in row.times:
-                raise doc.error(
-                    ("layers", i, "times", t),
-                    f"type {t!r} is measured in {owner[t]} too: merge one profile per resource type",
-                )
-            alpha, beta = layer.fractions(t)
             found = re.search(r"#\s*(estimated:.*)$", lines[doc.line(("layers", i, "times", t)) - 1])
             comment = found.group(1).strip() if found else ""
-            row.times[t] = Entry(e.oct, e.odt, alpha, beta, comment, e.update)
-            owner[t] = path
+            for size in (prof.batch_size, *(e.batches or {})):
+                if size in sized[i].get(t, {}):
+                    raise doc.error(
+                        ("layers", i, "times", t),
+                        f"type {t!r} at batch {size} is measured in {owner[(t, size)]} too: merge one profile per "
+                        "resource type and batch size",
+                    )
+                at = e.at(size, prof.batch_size)
+                assert at is not None
+                alpha, beta = layer.fractions(t, at)
+                sized[i].setdefault(t, {})[size] = Entry(at.oct, at.odt, alpha, beta, comment, e.update)
+                owner[(t, size)] = path
 
 
 def _said(value) -> str:

@@ -56,7 +56,25 @@ def solve(
     name: str, problem: Problem, *, seed: int = 0, progress: Progress | None = None, options: SolveOptions | None = None
 ) -> Plan:
     """The plan scheduler ``name`` finds; when a search finds none, the exact solver says why
-    (no plan exists, or one does and the error names it)."""
+    (no plan exists, or one does and the error names it). Where the plan chooses its micro-batch
+    (docs/spec.md section 1f), the best of the plans it finds at each choice."""
+    choices = problem.micro_batch_choices
+    if len(choices) == 1:
+        return _solve_at(name, problem.at_micro_batch(choices[0]), seed, progress, options)
+    from heterps_cli.schedulers.micro_batch import best_micro_batch
+
+    return best_micro_batch(
+        problem,
+        choices,
+        lambda sub, opts, report: _solve_at(name, sub, seed, report, opts),
+        progress,
+        options,
+        exact=name == "exact",
+    )
+
+
+def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions | None) -> Plan:
+    """:func:`solve` at the problem's own micro-batch."""
     options = options or SolveOptions()
     start = time.perf_counter()
     budget = None
@@ -98,7 +116,9 @@ def default_time_limit(n_layers: int) -> float:
 def with_what_if(problem: Problem, plan: Plan) -> Plan:
     """The plan with its what-if (``plan --explain``): with nodes, one node more or fewer of each kind
     on the plan's rental (:func:`.rented.what_if`); without, the optimum with each type's limit one
-    higher or lower (:func:`.exact.what_if`)."""
+    higher or lower (:func:`.exact.what_if`). Both at the plan's micro-batch (docs/spec.md section 1f)."""
+    if problem.choose_micro_batch:
+        problem = problem.at_micro_batch(plan.batch_size)
     if problem.nodes is not None:
         from heterps_cli.schedulers.exact.rented import what_if
     else:

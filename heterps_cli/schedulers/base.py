@@ -51,6 +51,15 @@ class SearchOptions(SolveOptions):
 
 
 @dataclass(frozen=True)
+class ExactOptions(SolveOptions):
+    """exact: with objective time (no budget, no nodes), only a plan at least ``at_least`` samples/s
+    fast is wanted, InfeasibleError when there is none (section 1f's choice of micro-batch prunes
+    the choices that cannot beat the best plan found at another)."""
+
+    at_least: float = 0.0
+
+
+@dataclass(frozen=True)
 class TrainingOptions(SolveOptions):
     """tapp, and rl: how long the policy trains."""
 
@@ -73,7 +82,7 @@ OPTIONS: dict[str, type[SolveOptions]] = {
     "genetic": SearchOptions,
     "greedy": SolveOptions,
     "random": SearchOptions,
-    "exact": SolveOptions,
+    "exact": ExactOptions,
 }
 FLAGS = {"steps": "--steps", "batch": "--batch", "evaluations": "--evaluations"}
 FLAGS |= {"policy_in": "--policy-in", "policy_out": "--policy-out"}

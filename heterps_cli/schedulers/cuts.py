@@ -1,7 +1,10 @@
 """The heuristics' plans in the whole plan space (docs/spec.md section 1): a search chooses each
 layer's type, and the exact solver then cuts each run of one type into stages (neighbouring stages may
-share a type) and provisions them, on the problem with every layer held to the type the search chose.
-The searches score schedules of maximal runs, as the papers do; this last step alone is exact."""
+share a type) and provisions them, on the problem with every layer held to the type the search chose
+except those within :data:`NEAR` layers of a change of type, which may take any type. The searches
+score schedules of maximal runs, as the papers do, and so may change type only to cut a run into
+two stages (one layer on another type between two runs of one type): the freedom at the changes lets
+the exact step undo that. This last step alone is exact."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import SolveOptions
 
+NEAR = 2  # layers each side of a change of type that the exact step may put on any type
+
 
 def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
     """``plan`` with each of its types' runs cut into stages and provisioned exactly, where that is
@@ -26,8 +31,11 @@ def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
     from heterps_cli.schedulers.exact.scheduler import solve as exact_solve
 
     start = time.perf_counter()
+    schedule = np.array([problem.types.index(t) for t in plan.schedule])
     chosen = np.zeros_like(problem.runnable)
-    chosen[np.arange(problem.n_layers), [problem.types.index(t) for t in plan.schedule]] = True
+    chosen[np.arange(problem.n_layers), schedule] = True
+    for change in np.flatnonzero(np.diff(schedule)) + 1:
+        chosen[max(0, change - NEAR) : change + NEAR] = True
     held = problem.replace(runnable=problem.runnable & chosen)
     try:
         cut = exact_solve(held, options=SolveOptions(time_limit=time_limit))
@@ -44,6 +52,10 @@ def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
         solve_s=(plan.solve_s or 0.0) + time.perf_counter() - start,
         optimal=None,
         evaluations=plan.evaluations,
-        notes=[*plan.notes, "the exact solver cut its types' runs into stages and set their replicas"],
+        notes=[
+            *plan.notes,
+            f"the exact solver cut its types' runs into stages, chose the types within {NEAR} layers of each "
+            "change of type, and set the replicas",
+        ],
         rental=cut.rental,
     )

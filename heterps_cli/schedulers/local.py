@@ -5,7 +5,12 @@ Four kinds of move, all scored in one vectorised call per round:
 * put one layer on another type;
 * put a whole stage on another type (which may merge it with a neighbour);
 * move a boundary between two stages to any layer between their outer ends;
-* slide a stage's window along the chain, its neighbours taking up the slack.
+* slide a stage's window along the chain, its neighbours taking up the slack;
+* outside the papers' space (docs/spec.md section 1), cut a stage in two on its type, join two
+  neighbouring stages on one type, and put a stage on another type without joining a neighbour.
+
+A schedule here holds stage labels (:func:`heterps_cli.costmodel.labelled`: a type plus a multiple
+of the number of types), so that two neighbouring stages on one type stay two.
 
 The last two move many layers at once: shifting a stage by several layers one
 layer at a time often passes through worse plans, so a one-layer search stalls
@@ -78,12 +83,37 @@ def _before(flags: np.ndarray) -> np.ndarray:
 
 def _runs_ok(problem: Problem, schedule: np.ndarray, moves: np.ndarray) -> np.ndarray:
     """Does each move give a schedule whose every layer is on a type that can run it?"""
+    T = problem.n_types
     cu = _before(~problem.usable)  # [n + 1, T]
-    cb = _before(~problem.usable[np.arange(problem.n_layers), schedule])  # [n + 1], as the schedule stands
+    cb = _before(~problem.usable[np.arange(problem.n_layers), schedule % T])  # [n + 1], as the schedule stands
     a1, z1, t1, a2, z2, t2 = moves.T
+    t1, t2 = t1 % T, t2 % T
     outside = cb[-1] - (cb[z1] - cb[a1]) - (cb[z2] - cb[a2])
     inside = cu[z1, t1] - cu[a1, t1] + cu[z2, t2] - cu[a2, t2]
     return (outside == 0) & (inside == 0)
+
+
+LABELS = 3  # stage labels per type: a stage between two others on its type needs a third
+
+
+def labelled_moves(problem: Problem) -> bool:
+    """Whether moves may cut or join stages on one type: outside the papers' space, and while every
+    label fits the byte per layer the evaluator keeps."""
+    return not problem.maximal_stages and LABELS * problem.n_types <= 256
+
+
+def _apart(problem: Problem, t, *others) -> np.ndarray:
+    """A label of type ``t`` that is none of ``others`` (labels, or -1 for none), per element: the
+    type itself where it is free."""
+    t = np.asarray(t, dtype=np.int64)
+    out = np.full(t.shape, -1, dtype=np.int64)
+    for p in range(LABELS - 1, -1, -1):  # written last, the smallest free label wins
+        label = t + p * problem.n_types
+        free = np.ones(t.shape, dtype=bool)
+        for other in others:
+            free &= label != np.asarray(other)
+        out = np.where(free, label, out)
+    return out
 
 
 def _one_run(a, z, t) -> np.ndarray:
@@ -95,14 +125,17 @@ def _one_run(a, z, t) -> np.ndarray:
 def _neighbour_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     """The moves of :func:`neighbours`, in a fixed order (with repeats)."""
     n, T = problem.n_layers, problem.n_types
+    types = schedule % T
     layer, t = (x.ravel() for x in np.meshgrid(np.arange(n), np.arange(T), indexing="ij"))
-    keep = t != schedule[layer]
+    keep = t != types[layer]
     moves = [_one_run(layer[keep], layer[keep] + 1, t[keep])]
     stages = _stages(schedule)
     for a, z in stages:
         if z - a > 1:
-            others = np.flatnonzero(np.arange(T) != schedule[a])
+            others = np.flatnonzero(np.arange(T) != types[a])
             moves.append(_one_run(np.full(len(others), a), np.full(len(others), z), others))
+    if labelled_moves(problem):
+        moves += _stage_moves(problem, schedule, stages)
     for (a, m), (_, z) in zip(stages, stages[1:]):
         moved = np.setdiff1d(np.arange(a + 1, z), [m])  # the boundary to any layer between the outer ends
         later = moved > m
@@ -131,6 +164,30 @@ def _neighbour_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     return listed[_runs_ok(problem, schedule, listed)]
 
 
+def _stage_moves(problem: Problem, schedule: np.ndarray, stages: list[tuple[int, int]]) -> list[np.ndarray]:
+    """Section 1's whole space: cut each stage in two on its type (a new label from the cut to its
+    end), join each stage to the previous one on the same type, and put each stage on every other
+    type without joining either neighbour."""
+    n, T = problem.n_layers, problem.n_types
+    types = schedule % T
+    moves = []
+    for a, z in stages:
+        after = schedule[z] if z < n else -1
+        cut = np.arange(a + 1, z)
+        if cut.size:
+            label = _apart(problem, np.full(cut.size, types[a]), schedule[a], after)
+            moves.append(_one_run(cut, np.full(cut.size, z), label))
+        before = schedule[a - 1] if a > 0 else -1
+        others = np.flatnonzero(np.arange(T) != types[a])
+        label = _apart(problem, others, before, after)
+        moves.append(_one_run(np.full(others.size, a), np.full(others.size, z), label))
+    for (a, m), (_, z) in zip(stages, stages[1:]):
+        if types[a] == types[m]:  # one label over both, none of their outer neighbours'
+            label = _apart(problem, types[a], schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1)
+            moves.append(_one_run(a, z, label))
+    return [m[m[:, 2] >= 0] for m in moves]
+
+
 def _wide_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     """The moves of :func:`wide_neighbours`: every run of 2..SEGMENT layers on every other type it can
     run on, in a fixed order."""
@@ -140,7 +197,7 @@ def _wide_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     )
     z = a + length
     a, z, t = a[z <= n], z[z <= n], t[z <= n]
-    cu, same = _before(~problem.usable), _before(schedule[:, None] == np.arange(T))
+    cu, same = _before(~problem.usable), _before(schedule[:, None] % T == np.arange(T))
     keep = (cu[z, t] == cu[a, t]) & (same[z, t] - same[a, t] < z - a)
     return _one_run(a[keep], z[keep], t[keep])
 
@@ -277,7 +334,7 @@ def window_search(
             for a in range(lo, min(starts, lo + per_batch)):
                 block = np.repeat(current[None], len(patterns), axis=0)
                 block[:, a : a + width] = patterns
-                rows.append(block[problem.usable[np.arange(n), block].all(axis=1)])
+                rows.append(block[problem.usable[np.arange(n), block % T].all(axis=1)])
             candidates = _distinct(np.concatenate(rows), n)
             values = score(candidates)
             i = int(values.argmax())
@@ -306,14 +363,15 @@ def kick(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> np
             i, j = rng.choice(len(stages), 2, replace=False)
             (a, b), (c, d) = stages[i], stages[j]
             mine, theirs = schedule[a], schedule[c]
-            if mine != theirs and problem.usable[a:b, theirs].all() and problem.usable[c:d, mine].all():
+            T = problem.n_types
+            if mine % T != theirs % T and problem.usable[a:b, theirs % T].all() and problem.usable[c:d, mine % T].all():
                 row[a:b], row[c:d] = theirs, mine
                 return row
     for _ in range(20):
         length = int(rng.integers(2, min(8, n) + 1)) if n > 1 else 1
         a = int(rng.integers(0, n - length + 1))
         types = np.flatnonzero(problem.usable[a : a + length].all(axis=0))
-        types = types[types != row[a]]
+        types = types[types != row[a] % problem.n_types]
         if types.size:
             row[a : a + length] = rng.choice(types)
             return row

@@ -325,7 +325,8 @@ def generalise(
             return evaluate.evaluations > budget
 
         found = [improve(variant, start, score, out_of_time=spent) for start in starts]
-        examples.append((feats, mask, torch.from_numpy(max(found, key=lambda f: f[1])[0])))
+        best_found = max(found, key=lambda f: f[1])[0] % variant.n_types  # stage labels to types
+        examples.append((feats, mask, torch.from_numpy(best_found)))
     # One teacher-forced call per depth (the nearby models have n - 1, n or n + 1 layers).
     batches = [
         [torch.stack(part) for part in zip(*(e for e in examples if len(e[2]) == depth))]
@@ -422,7 +423,15 @@ def solve(
         )
         if policy_out is not None and run.best.schedule is not None and not run.interrupted:
             try:
-                generalise(agent.policy, problem, run.best.schedule, cfg, run.rng, run.generator, progress or quiet)
+                generalise(
+                    agent.policy,
+                    problem,
+                    run.best.schedule % problem.n_types,
+                    cfg,
+                    run.rng,
+                    run.generator,
+                    progress or quiet,
+                )
                 save_policy(agent.policy, problem, policy_out)
             except KeyboardInterrupt:
                 run.interrupted = True

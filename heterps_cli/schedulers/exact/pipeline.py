@@ -290,7 +290,7 @@ def min_cost_by_stages(
         least, bound = relaxed.min_cost(out_of_time, incumbent=best)  # bound: on every plan of S stages or more
         if least is None or least is best:
             break  # none of S stages or more reaches the floor, or beats the best
-        if bound < least.cost:  # out of time
+        if bound < least.cost * (1 - SLACK):  # out of time
             if best is not None:
                 return best, min(best.cost, bound)
         else:
@@ -303,7 +303,8 @@ def min_cost_by_stages(
         if found is not None and found is not best:
             keep(true_candidate(solver.p, sub, found))
         solver.drop(S)
-        if best is not None and proven < best.cost:  # out of time inside grid S
+        # Out of time inside grid S (the plan's real figures may differ from the grid's in the last bit).
+        if best is not None and proven < best.cost * (1 - SLACK):
             rest = solver.at_least(S + 1).lower_bound(floor) if S < solver.most else math.inf
             return best, min(best.cost, proven, rest)
     return best, (best.cost if best is not None else math.inf)

@@ -21,7 +21,7 @@ from heterps_cli.figures import count, number, usd
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Clock, Progress, SolveOptions
+from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
 from heterps_cli.schedulers.exact.kernel import (
     MAX_STATE_CELLS,
     Candidate,
@@ -188,6 +188,12 @@ def solve(
     if problem.objective is Objective.COST:
         best, bound = solver.min_cost(out_of_time)
         if best is not None and not meets_targets(problem, best.throughput, best.cost):
+            best = None
+    elif isinstance(options, ExactOptions) and options.at_least > 0 and problem.max_cost is None:
+        best, bound = solver.max_throughput(out_of_time, at_least=options.at_least)
+        if best is None:
+            raise InfeasibleError(f"no plan reaches {count(options.at_least, 1)} samples/s")
+        if best.throughput < throughput_floor(problem):
             best = None
     else:
         search = solver.max_throughput if problem.max_cost is None else solver.max_throughput_within_budget

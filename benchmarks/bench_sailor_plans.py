@@ -1,0 +1,239 @@
+"""heterps's plans for GPT-Neo-2.7B beside a published planner's (Sailor, SOSP'25), on the shared data.
+
+    python benchmarks/bench_sailor_plans.py            # the tables
+    python benchmarks/bench_sailor_plans.py --keep DIR # also keep the profile and clusters it writes
+
+One profile of GPT-Neo-2.7B from Sailor's data (eth-easl/sailor, MIT licence, kept unmodified in
+``benchmarks/data/sailor-gpt-neo``), every figure one the data measures or states:
+
+* **unit**: one GPU at tensor parallelism 1 (the peer's), or ``tp`` GPUs of a node at tp 4 (as
+  ``bench_fidelity_gpu.py``; sizes are one GPU's share, ``llm_info.json`` at that tp, and so is
+  memory); types ``gh200``, ``a100_40``, ``a100_80`` and ``v100`` (Sailor's GH-96, A100-40, A100-80,
+  V100-16), each where the data measures it at that tp.
+* **times at every micro-batch size** ``profiles_tmp.json`` has at that tp for that GPU (docs/spec.md
+  section 1f): **oct** = fwd + bwd at that size, **update** the measured optimiser step. **alpha** at
+  a size ``s``: the part of the time that halves with half the samples, ``2 (1 - t(s/2) / t(s))`` from
+  the measured time at ``s/2`` (clipped to 0..1; 1 at the smallest size, which nothing splits).
+  **batch_size** the largest size every GPU was measured at; the others under ``batches``.
+* **odt** = the layer's gradient bytes over the fitted node-to-node bandwidth of one GPU at that
+  message size (as ``bench_fidelity_gpu.py``; A100-80 has no fit in the data and takes A100-40's);
+  **bandwidth_gbps** the same fit at one sample's boundary activations.
+* **memory**: each GPU's ``mem_per_gpu``; **state_factor** 4 (fp32 weights, gradients, two Adam
+  moments); **activation_size** ``act_mem_bytes``; **memory_reserved_gb** what
+  ``bench_fidelity_gpu.py`` measures the runtime to hold on a GH200 (its calibration run), on every GPU.
+* **job**: global batch 1,024 samples (Sailor's runs), objective time (the fastest plan).
+* **price**: Sailor's 11.06 USD per GH200 GPU-hour; for the others GCP's on-demand list prices per
+  GPU-hour (A100-40 3.67, A100-80 5.07, V100 2.48), times the GPUs of a unit: only ties depend on
+  them (the objective is time).
+
+The peer's plans (stages x replicas, layer ranges; each replica trains micro-batches of 1 sample, so a
+stage's micro-batch is its replica count ``k``, with ``ceil(1024 / k)`` of them per step, rescaled to
+1,024 samples) are scored by heterps's model on the same profile. Each row also times the whole
+``heterps plan --scheduler exact`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_fidelity_gpu import CALIBRATION, bandwidth, measured_reserved  # noqa: E402
+from benchmarks.tables import header, row  # noqa: E402
+from heterps_cli.costmodel import labelled  # noqa: E402
+from heterps_cli.formats import Cluster, Profile  # noqa: E402
+from heterps_cli.plan import make_plan  # noqa: E402
+from heterps_cli.problem import build_problem  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "sailor-gpt-neo" / "sailor"
+MODEL, GLOBAL_BATCH = "GPT-Neo-2.7", 1024
+GPUS = {  # heterps type: (Sailor's name, the network fit it takes, USD per GPU-hour)
+    "gh200": ("GH-96", "GH-96", 11.06),
+    "a100_40": ("A100-40", "A100-40", 3.67),
+    "a100_80": ("A100-80", "A100-40", 5.07),
+    "v100": ("V100-16", "V100-16", 2.48),
+}
+GPUS_PER_NODE = 4
+# Sailor's plans on GH200 nodes (issue 47): stages x replicas over these layer ranges.
+PEER = {
+    8: [(0, 16, 16), (17, 33, 16)],
+    16: [(0, 16, 32), (17, 33, 32)],
+    32: [(a, b, 18) for a, b in ((0, 3), (4, 8), (9, 13), (14, 18), (19, 23), (24, 28), (29, 33))],
+    64: [(3 * i, 3 * i + 2, 23) for i in range(10)] + [(30, 33, 23)],
+}
+CLUSTERS = [  # (name, nodes per type, tensor parallelism: a unit is tp GPUs of one node)
+    *((f"gh200 x{n}", {"gh200": n}, 1) for n in PEER),
+    ("a100_40 x16", {"a100_40": 16}, 1),
+    ("a100_80 x8", {"a100_80": 8}, 1),
+    ("gh200 x4 + a100_80 x4", {"gh200": 4, "a100_80": 4}, 1),
+    ("v100 x16", {"v100": 16}, 1),
+    ("v100 x16", {"v100": 16}, 4),
+    ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, 1),
+    ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, 4),
+    ("gh200 x8", {"gh200": 8}, 4),
+]
+
+
+def _alpha(times: dict, layer: int, size: int) -> float:
+    """The part of the time at ``size`` that halves with half the samples (the module's rule)."""
+    half = times.get(str(size // 2)) if size > 1 else None
+    if half is None:
+        return 1.0
+    t, h = sum(times[str(size)][str(layer)][:2]), sum(half[str(layer)][:2])
+    return min(max(2.0 * (1.0 - h / t), 0.0), 1.0)
+
+
+def _at(times: dict, layer: int, size: int, odt: float) -> dict:
+    """A layer's entry at one size: the measured fwd + bwd, its alpha, and the all-reduce."""
+    fwd, bwd, _ = times[str(size)][str(layer)]
+    return {"oct": fwd + bwd, "odt": odt, "alpha": _alpha(times, layer, size), "beta": 0.0}
+
+
+def profile_and_fits(reserved_gb: float, tp: int) -> tuple[dict, dict]:
+    """The profile at tensor parallelism ``tp`` (every GPU measured at it) and each GPU's cluster
+    entry but its limit; a unit is ``tp`` GPUs, each holding the same share."""
+    data = json.loads((DATA / "Planner/simulations/profiles_tmp.json").read_text())[MODEL]
+    sizes = json.loads((DATA / "Planner/llm_info.json").read_text())[MODEL][str(tp)]
+    fits = json.loads((DATA / "providers/multizone_bandwidths_het.json").read_text())["us-central1-a"]
+    memory = json.loads((DATA / "Planner/simulations/configs/basic_cluster_config.json").read_text())
+    at_tp = {t: {s: d[str(tp)] for s, d in data[g].items() if str(tp) in d} for t, (g, _, _) in GPUS.items()}
+    gpus = {t: GPUS[t] for t in GPUS if at_tp[t]}
+    measured = {t: sorted(int(s) for s in at_tp[t]) for t in gpus}
+    main = max(set.intersection(*(set(s) for s in measured.values())))
+    layers, entries = [], {}
+    for i in range(len(sizes)):
+        grads = sizes[str(i)]["params_bytes"]
+        times = {}
+        for t, (_, net, _) in gpus.items():
+            g = at_tp[t]
+            fit = fits[net]["1"]["us-central1-a"][net]["1"]
+            odt = grads / bandwidth(fit, grads)
+            entry = {**_at(g, i, main, odt), "update": g[str(main)][str(i)][2]}
+            entry["batches"] = {s: _at(g, i, s, odt) for s in measured[t] if s != main}
+            times[t] = entry
+        kind = "embedding" if i == 0 else "head" if i == len(sizes) - 1 else "transformer"
+        layers.append(
+            {
+                "name": f"layer{i}",
+                "type": kind,
+                "input_size": float(sizes[str(i - 1)]["act_output_bytes"]) if i else 0.0,
+                "weight_size": float(grads),
+                "activation_size": float(sizes[str(i)]["act_mem_bytes"]),
+                "times": times,
+            }
+        )
+    boundary = sizes["1"]["act_output_bytes"]
+    for t, (gpu, net, price) in gpus.items():
+        fit = fits[net]["1"]["us-central1-a"][net]["1"]
+        entries[t] = {
+            "price": price * tp,
+            "unit": f"{gpu} GPU" if tp == 1 else f"{gpu} node",  # at tp 4 a unit is a node
+            "memory_gb": memory[gpu]["mem_per_gpu"] / 1e9,
+            "bandwidth_gbps": bandwidth(fit, boundary) * 8 / 1e9,
+            "memory_reserved_gb": round(reserved_gb, 6),
+        }
+    profile = {
+        "model": f"gpt-neo-2.7b-tp{tp}",
+        "batch_size": main,
+        "state_factor": 4.0,
+        "job": {"samples": 1024000.0, "epochs": 1.0, "global_batch": GLOBAL_BATCH},
+        "layers": layers,
+    }
+    return profile, entries
+
+
+def cluster_of(name: str, nodes: dict, entries: dict, tp: int) -> dict:
+    return {
+        "cluster": name.replace(" ", "").replace("+", "-") + f"-tp{tp}",
+        "resources": {t: {**entries[t], "limit": n * GPUS_PER_NODE // tp} for t, n in nodes.items()},
+    }
+
+
+def peer_figure(profile: dict, cluster: dict, stages: list) -> tuple[float, bool]:
+    """The peer's plan by heterps's model: samples/s rescaled to 1,024 a step, and whether it fits."""
+    k = stages[0][2]
+    steps = k * math.ceil(GLOBAL_BATCH / k)
+    problem = build_problem(
+        Profile.model_validate(profile),
+        Cluster.model_validate(cluster),
+        objective="time",
+        global_batch=steps,
+        micro_batch=k,
+    )
+    t = problem.types.index("gh200")
+    schedule = labelled(problem.n_types, [(a, b + 1, t) for a, b, _ in stages])
+    plan = make_plan(problem, schedule, [r for _, _, r in stages], scheduler="sailor")
+    return plan.throughput * GLOBAL_BATCH / steps, plan.feasible
+
+
+def plan_command(profile_path: Path, cluster_path: Path) -> tuple[dict, float]:
+    """``heterps plan --scheduler exact --objective time --json``, and its wall time."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "heterps_cli", "plan", str(profile_path), str(cluster_path), "-s", "exact"]
+        + ["--objective", "time", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode not in (0, 3):
+        raise SystemExit(f"heterps plan failed:\n{done.stderr}")
+    return (json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()}), wall
+
+
+def shape(plan: dict) -> str:
+    """A plan's stages as ``S x k on type (layer ranges)``, runs of equal stages folded."""
+    parts = [f"{s['resource']} {s['first']}-{s['last']} x{s['replicas']}" for s in plan["stages"]]
+    return f"{len(parts)} stages: " + ", ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", type=Path, help="keep the profiles and clusters in this folder")
+    args = parser.parse_args()
+    reserved = measured_reserved()
+    print(f"memory_reserved_gb {reserved:.2f} per GPU ({CALIBRATION})")
+    columns = ("cluster", "tp", "GPUs", "heterps samples/s", "micro-batch", "plan", "command s")
+    print(header([(c, "l") for c in (*columns, "peer samples/s", "heterps / peer")]))
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.keep or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        profiles = {}
+        for tp in sorted({tp for _, _, tp in CLUSTERS}):
+            profile, entries = profile_and_fits(reserved, tp)
+            path = folder / f"{profile['model']}.yaml"
+            path.write_text(yaml.safe_dump(profile, sort_keys=False))
+            profiles[tp] = profile, entries, path
+        for name, nodes, tp in CLUSTERS:
+            profile, entries, profile_path = profiles[tp]
+            cluster = cluster_of(name, nodes, entries, tp)
+            cluster_path = folder / f"{cluster['cluster']}.yaml"
+            cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+            plan, wall = plan_command(profile_path, cluster_path)
+            gpus = sum(nodes.values()) * GPUS_PER_NODE
+            if "error" in plan:
+                why = " ".join(plan["error"].split())
+                cells = [name, str(tp), str(gpus), "none fits", "—", why[why.find("(") + 1 :][:140], f"{wall:.2f}"]
+            else:
+                cells = [name, str(tp), str(gpus), f"{plan['throughput']:,.1f}"]
+                cells += [f"{plan['batch_size']} (M {plan['micro_batches']})", shape(plan), f"{wall:.2f}"]
+            peer = PEER.get(nodes.get("gh200", 0)) if list(nodes) == ["gh200"] and tp == 1 else None
+            peer_cells = ["—", "—"]
+            if peer is not None:
+                figure, fits = peer_figure(profile, cluster, peer)
+                ratio = plan["throughput"] / figure if "error" not in plan else 0.0
+                peer_cells = [f"{figure:,.1f}" + ("" if fits else " (breaks memory)"), f"{ratio:.3f}"]
+            print(row(cells + peer_cells))
+
+
+if __name__ == "__main__":
+    main()

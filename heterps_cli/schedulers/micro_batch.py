@@ -1,0 +1,176 @@
+"""The micro-batch chosen (docs/spec.md section 1f): a scheduler's plan at each micro-batch a plan may
+take, and the best of them. Each micro-batch is its own problem (its times, its replica cap ``k <= B``,
+its ``M = G / B``), so the best of the exact optimum at each is the optimum over all of them, and its
+certificate is the weakest of theirs."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from heterps_cli.errors import InfeasibleError, SearchGaveUp
+from heterps_cli.figures import count, usd
+from heterps_cli.formats import Plan
+from heterps_cli.objective import Objective
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
+
+SolveOne = Callable[[Problem, SolveOptions, Progress | None], Plan]
+
+
+def best_micro_batch(
+    problem: Problem,
+    choices: tuple[int, ...],
+    solve_one: SolveOne,
+    progress: Progress | None,
+    options: SolveOptions | None,
+    exact: bool = False,
+) -> Plan:
+    """The best of ``solve_one``'s plans at each of ``choices`` (by the problem's objective, a feasible
+    plan before any other); InfeasibleError, naming every choice, when there is none. A time limit is
+    shared out: each choice gets an equal part of what is left."""
+    options = options or SolveOptions()
+    start = time.perf_counter()
+    clock = Clock.of(options, start)
+    found: dict[int, Plan] = {}
+    failed: dict[int, InfeasibleError] = {}
+    beaten: set[int] = set()  # asked only for a plan faster than the best so far
+    # Largest first: where the exact solver asks only for a plan faster than the best so far, the
+    # largest micro-batches, which run a sample fastest, leave the others least to search.
+    for i, batch in enumerate(sorted(choices, reverse=True)):
+        left = clock.left()
+        share = None if left is None else max(0.0, left) / (len(choices) - i)
+        asked = dataclasses.replace(options, time_limit=share, started=time.perf_counter())
+        fastest = max((p.throughput for p in found.values() if p.feasible), default=0.0)
+        if exact and problem.objective is Objective.TIME and problem.max_cost is None and fastest > 0:
+            asked = ExactOptions(**{**vars(asked), "at_least": fastest})
+            beaten.add(batch)
+        report = _prefixed(progress, f"micro-batch {batch:,} ({i + 1} of {len(choices)})")
+        try:
+            plan = solve_one(problem.at_micro_batch(batch), asked, report)
+        except InfeasibleError as exc:
+            failed[batch] = exc
+            continue
+        found[batch] = plan
+        if plan.interrupted:  # Ctrl-C: the best so far, the other sizes unasked
+            break
+    if not found:
+        # a search that gave up where a plan may exist says so (exit 5), as at one micro-batch
+        gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
+        raise (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed)) from None
+    best = _best(problem, found)
+    return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start)
+
+
+def _best(problem: Problem, found: dict[int, Plan]) -> int:
+    batches = list(found)
+    feasible = np.array([found[b].feasible for b in batches])
+    cost = np.array([found[b].cost_usd for b in batches])
+    throughput = np.array([found[b].throughput for b in batches])
+    order = problem.objective.ranked(np.where(feasible, cost, np.inf), np.where(feasible, throughput, -np.inf))
+    return batches[int(order[0])]
+
+
+def _chosen(
+    problem: Problem,
+    choices: tuple[int, ...],
+    found: dict[int, Plan],
+    failed: dict[int, InfeasibleError],
+    beaten: set[int],
+    batch: int,
+    solve_s: float,
+) -> Plan:
+    """The plan at ``batch``, its notes saying what each other choice gave and its certificate the one
+    over every choice."""
+    plan = found[batch]
+    figures = "; ".join(
+        f"{b:,}: "
+        + (
+            f"{problem.objective.shown(found[b].cost_usd, found[b].throughput)}"
+            + ("" if found[b].feasible else " (breaks a constraint)")
+            if b in found
+            else ("none as fast" if b in beaten else "no plan")
+            if b in failed
+            else "not asked (interrupted)"
+        )
+        for b in choices
+    )
+    notes = [
+        f"micro-batch {batch:,} chosen ({problem.step_samples // batch:,} per step of {problem.step_samples:,}) "
+        f"of the sizes the profile measured that divide the global batch; the best plan at each: {figures}",
+        *plan.notes,
+    ]
+    changes: dict = {
+        "notes": notes,
+        "solve_s": solve_s,
+        "evaluations": sum(p.evaluations or 0 for p in found.values()) or plan.evaluations,
+    }
+    if plan.optimal is not None:
+        changes.update(_certificate(problem, choices, found, failed, plan))
+        if changes["gap"] is not None and not changes["optimal"]:
+            changes["notes"] = [*notes, _gap_note(problem, changes["gap"], changes.pop("bound"))]
+        changes.pop("bound", None)
+    return plan.but(**changes).of_run(plan.units, plan.interrupted)
+
+
+def _certificate(
+    problem: Problem, choices: tuple[int, ...], found: dict[int, Plan], failed: dict[int, InfeasibleError], plan: Plan
+) -> dict:
+    """``optimal`` and ``gap`` over every choice: the bound on the optimum is the weakest of each
+    choice's (its plan where proven optimal, its plan with its gap where cut short, none where it was
+    neither); a choice with no plan is proven to have none by the exact solver."""
+    objective = problem.objective
+    bounds = []
+    for b in choices:
+        if b in failed:
+            continue
+        other = found.get(b)
+        if other is None or (not other.optimal and other.gap is None):
+            return {"optimal": False, "gap": None, "bound": None}
+        figure = objective.figure(other.cost_usd, other.throughput)
+        gap = other.gap or 0.0
+        if objective is Objective.COST:
+            bounds.append(figure / (1 + gap))
+        else:
+            bounds.append(figure / (1 - gap) if gap < 1 else float("inf"))
+    bound = min(bounds) if objective is Objective.COST else max(bounds)
+    gap = float(objective.gap(objective.figure(plan.cost_usd, plan.throughput), bound))
+    proved = gap <= 1e-12
+    return {"optimal": proved, "gap": None if proved else gap, "bound": bound}
+
+
+def _gap_note(problem: Problem, gap: float, bound: float) -> str:
+    what = (
+        f"no plan costs less than {usd(bound)}"
+        if problem.objective is Objective.COST
+        else f"no plan is faster than {count(bound, 1)} samples/s"
+    )
+    return f"over every micro-batch: {what}, so the plan is within {100 * gap:.2f}% of the optimum"
+
+
+def _none_at_any(problem: Problem, failed: dict[int, InfeasibleError]) -> str:
+    """One message for a plan that no micro-batch has: each reason once, with the choices it holds at."""
+    reasons: dict[str, list[int]] = {}
+    for b, exc in failed.items():
+        reasons.setdefault(str(exc), []).append(b)
+    said = "; ".join(
+        f"at micro-batch{'es' if len(bs) > 1 else ''} {', '.join(f'{b:,}' for b in sorted(bs))}: {why}"
+        for why, bs in reasons.items()
+    )
+    return (
+        f"no plan at any micro-batch the profile measured that divides the global batch "
+        f"{problem.step_samples:,} ({said})"
+    )
+
+
+def _prefixed(progress: Progress | None, prefix: str) -> Progress | None:
+    if progress is None:
+        return None
+
+    def report(description: str, completed: float | None = None, total: float | None = None) -> None:
+        progress(f"{prefix}: {description}", completed, total)
+
+    return report
