@@ -5,12 +5,7 @@ Four kinds of move, all scored in one vectorised call per round:
 * put one layer on another type;
 * put a whole stage on another type (which may merge it with a neighbour);
 * move a boundary between two stages to any layer between their outer ends;
-* slide a stage's window along the chain, its neighbours taking up the slack;
-* outside the papers' space (docs/spec.md section 1), cut a stage in two on its type, join two
-  neighbouring stages on one type, and put a stage on another type without joining a neighbour.
-
-A schedule here holds stage labels (:func:`heterps_cli.costmodel.labelled`: a type plus a multiple
-of the number of types), so that two neighbouring stages on one type stay two.
+* slide a stage's window along the chain, its neighbours taking up the slack.
 
 The last two move many layers at once: shifting a stage by several layers one
 layer at a time often passes through worse plans, so a one-layer search stalls
@@ -18,6 +13,11 @@ in front of the better placement. When none of these improves, a wider move is
 tried: put any run of up to :data:`SEGMENT` layers on another type (a new stage
 inside another, or one stage grown over its neighbours); any improvement sends
 the search back to the cheap moves (variable neighbourhood descent).
+
+Outside the papers' space (docs/spec.md section 1) the cheap moves also cut a stage in two
+on its type, join two neighbouring stages on one type, and put a stage on another type without
+joining a neighbour: its schedules hold stage labels (:func:`heterps_cli.costmodel.labelled`, a type
+plus a multiple of the number of types), so that two neighbouring stages on one type stay two.
 
 The search climbs a score that ranks feasible plans by the objective and
 infeasible plans below them by how far they miss, so a walk can also climb
