@@ -11,7 +11,8 @@ One profile of GPT-Neo-2.7B from Sailor's data (eth-easl/sailor, MIT licence, ke
   memory); types ``gh200``, ``a100_40``, ``a100_80`` and ``v100`` (Sailor's GH-96, A100-40, A100-80,
   V100-16), each where the data measures it at that tp.
 * **times at every micro-batch size** ``profiles_tmp.json`` has at that tp for that GPU (docs/spec.md
-  section 1f): **oct** = fwd + bwd at that size, **update** the measured optimiser step. **alpha** at
+  section 1f): **oct** = fwd + bwd at that size, **forward** = fwd (section 1g: what a stage that
+  recomputes its activations runs again), **update** the measured optimiser step. **alpha** at
   a size ``s``: the part of the time that halves with half the samples, ``2 (1 - t(s/2) / t(s))`` from
   the measured time at ``s/2`` (clipped to 0..1; 1 at the smallest size, which nothing splits).
   **batch_size** the largest size every GPU was measured at; the others under ``batches``.
@@ -95,7 +96,7 @@ def _alpha(times: dict, layer: int, size: int) -> float:
 def _at(times: dict, layer: int, size: int, odt: float) -> dict:
     """A layer's entry at one size: the measured fwd + bwd, its alpha, and the all-reduce."""
     fwd, bwd, _ = times[str(size)][str(layer)]
-    return {"oct": fwd + bwd, "odt": odt, "alpha": _alpha(times, layer, size), "beta": 0.0}
+    return {"oct": fwd + bwd, "odt": odt, "alpha": _alpha(times, layer, size), "beta": 0.0, "forward": fwd}
 
 
 def profile_and_fits(reserved_gb: float, tp: int) -> tuple[dict, dict]:
@@ -191,8 +192,11 @@ def plan_command(profile_path: Path, cluster_path: Path) -> tuple[dict, float]:
 
 
 def shape(plan: dict) -> str:
-    """A plan's stages as ``S x k on type (layer ranges)``, runs of equal stages folded."""
-    parts = [f"{s['resource']} {s['first']}-{s['last']} x{s['replicas']}" for s in plan["stages"]]
+    """A plan's stages as ``type first-last xk``, ``↻`` where the stage recomputes its activations."""
+    parts = [
+        f"{s['resource']} {s['first']}-{s['last']} x{s['replicas']}" + (" ↻" if s.get("recompute") else "")
+        for s in plan["stages"]
+    ]
     return f"{len(parts)} stages: " + ", ".join(parts)
 
 

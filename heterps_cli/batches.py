@@ -25,19 +25,21 @@ class Measured:
     odt: np.ndarray
     alpha: np.ndarray
     beta: np.ndarray
+    forward: np.ndarray  # section 1g: the forward pass's part of oct (NaN where not given)
 
     @property
     def largest(self) -> int:
         return self.sizes[-1]
 
-    def at(self, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``[n, T]`` oct, odt, alpha and beta at ``batch`` samples, and where some measured size is at
-        least ``batch`` (elsewhere the figures are 0). At a measured size they are its figures as
-        written; below one, its share (the module's rule), with alpha and beta the parts of that time
-        that still shrink with replicas, so a replica's share of ``batch`` costs what the same share
-        of the measured size does."""
+    def at(self, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``[n, T]`` oct, odt, alpha, beta and forward (NaN where not given) at ``batch`` samples, and
+        where some measured size is at least ``batch`` (elsewhere the figures are 0). At a measured size
+        they are its figures as written; below one, its share (the module's rule), with alpha and beta
+        the parts of that time that still shrink with replicas, so a replica's share of ``batch`` costs
+        what the same share of the measured size does."""
         shape = self.oct.shape[1:]
         oct_, odt, alpha, beta = (np.zeros(shape) for _ in range(4))
+        forward = np.full(shape, np.nan)
         found = np.zeros(shape, dtype=bool)
         for s, size in enumerate(self.sizes):
             if size < batch:
@@ -52,10 +54,11 @@ class Measured:
                 fc, fd = 1.0 - a + a * r, 1.0 - b + b * r
                 sa, sb = a * r / fc, b * r / fd
             oct_ = np.where(here, np.nan_to_num(self.oct[s]) * fc, oct_)
+            forward = np.where(here, self.forward[s] * fc, forward)
             odt = np.where(here, np.nan_to_num(self.odt[s]) * fd, odt)
             alpha, beta = np.where(here, sa, alpha), np.where(here, sb, beta)
             found |= here
-        return oct_, odt, alpha, beta, found
+        return oct_, odt, alpha, beta, forward, found
 
     def most(self, layer: int) -> int:
         """The largest size ``layer`` was measured at on any type."""
@@ -77,7 +80,7 @@ def measured(profile: Profile, types: tuple[str, ...]) -> Measured:
     """The profile's times at each of its sizes on ``types``."""
     sizes = profile.sizes
     shape = (len(sizes), len(profile.layers), len(types))
-    oct_, odt, alpha, beta = (np.full(shape, np.nan) for _ in range(4))
+    oct_, odt, alpha, beta, forward = (np.full(shape, np.nan) for _ in range(5))
     for i, layer in enumerate(profile.layers):
         for j, t in enumerate(types):
             if t not in layer.times:
@@ -85,5 +88,6 @@ def measured(profile: Profile, types: tuple[str, ...]) -> Measured:
             for s, size in enumerate(sizes):
                 if (at := layer.times[t].at(size, profile.batch_size)) is not None:
                     oct_[s, i, j], odt[s, i, j] = at.oct, at.odt
+                    forward[s, i, j] = np.nan if at.forward is None else at.forward
                     alpha[s, i, j], beta[s, i, j] = layer.fractions(t, at)
-    return Measured(sizes, oct_, odt, alpha, beta)
+    return Measured(sizes, oct_, odt, alpha, beta, forward)

@@ -202,9 +202,18 @@ class Stages:
     # Section 1's whole samples: the parts the busiest replica's share of a batch sets.
     ps: np.ndarray  # [B, S] the part of pc that is per sample (pc itself but under section 1d)
     mem_act: np.ndarray  # [B, S] the part of mem_split that is activations
+    recompute: np.ndarray  # [B, S] section 1g: the stage recomputes its activations
 
     def take(self, rows) -> Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+
+
+PARITIES = 3  # a stage's label is its type plus p x n_types, p < PARITIES, so two stages on one type stay two
+
+
+def recompute_label(n_types: int) -> int:
+    """Section 1g: what a stage's label adds when the stage recomputes its activations."""
+    return PARITIES * n_types
 
 
 def labelled(n_types: int, stages) -> np.ndarray:
@@ -219,9 +228,12 @@ def labelled(n_types: int, stages) -> np.ndarray:
 
 
 def schedule_of_stages(types: tuple[str, ...], stages) -> np.ndarray:
-    """:func:`labelled` for a plan's ``stages`` (each with ``first``, ``last`` and ``resource``, one of
-    ``types``), so that the cost model reads them as the plan cuts them."""
-    return labelled(len(types), [(s.first, s.last + 1, types.index(s.resource)) for s in stages])
+    """:func:`labelled` for a plan's ``stages`` (each with ``first``, ``last``, ``resource``, one of
+    ``types``, and ``recompute``), so that the cost model reads them as the plan cuts them."""
+    again = recompute_label(len(types))
+    return labelled(
+        len(types), [(s.first, s.last + 1, types.index(s.resource) + again * bool(s.recompute)) for s in stages]
+    )
 
 
 def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -250,7 +262,7 @@ def _pipelined(problem: Problem, micro, sid: np.ndarray, valid: np.ndarray):
     return serial, parallel, per_sample, in_flight
 
 
-def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight):
+def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight, recompute):
     """Section 1b: per stage, the bytes every replica holds, the bytes split across them (with section
     1d's micro-batches in flight), the activations among those, and the fewest replicas whose memory
     fits."""
@@ -264,8 +276,11 @@ def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, f
     entry = np.where(valid, problem.shared_entry[np.where(valid, first, 0)], 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
         activations = summed(problem.held_once) + entry
-        if problem.pipelined:  # the activations of in_flight micro-batches
-            activations = activations_held(in_flight, activations)
+        if problem.pipelined:  # the activations of in_flight micro-batches (section 1g: their inputs)
+            inputs = np.where(valid, problem.stage_inputs[np.where(valid, first, 0)], 0.0)
+            activations = np.where(
+                recompute, activations_held(in_flight, activations, inputs), activations_held(in_flight, activations)
+            )
         mem_fixed = summed(problem.state_parts[0])
         mem_split = summed(problem.state_parts[1]) + activations
     if problem.reserved is not None:
@@ -282,22 +297,28 @@ def split_stages(problem: Problem, schedules) -> Stages:
     if n != problem.n_layers:
         raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
     starts, sid = stage_ids(sched)
+    again = (sched // recompute_label(problem.n_types)) % 2 == 1  # section 1g, per layer
     sched = sched % problem.n_types  # stage labels (:func:`labelled`) to types
     S = int(sid.max()) + 1
     flat = (np.arange(B)[:, None] * S + sid).ravel()
     layers = np.arange(n)[None, :]
-    sums = [
-        np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S) for part in problem.parts
-    ]
+    per_layer = [part[layers, sched] for part in problem.parts]  # [B, n] each
+    if again.any():  # section 1g: a recomputing stage's compute holds its forward twice
+        per_layer[:2] = [np.where(again, r[layers, sched], c) for c, r in zip(per_layer, problem.recompute_parts)]
+    sums = [np.bincount(flat, weights=part.ravel(), minlength=B * S).reshape(B, S) for part in per_layer]
     rows = np.broadcast_to(np.arange(B)[:, None], (B, n))
     stype = np.zeros((B, S), dtype=np.int64)
     stype[rows, sid] = sched
+    recompute = np.zeros((B, S), dtype=bool)
+    recompute[rows, sid] = again
     first = np.zeros((B, S), dtype=np.int64)
     first[rows[starts], sid[starts]] = np.broadcast_to(layers, (B, n))[starts]
     last = np.zeros((B, S), dtype=np.int64)
     last[rows, sid] = np.broadcast_to(layers, (B, n))  # later layers overwrite earlier ones
     valid = np.arange(S)[None, :] <= sid[:, -1:]
     runnable = np.asarray(problem.runnable[layers, sched].all(axis=1))
+    if again.any():  # section 1g: every layer of a recomputing stage has a forward time, under a pipeline
+        runnable &= (~again | (problem.recomputable[layers, sched] & problem.can_recompute)).all(axis=1)
     sc, pc, sd, pd = sums
     transfer = _transfer(problem, valid, first, last, stype)
     zeros: np.ndarray = np.zeros((B, S))
@@ -316,7 +337,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
         pd = pd + transfer
     mem_fixed, mem_split, mem_act, min_k = zeros, zeros, zeros, np.ones((B, S))
     if np.isfinite(problem.memory).any():
-        mem_fixed, mem_split, mem_act, min_k = _memory(problem, flat, (B, S), valid, first, stype, in_flight)
+        mem_fixed, mem_split, mem_act, min_k = _memory(problem, flat, (B, S), valid, first, stype, in_flight, recompute)
     return Stages(
         sched,
         sc,
@@ -336,6 +357,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
         in_flight,
         ps,
         mem_act,
+        recompute,
     )
 
 

@@ -127,6 +127,7 @@ class BatchTime(_Strict):
     odt: NonNegative
     alpha: Fraction | None = None  # default: the entry's, else the layer's
     beta: Fraction | None = None
+    forward: NonNegative | None = None  # section 1g: the forward pass's part of oct
 
 
 class TimeEntry(_Strict):
@@ -136,11 +137,14 @@ class TimeEntry(_Strict):
     alpha: Fraction | None = None
     beta: Fraction | None = None
     batches: Annotated[dict[BatchSize, BatchTime], Field(min_length=1)] | None = None  # section 2: other sizes
+    forward: NonNegative | None = None  # section 1g: the forward pass's part of oct (recomputation repeats it)
 
     def at(self, size: int, batch_size: int) -> BatchTime | None:
         """The times measured at ``size`` (the profile's ``batch_size`` is the entry's own), or None."""
         if size == batch_size:
-            return BatchTime.model_construct(oct=self.oct, odt=self.odt, alpha=self.alpha, beta=self.beta)
+            return BatchTime.model_construct(
+                oct=self.oct, odt=self.odt, alpha=self.alpha, beta=self.beta, forward=self.forward
+            )
         return (self.batches or {}).get(size)
 
 
@@ -260,6 +264,7 @@ class Stage(_Strict):
     step_s: NonNegative | None = None
     in_flight: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
+    recompute: bool | None = None  # section 1g: the stage recomputes its activations (written only when true)
 
 
 class WhatIf(_Strict):
@@ -385,7 +390,7 @@ PLAN_ONLY_WHERE_GIVEN = (
     "what_if",
     "gap",
 )
-STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes")
+STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute")
 
 
 KINDS = {  # what each file is, and the keys that say so
@@ -639,6 +644,17 @@ def _profile_of(doc: Document) -> Profile:
                         doc.error(
                             ("layers", i, "times", resource),
                             f"no {frac}: give the layer a default '{frac}' or this entry its own",
+                        )
+                    )
+            sized: list[tuple[int, TimeEntry | BatchTime]] = [(profile.batch_size, entry)]
+            for size, at in [*sized, *(entry.batches or {}).items()]:
+                if at.forward is not None and at.forward > at.oct:
+                    where = ("layers", i, "times", resource) + (("batches", size) if at is not entry else ())
+                    problems.append(
+                        doc.error(
+                            (*where, "forward"),
+                            f"{number(at.forward)} s is more than the entry's oct ({number(at.oct)} s), of "
+                            "which it is the forward pass's part",
                         )
                     )
             if profile.batch_size in (entry.batches or {}):

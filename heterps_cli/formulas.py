@@ -90,9 +90,13 @@ def step_parts(micro_batches, stages, compute, transfer, allreduce, update) -> d
     }
 
 
-def activations_held(in_flight, activations):
-    """Section 1d: the activation bytes a replica holds, ``in_flight`` micro-batches' worth."""
-    return in_flight * activations
+def activations_held(in_flight, activations, inputs=None):
+    """Section 1d: the activation bytes a replica holds, ``in_flight`` micro-batches' worth; with
+    section 1g's recomputation (``inputs``: the bytes the stage takes in per micro-batch), the inputs of
+    ``in_flight`` micro-batches and one micro-batch's activations, rebuilt for its backward pass."""
+    if inputs is None:
+        return in_flight * activations
+    return in_flight * inputs + activations
 
 
 def run_cost(work, throughput, rate):

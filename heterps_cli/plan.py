@@ -173,9 +173,10 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     state_fixed, state_split = problem.state_parts
     # a stage holds once what two of its layers save; its first layer's share is its own copy
     activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
+    again = bool(stages.recompute[0, s])  # section 1g
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
-        held = activations_held(in_flight, activations)
+        held = activations_held(in_flight, activations, problem.stage_inputs[a] if again else None)
         memory = float(
             amdahl(state_fixed[a : b + 1].sum() + reserved[t], whole(state_split[a : b + 1].sum() + held, held), kk)
         )
@@ -203,5 +204,6 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
         throughput=float(sc.stage_throughput[0, s]),
         transfer_s=transfer,
         memory_gb=memory / 1e9,
+        recompute=True if again else None,
         **pipeline,
     )

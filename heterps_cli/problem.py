@@ -75,6 +75,8 @@ class Problem:
     # among them (a global batch, several sizes, no --micro-batch)
     measured: Measured | None = None
     choose_micro_batch: bool = False
+    # section 1g: [n, T] the forward pass's part of oct, NaN where the profile gives none (None: nowhere)
+    forward: np.ndarray | None = None
 
     @property
     def pipelined(self) -> bool:
@@ -104,6 +106,26 @@ class Problem:
             **_at_batch(self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None),
             choose_micro_batch=False,
         )
+
+    @property
+    def can_recompute(self) -> bool:
+        """Section 1g: some stage may recompute its activations (a pipeline, and some forward time)."""
+        return self.pipelined and self.forward is not None
+
+    @cached_property
+    def recomputable(self) -> np.ndarray:
+        """``[n, T]``: the layer may be recomputed on the type (runnable, with a forward time)."""
+        if self.forward is None:
+            return np.zeros_like(self.runnable)
+        return self.runnable & ~np.isnan(self.forward)
+
+    @cached_property
+    def recompute_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Section 1g: the serial and parallel compute of each layer and type when its stage recomputes:
+        ``oct + forward`` split by alpha as oct is (0 where it cannot)."""
+        extra = np.where(self.recomputable, np.nan_to_num(self.forward) if self.forward is not None else 0.0, 0.0)
+        total = self.oct + extra
+        return total * (1.0 - self.alpha), total * self.alpha
 
     @property
     def update_times(self) -> np.ndarray:
@@ -194,6 +216,13 @@ class Problem:
         """Per layer, the bytes one (micro-)batch keeps for its backward pass, split across the replicas."""
         with np.errstate(over="ignore"):
             return self.batch_size * self.activation_size
+
+    @cached_property
+    def stage_inputs(self) -> np.ndarray:
+        """Section 1g: per layer, the bytes of one (micro-)batch that a stage starting there takes in
+        (its input, which a recomputing stage keeps for every micro-batch in flight)."""
+        with np.errstate(over="ignore"):
+            return self.batch_size * self.input_size
 
     @cached_property
     def shared_bytes(self) -> np.ndarray:
@@ -403,6 +432,7 @@ def build_problem(
         maximal_stages=maximal_stages,
         measured=table,
         choose_micro_batch=choose,
+        forward=_forward(profile, types),
     )
     if batch == profile.batch_size:  # the profile's own figures, as written
         return problem
@@ -425,7 +455,7 @@ def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: in
 def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | None) -> dict:
     """The fields of a problem at micro-batch ``batch`` (section 1f); ValueError naming the first layer
     that no measured size can give a time at it."""
-    oct_, odt, alpha, beta, found = table.at(batch)
+    oct_, odt, alpha, beta, forward, found = table.at(batch)
     if not found.any(axis=1).all():
         layer = names[int(np.argmin(found.any(axis=1)))]
         raise ValueError(
@@ -439,6 +469,7 @@ def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | 
         "alpha": alpha,
         "beta": beta,
         "runnable": found,
+        "forward": forward if not np.isnan(forward).all() else None,
         "batch_size": batch,
         "micro_batches": _whole_micro_batches(steps, batch) if steps is not None else 0,
     }
@@ -492,6 +523,16 @@ def _times(profile: Profile, types: tuple[str, ...]) -> tuple[np.ndarray, ...]:
                 alpha[i, j], beta[i, j] = layer.fractions(t)
                 runnable[i, j] = True
     return oct_, odt, alpha, beta, update, runnable
+
+
+def _forward(profile: Profile, types: tuple[str, ...]) -> np.ndarray | None:
+    """Section 1g: ``[n, T]`` each entry's forward time, NaN where it gives none; None if none does."""
+    out = np.full((len(profile.layers), len(types)), np.nan)
+    for i, layer in enumerate(profile.layers):
+        for j, t in enumerate(types):
+            if t in layer.times and layer.times[t].forward is not None:
+                out[i, j] = layer.times[t].forward
+    return None if np.isnan(out).all() else out
 
 
 def _layers(profile: Profile) -> dict:

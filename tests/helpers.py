@@ -178,3 +178,39 @@ def refused(args: list[str], *expected: str, code: int = 2) -> str:
     for text in expected:
         assert text in result.stderr, result.stderr
     return result.stderr
+
+
+def plan_and_check(profile: str, cluster: str, out: Path, *flags: str) -> dict:
+    """``heterps plan -s exact --objective time`` into ``out``, then ``heterps check`` of it with the
+    same job: both must pass; the plan file's mapping."""
+    from heterps_cli.cli.app import app
+
+    made = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", *flags, "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    checked = runner.invoke(
+        app, ["check", str(out), "--profile", profile, "--cluster", cluster, "--objective", "time", *flags]
+    )
+    assert checked.exit_code == 0, checked.output
+    return yaml.safe_load(out.read_text())
+
+
+def exact_against(profile: dict, cluster: dict, objective: str, expected):
+    """The exact plan (through :func:`heterps_cli.schedulers.solve`, so every choice it makes) checked
+    against an enumeration's ``expected`` (cost, throughput): both find a plan or neither, it is
+    certified, and its objective's figure is the enumeration's. The plan, or None."""
+    import math
+
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.schedulers import solve
+
+    try:
+        plan = solve("exact", problem_from_dicts(profile, cluster, objective=objective))
+    except InfeasibleError:
+        plan = None
+    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
+    if plan is None:
+        return None
+    assert plan.optimal and plan.feasible
+    figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
+    assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
+    return plan

@@ -282,17 +282,23 @@ def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, w
     return best
 
 
-def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas: list[int], stages=None) -> dict:
+def pipeline_figures(
+    profile: dict, cluster: dict, schedule: list[str], replicas: list[int], stages=None, recompute=None
+) -> dict:
     """Every figure of a plan under docs/spec.md section 1d, written from its formulas alone: stage
     ``s`` of ``S`` on ``t`` with ``k`` replicas takes ``(M + S - 1) c + 2 Y (k - 1) / k + U`` per step,
     ``c`` its compute and boundary transfer per micro-batch, and holds ``min(S - s, M)`` micro-batches
-    of activations."""
+    of activations. Section 1g: a stage that ``recompute``s runs each layer's forward once more per
+    micro-batch and holds its input for ``min(S - s, M)`` micro-batches and one micro-batch's
+    activations."""
     layers, B0 = profile["layers"], profile["batch_size"]
     M = profile["job"]["global_batch"] // B0
     n = len(layers)
     stages = stages_of(schedule) if stages is None else stages
     S = len(stages)
+    recompute = recompute or [False] * S
     step, memory, fits, k_t = [], [], [], {t: 0 for t in cluster["resources"]}
+    can = True
     for s, ((t, ls), k) in enumerate(zip(stages, replicas)):
         res = cluster["resources"][t]
         c = y = u = 0.0
@@ -300,6 +306,9 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
             e = layers[layer]["times"][t]
             a = e.get("alpha", layers[layer].get("alpha"))
             c += e["oct"] * (1 - a + a * share(B0, k) / B0)
+            if recompute[s]:
+                can &= "forward" in e
+                c += e.get("forward", 0.0) * (1 - a + a * share(B0, k) / B0)
             y += e["odt"]
             u += e.get("update", 0.0)
         first, last = ls[0], ls[-1]
@@ -312,12 +321,14 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
         sf = profile.get("state_factor", 4.0)
         held = min(S - s, M)
         mem = (res.get("memory_reserved_gb") or 0.0) * 1e9
+        if recompute[s]:  # its input, for every micro-batch in flight
+            mem += held * share(B0, k) * layers[ls[0]]["input_size"]
         for layer in ls:
             w = sf * layers[layer]["weight_size"]
             kept = layers[layer].get("activation_size", 0.0)
             if layer != ls[0]:  # a stage holds once what a layer and the one before it both save
                 kept -= layers[layer].get("input_saved", 0.0)
-            mem += (w / k if layers[layer].get("sharded") else w) + held * share(B0, k) * kept
+            mem += (w / k if layers[layer].get("sharded") else w) + (1 if recompute[s] else held) * share(B0, k) * kept
         memory.append(mem / 1e9)
         fits.append(res.get("memory_gb") is None or mem <= res["memory_gb"] * 1e9 * (1 + 1e-12))
         k_t[t] += k
@@ -327,10 +338,11 @@ def pipeline_figures(profile: dict, cluster: dict, schedule: list[str], replicas
     within = all(k <= cluster["resources"][t]["limit"] for t, k in k_t.items()) and max(replicas) <= B0
     return {
         "step_s": step,
+        "recompute_ok": can,
         "throughput": thr,
         "cost_usd": time_s / 3600 * rate,
         "memory_gb": memory,
-        "feasible": within and all(fits),
+        "feasible": within and all(fits) and can,
         "resources": k_t,
     }
 
@@ -348,14 +360,21 @@ def pipeline_optimum(
             continue
         B0 = profile["batch_size"]
         for stages, ks in _cuts_and_replicas(sched, cluster, B0):
-            f = pipeline_figures(profile, cluster, list(sched), list(ks), stages)
-            if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
-                continue
-            if max_cost is not None and f["cost_usd"] > max_cost * (1 + 1e-12):
-                continue
-            if best is None or _better(objective, f["cost_usd"], f["throughput"], *best):
-                best = (f["cost_usd"], f["throughput"])
+            for again in _recomputes(layers, stages):
+                f = pipeline_figures(profile, cluster, list(sched), list(ks), stages, list(again))
+                if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
+                    continue
+                if max_cost is not None and f["cost_usd"] > max_cost * (1 + 1e-12):
+                    continue
+                if best is None or _better(objective, f["cost_usd"], f["throughput"], *best):
+                    best = (f["cost_usd"], f["throughput"])
     return best
+
+
+def _recomputes(layers, stages):
+    """Section 1g: every choice of stages that recompute, among those whose every layer gives a forward time."""
+    able = [all("forward" in layers[i]["times"][t] for i in ls) for t, ls in stages]
+    return itertools.product(*([False, True] if a else [False] for a in able))
 
 
 def _cuts_and_replicas(sched, cluster, B0):

@@ -16,9 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
-from heterps_cli.errors import InfeasibleError
-from heterps_cli.schedulers import solve
-from tests.helpers import ROOT, problem_from_dicts, write_yaml
+from tests.helpers import ROOT, exact_against, plan_and_check, write_yaml
 from tests.oracle import pipeline_figures, pipeline_optimum
 from tests.strategies import SETTINGS
 from tests.test_pipeline import pipelined
@@ -110,18 +108,9 @@ def expected_best(profile: dict, cluster: dict, objective: str) -> tuple[float, 
 @given(several_sizes(), st.sampled_from(["cost", "time"]))
 def test_exact_chooses_the_micro_batch_as_enumeration_does(inst, objective):
     profile, cluster = inst
-    expected = expected_best(profile, cluster, objective)
-    problem = problem_from_dicts(profile, cluster, objective=objective)
-    try:
-        plan = solve("exact", problem)
-    except InfeasibleError:
-        plan = None
-    assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"
+    plan = exact_against(profile, cluster, objective, expected_best(profile, cluster, objective))
     if plan is None:
         return
-    assert plan.optimal and plan.feasible
-    figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
-    assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
     single = at_size(profile, plan.batch_size)
     ref = pipeline_figures(
         single,
@@ -173,14 +162,9 @@ def gpt_like(tmp_path, sizes=(1, 2, 4, 8), global_batch=64):
 
 def test_plan_chooses_a_micro_batch_says_so_and_check_recomputes_it(tmp_path):
     profile, cluster = gpt_like(tmp_path)
-    out = tmp_path / "plan.yaml"
-    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    plan = yaml.safe_load(out.read_text())
+    plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
     assert plan["batch_size"] in (1, 2, 4, 8) and plan["micro_batches"] * plan["batch_size"] == 64
     assert any("micro-batch" in note and "chosen" in note for note in plan["notes"])
-    checked = runner.invoke(app, ["check", str(out), "--profile", profile, "--cluster", cluster, "--objective", "time"])
-    assert checked.exit_code == 0, checked.output
     fixed = runner.invoke(
         app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--micro-batch", "8", "--json"]
     )

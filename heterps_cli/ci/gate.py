@@ -120,6 +120,12 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
         for layer in range(stage.first, min(stage.last, n - 1) + 1):
             if not problem.runnable[layer, t]:
                 problems.append(f"layer {problem.layer_names[layer]} cannot run on {stage.resource} any more")
+            elif stage.recompute and not (problem.can_recompute and problem.recomputable[layer, t]):
+                problems.append(
+                    f"{where} recomputes its activations, but layer {problem.layer_names[layer]} has no forward time "
+                    f"on {stage.resource}{'' if problem.pipelined else ' (and the job has no pipeline schedule)'} "
+                    "(docs/spec.md section 1g)"
+                )
     if expected_first != n:
         problems.append(f"the plan covers {expected_first} layers, the profile has {n}")
     return problems

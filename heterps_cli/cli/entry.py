@@ -22,7 +22,21 @@ def main() -> None:
         sys.stderr.write("terminated\n")
         raise Terminated()
 
+    # CPython swallows a KeyboardInterrupt raised inside some of its own callbacks (an import's module
+    # lock), and the command then runs on; Ctrl-C is remembered, so it still ends in exit 130.
+    ctrl_c = {"seen": False}
+
+    def interrupt(signum, frame):
+        ctrl_c["seen"] = True
+        raise KeyboardInterrupt
+
+    def unraisable(info, default=sys.unraisablehook):
+        if not isinstance(info.exc_value, KeyboardInterrupt):  # that one said once, as "interrupted"
+            default(info)
+
     signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, interrupt)
+    sys.unraisablehook = unraisable
     terminal.install()
     try:
         from heterps_cli.cli.app import app
@@ -31,7 +45,7 @@ def main() -> None:
     except KeyboardInterrupt:
         _exit_interrupted(said=False)
     except SystemExit as exc:
-        if exc.code != EXIT_INTERRUPTED:
+        if exc.code != EXIT_INTERRUPTED and not ctrl_c["seen"]:
             raise
         # typer exits 130 without a word when Ctrl-C lands in its own start-up (it imports pydantic
         # then); a command that was interrupted has already said so.

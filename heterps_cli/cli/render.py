@@ -80,7 +80,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         table.add_row(
             str(i),
             _layers(s),
-            Text(clip(s.resource)),
+            Text(clip(s.resource) + (" ↻" if s.recompute else "")),
             count(s.replicas),
             f"{s.compute_s + ((s.transfer_s or 0.0) if piped else 0.0):.3g}",
             f"{s.comm_s:.3g}",
@@ -88,6 +88,8 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
             count(s.throughput) + (" ◀" if bottleneck else "  "),
             style="bold yellow" if bottleneck else None,
         )
+    if any(s.recompute for s in plan.stages):
+        table.caption = f"{table.caption}; ↻ recomputes its activations in the backward pass (docs/spec.md section 1g)"
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
@@ -215,7 +217,7 @@ def _hardware_view(plan: Plan) -> Table | None:
         table.add_column("transfer s", **numeric)
         table.add_column("of µbatch" if plan.micro_batches else "of DT", **numeric)
     for i, s in enumerate(plan.stages):
-        row: list[str | Text] = [str(i), Text(clip(s.resource))]
+        row: list[str | Text] = [str(i), Text(clip(s.resource) + (" ↻" if s.recompute else ""))]
         if memory:
             of, held = units_gb.get(s.resource), s.memory_gb or 0.0
             row += [

@@ -143,6 +143,7 @@ def run_plan(
         seed=seed,
         lr=lr,
         timeout_s=timeout_s,
+        recompute=tuple(bool(s.recompute) for s in plan.stages),
     )
     result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
     if result is None:

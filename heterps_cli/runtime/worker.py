@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
 
@@ -58,6 +59,7 @@ class RunConfig:
     seed: int = 0
     lr: float = 0.01
     timeout_s: float = 120.0
+    recompute: tuple[bool, ...] = ()  # docs/spec.md section 1g: per stage (none: no stage recomputes)
 
     def layout(self) -> Layout:
         return layout([(r, k, list(layers)) for r, k, layers in self.stages], self.batch_size, self.micro_batches)
@@ -186,6 +188,8 @@ class _Replica:
         model = load_model(cfg.model, lay.samples, cfg.input_shape)
         chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
         self.module = chain.stage(stage.layers).to(self.device).train()
+        # section 1g: keep the stage's input only, and run its forward again in the backward pass
+        self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
         self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.group = groups[stage.index]
@@ -234,7 +238,7 @@ class _Replica:
                 x.requires_grad_(True)
         _synchronise(self.device)
         start = time.perf_counter()
-        y = self.module(x)
+        y = checkpoint(self.module, x, use_reentrant=False) if self.recompute else self.module(x)
         if self.last:
             assert self.target is not None
             y = per_sample_loss(y, self.target[a:b], self.lay.samples)

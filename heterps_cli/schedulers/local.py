@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from heterps_cli.costmodel import PARITIES, recompute_label
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.progress import Progress, quiet
@@ -93,19 +94,19 @@ def _runs_ok(problem: Problem, schedule: np.ndarray, moves: np.ndarray) -> np.nd
     return (outside == 0) & (inside == 0)
 
 
-LABELS = 3  # stage labels per type: a stage between two others on its type needs a third
+LABELS = PARITIES  # stage labels per type: a stage between two others on its type needs a third
 
 
 def labelled_moves(problem: Problem) -> bool:
-    """Whether moves may cut or join stages on one type: outside the papers' space, and while every
-    label fits the byte per layer the evaluator keeps."""
-    return not problem.maximal_stages and LABELS * problem.n_types <= 256
+    """Whether moves may cut or join stages on one type (and, section 1g, recompute a stage): outside
+    the papers' space, and while every label fits the byte per layer the evaluator keeps."""
+    return not problem.maximal_stages and LABELS * problem.n_types * (2 if problem.can_recompute else 1) <= 256
 
 
-def _apart(problem: Problem, t, *others) -> np.ndarray:
+def _apart(problem: Problem, t, *others, again=False) -> np.ndarray:
     """A label of type ``t`` that is none of ``others`` (labels, or -1 for none), per element: the
-    type itself where it is free."""
-    t = np.asarray(t, dtype=np.int64)
+    type itself where it is free; ``again`` (per element): the stage recomputes (section 1g)."""
+    t = np.asarray(t, dtype=np.int64) + recompute_label(problem.n_types) * np.asarray(again, dtype=np.int64)
     out = np.full(t.shape, -1, dtype=np.int64)
     for p in range(LABELS - 1, -1, -1):  # written last, the smallest free label wins
         label = t + p * problem.n_types
@@ -185,6 +186,12 @@ def _stage_moves(problem: Problem, schedule: np.ndarray, stages: list[tuple[int,
         if types[a] == types[m]:  # one label over both, none of their outer neighbours'
             label = _apart(problem, types[a], schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1)
             moves.append(_one_run(a, z, label))
+    if problem.can_recompute:  # section 1g: each stage that can, recomputing or not, apart from its neighbours
+        again = schedule // recompute_label(T) % 2 == 1
+        for a, z in stages:
+            if problem.recomputable[a:z, types[a]].all():
+                before, after = schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1
+                moves.append(_one_run(a, z, _apart(problem, types[a], before, after, again=not again[a])))
     return [m[m[:, 2] >= 0] for m in moves]
 
 

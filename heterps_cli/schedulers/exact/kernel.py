@@ -48,6 +48,13 @@ class Chain:
     follows: np.ndarray  # [P, P] bool: a stage on [a] may come right before one on [b]
     starts: np.ndarray  # [P] bool: may run the first layer
     ends: np.ndarray  # [P] bool: may run the last layer
+    # [P] the stage label of each DP type in a schedule (costmodel.labelled): its type, plus
+    # costmodel.recompute_label where the stage recomputes its activations (section 1g); None: base
+    label: np.ndarray | None = None
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.base if self.label is None else self.label
 
     @staticmethod
     def of_types(n_types: int, maximal: bool = False) -> Chain:
@@ -80,7 +87,7 @@ def grid_cells(problem: Problem) -> int:
     the most stages, on that many times the types."""
     cells = (problem.n_layers + 1) ** 2 * problem.n_types
     if problem.pipelined:
-        cells *= most_stages(problem)
+        cells *= most_stages(problem) * (2 if problem.can_recompute else 1)  # section 1g's two ways
     return cells
 
 

@@ -34,10 +34,10 @@ from collections.abc import Callable
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import SLACK, min_memory_replicas, score, split_stages, throughput_floor
+from heterps_cli.costmodel import SLACK, min_memory_replicas, recompute_label, score, split_stages, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
-from heterps_cli.formulas import amdahl, pipeline_slots, pipeline_step
+from heterps_cli.formulas import activations_held, amdahl, pipeline_slots, pipeline_step
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
 from heterps_cli.schedulers.exact.kernel import (
@@ -55,18 +55,25 @@ from heterps_cli.schedulers.exact.kernel import (
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
-def _step_terms(problem: Problem, stages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _variants(problem: Problem) -> tuple[bool, ...]:
+    """Section 1g: whether a stage recomputes its activations, each way the problem allows."""
+    return (False, True) if problem.can_recompute else (False,)
+
+
+def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``[i, j, t]``: the serial and parallel parts of stage ``j..i-1``'s step on ``t`` in a plan of
-    ``stages`` stages (``T_s(k) = serial + parallel / k``), and the per-sample part of ``parallel``."""
-    serial, parallel, _, _ = problem.parts
+    ``stages`` stages (``T_s(k) = serial + parallel / k``), and the per-sample part of ``parallel``;
+    ``again``: the stage recomputes its activations (section 1g)."""
+    serial, parallel = problem.recompute_parts if again else problem.parts[:2]
     micro_parallel = spans(parallel) + boundary_transfer(problem)
     sync, update = spans(problem.odt), spans(problem.update_times)
     return pipeline_step(problem.micro_batches, stages, spans(serial), micro_parallel, sync, update)
 
 
-def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
+def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) -> np.ndarray:
     """``[i, j, p, t]``: the fewest replicas of stage ``j..i-1`` on ``t`` that hold ``held[p]``
-    micro-batches of activations each within the type's memory (1 without a limit, inf: none)."""
+    micro-batches of activations each within the type's memory (1 without a limit, inf: none); with
+    ``again`` (section 1g), the inputs of ``held[p]`` micro-batches and one micro-batch's activations."""
     n1, T = problem.n_layers + 1, problem.n_types
     shape = (n1, n1, len(held), T)
     if not np.isfinite(problem.memory).any():
@@ -75,7 +82,11 @@ def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
     activations = activation_spans(problem)
     fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
     with np.errstate(over="ignore", invalid="ignore"):
-        held_bytes = held[None, None, :, None] * activations[:, :, None, :]
+        if again:  # by the stage's first layer j
+            inputs = np.append(problem.stage_inputs, 0.0)[None, :, None, None]
+            held_bytes = activations_held(held[None, None, :, None], activations[:, :, None, :], inputs)
+        else:
+            held_bytes = activations_held(held[None, None, :, None], activations[:, :, None, :])
         split = state_split[:, :, None, :] + held_bytes
         fixed = np.broadcast_to(fixed[:, :, None, :], shape)
         return min_memory_replicas(
@@ -87,33 +98,63 @@ def _memory_replicas(problem: Problem, held: np.ndarray) -> np.ndarray:
         )
 
 
+def _ok(problem: Problem, again: bool) -> np.ndarray:
+    """``[i, j, t]``: stage ``j..i-1`` may run on ``t`` (section 1g: and recompute there)."""
+    return runnable_spans(problem.replace(runnable=problem.recomputable) if again else problem)
+
+
+def _labels(problem: Problem) -> np.ndarray:
+    """The stage label of each type in each variant (:func:`_variants`), variant-major."""
+    again = recompute_label(problem.n_types)
+    return np.concatenate([np.arange(problem.n_types) + again * v for v in _variants(problem)])
+
+
 def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
-    """The stage table and chain for plans of at most ``stages`` stages: DP type ``(r - 1) T + t`` is a
-    stage on ``t`` with ``r`` stages from it to the last."""
+    """The stage table and chain for plans of at most ``stages`` stages: DP type ``((r - 1) V + v) T + t``
+    is a stage on ``t`` with ``r`` stages from it to the last, recomputing its activations if ``v`` is 1
+    (``V`` variants: 2 where section 1g applies, else 1)."""
     n1, T = problem.n_layers + 1, problem.n_types
+    variants = _variants(problem)
+    V = len(variants)
     places = np.arange(1, stages + 1)  # r
-    min_k = _memory_replicas(problem, np.minimum(places, problem.micro_batches)).reshape(n1, n1, stages * T)
-    sc, pc, ps = _step_terms(problem, stages)
-    sc, pc, ps, ok = (np.tile(a, (1, 1, stages)) for a in (sc, pc, ps, runnable_spans(problem)))  # the same at every r
-    zeros = np.zeros((n1, n1, T * stages))
-    table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
-    base = np.tile(np.arange(T), stages)
-    place = np.repeat(places, T)
+    held = np.minimum(places, problem.micro_batches)
+    min_k = np.stack([_memory_replicas(problem, held, again) for again in variants], axis=3)  # [i, j, r, v, t]
+    terms = [_step_terms(problem, stages, again) + (_ok(problem, again),) for again in variants]
+    sc, pc, ps, ok = (np.tile(np.concatenate(a, axis=2), (1, 1, stages)) for a in zip(*terms))  # the same at every r
+    zeros = np.zeros((n1, n1, T * V * stages))
+    table = Table(sc, pc, zeros, zeros, ok, min_k.reshape(n1, n1, stages * V * T), ps)
+    base = np.tile(np.arange(T), stages * V)
+    place = np.repeat(places, V * T)
     follows = place[None, :] == place[:, None] - 1
     if problem.maximal_stages:  # the papers' space: never one type twice in a row
         follows &= base[:, None] != base[None, :]
-    return table, Chain(base, follows, np.ones(T * stages, dtype=bool), place == 1)
+    label = np.tile(_labels(problem), stages)
+    return table, Chain(base, follows, np.ones(T * V * stages, dtype=bool), place == 1, label)
 
 
-def at_least_grid(problem: Problem, stages: int) -> Table:
-    """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves: each
-    stage charged ``M + stages - 1`` slots and one micro-batch in flight. A plan of ``S >= stages``
-    stages needs no fewer replicas in its own grid than here (its slots and micro-batches in flight
-    are no fewer), so what no plan reaches here, or a bound on cost here, holds for all of them."""
+def at_least_grid(problem: Problem, stages: int) -> tuple[Table, Chain | None]:
+    """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves (and
+    each way of recomputing, section 1g): each stage charged ``M + stages - 1`` slots and one
+    micro-batch in flight. A plan of ``S >= stages`` stages needs no fewer replicas in its own grid
+    than here (its slots and micro-batches in flight are no fewer), so what no plan reaches here, or a
+    bound on cost here, holds for all of them."""
     n1, T = problem.n_layers + 1, problem.n_types
-    sc, pc, ps = _step_terms(problem, stages)
-    zeros = np.zeros((n1, n1, T))
-    return Table(sc, pc, zeros, zeros, runnable_spans(problem), _memory_replicas(problem, np.ones(1))[:, :, 0, :], ps)
+    variants = _variants(problem)
+    terms = [
+        _step_terms(problem, stages, again)
+        + (_ok(problem, again), _memory_replicas(problem, np.ones(1), again)[:, :, 0, :])
+        for again in variants
+    ]
+    sc, pc, ps, ok, min_k = (np.concatenate(a, axis=2) for a in zip(*terms))
+    zeros = np.zeros((n1, n1, T * len(variants)))
+    table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
+    if len(variants) == 1:
+        return table, None
+    plain = Chain.of_types(T, problem.maximal_stages)
+    base = np.tile(np.arange(T), len(variants))
+    follows = np.tile(plain.follows, (len(variants), len(variants)))
+    every = np.ones(len(base), dtype=bool)
+    return table, Chain(base, follows, every, every, _labels(problem))
 
 
 class PipelineSolver(StepSolver):
@@ -171,7 +212,8 @@ class PipelineSolver(StepSolver):
         """The solver on :func:`at_least_grid`: its "no plan reaches X" and its cost bounds hold for
         every plan of ``S`` stages or more."""
         if S not in self.floors:
-            self.floors[S] = StepSolver(self.p, None, at_least_grid(self.p, S), self.relax)
+            table, chain = at_least_grid(self.p, S)
+            self.floors[S] = StepSolver(self.p, None, table, self.relax, chain)
         return self.floors[S]
 
     def drop(self, S: int) -> None:
@@ -352,7 +394,7 @@ def true_candidate(problem: Problem, sub: StepSolver, cand: Candidate) -> Candid
 
 def scored(problem: Problem, sub: StepSolver, cand: Candidate) -> tuple[Candidate, bool]:
     """:func:`true_candidate`, and whether the plan is within every limit and memory in its real figures."""
-    stages = [(j, i, int(sub.chain.base[t])) for j, i, t in cand.stages]
+    stages = [(j, i, int(sub.chain.labels[t])) for j, i, t in cand.stages]
     split = split_stages(problem, schedule_of(problem, stages)[None, :])
     k = np.zeros(split.valid.shape)
     k[0, : len(stages)] = cand.replicas
@@ -392,7 +434,7 @@ def _room_for(problem: Problem, built, counts) -> None:
 
 def _cells(problem: Problem, stages: int) -> int:
     """Cells of the grid for ``stages`` stages."""
-    return (problem.n_layers + 1) ** 2 * problem.n_types * stages
+    return (problem.n_layers + 1) ** 2 * problem.n_types * len(_variants(problem)) * stages
 
 
 def solver_for(
