@@ -118,6 +118,7 @@ class LayerProfile:
     sharded: bool = False  # docs/spec.md section 1b: the module says its weights are split across replicas
     input_saved: float = 0.0  # of activation_size, bytes per sample the layer before also keeps (section 1b)
     update: float = 0.0  # docs/spec.md section 1d: seconds of the optimiser step on the layer's weights
+    forward: float | None = None  # docs/spec.md section 1g: the forward pass's part of oct, where measured
 
 
 @dataclass
@@ -178,12 +179,15 @@ def measure(
             raise
         except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
-        times = _time_layers(calls, device, repetitions, report, total, current)
+        times, forwards = _time_layers(calls, device, repetitions, report, total, current)
         report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
         shares = _share_times(calls, device, B0, current)
         for i, call in enumerate(calls):
             current[:] = [call]
-            layers.append(_layer(call, B0, times[i], bandwidth, device, {k: v[i] for k, v in shares.items()}))
+            at_shares = {k: v[i] for k, v in shares.items()}
+            layer = _layer(call, B0, times[i], bandwidth, device, at_shares)
+            # each run's forward is part of its total, so the medians keep that order (section 1g)
+            layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
         current[:] = []
         layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
         report("done", completed=total, total=total)
@@ -232,23 +236,25 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
 
 def _time_layers(
     calls: list[Call], device: str, repetitions: int, report: Progress, total: int, current: list[Call]
-) -> list[list[float]]:
+) -> tuple[list[list[float]], list[list[float]]]:
     """Each layer's run times in step order (:func:`~heterps_cli.profiling.timing.step_order_times`), in
     :data:`ROUNDS` rounds (so that a slow moment of the machine spreads over all layers); a short
     model gets more passes, up to :data:`MAX_RUNS`, until they add up to :data:`MIN_SECONDS`;
-    ``current`` holds the layer running."""
+    ``current`` holds the layer running. With them, each run's forward seconds (section 1g)."""
     per_round = -(-repetitions // ROUNDS)
     times: list[list[float]] = [[] for _ in calls]
+    forwards: list[list[float]] = [[] for _ in calls]
     for r in range(ROUNDS):
         report(f"round {r + 1}/{ROUNDS}: every layer in step order", completed=r * len(calls), total=total)
         passes = per_round
         if r:  # the first round says how many passes add up to MIN_SECONDS
             wanted = MIN_SECONDS / max(sum(statistics.median(t) for t in times), 1e-9)
             passes = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
-        for i, got in enumerate(step_order_times(calls, device, passes, WARMUP if r == 0 else 1, current=current)):
+        got_all = step_order_times(calls, device, passes, WARMUP if r == 0 else 1, current=current, forwards=forwards)
+        for i, got in enumerate(got_all):
             assert not isinstance(got, Exception), "step_order_times raises on the whole batch"
             times[i] += got
-    return times
+    return times, forwards
 
 
 def _share_times(calls: list[Call], device: str, B0: int, current: list[Call]) -> dict[int, list[float | Exception]]:

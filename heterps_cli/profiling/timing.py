@@ -168,6 +168,7 @@ def step_order_times(
     warmup: int = 1,
     shares: tuple[int, int] | None = None,
     current: list[Call] | None = None,
+    forwards: list[list[float]] | None = None,
 ) -> list[list[float] | Exception]:
     """Each layer's seconds of forward and backward as a training step runs them: every layer's forward
     in the model's order, each on fresh copies of its recorded inputs (with ``shares = (batch, samples)``,
@@ -178,7 +179,8 @@ def step_order_times(
     CPU made mlp's layers add up to 8.7 ms at batch 32 where a whole step took 10.7 ms
     (docs/fidelity.md); on cuda nothing waits for the GPU between layers (:class:`Clock`). On a share
     of the batch, a layer that raises gets its exception instead of times, and the others go on
-    (elsewhere it raises); ``current`` holds the layer running."""
+    (elsewhere it raises); ``current`` holds the layer running. ``forwards``, when given, gets each
+    layer's forward seconds of every timed run too (docs/spec.md section 1g)."""
     inputs = [
         (call.args, call.kwargs) if shares is None else (share(call.args, *shares), share(call.kwargs, *shares))
         for call in calls
@@ -219,6 +221,8 @@ def step_order_times(
             for i, times in enumerate(out):
                 if not isinstance(times, Exception):
                     times.append(sum(clock.seconds(a, b) for a, b in marks[i]))
+                    if forwards is not None:
+                        forwards[i].append(clock.seconds(*marks[i][0]))
     return out
 
 

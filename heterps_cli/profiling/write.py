@@ -33,6 +33,7 @@ class Entry:
     comment: str = ""  # "estimated: ..." or empty
     update: float | None = None  # docs/spec.md section 1d, where measured
     batches: dict[int, Entry] | None = None  # section 2: the times at other batch sizes
+    forward: float | None = None  # section 1g: the forward pass's part of oct, where measured
 
 
 @dataclass
@@ -89,7 +90,8 @@ def render(
 
 
 def _times(e: Entry) -> str:
-    return f"oct: {_number(e.oct)}, odt: {_number(e.odt)}, alpha: {e.alpha:.4g}, beta: {e.beta:.4g}"
+    forward = f", forward: {_number(e.forward)}" if e.forward is not None else ""
+    return f"oct: {_number(e.oct)}, odt: {_number(e.odt)}, alpha: {e.alpha:.4g}, beta: {e.beta:.4g}{forward}"
 
 
 def measured_text(p: Profiled, note: str | None = None) -> str:
@@ -101,6 +103,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"forward in order, then every backward in reverse in one call, as a training step; at least {MIN_SECONDS:g} s "
         f"of passes, up to {MAX_RUNS}), batch {p.batch_size}"
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", timed by CUDA events"),
+        "forward: the median of the same runs' forward parts (spec section 1g: what a stage that recomputes "
+        "its activations runs again)",
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once); "
@@ -129,7 +133,7 @@ def _row(layer: LayerProfile, resource: str, comment: str) -> LayerRow:
         layer.kind,
         layer.input_size,
         layer.weight_size,
-        {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment, layer.update)},
+        {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment, layer.update, forward=layer.forward)},
         layer.activation_size,
         layer.sharded,
         layer.input_saved,
@@ -309,7 +313,9 @@ def _take_times(
                 at = e.at(size, prof.batch_size)
                 assert at is not None
                 alpha, beta = layer.fractions(t, at)
-                sized[i].setdefault(t, {})[size] = Entry(at.oct, at.odt, alpha, beta, comment, e.update)
+                sized[i].setdefault(t, {})[size] = Entry(
+                    at.oct, at.odt, alpha, beta, comment, e.update, forward=at.forward
+                )
                 owner[(t, size)] = path
 
 
