@@ -41,6 +41,10 @@ def test_flops_bytes_and_kernels_of_a_linear_layer_by_hand():
     weights = (n_in * n_out + n_out) * 4
     assert w.bytes == 3 * B * n_in * 4 + 2 * B * n_out * 4 + 3 * weights
     assert 3 <= w.kernels <= 8  # addmm; ones_like; two mm and a sum in the backward
+    # section 1g: the forward's own share, which recomputation runs again
+    assert w.forward is not None and w.forward.flops == 2 * B * n_in * n_out
+    assert w.forward.bytes == B * n_in * 4 + B * n_out * 4 + weights
+    assert 1 <= w.forward.kernels < w.kernels
 
 
 def test_the_first_layer_computes_no_gradient_for_the_models_data():

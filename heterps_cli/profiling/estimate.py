@@ -85,6 +85,7 @@ class Work:
     flops: float
     bytes: float
     kernels: int
+    forward: Work | None = None  # the forward pass's own share of the three (docs/spec.md section 1g)
 
 
 class _Kernels(TorchDispatchMode):
@@ -110,6 +111,7 @@ def work(call: Call) -> Work:
     kernels = _Kernels()
     with flops, kernels:
         out = call.module(*args, **kwargs)
+        forward_flops, forward_kernels = float(flops.get_total_flops()), kernels.count
         outs = [o for o in tensors_of(out) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -118,7 +120,9 @@ def work(call: Call) -> Work:
     # so of its weights only the gradient's write is counted.
     lookup = not any(t.is_floating_point() for t in tensors_of((call.args, call.kwargs)))
     moved = 3 * bytes_of((call.args, call.kwargs)) + 2 * bytes_of(out) + (1 if lookup else 3) * weights
-    return Work(float(flops.get_total_flops()), moved, kernels.count)
+    # the forward reads its inputs and weights (a lookup: none counted, as above) and writes its output
+    ahead = bytes_of((call.args, call.kwargs)) + bytes_of(out) + (0 if lookup else weights)
+    return Work(float(flops.get_total_flops()), moved, kernels.count, Work(forward_flops, ahead, forward_kernels))
 
 
 def precision(call: Call, layer_kind: str, device: DeviceSpec) -> str:
@@ -319,7 +323,10 @@ def estimate(
         alpha = ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER)
         update = update_estimate(weight_bytes(call.module), device, catalogue)
         oct_ = core * factor + _launch(w, device)
-        layers.append(layer_profile(call, B0, oct_, network, alpha, "cpu", update=update))
+        forward = None
+        if w.forward is not None:  # its own roofline, by the same factor: never more than oct
+            forward = _core(w.forward, call, layer_kind, device, catalogue)[1] * factor + _launch(w.forward, device)
+        layers.append(layer_profile(call, B0, oct_, network, alpha, "cpu", update=update, forward=forward))
         estimates.append(Estimate(w, peak, _efficiency(catalogue, layer_kind) / factor))
     layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
     report("done", completed=len(calls), total=len(calls))

@@ -284,6 +284,7 @@ def layer_profile(
     estimated: dict[str, str] | None = None,
     residual: float | None = None,
     update: float | None = None,
+    forward: float | None = None,
 ) -> LayerProfile:
     """A layer's profile from its time and alpha: its sizes and section 1b fields from the recorded call,
     odt its gradient all-reduce (as big as its weights) over ``bandwidth`` bytes/s, beta 0 (derived)."""
@@ -303,6 +304,7 @@ def layer_profile(
         activation_size=saved_bytes(call, device) / B0,
         sharded=bool(getattr(call.module, "heterps_sharded", False)),
         update=update_time(call.module, device) if update is None else update,
+        forward=forward,
     )
 
 

@@ -157,6 +157,7 @@ def estimated_text(e: Estimated) -> str:
         "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
         "update: the optimiser step and the gradients' reset, 4 x weight bytes / (bandwidth x memory efficiency) "
         "+ 2 x launch floor",
+        "forward: the same roofline of the forward pass's own flops, bytes and kernels (spec section 1g)",
         f"sum of the layers' oct {e.total_oct:.4g} s",
     ]
     if e.calibrated_on:
