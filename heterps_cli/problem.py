@@ -325,31 +325,27 @@ def load_problem(
             micro_batches(global_batch, profile.sizes)
         except ValueError as exc:
             raise InputError(None, None, "--global-batch", str(exc)) from None
-    if micro_batch is not None:
-        steps = global_batch if global_batch is not None else profile.job.global_batch
-        names = tuple(layer.name for layer in profile.layers)
-        try:
-            _at_batch(measured(profile, usable_types(profile, cluster)), micro_batch, names, steps)
-        except ValueError as exc:
-            raise InputError(None, None, "--micro-batch", str(exc)) from None
     if samples is None and profile.job.samples is None:
         raise pdoc.error(
             ("job", "samples"),
             "samples per epoch are not given: set job.samples in the profile, "
             "or give them to the command (--samples N)",
         )
-    problem = build_problem(
-        profile,
-        cluster,
-        objective=objective,
-        samples=samples,
-        epochs=epochs,
-        min_throughput=min_throughput,
-        max_cost=max_cost,
-        global_batch=global_batch,
-        maximal_stages=maximal_stages,
-        micro_batch=micro_batch,
-    )
+    try:
+        problem = build_problem(
+            profile,
+            cluster,
+            objective=objective,
+            samples=samples,
+            epochs=epochs,
+            min_throughput=min_throughput,
+            max_cost=max_cost,
+            global_batch=global_batch,
+            maximal_stages=maximal_stages,
+            micro_batch=micro_batch,
+        )
+    except NoSuchMicroBatch as exc:
+        raise InputError(None, None, "--micro-batch", str(exc)) from None
     _check_finite_figures(problem, pdoc, cdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     if (too_many := _unrentable(problem.nodes)) is not None:
         raise cdoc.error(("nodes",), too_many)
@@ -432,7 +428,7 @@ def build_problem(
         maximal_stages=maximal_stages,
         measured=table,
         choose_micro_batch=choose,
-        forward=_forward(profile, types),
+        forward=_given(table.forward[table.sizes.index(profile.batch_size)]),
     )
     if batch == profile.batch_size:  # the profile's own figures, as written
         return problem
@@ -458,7 +454,7 @@ def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | 
     oct_, odt, alpha, beta, forward, found = table.at(batch)
     if not found.any(axis=1).all():
         layer = names[int(np.argmin(found.any(axis=1)))]
-        raise ValueError(
+        raise NoSuchMicroBatch(
             f"micro-batch {batch:,} is above every size layer {layer!r} was measured at (up to "
             f"{table.most(int(np.argmin(found.any(axis=1)))):,}), and heterps does not extrapolate: measure it "
             f"at {batch:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
@@ -469,10 +465,19 @@ def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | 
         "alpha": alpha,
         "beta": beta,
         "runnable": found,
-        "forward": forward if not np.isnan(forward).all() else None,
+        "forward": _given(forward),
         "batch_size": batch,
         "micro_batches": _whole_micro_batches(steps, batch) if steps is not None else 0,
     }
+
+
+class NoSuchMicroBatch(ValueError):
+    """Section 1f: a micro-batch the profile cannot give, or that does not divide the global batch."""
+
+
+def _given(forward: np.ndarray) -> np.ndarray | None:
+    """Section 1g: ``[n, T]`` forward times, NaN where not given; None where none is."""
+    return None if np.isnan(forward).all() else forward
 
 
 def _whole_micro_batches(steps: int, batch: int) -> int:
@@ -480,7 +485,7 @@ def _whole_micro_batches(steps: int, batch: int) -> int:
     unless ``batch`` divides it into at most MAX_MICRO_BATCHES."""
     if steps % batch:
         near = min((d for d in range(1, min(steps, 10**6) + 1) if steps % d == 0), key=lambda d: abs(d - batch))
-        raise ValueError(
+        raise NoSuchMicroBatch(
             f"micro-batch {batch:,} does not divide the global batch {steps:,} into whole micro-batches: "
             f"take a divisor of it, such as {near:,}"
         )
@@ -523,16 +528,6 @@ def _times(profile: Profile, types: tuple[str, ...]) -> tuple[np.ndarray, ...]:
                 alpha[i, j], beta[i, j] = layer.fractions(t)
                 runnable[i, j] = True
     return oct_, odt, alpha, beta, update, runnable
-
-
-def _forward(profile: Profile, types: tuple[str, ...]) -> np.ndarray | None:
-    """Section 1g: ``[n, T]`` each entry's forward time, NaN where it gives none; None if none does."""
-    out = np.full((len(profile.layers), len(types)), np.nan)
-    for i, layer in enumerate(profile.layers):
-        for j, t in enumerate(types):
-            if t in layer.times and layer.times[t].forward is not None:
-                out[i, j] = layer.times[t].forward
-    return None if np.isnan(out).all() else out
 
 
 def _layers(profile: Profile) -> dict:

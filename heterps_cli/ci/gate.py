@@ -144,9 +144,8 @@ def at_plans_micro_batch(problem: Problem, plan: Plan) -> tuple[Problem, list[st
 
 
 def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
-    problem, problems = at_plans_micro_batch(problem, plan)
-    if problems:
-        return None, problems
+    """The plan recomputed from ``problem`` (at the plan's micro-batch: :func:`at_plans_micro_batch`),
+    or None and what no longer fits."""
     problems = misfits(problem, plan)
     if problems:
         return None, problems
@@ -375,7 +374,8 @@ class Gate:
 
 def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
     """Every gate, in order; a plan that no longer fits the files stops after that finding."""
-    fresh, problems = recompute(g.problem, g.plan)
+    at, problems = at_plans_micro_batch(g.problem, g.plan)
+    fresh, problems = (None, problems) if problems else recompute(at, g.plan)
     if fresh is None:
         return [
             Finding(
@@ -387,7 +387,7 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
         ]
     findings = [
         Finding("fits", True, f"{g.plan_path} fits the profile and cluster ({plural(len(g.plan.stages), 'stage')})"),
-        _job(g),
+        _job(g, at),
     ]
     if not g.plan.feasible:
         findings.append(
@@ -410,8 +410,9 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
     return findings
 
 
-def _job(g: Gate) -> Finding:
-    changed = job_changes(g.plan, at_plans_micro_batch(g.problem, g.plan)[0])
+def _job(g: Gate, at: Problem) -> Finding:
+    """The job gate, against the job at the plan's micro-batch (``at``)."""
+    changed = job_changes(g.plan, at)
     if not changed:
         return Finding(
             "job", True, "made for this job (model, cluster, objective, samples, epochs, required throughput)"

@@ -211,11 +211,10 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
     ]
     sized: list[dict[str, dict[int, Entry]]] = [{} for _ in rows]  # per layer: type -> size -> times
     owner: dict[tuple[str, int], str] = {}
-    said = said or [Path(path).name for path in paths]  # what the header calls each source
-    header = (
-        [f"merged by heterps profile merge from {', '.join(paths)}"] if said == [Path(p).name for p in paths] else []
-    )
-    for (prof, doc), path, name in zip(loaded, paths, said):
+    # ``said``: what the header calls each source, where they are no files of the user's (heterps
+    # profile --batch-sizes); the user's files are named by their names, under one "merged" line
+    header = [] if said else [f"merged by heterps profile merge from {', '.join(paths)}"]
+    for (prof, doc), path, name in zip(loaded, paths, said or [Path(path).name for path in paths]):
         header += [
             f"{name}: {line[2:]}"
             for line in text_lines[path]
