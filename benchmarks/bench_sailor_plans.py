@@ -72,7 +72,7 @@ PEER = {
     64: [(3 * i, 3 * i + 2, 23) for i in range(10)] + [(30, 33, 23)],
 }
 CLUSTERS = [  # (name, nodes per type, tensor parallelism: a unit is tp GPUs of one node)
-    *((f"gh200 x{n}", {"gh200": n}, 1) for n in PEER),
+    *((f"gh200 x{n}", {"gh200": n}, tp) for n in PEER for tp in (1, 2, 4)),
     ("a100_40 x16", {"a100_40": 16}, 1),
     ("a100_80 x8", {"a100_80": 8}, 1),
     ("gh200 x4 + a100_80 x4", {"gh200": 4, "a100_80": 4}, 1),
@@ -80,7 +80,6 @@ CLUSTERS = [  # (name, nodes per type, tensor parallelism: a unit is tp GPUs of 
     ("v100 x16", {"v100": 16}, 4),
     ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, 1),
     ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, 4),
-    ("gh200 x8", {"gh200": 8}, 4),
 ]
 
 
@@ -137,7 +136,7 @@ def profile_and_fits(reserved_gb: float, tp: int) -> tuple[dict, dict]:
         fit = fits[net]["1"]["us-central1-a"][net]["1"]
         entries[t] = {
             "price": price * tp,
-            "unit": f"{gpu} GPU" if tp == 1 else f"{gpu} node",  # at tp 4 a unit is a node
+            "unit": f"{gpu} GPU" if tp == 1 else f"{tp} {gpu} GPUs",  # a unit is tp GPUs of one node
             "memory_gb": memory[gpu]["mem_per_gpu"] / 1e9,
             "bandwidth_gbps": bandwidth(fit, boundary) * 8 / 1e9,
             "memory_reserved_gb": round(reserved_gb, 6),
@@ -150,6 +149,56 @@ def profile_and_fits(reserved_gb: float, tp: int) -> tuple[dict, dict]:
         "layers": layers,
     }
     return profile, entries
+
+
+DEGREES = (1, 2, 4)  # the tensor-parallel degrees the data measures
+
+
+def profile_every_tp(reserved_gb: float) -> tuple[dict, dict]:
+    """One profile whose unit is one GPU, with each layer's times at tp 2 and 4 beside tp 1 where the
+    data measures them (section 1h), and the layer's one-GPU share of its sizes at each degree
+    (``llm_info.json`` at that degree); the entries as :func:`profile_and_fits` at tp 1."""
+    profile, entries = profile_and_fits(reserved_gb, 1)
+    sizes = json.loads((DATA / "Planner/llm_info.json").read_text())[MODEL]
+    for d in DEGREES[1:]:
+        shard, _ = profile_and_fits(reserved_gb, d)
+        for i, (layer, at_d) in enumerate(zip(profile["layers"], shard["layers"])):
+            mine = sizes[str(d)][str(i)]
+            layer.setdefault("tp", {})[d] = {
+                "weight_size": float(mine["params_bytes"]),
+                "activation_size": float(mine["act_mem_bytes"]),
+            }
+            for t, entry in at_d["times"].items():
+                if t in layer["times"]:
+                    if shard["batch_size"] != profile["batch_size"]:  # times at the tp-1 profile's sizes
+                        entry = _rebased(entry, shard["batch_size"], profile["batch_size"])
+                        if entry is None:
+                            continue
+                    layer["times"][t].setdefault("tp", {})[d] = entry
+    profile["model"] = "gpt-neo-2.7b-tp124"
+    return profile, entries
+
+
+def _rebased(entry: dict, own: int, main: int) -> dict | None:
+    """An entry measured with ``own`` as its main size, re-keyed on ``main`` (None: not measured there)."""
+    sizes = {own: {k: v for k, v in entry.items() if k not in ("batches", "update")}, **entry.get("batches", {})}
+    if main not in sizes:
+        return None
+    out = {**sizes[main], "update": entry.get("update", 0.0)}
+    rest = {s: e for s, e in sizes.items() if s != main}
+    return {**out, "batches": rest} if rest else out
+
+
+def nodes_cluster(name: str, nodes: dict, entries: dict) -> dict:
+    """Section 1e: GPUs in nodes of four (price per node, its four GPUs' list price), one kind per type."""
+    return {
+        "cluster": name.replace(" ", "").replace("+", "-") + "-nodes",
+        "resources": {t: {k: v for k, v in entries[t].items() if k != "price"} for t in nodes},
+        "nodes": {
+            f"{t}_node": {"price": entries[t]["price"] * GPUS_PER_NODE, "units": {t: GPUS_PER_NODE}, "available": n}
+            for t, n in nodes.items()
+        },
+    }
 
 
 def cluster_of(name: str, nodes: dict, entries: dict, tp: int) -> dict:
@@ -194,10 +243,39 @@ def plan_command(profile_path: Path, cluster_path: Path) -> tuple[dict, float]:
 def shape(plan: dict) -> str:
     """A plan's stages as ``type first-last xk``, ``↻`` where the stage recomputes its activations."""
     parts = [
-        f"{s['resource']} {s['first']}-{s['last']} x{s['replicas']}" + (" ↻" if s.get("recompute") else "")
+        f"{s['resource']} {s['first']}-{s['last']} x{s['replicas']}"
+        + (f" tp{s['tp']}" if s.get("tp") else "")
+        + (" ↻" if s.get("recompute") else "")
         for s in plan["stages"]
     ]
     return f"{len(parts)} stages: " + ", ".join(parts)
+
+
+def every_tp_table(folder: Path, reserved: float, fixed: dict) -> None:
+    """Issue 48's table: on GH200 nodes, each stage's degree chosen (tp 1, 2, 4 all offered) against
+    the best plan at each one degree, and the peer's plans."""
+    profile, entries = profile_every_tp(reserved)
+    path = folder / f"{profile['model']}.yaml"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    print()
+    columns = ("cluster", "heterps, tp chosen", "tp 1", "tp 2", "tp 4", "peer", "chosen / best one tp")
+    print(header([(c, "l") for c in (*columns, "plan (tp, ↻ per stage)", "command s")]))
+    for n in PEER:
+        name = f"gh200 x{n}"
+        cluster = nodes_cluster(name, {"gh200": n}, entries)
+        cluster_path = folder / f"{cluster['cluster']}.yaml"
+        cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+        plan, wall = plan_command(path, cluster_path)
+        one = [fixed.get((name, d)) for d in DEGREES]
+        best = max((f for f in one if f is not None), default=0.0)
+        peer_profile, peer_entries, _ = fixed["profiles"][1]
+        peer, _ = peer_figure(peer_profile, cluster_of(name, {"gh200": n}, peer_entries, 1), PEER[n])
+        mine = plan.get("throughput", 0.0)
+        cells = [name, f"{mine:,.1f}" if "error" not in plan else "none fits"]
+        cells += [f"{f:,.1f}" if f is not None else "—" for f in one]
+        cells += [f"{peer:,.1f}", f"{mine / best:.3f}" if best else "—"]
+        cells += [shape(plan) if "error" not in plan else plan["error"][:80], f"{wall:.2f}"]
+        print(row(cells))
 
 
 def main() -> None:
@@ -211,7 +289,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        profiles = {}
+        profiles: dict = {}
+        fixed: dict = {"profiles": profiles}  # (cluster, tp): heterps's samples/s at that one degree
         for tp in sorted({tp for _, _, tp in CLUSTERS}):
             profile, entries = profile_and_fits(reserved, tp)
             path = folder / f"{profile['model']}.yaml"
@@ -228,6 +307,7 @@ def main() -> None:
                 why = " ".join(plan["error"].split())
                 cells = [name, str(tp), str(gpus), "none fits", "—", why[why.find("(") + 1 :][:140], f"{wall:.2f}"]
             else:
+                fixed[name, tp] = plan["throughput"]
                 cells = [name, str(tp), str(gpus), f"{plan['throughput']:,.1f}"]
                 cells += [f"{plan['batch_size']} (M {plan['micro_batches']})", shape(plan), f"{wall:.2f}"]
             peer = PEER.get(nodes.get("gh200", 0)) if list(nodes) == ["gh200"] and tp == 1 else None
@@ -237,6 +317,7 @@ def main() -> None:
                 ratio = plan["throughput"] / figure if "error" not in plan else 0.0
                 peer_cells = [f"{figure:,.1f}" + ("" if fits else " (breaks memory)"), f"{ratio:.3f}"]
             print(row(cells + peer_cells))
+        every_tp_table(folder, reserved, fixed)
 
 
 if __name__ == "__main__":

@@ -203,6 +203,7 @@ class Stages:
     ps: np.ndarray  # [B, S] the part of pc that is per sample (pc itself but under section 1d)
     mem_act: np.ndarray  # [B, S] the part of mem_split that is activations
     recompute: np.ndarray  # [B, S] section 1g: the stage recomputes its activations
+    width: np.ndarray  # [B, S] section 1h: units per replica (its tensor-parallel degree)
 
     def take(self, rows) -> Stages:
         return Stages(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
@@ -216,6 +217,28 @@ def recompute_label(n_types: int) -> int:
     return PARITIES * n_types
 
 
+def degree_label(n_types: int, index: int) -> int:
+    """Section 1h: what a stage's label adds when the stage runs at the ``index``-th of the problem's
+    tensor-parallel degrees (0: tp 1)."""
+    return 2 * PARITIES * n_types * index
+
+
+def stage_label(n_types: int, t, again, index) -> np.ndarray:
+    """The label of a stage on type ``t``, recomputing where ``again``, at degree ``index`` (elementwise)."""
+    return (
+        np.asarray(t, dtype=np.int64)
+        + recompute_label(n_types) * np.asarray(again, dtype=np.int64)
+        + degree_label(n_types, 1) * np.asarray(index, dtype=np.int64)
+    )
+
+
+def label_parts(n_types: int, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A schedule's labels read back: each layer's type, whether its stage recomputes (section 1g), and
+    the index of its stage's tensor-parallel degree (section 1h)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    return labels % n_types, (labels // recompute_label(n_types)) % 2 == 1, labels // degree_label(n_types, 1)
+
+
 def labelled(n_types: int, stages) -> np.ndarray:
     """A schedule that keeps apart the ``stages`` given as ``(first, end, type)`` (``end`` exclusive,
     in order): each layer holds its stage's type, plus ``n_types`` on every other stage, so that two
@@ -227,13 +250,18 @@ def labelled(n_types: int, stages) -> np.ndarray:
     return sched
 
 
-def schedule_of_stages(types: tuple[str, ...], stages) -> np.ndarray:
+def schedule_of_stages(problem: Problem, stages) -> np.ndarray:
     """:func:`labelled` for a plan's ``stages`` (each with ``first``, ``last``, ``resource``, one of
-    ``types``, and ``recompute``), so that the cost model reads them as the plan cuts them."""
-    again = recompute_label(len(types))
-    return labelled(
-        len(types), [(s.first, s.last + 1, types.index(s.resource) + again * bool(s.recompute)) for s in stages]
-    )
+    the problem's types, ``recompute`` and ``tp``), so that the cost model reads them as the plan cuts
+    them. ValueError for a degree the problem does not offer."""
+    T, degrees = problem.n_types, problem.degrees
+    out = []
+    for s in stages:
+        if (s.tp or 1) not in degrees:
+            raise ValueError(f"tp {s.tp} is not one of the degrees the profile offers ({', '.join(map(str, degrees))})")
+        label = stage_label(T, problem.types.index(s.resource), bool(s.recompute), degrees.index(s.tp or 1))
+        out.append((s.first, s.last + 1, int(label)))
+    return labelled(T, out)
 
 
 def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -262,27 +290,29 @@ def _pipelined(problem: Problem, micro, sid: np.ndarray, valid: np.ndarray):
     return serial, parallel, per_sample, in_flight
 
 
-def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight, recompute):
+def _memory(
+    problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight, recompute, pick
+):
     """Section 1b: per stage, the bytes every replica holds, the bytes split across them (with section
     1d's micro-batches in flight), the activations among those, and the fewest replicas whose memory
-    fits."""
+    fits. ``pick(view -> [n] array)``: each layer's figure at its stage's degree (section 1h)."""
     B, S = shape
-    n = problem.n_layers
 
     def summed(part):
-        return np.bincount(flat, weights=np.broadcast_to(part, (B, n)).ravel(), minlength=B * S).reshape(B, S)
+        return np.bincount(flat, weights=part.ravel(), minlength=B * S).reshape(B, S)
 
     # A stage holds once what two of its layers save; its first layer's share is its own copy.
-    entry = np.where(valid, problem.shared_entry[np.where(valid, first, 0)], 0.0)
+    shared = pick(lambda v: v.shared_bytes)
+    entry = np.where(valid, np.take_along_axis(shared, np.where(valid, first, 0), axis=1), 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
-        activations = summed(problem.held_once) + entry
+        activations = summed(pick(lambda v: v.held_once)) + entry
         if problem.pipelined:  # the activations of in_flight micro-batches (section 1g: their inputs)
             inputs = np.where(valid, problem.stage_inputs[np.where(valid, first, 0)], 0.0)
             activations = np.where(
                 recompute, activations_held(in_flight, activations, inputs), activations_held(in_flight, activations)
             )
-        mem_fixed = summed(problem.state_parts[0])
-        mem_split = summed(problem.state_parts[1]) + activations
+        mem_fixed = summed(pick(lambda v: v.state_parts[0]))
+        mem_split = summed(pick(lambda v: v.state_parts[1])) + activations
     if problem.reserved is not None:
         mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
     fewest = min_memory_replicas(mem_fixed, mem_split, problem.memory[stype], activations, problem.batch_size)
@@ -291,34 +321,55 @@ def _memory(problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, f
 
 def split_stages(problem: Problem, schedules) -> Stages:
     """Group each schedule's layers into stages and sum their cost terms, all in numpy. A stage is a
-    maximal run of one label: a type, or a type plus ``n_types`` (:func:`labelled`)."""
+    maximal run of one label: a type, plus ``n_types`` on every other stage (:func:`labelled`), plus
+    its recomputation and tensor-parallel degree (:func:`stage_label`)."""
     sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
     B, n = sched.shape
     if n != problem.n_layers:
         raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
     starts, sid = stage_ids(sched)
-    again = (sched // recompute_label(problem.n_types)) % 2 == 1  # section 1g, per layer
-    sched = sched % problem.n_types  # stage labels (:func:`labelled`) to types
+    sched, again, degree = label_parts(problem.n_types, sched)  # per layer
+    views = problem.views
+    if degree.max(initial=0) >= len(views):
+        raise ValueError(f"a label names tensor-parallel degree {int(degree.max())}, the problem has {len(views)}")
     S = int(sid.max()) + 1
     flat = (np.arange(B)[:, None] * S + sid).ravel()
     layers = np.arange(n)[None, :]
-    per_layer = [part[layers, sched] for part in problem.parts]  # [B, n] each
+
+    def pick(get) -> np.ndarray:
+        """``[B, n]``: each layer's figure (``get(view)``, ``[n, T]`` or ``[n]``) at its stage's degree."""
+        out = None
+        for j, view in enumerate(views):
+            here = degree == j
+            if j and not here.any():
+                continue
+            part = get(view)
+            value = np.broadcast_to(part[layers, sched] if part.ndim == 2 else part[layers], (B, n))
+            out = value if out is None else np.where(here, value, out)
+        assert out is not None
+        return out
+
+    per_layer = [pick(lambda v, i=i: v.parts[i]) for i in range(4)]  # [B, n] each
     if again.any():  # section 1g: a recomputing stage's compute holds its forward twice
-        per_layer[:2] = [np.where(again, r[layers, sched], c) for c, r in zip(per_layer, problem.recompute_parts)]
+        per_layer[:2] = [
+            np.where(again, pick(lambda v, i=i: v.recompute_parts[i]), c) for i, c in enumerate(per_layer[:2])
+        ]
     sums = [np.bincount(flat, weights=part.ravel(), minlength=B * S).reshape(B, S) for part in per_layer]
     rows = np.broadcast_to(np.arange(B)[:, None], (B, n))
     stype = np.zeros((B, S), dtype=np.int64)
     stype[rows, sid] = sched
     recompute = np.zeros((B, S), dtype=bool)
     recompute[rows, sid] = again
+    width = np.ones((B, S), dtype=np.int64)
+    width[rows, sid] = problem.widths[degree]
     first = np.zeros((B, S), dtype=np.int64)
     first[rows[starts], sid[starts]] = np.broadcast_to(layers, (B, n))[starts]
     last = np.zeros((B, S), dtype=np.int64)
     last[rows, sid] = np.broadcast_to(layers, (B, n))  # later layers overwrite earlier ones
     valid = np.arange(S)[None, :] <= sid[:, -1:]
-    runnable = np.asarray(problem.runnable[layers, sched].all(axis=1))
+    runnable = np.asarray(pick(lambda v: v.runnable).all(axis=1))
     if again.any():  # section 1g: every layer of a recomputing stage has a forward time, under a pipeline
-        runnable &= (~again | (problem.recomputable[layers, sched] & problem.can_recompute)).all(axis=1)
+        runnable &= (~again | pick(lambda v: v.recomputable & v.can_recompute)).all(axis=1)
     sc, pc, sd, pd = sums
     transfer = _transfer(problem, valid, first, last, stype)
     zeros: np.ndarray = np.zeros((B, S))
@@ -327,8 +378,8 @@ def split_stages(problem: Problem, schedules) -> Stages:
     ps = pc
     if problem.pipelined:
         sync, update = (
-            np.bincount(flat, weights=part[layers, sched].ravel(), minlength=B * S).reshape(B, S)
-            for part in (problem.odt, problem.update_times)
+            np.bincount(flat, weights=pick(get).ravel(), minlength=B * S).reshape(B, S)
+            for get in (lambda v: v.odt, lambda v: v.update_times)
         )
         micro = (sc, pc + transfer, sync, update)  # odt: the all-reduce between two replicas (beta unused)
         sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
@@ -337,7 +388,9 @@ def split_stages(problem: Problem, schedules) -> Stages:
         pd = pd + transfer
     mem_fixed, mem_split, mem_act, min_k = zeros, zeros, zeros, np.ones((B, S))
     if np.isfinite(problem.memory).any():
-        mem_fixed, mem_split, mem_act, min_k = _memory(problem, flat, (B, S), valid, first, stype, in_flight, recompute)
+        mem_fixed, mem_split, mem_act, min_k = _memory(
+            problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
+        )
     return Stages(
         sched,
         sc,
@@ -358,6 +411,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
         ps,
         mem_act,
         recompute,
+        width,
     )
 
 
@@ -382,8 +436,13 @@ def used_per_type(problem: Problem, stages: Stages, replicas) -> np.ndarray:
     """Units of each type per schedule: ``[B, T]``."""
     B, T = stages.type.shape[0], problem.n_types
     index = (np.arange(B)[:, None] * T + stages.type).ravel()
-    weights = np.where(stages.valid, replicas, 0.0).ravel()
+    weights = np.where(stages.valid, replicas * stages.width, 0.0).ravel()  # section 1h: a replica's units
     return np.bincount(index, weights=weights, minlength=B * T).reshape(B, T)
+
+
+def most_replicas(problem: Problem, stages: Stages) -> np.ndarray:
+    """``[B, S]``: the replicas each stage's type holds for it alone (section 1h: its units over its width)."""
+    return (problem.limits[stages.type] // stages.width).astype(float)
 
 
 def stage_throughputs(problem: Problem, stages: Stages, replicas) -> np.ndarray:
@@ -466,7 +525,7 @@ def better(problem: Problem, cost, thr, best_cost, best_thr):
 
 def _replicas_at(problem: Problem, stages: Stages, target) -> tuple[np.ndarray, np.ndarray]:
     """Fewest replicas per stage reaching ``target`` (per row), 0 in padding; and whether they fit the limits."""
-    limit = problem.limits[stages.type].astype(float)
+    limit = most_replicas(problem, stages)
     k = min_replicas(
         stages.sc,
         stages.pc,
@@ -521,7 +580,7 @@ def fastest_replicas(problem: Problem, stages: Stages) -> np.ndarray:
     ones = np.where(stages.valid, 1.0, 0.0)
     k, fits = _replicas_at(problem, stages, np.zeros(B))
     lo = stage_throughputs(problem, stages, np.maximum(k, 1.0)).min(axis=1)
-    hi = stage_throughputs(problem, stages, problem.limits[stages.type].astype(float)).min(axis=1)
+    hi = stage_throughputs(problem, stages, most_replicas(problem, stages)).min(axis=1)
     hi = np.maximum(hi, lo)
     for _ in range(80):
         open_ = fits & (hi > lo * (1 + BRACKET))
@@ -570,7 +629,7 @@ def _seed(problem: Problem, stages: Stages, price) -> tuple[np.ndarray, np.ndarr
     R = len(price)
     k, _ = _replicas_at(problem, stages, np.full(R, throughput_floor(problem)))
     lo = stage_throughputs(problem, stages, np.maximum(k, 1.0)).min(axis=1)
-    hi = np.maximum(stage_throughputs(problem, stages, problem.limits[stages.type].astype(float)).min(axis=1), lo)
+    hi = np.maximum(stage_throughputs(problem, stages, most_replicas(problem, stages)).min(axis=1), lo)
     with np.errstate(divide="ignore", invalid="ignore"):  # a model of no work: lo is inf, and no seed
         grid = lo[:, None] * (hi / lo)[:, None] ** (np.arange(1, SEEDS + 1) / SEEDS)
     each = np.repeat(np.arange(R), SEEDS)

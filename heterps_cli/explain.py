@@ -108,7 +108,7 @@ def _one_more(problem: Problem, plan, b: int, more: int = 1) -> tuple[float, str
     """The bottleneck stage's throughput with ``more`` replicas more (the others as they are), and what
     they change: the gradient all-reduce they add against the compute they save (section 1d),
     or the part of the stage's time that replicas do not divide."""
-    stages = split_stages(problem, schedule_of_stages(problem.types, plan.stages)[None, :])
+    stages = split_stages(problem, schedule_of_stages(problem, plan.stages)[None, :])
     k = np.zeros(stages.valid.shape)
     k[0, : len(plan.stages)] = [s.replicas for s in plan.stages]
     now = float(k[0, b])

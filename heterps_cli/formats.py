@@ -130,7 +130,9 @@ class BatchTime(_Strict):
     forward: NonNegative | None = None  # section 1g: the forward pass's part of oct
 
 
-class TimeEntry(_Strict):
+class ShardTime(_Strict):
+    """A layer's times on a type for one replica of ``tp`` units (section 1h), or of one unit (:class:`TimeEntry`)."""
+
     oct: Positive
     odt: NonNegative
     update: NonNegative | None = None  # section 1d: the optimiser step on the layer's weights, s per step
@@ -139,6 +141,14 @@ class TimeEntry(_Strict):
     batches: Annotated[dict[BatchSize, BatchTime], Field(min_length=1)] | None = None  # section 2: other sizes
     forward: NonNegative | None = None  # section 1g: the forward pass's part of oct (recomputation repeats it)
 
+
+Degree = Annotated[int, Field(ge=2, le=MAX_UNITS)]  # section 1h: a tensor-parallel degree above 1
+
+
+class TimeEntry(ShardTime):
+    # section 1h: the times of one replica that shards the layer over tp units of one node, per degree
+    tp: Annotated[dict[Degree, ShardTime], Field(min_length=1)] | None = None
+
     def at(self, size: int, batch_size: int) -> BatchTime | None:
         """The times measured at ``size`` (the profile's ``batch_size`` is the entry's own), or None."""
         if size == batch_size:
@@ -146,6 +156,14 @@ class TimeEntry(_Strict):
                 oct=self.oct, odt=self.odt, alpha=self.alpha, beta=self.beta, forward=self.forward
             )
         return (self.batches or {}).get(size)
+
+
+class ShardSizes(_Strict):
+    """Section 1h: the bytes one unit of a replica at a tensor-parallel degree holds of a layer."""
+
+    weight_size: NonNegative
+    activation_size: NonNegative = 0.0
+    input_saved: NonNegative = 0.0
 
 
 class Layer(_Strict):
@@ -159,6 +177,7 @@ class Layer(_Strict):
     input_saved: NonNegative = 0.0  # section 1b: of those, the bytes the layer before also keeps
     sharded: bool = False  # section 1b: weights split across the stage's replicas
     times: Annotated[dict[Name, TimeEntry], Field(min_length=1)]
+    tp: Annotated[dict[Degree, ShardSizes], Field(min_length=1)] | None = None  # section 1h: one unit's share
 
     def fractions(self, resource: str, size: BatchTime | None = None) -> tuple[float, float]:
         """(alpha, beta) of this layer on ``resource``: the per-type override, else the layer's; at
@@ -218,6 +237,32 @@ class Profile(_Strict):
         more = {b for layer in self.layers for e in layer.times.values() for b in (e.batches or {})}
         return tuple(sorted({self.batch_size, *more}))
 
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        """Section 1h: every tensor-parallel degree some layer's times give, 1 first."""
+        more = {d for layer in self.layers for e in layer.times.values() for d in (e.tp or {})}
+        return (1, *sorted(more))
+
+    def at_degree(self, degree: int) -> Profile:
+        """Section 1h: this profile as if measured on replicas of ``degree`` units: each layer's times at
+        that degree (alpha and beta falling back on the entry's at tp 1, then the layer's) and one unit's
+        share of its sizes. A layer with no time at the degree keeps no times (this is no valid profile
+        on its own: :mod:`heterps_cli.problem` reads it beside the profile itself)."""
+        if degree == 1:
+            return self
+        layers = []
+        for layer in self.layers:
+            times = {}
+            for t, entry in layer.times.items():
+                if (shard := (entry.tp or {}).get(degree)) is not None:
+                    alpha = shard.alpha if shard.alpha is not None else entry.alpha
+                    beta = shard.beta if shard.beta is not None else entry.beta
+                    times[t] = TimeEntry.model_construct(**{**dict(shard), "alpha": alpha, "beta": beta, "tp": None})
+            sizes = (layer.tp or {}).get(degree)
+            shares = dict(sizes) if sizes is not None else {}
+            layers.append(layer.model_construct(**{**dict(layer), **shares, "times": times, "tp": None}))
+        return self.model_construct(**{**dict(self), "layers": layers})
+
 
 class Resource(_Strict):
     price: NonNegative | None = None  # required without nodes; per node with them (section 1e)
@@ -265,6 +310,7 @@ class Stage(_Strict):
     in_flight: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
     recompute: bool | None = None  # section 1g: the stage recomputes its activations (written only when true)
+    tp: Degree | None = None  # section 1h: units per replica, tensor-parallel (written only above 1)
 
 
 class WhatIf(_Strict):
@@ -390,7 +436,7 @@ PLAN_ONLY_WHERE_GIVEN = (
     "what_if",
     "gap",
 )
-STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute")
+STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute", "tp")
 
 
 KINDS = {  # what each file is, and the keys that say so
@@ -637,6 +683,19 @@ def _profile_of(doc: Document) -> Profile:
             )
         if i == 0 and layer.input_saved:
             problems.append(doc.error(("layers", 0, "input_saved"), "the first layer has no layer before it: give 0"))
+        for d, sizes in (layer.tp or {}).items():
+            if sizes.input_saved > sizes.activation_size:
+                problems.append(
+                    doc.error(
+                        ("layers", i, "tp", d, "input_saved"),
+                        f"{number(sizes.input_saved)} is more than its activation_size "
+                        f"({number(sizes.activation_size)}): it is the part of it the layer before also keeps",
+                    )
+                )
+            if i == 0 and sizes.input_saved:
+                problems.append(
+                    doc.error(("layers", 0, "tp", d, "input_saved"), "the first layer has no layer before it: give 0")
+                )
         for resource, entry in layer.times.items():
             for frac in ("alpha", "beta"):
                 if getattr(entry, frac) is None and getattr(layer, frac) is None:
@@ -646,25 +705,38 @@ def _profile_of(doc: Document) -> Profile:
                             f"no {frac}: give the layer a default '{frac}' or this entry its own",
                         )
                     )
-            sized: list[tuple[int, TimeEntry | BatchTime]] = [(profile.batch_size, entry)]
-            for size, at in [*sized, *(entry.batches or {}).items()]:
-                if at.forward is not None and at.forward > at.oct:
-                    where = ("layers", i, "times", resource) + (("batches", size) if at is not entry else ())
+            shards: list[tuple[tuple, ShardTime]] = [((), entry)]
+            shards += [(("tp", d), shard) for d, shard in (entry.tp or {}).items()]
+            for d, _ in (entry.tp or {}).items():
+                if d not in (layer.tp or {}):
                     problems.append(
                         doc.error(
-                            (*where, "forward"),
-                            f"{number(at.forward)} s is more than the entry's oct ({number(at.oct)} s), of "
-                            "which it is the forward pass's part",
+                            ("layers", i, "times", resource, "tp", d),
+                            f"times at tp {d} need the layer's sizes there: give layers[{i}].tp[{d}] with one "
+                            "unit's weight_size (and activation_size, input_saved) at that degree",
                         )
                     )
-            if profile.batch_size in (entry.batches or {}):
-                problems.append(
-                    doc.error(
-                        ("layers", i, "times", resource, "batches", profile.batch_size),
-                        f"batch {profile.batch_size} is the profile's batch_size, whose times are the entry's own "
-                        "oct and odt: give each size once",
+            for inside, shard in shards:
+                where = ("layers", i, "times", resource, *inside)
+                sized: list[tuple[int, ShardTime | BatchTime]] = [(profile.batch_size, shard)]
+                for size, at in [*sized, *(shard.batches or {}).items()]:
+                    if at.forward is not None and at.forward > at.oct:
+                        problems.append(
+                            doc.error(
+                                (*where, *(("batches", size) if at is not shard else ()), "forward"),
+                                f"{number(at.forward)} s is more than the entry's oct ({number(at.oct)} s), of "
+                                "which it is the forward pass's part",
+                            )
+                        )
+                if profile.batch_size in (shard.batches or {}):
+                    problems.append(
+                        doc.error(
+                            (*where, "batches", profile.batch_size),
+                            f"batch {profile.batch_size} is the profile's batch_size, whose times are the entry's "
+                            "own oct and odt: give each size once",
+                        )
                     )
-                )
+    problems += _degree_chains(profile, doc)
     if profile.job.global_batch is not None:
         try:
             micro_batches(profile.job.global_batch, profile.sizes, "job.global_batch")
@@ -672,6 +744,30 @@ def _profile_of(doc: Document) -> Profile:
             problems.append(doc.error(("job", "global_batch"), str(exc)))
     _raise_all(problems)
     return profile
+
+
+def _degree_chains(profile: Profile, doc: Document) -> list[InputError]:
+    """Section 1h: each type's tensor-parallel degrees must each divide the next (1, 2, 4, 8), so that
+    replicas of any of them fill whole nodes; an error at the first entry giving a degree that breaks it."""
+    problems = []
+    for t in dict.fromkeys(t for layer in profile.layers for t in layer.times):
+        given = sorted({d for layer in profile.layers if t in layer.times for d in (layer.times[t].tp or {})})
+        for low, high in zip([1, *given], given):
+            if high % low:
+                i = next(
+                    i
+                    for i, layer in enumerate(profile.layers)
+                    if high in (layer.times.get(t) and layer.times[t].tp or {})
+                )
+                problems.append(
+                    doc.error(
+                        ("layers", i, "times", t, "tp", high),
+                        f"tensor-parallel degree {high} on {t} is not a multiple of its degree {low}: a type's "
+                        "degrees must each divide the next (1, 2, 4, 8 …) so that replicas fill whole nodes",
+                    )
+                )
+                break
+    return problems
 
 
 def micro_batches(global_batch: int, sizes: int | tuple[int, ...], what: str = "--global-batch") -> int:

@@ -228,22 +228,24 @@ def node_names(rental: dict[str, int]) -> list[tuple[str, str]]:
 
 
 def place(nodes: Nodes, types: tuple[str, ...], rental: dict[str, int], stages) -> list[dict[str, int]]:
-    """Which nodes each stage's replicas run on: ``stages`` is ``(type index, replicas)`` in order, and
-    each replica takes the first node with a free unit of its type, so a stage fills a node before
-    it starts the next (its all-reduce then crosses as few nodes as the rental lets it)."""
+    """Which nodes each stage's replicas run on (replicas per node): ``stages`` is ``(type index, replicas,
+    units per replica)`` in order. Replicas of more units are placed first (section 1h), then stage by
+    stage, each replica on the first node with room for all its units, so a stage fills a node before it
+    starts the next (its all-reduce then crosses as few nodes as the rental lets it). Every node kind
+    holds a multiple of each width of its types, so any replicas whose units the rental holds fit."""
     kind_of = {name: k for k, name in enumerate(nodes.names)}
     ordered = {kind: rental[kind] for kind in nodes.names if rental.get(kind)}  # the file's order of kinds
     free = {node: nodes.units[kind_of[kind]].copy() for node, kind in node_names(ordered)}
-    placed = []
-    for t, replicas in stages:
-        here: dict[str, int] = {}
+    placed: list[dict[str, int]] = [{} for _ in stages]
+    for s in sorted(range(len(stages)), key=lambda s: -(stages[s][2] if len(stages[s]) > 2 else 1)):
+        t, replicas, width = (*stages[s], 1)[:3]
+        here = placed[s]
         left = int(replicas)
         for node, units in free.items():
-            take = min(left, int(units[t]))
+            take = min(left, int(units[t]) // width)
             if take:
-                here[node], units[t], left = take, units[t] - take, left - take
+                here[node], units[t], left = take, units[t] - take * width, left - take
             if not left:
                 break
         assert not left, f"the rental holds too few {types[t]} units for the plan"
-        placed.append(here)
     return placed

@@ -110,7 +110,12 @@ def _placed(problem: Problem, stages, k: np.ndarray, sc, rental: dict[str, int] 
     assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
     idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
     idle |= problem.nodes.others_held(problem.nodes.counts(rental))  # section 1e: every unit the rental holds
-    placed = place(problem.nodes, problem.types, rental, [(int(stages.type[0, s]), k[0, s]) for s in range(S)])
+    placed = place(
+        problem.nodes,
+        problem.types,
+        rental,
+        [(int(stages.type[0, s]), k[0, s], int(stages.width[0, s])) for s in range(S)],
+    )
     return [stage.model_copy(update={"nodes": where}) for stage, where in zip(out, placed)], idle
 
 
@@ -170,9 +175,11 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
         return whole_samples(parallel, per_sample, B, kk)
 
     transfer = float(whole(stages.transfer[0, s], stages.transfer[0, s]) / kk)
-    state_fixed, state_split = problem.state_parts
+    width = int(stages.width[0, s])  # section 1h: the sizes are one unit's share at the stage's degree
+    view = problem.views[problem.degrees.index(width)]
+    state_fixed, state_split = view.state_parts
     # a stage holds once what two of its layers save; its first layer's share is its own copy
-    activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
+    activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]
     again = bool(stages.recompute[0, s])  # section 1g
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
@@ -205,5 +212,6 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
         transfer_s=transfer,
         memory_gb=memory / 1e9,
         recompute=True if again else None,
+        tp=width if width > 1 else None,
         **pipeline,
     )

@@ -8,8 +8,10 @@ kept (a type that runs no layer can never be part of a plan).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -77,6 +79,25 @@ class Problem:
     choose_micro_batch: bool = False
     # section 1g: [n, T] the forward pass's part of oct, NaN where the profile gives none (None: nowhere)
     forward: np.ndarray | None = None
+    # section 1h: the problem at each further tensor-parallel degree d, by d: the same cluster and job,
+    # its times and sizes those of one replica of d units (``degree``); None: tp 1 alone
+    tensor: dict[int, Problem] | None = None
+    degree: int = 1
+
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        """Section 1h: the tensor-parallel degrees a stage may take, 1 first."""
+        return (1, *sorted(self.tensor)) if self.tensor else (1,)
+
+    @property
+    def views(self) -> tuple[Problem, ...]:
+        """Section 1h: the problem at each of :attr:`degrees` (itself first)."""
+        return (self, *(self.tensor[d] for d in sorted(self.tensor))) if self.tensor else (self,)
+
+    @property
+    def widths(self) -> np.ndarray:
+        """``[D]``: the units a replica holds at each of :attr:`degrees`."""
+        return np.array(self.degrees, dtype=np.int64)
 
     @property
     def pipelined(self) -> bool:
@@ -102,10 +123,13 @@ class Problem:
         if batch == self.batch_size:
             return self.replace(choose_micro_batch=False) if self.choose_micro_batch else self
         assert self.measured is not None
-        return self.replace(
-            **_at_batch(self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None),
-            choose_micro_batch=False,
+        at = _at_batch(
+            self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None, self.degree > 1
         )
+        out = self.replace(**at, choose_micro_batch=False)
+        if self.tensor:  # each degree at the same micro-batch, from its own measured sizes
+            out = dataclasses.replace(out, tensor={d: p.at_micro_batch(batch) for d, p in self.tensor.items()})
+        return out
 
     @property
     def can_recompute(self) -> bool:
@@ -264,7 +288,10 @@ class Problem:
             over_link = np.where(link[None, :] > 0, self.weight_size[:, None] / link[None, :], np.inf)
         over_link = np.where(self.sharded[:, None], np.inf, over_link)
         odt = np.where(self.runnable, np.minimum(self.odt, over_link), self.odt)
-        return self.replace(odt=odt, bandwidth=np.maximum(self.bandwidth, link) if one_node else self.bandwidth)
+        out = self.replace(odt=odt, bandwidth=np.maximum(self.bandwidth, link) if one_node else self.bandwidth)
+        if self.tensor:  # section 1h: each degree's all-reduce moves one unit's share of the weights
+            out = dataclasses.replace(out, tensor={d: p._over(link, one_node) for d, p in self.tensor.items()})
+        return out
 
     def on_rental(self, counts: np.ndarray) -> list[Problem]:
         """Section 1e: the questions a rental of ``counts[K]`` nodes asks, whose fastest answer is its
@@ -284,19 +311,44 @@ class Problem:
             here, limits = link.copy(), capacity.copy()
             for t, inside in zip(split, over):
                 here[t], limits[t] = (link[t], room[t]) if inside else (0.0, capacity[t])
-            questions.append(
-                self._over(here, nodes.inside(counts) >= 0).replace(
-                    nodes=None,
-                    limits=limits,
-                    runnable=self.runnable & (limits > 0)[None, :],
-                    objective=Objective.TIME,
-                    max_cost=None,
-                )
+            held = (limits > 0)[None, :]
+            question = self._over(here, nodes.inside(counts) >= 0).replace(
+                nodes=None, limits=limits, objective=Objective.TIME, max_cost=None
             )
+            questions.append(question.each_degree(functools.partial(_runnable_within, held)))
         return questions
 
     def replace(self, **changes) -> Problem:
-        return dataclasses.replace(self, **changes)
+        """This problem with ``changes``; the cluster's and the job's reach every degree (section 1h),
+        a degree's own times and sizes only this problem's (:meth:`each_degree` changes them all)."""
+        out = dataclasses.replace(self, **changes)
+        shared = {k: v for k, v in changes.items() if k not in PER_DEGREE}
+        if self.tensor and shared and "tensor" not in changes:
+            out = dataclasses.replace(out, tensor={d: p.replace(**shared) for d, p in self.tensor.items()})
+        return out
+
+    def each_degree(self, changes: Callable[[Problem], dict]) -> Problem:
+        """Section 1h: this problem with ``changes(view)`` made to itself and to each degree's view."""
+        out = dataclasses.replace(self, **changes(self))
+        if self.tensor:
+            out = dataclasses.replace(
+                out, tensor={d: dataclasses.replace(p, **changes(p)) for d, p in self.tensor.items()}
+            )
+        return out
+
+
+def _runnable_within(held: np.ndarray, view: Problem) -> dict:
+    """A view's runnable types, less those a rental holds none of."""
+    return {"runnable": view.runnable & held}
+
+
+# Section 1h: the fields each tensor-parallel degree has its own of (Problem.replace keeps them apart).
+PER_DEGREE = frozenset(
+    {
+        "oct", "odt", "alpha", "beta", "runnable", "update", "forward", "weight_size", "activation_size",
+        "input_saved", "measured", "tensor", "degree",
+    }
+)  # fmt: skip
 
 
 def load_problem(
@@ -430,9 +482,54 @@ def build_problem(
         choose_micro_batch=choose,
         forward=_given(table.forward[table.sizes.index(profile.batch_size)]),
     )
-    if batch == profile.batch_size:  # the profile's own figures, as written
-        return problem
-    return problem.replace(**_at_batch(table, batch, problem.layer_names, steps))
+    if batch != profile.batch_size:  # else the profile's own figures, as written
+        problem = problem.replace(**_at_batch(table, batch, problem.layer_names, steps))
+    return dataclasses.replace(problem, tensor=_tensor(profile, problem, steps))
+
+
+def _tensor(profile: Profile, main: Problem, steps: int | None) -> dict[int, Problem] | None:
+    """Section 1h: ``main`` at each further tensor-parallel degree the profile gives (under a pipeline
+    schedule only): its times and sizes at that degree, where replicas of that many units can be placed."""
+    if len(profile.degrees) == 1 or not main.pipelined:
+        return None
+    out = {}
+    for d in profile.degrees[1:]:
+        shard = profile.at_degree(d)
+        oct_, odt, alpha, beta, update, runnable = _times(shard, main.types)
+        table = measured(shard, main.types)
+        layers = _layers(shard)
+        sub = dataclasses.replace(
+            main,
+            input_size=main.input_size,
+            weight_size=layers["weight_size"],
+            activation_size=layers["activation_size"],
+            input_saved=layers["input_saved"],
+            oct=oct_,
+            odt=odt,
+            alpha=alpha,
+            beta=beta,
+            runnable=runnable & placeable(main, d)[None, :],
+            update=update if update.any() else None,
+            measured=table,
+            forward=_given(table.forward[table.sizes.index(profile.batch_size)]),
+            tensor=None,
+            degree=d,
+        )
+        if main.batch_size != profile.batch_size:
+            at = _at_batch(table, main.batch_size, main.layer_names, steps, partial=True)
+            sub = dataclasses.replace(sub, **{**at, "runnable": at["runnable"] & placeable(main, d)[None, :]})
+        out[d] = sub
+    return out
+
+
+def placeable(problem: Problem, degree: int) -> np.ndarray:
+    """Section 1h: ``[T]``, whether a replica of ``degree`` units of each type can be placed: within one
+    node, every node kind holding the type holding a multiple of ``degree`` of it (so that any replicas
+    whose units a rental holds fill its nodes); without nodes, a type with at least that many units."""
+    if problem.nodes is None:
+        return problem.limits >= degree
+    units = problem.nodes.units
+    return ((units % degree == 0) | (units == 0)).all(axis=0) & (units > 0).any(axis=0)
 
 
 def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: int | None) -> tuple[int, int, bool]:
@@ -448,11 +545,12 @@ def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: in
     return batch, micro_batches(steps, batch), len(choices) > 1
 
 
-def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | None) -> dict:
+def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | None, partial: bool = False) -> dict:
     """The fields of a problem at micro-batch ``batch`` (section 1f); ValueError naming the first layer
-    that no measured size can give a time at it."""
+    that no measured size can give a time at it (``partial``: a tensor-parallel degree's, section 1h,
+    where a layer may have none)."""
     oct_, odt, alpha, beta, forward, found = table.at(batch)
-    if not found.any(axis=1).all():
+    if not partial and not found.any(axis=1).all():
         layer = names[int(np.argmin(found.any(axis=1)))]
         raise NoSuchMicroBatch(
             f"micro-batch {batch:,} is above every size layer {layer!r} was measured at (up to "

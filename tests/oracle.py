@@ -282,28 +282,55 @@ def optimum_by_bottleneck(profile: dict, cluster: dict, min_throughput: float, w
     return best
 
 
+def _at_degree(layer: dict, t: str, d: int) -> tuple[dict | None, dict]:
+    """Section 1h: a layer's times on ``t`` and its sizes at tensor-parallel degree ``d`` (None: no
+    times there), alpha and beta falling back on the tp-1 entry's, then the layer's."""
+    e = layer["times"][t]
+    if d == 1:
+        return e, layer
+    shard = e.get("tp", {}).get(d)
+    if shard is None:
+        return None, layer
+    a, b = e.get("alpha", layer.get("alpha")), e.get("beta", layer.get("beta"))
+    sizes = layer["tp"][d]
+    return {"alpha": a, "beta": b, **shard}, {"input_size": layer["input_size"], **sizes}
+
+
 def pipeline_figures(
-    profile: dict, cluster: dict, schedule: list[str], replicas: list[int], stages=None, recompute=None
+    profile: dict,
+    cluster: dict,
+    schedule: list[str],
+    replicas: list[int],
+    stages=None,
+    recompute=None,
+    degrees=None,
 ) -> dict:
     """Every figure of a plan under docs/spec.md section 1d, written from its formulas alone: stage
     ``s`` of ``S`` on ``t`` with ``k`` replicas takes ``(M + S - 1) c + 2 Y (k - 1) / k + U`` per step,
     ``c`` its compute and boundary transfer per micro-batch, and holds ``min(S - s, M)`` micro-batches
     of activations. Section 1g: a stage that ``recompute``s runs each layer's forward once more per
     micro-batch and holds its input for ``min(S - s, M)`` micro-batches and one micro-batch's
-    activations."""
+    activations. Section 1h: a stage at degree ``d`` takes its times and one unit's sizes at ``d``,
+    and each replica holds ``d`` units."""
     layers, B0 = profile["layers"], profile["batch_size"]
     M = profile["job"]["global_batch"] // B0
     n = len(layers)
     stages = stages_of(schedule) if stages is None else stages
     S = len(stages)
     recompute = recompute or [False] * S
+    degrees = degrees or [1] * S
     step, memory, fits, k_t = [], [], [], {t: 0 for t in cluster["resources"]}
     can = True
     for s, ((t, ls), k) in enumerate(zip(stages, replicas)):
         res = cluster["resources"][t]
+        d = degrees[s]
+        at = {layer: _at_degree(layers[layer], t, d) for layer in ls}
+        if any(e is None for e, _ in at.values()):
+            can = False
+            at = {layer: (layers[layer]["times"][t], layers[layer]) for layer in ls}
         c = y = u = 0.0
         for layer in ls:
-            e = layers[layer]["times"][t]
+            e = at[layer][0]
             a = e.get("alpha", layers[layer].get("alpha"))
             c += e["oct"] * (1 - a + a * share(B0, k) / B0)
             if recompute[s]:
@@ -324,14 +351,15 @@ def pipeline_figures(
         if recompute[s]:  # its input, for every micro-batch in flight
             mem += held * share(B0, k) * layers[ls[0]]["input_size"]
         for layer in ls:
-            w = sf * layers[layer]["weight_size"]
-            kept = layers[layer].get("activation_size", 0.0)
+            size = at[layer][1]
+            w = sf * size["weight_size"]
+            kept = size.get("activation_size", 0.0)
             if layer != ls[0]:  # a stage holds once what a layer and the one before it both save
-                kept -= layers[layer].get("input_saved", 0.0)
+                kept -= size.get("input_saved", 0.0)
             mem += (w / k if layers[layer].get("sharded") else w) + (1 if recompute[s] else held) * share(B0, k) * kept
         memory.append(mem / 1e9)
         fits.append(res.get("memory_gb") is None or mem <= res["memory_gb"] * 1e9 * (1 + 1e-12))
-        k_t[t] += k
+        k_t[t] += k * d
     thr = M * B0 / max(step)
     time_s = profile["job"]["epochs"] * profile["job"]["samples"] / thr
     rate = sum(cluster["resources"][t]["price"] * k for t, k in k_t.items())
@@ -359,9 +387,9 @@ def pipeline_optimum(
         if not all(t in layer["times"] for t, layer in zip(sched, layers)):
             continue
         B0 = profile["batch_size"]
-        for stages, ks in _cuts_and_replicas(sched, cluster, B0):
-            for again in _recomputes(layers, stages):
-                f = pipeline_figures(profile, cluster, list(sched), list(ks), stages, list(again))
+        for stages, ks, ds in _cuts_replicas_degrees(sched, cluster, B0, layers):
+            for again in _recomputes(layers, stages, ds):
+                f = pipeline_figures(profile, cluster, list(sched), list(ks), stages, list(again), list(ds))
                 if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
                     continue
                 if max_cost is not None and f["cost_usd"] > max_cost * (1 + 1e-12):
@@ -371,18 +399,37 @@ def pipeline_optimum(
     return best
 
 
-def _recomputes(layers, stages):
-    """Section 1g: every choice of stages that recompute, among those whose every layer gives a forward time."""
-    able = [all("forward" in layers[i]["times"][t] for i in ls) for t, ls in stages]
+def _recomputes(layers, stages, degrees=None):
+    """Section 1g: every choice of stages that recompute, among those whose every layer gives a forward time
+    (at the stage's degree, section 1h)."""
+    degrees = degrees or [1] * len(stages)
+    able = [all("forward" in (_at_degree(layers[i], t, d)[0] or {}) for i in ls) for (t, ls), d in zip(stages, degrees)]
     return itertools.product(*([False, True] if a else [False] for a in able))
 
 
 def _cuts_and_replicas(sched, cluster, B0):
     """Every cut of ``sched`` into stages with every replica vector of at most each type's limit and ``B0``."""
+    for stages, ks, _ in _cuts_replicas_degrees(sched, cluster, B0):
+        yield stages, ks
+
+
+def _cuts_replicas_degrees(sched, cluster, B0, layers=None):
+    """:func:`_cuts_and_replicas` with each stage's tensor-parallel degree (section 1h): every degree all
+    of its layers give on its type (1 without ``layers``), and replicas of at most the limit's units."""
     for stages in partitions_of(list(sched)):
-        ranges = (range(1, min(cluster["resources"][t]["limit"], B0) + 1) for t, _ in stages)
-        for ks in itertools.product(*ranges):
-            yield stages, ks
+        choices = [
+            [1]
+            + sorted(
+                set.intersection(*(set(layers[i]["times"][t].get("tp", {})) for i in ls))
+                if layers is not None
+                else set()
+            )
+            for t, ls in stages
+        ]
+        for ds in itertools.product(*choices):
+            ranges = (range(1, min(cluster["resources"][t]["limit"] // d, B0) + 1) for (t, _), d in zip(stages, ds))
+            for ks in itertools.product(*ranges):
+                yield stages, ks, ds
 
 
 def rentals(units, price, available):

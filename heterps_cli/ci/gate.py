@@ -117,13 +117,22 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
             mine = stage.layers[i_diff] if i_diff < len(stage.layers) else "nothing"
             theirs = names[i_diff] if i_diff < len(names) else "nothing"
             problems.append(f"{where}: layer {stage.first + i_diff} is {mine} in the plan, {theirs} in the profile")
+        degree = stage.tp or 1
+        if degree not in problem.degrees:
+            problems.append(
+                f"{where} runs at tp {degree}, which the profile no longer gives under this job (degrees: "
+                f"{', '.join(map(str, problem.degrees))}; section 1h needs a pipeline schedule)"
+            )
+            continue
+        view = problem.views[problem.degrees.index(degree)]
+        at = f" at tp {degree}" if degree > 1 else ""
         for layer in range(stage.first, min(stage.last, n - 1) + 1):
-            if not problem.runnable[layer, t]:
-                problems.append(f"layer {problem.layer_names[layer]} cannot run on {stage.resource} any more")
-            elif stage.recompute and not (problem.can_recompute and problem.recomputable[layer, t]):
+            if not view.runnable[layer, t]:
+                problems.append(f"layer {problem.layer_names[layer]} cannot run on {stage.resource}{at} any more")
+            elif stage.recompute and not (view.can_recompute and view.recomputable[layer, t]):
                 problems.append(
                     f"{where} recomputes its activations, but layer {problem.layer_names[layer]} has no forward time "
-                    f"on {stage.resource}{'' if problem.pipelined else ' (and the job has no pipeline schedule)'} "
+                    f"on {stage.resource}{at}{'' if problem.pipelined else ' (and the job has no pipeline schedule)'} "
                     "(docs/spec.md section 1g)"
                 )
     if expected_first != n:
@@ -156,7 +165,7 @@ def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
             f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: with --maximal-stages they are one stage"
             for i in merged
         ]
-    schedule = schedule_of_stages(problem.types, plan.stages)  # each of the plan's stages one of its own
+    schedule = schedule_of_stages(problem, plan.stages)  # each of the plan's stages one of its own
     replicas = [s.replicas for s in plan.stages]
     fresh = make_plan(
         problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed, rental=_still_rentable(problem, plan)

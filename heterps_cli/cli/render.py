@@ -29,6 +29,11 @@ def bold(text: str) -> Text:
     return Text(clip(text), style="bold")
 
 
+def _on(stage) -> str:
+    """A stage's type, with its tensor-parallel degree (section 1h) and ↻ where it recomputes (1g)."""
+    return clip(stage.resource) + (f" tp{stage.tp}" if stage.tp else "") + (" ↻" if stage.recompute else "")
+
+
 def _layers(stage) -> Text:
     """'2-7 fc1 … relu3': the index range and the first and last layer names."""
     names = [clip(n) for n in stage.layers]
@@ -80,7 +85,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         table.add_row(
             str(i),
             _layers(s),
-            Text(clip(s.resource) + (" ↻" if s.recompute else "")),
+            Text(_on(s)),
             count(s.replicas),
             f"{s.compute_s + ((s.transfer_s or 0.0) if piped else 0.0):.3g}",
             f"{s.comm_s:.3g}",
@@ -90,6 +95,8 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         )
     if any(s.recompute for s in plan.stages):
         table.caption = f"{table.caption}; ↻ recomputes its activations in the backward pass (docs/spec.md section 1g)"
+    if any(s.tp for s in plan.stages):
+        table.caption = f"{table.caption}; tpN: each replica is N units of one node, tensor-parallel (section 1h)"
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
@@ -217,7 +224,7 @@ def _hardware_view(plan: Plan) -> Table | None:
         table.add_column("transfer s", **numeric)
         table.add_column("of µbatch" if plan.micro_batches else "of DT", **numeric)
     for i, s in enumerate(plan.stages):
-        row: list[str | Text] = [str(i), Text(clip(s.resource) + (" ↻" if s.recompute else ""))]
+        row: list[str | Text] = [str(i), Text(_on(s))]
         if memory:
             of, held = units_gb.get(s.resource), s.memory_gb or 0.0
             row += [

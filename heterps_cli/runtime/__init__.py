@@ -120,7 +120,14 @@ def run_plan(
     report = progress or quiet
     if not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole milliseconds, up to a day here
         raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
-    plan, _ = load_plan(plan_path)
+    plan, doc = load_plan(plan_path)
+    if (sharded := next((i for i, s in enumerate(plan.stages) if s.tp), None)) is not None:
+        raise doc.error(
+            ("stages", sharded, "tp"),
+            f"stage {sharded} runs at tensor-parallel degree {plan.stages[sharded].tp}, which heterps run does not "
+            "execute yet (each replica is one process on one device): run the plan with a trainer that shards "
+            "layers (Megatron-LM, torch.distributed.tensor.parallel), or plan without the profile's tp entries",
+        )
     model = model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})

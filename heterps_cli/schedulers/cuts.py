@@ -36,7 +36,7 @@ def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
     chosen[np.arange(problem.n_layers), schedule] = True
     for change in np.flatnonzero(np.diff(schedule)) + 1:
         chosen[max(0, change - NEAR) : change + NEAR] = True
-    held = problem.replace(runnable=problem.runnable & chosen)
+    held = problem.each_degree(lambda view: {"runnable": view.runnable & chosen})
     try:
         cut = exact_solve(held, options=SolveOptions(time_limit=time_limit))
     except (InfeasibleError, TooLarge):
@@ -45,7 +45,7 @@ def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
         return plan
     return make_plan(
         problem,
-        schedule_of_stages(problem.types, cut.stages),
+        schedule_of_stages(problem, cut.stages),
         [s.replicas for s in cut.stages],
         scheduler=plan.scheduler,
         seed=plan.seed,

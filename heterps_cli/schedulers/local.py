@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heterps_cli.costmodel import PARITIES, recompute_label
+from heterps_cli.costmodel import PARITIES, label_parts, stage_label
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.progress import Progress, quiet
@@ -100,13 +100,14 @@ LABELS = PARITIES  # stage labels per type: a stage between two others on its ty
 def labelled_moves(problem: Problem) -> bool:
     """Whether moves may cut or join stages on one type (and, section 1g, recompute a stage): outside
     the papers' space, and while every label fits the byte per layer the evaluator keeps."""
-    return not problem.maximal_stages and LABELS * problem.n_types * (2 if problem.can_recompute else 1) <= 256
+    return not problem.maximal_stages and LABELS * problem.n_types * 2 * len(problem.views) <= 256
 
 
-def _apart(problem: Problem, t, *others, again=False) -> np.ndarray:
+def _apart(problem: Problem, t, *others, again=False, degree=0) -> np.ndarray:
     """A label of type ``t`` that is none of ``others`` (labels, or -1 for none), per element: the
-    type itself where it is free; ``again`` (per element): the stage recomputes (section 1g)."""
-    t = np.asarray(t, dtype=np.int64) + recompute_label(problem.n_types) * np.asarray(again, dtype=np.int64)
+    type itself where it is free; ``again`` (per element): the stage recomputes (section 1g);
+    ``degree``: the index of its tensor-parallel degree (section 1h)."""
+    t = stage_label(problem.n_types, t, again, degree)
     out = np.full(t.shape, -1, dtype=np.int64)
     for p in range(LABELS - 1, -1, -1):  # written last, the smallest free label wins
         label = t + p * problem.n_types
@@ -186,12 +187,19 @@ def _stage_moves(problem: Problem, schedule: np.ndarray, stages: list[tuple[int,
         if types[a] == types[m]:  # one label over both, none of their outer neighbours'
             label = _apart(problem, types[a], schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1)
             moves.append(_one_run(a, z, label))
-    if problem.can_recompute:  # section 1g: each stage that can, recomputing or not, apart from its neighbours
-        again = schedule // recompute_label(T) % 2 == 1
-        for a, z in stages:
-            if problem.recomputable[a:z, types[a]].all():
-                before, after = schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1
-                moves.append(_one_run(a, z, _apart(problem, types[a], before, after, again=not again[a])))
+    _, again, degree = label_parts(T, schedule)
+    views = problem.views
+    for a, z in stages:
+        before, after = schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1
+        here = views[degree[a]]
+        # section 1g: each stage that can, recomputing or not, apart from its neighbours
+        if here.can_recompute and here.recomputable[a:z, types[a]].all():
+            label = _apart(problem, types[a], before, after, again=not again[a], degree=degree[a])
+            moves.append(_one_run(a, z, label))
+        for j, view in enumerate(views):  # section 1h: each stage at every other degree its layers have
+            if j != degree[a] and view.runnable[a:z, types[a]].all():
+                keep = again[a] and view.can_recompute and view.recomputable[a:z, types[a]].all()
+                moves.append(_one_run(a, z, _apart(problem, types[a], before, after, again=keep, degree=j)))
     return [m[m[:, 2] >= 0] for m in moves]
 
 

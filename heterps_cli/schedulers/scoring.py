@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import Scores, better, meets_targets, provision, split_stages, stage_ids
+from heterps_cli.costmodel import Scores, better, degree_label, meets_targets, provision, split_stages, stage_ids
 from heterps_cli.errors import SearchFailed
 from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.objective import Objective
@@ -73,7 +73,9 @@ class Evaluator:
         self.cache: OrderedDict[bytes, tuple] = OrderedDict()
         self.bytes = 0  # what the cache holds, about
         self.evaluations = 0
-        self._dtype = np.int8 if problem.n_types <= 127 else np.int16
+        # Every label a schedule may hold (sections 1, 1g, 1h: up to 6 T D of them) must fit the key.
+        most = degree_label(problem.n_types, len(problem.views))
+        self._dtype = np.int8 if most <= 127 else np.int16 if most <= 32767 else np.int32
 
     def key(self, row: np.ndarray) -> bytes:
         """The cache's key for one schedule."""

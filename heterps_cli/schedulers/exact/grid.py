@@ -20,8 +20,8 @@ class ReplicaGrid:
         self.p = problem
         self.tab = table
         self.chain = chain
-        self.price = problem.prices[chain.base]  # per DP type
-        self.unit_limit = problem.limits[chain.base]
+        self.price = problem.prices[chain.base] * chain.widths  # per DP type: a replica's (section 1h)
+        self.unit_limit = problem.limits[chain.base] // chain.widths  # the replicas its type holds
         self.type_index = np.arange(len(chain.base))[None, None, :]
         self.target: float | None = None  # the target the arrays below were computed for
         self.K: np.ndarray = np.empty(0)  # replicas

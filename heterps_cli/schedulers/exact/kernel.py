@@ -7,6 +7,7 @@ the same with the units of binding types in the state. :mod:`.step` asks them it
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -51,10 +52,16 @@ class Chain:
     # [P] the stage label of each DP type in a schedule (costmodel.labelled): its type, plus
     # costmodel.recompute_label where the stage recomputes its activations (section 1g); None: base
     label: np.ndarray | None = None
+    # [P] section 1h: the units of its type one replica of each DP type holds (None: one each)
+    width: np.ndarray | None = None
 
     @property
     def labels(self) -> np.ndarray:
         return self.base if self.label is None else self.label
+
+    @property
+    def widths(self) -> np.ndarray:
+        return np.ones(len(self.base), dtype=np.int64) if self.width is None else self.width
 
     @staticmethod
     def of_types(n_types: int, maximal: bool = False) -> Chain:
@@ -86,8 +93,8 @@ def grid_cells(problem: Problem) -> int:
     (section 1d, :mod:`.pipeline`, whose walks hold one stage count's grid at a time) the grid of
     the most stages, on that many times the types."""
     cells = (problem.n_layers + 1) ** 2 * problem.n_types
-    if problem.pipelined:
-        cells *= most_stages(problem) * (2 if problem.can_recompute else 1)  # section 1g's two ways
+    if problem.pipelined:  # each way a stage may run: sections 1g and 1h
+        cells *= most_stages(problem) * sum(1 + view.can_recompute for view in problem.views)
     return cells
 
 
@@ -106,12 +113,29 @@ def activation_spans(problem: Problem) -> np.ndarray:
 def spans(per_layer: np.ndarray) -> np.ndarray:
     """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
     A difference of prefix sums loses a stage's small times beside a huge one earlier in the
-    chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine."""
+    chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine.
+    Read-only: the same figures give the same array (a node search asks them once per rental)."""
+    per_layer = np.ascontiguousarray(per_layer, dtype=float)
+    if (per_layer.shape[0] + 1) ** 2 * per_layer.shape[1] > SPANS_CACHED:
+        return _spans_of(per_layer)
+    return _spans(per_layer.shape, per_layer.tobytes())
+
+
+SPANS_CACHED = 250_000  # cells (2 MB) up to which spans are kept: 64 of them hold 128 MB at most
+
+
+@functools.lru_cache(maxsize=64)
+def _spans(shape: tuple[int, ...], data: bytes) -> np.ndarray:
+    return _spans_of(np.frombuffer(data).reshape(shape))
+
+
+def _spans_of(per_layer: np.ndarray) -> np.ndarray:
     n1 = per_layer.shape[0] + 1
     out = np.zeros((n1, n1, per_layer.shape[1]))
     with np.errstate(over="ignore"):  # inf where sizes overflow: ruled out below
         for j in range(n1 - 1):
             out[j + 1 :, j] = np.cumsum(per_layer[j:], axis=0)
+    out.flags.writeable = False
     return out
 
 
@@ -243,10 +267,13 @@ def chain_dp_limited(
         )
     type_axis = {t: a for a, t in enumerate(tracked)}
     axis = {p: type_axis[int(base[p])] for p in range(T) if int(base[p]) in type_axis}  # DP type -> state axis
-    weight = prices.astype(float).copy()  # per DP type
-    price_of = {int(base[p]): float(prices[p]) for p in range(T)}
+    width = chain.widths  # section 1h: a replica's units
+    weight = prices.astype(float).copy()  # per DP type: a replica's price
+    price_of = {int(base[p]): float(prices[p]) / float(width[p]) for p in range(T)}  # per unit of each type
     if capped is not None:
-        weight[base == capped] = 1.0  # count units: exact integers, compared with the limit at the end
+        weight[base == capped] = width[
+            base == capped
+        ]  # count units: exact integers, compared with the limit at the end
     f, g = _limited_tables(K, weight, axis, dims, chain)
     grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
     extra = sum((price_of[t] * grids[a] for t, a in type_axis.items()), np.zeros(dims))
@@ -304,6 +331,7 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
     run_lo, run_hi = jj[starts[:-1]].tolist(), (jj[starts[1:] - 1] + 1).tolist()
     pair_first = np.searchsorted(pair[starts[:-1]], np.arange(n1 * T + 1)).tolist()
     shifts = _shifts(dims)
+    width = chain.widths.tolist()
     least = np.minimum.reduce
     for i in range(1, n1):
         for t in range(T):
@@ -313,10 +341,10 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
             out = f[i, t]
             along = axis.get(t)
             for r in range(first, last):
-                k, lo, hi = run_k[r], run_lo[r], run_hi[r]
+                k, lo, hi = run_k[r] * width[t], run_lo[r], run_hi[r]  # units along the state's axis
                 group = g[lo, t] if hi - lo == 1 else least(g[lo:hi, t], axis=0)
                 if along is None:
-                    np.minimum(out, group + weight[t] * k, out=out)
+                    np.minimum(out, group + weight[t] * run_k[r], out=out)
                 elif k < dims[along]:
                     dst, src = shifts[along][k]
                     np.minimum(out[dst], group[src], out=out[dst])
@@ -350,7 +378,7 @@ def _backtrack(
             k = int(K[i, j, t])
             src = list(cell)
             if t in axis:
-                src[axis[t]] -= k
+                src[axis[t]] -= k * int(chain.widths[t])
                 if src[axis[t]] < 0 or g[(j, t, *src)] != value:
                     continue
             elif g[(j, t, *src)] + weight[t] * k != value:
@@ -406,7 +434,7 @@ def units_used(problem: Problem, chain: Chain, stages, K) -> np.ndarray:
     """Units of each resource type the DP's ``stages`` take with replicas ``K``."""
     used = np.zeros(problem.n_types)
     for j, i, t in stages:
-        used[chain.base[t]] += K[i, j, t]
+        used[chain.base[t]] += K[i, j, t] * chain.widths[t]
     return used
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import SLACK, min_memory_replicas, recompute_label, score, split_stages, throughput_floor
+from heterps_cli.costmodel import SLACK, min_memory_replicas, score, split_stages, stage_label, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
 from heterps_cli.formulas import activations_held, amdahl, pipeline_slots, pipeline_step
@@ -55,9 +55,12 @@ from heterps_cli.schedulers.exact.kernel import (
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
-def _variants(problem: Problem) -> tuple[bool, ...]:
-    """Section 1g: whether a stage recomputes its activations, each way the problem allows."""
-    return (False, True) if problem.can_recompute else (False,)
+def _variants(problem: Problem) -> tuple[tuple[int, bool], ...]:
+    """Each way a stage may run: the index of its tensor-parallel degree (section 1h), and whether it
+    recomputes its activations (section 1g) where that degree can."""
+    return tuple(
+        (j, again) for j, view in enumerate(problem.views) for again in (False, True)[: 1 + view.can_recompute]
+    )
 
 
 def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,22 +108,36 @@ def _ok(problem: Problem, again: bool) -> np.ndarray:
 
 def _labels(problem: Problem) -> np.ndarray:
     """The stage label of each type in each variant (:func:`_variants`), variant-major."""
-    again = recompute_label(problem.n_types)
-    return np.concatenate([np.arange(problem.n_types) + again * v for v in _variants(problem)])
+    T = problem.n_types
+    return np.concatenate([stage_label(T, np.arange(T), again, j) for j, again in _variants(problem)])
+
+
+def _widths(problem: Problem) -> np.ndarray:
+    """A replica's units of each type in each variant (:func:`_variants`), variant-major (section 1h)."""
+    return np.repeat(problem.widths[[j for j, _ in _variants(problem)]], problem.n_types)
+
+
+def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """Per variant: the serial, parallel and per-sample step terms, where a stage may run, and the
+    fewest replicas holding ``held[p]`` micro-batches (``[i, j, p, t]``), on the variant's degree."""
+    out: list[tuple[np.ndarray, ...]] = []
+    for j, again in _variants(problem):
+        view = problem.views[j]
+        out.append(_step_terms(view, stages, again) + (_ok(view, again), _memory_replicas(view, held, again)))
+    return out
 
 
 def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     """The stage table and chain for plans of at most ``stages`` stages: DP type ``((r - 1) V + v) T + t``
-    is a stage on ``t`` with ``r`` stages from it to the last, recomputing its activations if ``v`` is 1
-    (``V`` variants: 2 where section 1g applies, else 1)."""
+    is a stage on ``t`` with ``r`` stages from it to the last, run the ``v``-th way (:func:`_variants`:
+    a tensor-parallel degree, recomputing its activations or not)."""
     n1, T = problem.n_layers + 1, problem.n_types
-    variants = _variants(problem)
-    V = len(variants)
+    V = len(_variants(problem))
     places = np.arange(1, stages + 1)  # r
     held = np.minimum(places, problem.micro_batches)
-    min_k = np.stack([_memory_replicas(problem, held, again) for again in variants], axis=3)  # [i, j, r, v, t]
-    terms = [_step_terms(problem, stages, again) + (_ok(problem, again),) for again in variants]
-    sc, pc, ps, ok = (np.tile(np.concatenate(a, axis=2), (1, 1, stages)) for a in zip(*terms))  # the same at every r
+    terms = _variant_terms(problem, stages, held)
+    min_k = np.stack([t[4] for t in terms], axis=3)  # [i, j, r, v, t]
+    sc, pc, ps, ok = (np.tile(np.concatenate(a, axis=2), (1, 1, stages)) for a in zip(*(t[:4] for t in terms)))
     zeros = np.zeros((n1, n1, T * V * stages))
     table = Table(sc, pc, zeros, zeros, ok, min_k.reshape(n1, n1, stages * V * T), ps)
     base = np.tile(np.arange(T), stages * V)
@@ -128,33 +145,29 @@ def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     follows = place[None, :] == place[:, None] - 1
     if problem.maximal_stages:  # the papers' space: never one type twice in a row
         follows &= base[:, None] != base[None, :]
-    label = np.tile(_labels(problem), stages)
-    return table, Chain(base, follows, np.ones(T * V * stages, dtype=bool), place == 1, label)
+    label, width = np.tile(_labels(problem), stages), np.tile(_widths(problem), stages)
+    return table, Chain(base, follows, np.ones(T * V * stages, dtype=bool), place == 1, label, width)
 
 
 def at_least_grid(problem: Problem, stages: int) -> tuple[Table, Chain | None]:
     """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves (and
-    each way of recomputing, section 1g): each stage charged ``M + stages - 1`` slots and one
+    each way a stage may run, sections 1g and 1h): each stage charged ``M + stages - 1`` slots and one
     micro-batch in flight. A plan of ``S >= stages`` stages needs no fewer replicas in its own grid
     than here (its slots and micro-batches in flight are no fewer), so what no plan reaches here, or a
     bound on cost here, holds for all of them."""
     n1, T = problem.n_layers + 1, problem.n_types
-    variants = _variants(problem)
-    terms = [
-        _step_terms(problem, stages, again)
-        + (_ok(problem, again), _memory_replicas(problem, np.ones(1), again)[:, :, 0, :])
-        for again in variants
-    ]
+    V = len(_variants(problem))
+    terms = [t[:4] + (t[4][:, :, 0, :],) for t in _variant_terms(problem, stages, np.ones(1))]
     sc, pc, ps, ok, min_k = (np.concatenate(a, axis=2) for a in zip(*terms))
-    zeros = np.zeros((n1, n1, T * len(variants)))
+    zeros = np.zeros((n1, n1, T * V))
     table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
-    if len(variants) == 1:
+    if V == 1:
         return table, None
     plain = Chain.of_types(T, problem.maximal_stages)
-    base = np.tile(np.arange(T), len(variants))
-    follows = np.tile(plain.follows, (len(variants), len(variants)))
+    base = np.tile(np.arange(T), V)
+    follows = np.tile(plain.follows, (V, V))
     every = np.ones(len(base), dtype=bool)
-    return table, Chain(base, follows, every, every, _labels(problem))
+    return table, Chain(base, follows, every, every, _labels(problem), _widths(problem))
 
 
 class PipelineSolver(StepSolver):
@@ -181,11 +194,13 @@ class PipelineSolver(StepSolver):
         self.dropped_relaxed: set[int] = set()
         self.dropped_found: list[tuple[StepSolver, Candidate]] = []
         self.fastest: tuple[Candidate | None, float] | None = None  # max_throughput's, once finished
-        serial, parallel, _, _ = problem.parts
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fastest = np.where(
-                problem.runnable, amdahl(serial, parallel, problem.limits[None, :].astype(float)), np.inf
-            )
+        fastest = np.full(problem.oct.shape, np.inf)
+        for view in problem.views:  # section 1h: at any degree, on as many replicas as the type holds
+            serial, parallel, _, _ = view.parts
+            most = (problem.limits // view.degree)[None, :].astype(float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                alone = np.where(view.runnable & (most > 0), amdahl(serial, parallel, np.maximum(most, 1)), np.inf)
+            fastest = np.minimum(fastest, alone)
         # Every stage holds some layer, and runs a micro-batch of it no faster than on all of its type's units.
         self.slowest_layer = float(fastest.min(axis=1).max())
 

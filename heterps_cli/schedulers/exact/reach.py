@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import throughput_floor
+from heterps_cli.costmodel import label_parts, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
 from heterps_cli.objective import Objective
@@ -46,8 +46,9 @@ def more_units(problem: Problem, nodes: bool = False) -> str:
     if cheapest is None or not cheapest.within:
         return give_up
     used = np.zeros(problem.n_types, dtype=np.int64)
-    for (_, _, t), k in zip(cheapest.stages, cheapest.replicas):
-        used[t] += int(k)
+    for (_, _, label), k in zip(cheapest.stages, cheapest.replicas):
+        t, _, degree = label_parts(problem.n_types, np.array(label))  # sections 1g, 1h: a stage's label
+        used[int(t)] += int(k) * int(problem.widths[int(degree)])
     there = "every node holds" if nodes else "the limit is"
     over = [
         f"{count(int(u))} {problem.types[t]} ({there} {count(int(problem.limits[t]))})"

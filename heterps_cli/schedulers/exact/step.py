@@ -154,7 +154,8 @@ class StepSolver:
         finite = np.isfinite(K)
         w = 1.0 / np.maximum(p.limits, 1).astype(float)  # any positive weights prove it; a type may have none
         for _ in range(8):
-            value, stages = chain_dp(np.where(finite, K * w[self.chain.base][None, None, :], np.inf), self.chain)
+            units = w[self.chain.base] * self.chain.widths  # section 1h: a replica's units, weighted
+            value, stages = chain_dp(np.where(finite, K * units[None, None, :], np.inf), self.chain)
             if stages is None or value > float(w @ p.limits) * (1 + SLACK):
                 return None
             used = units_used(self.p, self.chain, stages, K)

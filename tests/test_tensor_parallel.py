@@ -1,0 +1,216 @@
+"""docs/spec.md section 1h: each stage chooses its tensor-parallel degree among those profiled. Known
+answers come from the enumeration oracle, which tries every degree of every stage on every cut,
+replica vector and choice of recomputing stages."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from heterps_cli.cli.app import app
+from tests.helpers import exact_against, plan_and_check, write_yaml
+from tests.oracle import pipeline_figures, pipeline_optimum
+from tests.strategies import SETTINGS
+from tests.test_pipeline import pipelined
+
+runner = CliRunner()
+
+
+@st.composite
+def sharded(draw):
+    """A pipelined instance of at most three layers where most entries also give times at tp 2 (a
+    little more than half the work, half the all-reduce), some at tp 4, and the layers one unit's
+    share of their sizes there; forward times on some entries, so recomputation plays too."""
+    profile, cluster = draw(pipelined(batches=(4,), max_limit=4))
+    profile["layers"] = profile["layers"][:3]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    four = draw(st.booleans())
+    grow = float(draw(st.sampled_from([1.0, 16.0])))  # activations that make recomputation pay
+    for layer in profile["layers"]:
+        layer["activation_size"] = layer.get("activation_size", 0.0) * grow
+        if layer.get("input_saved"):
+            layer["input_saved"] *= grow
+        degrees = [2, 4] if four else [2]
+        layer["tp"] = {}
+        for d in degrees:
+            act = layer.get("activation_size", 0.0) * float(rng.choice([1.0 / d, 1.0]))
+            layer["tp"][d] = {"weight_size": layer["weight_size"] / d, "activation_size": act}
+            if layer.get("input_saved"):
+                layer["tp"][d]["input_saved"] = min(layer["input_saved"], act)
+        for entry in layer["times"].values():
+            if rng.random() < 0.5:
+                entry["forward"] = float(np.round(entry["oct"] * 0.3, 9))
+            if rng.random() < 0.2:
+                continue
+            entry["tp"] = {}
+            for d in degrees:
+                shard = {
+                    "oct": float(np.round(entry["oct"] * rng.choice([0.55, 0.7, 1.2]) * 2 / d, 9)),
+                    "odt": float(np.round(entry["odt"] / d, 9)),
+                }
+                if "update" in entry:
+                    shard["update"] = entry["update"] / d
+                if "forward" in entry and rng.random() < 0.8:
+                    shard["forward"] = float(np.round(shard["oct"] * 0.3, 9))
+                entry["tp"][d] = shard
+    return profile, cluster
+
+
+def _stages(plan):
+    return [(s.resource, list(range(s.first, s.last + 1))) for s in plan.stages]
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(sharded(), st.sampled_from(["cost", "time"]))
+def test_exact_chooses_each_stages_degree_as_enumeration_does(inst, objective):
+    profile, cluster = inst
+    expected = pipeline_optimum(profile, cluster, objective, profile["job"]["min_throughput"])
+    plan = exact_against(profile, cluster, objective, expected)
+    if plan is None:
+        return
+    again = [bool(s.recompute) for s in plan.stages]
+    degrees = [s.tp or 1 for s in plan.stages]
+    replicas = [s.replicas for s in plan.stages]
+    ref = pipeline_figures(profile, cluster, plan.schedule, replicas, _stages(plan), again, degrees)
+    assert ref["feasible"]
+    assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
+    assert plan.resources == {t: ref["resources"][t] for t in plan.resources}
+    for stage, step, memory in zip(plan.stages, ref["step_s"], ref["memory_gb"]):
+        assert math.isclose(stage.step_s, step, rel_tol=1e-9)
+        assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def big_layers(tmp_path, nodes: bool = False):
+    """Four blocks whose training state (48 GB each) fits a 40 GB GPU only as a share at tp 2 or 4;
+    tp 4 runs a block in 0.3 of its tp-1 time."""
+    layers = [
+        {
+            "name": f"b{i}",
+            "type": "block",
+            "input_size": 1e6,
+            "weight_size": 12e9,
+            "activation_size": 1e8,
+            "tp": {2: {"weight_size": 6e9, "activation_size": 5e7}, 4: {"weight_size": 3e9, "activation_size": 2.5e7}},
+            "times": {
+                "gpu": {
+                    "oct": 1.0,
+                    "odt": 0.5,
+                    "alpha": 1.0,
+                    "beta": 0.0,
+                    "tp": {2: {"oct": 0.55, "odt": 0.25}, 4: {"oct": 0.3, "odt": 0.125}},
+                }
+            },
+        }
+        for i in range(4)
+    ]
+    profile = {"model": "big", "batch_size": 4, "job": {"samples": 1e5, "global_batch": 64}, "layers": layers}
+    gpu = {"price": 2.0, "limit": 16, "memory_gb": 40}
+    cluster: dict = {"cluster": "c", "resources": {"gpu": gpu}}
+    if nodes:
+        cluster["resources"]["gpu"] = {"memory_gb": 40}
+        cluster["nodes"] = {"box": {"price": 8.0, "units": {"gpu": 4}, "available": 4}}
+    return write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)
+
+
+@pytest.mark.parametrize("nodes", [False, True])
+def test_a_model_too_big_for_one_gpu_is_planned_at_a_higher_degree_and_checks(tmp_path, nodes):
+    profile, cluster = big_layers(tmp_path, nodes)
+    plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
+    assert all(s.get("tp", 1) > 1 for s in plan["stages"])
+    assert all(s["memory_gb"] <= 40 for s in plan["stages"])
+    units = sum(s["replicas"] * s.get("tp", 1) for s in plan["stages"])
+    assert plan["resources"]["gpu"] == units <= 16
+    if nodes:  # every replica's units on one node, no node over its four GPUs
+        per_node: dict[str, int] = {}
+        for s in plan["stages"]:
+            assert sum(s["nodes"].values()) == s["replicas"]
+            for node, count in s["nodes"].items():
+                per_node[node] = per_node.get(node, 0) + count * s.get("tp", 1)
+        assert max(per_node.values()) <= 4
+    shown = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time"])
+    assert shown.exit_code == 0 and "tp4" in shown.output.replace(" ", "")
+
+
+def test_without_higher_degrees_the_same_model_does_not_fit(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    data = yaml.safe_load(open(profile))
+    for layer in data["layers"]:
+        del layer["tp"], layer["times"]["gpu"]["tp"]
+    write_yaml(tmp_path / "p.yaml", data)
+    refused = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time"])
+    assert refused.exit_code == 3 and "memory" in refused.output
+
+
+@pytest.mark.parametrize("scheduler", ["greedy", "rl", "tapp"])
+def test_the_searches_plan_in_the_same_space(tmp_path, scheduler):
+    profile, cluster = big_layers(tmp_path)
+    steps = ["--steps", "20"] if scheduler != "greedy" else []
+    result = runner.invoke(app, ["plan", profile, cluster, "-s", scheduler, "--objective", "time", "--json", *steps])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["feasible"] and all(s.get("tp", 1) > 1 for s in plan["stages"])
+
+
+def test_times_at_a_degree_need_the_layers_sizes_there(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    data = yaml.safe_load(open(profile))
+    del data["layers"][2]["tp"]
+    write_yaml(tmp_path / "p.yaml", data)
+    result = runner.invoke(app, ["validate", profile, cluster])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "layers[2].times.gpu.tp[2]" in said and "sizes" in said
+
+
+def test_degrees_that_do_not_divide_each_other_are_refused(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    data = yaml.safe_load(open(profile))
+    for layer in data["layers"]:
+        layer["tp"][3] = {"weight_size": 2e9}
+    data["layers"][1]["times"]["gpu"]["tp"][3] = {"oct": 0.4, "odt": 0.2}
+    write_yaml(tmp_path / "p.yaml", data)
+    result = runner.invoke(app, ["validate", profile, cluster])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "layers[1].times.gpu.tp[3]" in said and "divide" in said
+
+
+def test_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_path):
+    """Nodes of six GPUs hold no whole set of tp-4 replicas' units: only tp 1 and 2 are offered."""
+    profile, cluster = big_layers(tmp_path, nodes=True)
+    data = yaml.safe_load(open(cluster))
+    data["nodes"]["box"]["units"]["gpu"] = 6
+    write_yaml(tmp_path / "c.yaml", data)
+    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--json"])
+    assert result.exit_code == 0, result.output
+    assert {s.get("tp", 1) for s in json.loads(result.output)["stages"]} == {2}
+
+
+def test_check_refuses_a_degree_the_profile_no_longer_gives(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
+    data = yaml.safe_load(open(profile))
+    for layer in data["layers"]:
+        del layer["times"]["gpu"]["tp"][plan["stages"][0]["tp"]]
+    write_yaml(tmp_path / "p.yaml", data)
+    checked = runner.invoke(
+        app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster, "--objective", "time"]
+    )
+    assert checked.exit_code != 0
+    assert f"tp {plan['stages'][0]['tp']}" in " ".join(checked.output.split())
+
+
+def test_run_refuses_a_tensor_parallel_stage_naming_it(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    plan_and_check(profile, cluster, tmp_path / "plan.yaml")
+    result = runner.invoke(app, ["run", str(tmp_path / "plan.yaml"), "--model", "mlp"])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "stages[0].tp" in said and "does not execute" in said
