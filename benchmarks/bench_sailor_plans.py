@@ -31,11 +31,19 @@ The peer's plans (stages x replicas, layer ranges; each replica trains micro-bat
 stage's micro-batch is its replica count ``k``, with ``ceil(1024 / k)`` of them per step, rescaled to
 1,024 samples) are scored by heterps's model on the same profile. Each row also times the whole
 ``heterps plan --scheduler exact`` command.
+
+Two more tables (issue 48): one profile whose unit is one GPU with every layer's times at tp 1, 2 and 4
+(docs/spec.md section 1h; sizes per degree from ``llm_info.json``) on GH200 nodes of four GPUs, each
+stage choosing its degree, against the best plan at each one degree; and GPT-Neo-2.7B at sequence
+8,192, derived from the measured 2,048 by each layer's multiply-adds and its tokens (:func:`at_sequence`),
+with and without forward times (recomputation).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
 import math
 import subprocess
@@ -189,6 +197,48 @@ def _rebased(entry: dict, own: int, main: int) -> dict | None:
     return {**out, "batches": rest} if rest else out
 
 
+HIDDEN, SEQUENCE = 2560, 2048  # GPT-Neo-2.7B's hidden size, and the sequence the data was measured at
+
+
+def block_flops(seq: int) -> float:
+    """A transformer block's multiply-adds per token at sequence ``seq``: its matrix products (query, key,
+    value, output and the two MLP matrices, 12 h^2) and attention's scores and weighted values (2 s h)."""
+    return 12.0 * HIDDEN**2 + 2.0 * seq * HIDDEN
+
+
+def at_sequence(profile: dict, seq: int) -> dict:
+    """The profile at sequence ``seq``, derived from the data's measurements at 2,048 by two named terms:
+    time in proportion to each layer's multiply-adds per sample (a block's :func:`block_flops` times the
+    tokens; the embedding's and the final norm's in proportion to the tokens), the efficiency the layer
+    reaches unchanged; and activation and boundary bytes in proportion to the tokens (the data's own
+    activation sizes are linear in the sequence: a block holds s h (4.5 + 28 / tp) floats, no s x s
+    scores). The optimiser step and the weights do not change, but for the position table, which grows
+    with the sequence (its gradient all-reduce with it)."""
+    tokens = seq / SEQUENCE
+    out = copy.deepcopy(profile)
+    out["model"] = f"{profile['model']}-seq{seq}"
+    positions = (seq - SEQUENCE) * HIDDEN * 4.0  # fp32 bytes of the position rows added
+    for i, layer in enumerate(out["layers"]):
+        block = layer["type"] == "transformer"
+        time = tokens * (block_flops(seq) / block_flops(SEQUENCE) if block else 1.0)
+        layer["input_size"] *= tokens
+        layer["activation_size"] *= tokens
+        for sizes in layer.get("tp", {}).values():
+            sizes["activation_size"] *= tokens
+        if i == 0:
+            layer["weight_size"] += positions
+            for sizes in layer.get("tp", {}).values():
+                sizes["weight_size"] += positions
+        for entry in layer["times"].values():
+            for shard in [entry, *entry.get("tp", {}).values()]:
+                for at in [shard, *shard.get("batches", {}).values()]:
+                    at["oct"] *= time
+                    at["forward"] *= time
+                    if i == 0:  # the all-reduce of the grown table, at the entry's own bandwidth
+                        at["odt"] *= (layer["weight_size"]) / (layer["weight_size"] - positions)
+    return out
+
+
 def nodes_cluster(name: str, nodes: dict, entries: dict) -> dict:
     """Section 1e: GPUs in nodes of four (price per node, its four GPUs' list price), one kind per type."""
     return {
@@ -276,6 +326,51 @@ def every_tp_table(folder: Path, reserved: float, fixed: dict) -> None:
         cells += [f"{peer:,.1f}", f"{mine / best:.3f}" if best else "—"]
         cells += [shape(plan) if "error" not in plan else plan["error"][:80], f"{wall:.2f}"]
         print(row(cells))
+    long_sequence_table(folder, profile, entries)
+
+
+LONG = (("gh200", 4), ("gh200", 8), ("gh200", 16), ("a100_40", 16))  # (GPU, nodes of four)
+
+
+def long_sequence_table(folder: Path, profile: dict, entries: dict) -> None:
+    """Issue 48: GPT-Neo-2.7B's shapes at sequence 8,192 (:func:`at_sequence`) on the nodes of :data:`LONG`,
+    with every degree and recomputation offered, and with recomputation taken away."""
+    long = at_sequence(profile, 8192)
+    print()
+    columns = ("GPT-Neo-2.7B at sequence 8,192", "nodes", "samples/s", "micro-batch", "plan", "command s")
+    print(header([(c, "l") for c in columns]))
+    ways = (("every degree, recomputation", long), ("every degree, no forward times", _without_forward(long)))
+    for (label, model), (gpu, nodes) in itertools.product(ways, LONG):
+        path = folder / f"{model['model']}.yaml"
+        path.write_text(yaml.safe_dump(model, sort_keys=False))
+        cluster = nodes_cluster(f"{gpu} x{nodes} seq8192", {gpu: nodes}, entries)
+        cluster_path = folder / f"{cluster['cluster']}.yaml"
+        cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+        plan, wall = plan_command(path, cluster_path)
+        if "error" in plan:
+            print(
+                row([label, f"{gpu} x{nodes}", "none fits", "—", " ".join(plan["error"].split())[:160], f"{wall:.2f}"])
+            )
+            continue
+        cells = [
+            label,
+            f"{gpu} x{nodes}",
+            f"{plan['throughput']:,.1f}",
+            f"{plan['batch_size']} (M {plan['micro_batches']})",
+        ]
+        print(row(cells + [shape(plan), f"{wall:.2f}"]))
+
+
+def _without_forward(profile: dict) -> dict:
+    """The profile with no forward times: no stage can recompute."""
+    out = copy.deepcopy(profile)
+    out["model"] += "-noforward"
+    for layer in out["layers"]:
+        for entry in layer["times"].values():
+            for shard in [entry, *entry.get("tp", {}).values()]:
+                for at in [shard, *shard.get("batches", {}).values()]:
+                    at.pop("forward", None)
+    return out
 
 
 def main() -> None:

@@ -8,27 +8,32 @@ import numpy as np
 
 from heterps_cli.costmodel import next_whole, schedule_of_stages, split_stages, stage_throughputs
 from heterps_cli.figures import count, usd
-from heterps_cli.formulas import pipeline_slots, ring_allreduce, share, step_parts, stretch
+from heterps_cli.formulas import amdahl, pipeline_slots, ring_allreduce, share, step_parts, stretch, whole_samples
 from heterps_cli.objective import Objective
 from heterps_cli.problem import SLACK, Problem
 
 
-def terms(stage, micro_batches: int, stages: int) -> dict[str, float]:
+def terms(stage, micro_batches: int, stages: int, again: float = 0.0) -> dict[str, float]:
     """The parts of a stage's time per batch (sections 1, 1b) or per step (section 1d), in seconds.
     Without a pipeline schedule compute and communication overlap (the stage takes the larger);
-    with one they add up."""
+    with one they add up. ``again``: of a micro-batch's compute, the forward pass a recomputing stage
+    runs a second time (section 1g), its own term."""
     if not micro_batches:
         return {
             "compute": stage.compute_s,
             "gradient synchronisation": stage.comm_s - stage.transfer_s,
             "stage-boundary transfer": stage.transfer_s,
         }
-    return step_parts(micro_batches, stages, stage.compute_s, stage.transfer_s, stage.comm_s, stage.update_s or 0.0)
+    parts = step_parts(micro_batches, stages, stage.compute_s, stage.transfer_s, stage.comm_s, stage.update_s or 0.0)
+    if again > 0:
+        parts["compute"] = micro_batches * (stage.compute_s - again)
+        parts["recomputed forward"] = micro_batches * again
+    return parts
 
 
-def binding(stage, micro_batches: int, stages: int) -> tuple[str, float, float]:
+def binding(stage, micro_batches: int, stages: int, again: float = 0.0) -> tuple[str, float, float]:
     """(term, its seconds, the stage's seconds) of the term that takes most of the stage's time."""
-    parts = terms(stage, micro_batches, stages)
+    parts = terms(stage, micro_batches, stages, again)
     if not micro_batches:
         total = max(stage.compute_s, stage.comm_s)
         if stage.compute_s >= stage.comm_s:
@@ -45,10 +50,14 @@ def explanation(problem: Problem, plan) -> tuple[str, ...]:
     b = plan.bottleneck
     stage = plan.stages[b]
     M, S = plan.micro_batches, len(plan.stages)
-    name, seconds, total = binding(stage, M, S)
-    where = f"stage {b} ({stage.resource} × {count(stage.replicas)}, layers {stage.first}-{stage.last})"
+    again = _forward_again(problem, plan, b) if stage.recompute and M else 0.0
+    name, seconds, total = binding(stage, M, S, again)
+    on = f"{stage.resource} tp{stage.tp}" if stage.tp else stage.resource  # section 1h: replicas of tp units
+    where = f"stage {b} ({on} × {count(stage.replicas)}, layers {stage.first}-{stage.last})"
     if M:
         first = f"{where} sets the throughput: {name} takes {_s(seconds)} of its {_s(total)} per step"
+        if again > 0 and name != "recomputed forward":  # section 1g: the price of the memory it saves
+            first += f" (its recomputed forward pass {_s(M * again)})"
     else:
         other, other_s = ("communication", stage.comm_s) if name == "compute" else ("compute", stage.compute_s)
         overlap = f", and {other} ({_s(other_s)}) overlaps it" if other_s > 0 else f", with no {other}"
@@ -56,11 +65,25 @@ def explanation(problem: Problem, plan) -> tuple[str, ...]:
     return first, _held_by(problem, plan, b)
 
 
+def _forward_again(problem: Problem, plan, b: int) -> float:
+    """Section 1g: seconds of a micro-batch's compute that stage ``b``'s busiest replica spends running its
+    forward pass again (its compute recomputing, less the same stage's without)."""
+    plain = [s.model_copy(update={"recompute": None}) if i == b else s for i, s in enumerate(plan.stages)]
+    k = float(plan.stages[b].replicas)
+    per = []
+    for stages in (plan.stages, plain):
+        split = split_stages(problem, schedule_of_stages(problem, stages)[None, :])
+        micro = float(split.micro_parallel[0, b] - split.transfer[0, b])
+        per.append(float(amdahl(split.micro_serial[0, b], whole_samples(micro, micro, problem.batch_size, k), k)))
+    return max(per[0] - per[1], 0.0)
+
+
 def _held_by(problem: Problem, plan, b: int) -> str:
     stage = plan.stages[b]
     t = problem.types.index(stage.resource)
     used, limit = plan.resources[stage.resource], int(problem.limits[t])
-    if used >= limit:
+    width = stage.tp or 1  # section 1h: another replica takes this many units
+    if used + width > limit:
         held = "the cluster's nodes hold" if problem.nodes is not None else "the limit allows"
         return f"it has no more {stage.resource} to take: the plan uses all {count(limit)} units {held}"
     if plan.idle_units is not None and not plan.idle_units.get(stage.resource):
@@ -74,7 +97,7 @@ def _held_by(problem: Problem, plan, b: int) -> str:
         each = f"its {count(stage.replicas)} replicas train one sample each of the batch of {count(B)}"
         return f"{each}: no more can share it"
     more = int(next_whole(B, stage.replicas)) - stage.replicas
-    if used + more > limit:
+    if used + more * width > limit:
         return (
             f"{_another(more, B, stage.replicas)} would split the batch of {count(B)} finer, and the plan uses "
             f"{count(used)} of the {count(limit)} {stage.resource} units the limit allows"

@@ -135,3 +135,16 @@ def test_run_recomputes_a_stage_with_the_same_losses(tmp_path):
     losses = json.loads(out.read_text())["losses"]
     reference = single_process_losses("mlp", 64 * 16, 3)
     assert max(abs(a - b) for a, b in zip(losses, reference)) < 1e-5
+
+
+def test_the_explanation_names_the_recomputed_forward_pass(tmp_path):
+    """Stage 0 recomputes: of its 7.6 s a step (16 micro-batches of 0.3 s, 3 slots of fill at 0.4 s),
+    the second forward pass takes 16 x 0.1 s."""
+    profile, cluster = long_sequences(tmp_path)
+    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    plan = json.loads(result.output)
+    assert plan["stages"][plan["bottleneck"]].get("recompute")
+    assert "compute takes 4.8 s of its 7.6 s per step (its recomputed forward pass 1.6 s)" in plan["explanation"][0]

@@ -217,7 +217,7 @@ def _hardware_view(plan: Plan) -> Table | None:
     table.add_column("stage", **numeric)
     table.add_column("on", no_wrap=True)
     if memory:
-        table.add_column("GB per replica", **numeric)
+        table.add_column("GB per unit" if any(s.tp for s in plan.stages) else "GB per replica", **numeric)
         table.add_column("of unit GB", **numeric)
         table.add_column("used", **numeric)
     if transfer:
