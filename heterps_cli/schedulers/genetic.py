@@ -28,6 +28,8 @@ from heterps_cli.schedulers.scoring import (
     Evaluator,
     Reference,
     Search,
+    alphabet,
+    codes,
     evaluation_budget,
     heuristic_schedules,
     random_schedules,
@@ -50,7 +52,9 @@ def crossover(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> np.ndar
 
 
 def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Flip one layer's type, or shift one stage boundary by 1-3 layers; stays runnable."""
+    """Flip one layer's type (and tensor-parallel degree, section 1h), or shift one stage boundary by
+    1-3 layers; stays runnable."""
+    labels, usable = alphabet(problem, degrees=True)
     row = schedule.copy()
     bounds = np.flatnonzero(np.diff(row)) + 1
     if bounds.size and rng.random() < 0.5:
@@ -62,14 +66,14 @@ def mutate(problem: Problem, schedule: np.ndarray, rng: np.random.Generator) -> 
         else:
             span = slice(max(m - shift, 0), m)
             row[span] = row[m]
-        if problem.usable[np.arange(len(row)), row].all():
+        if usable[np.arange(len(row)), codes(problem, row)].all():
             return row
         row = schedule.copy()
     layer = int(rng.integers(0, len(row)))
-    types = np.flatnonzero(problem.usable[layer])
-    types = types[types != row[layer]]
-    if types.size:
-        row[layer] = rng.choice(types)
+    others = np.flatnonzero(usable[layer])
+    others = others[labels[others] != row[layer]]
+    if others.size:
+        row[layer] = labels[rng.choice(others)]
     return row
 
 
@@ -79,8 +83,9 @@ def solve(
     search = Search.begin(problem, seed, progress, options)
     rng, evaluate, best = search.rng, search.evaluate, search.best
     budget = evaluation_budget(options)
-    heuristics = heuristic_schedules(problem)
-    population = np.concatenate([heuristics, random_schedules(problem, max(POPULATION - len(heuristics), 0), rng)])
+    heuristics = heuristic_schedules(problem, degrees=True)
+    drawn = random_schedules(problem, max(POPULATION - len(heuristics), 0), rng, degrees=True)
+    population = np.concatenate([heuristics, drawn])
     population = population[:POPULATION] if budget >= POPULATION else population[: max(budget, 1)]
     scored = evaluate(population)
     reference = Reference.of(scored)

@@ -39,7 +39,7 @@ def solve(
         if dry >= 3:  # a small model has fewer distinct schedules than the budget
             notes.append(f"only {evaluate.evaluations:,} distinct schedules found in {drawn:,} draws")
             break
-        schedules = random_schedules(problem, CHUNK, rng)
+        schedules = random_schedules(problem, CHUNK, rng, degrees=True)
         drawn += CHUNK
         fresh = _new_rows(schedules, evaluate)[: budget - evaluate.evaluations]
         if len(fresh):

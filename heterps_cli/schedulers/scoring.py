@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import Scores, better, degree_label, meets_targets, provision, split_stages, stage_ids
+from heterps_cli.costmodel import (
+    Scores,
+    better,
+    degree_label,
+    meets_targets,
+    provision,
+    split_stages,
+    stage_ids,
+    stage_label,
+)
 from heterps_cli.errors import SearchFailed
 from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.objective import Objective
@@ -397,10 +406,28 @@ def rank_advantage(r: np.ndarray) -> np.ndarray:
     return out.reshape(r.shape)
 
 
-def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> np.ndarray:
+def alphabet(problem: Problem, degrees: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """What a search may put a layer on: ``[L]`` labels, and ``[n, L]`` where each is usable. The types
+    (the papers' alphabet); with ``degrees``, each type at each tensor-parallel degree too (section 1h:
+    label ``t + degree_label(T, j)``, code ``t + T j``)."""
+    views = problem.views if degrees else problem.views[:1]
+    T = problem.n_types
+    labels = np.concatenate([stage_label(T, np.arange(T), False, j) for j in range(len(views))])
+    return labels, np.concatenate([view.usable for view in views], axis=1)
+
+
+def codes(problem: Problem, schedule: np.ndarray) -> np.ndarray:
+    """The :func:`alphabet` codes of a schedule of its labels."""
+    T = problem.n_types
+    return schedule % T + T * (schedule // degree_label(T, 1))
+
+
+def random_schedules(problem: Problem, count: int, rng: np.random.Generator, degrees: bool = False) -> np.ndarray:
     """Schedules of 1..max(8, n/3) contiguous segments on random types (so that deep pipelines, which
-    fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on."""
+    fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on;
+    with ``degrees``, on random types at random tensor-parallel degrees (:func:`alphabet`)."""
     n, T = problem.n_layers, problem.n_types
+    labels, usable = alphabet(problem, degrees)
     most = min(n, max(8, n // 3))
     segments = rng.integers(1, most + 1, size=count)
     # The segments - 1 layers with the smallest random keys start a new segment (never layer 0).
@@ -408,21 +435,22 @@ def random_schedules(problem: Problem, count: int, rng: np.random.Generator) -> 
     keys[:, 0] = np.inf
     rank = np.argsort(np.argsort(keys, axis=1), axis=1)
     segment = np.cumsum(rank < (segments - 1)[:, None], axis=1, dtype=np.int64)
-    types = rng.integers(0, T, size=(count, most))
+    types = rng.integers(0, len(labels), size=(count, most))
     out = np.take_along_axis(types, segment, axis=1)
-    bad = ~problem.usable[np.arange(n)[None, :], out]
+    bad = ~usable[np.arange(n)[None, :], out]
     if bad.any():
         fallback = _per_layer_best(problem, problem.oct * np.maximum(problem.prices, 1e-9)[None, :])
         out = np.where(bad, fallback[None, :], out)
-    return out
+    return labels[out] if len(labels) > T else out
 
 
 def _per_layer_best(problem: Problem, score: np.ndarray) -> np.ndarray:
     return np.where(problem.usable, score, np.inf).argmin(axis=1)
 
 
-def heuristic_schedules(problem: Problem) -> np.ndarray:
-    """Each layer on its cheapest-to-compute, cheapest-overall and fastest type, and each type for all."""
+def heuristic_schedules(problem: Problem, degrees: bool = False) -> np.ndarray:
+    """Each layer on its cheapest-to-compute, cheapest-overall and fastest type, and each type for all;
+    with ``degrees``, also each type at each further tensor-parallel degree for all (section 1h)."""
     price = np.maximum(problem.prices, 1e-9)[None, :]
     rows = [
         _per_layer_best(problem, problem.oct * price),
@@ -434,6 +462,12 @@ def heuristic_schedules(problem: Problem) -> np.ndarray:
     if np.isfinite(problem.memory).any():  # section 1b: the same, cut where a stage outgrows memory
         weight = np.ones_like(price) if problem.objective is Objective.TIME else price
         rows += [_cut_for_memory(problem, row, weight) for row in rows]
+    if degrees:
+        T = problem.n_types
+        for j, view in enumerate(problem.views[1:], start=1):
+            for t in range(T):
+                if view.usable[:, t].any():
+                    rows.append(np.where(view.usable[:, t], int(stage_label(T, t, False, j)), rows[0]))
     return np.array(rows, dtype=np.int64)
 
 
