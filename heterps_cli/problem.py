@@ -95,6 +95,14 @@ class Problem:
         return (self, *(self.tensor[d] for d in sorted(self.tensor))) if self.tensor else (self,)
 
     @property
+    def stage_ways(self) -> tuple[tuple[int, bool], ...]:
+        """Each way a stage may run: the index of its tensor-parallel degree (section 1h), and whether it
+        recomputes its activations (section 1g) where that degree can."""
+        return tuple(
+            (j, again) for j, view in enumerate(self.views) for again in (False, True)[: 1 + view.can_recompute]
+        )
+
+    @property
     def widths(self) -> np.ndarray:
         """``[D]``: the units a replica holds at each of :attr:`degrees`."""
         return np.array(self.degrees, dtype=np.int64)

@@ -94,7 +94,7 @@ def grid_cells(problem: Problem) -> int:
     the most stages, on that many times the types."""
     cells = (problem.n_layers + 1) ** 2 * problem.n_types
     if problem.pipelined:  # each way a stage may run: sections 1g and 1h
-        cells *= most_stages(problem) * sum(1 + view.can_recompute for view in problem.views)
+        cells *= most_stages(problem) * len(problem.stage_ways)
     return cells
 
 

@@ -56,11 +56,8 @@ from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
 def _variants(problem: Problem) -> tuple[tuple[int, bool], ...]:
-    """Each way a stage may run: the index of its tensor-parallel degree (section 1h), and whether it
-    recomputes its activations (section 1g) where that degree can."""
-    return tuple(
-        (j, again) for j, view in enumerate(problem.views) for again in (False, True)[: 1 + view.can_recompute]
-    )
+    """:attr:`Problem.stage_ways` (sections 1g, 1h)."""
+    return problem.stage_ways
 
 
 def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
