@@ -399,6 +399,46 @@ def pipeline_optimum(
     return best
 
 
+def pipeline_optimum_on_nodes(profile: dict, cluster: dict, objective: str = "cost", min_throughput: float = 0.0):
+    """:func:`pipeline_optimum` on a cluster of node kinds (section 1e): every plan within the units of
+    every node rented, priced by the cheapest rental holding its units; a degree ``d`` offered on a
+    type only where every kind holding it holds a multiple of ``d`` (section 1h)."""
+    types = list(cluster["resources"])
+    kinds = list(cluster["nodes"].values())
+    units = np.array([[k["units"].get(t, 0) for t in types] for k in kinds])
+    capacity, rate = rentals(units, [k["price"] for k in kinds], [k["available"] for k in kinds])
+    most = capacity.max(axis=0)
+    flat = {
+        "resources": {t: {**cluster["resources"][t], "price": 0.0, "limit": int(most[i])} for i, t in enumerate(types)}
+    }
+
+    def offered(t: str, d: int) -> bool:
+        column = units[:, types.index(t)]
+        return bool((column[column > 0] % d == 0).all())
+
+    layers, B0 = profile["layers"], profile["batch_size"]
+    work = profile["job"]["epochs"] * profile["job"]["samples"]
+    best = None
+    for sched in itertools.product(types, repeat=len(layers)):
+        if not all(t in layer["times"] for t, layer in zip(sched, layers)):
+            continue
+        for stages, ks, ds in _cuts_replicas_degrees(sched, flat, B0, layers):
+            if not all(offered(t, d) for (t, _), d in zip(stages, ds)):
+                continue
+            for again in _recomputes(layers, stages, ds):
+                f = pipeline_figures(profile, flat, list(sched), list(ks), stages, list(again), list(ds))
+                if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
+                    continue
+                used = np.array([[f["resources"][t] for t in types]], dtype=float)
+                hourly = cheapest_rental(used, capacity, rate)[0]
+                if not np.isfinite(hourly):
+                    continue
+                cost = work / f["throughput"] / 3600 * hourly
+                if best is None or _better(objective, cost, f["throughput"], *best):
+                    best = (cost, f["throughput"])
+    return best
+
+
 def _recomputes(layers, stages, degrees=None):
     """Section 1g: every choice of stages that recompute, among those whose every layer gives a forward time
     (at the stage's degree, section 1h)."""

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from tests.helpers import exact_against, plan_and_check, write_yaml
-from tests.oracle import pipeline_figures, pipeline_optimum
+from tests.oracle import pipeline_figures, pipeline_optimum, pipeline_optimum_on_nodes
 from tests.strategies import SETTINGS
 from tests.test_pipeline import pipelined
 
@@ -61,6 +61,48 @@ def sharded(draw):
                     shard["forward"] = float(np.round(shard["oct"] * 0.3, 9))
                 entry["tp"][d] = shard
     return profile, cluster
+
+
+@st.composite
+def sharded_on_nodes(draw):
+    """:func:`sharded` on one or two node kinds of one or two nodes, holding 1 to 4 units of each type
+    (so tp 2 and 4 are offered on some types and not on others)."""
+    profile, cluster = draw(sharded())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    types = list(cluster["resources"])
+    K = draw(st.integers(1, 2))
+    units = rng.choice([0, 1, 2, 2, 4], size=(K, len(types)))
+    units[rng.integers(0, K, len(types)), np.arange(len(types))] = rng.choice([1, 2, 4], len(types))
+    units[units.sum(axis=1) == 0, 0] = 2
+    cluster["resources"] = {
+        t: {k: v for k, v in r.items() if k not in ("price", "limit")} for t, r in cluster["resources"].items()
+    }
+    cluster["nodes"] = {
+        f"n{k}": {
+            "price": round(float(rng.uniform(1.0, 9.0)), 2),
+            "units": {t: int(u) for t, u in zip(types, units[k]) if u},
+            "available": int(rng.integers(1, 3)),
+        }
+        for k in range(K)
+    }
+    return profile, cluster
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(sharded_on_nodes(), st.sampled_from(["cost", "time"]))
+def test_exact_on_nodes_chooses_degrees_and_rentals_as_enumeration_does(inst, objective):
+    profile, cluster = inst
+    expected = pipeline_optimum_on_nodes(profile, cluster, objective, profile["job"]["min_throughput"])
+    plan = exact_against(profile, cluster, objective, expected)
+    if plan is None:
+        return
+    per_node: dict[tuple[str, str], int] = {}
+    for s in plan.stages:  # every replica's units on one node, no node over what it holds of the type
+        assert sum(s.nodes.values()) == s.replicas
+        for node, count in s.nodes.items():
+            per_node[node, s.resource] = per_node.get((node, s.resource), 0) + count * (s.tp or 1)
+    for (node, t), used in per_node.items():
+        assert used <= cluster["nodes"][node.split("#")[0]]["units"].get(t, 0)
 
 
 def _stages(plan):
