@@ -168,26 +168,26 @@ def _neighbour_moves(problem: Problem, schedule: np.ndarray) -> np.ndarray:
 
 def _stage_moves(problem: Problem, schedule: np.ndarray, stages: list[tuple[int, int]]) -> list[np.ndarray]:
     """Section 1's whole space: cut each stage in two on its type (a new label from the cut to its
-    end), join each stage to the previous one on the same type, and put each stage on every other
-    type without joining either neighbour."""
+    end, run the same way: sections 1g, 1h), join each stage to the previous one on the same type, and
+    put each stage on every other type without joining either neighbour."""
     n, T = problem.n_layers, problem.n_types
-    types = schedule % T
+    types, again, degree = label_parts(T, schedule)
     moves = []
     for a, z in stages:
         after = schedule[z] if z < n else -1
         cut = np.arange(a + 1, z)
         if cut.size:
-            label = _apart(problem, np.full(cut.size, types[a]), schedule[a], after)
+            label = _apart(problem, np.full(cut.size, types[a]), schedule[a], after, again=again[a], degree=degree[a])
             moves.append(_one_run(cut, np.full(cut.size, z), label))
         before = schedule[a - 1] if a > 0 else -1
         others = np.flatnonzero(np.arange(T) != types[a])
         label = _apart(problem, others, before, after)
         moves.append(_one_run(np.full(others.size, a), np.full(others.size, z), label))
     for (a, m), (_, z) in zip(stages, stages[1:]):
-        if types[a] == types[m]:  # one label over both, none of their outer neighbours'
-            label = _apart(problem, types[a], schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1)
+        if types[a] == types[m]:  # one label over both (run as the first), none of their outer neighbours'
+            before, after = schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1
+            label = _apart(problem, types[a], before, after, again=again[a], degree=degree[a])
             moves.append(_one_run(a, z, label))
-    _, again, degree = label_parts(T, schedule)
     views = problem.views
     for a, z in stages:
         before, after = schedule[a - 1] if a > 0 else -1, schedule[z] if z < n else -1
