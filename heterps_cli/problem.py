@@ -134,6 +134,8 @@ class Problem:
         at = _at_batch(
             self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None, self.degree > 1
         )
+        if self.degree > 1:  # section 1h: still only where replicas of this many units can be placed
+            at["runnable"] = at["runnable"] & placeable(self, self.degree)[None, :]
         out = self.replace(**at, choose_micro_batch=False)
         if self.tensor:  # each degree at the same micro-batch, from its own measured sizes
             out = dataclasses.replace(out, tensor={d: p.at_micro_batch(batch) for d, p in self.tensor.items()})
@@ -680,19 +682,21 @@ def _check_sizes(problem: Problem, pdoc: Document) -> None:
     infinite and silently drop out of the model), naming the first such layer and field."""
     # the largest size any time was measured at: section 1f may choose it
     B0 = float(max(problem.batch_size, problem.measured.largest if problem.measured is not None else 0))
-    with np.errstate(over="ignore"):
-        scaled = {
-            "input_size": (2.0 * B0 * problem.input_size, "2 x batch_size x input_size"),
-            "activation_size": (B0 * problem.activation_size, "batch_size x activation_size"),
-            "weight_size": (problem.state_factor * problem.weight_size, "state_factor x weight_size"),
-        }
-    for field, (values, product) in scaled.items():
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            raise pdoc.error(
-                ("layers", int(bad[0]), field),
-                f"{product} overflows a float (over 1.8e308 bytes): give the real size in bytes",
-            )
+    for view in problem.views:  # section 1h: each degree's one-unit sizes feed its memory too
+        with np.errstate(over="ignore"):
+            scaled = {
+                "input_size": (2.0 * B0 * view.input_size, "2 x batch_size x input_size"),
+                "activation_size": (B0 * view.activation_size, "batch_size x activation_size"),
+                "weight_size": (view.state_factor * view.weight_size, "state_factor x weight_size"),
+            }
+        for field, (values, product) in scaled.items():
+            bad = np.flatnonzero(~np.isfinite(values))
+            if bad.size:
+                at = ("tp", view.degree) if view.degree > 1 else ()
+                raise pdoc.error(
+                    ("layers", int(bad[0]), *at, field),
+                    f"{product} overflows a float (over 1.8e308 bytes): give the real size in bytes",
+                )
 
 
 def _check_fastest(problem: Problem, pdoc: Document) -> None:

@@ -259,3 +259,40 @@ def test_run_refuses_a_tensor_parallel_stage_naming_it(tmp_path):
     assert result.exit_code == 2
     said = " ".join(result.output.split())
     assert "stages[0].tp" in said and "does not execute" in said
+
+
+def test_at_any_micro_batch_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_path):
+    """As above, with times at two micro-batches and the plan choosing between them."""
+    profile, cluster = big_layers(tmp_path, nodes=True)
+    data = yaml.safe_load(open(profile))
+    for layer in data["layers"]:
+        entry = layer["times"]["gpu"]
+        entry["batches"] = {2: {"oct": 0.6, "odt": 0.5}}
+        for shard in entry["tp"].values():
+            shard["batches"] = {2: {"oct": shard["oct"] * 0.6, "odt": shard["odt"]}}
+    write_yaml(tmp_path / "p.yaml", data)
+    nodes = yaml.safe_load(open(cluster))
+    nodes["nodes"]["box"]["units"]["gpu"] = 6
+    write_yaml(tmp_path / "c.yaml", nodes)
+    for micro in ([], ["--micro-batch", "2"], ["--micro-batch", "4"]):
+        result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--json", *micro])
+        assert result.exit_code == 0, result.output
+        assert {s.get("tp", 1) for s in json.loads(result.output)["stages"]} == {2}
+    from heterps_cli.problem import load_problem
+
+    problem = load_problem(profile, cluster)
+    assert problem.micro_batch_choices == (2, 4)
+    for batch in (2, 4):  # the problem the plan chooses at, each micro-batch's own
+        at = problem.at_micro_batch(batch)
+        assert not at.tensor[4].runnable.any() and at.tensor[2].runnable.all()
+
+
+def test_a_size_at_a_degree_that_overflows_is_refused_naming_it(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    data = yaml.safe_load(open(profile))
+    data["layers"][3]["tp"][4]["weight_size"] = 1e308
+    write_yaml(tmp_path / "p.yaml", data)
+    result = runner.invoke(app, ["plan", profile, cluster])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "layers[3].tp[4].weight_size" in said and "overflows" in said
