@@ -375,6 +375,33 @@ def pipeline_figures(
     }
 
 
+def figures_of_plan(profile: dict, cluster: dict, plan) -> dict:
+    """:func:`pipeline_figures` of a plan as it cuts its stages (two on one type kept two), with each
+    stage's recomputation and tensor-parallel degree (sections 1g, 1h)."""
+    stages = [(s.resource, list(range(s.first, s.last + 1))) for s in plan.stages]
+    return pipeline_figures(
+        profile,
+        cluster,
+        plan.schedule,
+        [s.replicas for s in plan.stages],
+        stages,
+        [bool(s.recompute) for s in plan.stages],
+        [s.tp or 1 for s in plan.stages],
+    )
+
+
+def assert_figures_are_the_oracles(profile: dict, cluster: dict, plan) -> dict:
+    """The plan is feasible by the oracle, and its throughput and each stage's step and memory are
+    the oracle's; the oracle's figures."""
+    ref = figures_of_plan(profile, cluster, plan)
+    assert ref["feasible"]
+    assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
+    for stage, step, memory in zip(plan.stages, ref["step_s"], ref["memory_gb"]):
+        assert math.isclose(stage.step_s, step, rel_tol=1e-9)
+        assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9, abs_tol=1e-15)
+    return ref
+
+
 def pipeline_optimum(
     profile: dict, cluster: dict, objective: str = "cost", min_throughput: float = 0.0, max_cost: float | None = None
 ):

@@ -5,7 +5,6 @@ replica vector and choice of recomputing stages."""
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
 from tests.helpers import exact_against, plan_and_check, write_yaml
-from tests.oracle import pipeline_figures, pipeline_optimum, pipeline_optimum_on_nodes
+from tests.oracle import assert_figures_are_the_oracles, pipeline_optimum, pipeline_optimum_on_nodes
 from tests.strategies import SETTINGS
 from tests.test_pipeline import pipelined
 
@@ -105,28 +104,15 @@ def test_exact_on_nodes_chooses_degrees_and_rentals_as_enumeration_does(inst, ob
         assert used <= cluster["nodes"][node.split("#")[0]]["units"].get(t, 0)
 
 
-def _stages(plan):
-    return [(s.resource, list(range(s.first, s.last + 1))) for s in plan.stages]
-
-
 @settings(max_examples=120, **SETTINGS)
 @given(sharded(), st.sampled_from(["cost", "time"]))
 def test_exact_chooses_each_stages_degree_as_enumeration_does(inst, objective):
     profile, cluster = inst
     expected = pipeline_optimum(profile, cluster, objective, profile["job"]["min_throughput"])
     plan = exact_against(profile, cluster, objective, expected)
-    if plan is None:
-        return
-    again = [bool(s.recompute) for s in plan.stages]
-    degrees = [s.tp or 1 for s in plan.stages]
-    replicas = [s.replicas for s in plan.stages]
-    ref = pipeline_figures(profile, cluster, plan.schedule, replicas, _stages(plan), again, degrees)
-    assert ref["feasible"]
-    assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
-    assert plan.resources == {t: ref["resources"][t] for t in plan.resources}
-    for stage, step, memory in zip(plan.stages, ref["step_s"], ref["memory_gb"]):
-        assert math.isclose(stage.step_s, step, rel_tol=1e-9)
-        assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9, abs_tol=1e-15)
+    if plan is not None:
+        ref = assert_figures_are_the_oracles(profile, cluster, plan)
+        assert plan.resources == {t: ref["resources"][t] for t in plan.resources}
 
 
 def big_layers(tmp_path, nodes: bool = False):
@@ -227,17 +213,6 @@ def test_degrees_that_do_not_divide_each_other_are_refused(tmp_path):
     assert "layers[1].times.gpu.tp[3]" in said and "divide" in said
 
 
-def test_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_path):
-    """Nodes of six GPUs hold no whole set of tp-4 replicas' units: only tp 1 and 2 are offered."""
-    profile, cluster = big_layers(tmp_path, nodes=True)
-    data = yaml.safe_load(open(cluster))
-    data["nodes"]["box"]["units"]["gpu"] = 6
-    write_yaml(tmp_path / "c.yaml", data)
-    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--json"])
-    assert result.exit_code == 0, result.output
-    assert {s.get("tp", 1) for s in json.loads(result.output)["stages"]} == {2}
-
-
 def test_check_refuses_a_degree_the_profile_no_longer_gives(tmp_path):
     profile, cluster = big_layers(tmp_path)
     plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
@@ -261,11 +236,13 @@ def test_run_refuses_a_tensor_parallel_stage_naming_it(tmp_path):
     assert "stages[0].tp" in said and "does not execute" in said
 
 
-def test_at_any_micro_batch_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_path):
-    """As above, with times at two micro-batches and the plan choosing between them."""
+@pytest.mark.parametrize("two_sizes", [False, True])
+def test_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_path, two_sizes):
+    """Nodes of six GPUs hold no whole set of tp-4 replicas' units: only tp 1 and 2 are offered, at
+    every micro-batch the plan may choose among (``two_sizes``: times at 2 and 4)."""
     profile, cluster = big_layers(tmp_path, nodes=True)
     data = yaml.safe_load(open(profile))
-    for layer in data["layers"]:
+    for layer in data["layers"] if two_sizes else []:
         entry = layer["times"]["gpu"]
         entry["batches"] = {2: {"oct": 0.6, "odt": 0.5}}
         for shard in entry["tp"].values():
@@ -274,15 +251,15 @@ def test_at_any_micro_batch_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_p
     nodes = yaml.safe_load(open(cluster))
     nodes["nodes"]["box"]["units"]["gpu"] = 6
     write_yaml(tmp_path / "c.yaml", nodes)
-    for micro in ([], ["--micro-batch", "2"], ["--micro-batch", "4"]):
+    for micro in ([], ["--micro-batch", "2"], ["--micro-batch", "4"])[: 3 if two_sizes else 1]:
         result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--json", *micro])
         assert result.exit_code == 0, result.output
         assert {s.get("tp", 1) for s in json.loads(result.output)["stages"]} == {2}
     from heterps_cli.problem import load_problem
 
     problem = load_problem(profile, cluster)
-    assert problem.micro_batch_choices == (2, 4)
-    for batch in (2, 4):  # the problem the plan chooses at, each micro-batch's own
+    assert problem.micro_batch_choices == ((2, 4) if two_sizes else (4,))
+    for batch in problem.micro_batch_choices:  # the problem the plan chooses at, each micro-batch's own
         at = problem.at_micro_batch(batch)
         assert not at.tensor[4].runnable.any() and at.tensor[2].runnable.all()
 
