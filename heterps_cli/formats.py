@@ -618,6 +618,15 @@ def _validate(model: type[_Strict], doc: Document, kind: str) -> Any:
                     )
                 )
                 continue
+            if loc and loc[-1] == "[key]" and len(loc) > 2 and loc[-3] == "tp":  # section 1h
+                problems.append(
+                    doc.error(
+                        loc[:-1],
+                        f"the tensor-parallel degree {_shown(loc[-2])} must be a whole number from 2 to "
+                        f"{MAX_UNITS:,} (tp 1 is what the entry and the layer give themselves)",
+                    )
+                )
+                continue
             if loc and loc[-1] == "[key]":
                 why = str(error.get("ctx", {}).get("error", "")) if error["type"] == "value_error" else ""
                 problems.append(

@@ -273,3 +273,21 @@ def test_a_size_at_a_degree_that_overflows_is_refused_naming_it(tmp_path):
     assert result.exit_code == 2
     said = " ".join(result.output.split())
     assert "layers[3].tp[4].weight_size" in said and "overflows" in said
+
+
+@pytest.mark.parametrize("where", ["entry", "layer"])
+@pytest.mark.parametrize("degree", [1, "x"])
+def test_a_degree_that_is_no_degree_is_refused_naming_it(tmp_path, where, degree):
+    profile, cluster = big_layers(tmp_path)
+    data = yaml.safe_load(open(profile))
+    if where == "entry":
+        data["layers"][0]["times"]["gpu"]["tp"][degree] = {"oct": 1.0, "odt": 0.1}
+        field = f"layers[0].times.gpu.tp[{degree}]" if degree == 1 else "layers[0].times.gpu.tp.x"
+    else:
+        data["layers"][0]["tp"][degree] = {"weight_size": 1.0}
+        field = f"layers[0].tp[{degree}]" if degree == 1 else "layers[0].tp.x"
+    write_yaml(tmp_path / "p.yaml", data)
+    result = runner.invoke(app, ["plan", profile, cluster])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert field in said and "tensor-parallel degree" in said and "Traceback" not in said
