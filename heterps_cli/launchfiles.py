@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from heterps_cli.errors import InputError
 from heterps_cli.runtime.placement import per_node
 from heterps_cli.shell import Env, Word, address, command, comment, quote
 
@@ -53,7 +54,19 @@ def launch_for(
     plan is named by its absolute path: every node starts in its own directory, and a name like
     ``-x.yaml`` is never read as an option."""
     placed = all(s.nodes is not None for s in plan.stages)
-    counts = per_node(plan.stages) if placed else {"this machine": sum(s.replicas for s in plan.stages)}
+    if placed and any(s.tp for s in plan.stages):
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            "the plan places tensor-parallel replicas (tp) on nodes, which heterps launch does not lay out yet: "
+            "run it under torchrun with heterps run (a process per shard), or plan at tp 1",
+        )
+    counts = (
+        per_node(plan.stages)
+        if placed
+        else {"this machine": sum(s.replicas * (s.tp or 1) for s in plan.stages)}  # section 1h: one per shard
+    )
     run: list[Word] = ["-m", "heterps_cli", "run", os.path.abspath(plan_path), *(["--placed"] if placed else [])]
     run += run_args
     nodes = []

@@ -227,13 +227,67 @@ def test_check_refuses_a_degree_the_profile_no_longer_gives(tmp_path):
     assert f"tp {plan['stages'][0]['tp']}" in " ".join(checked.output.split())
 
 
-def test_run_refuses_a_tensor_parallel_stage_naming_it(tmp_path):
-    profile, cluster = big_layers(tmp_path)
-    plan_and_check(profile, cluster, tmp_path / "plan.yaml")
-    result = runner.invoke(app, ["run", str(tmp_path / "plan.yaml"), "--model", "mlp"])
+def _tp_plan(tmp_path, name: str, stages, degrees, model: str = "mlp", batch: int = 64):
+    """A plan file of ``stages`` (resource, replicas, layers) whose stages run at ``degrees``."""
+    from tests.test_run_command import write_plan
+
+    path = write_plan(tmp_path / f"{name}.json", stages, batch_size=batch, model=model)
+    data = json.loads(path.read_text())
+    first = 0
+    for stage, degree in zip(data["stages"], degrees):
+        stage["first"], stage["last"] = first, first + len(stage["layers"]) - 1
+        first = stage["last"] + 1
+        if degree > 1:
+            stage["tp"] = degree
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_run_refuses_a_tensor_parallel_stage_with_nothing_to_shard(tmp_path):
+    """A stage of one ReLU holds no pair of linear layers: run says so before it starts a process."""
+    plan = _tp_plan(
+        tmp_path, "plan", [("cpu", 1, ["0"]), ("cpu", 1, ["1"]), ("cpu", 1, ["2", "3", "4", "5", "6"])], [1, 2, 1]
+    )
+    result = runner.invoke(app, ["run", str(plan), "--max-processes", "8"])
     assert result.exit_code == 2
     said = " ".join(result.output.split())
-    assert "stages[0].tp" in said and "does not execute" in said
+    assert "stages[1].tp" in said and "no pair of linear layers" in said
+
+
+@pytest.mark.slow
+def test_run_shards_linear_pairs_with_the_losses_of_one_process(tmp_path):
+    """mlp with both stages at tp 2, and with stage 0 at two replicas of tp 2 (data parallel over
+    sharded replicas): torch.distributed.tensor.parallel on gloo, the single-process losses."""
+    from heterps_cli.runtime import single_process_losses
+    from tests.helpers import heterps
+    from tests.test_run_command import MLP_LAYERS
+
+    reference = single_process_losses("mlp", 64 * 16, 3)
+    for name, replicas, degrees in (("tp", 1, [2, 2]), ("dp_tp", 2, [2, 1])):
+        plan = _tp_plan(tmp_path, name, [("cpu", replicas, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])], degrees)
+        out = tmp_path / f"{name}.report.json"
+        done = heterps("run", str(plan), "--steps", "3", "--warmup", "0", "--max-processes", "6", "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        report = json.loads(out.read_text())
+        assert report["processes"] == replicas * degrees[0] + degrees[1]
+        assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < 1e-5
+
+
+@pytest.mark.slow
+def test_run_shards_the_bundled_transformers_blocks_with_the_same_losses(tmp_path):
+    """The zoo transformer at its blocks, each stage's block MLP sharded at tp 2: the losses of the same
+    plan at tp 1."""
+    from tests.helpers import heterps
+
+    stages = [("cpu", 1, ["embedding", "blocks.0"]), ("cpu", 1, ["blocks.1", "norm", "head"])]
+    losses = []
+    for degrees in ([1, 1], [2, 2]):
+        plan = _tp_plan(tmp_path, f"tp{degrees[0]}", stages, degrees, model="transformer", batch=8)
+        out = tmp_path / f"tp{degrees[0]}.report.json"
+        done = heterps("run", str(plan), "--steps", "3", "--warmup", "0", "--max-processes", "4", "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        losses.append(json.loads(out.read_text())["losses"])
+    assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5
 
 
 @pytest.mark.parametrize("two_sizes", [False, True])

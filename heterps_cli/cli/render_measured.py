@@ -145,7 +145,8 @@ def _run_tables(report) -> tuple[Table, Table, Table]:
     memory.add_column("plan GB", **numeric)
     memory.add_column("measured as", overflow="fold")
     for s in report.stages:
-        stage = Text(f"{s.index} {clip(s.resource)}×{s.replicas}" + (" ◀" if s.index == report.bottleneck else ""))
+        on = clip(s.resource) + (f" tp{s.tp}" if s.tp > 1 else "")  # section 1h
+        stage = Text(f"{s.index} {on}×{s.replicas}" + (" ◀" if s.index == report.bottleneck else ""))
         spent.add_row(
             stage,
             Text(clip(s.first if s.first == s.last else f"{s.first} … {s.last}")),

@@ -121,20 +121,13 @@ def run_plan(
     if not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole milliseconds, up to a day here
         raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
     plan, doc = load_plan(plan_path)
-    if (sharded := next((i for i, s in enumerate(plan.stages) if s.tp), None)) is not None:
-        raise doc.error(
-            ("stages", sharded, "tp"),
-            f"stage {sharded} runs at tensor-parallel degree {plan.stages[sharded].tp}, which heterps run does not "
-            "execute yet (each replica is one process on one device): run the plan with a trainer that shards "
-            "layers (Megatron-LM, torch.distributed.tensor.parallel), or plan without the profile's tp entries",
-        )
     model = model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})
     under_torchrun = torchrun_env() is not None
     order = _processes(plan, plan_path, devices, placed, max_processes, under_torchrun)
     report(f"loading {model} and checking it against the plan")
-    _check_model(plan, plan_path, model, input_shape, seed)
+    _check_model(plan, doc, model, input_shape, seed)
     cfg = RunConfig(
         model=model,
         input_shape=input_shape,
@@ -151,6 +144,7 @@ def run_plan(
         lr=lr,
         timeout_s=timeout_s,
         recompute=tuple(bool(s.recompute) for s in plan.stages),
+        tp=tuple(s.tp or 1 for s in plan.stages),
     )
     result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
     if result is None:
@@ -185,18 +179,30 @@ def single_process_losses(
     return losses
 
 
-def _check_model(plan: Plan, plan_path: str, model: str, input_shape: tuple[int, ...] | None, seed: int) -> None:
-    """The model is a chain whose layers are the plan's, in its order."""
+def _check_model(plan: Plan, doc, model: str, input_shape: tuple[int, ...] | None, seed: int) -> None:
+    """The model is a chain whose layers are the plan's, in its order; a stage at tp > 1 (section 1h)
+    holds linear layers to shard."""
     import torch
 
     from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
+    from heterps_cli.runtime.worker import shardable
 
     torch.manual_seed(seed)
     names = [name for s in plan.stages for name in s.layers]
     chain = trace_chain(use_layers(load_model(model, plan.batch_size, input_shape), names))
-    check_plan_layers(chain, [s.layers for s in plan.stages], plan_path)
+    check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
+    for i, stage in enumerate(plan.stages):
+        if not stage.tp:
+            continue
+        if shardable(chain.stage(stage.layers), stage.tp) is None:
+            raise doc.error(
+                ("stages", i, "tp"),
+                f"stage {i} runs at tensor-parallel degree {stage.tp}, but its layers hold no pair of linear "
+                f"layers (a Linear, element-wise layers, a Linear) whose inner width {stage.tp} divides, which is "
+                "what heterps run shards (torch.distributed.tensor.parallel): plan that stage at tp 1",
+            )
 
 
 def _processes(
@@ -207,10 +213,16 @@ def _processes(
     torchrun's ranks take (docs/guide/running.md)."""
     import torch
 
-    world = sum(s.replicas for s in plan.stages)
+    world = sum(s.replicas * (s.tp or 1) for s in plan.stages)  # section 1h: a process per shard
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
-        check_gpus_unshared([(s.resource, s.replicas) for s in plan.stages], devices, torch.cuda.device_count())
+        check_gpus_unshared(
+            [(s.resource, s.replicas * (s.tp or 1)) for s in plan.stages], devices, torch.cuda.device_count()
+        )
     order = None
+    if placed and any(s.tp for s in plan.stages):
+        raise InputError(
+            plan_path, None, "--placed", "--placed does not place tensor-parallel replicas (tp in the plan) yet"
+        )
     if placed:
         from heterps_cli.runtime.placement import processes
 
@@ -227,7 +239,8 @@ def _processes(
             plan_path,
             None,
             "stages",
-            f"the plan has {world} replicas in all, one process each, more than --max-processes {limit}: "
+            f"the plan runs as {world} processes (one per replica, or per shard of a tensor-parallel replica), "
+            f"more than --max-processes {limit}: "
             "raise --max-processes, run it on a cluster under torchrun, or plan with lower limits",
         )
     return order

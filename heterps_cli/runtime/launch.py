@@ -54,8 +54,8 @@ def run_torchrun(cfg: RunConfig, placed: list | None = None) -> dict | None:
             None,
             None,
             "torchrun",
-            f"the plan has {need} replicas in all, so it runs as {need} processes; torchrun started {world} "
-            "(give --nnodes/--nproc-per-node that add up to the plan's replicas)",
+            f"the plan runs as {need} processes (one per replica, or per shard of a tensor-parallel replica); "
+            f"torchrun started {world} (give --nnodes/--nproc-per-node that add up to that)",
         )
     result = run_rank(rank, world, "env://", cfg, local)
     return result if rank == 0 else None

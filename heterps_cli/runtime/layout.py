@@ -32,10 +32,20 @@ class StageLayout:
     replicas: int
     layers: tuple[str, ...]
     first_rank: int
+    tp: int = 1  # docs/spec.md section 1h: processes per replica, which shard its layers
 
     @property
     def ranks(self) -> list[int]:
-        return list(range(self.first_rank, self.first_rank + self.replicas))
+        return list(range(self.first_rank, self.first_rank + self.replicas * self.tp))
+
+    def members(self, replica: int) -> list[int]:
+        """The ranks of one replica: its ``tp`` processes (one without tensor parallelism)."""
+        first = self.first_rank + replica * self.tp
+        return list(range(first, first + self.tp))
+
+    def data_parallel(self, tp_rank: int) -> list[int]:
+        """The ranks that hold the same shard in every replica: they sum its gradients."""
+        return [self.first_rank + r * self.tp + tp_rank for r in range(self.replicas)]
 
 
 @dataclass(frozen=True)
@@ -46,14 +56,19 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return sum(s.replicas for s in self.stages)
+        return sum(s.replicas * s.tp for s in self.stages)
 
     def place(self, rank: int) -> tuple[StageLayout, int]:
         """The stage ``rank`` runs and its replica index within it."""
         for stage in self.stages:
-            if rank < stage.first_rank + stage.replicas:
-                return stage, rank - stage.first_rank
+            if rank < stage.first_rank + stage.replicas * stage.tp:
+                return stage, (rank - stage.first_rank) // stage.tp
         raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+
+    def tp_rank(self, rank: int) -> int:
+        """The shard ``rank`` holds within its replica (0 without tensor parallelism)."""
+        stage, _ = self.place(rank)
+        return (rank - stage.first_rank) % stage.tp
 
     @property
     def samples(self) -> int:
@@ -69,24 +84,29 @@ class Layout:
 
     def overlaps(self, stage: StageLayout, replica: int, other: StageLayout, j: int) -> list[tuple[int, int, int]]:
         """``(rank, start, stop)`` for each replica of ``other`` whose shard of micro-batch ``j``
-        overlaps this replica's, in rank order; ``start, stop`` are batch indices."""
+        overlaps this replica's, in rank order, its first process's rank (its tp rank 0, which sends
+        for it: its shards hold the same activations); ``start, stop`` are batch indices."""
         a, b = self.shard(stage, replica, j)
         out = []
         for r in range(other.replicas):
             c, d = self.shard(other, r, j)
             lo, hi = max(a, c), min(b, d)
             if lo < hi:
-                out.append((other.first_rank + r, lo, hi))
+                out.append((other.first_rank + r * other.tp, lo, hi))
         return out
 
 
-def layout(stages: list[tuple[str, int, list[str]]], batch_size: int, micro_batches: int) -> Layout:
-    """The layout of stages given as ``(resource, replicas, layer names)``; every stage must have
-    at most ``batch_size`` replicas, so that each gets a sample of every micro-batch."""
+def layout(
+    stages: list[tuple[str, int, list[str]]], batch_size: int, micro_batches: int, tp: tuple[int, ...] = ()
+) -> Layout:
+    """The layout of stages given as ``(resource, replicas, layer names)``, each replica ``tp[s]``
+    processes (1 where not given); every stage must have at most ``batch_size`` replicas, so that
+    each gets a sample of every micro-batch."""
     if max(replicas for _, replicas, _ in stages) > batch_size or micro_batches < 1:
         raise ValueError("a stage has more replicas than a batch has samples, or no micro-batches")
     out, rank = [], 0
     for i, (resource, replicas, layers) in enumerate(stages):
-        out.append(StageLayout(i, resource, replicas, tuple(layers), rank))
-        rank += replicas
+        width = tp[i] if i < len(tp) else 1
+        out.append(StageLayout(i, resource, replicas, tuple(layers), rank, width))
+        rank += replicas * width
     return Layout(tuple(out), batch_size, micro_batches)

@@ -29,6 +29,7 @@ class StageReport:
     peak_memory_gb: float = 0.0  # measured: the largest of its replicas' (see peak_memory_how)
     peak_memory_how: str = ""
     baseline_memory_gb: float = 0.0  # measured: what that replica held before its model was built
+    tp: int = 1  # docs/spec.md section 1h: processes per replica, each a shard of its linear pairs
 
     @property
     def ratio(self) -> float:
@@ -103,12 +104,16 @@ def build_report(plan_path: str, plan: Plan, model: str, ranks: list[dict], micr
                 peak_memory_gb=heaviest.get("peak_memory", 0.0) / 1e9,
                 peak_memory_how=mine[0].get("peak_memory_how", ""),
                 baseline_memory_gb=heaviest.get("baseline_memory", 0.0) / 1e9,
+                tp=stage.tp or 1,
             )
         )
     steps = len(ranks[0]["wall"])
     elapsed = max(sum(r["wall"]) for r in ranks)
     last = len(plan.stages) - 1
-    losses = [sum(values) for values in zip(*(r["losses"] for r in ranks if r["stage"] == last))]
+    # Section 1h: a sharded replica's processes all compute its loss; its first reports it.
+    losses = [
+        sum(values) for values in zip(*(r["losses"] for r in ranks if r["stage"] == last and not r.get("tp_rank")))
+    ]
     return RunReport(
         plan=plan_path,
         model=model,

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
@@ -60,9 +61,11 @@ class RunConfig:
     lr: float = 0.01
     timeout_s: float = 120.0
     recompute: tuple[bool, ...] = ()  # docs/spec.md section 1g: per stage (none: no stage recomputes)
+    tp: tuple[int, ...] = ()  # section 1h: processes per replica, per stage (none: one each)
 
     def layout(self) -> Layout:
-        return layout([(r, k, list(layers)) for r, k, layers in self.stages], self.batch_size, self.micro_batches)
+        stages = [(r, k, list(layers)) for r, k, layers in self.stages]
+        return layout(stages, self.batch_size, self.micro_batches, self.tp)
 
 
 @dataclass
@@ -149,6 +152,62 @@ def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> li
     return buckets
 
 
+def local_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's own shard (itself for a plain tensor)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def matrix_pairs(module: nn.Module, prefix: str = "") -> dict[str, str]:
+    """Section 1h: the pairs of linear layers a replica can shard Megatron's way, by their names in
+    ``module``: within any nn.Sequential, a Linear, element-wise layers, then a Linear that takes the
+    first's outputs. The first splits its outputs (column-parallel), the second its inputs
+    (row-parallel); one all-reduce after the second, one of the input's gradient before the first."""
+    plan: dict[str, str] = {}
+    if isinstance(module, nn.Sequential):
+        children = list(module.named_children())
+        i = 0
+        while i < len(children):
+            name, first = children[i]
+            k = i + 1
+            while (
+                k < len(children)
+                and not isinstance(children[k][1], nn.Linear)
+                and not list(children[k][1].parameters())
+            ):
+                k += 1
+            if isinstance(first, nn.Linear) and k < len(children) and isinstance(children[k][1], nn.Linear):
+                second_name, second = children[k]
+                if second.in_features == first.out_features:
+                    plan[prefix + name], plan[prefix + second_name] = "colwise", "rowwise"
+                    i = k + 1
+                    continue
+            i += 1
+    for name, child in module.named_children():
+        if prefix + name not in plan:
+            plan |= matrix_pairs(child, f"{prefix}{name}.")
+    return plan
+
+
+def shardable(module: nn.Module, tp: int) -> dict[str, str] | None:
+    """:func:`matrix_pairs` where there are some and ``tp`` divides each pair's inner width; else None."""
+    pairs = matrix_pairs(module)
+    widths = [m.out_features for n, m in module.named_modules() if pairs.get(n) == "colwise"]
+    return pairs if pairs and not any(w % tp for w in widths) else None
+
+
+def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:
+    """Shard ``module``'s :func:`matrix_pairs` over ``group`` (torch.distributed.tensor.parallel); the
+    rest of its layers run whole on every shard (``heterps run`` checked that it has some)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    pairs = shardable(module, stage.tp)
+    assert pairs is not None, f"stage {stage.index} has no linear layers to shard"
+    mesh = DeviceMesh.from_group(group, device.type)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    parallelize_module(module, mesh, {name: styles[style]() for name, style in pairs.items()})
+
+
 def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
     replica = _Replica(rank, cfg, local_rank)
@@ -174,26 +233,33 @@ class _Replica:
         self.rank, self.lay = rank, cfg.layout()
         lay = self.lay
         self.stage, self.replica = lay.place(rank)
+        self.tp_rank = lay.tp_rank(rank)
         stage = self.stage
         self.device = device_for(cfg.devices[stage.resource], local_rank)
-        # Every rank creates every stage's group, in the same order (torch.distributed requires it).
-        groups = [
-            dist.new_group(s.ranks, backend="nccl" if cfg.devices[s.resource].startswith("cuda") else "gloo")
-            if s.replicas > 1
-            else None
-            for s in lay.stages
-        ]
+        # Every rank creates every stage's groups, in the same order (torch.distributed requires it): per
+        # stage and shard, the replicas that sum its gradients; per replica at tp > 1, its shards.
+        sync_groups, shard_groups = {}, {}
+        for s in lay.stages:
+            backend = "nccl" if cfg.devices[s.resource].startswith("cuda") else "gloo"
+            for i in range(s.tp) if s.replicas > 1 else ():
+                sync_groups[s.index, i] = dist.new_group(s.data_parallel(i), backend=backend)
+            for r in range(s.replicas) if s.tp > 1 else ():
+                shard_groups[s.index, r] = dist.new_group(s.members(r), backend=backend)
         torch.manual_seed(cfg.seed)
         self.baseline = baseline_memory(self.device)
         model = load_model(cfg.model, lay.samples, cfg.input_shape)
         chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
         self.module = chain.stage(stage.layers).to(self.device).train()
+        if stage.tp > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
+            shard_stage(self.module, shard_groups[stage.index, self.replica], self.device, stage)
         # section 1g: keep the stage's input only, and run its forward again in the backward pass
         self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
         self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        self.group = groups[stage.index]
-        self.buckets = gradient_buckets(params, self.device) if self.group is not None else []
+        self.group = sync_groups.get((stage.index, self.tp_rank))
+        # A sharded parameter's gradient is a DTensor, which a flat bucket cannot view: summed one by one.
+        self.params = params if stage.tp > 1 else []
+        self.buckets = gradient_buckets(params, self.device) if self.group is not None and stage.tp == 1 else []
         self.last = stage.index == len(lay.stages) - 1
         self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
         self.after = lay.stages[stage.index + 1] if not self.last else None
@@ -223,9 +289,15 @@ class _Replica:
         return torch.cat(pieces).to(self.device), waited
 
     def send(self, tensor: torch.Tensor, offset: int, target_stage, j: int, tag: int) -> None:
+        """To every process of each overlapping replica of ``target_stage``; a sharded replica's shards
+        hold the same activations and gradients at its boundaries, and its first sends for it."""
+        if self.tp_rank:
+            return
         host = tensor.detach().cpu()
-        for dst, lo, hi in self.lay.overlaps(self.stage, self.replica, target_stage, j):
-            self.handles.append(dist.isend(host[lo - offset : hi - offset].contiguous(), dst=dst, tag=tag))
+        for first, lo, hi in self.lay.overlaps(self.stage, self.replica, target_stage, j):
+            part = host[lo - offset : hi - offset].contiguous()
+            for dst in range(first, first + target_stage.tp):
+                self.handles.append(dist.isend(part, dst=dst, tag=tag))
 
     def forward(self, j: int) -> None:
         a, b = self.lay.shard(self.stage, self.replica, j)
@@ -285,12 +357,16 @@ class _Replica:
         start = time.perf_counter()
         for handle in self.handles:
             handle.wait()  # done once the neighbour has received: waiting on it, like a receive
-        if self.buckets:
+        if self.buckets or (self.params and self.group is not None):
             dist.barrier(group=self.group)  # the stage's slowest replica: waiting, so that sync is the all-reduce alone
         self.acc["wait"] += time.perf_counter() - start
         start = time.perf_counter()
         for bucket in self.buckets:
             dist.all_reduce(bucket, group=self.group)
+        if self.group is not None:  # section 1h: each shard's gradients, with the same shard of the others
+            for p in self.params:
+                if p.grad is not None:
+                    dist.all_reduce(local_of(p.grad), group=self.group)
         _synchronise(self.device)
         sync = time.perf_counter() - start
         self.optimiser.step()
@@ -311,6 +387,7 @@ class _Replica:
             "rank": self.rank,
             "stage": self.stage.index,
             "replica": self.replica,
+            "tp_rank": self.tp_rank,
             "device": str(self.device),
             "losses": self.losses,
             "compute": self.times.compute,
