@@ -345,3 +345,15 @@ def test_a_degree_that_is_no_degree_is_refused_naming_it(tmp_path, where, degree
     assert result.exit_code == 2
     said = " ".join(result.output.split())
     assert field in said and "tensor-parallel degree" in said and "Traceback" not in said
+
+
+def test_launch_refuses_a_plan_that_places_tensor_parallel_replicas_on_nodes(tmp_path):
+    profile, cluster = big_layers(tmp_path, nodes=True)
+    plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
+    assert all(s.get("tp") and s.get("nodes") for s in plan["stages"])
+    args = ["launch", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "launch"), "--model", "mlp"]
+    result = runner.invoke(app, [*args, "--map", "gpu=cuda"])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "tensor-parallel" in said and "Traceback" not in said
+    assert not (tmp_path / "launch").exists()
