@@ -189,6 +189,13 @@ def test_the_searches_plan_in_the_same_space(tmp_path, scheduler, objective):
     assert plan["feasible"] and all(s.get("tp", 1) > 1 for s in plan["stages"])
 
 
+def test_validate_says_which_degrees_the_profile_gives(tmp_path):
+    profile, cluster = big_layers(tmp_path)
+    result = runner.invoke(app, ["validate", profile, cluster])
+    assert result.exit_code == 0
+    assert "tensor parallelism" in result.output and "gpu at tp 2, 4" in " ".join(result.output.split())
+
+
 def test_times_at_a_degree_need_the_layers_sizes_there(tmp_path):
     profile, cluster = big_layers(tmp_path)
     data = yaml.safe_load(open(profile))

@@ -287,6 +287,12 @@ def print_summary(
         kinds[layer.type] = kinds.get(layer.type, 0) + 1
     console.print(Text("  layer kinds: " + ", ".join(f"{clip(k)} ×{n}" for k, n in kinds.items())))
     types = list(dict.fromkeys(t for layer in profile.layers for t in layer.times))
+    sharded = {  # section 1h: the degrees each type's layers give beside tp 1
+        t: sorted({d for layer in profile.layers if t in layer.times for d in (layer.times[t].tp or {})}) for t in types
+    }
+    if any(sharded.values()):
+        given = "; ".join(f"{clip(t)} at tp {', '.join(map(str, d))}" for t, d in sharded.items() if d)
+        console.print(Text(f"  tensor parallelism (docs/spec.md section 1h, with a global batch): {given}"))
     table = Table(header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("resource")
     table.add_column("runs layers")
