@@ -12,6 +12,7 @@ import json
 import re
 import sys
 import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -243,18 +244,17 @@ class Profile(_Strict):
         more = {d for layer in self.layers for e in layer.times.values() for d in (e.tp or {})}
         return (1, *sorted(more))
 
-    def at_degree(self, degree: int) -> Profile:
-        """Section 1h: this profile as if measured on replicas of ``degree`` units: each layer's times at
-        that degree (alpha and beta falling back on the entry's at tp 1, then the layer's) and one unit's
-        share of its sizes. A layer with no time at the degree keeps no times (this is no valid profile
-        on its own: :mod:`heterps_cli.problem` reads it beside the profile itself)."""
-        if degree == 1:
-            return self
+    def at_degree(self, degree: int, types: Collection[str]) -> Profile:
+        """Section 1h: this profile as if measured on replicas of ``degree`` units of ``types``: each
+        layer's times at that degree on those types (alpha and beta falling back on the entry's at tp 1,
+        then the layer's) and one unit's share of its sizes. A layer with no time at the degree keeps no
+        times (this is no valid profile on its own: :mod:`heterps_cli.problem` reads it beside the
+        profile itself)."""
         layers = []
         for layer in self.layers:
             times = {}
             for t, entry in layer.times.items():
-                if (shard := (entry.tp or {}).get(degree)) is not None:
+                if t in types and (shard := (entry.tp or {}).get(degree)) is not None:
                     alpha = shard.alpha if shard.alpha is not None else entry.alpha
                     beta = shard.beta if shard.beta is not None else entry.beta
                     times[t] = TimeEntry.model_construct(**{**dict(shard), "alpha": alpha, "beta": beta, "tp": None})
@@ -311,6 +311,16 @@ class Stage(_Strict):
     nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
     recompute: bool | None = None  # section 1g: the stage recomputes its activations (written only when true)
     tp: Degree | None = None  # section 1h: units per replica, tensor-parallel (written only above 1)
+
+    @property
+    def way(self) -> str:
+        """How its replicas run, as output shows it after the type: " tpN" (section 1h), " ↻" (1g)."""
+        return (f" tp{self.tp}" if self.tp else "") + (" ↻" if self.recompute else "")
+
+    @property
+    def units(self) -> int:
+        """The units its replicas hold, each a process in ``heterps run`` (section 1h: replicas x tp)."""
+        return self.replicas * (self.tp or 1)
 
 
 class WhatIf(_Strict):

@@ -321,9 +321,7 @@ def thin(frontier: Frontier, n: int) -> Frontier:
 def layout(plan: Plan, most: int | None = None) -> str:
     """The stages in short form: ``cpu×34 | v100×1 | cpu×1``; with more than ``most`` stages, the
     first ``most - 1``, an ellipsis, the last and the count: ``cpu×34 | v100×1 | … | cpu×6 (27 stages)``."""
-    parts = [
-        f"{s.resource}{f' tp{s.tp}' if s.tp else ''}{' ↻' if s.recompute else ''}×{s.replicas}" for s in plan.stages
-    ]
+    parts = [f"{s.resource}{s.way}×{s.replicas}" for s in plan.stages]
     if most is not None and len(parts) > most:
         parts = [*parts[: most - 1], "…", f"{parts[-1]} ({len(parts)} stages)"]
     return " | ".join(parts)

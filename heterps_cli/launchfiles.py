@@ -62,11 +62,7 @@ def launch_for(
             "the plan places tensor-parallel replicas (tp) on nodes, which heterps launch does not lay out yet: "
             "run it under torchrun with heterps run (a process per shard), or plan at tp 1",
         )
-    counts = (
-        per_node(plan.stages)
-        if placed
-        else {"this machine": sum(s.replicas * (s.tp or 1) for s in plan.stages)}  # section 1h: one per shard
-    )
+    counts = per_node(plan.stages) if placed else {"this machine": sum(s.units for s in plan.stages)}
     run: list[Word] = ["-m", "heterps_cli", "run", os.path.abspath(plan_path), *(["--placed"] if placed else [])]
     run += run_args
     nodes = []

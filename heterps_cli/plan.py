@@ -176,7 +176,7 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
 
     transfer = float(whole(stages.transfer[0, s], stages.transfer[0, s]) / kk)
     width = int(stages.width[0, s])  # section 1h: the sizes are one unit's share at the stage's degree
-    view = problem.views[problem.degrees.index(width)]
+    view = problem.view_at(width)
     state_fixed, state_split = view.state_parts
     # a stage holds once what two of its layers save; its first layer's share is its own copy
     activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]

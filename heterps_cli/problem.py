@@ -102,6 +102,10 @@ class Problem:
             (j, again) for j, view in enumerate(self.views) for again in (False, True)[: 1 + view.can_recompute]
         )
 
+    def view_at(self, degree: int) -> Problem:
+        """Section 1h: the problem at tensor-parallel degree ``degree`` (one of :attr:`degrees`)."""
+        return self.views[self.degrees.index(degree)]
+
     @property
     def widths(self) -> np.ndarray:
         """``[D]``: the units a replica holds at each of :attr:`degrees`."""
@@ -134,8 +138,6 @@ class Problem:
         at = _at_batch(
             self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None, self.degree > 1
         )
-        if self.degree > 1:  # section 1h: still only where replicas of this many units can be placed
-            at["runnable"] = at["runnable"] & placeable(self, self.degree)[None, :]
         out = self.replace(**at, choose_micro_batch=False)
         if self.tensor:  # each degree at the same micro-batch, from its own measured sizes
             out = dataclasses.replace(out, tensor={d: p.at_micro_batch(batch) for d, p in self.tensor.items()})
@@ -453,30 +455,25 @@ def build_problem(
         raise ValueError("samples per epoch are not given: the profile has no job.samples")
     if not types:
         raise ValueError("the cluster offers none of the resource types the profile times")
-    oct_, odt, alpha, beta, update, runnable = _times(profile, types)
-    if not runnable.any(axis=1).all():
-        layer = profile.layers[int(np.argmin(runnable.any(axis=1)))]
+    own = _per_degree(profile, types)
+    if not own["runnable"].any(axis=1).all():
+        layer = profile.layers[int(np.argmin(own["runnable"].any(axis=1)))]
         raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
     res = [cluster.resources[t] for t in types]
     nodes = _nodes(cluster, types)
     prices, limits = _prices_and_limits(res, nodes)
     steps = global_batch if global_batch is not None else profile.job.global_batch
-    table = measured(profile, types)
+    table = own["measured"]
     batch, M, choose = _micro_batch(profile, table, steps, micro_batch)
     problem = Problem(
         model=profile.model,
         cluster=cluster.cluster,
-        **_layers(profile),
+        **{**_layers(profile), **own},
         types=types,
         units=tuple(r.unit or t for r, t in zip(res, types)),
         **_hardware(res),
         prices=prices,
         limits=limits,
-        oct=oct_,
-        odt=odt,
-        alpha=alpha,
-        beta=beta,
-        runnable=runnable,
         state_factor=float(profile.state_factor),
         batch_size=batch,
         samples=float(samples),
@@ -485,54 +482,51 @@ def build_problem(
         max_cost=max_cost,
         objective=Objective(objective),
         micro_batches=M,
-        update=update if update.any() else None,
         nodes=nodes,
         maximal_stages=maximal_stages,
-        measured=table,
         choose_micro_batch=choose,
-        forward=_given(table.forward[table.sizes.index(profile.batch_size)]),
     )
     if batch != profile.batch_size:  # else the profile's own figures, as written
         problem = problem.replace(**_at_batch(table, batch, problem.layer_names, steps))
     return dataclasses.replace(problem, tensor=_tensor(profile, problem, steps))
 
 
+def _per_degree(profile: Profile, types: tuple[str, ...]) -> dict:
+    """The problem's fields that a profile gives per tensor-parallel degree (:data:`PER_DEGREE`, section
+    1h), read from ``profile`` (the profile itself, or :meth:`Profile.at_degree`) on ``types``."""
+    oct_, odt, alpha, beta, update, runnable = _times(profile, types)
+    table = measured(profile, types)
+    sizes = _layers(profile)
+    return {
+        "oct": oct_,
+        "odt": odt,
+        "alpha": alpha,
+        "beta": beta,
+        "runnable": runnable,
+        "update": update if update.any() else None,
+        "measured": table,
+        "forward": _given(table.forward[table.sizes.index(profile.batch_size)]),
+        **{field: sizes[field] for field in ("weight_size", "activation_size", "input_saved")},
+    }
+
+
 def _tensor(profile: Profile, main: Problem, steps: int | None) -> dict[int, Problem] | None:
     """Section 1h: ``main`` at each further tensor-parallel degree the profile gives (under a pipeline
-    schedule only): its times and sizes at that degree, where replicas of that many units can be placed."""
+    schedule only): its times and sizes at that degree, on the types where replicas of that many
+    units can be placed."""
     if len(profile.degrees) == 1 or not main.pipelined:
         return None
     out = {}
     for d in profile.degrees[1:]:
-        shard = profile.at_degree(d)
-        oct_, odt, alpha, beta, update, runnable = _times(shard, main.types)
-        table = measured(shard, main.types)
-        layers = _layers(shard)
-        sub = dataclasses.replace(
-            main,
-            input_size=main.input_size,
-            weight_size=layers["weight_size"],
-            activation_size=layers["activation_size"],
-            input_saved=layers["input_saved"],
-            oct=oct_,
-            odt=odt,
-            alpha=alpha,
-            beta=beta,
-            runnable=runnable & placeable(main, d)[None, :],
-            update=update if update.any() else None,
-            measured=table,
-            forward=_given(table.forward[table.sizes.index(profile.batch_size)]),
-            tensor=None,
-            degree=d,
-        )
-        if main.batch_size != profile.batch_size:
-            at = _at_batch(table, main.batch_size, main.layer_names, steps, partial=True)
-            sub = dataclasses.replace(sub, **{**at, "runnable": at["runnable"] & placeable(main, d)[None, :]})
-        out[d] = sub
+        offered = [t for t, ok in zip(main.types, _placeable(main, d)) if ok]
+        fields = _per_degree(profile.at_degree(d, offered), main.types)
+        if main.batch_size != profile.batch_size:  # at the main problem's micro-batch, as it is
+            fields |= _at_batch(fields["measured"], main.batch_size, main.layer_names, steps, partial=True)
+        out[d] = dataclasses.replace(main, **fields, tensor=None, degree=d)
     return out
 
 
-def placeable(problem: Problem, degree: int) -> np.ndarray:
+def _placeable(problem: Problem, degree: int) -> np.ndarray:
     """Section 1h: ``[T]``, whether a replica of ``degree`` units of each type can be placed: within one
     node, every node kind holding the type holding a multiple of ``degree`` of it (so that any replicas
     whose units a rental holds fill its nodes); without nodes, a type with at least that many units."""

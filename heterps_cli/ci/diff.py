@@ -35,8 +35,7 @@ class Change:
 def stage_label(stage) -> str:
     """'0-1 on cpu x34', with the memory per replica when the plan states it (section 1b)."""
     memory = f", {stage.memory_gb:.3g} GB" if getattr(stage, "memory_gb", None) else ""
-    way = (f" tp{stage.tp}" if getattr(stage, "tp", None) else "") + (" ↻" if getattr(stage, "recompute", None) else "")
-    return f"{stage.first}-{stage.last} on {stage.resource}{way} x{stage.replicas}{memory}"
+    return f"{stage.first}-{stage.last} on {stage.resource}{stage.way} x{stage.replicas}{memory}"
 
 
 def pair_stages(old: list, new: list) -> list[tuple[int | None, int | None]]:

@@ -124,7 +124,7 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
                 f"{', '.join(map(str, problem.degrees))}; section 1h needs a pipeline schedule)"
             )
             continue
-        view = problem.views[problem.degrees.index(degree)]
+        view = problem.view_at(degree)
         at = f" at tp {degree}" if degree > 1 else ""
         for layer in range(stage.first, min(stage.last, n - 1) + 1):
             if not view.runnable[layer, t]:

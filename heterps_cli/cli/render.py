@@ -31,7 +31,7 @@ def bold(text: str) -> Text:
 
 def _on(stage) -> str:
     """A stage's type, with its tensor-parallel degree (section 1h) and ↻ where it recomputes (1g)."""
-    return clip(stage.resource) + (f" tp{stage.tp}" if stage.tp else "") + (" ↻" if stage.recompute else "")
+    return clip(stage.resource) + stage.way
 
 
 def _layers(stage) -> Text:

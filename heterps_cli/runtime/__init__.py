@@ -213,11 +213,9 @@ def _processes(
     torchrun's ranks take (docs/guide/running.md)."""
     import torch
 
-    world = sum(s.replicas * (s.tp or 1) for s in plan.stages)  # section 1h: a process per shard
+    world = sum(s.units for s in plan.stages)  # section 1h: a process per shard
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
-        check_gpus_unshared(
-            [(s.resource, s.replicas * (s.tp or 1)) for s in plan.stages], devices, torch.cuda.device_count()
-        )
+        check_gpus_unshared([(s.resource, s.units) for s in plan.stages], devices, torch.cuda.device_count())
     order = None
     if placed and any(s.tp for s in plan.stages):
         raise InputError(

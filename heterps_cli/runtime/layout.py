@@ -34,10 +34,6 @@ class StageLayout:
     first_rank: int
     tp: int = 1  # docs/spec.md section 1h: processes per replica, which shard its layers
 
-    @property
-    def ranks(self) -> list[int]:
-        return list(range(self.first_rank, self.first_rank + self.replicas * self.tp))
-
     def members(self, replica: int) -> list[int]:
         """The ranks of one replica: its ``tp`` processes (one without tensor parallelism)."""
         first = self.first_rank + replica * self.tp

@@ -98,8 +98,9 @@ LABELS = PARITIES  # stage labels per type: a stage between two others on its ty
 
 
 def labelled_moves(problem: Problem) -> bool:
-    """Whether moves may cut or join stages on one type (and, section 1g, recompute a stage): outside
-    the papers' space, and while every label fits the byte per layer the evaluator keeps."""
+    """Whether moves may cut or join stages on one type (and recompute a stage, or change its degree:
+    sections 1g, 1h): outside the papers' space, and while every label fits the byte per layer the
+    evaluator keeps."""
     return not problem.maximal_stages and LABELS * problem.n_types * 2 * len(problem.views) <= 256
 
 

@@ -24,6 +24,7 @@ from heterps_cli.costmodel import (
     Scores,
     better,
     degree_label,
+    label_parts,
     meets_targets,
     provision,
     split_stages,
@@ -419,14 +420,15 @@ def alphabet(problem: Problem, degrees: bool = False) -> tuple[np.ndarray, np.nd
 def codes(problem: Problem, schedule: np.ndarray) -> np.ndarray:
     """The :func:`alphabet` codes of a schedule of its labels."""
     T = problem.n_types
-    return schedule % T + T * (schedule // degree_label(T, 1))
+    t, _, degree = label_parts(T, schedule)
+    return t + T * degree
 
 
 def random_schedules(problem: Problem, count: int, rng: np.random.Generator, degrees: bool = False) -> np.ndarray:
     """Schedules of 1..max(8, n/3) contiguous segments on random types (so that deep pipelines, which
     fast plans under tight limits need, are sampled too), each layer forced onto a type it can run on;
     with ``degrees``, on random types at random tensor-parallel degrees (:func:`alphabet`)."""
-    n, T = problem.n_layers, problem.n_types
+    n = problem.n_layers
     labels, usable = alphabet(problem, degrees)
     most = min(n, max(8, n // 3))
     segments = rng.integers(1, most + 1, size=count)
@@ -441,7 +443,7 @@ def random_schedules(problem: Problem, count: int, rng: np.random.Generator, deg
     if bad.any():
         fallback = _per_layer_best(problem, problem.oct * np.maximum(problem.prices, 1e-9)[None, :])
         out = np.where(bad, fallback[None, :], out)
-    return labels[out] if len(labels) > T else out
+    return labels[out]
 
 
 def _per_layer_best(problem: Problem, score: np.ndarray) -> np.ndarray:

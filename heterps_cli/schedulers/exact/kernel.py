@@ -270,10 +270,8 @@ def chain_dp_limited(
     width = chain.widths  # section 1h: a replica's units
     weight = prices.astype(float).copy()  # per DP type: a replica's price
     price_of = {int(base[p]): float(prices[p]) / float(width[p]) for p in range(T)}  # per unit of each type
-    if capped is not None:
-        weight[base == capped] = width[
-            base == capped
-        ]  # count units: exact integers, compared with the limit at the end
+    if capped is not None:  # count its units: exact integers, compared with the limit at the end
+        weight[base == capped] = width[base == capped]
     f, g = _limited_tables(K, weight, axis, dims, chain)
     grids = np.meshgrid(*[np.arange(d) for d in dims], indexing="ij") if dims else []
     extra = sum((price_of[t] * grids[a] for t, a in type_axis.items()), np.zeros(dims))
@@ -341,12 +339,12 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
             out = f[i, t]
             along = axis.get(t)
             for r in range(first, last):
-                k, lo, hi = run_k[r] * width[t], run_lo[r], run_hi[r]  # units along the state's axis
+                k, lo, hi = run_k[r], run_lo[r], run_hi[r]
                 group = g[lo, t] if hi - lo == 1 else least(g[lo:hi, t], axis=0)
                 if along is None:
-                    np.minimum(out, group + weight[t] * run_k[r], out=out)
-                elif k < dims[along]:
-                    dst, src = shifts[along][k]
+                    np.minimum(out, group + weight[t] * k, out=out)
+                elif k * width[t] < dims[along]:  # section 1h: a replica's units along its type's axis
+                    dst, src = shifts[along][k * width[t]]
                     np.minimum(out[dst], group[src], out=out[dst])
         fi = f[i]
         for t in range(T):

@@ -55,11 +55,6 @@ from heterps_cli.schedulers.exact.kernel import (
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 
-def _variants(problem: Problem) -> tuple[tuple[int, bool], ...]:
-    """:attr:`Problem.stage_ways` (sections 1g, 1h)."""
-    return problem.stage_ways
-
-
 def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``[i, j, t]``: the serial and parallel parts of stage ``j..i-1``'s step on ``t`` in a plan of
     ``stages`` stages (``T_s(k) = serial + parallel / k``), and the per-sample part of ``parallel``;
@@ -104,21 +99,22 @@ def _ok(problem: Problem, again: bool) -> np.ndarray:
 
 
 def _labels(problem: Problem) -> np.ndarray:
-    """The stage label of each type in each variant (:func:`_variants`), variant-major."""
+    """The stage label of each type in each variant (:attr:`Problem.stage_ways`), variant-major."""
     T = problem.n_types
-    return np.concatenate([stage_label(T, np.arange(T), again, j) for j, again in _variants(problem)])
+    return np.concatenate([stage_label(T, np.arange(T), again, j) for j, again in problem.stage_ways])
 
 
 def _widths(problem: Problem) -> np.ndarray:
-    """A replica's units of each type in each variant (:func:`_variants`), variant-major (section 1h)."""
-    return np.repeat(problem.widths[[j for j, _ in _variants(problem)]], problem.n_types)
+    """A replica's units of each type in each variant (:attr:`Problem.stage_ways`), variant-major
+    (section 1h)."""
+    return np.repeat(problem.widths[[j for j, _ in problem.stage_ways]], problem.n_types)
 
 
 def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tuple[np.ndarray, ...]]:
     """Per variant: the serial, parallel and per-sample step terms, where a stage may run, and the
     fewest replicas holding ``held[p]`` micro-batches (``[i, j, p, t]``), on the variant's degree."""
     out: list[tuple[np.ndarray, ...]] = []
-    for j, again in _variants(problem):
+    for j, again in problem.stage_ways:
         view = problem.views[j]
         out.append(_step_terms(view, stages, again) + (_ok(view, again), _memory_replicas(view, held, again)))
     return out
@@ -126,10 +122,10 @@ def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tupl
 
 def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     """The stage table and chain for plans of at most ``stages`` stages: DP type ``((r - 1) V + v) T + t``
-    is a stage on ``t`` with ``r`` stages from it to the last, run the ``v``-th way (:func:`_variants`:
-    a tensor-parallel degree, recomputing its activations or not)."""
+    is a stage on ``t`` with ``r`` stages from it to the last, run the ``v``-th way
+    (:attr:`Problem.stage_ways`: a tensor-parallel degree, recomputing its activations or not)."""
     n1, T = problem.n_layers + 1, problem.n_types
-    V = len(_variants(problem))
+    V = len(problem.stage_ways)
     places = np.arange(1, stages + 1)  # r
     held = np.minimum(places, problem.micro_batches)
     terms = _variant_terms(problem, stages, held)
@@ -146,20 +142,18 @@ def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     return table, Chain(base, follows, np.ones(T * V * stages, dtype=bool), place == 1, label, width)
 
 
-def at_least_grid(problem: Problem, stages: int) -> tuple[Table, Chain | None]:
+def at_least_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves (and
     each way a stage may run, sections 1g and 1h): each stage charged ``M + stages - 1`` slots and one
     micro-batch in flight. A plan of ``S >= stages`` stages needs no fewer replicas in its own grid
     than here (its slots and micro-batches in flight are no fewer), so what no plan reaches here, or a
     bound on cost here, holds for all of them."""
     n1, T = problem.n_layers + 1, problem.n_types
-    V = len(_variants(problem))
+    V = len(problem.stage_ways)
     terms = [t[:4] + (t[4][:, :, 0, :],) for t in _variant_terms(problem, stages, np.ones(1))]
     sc, pc, ps, ok, min_k = (np.concatenate(a, axis=2) for a in zip(*terms))
     zeros = np.zeros((n1, n1, T * V))
     table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
-    if V == 1:
-        return table, None
     plain = Chain.of_types(T, problem.maximal_stages)
     base = np.tile(np.arange(T), V)
     follows = np.tile(plain.follows, (V, V))
@@ -446,7 +440,7 @@ def _room_for(problem: Problem, built, counts) -> None:
 
 def _cells(problem: Problem, stages: int) -> int:
     """Cells of the grid for ``stages`` stages."""
-    return (problem.n_layers + 1) ** 2 * problem.n_types * len(_variants(problem)) * stages
+    return (problem.n_layers + 1) ** 2 * problem.n_types * len(problem.stage_ways) * stages
 
 
 def solver_for(
