@@ -286,6 +286,7 @@ def estimate(
     catalogue: str | None = None,
     calibrate: str | None = None,
     calibrate_on: str | None = None,
+    tp: tuple[int, ...] = (),
     granularity: str = "layers",
     progress: Progress | None = None,
 ):
@@ -305,6 +306,7 @@ def estimate(
         catalogue_path=catalogue,
         calibrate=calibrate,
         calibrate_on=calibrate_on,
+        tp=tp,
         progress=progress,
     )
 

@@ -142,14 +142,6 @@ class ShardTime(_Strict):
     batches: Annotated[dict[BatchSize, BatchTime], Field(min_length=1)] | None = None  # section 2: other sizes
     forward: NonNegative | None = None  # section 1g: the forward pass's part of oct (recomputation repeats it)
 
-
-Degree = Annotated[int, Field(ge=2, le=MAX_UNITS)]  # section 1h: a tensor-parallel degree above 1
-
-
-class TimeEntry(ShardTime):
-    # section 1h: the times of one replica that shards the layer over tp units of one node, per degree
-    tp: Annotated[dict[Degree, ShardTime], Field(min_length=1)] | None = None
-
     def at(self, size: int, batch_size: int) -> BatchTime | None:
         """The times measured at ``size`` (the profile's ``batch_size`` is the entry's own), or None."""
         if size == batch_size:
@@ -157,6 +149,14 @@ class TimeEntry(ShardTime):
                 oct=self.oct, odt=self.odt, alpha=self.alpha, beta=self.beta, forward=self.forward
             )
         return (self.batches or {}).get(size)
+
+
+Degree = Annotated[int, Field(ge=2, le=MAX_UNITS)]  # section 1h: a tensor-parallel degree above 1
+
+
+class TimeEntry(ShardTime):
+    # section 1h: the times of one replica that shards the layer over tp units of one node, per degree
+    tp: Annotated[dict[Degree, ShardTime], Field(min_length=1)] | None = None
 
 
 class ShardSizes(_Strict):
@@ -474,6 +474,7 @@ class DeviceSpec(_Strict):
     memory_gb: GigaPerUnit
     network_gbps: GigaPerUnit  # Gbit/s per device
     launch_us: Annotated[float, Field(ge=0, le=1e6), AfterValidator(_normal)]
+    link_gbps: GigaPerUnit | None = None  # Gbit/s one way to the other devices of its node (section 1h's all-reduce)
 
 
 class Catalogue(_Strict):

@@ -280,6 +280,29 @@ def parse_sizes(value: str | None) -> tuple[int, ...] | None:
     return tuple(sorted(sizes))
 
 
+def parse_degrees(value: str | None) -> tuple[int, ...]:
+    """``--tp 2,4``: tensor-parallel degrees above 1, ascending, each dividing the next (docs/spec.md 1h).
+    A replica's units sit on one node, and no node holds 1024 devices: a larger degree is a typo."""
+    if value is None:
+        return ()
+    try:
+        degrees = tuple(sorted(int(v) for v in value.split(",") if v.strip()))
+    except ValueError:
+        degrees = ()
+    if (
+        not degrees
+        or degrees[0] < 2
+        or degrees[-1] > 1024
+        or len(set(degrees)) != len(degrees)
+        or any(high % low for low, high in zip(degrees, degrees[1:]))
+    ):
+        raise typer.BadParameter(
+            "expected distinct tensor-parallel degrees from 2 to 1024, each dividing the next, like 2,4 "
+            f"(got {value!r})"
+        )
+    return degrees
+
+
 class Format(str, enum.Enum):
     table = "table"
     json = "json"

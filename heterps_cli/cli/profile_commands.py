@@ -12,7 +12,15 @@ import typer
 import typer.core
 from rich.text import Text
 
-from heterps_cli.cli.options import ZOO_NAMES, Device, Granularity, parse_shape, parse_sizes, positive_number
+from heterps_cli.cli.options import (
+    ZOO_NAMES,
+    Device,
+    Granularity,
+    parse_degrees,
+    parse_shape,
+    parse_sizes,
+    positive_number,
+)
 from heterps_cli.cli.session import exit_codes, not_an_input, out, progress_bar, users_prints_to_stderr, write_output
 from heterps_cli.errors import (
     InputError,
@@ -82,6 +90,19 @@ GranularityOpt = Annotated[
         help="layers: every leaf module; blocks: the finest modules at which the model is a chain (a "
         "ResNet's residual blocks, a transformer's blocks), each one layer of the profile. A plan can "
         "only cut a model where it is a chain; profiling layers warns when they are not one.",
+    ),
+]
+
+TpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tp",
+        metavar="D1,D2,...",
+        help="--estimate: also estimate each layer at these tensor-parallel degrees (docs/spec.md section 1h: "
+        "one shard of its pairs of linear layers, as heterps run shards them, and their all-reduces over the "
+        "device's in-node link), so a plan can choose a degree per stage.",
+        callback=parse_degrees,
+        show_default=False,
     ),
 ]
 
@@ -219,6 +240,7 @@ def profile_command(
     calibrate: CalibrateOpt = None,
     granularity: GranularityOpt = Granularity.layers,
     calibrate_on: CalibrateOnOpt = None,
+    tp: TpOpt = None,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
 
@@ -234,7 +256,12 @@ def profile_command(
         profile_flags_agree(
             {"--as": as_type, "--batch-size": sizes, "--out": out_file},
             estimating=estimate is not None,
-            estimating_only={"--catalogue": catalogue, "--calibrate": calibrate, "--calibrate-on": calibrate_on},
+            estimating_only={
+                "--catalogue": catalogue,
+                "--calibrate": calibrate,
+                "--calibrate-on": calibrate_on,
+                "--tp": tp or None,
+            },
             measuring_only={
                 "--device": device is not Device.cpu,
                 "--processes": processes != 1,
@@ -246,7 +273,9 @@ def profile_command(
         if concurrent is not None and processes == 1:
             processes = concurrent  # one wave
         if estimate is not None:
-            job = _Estimate(model, as_type, sizes, estimate, input_shape, catalogue, calibrate, calibrate_on)
+            job = _Estimate(
+                model, as_type, sizes, estimate, input_shape, catalogue, calibrate, calibrate_on, cast(tuple, tp)
+            )
             job.run(granularity, out_file)
             return
 
@@ -336,6 +365,7 @@ def estimate_command(
     calibrate: CalibrateOpt = None,
     granularity: GranularityOpt = Granularity.layers,
     calibrate_on: CalibrateOnOpt = None,
+    tp: TpOpt = None,
 ) -> None:
     """Estimate a PyTorch model's layers on a device you do not have and write a profile.
 
@@ -348,7 +378,9 @@ def estimate_command(
         sizes = _sizes(batch_size, batch_sizes)
         if sizes is None:
             raise InputError(None, None, "--batch-size", "estimating needs --batch-size B or --batch-sizes B1,B2,...")
-        job = _Estimate(model, as_type, sizes, device, input_shape, catalogue, calibrate, calibrate_on, "DEVICE")
+        job = _Estimate(
+            model, as_type, sizes, device, input_shape, catalogue, calibrate, calibrate_on, cast(tuple, tp), "DEVICE"
+        )
         job.run(granularity, out_file)
 
 
@@ -365,6 +397,7 @@ class _Estimate:
     catalogue: Path | None
     calibrate: Path | None
     calibrate_on: str | None
+    tp: tuple[int, ...]  # the callback parsed --tp
     device_field: str = "--estimate"  # what an error about the device names: the option, or the argument
 
     def run(self, granularity: Granularity, out_file: str) -> None:
@@ -382,6 +415,7 @@ class _Estimate:
                 catalogue=None if self.catalogue is None else str(self.catalogue),
                 calibrate=None if self.calibrate is None else str(self.calibrate),
                 calibrate_on=self.calibrate_on,
+                tp=self.tp,
                 granularity=granularity.value,
                 progress=report,
             )

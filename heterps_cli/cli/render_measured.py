@@ -31,9 +31,9 @@ def estimate_view(estimated, snippet: str) -> Group:
     numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     table.add_column("layer", max_width=28)
     table.add_column("type", no_wrap=True)
-    for name in ("GFLOP", "MB moved", "kernels", "peak", "oct"):
+    for name in ("GFLOP", "MB moved", "kernels", "peak", "oct", *(f"oct tp{d}" for d in estimated.degrees)):
         table.add_column(name, **numeric)
-    for layer, x in zip(estimated.layers, estimated.estimates):
+    for i, (layer, x) in enumerate(zip(estimated.layers, estimated.estimates)):
         table.add_row(
             Text(clip(layer.name)),
             Text(clip(layer.kind)),
@@ -42,8 +42,20 @@ def estimate_view(estimated, snippet: str) -> Group:
             str(x.work.kernels),
             x.peak,
             _seconds(layer.oct),
+            *(
+                _seconds(at[i].oct) if estimated.sharded[d][i].pairs else Text("whole", style="dim")
+                for d, at in estimated.degrees.items()
+            ),
         )
     lines = [Text(f"sum of oct {_seconds(estimated.total_oct)} per batch")]
+    lines += [
+        Text(
+            f"at tp {d}: sum of oct {_seconds(sum(x.oct for x in at))} per batch, "
+            f'{sum(1 for s in estimated.sharded[d] if s.pairs)} of {len(at)} layers split ("whole": nothing to '
+            "split, the layer runs whole on every GPU)"
+        )
+        for d, at in estimated.degrees.items()
+    ]
     if estimated.calibrated_on:
         lines.append(Text(f"calibrated on {estimated.calibrated_on}: {estimated.factors}"))
     lines += [Text(note, style="yellow") for note in estimated.notes]

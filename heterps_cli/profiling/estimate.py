@@ -26,10 +26,21 @@ median over its layers of measured / estimated time (launch floor aside)
 divides both efficiencies, so that the estimate inherits what the measurement
 saw. odt is the gradient all-reduce over the device's typical network; alpha
 is the kind's default and beta is 0, as in a measured GPU profile.
+
+``--tp 2,4`` adds each layer's times and one unit's sizes at those
+tensor-parallel degrees (docs/spec.md section 1h), for what ``heterps run``
+executes there: one shard of the layer's pairs of linear layers
+(:func:`heterps_cli.runtime.sharding.one_shard`) counted and priced as above,
+the rest of the layer whole on every unit, plus a ring all-reduce among the
+``d`` units of each pair's output in the forward pass and of its input's
+gradient in the backward, ``2 (d - 1) / d x bytes`` over the device's
+``link_gbps`` and one launch floor each. A layer with no such pair runs whole on
+every unit: its times and sizes at ``d`` are those at 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +64,7 @@ from heterps_cli.profiling.measure import (
 from heterps_cli.profiling.models import Call, Model, bytes_of, kind, model_error, tensors_of
 from heterps_cli.profiling.timing import shared_with_previous
 from heterps_cli.progress import Progress, quiet
+from heterps_cli.runtime.sharding import one_shard
 
 CATALOGUE = Path(__file__).with_name("devices.yaml")
 # Operators that only re-describe a tensor's memory: no kernel runs for them.
@@ -156,6 +168,17 @@ class Estimate:
     efficiency: float
 
 
+@dataclass(frozen=True)
+class Sharded:
+    """How one layer's times at a tensor-parallel degree were found: the pairs of linear layers split
+    (0: the layer runs whole on every unit), the bytes all-reduced per batch among the units (forward
+    and backward), and those all-reduces' time."""
+
+    pairs: int
+    reduced: float = 0.0
+    reduce_s: float = 0.0
+
+
 @dataclass
 class Estimated:
     """An estimated profile, ready to write (:func:`heterps_cli.profiling.write.estimated_text`)."""
@@ -171,6 +194,8 @@ class Estimated:
     calibrated_on: str | None = None  # "path (device)"
     catalogue: str = "built in"
     notes: list[str] = field(default_factory=list)
+    degrees: dict[int, list[LayerProfile]] = field(default_factory=dict)  # --tp: per degree, one unit's layers
+    sharded: dict[int, list[Sharded]] = field(default_factory=dict)  # --tp: per degree, how
 
     @property
     def total_oct(self) -> float:
@@ -287,53 +312,155 @@ def estimate(
     catalogue_path: str | None = None,
     calibrate: str | None = None,
     calibrate_on: str | None = None,
+    tp: tuple[int, ...] = (),
     progress: Progress | None = None,
 ) -> Estimated:
-    """The estimated profile of ``model`` as type ``resource`` on catalogue device ``device_name``."""
+    """The estimated profile of ``model`` as type ``resource`` on catalogue device ``device_name``, at
+    tensor-parallel degree 1 and each of ``tp``."""
     report = progress or quiet
     path = catalogue_path or str(CATALOGUE)
     catalogue = load_catalogue(path)
     device = catalogue_device(catalogue, device_name, path, "--estimate")
+    if tp and device.link_gbps is None:
+        raise InputError(
+            path,
+            None,
+            "--tp",
+            f"device {device_name!r} of the catalogue gives no link_gbps (its link to the other devices of its "
+            "node), which tensor parallelism's all-reduces need: add it (see --catalogue)",
+        )
     report("tracing the model")
     calls, notes = traced(model)
     B0 = len(model.inputs[0])
-    works: list[Work] = []
     current: list[Call] = []
+    steps = len(calls) * (1 + len(tp))
+
+    def counted(i: int, call: Call, what: str) -> Work:
+        current[:] = [call]
+        report(f"counting {what}layer {i % len(calls) + 1}/{len(calls)}: {call.name}", completed=i, total=steps)
+        return work(call)
+
     try:
-        for i, call in enumerate(calls):
-            current[:] = [call]
-            report(f"counting layer {i + 1}/{len(calls)}: {call.name}", completed=i, total=len(calls))
-            works.append(work(call))
+        works = [counted(i, call, "") for i, call in enumerate(calls)]
+        factors: dict[str, float] = {}
+        calibrated_on = None
+        if calibrate is not None:
+            on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
+            factors = fit(calls, works, measured, catalogue.devices[on], catalogue)
+            calibrated_on = f"{calibrate} ({on})"
+        price = _Pricing(device, catalogue, factors, B0)
+        layers = [price.layer(call, w) for call, w in zip(calls, works)]
+        estimates = [price.how(call, w) for call, w in zip(calls, works)]
+        layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
+        degrees: dict[int, list[LayerProfile]] = {}
+        sharded: dict[int, list[Sharded]] = {}
+        for n, d in enumerate(tp):
+            degrees[d], sharded[d] = [], []
+            for i, (call, layer) in enumerate(zip(calls, layers)):
+                split = one_shard(call.module, d)
+                if split is None:  # runs whole on every unit: as at tp 1
+                    degrees[d].append(layer)
+                    sharded[d].append(Sharded(0))
+                    continue
+                part = dataclasses.replace(call, module=split[0])
+                w = counted((n + 1) * len(calls) + i, part, f"tp {d}: ")
+                ahead, back = all_reduced(part, split[1])
+                reduce_s = ring(ahead, d, device) + ring(back, d, device)
+                shard = price.layer(part, w, communication=(ring(ahead, d, device), reduce_s))
+                degrees[d].append(dataclasses.replace(shard, input_saved=min(layer.input_saved, shard.activation_size)))
+                sharded[d].append(Sharded(len(split[1]) // 2, ahead + back, reduce_s))
     except SIGNALLED:
+        raise
+    except InputError:
         raise
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
-    factors: dict[str, float] = {}
-    calibrated_on = None
-    if calibrate is not None:
-        on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
-        factors = fit(calls, works, measured, catalogue.devices[on], catalogue)
-        calibrated_on = f"{calibrate} ({on})"
-    layers, estimates = [], []
-    network = device.network_gbps * 1e9 / 8
-    for call, w in zip(calls, works):
-        layer_kind = kind(call.module)
-        factor = factors.get(layer_kind, factors["other"]) if factors else 1.0
-        peak, core = _core(w, call, layer_kind, device, catalogue)
-        alpha = ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER)
-        update = update_estimate(weight_bytes(call.module), device, catalogue)
-        oct_ = core * factor + _launch(w, device)
-        forward = None
-        if w.forward is not None:  # its own roofline, by the same factor: never more than oct
-            forward = _core(w.forward, call, layer_kind, device, catalogue)[1] * factor + _launch(w.forward, device)
-        layers.append(layer_profile(call, B0, oct_, network, alpha, "cpu", update=update, forward=forward))
-        estimates.append(Estimate(w, peak, _efficiency(catalogue, layer_kind) / factor))
-    layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
-    report("done", completed=len(calls), total=len(calls))
+    report("done", completed=steps, total=steps)
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(
-        model.name, resource, device_name, device, B0, layers, estimates, factors, calibrated_on, shown, notes
+        model.name,
+        resource,
+        device_name,
+        device,
+        B0,
+        layers,
+        estimates,
+        factors,
+        calibrated_on,
+        shown,
+        notes,
+        degrees,
+        sharded,
     )
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """A layer's counted work priced on one device, by the calibration's factor per kind."""
+
+    device: DeviceSpec
+    catalogue: Catalogue
+    factors: dict[str, float]
+    B0: int
+
+    def _factor(self, layer_kind: str) -> float:
+        return self.factors.get(layer_kind, self.factors["other"]) if self.factors else 1.0
+
+    def layer(self, call: Call, w: Work, communication: tuple[float, float] = (0.0, 0.0)) -> LayerProfile:
+        """The layer's profile: its roofline by the factor, launches, and ``communication``'s seconds
+        (in its forward pass, in all) added to forward and to oct."""
+        layer_kind = kind(call.module)
+        factor = self._factor(layer_kind)
+        oct_ = _core(w, call, layer_kind, self.device, self.catalogue)[1] * factor + _launch(w, self.device)
+        forward = None
+        if w.forward is not None:  # its own roofline, by the same factor: never more than oct
+            forward = _core(w.forward, call, layer_kind, self.device, self.catalogue)[1] * factor
+            forward += _launch(w.forward, self.device) + communication[0]
+        network = self.device.network_gbps * 1e9 / 8
+        alpha = ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER)
+        update = update_estimate(weight_bytes(call.module), self.device, self.catalogue)
+        return layer_profile(
+            call, self.B0, oct_ + communication[1], network, alpha, "cpu", update=update, forward=forward
+        )
+
+    def how(self, call: Call, w: Work) -> Estimate:
+        layer_kind = kind(call.module)
+        peak = precision(call, layer_kind, self.device)
+        return Estimate(w, peak, _efficiency(self.catalogue, layer_kind) / self._factor(layer_kind))
+
+
+def all_reduced(call: Call, pairs: dict[str, str]) -> tuple[float, float]:
+    """Bytes per batch one shard all-reduces among its replica's units (section 1h): each row-parallel
+    layer's output in the forward pass, each column-parallel layer's input gradient in the backward."""
+    forward, backward = [0.0], [0.0]
+
+    def seen(style: str):
+        def hook(module, inputs, output):
+            if style == "rowwise":
+                forward[0] += bytes_of(output)
+            else:
+                backward[0] += bytes_of(inputs)
+
+        return hook
+
+    handles = [call.module.get_submodule(name).register_forward_hook(seen(style)) for name, style in pairs.items()]
+    try:
+        args, kwargs = call.fresh("cpu")
+        with torch.no_grad():
+            call.module(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return forward[0], backward[0]
+
+
+def ring(size: float, d: int, device: DeviceSpec) -> float:
+    """Seconds of a ring all-reduce of ``size`` bytes among ``d`` devices of one node: each sends and
+    receives ``2 (d - 1) / d`` of it over its ``link_gbps``, plus one launch floor."""
+    if size == 0:
+        return 0.0
+    assert device.link_gbps is not None  # estimate() refuses --tp without it
+    return 2 * (d - 1) / d * size / (device.link_gbps * 1e9 / 8) + device.launch_us * 1e-6
 
 
 def measure_cpu_core() -> tuple[float, float]:

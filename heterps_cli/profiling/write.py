@@ -10,6 +10,7 @@ override), so that merging is a union of entries.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -34,6 +35,16 @@ class Entry:
     update: float | None = None  # docs/spec.md section 1d, where measured
     batches: dict[int, Entry] | None = None  # section 2: the times at other batch sizes
     forward: float | None = None  # section 1g: the forward pass's part of oct, where measured
+    tp: dict[int, Entry] | None = None  # section 1h: one replica's times at each degree
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    """Section 1h: one unit's share of a layer at a tensor-parallel degree."""
+
+    weight_size: float
+    activation_size: float
+    input_saved: float
 
 
 @dataclass
@@ -46,6 +57,7 @@ class LayerRow:
     activation_size: float = 0.0  # docs/spec.md section 1b
     sharded: bool = False
     input_saved: float = 0.0  # docs/spec.md section 1b
+    tp: dict[int, ShardRow] | None = None  # docs/spec.md section 1h
 
 
 def _number(x: float) -> str:
@@ -82,11 +94,24 @@ def render(
             "    times:",
         ]
         for t, e in row.times.items():
-            update = f", update: {_number(e.update)}" if e.update is not None else ""
-            more = ", ".join(f"{b}: {{{_times(x)}}}" for b, x in sorted((e.batches or {}).items()))
-            entry = f"      {json.dumps(t)}: {{{_times(e)}{update}" + (f", batches: {{{more}}}}}" if more else "}")
+            shards = ", ".join(f"{d}: {{{_entry(x)}}}" for d, x in sorted((e.tp or {}).items()))
+            entry = f"      {json.dumps(t)}: {{{_entry(e)}" + (f", tp: {{{shards}}}}}" if shards else "}")
             lines.append(entry + (f"  # {e.comment}" if e.comment else ""))
+        if row.tp:
+            lines.append("    tp:")
+            lines += [
+                f"      {d}: {{weight_size: {_number(x.weight_size)}, activation_size: {_number(x.activation_size)}"
+                + (f", input_saved: {_number(x.input_saved)}}}" if x.input_saved else "}")
+                for d, x in sorted(row.tp.items())
+            ]
     return "\n".join(lines) + "\n"
+
+
+def _entry(e: Entry) -> str:
+    """An entry's fields but tp: its times, update and batches."""
+    update = f", update: {_number(e.update)}" if e.update is not None else ""
+    more = ", ".join(f"{b}: {{{_times(x)}}}" for b, x in sorted((e.batches or {}).items()))
+    return _times(e) + update + (f", batches: {{{more}}}" if more else "")
 
 
 def _times(e: Entry) -> str:
@@ -126,18 +151,25 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
     return render(p.model, p.batch_size, rows, header)
 
 
-def _row(layer: LayerProfile, resource: str, comment: str) -> LayerRow:
-    """A profiled layer as a profile row with one ``times`` entry, for ``resource``."""
+def _row(layer: LayerProfile, resource: str, comment: str, degrees: dict[int, LayerProfile] | None = None) -> LayerRow:
+    """A profiled layer as a profile row with one ``times`` entry, for ``resource``, and its times and
+    one unit's sizes at each tensor-parallel degree of ``degrees``."""
+    shards = {d: _entry_of(x) for d, x in (degrees or {}).items()}
     return LayerRow(
         layer.name,
         layer.kind,
         layer.input_size,
         layer.weight_size,
-        {resource: Entry(layer.oct, layer.odt, layer.alpha, layer.beta, comment, layer.update, forward=layer.forward)},
+        {resource: dataclasses.replace(_entry_of(layer), comment=comment, tp=shards or None)},
         layer.activation_size,
         layer.sharded,
         layer.input_saved,
+        {d: ShardRow(x.weight_size, x.activation_size, x.input_saved) for d, x in (degrees or {}).items()} or None,
     )
+
+
+def _entry_of(layer: LayerProfile) -> Entry:
+    return Entry(layer.oct, layer.odt, layer.alpha, layer.beta, "", layer.update, forward=layer.forward)
 
 
 def estimated_text(e: Estimated) -> str:
@@ -162,14 +194,34 @@ def estimated_text(e: Estimated) -> str:
     ]
     if e.calibrated_on:
         header.append(f"calibrated on {e.calibrated_on}: measured / roofline time per kind, {e.factors}")
+    if e.degrees:
+        header.append(
+            f"tp {', '.join(map(str, e.degrees))}: one unit of a replica at that degree (spec section 1h): one shard "
+            "of the layer's pairs of linear layers (as heterps run shards them) by the same roofline, the rest "
+            "whole, plus a ring all-reduce of each pair's output (forward) and input gradient (backward) among the "
+            f"units, 2 (d-1)/d x bytes over the {spec.link_gbps:g} Gbit/s in-node link + a launch floor each; "
+            "a layer with no such pair runs whole on every unit (its times and sizes as at tp 1)"
+        )
     header += e.notes
     rows = []
-    for layer, x in zip(e.layers, e.estimates):
+    for i, (layer, x) in enumerate(zip(e.layers, e.estimates)):
         how = (
             f"estimated: roofline on {e.device}, {x.work.flops:.3g} flops at {x.peak} x{x.efficiency:.2g}, "
             f"{x.work.bytes:.3g} bytes, {x.work.kernels} kernels" + (" (calibrated)" if e.calibrated_on else "")
         )
-        rows.append(_row(layer, e.resource, how))
+        shards = "; ".join(
+            f"tp {d}: "
+            + (
+                f"{s[i].pairs} pair{'s' if s[i].pairs > 1 else ''} split, {s[i].reduced:.3g} bytes all-reduced "
+                f"in {s[i].reduce_s * 1e3:.3g} ms"
+                if s[i].pairs
+                else "no pair to split, whole on every unit"
+            )
+            for d, s in e.sharded.items()
+        )
+        rows.append(
+            _row(layer, e.resource, how + (f"; {shards}" if shards else ""), {d: e.degrees[d][i] for d in e.degrees})
+        )
     return render(e.model, e.batch_size, rows, header)
 
 
@@ -209,6 +261,7 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         )
         for layer in first.layers
     ]
+    sizes_by: dict[tuple[int, int], str] = {}  # (layer, degree) -> the profile that gave its sizes
     sized: list[dict[str, dict[int, Entry]]] = [{} for _ in rows]  # per layer: type -> size -> times
     owner: dict[tuple[str, int], str] = {}
     # ``said``: what the header calls each source, where they are no files of the user's (heterps
@@ -221,12 +274,25 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
             if line.startswith("# ") and not line.startswith("# merged by")
         ]
         _same_model(prof, doc, first, paths[0])
+        _take_shard_sizes(prof, doc, rows, sizes_by, path)
         _take_times(prof, doc, rows, sized, owner, path, text_lines[path], paths[0])
     batch_size = _common_size(sized, owner)
-    for row, times in zip(rows, sized):
+    for i, (row, times) in enumerate(zip(rows, sized)):
         for t, by_size in times.items():
             main = by_size.pop(batch_size)
             main.batches = dict(sorted(by_size.items())) or None
+            for size, other in by_size.items():
+                for d, shard in (other.tp or {}).items():
+                    if d not in (main.tp or {}):
+                        raise InputError(
+                            owner[(t, size)],
+                            None,
+                            f"layers[{i}].times.{t}.tp.{d}",
+                            f"type {t!r} has times at tp {d} at batch {size} but not at batch {batch_size}, the "
+                            "size every type shares: estimate or measure that degree at it too",
+                        )
+                    assert main.tp is not None
+                    main.tp[d].batches = (main.tp[d].batches or {}) | {size: shard}
             row.times[t] = main
     given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
     return render(
@@ -237,6 +303,26 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         state_factor=first.state_factor if "state_factor" in given else None,
         job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
     )
+
+
+def _take_shard_sizes(
+    prof: Profile, doc: Document, rows: list[LayerRow], sizes_by: dict[tuple[int, int], str], path: str
+) -> None:
+    """Each layer's one-unit sizes at each tensor-parallel degree of ``prof`` (section 1h) into its row:
+    the first profile to give a degree gives them, and another that gives it must agree."""
+    for i, (layer, row) in enumerate(zip(prof.layers, rows)):
+        for d, x in (layer.tp or {}).items():
+            taken = ShardRow(x.weight_size, x.activation_size, x.input_saved)
+            given = (row.tp or {}).get(d)
+            if given is None:
+                row.tp = (row.tp or {}) | {d: taken}
+                sizes_by[(i, d)] = path
+            elif not all(_close(a, b) for a, b in zip(dataclasses.astuple(taken), dataclasses.astuple(given))):
+                raise doc.error(
+                    ("layers", i, "tp", d),
+                    f"layer {layer.name!r} at tp {d} holds other sizes than in {sizes_by[(i, d)]}: not the same "
+                    "sharding of the model",
+                )
 
 
 def _common_size(sized: list[dict[str, dict[int, Entry]]], owner: dict[tuple[str, int], str]) -> int:
@@ -313,8 +399,22 @@ def _take_times(
                 at = e.at(size, prof.batch_size)
                 assert at is not None
                 alpha, beta = layer.fractions(t, at)
+                shards = {}
+                for d, shard in (e.tp or {}).items():
+                    if (on := shard.at(size, prof.batch_size)) is not None:
+                        # section 1h: a degree's alpha and beta fall back on the entry's at tp 1
+                        shard_alpha = on.alpha if on.alpha is not None else shard.alpha
+                        shard_beta = on.beta if on.beta is not None else shard.beta
+                        shards[d] = Entry(
+                            on.oct,
+                            on.odt,
+                            shard_alpha if shard_alpha is not None else alpha,
+                            shard_beta if shard_beta is not None else beta,
+                            update=shard.update,
+                            forward=on.forward,
+                        )
                 sized[i].setdefault(t, {})[size] = Entry(
-                    at.oct, at.odt, alpha, beta, comment, e.update, forward=at.forward
+                    at.oct, at.odt, alpha, beta, comment, e.update, forward=at.forward, tp=shards or None
                 )
                 owner[(t, size)] = path
 

@@ -187,7 +187,7 @@ def _check_model(plan: Plan, doc, model: str, input_shape: tuple[int, ...] | Non
     from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
-    from heterps_cli.runtime.worker import shardable
+    from heterps_cli.runtime.sharding import shardable
 
     torch.manual_seed(seed)
     names = [name for s in plan.stages for name in s.layers]

@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
+from heterps_cli.runtime.sharding import shardable
 
 
 @dataclass(frozen=True)
@@ -155,44 +156,6 @@ def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> li
 def local_of(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's own shard (itself for a plain tensor)."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def matrix_pairs(module: nn.Module, prefix: str = "") -> dict[str, str]:
-    """Section 1h: the pairs of linear layers a replica can shard Megatron's way, by their names in
-    ``module``: within any nn.Sequential, a Linear, element-wise layers, then a Linear that takes the
-    first's outputs. The first splits its outputs (column-parallel), the second its inputs
-    (row-parallel); one all-reduce after the second, one of the input's gradient before the first."""
-    plan: dict[str, str] = {}
-    if isinstance(module, nn.Sequential):
-        children = list(module.named_children())
-        i = 0
-        while i < len(children):
-            name, first = children[i]
-            k = i + 1
-            while (
-                k < len(children)
-                and not isinstance(children[k][1], nn.Linear)
-                and not list(children[k][1].parameters())
-            ):
-                k += 1
-            if isinstance(first, nn.Linear) and k < len(children) and isinstance(children[k][1], nn.Linear):
-                second_name, second = children[k]
-                if second.in_features == first.out_features:
-                    plan[prefix + name], plan[prefix + second_name] = "colwise", "rowwise"
-                    i = k + 1
-                    continue
-            i += 1
-    for name, child in module.named_children():
-        if prefix + name not in plan:
-            plan |= matrix_pairs(child, f"{prefix}{name}.")
-    return plan
-
-
-def shardable(module: nn.Module, tp: int) -> dict[str, str] | None:
-    """:func:`matrix_pairs` where there are some and ``tp`` divides each pair's inner width; else None."""
-    pairs = matrix_pairs(module)
-    widths = [m.out_features for n, m in module.named_modules() if pairs.get(n) == "colwise"]
-    return pairs if pairs and not any(w % tp for w in widths) else None
 
 
 def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:

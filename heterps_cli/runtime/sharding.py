@@ -1,0 +1,72 @@
+"""Which layers a replica at tensor-parallel degree ``d`` shards, and one shard of them (docs/spec.md section 1h).
+
+``heterps run`` shards these pairs with ``torch.distributed.tensor.parallel``;
+``heterps profile estimate --tp`` prices one shard of the same pairs, so the
+estimate describes what the run executes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+
+
+def matrix_pairs(module: nn.Module, prefix: str = "") -> dict[str, str]:
+    """Section 1h: the pairs of linear layers a replica can shard Megatron's way, by their names in
+    ``module``: within any nn.Sequential, a Linear, element-wise layers, then a Linear that takes the
+    first's outputs. The first splits its outputs (column-parallel), the second its inputs
+    (row-parallel); one all-reduce after the second, one of the input's gradient before the first."""
+    plan: dict[str, str] = {}
+    if isinstance(module, nn.Sequential):
+        children = list(module.named_children())
+        i = 0
+        while i < len(children):
+            name, first = children[i]
+            k = i + 1
+            while (
+                k < len(children)
+                and not isinstance(children[k][1], nn.Linear)
+                and not list(children[k][1].parameters())
+            ):
+                k += 1
+            if isinstance(first, nn.Linear) and k < len(children) and isinstance(children[k][1], nn.Linear):
+                second_name, second = children[k]
+                if second.in_features == first.out_features:
+                    plan[prefix + name], plan[prefix + second_name] = "colwise", "rowwise"
+                    i = k + 1
+                    continue
+            i += 1
+    for name, child in module.named_children():
+        if prefix + name not in plan:
+            plan |= matrix_pairs(child, f"{prefix}{name}.")
+    return plan
+
+
+def shardable(module: nn.Module, tp: int) -> dict[str, str] | None:
+    """:func:`matrix_pairs` where there are some and ``tp`` divides each pair's inner width; else None."""
+    pairs = matrix_pairs(module)
+    widths = [m.out_features for n, m in module.named_modules() if pairs.get(n) == "colwise"]
+    return pairs if pairs and not any(w % tp for w in widths) else None
+
+
+def one_shard(module: nn.Module, tp: int) -> tuple[nn.Module, dict[str, str]] | None:
+    """A copy of ``module`` as one of ``tp`` shards runs it: each :func:`shardable` pair's first linear
+    layer keeps ``1/tp`` of its outputs, the second ``1/tp`` of its inputs (its bias whole, as
+    ``RowwiseParallel`` adds it once after the all-reduce); the rest whole. None where nothing shards."""
+    pairs = shardable(module, tp)
+    if pairs is None:
+        return None
+    shard = copy.deepcopy(module)
+    for name, style in pairs.items():
+        parent_name, _, leaf = name.rpartition(".")
+        parent = shard.get_submodule(parent_name)
+        whole = getattr(parent, leaf)
+        inputs, outputs = whole.in_features, whole.out_features
+        if style == "colwise":
+            outputs //= tp
+        else:
+            inputs //= tp
+        part = nn.Linear(inputs, outputs, bias=whole.bias is not None, dtype=whole.weight.dtype)
+        setattr(parent, leaf, part.requires_grad_(whole.weight.requires_grad))
+    return shard, pairs
