@@ -43,7 +43,9 @@ def errors(estimated: list[float], measured: list[float]) -> dict:
     }
 
 
-def run_one(name: str, batch_size: int, device: str, target: str, resource: str, granularity: str) -> dict:
+def run_one(
+    name: str, batch_size: int, device: str, target: str, resource: str, granularity: str, catalogue: str | None = None
+) -> dict:
     model = load_model(name, batch_size, granularity=granularity)
     began = time.perf_counter()
     measured = measure(model, resource, device=device)
@@ -51,11 +53,14 @@ def run_one(name: str, batch_size: int, device: str, target: str, resource: str,
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "measured.yaml"
         path.write_text(measured_text(measured))
-        plain = estimate(load_model(name, batch_size, granularity=granularity), resource, target)
+        plain = estimate(
+            load_model(name, batch_size, granularity=granularity), resource, target, catalogue_path=catalogue
+        )
         fitted = estimate(
             load_model(name, batch_size, granularity=granularity),
             resource,
             target,
+            catalogue_path=catalogue,
             calibrate=str(path),
             calibrate_on=target,
         )
@@ -113,6 +118,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--estimate", default="cpu", help="the catalogue device to estimate (default cpu)")
     parser.add_argument("--json", help="also write every model's figures here")
+    parser.add_argument(
+        "--catalogue", help="a device catalogue of your own (this machine's --cpu-peaks in its cpu entry)"
+    )
     parser.add_argument("--cpu-peaks", action="store_true", help="measure one core's matmul and add rates")
     args = parser.parse_args()
     if args.cpu_peaks:
@@ -125,7 +133,9 @@ def main() -> None:
     runs += [(name, "blocks") for name in ("transformer", "resnet") if not args.only or name in args.only]
     for name, granularity in runs:
         print(f"{name} ({granularity}): measuring on {args.device} ...", file=sys.stderr, flush=True)
-        rows.append(run_one(name, args.batch_size, args.device, args.estimate, args.estimate, granularity))
+        rows.append(
+            run_one(name, args.batch_size, args.device, args.estimate, args.estimate, granularity, args.catalogue)
+        )
         print(f"  {rows[-1]['measure_s']:.0f} s; factors {rows[-1]['factors']}", file=sys.stderr, flush=True)
     print(table(rows))
     if args.json:

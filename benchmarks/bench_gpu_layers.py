@@ -27,80 +27,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.gpt import SHAPES, Block, Embedding, Head, Shape  # noqa: E402
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-
-
-@dataclass(frozen=True)
-class Shape:
-    hidden: int = 2560
-    heads: int = 20
-    sequence: int = 2048
-    vocab: int = 50257
-
-
-SHAPES = {
-    "gpt-neo-2.7b": Shape(),
-    "llama-7b-8k": Shape(hidden=4096, heads=32, sequence=8192, vocab=32000),  # issue 49's 7B at sequence 8,192
-}
-
-
-class Embedding(nn.Module):
-    def __init__(self, s: Shape):
-        super().__init__()
-        self.words = nn.Embedding(s.vocab, s.hidden)
-        self.positions = nn.Embedding(s.sequence, s.hidden)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        where = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.words(tokens) + self.positions(where)
-
-
-class Block(nn.Module):
-    def __init__(self, s: Shape, sdpa: bool = False):
-        super().__init__()
-        self.heads, self.sdpa = s.heads, sdpa
-        self.norm1, self.norm2 = nn.LayerNorm(s.hidden), nn.LayerNorm(s.hidden)
-        self.qkv, self.out = nn.Linear(s.hidden, 3 * s.hidden), nn.Linear(s.hidden, s.hidden)
-        self.up, self.down = nn.Linear(s.hidden, 4 * s.hidden), nn.Linear(4 * s.hidden, s.hidden)
-        mask = torch.ones(s.sequence, s.sequence, dtype=torch.bool).triu(1)
-        self.register_buffer("mask", mask, persistent=False)
-
-    def attention(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        if self.sdpa:
-            mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(h // self.heads)
-            scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
-            mixed = scores.softmax(-1) @ v
-        return self.out(mixed.transpose(1, 2).reshape(b, t, h))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
-
-
-class Head(nn.Module):
-    def __init__(self, s: Shape):
-        super().__init__()
-        self.norm, self.logits = nn.LayerNorm(s.hidden), nn.Linear(s.hidden, s.vocab, bias=False)
-
-    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(self.norm(x))
-        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
 
 
 def precision(name: str, device: str) -> contextlib.AbstractContextManager:

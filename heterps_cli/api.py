@@ -287,26 +287,32 @@ def estimate(
     calibrate: str | None = None,
     calibrate_on: str | None = None,
     tp: tuple[int, ...] = (),
+    precision: str = "fp32",
+    loss: str = "mse",
     granularity: str = "layers",
     progress: Progress | None = None,
 ):
-    """``heterps profile --estimate``: a roofline estimate of the model's layers on catalogue device
-    ``device`` (:class:`~heterps_cli.profiling.estimate.Estimated`; imports torch)."""
+    """``heterps profile --estimate``: an estimate of the model's layers on catalogue device ``device``,
+    operator by operator (:class:`~heterps_cli.profiling.estimate.Estimated`; imports torch)."""
     from heterps_cli.formats import check_name
-    from heterps_cli.profiling.estimate import estimate as estimate_model
-    from heterps_cli.profiling.measure import load_model
+    from heterps_cli.profiling.estimate import estimate_spec
 
     resource = check_name(resource, "--as")
     if progress is not None:
         progress(f"loading {model}")
-    return estimate_model(
-        load_model(model, batch_size, input_shape, granularity),
+    return estimate_spec(
+        model,
+        batch_size,
+        input_shape,
+        granularity,
         resource,
         device,
         catalogue_path=catalogue,
         calibrate=calibrate,
         calibrate_on=calibrate_on,
         tp=tp,
+        precision=precision,
+        loss=loss,
         progress=progress,
     )
 

@@ -131,6 +131,9 @@ class BatchTime(_Strict):
     forward: NonNegative | None = None  # section 1g: the forward pass's part of oct
 
 
+Precision = Literal["fp32", "tf32", "bf16", "fp16"]
+
+
 class ShardTime(_Strict):
     """A layer's times on a type for one replica of ``tp`` units (section 1h), or of one unit (:class:`TimeEntry`)."""
 
@@ -230,6 +233,7 @@ class Profile(_Strict):
     job: ProfileJob = ProfileJob()
     # section 1b: training-state bytes per weight byte
     state_factor: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] = 4.0
+    precision: Precision | None = None  # section 2: what the times assume the model trains at
     layers: Annotated[list[Layer], Field(min_length=1)]
 
     @property
@@ -366,6 +370,7 @@ class Plan(_Strict):
     global_batch: GlobalBatch | None = None  # section 1d
     micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] | None = None
     maximal_stages: bool | None = None  # section 1: planned in the papers' space (true), written only then
+    precision: Precision | None = None  # section 2: the profile's, where it says one
     throughput: NonNegative
     bottleneck: Index
     time_s: NonNegative
@@ -467,6 +472,27 @@ class Peaks(_Strict):
     bf16: Peak | None = None
 
 
+class Efficiencies(_Strict):
+    """Per precision, the fraction of its peak a device reaches on a large product."""
+
+    fp32: Efficiency | None = None
+    tf32: Efficiency | None = None
+    fp16: Efficiency | None = None
+    bf16: Efficiency | None = None
+
+
+HalfDim = Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)]
+
+
+class HalfDims(_Strict):
+    """Per precision, the dimension at which a product loses half of its efficiency along it."""
+
+    fp32: HalfDim | None = None
+    tf32: HalfDim | None = None
+    fp16: HalfDim | None = None
+    bf16: HalfDim | None = None
+
+
 class DeviceSpec(_Strict):
     title: Name
     tflops: Peaks
@@ -475,6 +501,10 @@ class DeviceSpec(_Strict):
     network_gbps: GigaPerUnit  # Gbit/s per device
     launch_us: Annotated[float, Field(ge=0, le=1e6), AfterValidator(_normal)]
     link_gbps: GigaPerUnit | None = None  # Gbit/s one way to the other devices of its node (section 1h's all-reduce)
+    matmul_efficiency: Efficiencies | None = None  # default: the catalogue's efficiency per layer kind
+    memory_efficiency: Efficiency | None = None  # default: the catalogue's
+    processor: Literal["gpu", "cpu"] = "gpu"  # which kernels it runs where the two differ (dropout)
+    layer_us: Annotated[float, Field(ge=0, le=1e6), AfterValidator(_normal)] | None = None  # default: catalogue's
 
 
 class Catalogue(_Strict):
@@ -483,6 +513,9 @@ class Catalogue(_Strict):
     catalogue: Literal["heterps-devices/1"]
     efficiency: Annotated[dict[Name, Efficiency], Field(min_length=1)]
     memory_efficiency: Efficiency
+    matmul_half_dim: HalfDims | None = None  # none: a product's shape does not change its efficiency
+    matmul_misaligned: Efficiencies | None = None  # per precision: a misaligned product's share of the aligned's
+    layer_us: Annotated[float, Field(ge=0, le=1e6), AfterValidator(_normal)] = 0.0  # a GPU layer's host time
     devices: Annotated[dict[Name, DeviceSpec], Field(min_length=1)]
 
 

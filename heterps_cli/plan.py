@@ -66,6 +66,7 @@ def make_plan(
         link_gbps=links,
         global_batch=problem.batch_size * problem.micro_batches if pipelined else None,
         maximal_stages=True if problem.maximal_stages else None,
+        precision=problem.precision,
         micro_batches=problem.micro_batches if pipelined else None,
         throughput=float(sc.throughput[0]),
         bottleneck=int(sc.bottleneck[0]),

@@ -73,6 +73,7 @@ class Problem:
     input_saved: np.ndarray | None = None  # [n] bytes per sample
     # section 1: neighbouring stages may share a type, unless the papers' maximal runs are asked for
     maximal_stages: bool = False
+    precision: str | None = None  # section 2: what the profile's times assume the model trains at
     # section 1f: the profile's times at every size it measured, and whether a plan chooses batch_size
     # among them (a global batch, several sizes, no --micro-batch)
     measured: Measured | None = None
@@ -485,6 +486,7 @@ def build_problem(
         nodes=nodes,
         maximal_stages=maximal_stages,
         choose_micro_batch=choose,
+        precision=profile.precision,
     )
     if batch != profile.batch_size:  # else the profile's own figures, as written
         problem = problem.replace(**_at_batch(table, batch, problem.layer_names, steps))

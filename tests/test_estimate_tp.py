@@ -32,26 +32,31 @@ def _cli(args, expect=0):
 
 
 def test_one_shard_holds_its_share_of_each_pair_and_the_second_bias_whole():
-    shard, pairs = one_shard(_mlp_block(), 2)
-    assert pairs == {"0": "colwise", "2": "rowwise"}
-    assert (shard[0].in_features, shard[0].out_features) == (WIDTH, INNER // 2)
-    assert (shard[2].in_features, shard[2].out_features) == (INNER // 2, WIDTH)
-    assert shard[2].bias.shape == (WIDTH,)
-    assert one_shard(_mlp_block(), 3) is None  # 3 does not divide the inner width
-    assert one_shard(nn.Sequential(nn.Linear(WIDTH, WIDTH)), 2) is None  # no pair
+    block = _mlp_block()
+    first, second = block[0], block[2]
+    with one_shard(block, 2) as pairs:
+        assert pairs == {"0": "colwise", "2": "rowwise"}
+        assert (block[0].in_features, block[0].out_features) == (WIDTH, INNER // 2)
+        assert (block[2].in_features, block[2].out_features) == (INNER // 2, WIDTH)
+        assert block[2].bias.shape == (WIDTH,)
+    assert block[0] is first and block[2] is second  # whole again after
+    with one_shard(_mlp_block(), 3) as pairs:
+        assert pairs is None  # 3 does not divide the inner width
+    with one_shard(nn.Sequential(nn.Linear(WIDTH, WIDTH)), 2) as pairs:
+        assert pairs is None  # no pair
 
 
 def test_a_shards_work_and_all_reduce_by_hand():
     call = Call("mlp", _mlp_block(), (torch.randn(B, WIDTH),), {})  # its input an activation, as inside a model
     whole = est.work(call)
-    shard, pairs = one_shard(call.module, 2)
-    part = type(call)(call.name, shard, call.args, call.kwargs, call.grads)
-    w = est.work(part)
+    with one_shard(call.module, 2) as pairs:
+        w = est.work(call)
+        reduced = est.all_reduced(call, pairs)
     # each product's forward, input and weight gradients: 3 x 2 B in out, with half of INNER
     assert whole.flops == 3 * 2 * B * WIDTH * INNER * 2
     assert w.flops == 3 * 2 * B * WIDTH * (INNER // 2) * 2
     # forward: the second product's output; backward: the first's input gradient
-    assert est.all_reduced(part, pairs) == (B * WIDTH * 4, B * WIDTH * 4)
+    assert reduced == (B * WIDTH * 4, B * WIDTH * 4)
     device = load_catalogue(str(est.CATALOGUE)).devices["a100-80gb"]
     seconds = 2 * (4 - 1) / 4 * 1e6 / (2400e9 / 8) + 5e-6
     assert est.ring(1e6, 4, device) == pytest.approx(seconds)
@@ -142,3 +147,28 @@ def test_tp_goes_with_estimate_and_a_device_with_an_in_node_link(tmp_path):
     result = _cli(["estimate", "mlp", "cpu", "--as", "cpu", "--batch-size", "4", "--tp", "2", "--out", out], expect=2)
     assert "--tp" in result.output and "no link_gbps" in result.output
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_degrees_merge_across_batch_sizes_whose_activations_per_sample_differ(tmp_path):
+    """A position lookup saves its indices once whatever the batch: per sample, its activations differ
+    from batch 1 to batch 2, at every degree as at tp 1, and the sizes still merge."""
+    model = tmp_path / "tiny.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Embed(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.words, self.positions = nn.Embedding(100, 16), nn.Embedding(8, 16)\n\n"
+        "    def forward(self, tokens):\n"
+        "        return self.words(tokens) + self.positions(torch.arange(tokens.shape[1]))\n\n\n"
+        "def tiny(batch_size):\n"
+        "    embed, mlp = Embed(), nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))\n"
+        "    return nn.Sequential(embed, mlp), torch.randint(0, 100, (batch_size, 8)), [embed, mlp]\n"
+    )
+    out = tmp_path / "t.yaml"
+    _cli(
+        ["estimate", f"{model}:tiny", "h100", "--as", "h100", "--batch-sizes", "1,2", "--tp", "2"]
+        + ["--granularity", "blocks", "--out", str(out)]
+    )
+    profile, _ = load_profile(str(out))
+    assert [layer.tp[2].weight_size < layer.weight_size for layer in profile.layers] == [False, True]

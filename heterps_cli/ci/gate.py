@@ -209,6 +209,7 @@ def job_changes(plan: Plan, problem: Problem) -> list[str]:
         "min_throughput": problem.min_throughput,
         "global_batch": problem.step_samples if problem.pipelined else None,  # section 1d
         "maximal_stages": True if problem.maximal_stages else None,
+        "precision": problem.precision,
     }
     if plan.max_cost is not None:  # a budget the plan was made under must still be the budget
         now["max_cost"] = problem.max_cost
@@ -228,7 +229,7 @@ def job_changes(plan: Plan, problem: Problem) -> list[str]:
 # How a plan was found, not what it is: a plan found by another search or seed still holds.
 HOW_FOUND = frozenset({"scheduler", "seed", "evaluations", "solve_s", "notes", "optimal", "gap"})
 # The job: job_changes compares these with the files and flags, so they are not stale figures.
-JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "global_batch"})
+JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "global_batch", "precision"})
 # Compared below in their own words, or judged by their own gates (feasible: limits, budget, throughput).
 OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
 

@@ -250,6 +250,21 @@ class Granularity(str, enum.Enum):
     blocks = "blocks"
 
 
+class Precision(str, enum.Enum):
+    """docs/spec.md section 2's precision: what the products run at (the half ones under autocast)."""
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Loss(str, enum.Enum):
+    mse = "mse"
+    cross_entropy = "cross-entropy"
+    none = "none"
+
+
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"

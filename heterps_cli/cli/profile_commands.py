@@ -16,6 +16,8 @@ from heterps_cli.cli.options import (
     ZOO_NAMES,
     Device,
     Granularity,
+    Loss,
+    Precision,
     parse_degrees,
     parse_shape,
     parse_sizes,
@@ -102,6 +104,27 @@ TpOpt = Annotated[
         "one shard of its pairs of linear layers, as heterps run shards them, and their all-reduces over the "
         "device's in-node link), so a plan can choose a degree per stage.",
         callback=parse_degrees,
+        show_default=False,
+    ),
+]
+
+PrecisionOpt = Annotated[
+    Precision | None,
+    typer.Option(
+        help="--estimate: what the model trains at. fp32 is PyTorch's default (products at the fp32 peak, "
+        "convolutions at TF32 where the device has it); tf32 puts fp32 products on the TF32 peak too; bf16 and "
+        "fp16 run the model under autocast, as mixed-precision training does. The profile says which. "
+        "[default: fp32]",
+        show_default=False,
+    ),
+]
+
+LossOpt = Annotated[
+    Loss | None,
+    typer.Option(
+        help="--estimate: the loss the last layer computes, counted in its time: mse (what heterps run trains "
+        "with), cross-entropy (its outputs' last dimension as classes: a language model's logits), or none. "
+        "[default: mse]",
         show_default=False,
     ),
 ]
@@ -241,6 +264,8 @@ def profile_command(
     granularity: GranularityOpt = Granularity.layers,
     calibrate_on: CalibrateOnOpt = None,
     tp: TpOpt = None,
+    precision: PrecisionOpt = None,
+    loss: LossOpt = None,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
 
@@ -261,6 +286,8 @@ def profile_command(
                 "--calibrate": calibrate,
                 "--calibrate-on": calibrate_on,
                 "--tp": tp or None,
+                "--precision": precision,
+                "--loss": loss,
             },
             measuring_only={
                 "--device": device is not Device.cpu,
@@ -274,7 +301,17 @@ def profile_command(
             processes = concurrent  # one wave
         if estimate is not None:
             job = _Estimate(
-                model, as_type, sizes, estimate, input_shape, catalogue, calibrate, calibrate_on, cast(tuple, tp)
+                model,
+                as_type,
+                sizes,
+                estimate,
+                input_shape,
+                catalogue,
+                calibrate,
+                calibrate_on,
+                cast(tuple, tp),
+                precision or Precision.fp32,
+                loss or Loss.mse,
             )
             job.run(granularity, out_file)
             return
@@ -366,6 +403,8 @@ def estimate_command(
     granularity: GranularityOpt = Granularity.layers,
     calibrate_on: CalibrateOnOpt = None,
     tp: TpOpt = None,
+    precision: PrecisionOpt = None,
+    loss: LossOpt = None,
 ) -> None:
     """Estimate a PyTorch model's layers on a device you do not have and write a profile.
 
@@ -379,7 +418,18 @@ def estimate_command(
         if sizes is None:
             raise InputError(None, None, "--batch-size", "estimating needs --batch-size B or --batch-sizes B1,B2,...")
         job = _Estimate(
-            model, as_type, sizes, device, input_shape, catalogue, calibrate, calibrate_on, cast(tuple, tp), "DEVICE"
+            model,
+            as_type,
+            sizes,
+            device,
+            input_shape,
+            catalogue,
+            calibrate,
+            calibrate_on,
+            cast(tuple, tp),
+            precision or Precision.fp32,
+            loss or Loss.mse,
+            "DEVICE",
         )
         job.run(granularity, out_file)
 
@@ -398,6 +448,8 @@ class _Estimate:
     calibrate: Path | None
     calibrate_on: str | None
     tp: tuple[int, ...]  # the callback parsed --tp
+    precision: Precision
+    loss: Loss
     device_field: str = "--estimate"  # what an error about the device names: the option, or the argument
 
     def run(self, granularity: Granularity, out_file: str) -> None:
@@ -416,6 +468,8 @@ class _Estimate:
                 calibrate=None if self.calibrate is None else str(self.calibrate),
                 calibrate_on=self.calibrate_on,
                 tp=self.tp,
+                precision=self.precision.value,
+                loss=self.loss.value,
                 granularity=granularity.value,
                 progress=report,
             )

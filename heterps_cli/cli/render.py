@@ -111,6 +111,8 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     budget = f" (budget {usd(plan.max_cost)})" if plan.max_cost is not None else ""
     summary.add_row("cost", Text.assemble((usd(plan.cost_usd), "bold green"), budget))
     summary.add_row("schedule", Text(schedule_line(plan), style="" if plan.micro_batches else "yellow"))
+    if plan.precision is not None:
+        summary.add_row("precision", Text(f"{plan.precision}: the profile's times assume it; train at it"))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
     if plan.gap is not None:
         verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"

@@ -1,31 +1,44 @@
-"""Estimated profiles: each layer's time on a device you do not have, from a roofline model.
+"""Estimated profiles: each layer's time on a device you do not have, operator by operator.
 
-``heterps profile MODEL --as a100 --estimate a100-80gb`` runs nothing on an A100.
-It counts what each layer does, here on the CPU, and prices that on a device
-of the catalogue (``devices.yaml``, or ``--catalogue FILE``):
+``heterps profile estimate MODEL a100-80gb --as a100`` runs nothing on an A100,
+and nothing of the model here either: it builds and runs the model on fake
+tensors (:mod:`.counting`), recording every operator of each layer's forward and
+backward with its FLOPs, the bytes it reads and writes, its precision and a
+product's dimensions. Each operator is priced on a device of the catalogue
+(``devices.yaml``, or ``--catalogue FILE``), and the layer's time is their sum:
 
-* **FLOPs** of the layer's forward and backward, from
-  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products, convolutions,
-  attention; element-wise work counts as none);
-* **bytes** moved, from the tensors' sizes: the forward reads its input and
-  weights and writes its output; the backward reads the output's gradient, the
-  input and the weights, and writes the input's and the weights' gradients
-  (``3 x input + 2 x output + 3 x weights``; a lookup, whose inputs are integer
-  indices, counts its weights once: it reads only the rows it indexes);
-* **kernels**: the operators dispatched in that forward and backward.
+    kernel = max(flops / (peak x efficiency x shape), bytes / (bandwidth x memory_efficiency))
+    layer  = max(sum of its kernels, layer_us + operators x launch_us)     (a GPU)
+    layer  = sum of its kernels + operators x launch_us                   (the CPU)
 
-``oct = max(flops / (peak x efficiency), bytes / (bandwidth x memory_efficiency))
-+ kernels x launch``. The peak is that of the model's precision: an fp32
-matrix product runs at the fp32 peak (PyTorch does not use TF32 for them by
-default), an fp32 convolution at the TF32 peak where the device has one
-(cuDNN does, by default). ``efficiency`` is per layer kind.
+* ``peak`` is the device's for the operator's precision: a half-precision
+  operator (``--precision bf16``/``fp16``: autocast) at the half peak, an fp32
+  product at the TF32 peak under ``--precision tf32``, an fp32 convolution at
+  it by default too (cuDNN allows TF32 for convolutions; PyTorch's default keeps
+  products at fp32);
+* ``efficiency`` is what the device reaches on a large product at that
+  precision (the device's ``matmul_efficiency``, measured or fitted, see the
+  catalogue), else the catalogue's default per layer kind;
+* ``shape`` is ``m/(m+D) x n/(n+D) x k/(k+D)`` for a product of (m, n, k), D the
+  catalogue's ``matmul_half_dim`` at the precision: the size at which a
+  dimension loses half of its efficiency (tiles partly filled); a product with
+  a dimension that is no whole number of 16-byte vectors runs on tensor cores
+  at the catalogue's ``matmul_misaligned`` share of that;
+* element-wise work, reductions, copies and lookups have no FLOPs: they take
+  their bytes at the memory bandwidth reached;
+* a GPU runs the kernels while the host issues the next: the layer takes the
+  longer of its kernels back to back and the host's time, ``layer_us`` of
+  framework per layer (its module call, its backward's start) and ``launch_us``
+  per operator. The CPU runs both in turn: each operator takes its
+  ``launch_us`` besides its work.
 
-``--calibrate MEASURED.yaml`` fits the efficiencies to a measured profile of the
-same model on a catalogued device (this machine's CPU, say): per kind, the
-median over its layers of measured / estimated time (launch floor aside)
-divides both efficiencies, so that the estimate inherits what the measurement
-saw. odt is the gradient all-reduce over the device's typical network; alpha
-is the kind's default and beta is 0, as in a measured GPU profile.
+``--calibrate MEASURED.yaml`` fits the estimate to a measured profile of the
+same model on a catalogued device (this machine's CPU, say): per layer kind, the
+median over its layers of measured / estimated time scales the kind's times, so
+that the estimate inherits what the measurement saw. odt is the gradient
+all-reduce over the device's typical network; alpha is the kind's default and
+beta is 0, as in a measured GPU profile. The last layer also computes the loss
+(``--loss``), as training does.
 
 ``--tp 2,4`` adds each layer's times and one unit's sizes at those
 tensor-parallel degrees (docs/spec.md section 1h), for what ``heterps run``
@@ -40,18 +53,19 @@ every unit: its times and sizes at ``d`` are those at 1.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.formats import Catalogue, DeviceSpec, load_catalogue
+from heterps_cli.profiling.counting import AsOnGPU, Op, Recorder, Work, autocast
 from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
     ALPHA_OTHER,
@@ -61,107 +75,134 @@ from heterps_cli.profiling.measure import (
     weight_bytes,
     with_shared,
 )
-from heterps_cli.profiling.models import Call, Model, bytes_of, kind, model_error, tensors_of
+from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, model_error, tensors_of
 from heterps_cli.profiling.timing import shared_with_previous
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard
 
 CATALOGUE = Path(__file__).with_name("devices.yaml")
-# Operators that only re-describe a tensor's memory: no kernel runs for them.
-VIEWS = {
-    "view",
-    "_unsafe_view",
-    "t",
-    "transpose",
-    "permute",
-    "expand",
-    "detach",
-    "alias",
-    "as_strided",
-    "unsqueeze",
-    "squeeze",
-    "reshape",
-    "slice",
-    "select",
-    "split",
-    "split_with_sizes",
-    "unbind",
-    "_reshape_alias",
-}
+LOSSES = ("mse", "cross-entropy", "none")
 
 
-@dataclass(frozen=True)
-class Work:
-    """What one layer does in a forward and backward pass, on one batch."""
-
-    flops: float
-    bytes: float
-    kernels: int
-    forward: Work | None = None  # the forward pass's own share of the three (docs/spec.md section 1g)
-
-
-class _Kernels(TorchDispatchMode):
-    """Counts the operators that run a kernel."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in VIEWS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-def work(call: Call) -> Work:
-    """FLOPs, bytes and kernels of ``call``'s layer alone, forward then backward (ones as the output's
-    gradient), on fresh copies of its recorded inputs: what ``heterps profile`` times."""
+def work(call: Call, precision: str = "fp32", loss: str = "none", gpu: bool = True) -> Work:
+    """Every operator of ``call``'s layer alone, forward then backward, on fresh copies of its recorded
+    inputs (what ``heterps profile`` times), at ``precision``, as a GPU runs them (or the CPU); with
+    ``loss``, the loss of its output (the last layer's: training computes it there) in the forward
+    and from it the backward."""
     args, kwargs = call.fresh("cpu")
     for p in call.module.parameters():
         p.grad = None
-    flops = FlopCounterMode(display=False)
-    kernels = _Kernels()
-    with flops, kernels:
-        out = call.module(*args, **kwargs)
-        forward_flops, forward_kernels = float(flops.get_total_flops()), kernels.count
-        outs = [o for o in tensors_of(out) if o.requires_grad]
+    recorder = Recorder()
+    with recorder, AsOnGPU() if gpu else contextlib.nullcontext():
+        with autocast(precision):
+            out = call.module(*args, **kwargs)
+            outs = [o for o in tensors_of(out) if o.requires_grad]
+            if outs and loss != "none":
+                outs = [_loss(outs[0], loss)]
+        ahead = len(recorder.ops)
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-    weights = weight_bytes(call.module)
-    # A lookup (integer inputs: an embedding) reads only the rows it indexes and needs no input gradient,
-    # so of its weights only the gradient's write is counted.
-    lookup = not any(t.is_floating_point() for t in tensors_of((call.args, call.kwargs)))
-    moved = 3 * bytes_of((call.args, call.kwargs)) + 2 * bytes_of(out) + (1 if lookup else 3) * weights
-    # the forward reads its inputs and weights (a lookup: none counted, as above) and writes its output
-    ahead = bytes_of((call.args, call.kwargs)) + bytes_of(out) + (0 if lookup else weights)
-    return Work(float(flops.get_total_flops()), moved, kernels.count, Work(forward_flops, ahead, forward_kernels))
+    return Work(tuple(recorder.ops), ahead)
 
 
-def precision(call: Call, layer_kind: str, device: DeviceSpec) -> str:
-    """Which of the device's peaks the layer runs at (see the module docstring)."""
-    dtypes = {p.dtype for p in call.module.parameters()} | {
-        t.dtype for t in tensors_of(call.args) if t.is_floating_point()
-    }
-    if torch.bfloat16 in dtypes:
-        return "bf16"
-    if torch.float16 in dtypes:
-        return "fp16"
-    if layer_kind == "conv" and device.tflops.tf32 is not None:
-        return "tf32"
-    return "fp32"
+def _loss(out: torch.Tensor, loss: str) -> torch.Tensor:
+    """``mse``: against a target of the output's shape, as ``heterps run`` trains; ``cross-entropy``: the
+    output's last dimension as classes, against class indices (a language model's logits)."""
+    if loss == "mse":
+        return torch.nn.functional.mse_loss(out, torch.zeros_like(out))
+    classes = out.shape[-1]
+    target = torch.zeros(out.shape[:-1], dtype=torch.long, device=out.device)
+    return torch.nn.functional.cross_entropy(out.reshape(-1, classes), target.reshape(-1))
 
 
-def roofline(w: Work, device: DeviceSpec, peak: str, efficiency: float, memory_efficiency: float) -> float:
-    """The layer's time without its launch floor: compute-bound or memory-bound, whichever is longer."""
-    tflops = getattr(device.tflops, peak) or device.tflops.fp32
-    assert tflops is not None  # the catalogue requires fp32
-    return max(w.flops / (tflops * 1e12 * efficiency), w.bytes / (device.memory_gbps * 1e9 * memory_efficiency))
+def peak_of(op: Op, precision: str, device: DeviceSpec) -> str:
+    """Which of the device's peaks the operator runs at (see the module docstring): its own half
+    precision, else TF32 for an fp32 product under ``tf32`` and for an fp32 convolution by default,
+    else fp32; a peak the device lacks falls back on fp32."""
+    wanted = op.dtype if op.dtype in ("bf16", "fp16") else "fp32"
+    if wanted == "fp32" and (precision == "tf32" or (op.conv and precision == "fp32")):
+        wanted = "tf32"
+    return wanted if getattr(device.tflops, wanted) is not None else "fp32"
+
+
+def shape_factor(dims: tuple[int, int, int, int] | None, half: float | None) -> float:
+    """``m/(m+D) x n/(n+D) x k/(k+D)``: how much of its large-size efficiency a product of these
+    dimensions reaches (1 without dimensions or without D)."""
+    if dims is None or not half:
+        return 1.0
+    return math.prod(d / (d + half) for d in dims[1:])
+
+
+def aligned(dims: tuple[int, int, int, int] | None, element: int) -> bool:
+    """Whether a product's m, n and k are each a whole number of 16-byte vectors of ``element`` bytes,
+    as tensor cores load them (a vocabulary of 50,257 is not)."""
+    return dims is None or all(d % (16 // element) == 0 for d in dims[1:])
+
+
+def memory_efficiency(device: DeviceSpec, catalogue: Catalogue) -> float:
+    return device.memory_efficiency if device.memory_efficiency is not None else catalogue.memory_efficiency
+
+
+def compute_efficiency(device: DeviceSpec, catalogue: Catalogue, peak: str, layer_kind: str) -> float:
+    """The device's large-product efficiency at ``peak``, else the catalogue's default for the layer kind."""
+    given = getattr(device.matmul_efficiency, peak) if device.matmul_efficiency is not None else None
+    return given if given is not None else catalogue.efficiency.get(layer_kind, catalogue.efficiency["other"])
+
+
+@dataclass(frozen=True)
+class Pricer:
+    """Operators priced on one device at one precision (the module docstring's formula)."""
+
+    device: DeviceSpec
+    catalogue: Catalogue
+    precision: str = "fp32"
+
+    def core(self, op: Op, layer_kind: str) -> float:
+        """One operator's kernel: compute- or memory-bound, whichever is longer."""
+        memory = op.bytes / (self.device.memory_gbps * 1e9 * memory_efficiency(self.device, self.catalogue))
+        if not op.flops:
+            return memory
+        tflops = getattr(self.device.tflops, peak_of(op, self.precision, self.device))
+        return max(op.flops / (tflops * 1e12 * self.reached(op, layer_kind)), memory)
+
+    def seconds(self, w: Work, layer_kind: str) -> float:
+        """The layer's time. A GPU runs the kernels while the host issues the next ones: the longer of
+        the kernels back to back and the host's time (``layer_us`` of framework per layer, ``launch_us``
+        per operator). The CPU does both in turn: each operator its work and its launch."""
+        launch = self.device.launch_us * 1e-6
+        if self.device.processor == "cpu":
+            return sum(self.core(op, layer_kind) + launch for op in w.ops)
+        layer = self.device.layer_us if self.device.layer_us is not None else self.catalogue.layer_us
+        kernels = sum(self.core(op, layer_kind) for op in w.ops)
+        return max(kernels, layer * 1e-6 + w.kernels * launch) if w.ops else 0.0
+
+    def peaks(self, w: Work) -> str:
+        """The peaks its products run at ("-" for none), as the table and the file say them."""
+        used = sorted({peak_of(op, self.precision, self.device) for op in w.ops if op.flops})
+        return "+".join(used) or "-"
+
+    def reached(self, op: Op, layer_kind: str) -> float:
+        """The fraction of its peak a product reaches: the device's efficiency by its shape, and by
+        ``matmul_misaligned`` where a dimension is not a whole number of 16-byte vectors."""
+        peak = peak_of(op, self.precision, self.device)
+        catalogue = self.catalogue
+        half = getattr(catalogue.matmul_half_dim, peak) if catalogue.matmul_half_dim else None
+        reached = compute_efficiency(self.device, catalogue, peak, layer_kind) * shape_factor(op.dims, half)
+        misaligned = getattr(catalogue.matmul_misaligned, peak) if catalogue.matmul_misaligned else None
+        if misaligned is not None and not aligned(op.dims, 2 if peak in ("bf16", "fp16") else 4):
+            reached *= misaligned
+        return reached
+
+    def efficiency(self, w: Work, layer_kind: str) -> float:
+        """The compute efficiency its products reach, FLOP-weighted (shape included); 0 without any."""
+        total = w.flops
+        return sum(op.flops * self.reached(op, layer_kind) for op in w.ops if op.flops) / total if total else 0.0
 
 
 @dataclass
 class Estimate:
-    """How one layer's time was found (the time itself is its LayerProfile's oct): its work, the peak
-    it runs at, and the compute efficiency applied (after calibration)."""
+    """How one layer's time was found (the time itself is its LayerProfile's oct): its work, the peaks
+    its products run at, and the compute efficiency they reach (FLOP-weighted, after calibration)."""
 
     work: Work
     peak: str
@@ -194,6 +235,8 @@ class Estimated:
     calibrated_on: str | None = None  # "path (device)"
     catalogue: str = "built in"
     notes: list[str] = field(default_factory=list)
+    precision: str = "fp32"
+    loss: str = "mse"
     degrees: dict[int, list[LayerProfile]] = field(default_factory=dict)  # --tp: per degree, one unit's layers
     sharded: dict[int, list[Sharded]] = field(default_factory=dict)  # --tp: per degree, how
 
@@ -218,20 +261,6 @@ def catalogue_device(catalogue: Catalogue, name: str, path: str, option: str) ->
     return catalogue.devices[name]
 
 
-def _efficiency(catalogue: Catalogue, layer_kind: str) -> float:
-    return catalogue.efficiency.get(layer_kind, catalogue.efficiency["other"])
-
-
-def _core(w: Work, call: Call, layer_kind: str, device: DeviceSpec, catalogue: Catalogue) -> tuple[str, float]:
-    """The peak the layer runs at on ``device``, and its roofline time with the catalogue's efficiencies."""
-    peak = precision(call, layer_kind, device)
-    return peak, roofline(w, device, peak, _efficiency(catalogue, layer_kind), catalogue.memory_efficiency)
-
-
-def _launch(w: Work, device: DeviceSpec) -> float:
-    return w.kernels * device.launch_us * 1e-6
-
-
 UPDATE_PASSES = 4  # SGD reads the weights and their gradients and writes the weights; the reset writes the gradients
 UPDATE_KERNELS = 2  # the step and the reset
 
@@ -242,21 +271,19 @@ def update_estimate(weights: float, device: DeviceSpec, catalogue: Catalogue) ->
     this machine instead gave a V100 this CPU's time, 29 us to 16 ms for one layer from run to run."""
     if weights == 0:
         return 0.0
-    reached = device.memory_gbps * 1e9 * catalogue.memory_efficiency
+    reached = device.memory_gbps * 1e9 * memory_efficiency(device, catalogue)
     return UPDATE_PASSES * weights / reached + UPDATE_KERNELS * device.launch_us * 1e-6
 
 
-def fit(
-    calls: list[Call], works: list[Work], measured: dict[str, float], device: DeviceSpec, catalogue: Catalogue
-) -> dict[str, float]:
-    """Per layer kind, the median of (measured - launch floor) / roofline over that kind's layers; "other"
-    is the median over all layers (for kinds the measurement did not see)."""
+def fit(calls: list[Call], works: list[Work], measured: dict[str, float], pricer: Pricer) -> dict[str, float]:
+    """Per layer kind, the median of measured / estimated time over that kind's layers; "other" is the
+    median over all layers (for kinds the measurement did not see)."""
     ratios: dict[str, list[float]] = {}
     for call, w in zip(calls, works):
         layer_kind = kind(call.module)
-        _, core = _core(w, call, layer_kind, device, catalogue)
-        if core > 0:
-            ratios.setdefault(layer_kind, []).append(max(measured[call.name] - _launch(w, device), 0.0) / core)
+        estimated = pricer.seconds(w, layer_kind)
+        if estimated > 0:
+            ratios.setdefault(layer_kind, []).append(measured[call.name] / estimated)
     factors = {k: max(statistics.median(v), 1e-3) for k, v in ratios.items()}
     everything = [r for v in ratios.values() for r in v]
     factors["other"] = max(statistics.median(everything), 1e-3) if everything else 1.0
@@ -313,22 +340,15 @@ def estimate(
     calibrate: str | None = None,
     calibrate_on: str | None = None,
     tp: tuple[int, ...] = (),
+    precision: str = "fp32",
+    loss: str = "mse",
     progress: Progress | None = None,
 ) -> Estimated:
     """The estimated profile of ``model`` as type ``resource`` on catalogue device ``device_name``, at
-    tensor-parallel degree 1 and each of ``tp``."""
+    tensor-parallel degree 1 and each of ``tp``, at ``precision``, its last layer computing ``loss``."""
     report = progress or quiet
     path = catalogue_path or str(CATALOGUE)
-    catalogue = load_catalogue(path)
-    device = catalogue_device(catalogue, device_name, path, "--estimate")
-    if tp and device.link_gbps is None:
-        raise InputError(
-            path,
-            None,
-            "--tp",
-            f"device {device_name!r} of the catalogue gives no link_gbps (its link to the other devices of its "
-            "node), which tensor parallelism's all-reduces need: add it (see --catalogue)",
-        )
+    catalogue, device = device_of(path, device_name, tp)
     report("tracing the model")
     calls, notes = traced(model)
     B0 = len(model.inputs[0])
@@ -338,7 +358,8 @@ def estimate(
     def counted(i: int, call: Call, what: str) -> Work:
         current[:] = [call]
         report(f"counting {what}layer {i % len(calls) + 1}/{len(calls)}: {call.name}", completed=i, total=steps)
-        return work(call)
+        last = i % len(calls) == len(calls) - 1
+        return work(call, precision, loss if last else "none", device.processor == "gpu")
 
     try:
         works = [counted(i, call, "") for i, call in enumerate(calls)]
@@ -346,29 +367,30 @@ def estimate(
         calibrated_on = None
         if calibrate is not None:
             on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
-            factors = fit(calls, works, measured, catalogue.devices[on], catalogue)
+            factors = fit(calls, works, measured, Pricer(catalogue.devices[on], catalogue))
             calibrated_on = f"{calibrate} ({on})"
-        price = _Pricing(device, catalogue, factors, B0)
-        layers = [price.layer(call, w) for call, w in zip(calls, works)]
+        price = _Pricing(Pricer(device, catalogue, precision), factors, B0)
+        with autocast(precision):  # the sizes kept for the backward are those of the precision
+            layers = [price.layer(call, w) for call, w in zip(calls, works)]
+            layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
         estimates = [price.how(call, w) for call, w in zip(calls, works)]
-        layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
         degrees: dict[int, list[LayerProfile]] = {}
         sharded: dict[int, list[Sharded]] = {}
         for n, d in enumerate(tp):
             degrees[d], sharded[d] = [], []
             for i, (call, layer) in enumerate(zip(calls, layers)):
-                split = one_shard(call.module, d)
-                if split is None:  # runs whole on every unit: as at tp 1
-                    degrees[d].append(layer)
-                    sharded[d].append(Sharded(0))
-                    continue
-                part = dataclasses.replace(call, module=split[0])
-                w = counted((n + 1) * len(calls) + i, part, f"tp {d}: ")
-                ahead, back = all_reduced(part, split[1])
-                reduce_s = ring(ahead, d, device) + ring(back, d, device)
-                shard = price.layer(part, w, communication=(ring(ahead, d, device), reduce_s))
+                with one_shard(call.module, d) as pairs:
+                    if pairs is None:  # runs whole on every unit: as at tp 1
+                        degrees[d].append(layer)
+                        sharded[d].append(Sharded(0))
+                        continue
+                    w = counted((n + 1) * len(calls) + i, call, f"tp {d}: ")
+                    with autocast(precision):
+                        ahead, back = all_reduced(call, pairs)
+                        reduce_s = ring(ahead, d, device) + ring(back, d, device)
+                        shard = price.layer(call, w, communication=(ring(ahead, d, device), reduce_s))
                 degrees[d].append(dataclasses.replace(shard, input_saved=min(layer.input_saved, shard.activation_size)))
-                sharded[d].append(Sharded(len(split[1]) // 2, ahead + back, reduce_s))
+                sharded[d].append(Sharded(len(pairs) // 2, ahead + back, reduce_s))
     except SIGNALLED:
         raise
     except InputError:
@@ -389,17 +411,73 @@ def estimate(
         calibrated_on,
         shown,
         notes,
+        precision,
+        loss,
         degrees,
         sharded,
     )
+
+
+def estimate_spec(
+    spec: str,
+    batch_size: int,
+    input_shape: tuple[int, ...] | None,
+    granularity: str,
+    resource: str,
+    device_name: str,
+    **options,
+) -> Estimated:
+    """:func:`estimate` of the model ``spec`` names (:func:`~.measure.load_model`), built and run on fake
+    tensors (:func:`~.counting.abstract`); where the user's code cannot run on them (it reads a
+    tensor's values, loads weights), on real tensors here, and the profile says so."""
+    from heterps_cli.profiling.counting import abstract
+    from heterps_cli.profiling.measure import load_model
+
+    device_of(options.get("catalogue_path") or str(CATALOGUE), device_name, options.get("tp", ()))
+
+    def attempt() -> Estimated:
+        return estimate(load_model(spec, batch_size, input_shape, granularity), resource, device_name, **options)
+
+    try:
+        with abstract():
+            return attempt()
+    except SIGNALLED:
+        raise
+    except Exception as exc:
+        cause = exc.__context__ if isinstance(exc, InputError) else exc
+        if cause is None or isinstance(cause, InputError):  # ours (the calibration's profile): no model failed
+            raise
+        why = failure(cause)
+    (options.get("progress") or quiet)(f"counting on real tensors ({why})")
+    estimated = attempt()
+    estimated.notes.append(
+        f"counted on real tensors here: the model does not run on fake tensors ({why}); the same counts, more "
+        "time and memory"
+    )
+    return estimated
+
+
+def device_of(path: str, name: str, tp: tuple[int, ...] = ()) -> tuple[Catalogue, DeviceSpec]:
+    """The catalogue at ``path`` and its device ``name``; exit 2 where it lacks it, or lacks the in-node
+    link ``--tp`` needs."""
+    catalogue = load_catalogue(path)
+    device = catalogue_device(catalogue, name, path, "--estimate")
+    if tp and device.link_gbps is None:
+        raise InputError(
+            path,
+            None,
+            "--tp",
+            f"device {name!r} of the catalogue gives no link_gbps (its link to the other devices of its "
+            "node), which tensor parallelism's all-reduces need: add it (see --catalogue)",
+        )
+    return catalogue, device
 
 
 @dataclass(frozen=True)
 class _Pricing:
     """A layer's counted work priced on one device, by the calibration's factor per kind."""
 
-    device: DeviceSpec
-    catalogue: Catalogue
+    pricer: Pricer
     factors: dict[str, float]
     B0: int
 
@@ -407,26 +485,23 @@ class _Pricing:
         return self.factors.get(layer_kind, self.factors["other"]) if self.factors else 1.0
 
     def layer(self, call: Call, w: Work, communication: tuple[float, float] = (0.0, 0.0)) -> LayerProfile:
-        """The layer's profile: its roofline by the factor, launches, and ``communication``'s seconds
+        """The layer's profile: its operators priced, by the factor, and ``communication``'s seconds
         (in its forward pass, in all) added to forward and to oct."""
         layer_kind = kind(call.module)
         factor = self._factor(layer_kind)
-        oct_ = _core(w, call, layer_kind, self.device, self.catalogue)[1] * factor + _launch(w, self.device)
-        forward = None
-        if w.forward is not None:  # its own roofline, by the same factor: never more than oct
-            forward = _core(w.forward, call, layer_kind, self.device, self.catalogue)[1] * factor
-            forward += _launch(w.forward, self.device) + communication[0]
-        network = self.device.network_gbps * 1e9 / 8
+        oct_ = self.pricer.seconds(w, layer_kind) * factor
+        forward = self.pricer.seconds(w.forward, layer_kind) * factor + communication[0]
+        device = self.pricer.device
+        network = device.network_gbps * 1e9 / 8
         alpha = ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER)
-        update = update_estimate(weight_bytes(call.module), self.device, self.catalogue)
+        update = update_estimate(weight_bytes(call.module), device, self.pricer.catalogue)
         return layer_profile(
             call, self.B0, oct_ + communication[1], network, alpha, "cpu", update=update, forward=forward
         )
 
     def how(self, call: Call, w: Work) -> Estimate:
         layer_kind = kind(call.module)
-        peak = precision(call, layer_kind, self.device)
-        return Estimate(w, peak, _efficiency(self.catalogue, layer_kind) / self._factor(layer_kind))
+        return Estimate(w, self.pricer.peaks(w), self.pricer.efficiency(w, layer_kind) / self._factor(layer_kind))
 
 
 def all_reduced(call: Call, pairs: dict[str, str]) -> tuple[float, float]:

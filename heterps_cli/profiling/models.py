@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,7 +82,13 @@ def _factory(where: str, name: str) -> Callable:
             if spec is None or spec.loader is None:
                 raise InputError(where, None, None, "cannot be imported as a Python module")
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            # registered before it runs, as an import would: a dataclass in it looks its module up there
+            sys.modules[spec.name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(spec.name, None)
+                raise
         else:
             try:
                 module = importlib.import_module(where)

@@ -271,12 +271,20 @@ def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list
     return {i: (started[i], started[order[n + 1]] if n + 1 < len(order) else finish) for n, i in enumerate(order)}
 
 
+def storage_key(tensor: torch.Tensor) -> int:
+    """Which storage holds ``tensor``: the same for its views, and for fake tensors too (which have
+    no data pointer)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(tensor.untyped_storage()).cdata
+
+
 def shared_with_previous(model: Model, calls: list[Call], device: str) -> list[float]:
     """Per layer, bytes per batch of the tensors it keeps for backward that the layer before it also
     keeps, in one forward of the whole model (a ReLU keeps its output, the next layer its input: one
     tensor). Parameters are left out; the first layer's is 0. The layers are the calls in the order
     :func:`~.models.trace` recorded them, each a firing of a layer's forward."""
-    params = {p.untyped_storage().data_ptr() for p in model.module.parameters()}
+    params = {storage_key(p) for p in model.module.parameters()}
     kept: list[dict[int, int]] = [{} for _ in calls]
     at = {"call": -1, "inside": False}
 
@@ -288,9 +296,9 @@ def shared_with_previous(model: Model, calls: list[Call], device: str) -> list[f
         at["inside"] = False
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if at["inside"] and 0 <= at["call"] < len(calls) and storage.data_ptr() not in params:
-            kept[at["call"]].setdefault(storage.data_ptr(), storage.nbytes())
+        key = storage_key(tensor)
+        if at["inside"] and 0 <= at["call"] < len(calls) and key not in params:
+            kept[at["call"]].setdefault(key, tensor.untyped_storage().nbytes())
         return tensor
 
     modules = list(dict.fromkeys(call.module for call in calls))
@@ -311,13 +319,13 @@ def shared_with_previous(model: Model, calls: list[Call], device: str) -> list[f
 def saved_bytes(call: Call, device: str) -> float:
     """Bytes the layer keeps for its backward pass on one batch: the tensors autograd saves during
     one forward on fresh copies of its inputs, each storage once, its own parameters left out."""
-    params = {p.untyped_storage().data_ptr() for p in call.module.parameters()}
+    params = {storage_key(p) for p in call.module.parameters()}
     seen: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        key = storage_key(tensor)
+        if key not in params:
+            seen.setdefault(key, tensor.untyped_storage().nbytes())
         return tensor
 
     args, kwargs = call.fresh(device)

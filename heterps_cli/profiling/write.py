@@ -74,9 +74,12 @@ def render(
     *,
     state_factor: float | None = None,
     job: dict[str, float] | None = None,
+    precision: str | None = None,
 ) -> str:
     lines = [f"# {h}" for h in header]
     lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}"]
+    if precision is not None:
+        lines.append(f"precision: {precision}")
     if job:
         lines += ["job:", *(f"  {key}: {exact(value)}" for key, value in job.items())]
     if state_factor is not None:
@@ -178,18 +181,28 @@ def estimated_text(e: Estimated) -> str:
     peaks = ", ".join(
         f"{getattr(spec.tflops, p):g} {p}" for p in ("fp32", "tf32", "fp16", "bf16") if getattr(spec.tflops, p)
     )
+    reached = (
+        ", ".join(f"{p} {v:g}" for p, v in spec.matmul_efficiency.model_dump(exclude_none=True).items())
+        if spec.matmul_efficiency is not None
+        else ""
+    )
     header = [
         f"estimated by heterps profile: model {e.model} as resource type {e.resource!r} on {e.device} "
-        f"({spec.title}), NOT measured: a roofline model, device catalogue {e.catalogue}",
+        f"({spec.title}), NOT measured: every operator of each layer counted on fake tensors and priced on "
+        f"the device, device catalogue {e.catalogue}",
         f"{e.device}: {peaks} TFLOP/s peak, {spec.memory_gbps:g} GB/s memory, {spec.memory_gb:g} GB, "
-        f"{spec.network_gbps:g} Gbit/s network, {spec.launch_us:g} us launch floor per kernel",
-        "oct = max(flops / (peak x efficiency), bytes / (bandwidth x memory efficiency)) + kernels x launch floor; "
-        f"flops, bytes and kernels of each layer's forward+backward counted on the cpu, batch {e.batch_size}",
+        f"{spec.network_gbps:g} Gbit/s network, {spec.launch_us:g} us per operator at least"
+        + (f"; large products reach {reached} of the peak" if reached else ""),
+        f"precision {e.precision}: {PRECISION_SAID[e.precision]}",
+        "oct = sum over the layer's operators of max(flops / (peak x efficiency x shape), bytes / (bandwidth x "
+        "memory efficiency), launch floor), shape = m/(m+D) n/(n+D) k/(k+D) of a product; the forward and "
+        f"backward of batch {e.batch_size}"
+        + (f", the last layer's with the {e.loss} loss" if e.loss != "none" else ""),
         "odt: gradient all-reduce bytes per batch (as big as the weights) / the device's network bandwidth",
         "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
         "update: the optimiser step and the gradients' reset, 4 x weight bytes / (bandwidth x memory efficiency) "
         "+ 2 x launch floor",
-        "forward: the same roofline of the forward pass's own flops, bytes and kernels (spec section 1g)",
+        "forward: the forward pass's own operators, priced the same (spec section 1g)",
         f"sum of the layers' oct {e.total_oct:.4g} s",
     ]
     if e.calibrated_on:
@@ -206,8 +219,10 @@ def estimated_text(e: Estimated) -> str:
     rows = []
     for i, (layer, x) in enumerate(zip(e.layers, e.estimates)):
         how = (
-            f"estimated: roofline on {e.device}, {x.work.flops:.3g} flops at {x.peak} x{x.efficiency:.2g}, "
-            f"{x.work.bytes:.3g} bytes, {x.work.kernels} kernels" + (" (calibrated)" if e.calibrated_on else "")
+            f"estimated: on {e.device}, {x.work.flops:.3g} flops"
+            + (f" at {x.peak} x{x.efficiency:.2g}" if x.work.flops else "")
+            + f", {x.work.bytes:.3g} bytes, {x.work.kernels} operators"
+            + (" (calibrated)" if e.calibrated_on else "")
         )
         shards = "; ".join(
             f"tp {d}: "
@@ -222,7 +237,15 @@ def estimated_text(e: Estimated) -> str:
         rows.append(
             _row(layer, e.resource, how + (f"; {shards}" if shards else ""), {d: e.degrees[d][i] for d in e.degrees})
         )
-    return render(e.model, e.batch_size, rows, header)
+    return render(e.model, e.batch_size, rows, header, precision=e.precision)
+
+
+PRECISION_SAID = {
+    "fp32": "PyTorch's default, fp32 products at the fp32 peak, fp32 convolutions at TF32 where the device has it",
+    "tf32": "fp32 tensors, products and convolutions at the TF32 peak (torch.backends.cuda.matmul.allow_tf32)",
+    "bf16": "autocast to bfloat16: products in bf16 at its peak, what autocast keeps in fp32 in fp32",
+    "fp16": "autocast to float16: products in fp16 at its peak, what autocast keeps in fp32 in fp32",
+}
 
 
 def cluster_snippet(e: Estimated) -> str:
@@ -262,6 +285,7 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         for layer in first.layers
     ]
     sizes_by: dict[tuple[int, int], str] = {}  # (layer, degree) -> the profile that gave its sizes
+    said_precision: tuple[str, str] | None = None  # the first precision a profile states, and its file
     sized: list[dict[str, dict[int, Entry]]] = [{} for _ in rows]  # per layer: type -> size -> times
     owner: dict[tuple[str, int], str] = {}
     # ``said``: what the header calls each source, where they are no files of the user's (heterps
@@ -274,6 +298,14 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
             if line.startswith("# ") and not line.startswith("# merged by")
         ]
         _same_model(prof, doc, first, paths[0])
+        if prof.precision is not None:  # a profile that says none (a measured one) joins any
+            said_precision = said_precision or (prof.precision, path)
+            if prof.precision != said_precision[0]:
+                raise doc.error(
+                    ("precision",),
+                    f"precision {prof.precision!r} differs from {said_precision[0]!r} in {said_precision[1]}: "
+                    "times at two precisions are two models (estimate both at one --precision, then merge)",
+                )
         _take_shard_sizes(prof, doc, rows, sizes_by, path)
         _take_times(prof, doc, rows, sized, owner, path, text_lines[path], paths[0])
     batch_size = _common_size(sized, owner)
@@ -302,6 +334,7 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         header,
         state_factor=first.state_factor if "state_factor" in given else None,
         job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
+        precision=said_precision[0] if said_precision else None,
     )
 
 
@@ -309,7 +342,8 @@ def _take_shard_sizes(
     prof: Profile, doc: Document, rows: list[LayerRow], sizes_by: dict[tuple[int, int], str], path: str
 ) -> None:
     """Each layer's one-unit sizes at each tensor-parallel degree of ``prof`` (section 1h) into its row:
-    the first profile to give a degree gives them, and another that gives it must agree."""
+    the first profile to give a degree gives them, and another that gives it must hold the same weights
+    (its activations per sample may differ, measured at another batch, as at tp 1)."""
     for i, (layer, row) in enumerate(zip(prof.layers, rows)):
         for d, x in (layer.tp or {}).items():
             taken = ShardRow(x.weight_size, x.activation_size, x.input_saved)
@@ -317,7 +351,7 @@ def _take_shard_sizes(
             if given is None:
                 row.tp = (row.tp or {}) | {d: taken}
                 sizes_by[(i, d)] = path
-            elif not all(_close(a, b) for a, b in zip(dataclasses.astuple(taken), dataclasses.astuple(given))):
+            elif not _close(taken.weight_size, given.weight_size):  # activations per sample move with the batch
                 raise doc.error(
                     ("layers", i, "tp", d),
                     f"layer {layer.name!r} at tp {d} holds other sizes than in {sizes_by[(i, d)]}: not the same "
@@ -349,7 +383,7 @@ def _same_model(prof: Profile, doc: Document, first: Profile, first_path: str) -
             f"model {prof.model!r} is not {first.model!r} of {first_path}: "
             "only profiles of the same model can be merged",
         )
-    for field in ("state_factor", "job"):  # the model's and the job's: every profile must say the same
+    for field in ("state_factor", "job"):  # the model's and the job's: all must say the same
         if getattr(prof, field) != getattr(first, field):
             raise doc.error(
                 (field,),

@@ -7,7 +7,8 @@ estimate describes what the run executes.
 
 from __future__ import annotations
 
-import copy
+import contextlib
+from collections.abc import Iterator
 
 from torch import nn
 
@@ -50,23 +51,32 @@ def shardable(module: nn.Module, tp: int) -> dict[str, str] | None:
     return pairs if pairs and not any(w % tp for w in widths) else None
 
 
-def one_shard(module: nn.Module, tp: int) -> tuple[nn.Module, dict[str, str]] | None:
-    """A copy of ``module`` as one of ``tp`` shards runs it: each :func:`shardable` pair's first linear
+@contextlib.contextmanager
+def one_shard(module: nn.Module, tp: int) -> Iterator[dict[str, str] | None]:
+    """Inside, ``module`` runs as one of ``tp`` shards runs it: each :func:`shardable` pair's first linear
     layer keeps ``1/tp`` of its outputs, the second ``1/tp`` of its inputs (its bias whole, as
-    ``RowwiseParallel`` adds it once after the all-reduce); the rest whole. None where nothing shards."""
+    ``RowwiseParallel`` adds it once after the all-reduce), the rest whole; the pairs, or None where
+    nothing shards. The layers are swapped in place and back (a copy of a module of fake tensors
+    would need a fake mode of its own)."""
     pairs = shardable(module, tp)
     if pairs is None:
-        return None
-    shard = copy.deepcopy(module)
-    for name, style in pairs.items():
-        parent_name, _, leaf = name.rpartition(".")
-        parent = shard.get_submodule(parent_name)
-        whole = getattr(parent, leaf)
-        inputs, outputs = whole.in_features, whole.out_features
-        if style == "colwise":
-            outputs //= tp
-        else:
-            inputs //= tp
-        part = nn.Linear(inputs, outputs, bias=whole.bias is not None, dtype=whole.weight.dtype)
-        setattr(parent, leaf, part.requires_grad_(whole.weight.requires_grad))
-    return shard, pairs
+        yield None
+        return
+    wholes: dict[str, nn.Module] = {}
+    try:
+        for name, style in pairs.items():
+            parent_name, _, leaf = name.rpartition(".")
+            parent = module.get_submodule(parent_name)
+            whole = wholes[name] = getattr(parent, leaf)
+            inputs, outputs = whole.in_features, whole.out_features
+            if style == "colwise":
+                outputs //= tp
+            else:
+                inputs //= tp
+            part = nn.Linear(inputs, outputs, bias=whole.bias is not None, dtype=whole.weight.dtype)
+            setattr(parent, leaf, part.requires_grad_(whole.weight.requires_grad))
+        yield pairs
+    finally:
+        for name, whole in wholes.items():
+            parent_name, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(parent_name), leaf, whole)
