@@ -86,12 +86,13 @@ LOSSES = ("mse", "cross-entropy", "none")
 
 def work(call: Call, precision: str = "fp32", loss: str = "none", gpu: bool = True) -> Work:
     """Every operator of ``call``'s layer alone, forward then backward, on fresh copies of its recorded
-    inputs (what ``heterps profile`` times), at ``precision``, as a GPU runs them (or the CPU); with
-    ``loss``, the loss of its output (the last layer's: training computes it there) in the forward
-    and from it the backward."""
+    inputs, at ``precision``, as a GPU runs them (or the CPU); with ``loss``, the loss of its output
+    (the last layer's: training computes it there) in the forward and from it the backward. As
+    ``heterps profile`` times it and a step of micro-batches runs it, the backward adds its weights'
+    gradients into those already kept (an ``add_`` of each, reading both and writing one)."""
     args, kwargs = call.fresh("cpu")
-    for p in call.module.parameters():
-        p.grad = None
+    for p in call.module.parameters():  # the backward adds into gradients kept from the last micro-batch
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
     recorder = Recorder()
     with recorder, AsOnGPU() if gpu else contextlib.nullcontext():
         with autocast(precision):
