@@ -154,6 +154,8 @@ def test_precision_prices_products_at_its_peak_and_the_profile_and_plan_say_it(t
     assert "precision bf16: autocast to bfloat16" in out["bf16"].read_text()
     cluster = tmp_path / "c.yaml"
     cluster.write_text("cluster: c\nresources:\n  a100: {price: 4.0, limit: 4, memory_gb: 80}\n")
+    validated = runner.invoke(app, ["validate", str(out["bf16"]), str(cluster)])
+    assert validated.exit_code == 0 and "precision: bf16 (what its times assume" in validated.output
     plan = tmp_path / "plan.yaml"
     shown = runner.invoke(app, ["plan", str(out["bf16"]), str(cluster), "--samples", "1e6", "--out", str(plan)])
     assert shown.exit_code == 0 and "bf16: the profile's times assume it" in shown.output, shown.output

@@ -295,6 +295,8 @@ def print_summary(
     if any(sharded.values()):
         given = "; ".join(f"{clip(t)} at tp {', '.join(map(str, d))}" for t, d in sharded.items() if d)
         console.print(Text(f"  tensor parallelism (docs/spec.md section 1h, with a global batch): {given}"))
+    if profile.precision is not None:
+        console.print(Text(f"  precision: {profile.precision} (what its times assume the model trains at)"))
     table = Table(header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("resource")
     table.add_column("runs layers")
