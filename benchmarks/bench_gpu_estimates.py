@@ -91,7 +91,7 @@ def estimated(w: dict[str, Work], pricer: Pricer) -> dict[str, float]:
     return times
 
 
-def sailor_tables() -> tuple[str, dict]:
+def sailor_tables() -> str:
     catalogue = load_catalogue(str(CATALOGUE))
     measured = sailor()
     rows, ratios, whole = [], {"block": [], "embedding": [], "norm": []}, {}
@@ -114,9 +114,6 @@ def sailor_tables() -> tuple[str, dict]:
         "| GPU (estimated as) | micro-batch | block measured ms | block estimated ms | ratio | embedding measured | "
         "estimated | final norm measured | estimated |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
-    summary = {name: (statistics.median(r), min(r), max(r)) for name, r in ratios.items()} | {
-        "ends": (statistics.median(ratios["embedding"] + ratios["norm"]), 0, 0)
-    }
     pairs = []
     names = list(whole)
     for i, a in enumerate(names):
@@ -132,11 +129,9 @@ def sailor_tables() -> tuple[str, dict]:
             head,
             *rows,
             "",
-            f"block estimated / measured: median {summary['block'][0]:.2f}, range {summary['block'][1]:.2f}-"
-            f"{summary['block'][2]:.2f}; embedding median {summary['embedding'][0]:.2f} "
-            f"({summary['embedding'][1]:.2f}-{summary['embedding'][2]:.2f}); final norm median "
-            f"{summary['norm'][0]:.2f} ({summary['norm'][1]:.2f}-{summary['norm'][2]:.2f}); embedding and norm "
-            f"together median {summary['ends'][0]:.2f}",
+            f"block estimated / measured: {spread(ratios['block'])}; embedding {spread(ratios['embedding'])}; "
+            f"final norm {spread(ratios['norm'])}; embedding and norm together "
+            f"{spread(ratios['embedding'] + ratios['norm'])}",
             "",
             "| whole model at micro-batch 1, slower / faster | measured | estimated | error |\n|---|---:|---:|---:|",
             *pairs,
@@ -144,7 +139,11 @@ def sailor_tables() -> tuple[str, dict]:
             order,
         ]
     )
-    return text, summary
+    return text
+
+
+def spread(ratios: list[float]) -> str:
+    return f"median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def h200_table() -> tuple[str, list[float], list[float]]:
@@ -252,16 +251,11 @@ def main() -> None:
         print(fit())
         return
     start = time.perf_counter()
-    text, _ = sailor_tables()
-    print(text)
+    print(sailor_tables())
     print()
     table, blocks, ends = h200_table()
     print(table)
-    print(
-        f"\nH200 blocks estimated / measured: median {statistics.median(blocks):.2f}, range {min(blocks):.2f}-"
-        f"{max(blocks):.2f}; embeddings and heads: median {statistics.median(ends):.2f}, range {min(ends):.2f}-"
-        f"{max(ends):.2f}"
-    )
+    print(f"\nH200 blocks estimated / measured: {spread(blocks)}; embeddings and heads: {spread(ends)}")
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

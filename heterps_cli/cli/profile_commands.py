@@ -310,8 +310,8 @@ def profile_command(
                 calibrate,
                 calibrate_on,
                 cast(tuple, tp),
-                precision or Precision.fp32,
-                loss or Loss.mse,
+                precision,
+                loss,
             )
             job.run(granularity, out_file)
             return
@@ -427,8 +427,8 @@ def estimate_command(
             calibrate,
             calibrate_on,
             cast(tuple, tp),
-            precision or Precision.fp32,
-            loss or Loss.mse,
+            precision,
+            loss,
             "DEVICE",
         )
         job.run(granularity, out_file)
@@ -448,8 +448,8 @@ class _Estimate:
     calibrate: Path | None
     calibrate_on: str | None
     tp: tuple[int, ...]  # the callback parsed --tp
-    precision: Precision
-    loss: Loss
+    precision: Precision | None  # None: not given, PyTorch's default (fp32)
+    loss: Loss | None  # None: not given, mse (what heterps run trains with)
     device_field: str = "--estimate"  # what an error about the device names: the option, or the argument
 
     def run(self, granularity: Granularity, out_file: str) -> None:
@@ -468,8 +468,8 @@ class _Estimate:
                 calibrate=None if self.calibrate is None else str(self.calibrate),
                 calibrate_on=self.calibrate_on,
                 tp=self.tp,
-                precision=self.precision.value,
-                loss=self.loss.value,
+                precision=(self.precision or Precision.fp32).value,
+                loss=(self.loss or Loss.mse).value,
                 granularity=granularity.value,
                 progress=report,
             )

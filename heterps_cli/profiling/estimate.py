@@ -65,12 +65,13 @@ import torch
 
 from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.formats import Catalogue, DeviceSpec, load_catalogue
-from heterps_cli.profiling.counting import AsOnGPU, Op, Recorder, Work, autocast
+from heterps_cli.profiling.counting import AsOnGPU, Op, Recorder, Work, abstract, autocast
 from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
     ALPHA_OTHER,
     LayerProfile,
     layer_profile,
+    load_model,
     traced,
     weight_bytes,
     with_shared,
@@ -388,8 +389,9 @@ def estimate(
                     w = counted((n + 1) * len(calls) + i, call, f"tp {d}: ")
                     with autocast(precision):
                         ahead, back = all_reduced(call, pairs)
-                        reduce_s = ring(ahead, d, device) + ring(back, d, device)
-                        shard = price.layer(call, w, communication=(ring(ahead, d, device), reduce_s))
+                        forward_s = ring(ahead, d, device)
+                        reduce_s = forward_s + ring(back, d, device)
+                        shard = price.layer(call, w, communication=(forward_s, reduce_s))
                 degrees[d].append(dataclasses.replace(shard, input_saved=min(layer.input_saved, shard.activation_size)))
                 sharded[d].append(Sharded(len(pairs) // 2, ahead + back, reduce_s))
     except SIGNALLED:
@@ -431,9 +433,6 @@ def estimate_spec(
     """:func:`estimate` of the model ``spec`` names (:func:`~.measure.load_model`), built and run on fake
     tensors (:func:`~.counting.abstract`); where the user's code cannot run on them (it reads a
     tensor's values, loads weights), on real tensors here, and the profile says so."""
-    from heterps_cli.profiling.counting import abstract
-    from heterps_cli.profiling.measure import load_model
-
     device_of(options.get("catalogue_path") or str(CATALOGUE), device_name, options.get("tp", ()))
 
     def attempt() -> Estimated:

@@ -194,9 +194,14 @@ def estimated_text(e: Estimated) -> str:
         f"{spec.network_gbps:g} Gbit/s network, {spec.launch_us:g} us per operator at least"
         + (f"; large products reach {reached} of the peak" if reached else ""),
         f"precision {e.precision}: {PRECISION_SAID[e.precision]}",
-        "oct = sum over the layer's operators of max(flops / (peak x efficiency x shape), bytes / (bandwidth x "
-        "memory efficiency), launch floor), shape = m/(m+D) n/(n+D) k/(k+D) of a product; the forward and "
-        f"backward of batch {e.batch_size}"
+        "kernel = max(flops / (peak x efficiency x shape), bytes / (bandwidth x memory efficiency)) per operator, "
+        "shape = m/(m+D) n/(n+D) k/(k+D) of a product; oct = "
+        + (
+            "the sum of each operator's kernel + its launch floor"
+            if spec.processor == "cpu"
+            else "the longer of the kernels back to back and the host's layer_us + a launch floor per operator"
+        )
+        + f"; the forward and backward of batch {e.batch_size}"
         + (f", the last layer's with the {e.loss} loss" if e.loss != "none" else ""),
         "odt: gradient all-reduce bytes per batch (as big as the weights) / the device's network bandwidth",
         "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
@@ -206,11 +211,11 @@ def estimated_text(e: Estimated) -> str:
         f"sum of the layers' oct {e.total_oct:.4g} s",
     ]
     if e.calibrated_on:
-        header.append(f"calibrated on {e.calibrated_on}: measured / roofline time per kind, {e.factors}")
+        header.append(f"calibrated on {e.calibrated_on}: measured / estimated time per kind, {e.factors}")
     if e.degrees:
         header.append(
             f"tp {', '.join(map(str, e.degrees))}: one unit of a replica at that degree (spec section 1h): one shard "
-            "of the layer's pairs of linear layers (as heterps run shards them) by the same roofline, the rest "
+            "of the layer's pairs of linear layers (as heterps run shards them), priced the same, the rest "
             "whole, plus a ring all-reduce of each pair's output (forward) and input gradient (backward) among the "
             f"units, 2 (d-1)/d x bytes over the {spec.link_gbps:g} Gbit/s in-node link + a launch floor each; "
             "a layer with no such pair runs whole on every unit (its times and sizes as at tp 1)"
