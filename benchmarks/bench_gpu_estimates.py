@@ -16,16 +16,18 @@ Measured data:
 
 The model estimated is ``benchmarks/gpt.py:gpt_neo`` (a user's plain PyTorch GPT of GPT-Neo's shapes,
 Megatron's unfused attention and dropout 0.1); for the H200 rows, ``bench_gpu_layers``'s block (no
-dropout). Sailor's layer 33 is the final norm alone (5,120 parameters): its logits and loss are not
-in its profile, so the "head" compared is our final norm, and the whole model is the embedding, the 32
-blocks and the final norm.
+dropout). Sailor's layer 33 is not ours: its Megatron-DeepSpeed fork ends GPT-Neo with the final norm
+(5,120 parameters) and computes the pipeline's loss, Megatron's vocabulary-parallel cross-entropy, on
+the normed hidden states as they are, with no logits layer; its profile times the two together. So the
+last layer compared is ``benchmarks/gpt.py:SailorLast`` (that norm and that loss, written in plain
+PyTorch), and the whole model is the embedding, the 32 blocks and that layer.
 
 What is fitted, and on what (``--fit``): the H200's large-product efficiency per precision and the
 half-dimension D per precision, on the H200's products (not its layers); the A100's TF32 and the
 V100's fp32 efficiency, each on its own GPT-Neo block at micro-batch 1 alone. Everything else is held
 out: the H200's layers at four precisions, every other micro-batch, the A100-80 (the A100-40's
 efficiency, its own memory), the GH200 (the H200's efficiency: the same GPU, its own memory), the
-embeddings and norms, and the speed ratios between GPUs.
+embeddings and last layers, and the speed ratios between GPUs.
 """
 
 from __future__ import annotations
@@ -58,16 +60,26 @@ PEAKS = {"fp32": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}  # the H200's,
 
 
 def counted(batch: int, precision: str, model: str = "gpt_neo") -> dict[str, Work]:
-    """The embedding's, a block's, the final norm's work at ``batch`` samples, counted on fake tensors."""
+    """The embedding's, a block's and Sailor's last layer's work at ``batch`` samples, counted on fake
+    tensors."""
+    import torch
+
+    from benchmarks.gpt import SHAPES, SailorLast
+    from heterps_cli.profiling.models import Call
+
+    s = SHAPES["gpt-neo-2.7b"]
     with abstract():
         calls, _ = traced(load_model(f"{ROOT}/benchmarks/gpt.py:{model}", batch, None, "blocks"))
-        names = {"embedding": calls[0], "block": calls[1], "norm": calls[-2]}
+        hidden = torch.randn(batch, s.sequence, s.hidden)
+        targets = torch.randint(0, s.hidden, (batch, s.sequence))  # its "vocabulary" is the hidden size
+        last = Call("last", SailorLast(s), (hidden, targets), {}, ((True, False), {}))
+        names = {"embedding": calls[0], "block": calls[1], "last": last}
         return {name: work(call, precision) for name, call in names.items()}
 
 
 def sailor() -> dict[str, dict[int, dict[str, float]]]:
     """Per GPU and micro-batch at tp 1: the measured forward + backward of the embedding, a block (the
-    mean of the 32) and the final norm, and the whole model (layers 0-33)."""
+    mean of the 32) and the last layer, and the whole model (layers 0-33)."""
     data = json.loads(SAILOR.read_text())["GPT-Neo-2.7"]
     out: dict[str, dict[int, dict[str, float]]] = {}
     for gpu, by_batch in data.items():
@@ -79,22 +91,22 @@ def sailor() -> dict[str, dict[int, dict[str, float]]]:
             out.setdefault(gpu, {})[int(batch)] = {
                 "embedding": times[0],
                 "block": statistics.mean(times[i] for i in range(1, 33)),
-                "norm": times[33],
+                "last": times[33],
                 "model": sum(times.values()),
             }
     return out
 
 
 def estimated(w: dict[str, Work], pricer: Pricer) -> dict[str, float]:
-    times = {name: pricer.seconds(x, "block" if name == "block" else name) for name, x in w.items()}
-    times["model"] = times["embedding"] + 32 * times["block"] + times["norm"]
+    times = {name: pricer.seconds(x, name) for name, x in w.items()}
+    times["model"] = times["embedding"] + 32 * times["block"] + times["last"]
     return times
 
 
 def sailor_tables() -> str:
     catalogue = load_catalogue(str(CATALOGUE))
     measured = sailor()
-    rows, ratios, whole = [], {"block": [], "embedding": [], "norm": []}, {}
+    rows, ratios, whole = [], {"block": [], "embedding": [], "last": []}, {}
     works: dict[int, dict[str, Work]] = {}
     for gpu, (device, precision) in GPUS.items():
         pricer = Pricer(catalogue.devices[device], catalogue, precision)
@@ -106,13 +118,13 @@ def sailor_tables() -> str:
             rows.append(
                 f"| {gpu} ({device}, {precision}) | {batch} | {m['block'] * 1e3:.2f} | {e['block'] * 1e3:.2f} | "
                 f"{e['block'] / m['block']:.2f} | {m['embedding'] * 1e3:.2f} | {e['embedding'] * 1e3:.2f} | "
-                f"{m['norm'] * 1e3:.2f} | {e['norm'] * 1e3:.2f} |"
+                f"{m['last'] * 1e3:.2f} | {e['last'] * 1e3:.2f} |"
             )
             if batch == 1:
                 whole[gpu] = (m["model"], e["model"])
     head = (
         "| GPU (estimated as) | micro-batch | block measured ms | block estimated ms | ratio | embedding measured | "
-        "estimated | final norm measured | estimated |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "estimated | last layer measured | estimated |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     pairs = []
     names = list(whole)
@@ -130,8 +142,8 @@ def sailor_tables() -> str:
             *rows,
             "",
             f"block estimated / measured: {spread(ratios['block'])}; embedding {spread(ratios['embedding'])}; "
-            f"final norm {spread(ratios['norm'])}; embedding and norm together "
-            f"{spread(ratios['embedding'] + ratios['norm'])}",
+            f"last layer (final norm and loss) {spread(ratios['last'])}; embedding and last layer together "
+            f"{spread(ratios['embedding'] + ratios['last'])}",
             "",
             "| whole model at micro-batch 1, slower / faster | measured | estimated | error |\n|---|---:|---:|---:|",
             *pairs,

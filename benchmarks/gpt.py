@@ -86,6 +86,49 @@ class Head(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
 
 
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron's vocabulary-parallel cross-entropy on one GPU (tp 1), its kernels in its order: the
+    row maximum subtracted, exponentiated and normalised in place into the softmax it keeps; the
+    backward subtracts one at each target and scales that softmax in place. Its all-reduces over the
+    tensor-parallel group are no-ops at tp 1 and left out."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        shifted = logits - logits.max(dim=-1)[0].unsqueeze(-1)
+        rows = shifted.view(-1, shifted.shape[-1])
+        at = torch.arange(rows.shape[0], device=rows.device)
+        predicted = rows[at, target.reshape(-1)].clone().view_as(target)
+        torch.exp(shifted, out=shifted)
+        total = shifted.sum(dim=-1)
+        shifted.div_(total.unsqueeze(-1))
+        ctx.save_for_backward(shifted, target)
+        return torch.log(total) - predicted
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        softmax, target = ctx.saved_tensors
+        rows = softmax.view(-1, softmax.shape[-1])
+        rows[torch.arange(rows.shape[0], device=rows.device), target.reshape(-1)] -= 1.0
+        softmax.mul_(grad.unsqueeze(-1))
+        return softmax, None
+
+
+class SailorLast(nn.Module):
+    """Sailor's GPT-Neo layer 33 (its Megatron-DeepSpeed fork's ``gpt_neo_model.py``): the last pipeline
+    layer is the final norm alone, and the pipeline's loss, a vocabulary-parallel cross-entropy, is
+    computed on the normed hidden states as they are (no logits layer), masked and averaged; its profile
+    times them together (the layer's output is the hidden states and the loss)."""
+
+    def __init__(self, s: Shape):
+        super().__init__()
+        self.norm = nn.LayerNorm(s.hidden)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        losses = _VocabParallelCrossEntropy.apply(self.norm(x), target)
+        mask = torch.ones_like(losses)
+        return (losses.reshape(-1) * mask.reshape(-1)).sum() / mask.sum()
+
+
 class GPT(nn.Module):
     """The chain: embedding, ``depth`` blocks, final norm, logits."""
 

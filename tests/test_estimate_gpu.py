@@ -212,3 +212,22 @@ def test_merge_keeps_the_precision_a_profile_states_beside_one_that_states_none(
     )
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "h100.yaml" in said and "precision 'bf16' differs from 'tf32'" in said
+
+
+def test_the_benchmarks_megatron_last_layer_is_a_norm_and_a_cross_entropy_over_the_hidden_size():
+    """bench_gpu_estimates prices Sailor's layer 33 as benchmarks/gpt.py:SailorLast; it must compute what
+    torch's cross-entropy computes on the normed hidden states, loss and gradient, in its own kernels."""
+    from benchmarks.gpt import SailorLast, Shape
+
+    layer = SailorLast(Shape(hidden=16, heads=2, sequence=5))
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    target = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(0))
+    loss = layer(x, target)
+    (ours,) = torch.autograd.grad(loss, x)
+    expected = nn.functional.cross_entropy(layer.norm(x).flatten(0, 1), target.flatten())
+    (theirs,) = torch.autograd.grad(expected, x)
+    assert torch.allclose(loss, expected, atol=1e-6) and torch.allclose(ours, theirs, atol=1e-6)
+    with abstract():
+        args = (torch.randn(2, 5, 16), torch.randint(0, 16, (2, 5)))
+        w = est.work(Call("last", SailorLast(Shape(hidden=16, heads=2, sequence=5)), args, {}, ((True, False), {})))
+    assert {"exp", "div_", "mul_"} <= {op.name.split(".")[0] for op in w.ops}
