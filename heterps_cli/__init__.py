@@ -30,6 +30,7 @@ _EXPORTS = {
     "InputError": "heterps_cli.errors",
     "InfeasibleError": "heterps_cli.errors",
     "Job": "heterps_cli.api",
+    "Task": "heterps_cli.runtime.task",
     "api": "heterps_cli",
     "main": "heterps_cli.cli.entry",
 }
@@ -46,6 +47,7 @@ __all__ = [
     "InputError",
     "InfeasibleError",
     "Job",
+    "Task",
     "api",
 ]
 
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from heterps_cli.errors import InfeasibleError, InputError
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem, build_problem, load_problem
+    from heterps_cli.runtime.task import Task
     from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
 
 

@@ -80,9 +80,10 @@ def test_launch_scripts_pass_every_word_as_written_and_run_nothing_else(tmp_path
     assert len(runs) == 3  # two nodes, then Slurm's node 0
     for argv in runs:
         tail = argv[argv.index("heterps_cli") :]
-        assert tail[:3] == ["heterps_cli", "run", str(plan)]  # absolute, and never an option
+        assert tail[:3] == ["heterps_cli", "run", str(out / "plan.yaml")]  # the copy: absolute, never an option
         assert tail[tail.index("--model") + 1] == model
         assert argv[argv.index("--master-addr") + 1] in ("10.1.2.3", "node-a")
+    assert (out / "plan.yaml").read_bytes() == PLACED.read_bytes()
 
 
 # 2. Files ------------------------------------------------------------------------------------------
@@ -108,7 +109,8 @@ def test_a_rerun_leaves_only_its_own_files_and_the_users(tmp_path):
     (out / "notes.txt").write_text("mine")
     one_node = ROOT / "docs/plans/ctr.yaml"
     assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["launch.sbatch", "node-0.sh", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["launch.sbatch", "node-0.sh", "notes.txt", "plan.yaml"]
+    assert (out / "plan.yaml").read_bytes() == one_node.read_bytes()
 
 
 @pytest.mark.parametrize("command", ["launch", "frontier"])

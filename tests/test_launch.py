@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from heterps_cli.cli.app import app
@@ -22,6 +23,7 @@ from tests.helpers import ROOT, runner
 from tests.test_run_command import MLP_LAYERS, session_processes, write_plan
 
 BUNDLED = ROOT / "docs/plans/ctr-aws-p3.yaml"
+CLASSIFY = ROOT / "docs/guide/classify.py"
 
 
 def test_placed_processes_are_every_plan_rank_once_node_by_node():
@@ -72,9 +74,17 @@ def test_launch_files_start_what_the_plan_places_on_each_node(tmp_path):
         assert command.startswith("torchrun --nnodes 2 ")
         assert f"--node-rank {i} " in command and f"--nproc-per-node {n} " in command
         assert "--master-addr 10.0.0.1 --master-port 29500" in command
-        assert f"-m heterps_cli run {BUNDLED} --placed --map v100=cuda" in command
+        assert f"-m heterps_cli run {out / 'plan.yaml'} --placed --map v100=cuda" in command
+        assert "export OMP_NUM_THREADS=1\nexport TORCH_NCCL_ASYNC_ERROR_HANDLING=1\n" in text
+    assert (out / "plan.yaml").read_bytes() == BUNDLED.read_bytes()  # the copy every node runs
     sbatch = (out / "launch.sbatch").read_text()
     assert "#SBATCH --nodes=2" in sbatch and sbatch.startswith("#!/bin/bash")
+    gpus = {}  # independently: the v100 replicas the plan puts on each node
+    for s in plan["stages"]:
+        for node, n in s["nodes"].items():
+            gpus[node] = gpus.get(node, 0) + (n if s["resource"] == "v100" else 0)
+    assert f"#SBATCH --gres=gpu:{max(gpus.values())}\n" in sbatch
+    assert f"#SBATCH --cpus-per-task={max(placed.values())}\n" in sbatch
     assert re.findall(r"(\d)\) NPROC=(\d+) ;;", sbatch) == [(str(i), str(n)) for i, n in enumerate(placed.values())]
     assert sum(placed.values()) == sum(s["replicas"] for s in plan["stages"])
     assert per_node(load_plan(str(BUNDLED))[0].stages) == placed
@@ -88,7 +98,7 @@ def test_placed_is_for_torchrun_and_a_plan_placed_on_nodes(tmp_path):
     broken["stages"][0]["nodes"] = {"p3.2xlarge#1": 1}  # fewer than the stage's replicas
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(broken))
-    result = runner.invoke(app, ["launch", str(path), "-o", str(tmp_path / "out")])
+    result = runner.invoke(app, ["launch", str(path), "-o", str(tmp_path / "out"), "--map", "v100=cuda"])
     shown = " ".join(result.output.split())
     assert result.exit_code == 2 and "does not place every replica on a node" in shown
     assert not (tmp_path / "out").exists()
@@ -105,14 +115,14 @@ def test_the_single_node_launch_file_runs_under_torchrun_and_matches_one_process
     out = tmp_path / "launch"
     report = tmp_path / "report.json"
     made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--model", "mlp", "--map", "cpu2=cpu",
-                               "--steps", "3"])  # fmt: skip
+                               "--steps", "3", "--warmup", "0", "--report", str(report)])  # fmt: skip
     assert made.exit_code == 0, made.output
     script = (out / "node-0.sh").read_text()
     assert "torchrun --standalone --nnodes 1 --nproc-per-node 2 -m heterps_cli run" in script
+    assert "MASTER_ADDR:?" not in script  # one node: no address to give
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
-    command = script.strip().splitlines()[-1] + f" --warmup 0 --out {report}"
     process = subprocess.Popen(
-        ["sh", "-c", command], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ["sh", str(out / "node-0.sh")], cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
     try:
@@ -127,11 +137,12 @@ def test_the_single_node_launch_file_runs_under_torchrun_and_matches_one_process
     assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
 
 
-@pytest.mark.slow  # two torchrun "nodes" on this machine, meeting over loopback: about 20 s
-def test_the_two_node_launch_files_run_as_two_nodes_over_loopback_and_match_one_process(tmp_path):
-    """Each node's command, as `heterps launch` writes it, started as its own torchrun on this machine
-    (node 0 hosting the rendezvous at 127.0.0.1): the multi-node path end to end, short of two machines."""
-    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu2", 1, MLP_LAYERS[4:])])
+@pytest.mark.slow  # two torchrun "nodes" on this machine, meeting over loopback: about 30 s
+def test_the_two_node_launch_scripts_train_a_task_as_two_nodes_and_match_one_process(tmp_path):
+    """Each node's script, as `heterps launch` writes it, started whole as its own "node" on this machine
+    (MASTER_ADDR=127.0.0.1, node 0 hosting the rendezvous): the user's task trains to completion, with
+    the losses of one process training the same model on the same data in the same order."""
+    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])], 32)
     plan = json.loads(plan_path.read_text())
     plan["rental"] = {"box": 2}
     plan["stages"][0]["nodes"], plan["stages"][1]["nodes"] = {"box#1": 1}, {"box#2": 1}
@@ -140,19 +151,19 @@ def test_the_two_node_launch_files_run_as_two_nodes_over_loopback_and_match_one_
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out, report = tmp_path / "launch", tmp_path / "report.json"
-    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--model", "mlp", "--map", "cpu2=cpu",
-                               "--steps", "3", "--master-addr", "127.0.0.1", "--master-port", str(port)])  # fmt: skip
+    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--task", f"{CLASSIFY}:task", "--map",
+                               "cpu2=cpu", "--steps", "6", "--warmup", "0", "--master-port", str(port),
+                               "--checkpoint-dir", str(tmp_path / "ck"), "--report", str(report)])  # fmt: skip
     assert made.exit_code == 0, made.output
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
+    env.update(MASTER_ADDR="127.0.0.1", CLASSIFY_DATA=str(tmp_path / "data"))
     started = []
     try:
         for i in range(2):
-            command = (out / f"node-{i}.sh").read_text().strip().splitlines()[-1]
-            assert f"--nnodes 2 --node-rank {i} " in command and "--nproc-per-node 1 " in command
             started.append(
                 subprocess.Popen(
-                    ["sh", "-c", command + f" --warmup 0 --out {report}"],
-                    cwd=tmp_path,
+                    ["sh", str(out / f"node-{i}.sh")],
+                    cwd="/",  # the scripts name everything by absolute path
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -168,6 +179,61 @@ def test_the_two_node_launch_files_run_as_two_nodes_over_loopback_and_match_one_
     for p, (_, stderr) in zip(started, outputs):
         assert p.returncode == 0, stderr[-3000:]
     measured = json.loads(report.read_text())  # written by plan rank 0, on node 0
-    assert measured["processes"] == 2 and len(measured["stages"]) == 2
-    reference = single_process_losses("mlp", 64 * 16, 3)
+    assert measured["processes"] == 2 and measured["task"] == f"{CLASSIFY}:task"
+    reference, weights = _task_reference(tmp_path / "data", 32 * 16, 6)
+    assert len(measured["losses"]) == 6
     assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
+    assert "step 6/6: loss" in outputs[1][1]  # the last stage, on node 1, says each step's loss
+    saved = {**torch.load(tmp_path / "ck/step-000006/stage-0.pt")["model"]}
+    saved.update({str(int(k.split(".")[0]) + 3) + k[k.index("."):]: v
+                  for k, v in torch.load(tmp_path / "ck/step-000006/stage-1.pt")["model"].items()})  # fmt: skip
+    assert saved.keys() == weights.keys()
+    assert all(torch.allclose(saved[k], weights[k], atol=1e-5) for k in weights)
+
+
+def _task_reference(data, samples: int, steps: int):
+    from heterps_cli.runtime import task_losses
+
+    before = os.environ.get("CLASSIFY_DATA")
+    os.environ["CLASSIFY_DATA"] = str(data)
+    try:
+        return task_losses(f"{CLASSIFY}:task", samples, steps)
+    finally:
+        if before is None:
+            del os.environ["CLASSIFY_DATA"]
+        else:
+            os.environ["CLASSIFY_DATA"] = before
+
+
+@pytest.mark.parametrize(
+    ("maps", "expected"),
+    [
+        ([], "no device for resource type v100"),
+        (["--map", "v100=cuda", "--map", "v1OO=cuda"], "the plan uses no resource type v1OO: its types are"),
+        (["--map", "v100=gpu"], "is not TYPE=cpu, TYPE=cuda or TYPE=cuda:N"),
+    ],
+)
+def test_launch_needs_a_device_for_every_gpu_type_and_no_other(tmp_path, maps, expected):
+    out = tmp_path / "launch"
+    result = runner.invoke(app, ["launch", str(BUNDLED), "-o", str(out), *maps])
+    assert result.exit_code == 2 and expected in " ".join(result.output.split()), result.output
+    assert not out.exists()
+
+
+def test_launch_forwards_the_run_and_writes_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mytask.py").write_text("def task():\n    pass\n")
+    made = runner.invoke(app, ["launch", str(BUNDLED), "-o", "out", "--map", "v100=cuda", "--task", "mytask.py:task",
+                               "--checkpoint-dir", "ck", "--checkpoint-every", "5", "--resume", "--steps", "40",
+                               "--warmup", "1", "--threads", "4", "--report", "r.json", "--ifname", "ib0"])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    text = (tmp_path / "out/node-1.sh").read_text()
+    command = text.strip().splitlines()[-1]
+    for part in (f"run {tmp_path}/out/plan.yaml --placed", f"--task {tmp_path}/mytask.py:task", "--steps 40",
+                 "--warmup 1", "--threads 4", f"--checkpoint-dir {tmp_path}/ck", "--checkpoint-every 5",
+                 "--resume", f"--out {tmp_path}/r.json"):  # fmt: skip
+        assert part in command, part
+    for line in ("export OMP_NUM_THREADS=4", "export GLOO_SOCKET_IFNAME=ib0", "export NCCL_SOCKET_IFNAME=ib0"):
+        assert line in text.splitlines() and line in (tmp_path / "out/launch.sbatch").read_text().splitlines()
+    bad = runner.invoke(app, ["launch", str(BUNDLED), "-o", "out2", "--map", "v100=cuda", "--ifname", "a b"])
+    assert bad.exit_code == 2 and "not a network interface name" in bad.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,12 +22,46 @@ def launch_command(
     out_dir: Annotated[
         Path,
         typer.Option(
-            "--out-dir", "-o", help="Write node-I.sh (one per node) and launch.sbatch here.", show_default=False
+            "--out-dir",
+            "-o",
+            help="Write node-I.sh (one per node), launch.sbatch and a copy of the plan here.",
+            show_default=False,
         ),
     ],
     model: RunModelOpt = None,
     device_map: DeviceMapOpt = None,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE.py:FACTORY",
+            help="heterps run --task on every node (a file, by its absolute path).",
+            show_default=False,
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option(min=1, help="heterps run --steps on every node.")] = 10,
+    warmup: Annotated[int | None, typer.Option(min=0, help="heterps run --warmup.", show_default=False)] = None,
+    threads: Annotated[
+        int, typer.Option(min=1, help="Threads per process: heterps run --threads, and OMP_NUM_THREADS.")
+    ] = 1,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(help="heterps run --checkpoint-dir (by its absolute path).", show_default=False),
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None, typer.Option(min=1, help="heterps run --checkpoint-every.", show_default=False)
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="heterps run --resume.")] = False,
+    report: Annotated[
+        Path | None,
+        typer.Option(help="heterps run --out: where rank 0 writes the report (absolute path).", show_default=False),
+    ] = None,
+    ifname: Annotated[
+        str | None,
+        typer.Option(
+            help="The network interface the nodes reach each other on: GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.",
+            show_default=False,
+        ),
+    ] = None,
     master_addr: Annotated[
         str,
         typer.Option(help="Node 0's address, as the other nodes reach it (default: $MASTER_ADDR when run)."),
@@ -35,28 +70,57 @@ def launch_command(
 ) -> None:
     """Write the commands that start a plan on its nodes: one torchrun per node, and a Slurm script.
 
-    Each node runs heterps run PLAN --placed under torchrun, with the processes the plan places on it.
+    Each node runs heterps run PLAN --placed under torchrun, with the processes the plan places on it,
+    the plan copied beside the scripts and every path absolute. Every type that is not cpu needs --map.
     """
     with exit_codes():
         from heterps_cli.errors import InputError
         from heterps_cli.formats import load_plan
-        from heterps_cli.launchfiles import LAUNCH_FILES, launch_for, node_script
+        from heterps_cli.launchfiles import LAUNCH_FILES, launch_for, node_needs, node_script
         from heterps_cli.outfiles import OutFile, write_set
-        from heterps_cli.runtime import parse_map
+        from heterps_cli.runtime import mapped, parse_map
 
         plan, _ = load_plan(str(plan_file))
-        parse_map(device_map or [])  # the same errors as heterps run's, before any file is written
-        run_args = [*(["--model", model] if model else []), *(a for m in device_map or [] for a in ("--map", m))]
-        run_args += ["--steps", str(steps)]
+        types = list(dict.fromkeys(s.resource for s in plan.stages))
+        mapping = parse_map(device_map or [])
+        devices = mapped(types, mapping, strict=True)  # before any file is written
+        if task is not None and model is not None:
+            raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
+        copy = out_dir / f"plan{plan_file.suffix if plan_file.suffix in ('.yaml', '.yml', '.json') else '.yaml'}"
+        run_args = [*(["--model", _absolute(model)] if model else []), *(["--task", _absolute(task)] if task else [])]
+        run_args += [a for t, d in mapping.items() for a in ("--map", f"{t}={d}")]
+        run_args += ["--steps", str(steps), *(["--warmup", str(warmup)] if warmup is not None else [])]
+        run_args += ["--threads", str(threads)]
+        if checkpoint_dir is not None:
+            run_args += ["--checkpoint-dir", os.path.abspath(checkpoint_dir)]
+        run_args += [*(["--checkpoint-every", str(checkpoint_every)] if checkpoint_every else [])]
+        run_args += [*(["--resume"] if resume else []), *(["--out", os.path.abspath(report)] if report else [])]
         try:
-            launch = launch_for(plan, str(plan_file), run_args, master_addr=master_addr, master_port=master_port)
+            needs = node_needs(plan, devices, threads, ifname)
+            launch = launch_for(
+                plan,
+                os.path.abspath(copy),
+                run_args,
+                master_addr=master_addr,
+                master_port=master_port,
+                needs=needs,
+                source=str(plan_file),
+            )
         except ValueError as exc:
             raise InputError(str(plan_file), None, "stages", str(exc)) from None
-        files = {f"node-{n.index}.sh": OutFile(node_script(str(plan_file), launch, n), 0o755) for n in launch.nodes}
+        shown = str(plan_file)
+        files = {f"node-{n.index}.sh": OutFile(node_script(shown, launch, n), 0o755) for n in launch.nodes}
         files["launch.sbatch"] = OutFile(launch.slurm)
+        files[copy.name] = OutFile(plan_file.read_bytes())
         written = write_set(out_dir, files, LAUNCH_FILES, "--out-dir")
         for node in launch.nodes:
             kind = f" ({node.kind})" if node.kind else ""
             out.print(Text(f"node {node.index}: {node.node}{kind}, {node.processes} processes", style="bold"))
             out.print(Text(f"  {printable(node.command)}"))  # a path's newline, quoted, is still one line here
         out.print(Text(printable(f"wrote {', '.join(quote(str(p)) for p in written)}")))
+
+
+def _absolute(spec: str) -> str:
+    """A ``FILE.py:FACTORY`` by its absolute path, as every node reads it; a zoo name or a module as given."""
+    where, sep, name = spec.rpartition(":")
+    return f"{os.path.abspath(where)}:{name}" if sep and where.endswith(".py") else spec

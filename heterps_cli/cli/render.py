@@ -101,7 +101,11 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     summary.add_column(style="bold")
     summary.add_column()
     need = f" (required ≥ {count(plan.min_throughput)})" if plan.min_throughput > 0 else ""
-    summary.add_row("throughput", f"{count(plan.throughput, 1)} samples/s{need}")
+    caveats = figure_caveats(plan)
+    summary.add_row(
+        "throughput",
+        Text.assemble(f"{count(plan.throughput, 1)} samples/s{need}", (f", if {caveats}" if caveats else "", "yellow")),
+    )
     epochs = f"{number(plan.epochs)} epoch{'s' if plan.epochs != 1 else ''}"
     exact_s = f" ({count(plan.time_s)} s)" if plan.time_s >= 120 else ""  # shorter ones are already in seconds
     summary.add_row("training time", f"{duration(plan.time_s)}{exact_s} for {epochs} × {count(plan.samples)} samples")
@@ -182,6 +186,19 @@ def schedule_line(plan: Plan) -> str:
         return "none (no job.global_batch): no fill or drain, sync overlaps compute"
     M, B0 = plan.micro_batches, plan.batch_size
     return f"1F1B, {count(M)} micro-batch{'es' if M != 1 else ''} of {count(B0)} per step, then sync and update"
+
+
+def figure_caveats(plan: Plan) -> str:
+    """What the throughput takes for granted that a run may not give, said beside it (the schedule and
+    assumes lines say why): without a pipeline schedule (no global batch), that the replicas' gradient
+    sync overlaps compute; where the cluster gives no bandwidth, that stage-boundary transfers are free."""
+    parts = []
+    if not plan.micro_batches and any(s.replicas > 1 for s in plan.stages):
+        parts.append("sync overlaps compute")
+    edges = [s.resource for s in plan.stages[1:]] + [s.resource for s in plan.stages[:-1]]
+    if any((plan.bandwidth_gbps or {}).get(t) is None for t in edges):
+        parts.append("transfers are free")
+    return " and ".join(parts)
 
 
 def assumptions(plan: Plan) -> str:

@@ -144,7 +144,8 @@ def _run_tables(report) -> tuple[Table, Table, Table]:
     spent.add_column("stage", no_wrap=True)
     spent.add_column("layers", max_width=24)
     spent.add_column("device", no_wrap=True)
-    for name in ("compute", "wait", "sync", "idle"):
+    reads = any(s.data_s for s in report.stages)  # --task: reading the samples gets its own column
+    for name in ("compute", "wait", "sync", *(["data"] if reads else []), "idle"):
         spent.add_column(name, **numeric)
     versus = Table(title="per batch, against the plan", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     versus.add_column("stage", no_wrap=True)
@@ -166,6 +167,7 @@ def _run_tables(report) -> tuple[Table, Table, Table]:
             _seconds(s.compute_s),
             _seconds(s.wait_s),
             _seconds(s.sync_s),
+            *([_seconds(s.data_s)] if reads else []),
             _seconds(s.idle_s),
         )
         versus.add_row(
@@ -219,7 +221,9 @@ def _run_lines(report) -> list[Text]:
             )
         )
     if report.losses:
+        first, last = report.first_step + 1, report.first_step + len(report.losses)
+        resumed = f" (resumed after step {report.first_step})" if report.first_step else ""
         lines.append(
-            Text(f"loss {report.losses[0]:.6g} at step 1, {report.losses[-1]:.6g} at step {len(report.losses)}")
+            Text(f"loss {report.losses[0]:.6g} at step {first}, {report.losses[-1]:.6g} at step {last}{resumed}")
         )
     return lines

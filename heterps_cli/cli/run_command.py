@@ -21,7 +21,46 @@ _RunInputShapeOpt = Annotated[
     typer.Option(help="Per-sample input shape, as for heterps profile.", callback=parse_shape, show_default=False),
 ]
 _RunStepsOpt = Annotated[
-    int, typer.Option(min=1, help="Training steps measured (each runs --micro-batches batches, then a flush).")
+    int,
+    typer.Option(
+        min=1,
+        help="Training steps (each runs --micro-batches batches, then a flush and one optimiser step): with "
+        "--task, the steps trained in all, the first --warmup of each run unmeasured; without, the steps "
+        "measured after --warmup.",
+    ),
+]
+_RunTaskOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        metavar="FILE.py:FACTORY",
+        help="Train your own model, data, loss and optimiser: FACTORY returns a heterps_cli.Task (or a dict of "
+        "its fields: model, data, loss, optimizer). Without it, synthetic data and a mean-squared loss "
+        "measure the plan (docs/guide/training.md).",
+        show_default=False,
+    ),
+]
+_RunCheckpointDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="Save every stage's weights and optimiser state here (DIR/step-N), atomically, every "
+        "--checkpoint-every steps and after the last.",
+        show_default=False,
+    ),
+]
+_RunCheckpointEveryOpt = Annotated[
+    int | None,
+    typer.Option(min=1, help="Steps between checkpoints (default 100; needs --checkpoint-dir).", show_default=False),
+]
+_RunResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue from the newest complete checkpoint in --checkpoint-dir (from step 1 where there is "
+        "none); the run trains on to --steps.",
+    ),
 ]
 _RunMicroBatchesOpt = Annotated[
     int | None,
@@ -80,17 +119,23 @@ def run_command(
     threads: Annotated[int, typer.Option(min=1, help="Threads per process (one unit of a CPU type = one core).")] = 1,
     max_processes: _RunMaxProcessesOpt = None,
     seed: _RunSeedOpt = 0,
-    lr: Annotated[float, typer.Option(callback=positive_number, help="SGD learning rate.")] = 0.01,
+    lr: Annotated[float, typer.Option(callback=positive_number, help="SGD learning rate (without --task).")] = 0.01,
     timeout: _RunTimeoutOpt = 120.0,
     placed: _RunPlacedOpt = False,
+    task: _RunTaskOpt = None,
+    checkpoint_dir: _RunCheckpointDirOpt = None,
+    checkpoint_every: _RunCheckpointEveryOpt = None,
+    resume: _RunResumeOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     out_file: _RunOutFileOpt = None,
 ) -> None:
     """Train with a plan on real processes (torch.distributed) and measure it against its prediction.
 
     One process per replica of every stage; the stages form a pipeline (1F1B, micro-batches and a flush),
-    the replicas of a stage split each micro-batch and sum their gradients. Synthetic data: the model's
-    example batch and a fixed random target. Under torchrun each process is one rank (docs/guide/running.md).
+    the replicas of a stage split each micro-batch and sum their gradients. With --task, your model, data,
+    loss and optimiser, and checkpoints to resume from (docs/guide/training.md); without, synthetic data:
+    the model's example batch and a fixed random target. Under torchrun each process is one rank
+    (docs/guide/running.md).
     """
     with exit_codes():
         from heterps_cli import api
@@ -112,6 +157,10 @@ def run_command(
                 lr=lr,
                 timeout_s=timeout,
                 placed=placed,
+                task=task,
+                checkpoint_dir=checkpoint_dir,
+                checkpoint_every=checkpoint_every,
+                resume=resume,
                 progress=report,
             )
         if result is None:  # a torchrun rank other than 0: rank 0 reports

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 MAX_DEFAULT_MICRO_BATCHES = 64
+DEFAULT_CHECKPOINT_EVERY = 100
 
 
 def default_micro_batches(stages: int) -> int:
@@ -45,17 +46,8 @@ def parse_map(entries: list[str]) -> dict[str, str]:
 
 
 def devices_for(types: list[str], mapping: dict[str, str]) -> dict[str, str]:
-    """The device of every resource type the plan uses; a type named ``cpu`` defaults to the CPU."""
-    missing = [t for t in types if t not in mapping and t != "cpu"]
-    if missing:
-        raise InputError(
-            None,
-            None,
-            "--map",
-            f"no device for resource type{'s' if len(missing) > 1 else ''} {', '.join(missing)}: say what each "
-            f"means on this machine, e.g. {' '.join(f'--map {t}=cuda:0' for t in missing[:2])} (or =cpu)",
-        )
-    devices = {t: mapping.get(t, "cpu") for t in types}
+    """The device of every resource type the plan uses (:func:`mapped`), each GPU present here."""
+    devices = mapped(types, mapping)
     if any(d.startswith("cuda") for d in devices.values()):
         import torch
 
@@ -68,6 +60,30 @@ def devices_for(types: list[str], mapping: dict[str, str]) -> dict[str, str]:
                     None, None, "--map", f"{t}={d}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}"
                 )
     return devices
+
+
+def mapped(types: list[str], mapping: dict[str, str], strict: bool = False) -> dict[str, str]:
+    """The device of every resource type the plan uses; a type named ``cpu`` defaults to the CPU. With
+    ``strict`` (``heterps launch``, whose scripts fail on every node at once), a mapped type the plan
+    does not use is refused too: a misspelt type would leave the real one unmapped."""
+    unknown = [t for t in mapping if t not in types] if strict else []
+    if unknown:
+        raise InputError(
+            None,
+            None,
+            "--map",
+            f"the plan uses no resource type {', '.join(unknown)}: its types are {', '.join(types)}",
+        )
+    missing = [t for t in types if t not in mapping and t != "cpu"]
+    if missing:
+        raise InputError(
+            None,
+            None,
+            "--map",
+            f"no device for resource type{'s' if len(missing) > 1 else ''} {', '.join(missing)}: say what each "
+            f"means on this machine, e.g. {' '.join(f'--map {t}=cuda:0' for t in missing[:2])} (or =cpu)",
+        )
+    return {t: mapping.get(t, "cpu") for t in types}
 
 
 def check_gpus_unshared(stages: list[tuple[str, int]], devices: dict[str, str], gpus: int) -> None:
@@ -107,11 +123,18 @@ def run_plan(
     lr: float = 0.01,
     timeout_s: float = 120.0,
     placed: bool = False,
+    task: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
     progress: Progress | None = None,
 ) -> RunReport | None:
     """``heterps run``: train with the plan (one process per replica) and measure it against its
     prediction; a :class:`~.report.RunReport` (None on a torchrun rank other than 0). ``model``
-    defaults to the one the plan names."""
+    defaults to the one the plan names. With ``task`` (:mod:`.task`), the user's model, data, loss and
+    optimiser train for ``steps`` steps in all (the first ``warmup`` of this run unmeasured); without,
+    synthetic data trains for ``warmup`` + ``steps``. ``checkpoint_dir`` (:mod:`.checkpoint`): save
+    every ``checkpoint_every`` steps and after the last; ``resume``: start from the newest there."""
     from heterps_cli.formats import load_plan
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
     from heterps_cli.runtime.report import build_report
@@ -120,23 +143,58 @@ def run_plan(
     report = progress or quiet
     if not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole milliseconds, up to a day here
         raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
+    if task is not None and model is not None:
+        raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
+    if (checkpoint_every is not None or resume) and checkpoint_dir is None:
+        raise InputError(None, None, "--checkpoint-dir", "--checkpoint-every and --resume need --checkpoint-dir")
     plan, doc = load_plan(plan_path)
-    model = model or plan.model  # a measured profile names its model as --model spells it
+    if checkpoint_dir is not None and any(s.tp for s in plan.stages):
+        raise InputError(
+            plan_path,
+            None,
+            "--checkpoint-dir",
+            "checkpoints of tensor-parallel stages (tp in the plan) are not written yet",
+        )
+    model = task or model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})
     under_torchrun = torchrun_env() is not None
     order = _processes(plan, plan_path, devices, placed, max_processes, under_torchrun)
     report(f"loading {model} and checking it against the plan")
-    _check_model(plan, doc, model, input_shape, seed)
+    M = micro_batches if micro_batches is not None else plan.micro_batches or default_micro_batches(len(plan.stages))
+    if task is not None:
+        _check_task(plan, doc, task, M, seed)
+    else:
+        _check_model(plan, doc, model, input_shape, seed)
+    total = steps if task is not None else warmup + steps
+    stages = tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages)
+    meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
+    meta.update(micro_batches=M, seed=seed, model=model)
+    start, resume_from = 0, None
+    if resume:
+        from heterps_cli.runtime.checkpoint import latest
+
+        assert checkpoint_dir is not None
+        found = latest(checkpoint_dir, meta)
+        if found is None:
+            report(f"no complete checkpoint in {checkpoint_dir}: starting at step 1")
+        else:
+            start, resume_from = found[0], str(found[1])
+            if start >= total:
+                raise InputError(
+                    str(found[1]),
+                    None,
+                    "--steps",
+                    f"the checkpoint has done {start} steps, and the run trains {total} in all: nothing left to "
+                    "train (raise --steps to train further)",
+                )
     cfg = RunConfig(
         model=model,
         input_shape=input_shape,
         batch_size=plan.batch_size,
-        stages=tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages),
+        stages=stages,
         devices=devices,
-        micro_batches=micro_batches
-        if micro_batches is not None
-        else plan.micro_batches or default_micro_batches(len(plan.stages)),  # section 1d: the plan's own M
+        micro_batches=M,  # section 1d: the plan's own M unless given
         steps=steps,
         warmup=warmup,
         threads=threads,
@@ -145,11 +203,18 @@ def run_plan(
         timeout_s=timeout_s,
         recompute=tuple(bool(s.recompute) for s in plan.stages),
         tp=tuple(s.tp or 1 for s in plan.stages),
+        task=task,
+        total_steps=total,
+        start_step=start,
+        checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir is not None else None,
+        checkpoint_every=checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
+        resume_from=resume_from,
+        checkpoint_meta=tuple(meta.items()),
     )
     result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
     if result is None:
         return None
-    return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches)
+    return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)
 
 
 def single_process_losses(
@@ -179,6 +244,64 @@ def single_process_losses(
     return losses
 
 
+def task_losses(task: str, samples: int, steps: int, *, seed: int = 0) -> tuple[list[float], dict]:
+    """The task trained in one process, the whole model at once, ``samples`` per step in the run's data
+    order (:class:`~.task.Samples`): the losses a run must match, and the final weights."""
+    import torch
+
+    from heterps_cli.runtime.task import Samples, load_task
+
+    torch.manual_seed(seed)
+    loaded = load_task(task)
+    data = Samples(loaded.data, samples, seed, loaded.shuffle)
+    module = loaded.model.train()
+    optimiser = loaded.optimizer(module.parameters())
+    losses = []
+    for step in range(steps):
+        x, y = data.take(step, 0, samples)
+        loss = loaded.loss(module(x), y)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    return losses, module.state_dict()
+
+
+def _check_task(plan: Plan, doc, task: str, micro_batches: int, seed: int) -> None:
+    """The task's model is a chain whose layers are the plan's; its data give (input, target) pairs its
+    model and loss take; its optimiser builds one. Run here, on a batch, before any process starts."""
+    import torch
+
+    from heterps_cli.errors import SIGNALLED
+    from heterps_cli.profiling.granularity import use_layers
+    from heterps_cli.runtime.chain import check_plan_layers, trace_chain
+    from heterps_cli.runtime.worker import load_task_model
+
+    torch.manual_seed(seed)
+    loaded, model, samples = load_task_model(task, plan.batch_size, plan.batch_size * micro_batches, seed)
+    names = [name for s in plan.stages for name in s.layers]
+    chain = trace_chain(use_layers(model, names))
+    check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
+    if any(s.tp for s in plan.stages):
+        _check_shardable(plan, doc, chain)
+    try:
+        x, y = samples.take(0, 0, min(2, plan.batch_size))
+        loss = loaded.loss(chain.stage(chain.names)(x), y)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+            raise TypeError(f"the loss must be a tensor of one value that requires grad, not {loss!r:.80}")
+        made = loaded.optimizer([torch.nn.Parameter(torch.zeros(1))])
+        if not isinstance(made, torch.optim.Optimizer):
+            raise TypeError(f"the optimizer must build a torch.optim.Optimizer, not {type(made).__name__}")
+    except SIGNALLED:
+        raise
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(
+            None, None, "--task", f"{task}: on its first two samples, {type(exc).__name__}: {exc}"
+        ) from None
+
+
 def _check_model(plan: Plan, doc, model: str, input_shape: tuple[int, ...] | None, seed: int) -> None:
     """The model is a chain whose layers are the plan's, in its order; a stage at tp > 1 (section 1h)
     holds linear layers to shard."""
@@ -187,12 +310,18 @@ def _check_model(plan: Plan, doc, model: str, input_shape: tuple[int, ...] | Non
     from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
-    from heterps_cli.runtime.sharding import shardable
 
     torch.manual_seed(seed)
     names = [name for s in plan.stages for name in s.layers]
     chain = trace_chain(use_layers(load_model(model, plan.batch_size, input_shape), names))
     check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
+    _check_shardable(plan, doc, chain)
+
+
+def _check_shardable(plan: Plan, doc, chain) -> None:
+    """A stage at tp > 1 (section 1h) holds linear layers to shard."""
+    from heterps_cli.runtime.sharding import shardable
+
     for i, stage in enumerate(plan.stages):
         if not stage.tp:
             continue

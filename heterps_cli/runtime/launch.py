@@ -15,6 +15,7 @@ rank 0 reports.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -96,6 +97,25 @@ def _still_running(pending: dict) -> tuple[bool, dict]:
     return failed, {r: p for r, p in pending.items() if codes[r] is None}
 
 
+def _starting(cfg: RunConfig, world: int) -> str:
+    if cfg.task is None:
+        return f"running {world} processes: {cfg.warmup} warm-up and {cfg.steps} measured steps"
+    start = f", resumed after step {cfg.start_step}" if cfg.start_step else ""
+    return f"training {cfg.task} on {world} processes: steps {cfg.start_step + 1} to {cfg.last_step}{start}"
+
+
+def _tell_latest(path: Path, said: str, report: Progress) -> str:
+    """The reporting rank's newest line per step, passed on to the progress display once."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return said
+    if lines and lines[-1] != said:
+        report(lines[-1])
+        return lines[-1]
+    return said
+
+
 def _stop(processes: list) -> None:
     for p in processes:
         if p.is_alive():
@@ -119,6 +139,8 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="heterps-run-") as tmp:
         out = Path(tmp)
         port = free_port()
+        told = out / "progress"
+        cfg = dataclasses.replace(cfg, progress_file=str(told) if cfg.task is not None else None)
         processes = [
             ctx.Process(
                 target=spawned, args=(r, world, port, cfg, tmp, os.getpid()), name=f"heterps-rank{r}", daemon=True
@@ -137,10 +159,12 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
             finally:
                 if main:
                     signal.signal(signal.SIGINT, handler)
-            report(f"running {world} processes: {cfg.warmup} warm-up and {cfg.steps} measured steps")
+            report(_starting(cfg, world))
             pending = dict(enumerate(processes))
+            said = ""
             while pending:
                 wait([p.sentinel for p in pending.values()], timeout=1.0)
+                said = _tell_latest(told, said, report)
                 any_failed, pending = _still_running(pending)
                 if any_failed:
                     time.sleep(0.2)  # let the echoes of a failure land, so the root cause can be told apart

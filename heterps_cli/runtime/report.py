@@ -30,6 +30,7 @@ class StageReport:
     peak_memory_how: str = ""
     baseline_memory_gb: float = 0.0  # measured: what that replica held before its model was built
     tp: int = 1  # docs/spec.md section 1h: processes per replica, each a shard of its linear pairs
+    data_s: float = 0.0  # reading the task's samples (inputs at the first stage, targets at the last)
 
     @property
     def ratio(self) -> float:
@@ -51,6 +52,8 @@ class RunReport:
     bottleneck: int  # the stage whose busy time (compute + sync) per batch is largest
     losses: list[float]  # per step, warm-up included: the mean loss over the step's samples
     stages: list[StageReport]
+    first_step: int = 0  # steps done before this run (a resumed run's checkpoint): losses[0] is step first_step + 1
+    task: str | None = None  # heterps run --task: the user's model, data, loss and optimiser
 
     @property
     def ratio(self) -> float:
@@ -71,7 +74,9 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def build_report(plan_path: str, plan: Plan, model: str, ranks: list[dict], micro_batches: int) -> RunReport:
+def build_report(
+    plan_path: str, plan: Plan, model: str, ranks: list[dict], micro_batches: int, task: str | None = None
+) -> RunReport:
     """Each rank's per-step times (``worker.train``) summarised against the plan's figures, per batch
     of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
     B, M = plan.batch_size, micro_batches
@@ -82,6 +87,7 @@ def build_report(plan_path: str, plan: Plan, model: str, ranks: list[dict], micr
         wait = statistics.fmean(_median(r["wait"]) for r in mine) / M
         sync = statistics.fmean(_median(r["sync"]) for r in mine) / M
         wall = statistics.fmean(_median(r["wall"]) for r in mine) / M
+        data = statistics.fmean(_median(r.get("data", [])) for r in mine) / M
         busy = compute + sync
         heaviest = max(mine, key=lambda r: r.get("peak_memory", 0.0))  # the replica whose peak the stage reports
         stages.append(
@@ -98,13 +104,14 @@ def build_report(plan_path: str, plan: Plan, model: str, ranks: list[dict], micr
                 compute_s=compute,
                 wait_s=wait,
                 sync_s=sync,
-                idle_s=max(0.0, wall - compute - wait - sync),
+                idle_s=max(0.0, wall - compute - wait - sync - data),
                 throughput=B / busy if busy > 0 else float("inf"),
                 predicted_memory_gb=stage.memory_gb,
                 peak_memory_gb=heaviest.get("peak_memory", 0.0) / 1e9,
                 peak_memory_how=mine[0].get("peak_memory_how", ""),
                 baseline_memory_gb=heaviest.get("baseline_memory", 0.0) / 1e9,
                 tp=stage.tp or 1,
+                data_s=data,
             )
         )
     steps = len(ranks[0]["wall"])
@@ -128,4 +135,6 @@ def build_report(plan_path: str, plan: Plan, model: str, ranks: list[dict], micr
         bottleneck=max(range(len(stages)), key=lambda i: stages[i].compute_s + stages[i].sync_s),
         losses=losses,
         stages=stages,
+        first_step=ranks[0].get("first_step", 0),
+        task=task,
     )

@@ -63,6 +63,18 @@ class RunConfig:
     timeout_s: float = 120.0
     recompute: tuple[bool, ...] = ()  # docs/spec.md section 1g: per stage (none: no stage recomputes)
     tp: tuple[int, ...] = ()  # section 1h: processes per replica, per stage (none: one each)
+    task: str | None = None  # FILE.py:FACTORY (runtime.task): the user's model, data, loss and optimiser
+    total_steps: int | None = None  # steps trained in all, from step 0 (default: warmup + steps)
+    start_step: int = 0  # the steps a resumed run's checkpoint had done
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume_from: str | None = None  # the checkpoint folder to start from
+    checkpoint_meta: tuple[tuple[str, object], ...] = ()  # what complete.json says of the run
+    progress_file: str | None = None  # locally: where the reporting rank writes its line per step
+
+    @property
+    def last_step(self) -> int:
+        return self.total_steps if self.total_steps is not None else self.warmup + self.steps
 
     def layout(self) -> Layout:
         stages = [(r, k, list(layers)) for r, k, layers in self.stages]
@@ -74,6 +86,7 @@ class Times:
     compute: list[float] = field(default_factory=list)
     wait: list[float] = field(default_factory=list)
     sync: list[float] = field(default_factory=list)
+    data: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
 
 
@@ -91,6 +104,22 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, batch_size: int)
 
 def target_for(shape: tuple[int, ...], batch_size: int, seed: int) -> torch.Tensor:
     return torch.randn((batch_size, *shape), generator=torch.Generator().manual_seed(seed + 1))
+
+
+def _generators(device: torch.device) -> dict:
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def load_task_model(spec: str, batch_size: int, samples_per_step: int, seed: int):
+    """The task ``spec`` names, its model as a :class:`~heterps_cli.profiling.models.Model` (its example
+    the data's first batch) and its samples (:class:`~.task.Samples`)."""
+    from heterps_cli.profiling.models import Model
+    from heterps_cli.runtime.task import Samples, load_task
+
+    task = load_task(spec)
+    samples = Samples(task.data, samples_per_step, seed, task.shuffle)
+    example, _ = samples.take(0, 0, min(batch_size, samples_per_step))
+    return task, Model(spec, task.model, (example,), task.blocks), samples
 
 
 def _synchronise(device: torch.device) -> None:
@@ -172,14 +201,19 @@ def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:
 
 
 def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
-    """Run this rank's part of ``cfg`` in an initialised process group; what it measured."""
+    """Run this rank's part of ``cfg`` in an initialised process group; what it measured. The first
+    ``warmup`` steps this process runs are not measured (at least one is, where it runs any)."""
     replica = _Replica(rank, cfg, local_rank)
-    for step in range(cfg.warmup + cfg.steps):
-        if step == cfg.warmup:
+    first, last = cfg.start_step, cfg.last_step
+    measured_from = first + min(cfg.warmup, max(0, last - first - 1))
+    for step in range(first, last):
+        if step == measured_from:
             dist.barrier()
             if replica.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(replica.device)
-        replica.step(measured=step >= cfg.warmup)
+        replica.step(step, measured=step >= measured_from)
+        if cfg.checkpoint_dir and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == last):
+            replica.save(step + 1)
     dist.barrier()
     return replica.result()
 
@@ -210,14 +244,21 @@ class _Replica:
                 shard_groups[s.index, r] = dist.new_group(s.members(r), backend=backend)
         torch.manual_seed(cfg.seed)
         self.baseline = baseline_memory(self.device)
-        model = load_model(cfg.model, lay.samples, cfg.input_shape)
+        self.task = self.samples = None
+        if cfg.task is not None:
+            self.task, model, self.samples = load_task_model(cfg.task, lay.batch_size, lay.samples, cfg.seed)
+        else:
+            model = load_model(cfg.model, lay.samples, cfg.input_shape)
         chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
         self.module = chain.stage(stage.layers).to(self.device).train()
         if stage.tp > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
             shard_stage(self.module, shard_groups[stage.index, self.replica], self.device, stage)
         # section 1g: keep the stage's input only, and run its forward again in the backward pass
         self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
-        self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
+        if self.task is not None:
+            self.optimiser = self.task.optimizer(self.module.parameters())
+        else:
+            self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.group = sync_groups.get((stage.index, self.tp_rank))
         # A sharded parameter's gradient is a DTensor, which a flat bucket cannot view: summed one by one.
@@ -230,16 +271,23 @@ class _Replica:
         self.outgoing = chain.output_after(stage.layers[-1])
         # The synthetic data sits on the device from the start, as a loader that prefetches leaves it: the
         # model charges no input loading, and a pageable copy per micro-batch took mlp's H100 step 1.5x.
-        target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if self.last else None
+        synthetic = self.task is None
+        target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if self.last and synthetic else None
         self.target = target.to(self.device) if target is not None else None
-        self.inputs = model.inputs[0].to(self.device) if stage.index == 0 else model.inputs[0]
+        self.inputs = model.inputs[0].to(self.device) if stage.index == 0 and synthetic else model.inputs[0]
+        self.cfg, self.step_index = cfg, 0
+        self.read_step = -1  # the step whose samples are read, and each micro-batch's
+        self.read: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
+        if cfg.resume_from is not None:
+            self.restore(Path(cfg.resume_from))
         self.M = lay.micro_batches
         self.warm = min(len(lay.stages) - 1 - stage.index, self.M)  # 1F1B: forwards before the first backward
         self.times = Times()
         self.losses: list[float] = []
         self.handles: list = []  # this step's sends, waited on before the all-reduce
         self.kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
-        self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0}  # this step's sums
+        self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0, "data": 0.0}  # this step's sums
 
     def receive(self, source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
         pieces, waited = [], 0.0
@@ -262,10 +310,27 @@ class _Replica:
             for dst in range(first, first + target_stage.tp):
                 self.handles.append(dist.isend(part, dst=dst, tag=tag))
 
+    def data(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The task's samples of micro-batch ``j`` this replica runs, on the device; the step's are read
+        at its first micro-batch, in one read (:meth:`~.task.Samples.take_each`). ``data``: the time."""
+        assert self.samples is not None
+        start = time.perf_counter()
+        if self.read_step != self.step_index:
+            shards = [self.lay.shard(self.stage, self.replica, i) for i in range(self.M)]
+            self.read = self.samples.take_each(self.step_index, shards)
+            self.read_step = self.step_index
+        x, y = self.read[j]
+        x, y = x.to(self.device), y.to(self.device)
+        self.acc["data"] += time.perf_counter() - start
+        return x, y
+
     def forward(self, j: int) -> None:
         a, b = self.lay.shard(self.stage, self.replica, j)
+        target = None
+        if self.task is not None and (self.before is None or self.last):
+            x, target = self.data(j)
         if self.before is None:
-            x = self.inputs[a:b]
+            x = x if self.task is not None else self.inputs[a:b]
         else:
             x, waited = self.receive(self.before, j, j, self.incoming)
             self.acc["wait"] += waited
@@ -274,7 +339,9 @@ class _Replica:
         _synchronise(self.device)
         start = time.perf_counter()
         y = checkpoint(self.module, x, use_reentrant=False) if self.recompute else self.module(x)
-        if self.last:
+        if self.last and self.task is not None:  # a mean over the shard, weighted to its share of the step
+            y = self.task.loss(y, target) * ((b - a) / self.lay.samples)
+        elif self.last:
             assert self.target is not None
             y = per_sample_loss(y, self.target[a:b], self.lay.samples)
         _synchronise(self.device)
@@ -301,9 +368,10 @@ class _Replica:
             grad = x.grad if x.grad is not None else torch.zeros_like(x)
             self.send(grad, a, self.before, j, self.M + j)
 
-    def step(self, measured: bool) -> None:
-        """One optimiser step: 1F1B over the micro-batches, the sends, the stage's all-reduce, the update."""
-        self.acc.update(compute=0.0, wait=0.0, loss=0.0)
+    def step(self, index: int, measured: bool) -> None:
+        """Step ``index``: 1F1B over the micro-batches, the sends, the stage's all-reduce, the update."""
+        self.step_index = index
+        self.acc.update(compute=0.0, wait=0.0, loss=0.0, data=0.0)
         began = time.perf_counter()
         self.handles.clear()
         self.kept.clear()
@@ -335,11 +403,63 @@ class _Replica:
         self.optimiser.step()
         self.optimiser.zero_grad(set_to_none=False)
         self.losses.append(self.acc["loss"])
+        wall = time.perf_counter() - began
         if measured:
             self.times.compute.append(self.acc["compute"])
             self.times.wait.append(self.acc["wait"])
             self.times.sync.append(sync)
-            self.times.wall.append(time.perf_counter() - began)
+            self.times.data.append(self.acc["data"])
+            self.times.wall.append(wall)
+        if self.task is not None and self.last:
+            self.tell(index, wall)
+
+    def tell(self, index: int, wall: float) -> None:
+        """The step's loss over all its samples (the last stage's replicas' shares summed), said by the
+        last stage's first process: on standard error under torchrun, to the launcher locally."""
+        loss = torch.tensor([self.acc["loss"]])
+        if self.group is not None:
+            dist.all_reduce(loss, group=self.group)
+        if not self.reporting:
+            return
+        line = (
+            f"step {index + 1}/{self.cfg.last_step}: loss {float(loss):.6g}, "
+            f"{self.lay.samples / wall:,.1f} samples/s at the last stage"
+        )
+        if self.cfg.progress_file is None:
+            print(f"heterps run: {line}", file=sys.stderr, flush=True)
+        else:
+            with open(self.cfg.progress_file, "a") as f:
+                f.write(line + "\n")
+
+    def save(self, steps_done: int) -> None:
+        """A checkpoint after ``steps_done`` steps (:mod:`.checkpoint`): the stage's first replica writes
+        its weights and optimiser state, every process its generators' state, rank 0 the mark."""
+        from heterps_cli.runtime.checkpoint import folder, mark_complete, rng_file, save_atomically, stage_file
+
+        assert self.cfg.checkpoint_dir is not None
+        where = folder(self.cfg.checkpoint_dir, steps_done)
+        if self.replica == 0:
+            state = {"model": self.module.state_dict(), "optimizer": self.optimiser.state_dict()}
+            save_atomically(state, stage_file(where, self.stage.index, self.stage.tp, self.tp_rank))
+        save_atomically(_generators(self.device), rng_file(where, self.rank))
+        dist.barrier()
+        if self.rank == 0:
+            mark_complete(where, {**dict(self.cfg.checkpoint_meta), "steps_done": steps_done})
+
+    def restore(self, where: Path) -> None:
+        from heterps_cli.runtime.checkpoint import rng_file, stage_file
+
+        state = torch.load(
+            stage_file(where, self.stage.index, self.stage.tp, self.tp_rank),
+            map_location=self.device,
+            weights_only=True,
+        )
+        self.module.load_state_dict(state["model"])
+        self.optimiser.load_state_dict(state["optimizer"])
+        generators = torch.load(rng_file(where, self.rank), weights_only=True)
+        torch.set_rng_state(generators["cpu"])
+        if self.device.type == "cuda" and generators.get("cuda") is not None:
+            torch.cuda.set_rng_state(generators["cuda"], self.device)
 
     def result(self) -> dict:
         peak, how = peak_memory(self.device)
@@ -356,7 +476,9 @@ class _Replica:
             "compute": self.times.compute,
             "wait": self.times.wait,
             "sync": self.times.sync,
+            "data": self.times.data,
             "wall": self.times.wall,
+            "first_step": self.cfg.start_step,
         }
 
 

@@ -1,0 +1,105 @@
+"""Checkpoints of a run (``heterps run --checkpoint-dir DIR --checkpoint-every N``, docs/guide/training.md).
+
+A checkpoint after ``k`` steps is the folder ``DIR/step-0000k``: one file per stage (per shard at tp > 1),
+written by the stage's first replica, holding its weights and its optimiser's state (every replica
+holds the same: they take the same step on the same summed gradient); one file per process with its
+random-number generators' state (dropout draws differently in each); and, last, ``complete.json``,
+which rank 0 writes once every process has written its files. Each file goes to a temporary name
+and is renamed into place, so a file is whole or absent, and a folder without ``complete.json`` (a
+job killed while saving) is never read: ``--resume`` takes the newest complete one. The two newest
+complete checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from heterps_cli.errors import InputError
+
+KEEP = 2
+_STEP = re.compile(r"^step-(\d+)$")
+MARK = "complete.json"
+
+
+def folder(root: str, steps_done: int) -> Path:
+    return Path(root) / f"step-{steps_done:06d}"
+
+
+def stage_file(step_dir: Path, stage: int, tp: int, tp_rank: int) -> Path:
+    return step_dir / (f"stage-{stage}.pt" if tp == 1 else f"stage-{stage}-shard-{tp_rank}.pt")
+
+
+def rng_file(step_dir: Path, rank: int) -> Path:
+    return step_dir / f"rng-{rank}.pt"
+
+
+def save_atomically(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(partial, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def mark_complete(step_dir: Path, meta: dict) -> None:
+    """Rank 0, once every process has written its files: the checkpoint exists from now on."""
+    partial = step_dir / f".{MARK}.tmp"
+    partial.write_text(json.dumps(meta, indent=2) + "\n")
+    with open(partial, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(partial, step_dir / MARK)
+    _prune(step_dir.parent, int(_STEP.match(step_dir.name).group(1)))  # type: ignore[union-attr]
+
+
+def _prune(root: Path, newest: int) -> None:
+    complete = sorted(steps for steps, _ in _complete(root))
+    keep = set(complete[-KEEP:])
+    for path in root.iterdir():
+        match = _STEP.match(path.name)
+        if match and path.is_dir() and int(match.group(1)) < newest and int(match.group(1)) not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _complete(root: Path) -> list[tuple[int, dict]]:
+    out: list[tuple[int, dict]] = []
+    if not root.is_dir():
+        return out
+    for path in root.iterdir():
+        match = _STEP.match(path.name)
+        if not match or not (path / MARK).is_file():
+            continue
+        try:
+            meta = json.loads((path / MARK).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("steps_done") == int(match.group(1)):
+            out.append((int(match.group(1)), meta))
+    return out
+
+
+def latest(root: str, expected: dict) -> tuple[int, Path] | None:
+    """The newest complete checkpoint under ``root`` as (steps done, its folder), or None; exit 2 where
+    it was written by another run (``expected``: the plan's stages, batch, micro-batches, task, seed)."""
+    found = _complete(Path(root))
+    if not found:
+        return None
+    steps, meta = max(found, key=lambda item: item[0])
+    step_dir = folder(root, steps)
+    for key, value in expected.items():
+        if meta.get(key) != value:
+            raise InputError(
+                str(step_dir / MARK),
+                None,
+                key,
+                f"the checkpoint was written by another run ({key} {meta.get(key)!r} there, {value!r} now): "
+                "resume with the plan, task, micro-batches and seed that wrote it, or give another --checkpoint-dir",
+            )
+    return steps, step_dir

@@ -1,0 +1,248 @@
+"""heterps run --task: the user's model, data, loss and optimiser trained with a plan, checkpoints and
+resuming (docs/guide/training.md). Known answers come from one process training the whole model on the
+same samples in the same order (runtime.task_losses), and from slicing the data by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from heterps_cli.cli.app import app
+from heterps_cli.runtime import checkpoint, task_losses
+from heterps_cli.runtime.task import Samples
+from tests.helpers import ROOT, runner
+from tests.test_run_command import session_processes, write_plan
+
+CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
+TWO_STAGES = [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])]
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    """The guide's dataset, generated into this test's folder (the run's processes inherit the variable)."""
+    monkeypatch.setenv("CLASSIFY_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+class Numbered(Dataset):
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), i
+
+
+def test_a_dataset_is_read_epoch_after_epoch_each_in_its_own_seeded_order():
+    samples = Samples(Numbered(10), 4, seed=3)
+    stream = [int(samples.take(step, 0, 4)[1][k]) for step in range(5) for k in range(4)]  # 20 samples: 2 epochs
+    assert sorted(stream[:10]) == list(range(10)) and sorted(stream[10:]) == list(range(10))
+    assert stream[:10] != stream[10:]  # each epoch its own order
+    again = Samples(Numbered(10), 4, seed=3)
+    x, y = again.take(3, 1, 3)  # any step's slice, without reading the ones before
+    assert y.tolist() == stream[13:15] and x.flatten().tolist() == [float(v) for v in stream[13:15]]
+    plain = Samples(Numbered(10), 4, seed=3, shuffle=False)
+    assert plain.take(2, 0, 4)[1].tolist() == [8, 9, 0, 1]
+
+
+def test_an_iterable_of_batches_of_any_size_is_cut_into_steps_and_read_again_when_it_ends():
+    sizes = [3, 5, 2]  # 10 samples per pass, batches not aligned with the steps' 4
+
+    class Batches:
+        def __iter__(self):
+            start = 0
+            for size in sizes:
+                yield torch.arange(start, start + size).float().unsqueeze(1), torch.arange(start, start + size)
+                start += size
+
+    samples = Samples(Batches(), 4, seed=0)
+    brute = [i % 10 for i in range(28)]
+    for step in range(7):
+        for lo, hi in ((0, 2), (2, 4)):
+            assert samples.take(step, lo, hi)[1].tolist() == brute[step * 4 + lo : step * 4 + hi]
+    assert samples.take(1, 0, 4)[1].tolist() == brute[4:8]  # a step back: read again from the start
+    once = Samples(iter([(torch.zeros(2, 1), torch.zeros(2))]), 4, seed=0)
+    with pytest.raises(Exception, match="the data ran out"):
+        once.take(0, 0, 4)
+
+
+def _task_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "bad_task.py"
+    path.write_text(textwrap.dedent(body))
+    return f"{path}:task"
+
+
+HEAD = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+net = lambda: nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+data = TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("def task():\n    return 3\n", "returns a heterps_cli.Task or a dict of its fields, not int"),
+        ("def task():\n    return {'model': net(), 'data': data}\n", "missing loss"),
+        ("def task():\n    return {'model': net(), 'data': data, 'loss': 1}\n", "task: loss: must be callable"),
+        (
+            "def task():\n    return {'model': 'x', 'data': data, 'loss': max}\n",
+            "task: model: must be a torch.nn.Module",
+        ),
+        (
+            "def task():\n    return {'model': net(), 'data': 5, 'loss': max}\n",
+            "task: data: must be a torch.utils.data",
+        ),
+        ("def task():\n    return {'model': net(), 'data': data, 'loss': lambda o, t: o}\n", "a tensor of one value"),
+        ("def task():\n    return {'model': net(), 'data': [1, 2], 'loss': max}\n", "must be (input, target)"),
+        ("def task():\n    raise ValueError('no data here')\n", "no data here"),
+        (
+            "def task():\n    return {'model': net(), 'data': data, 'loss': nn.functional.cross_entropy, "
+            "'optimizer': lambda p: 3}\n",
+            "must build a torch.optim.Optimizer",
+        ),
+        ("def task():\n    return {'model': nn.Linear(32, 4), 'data': data, 'loss': max}\n", "layers"),
+    ],
+)
+def test_a_bad_task_is_refused_before_any_process_starts(tmp_path, body, expected):
+    plan = write_plan(tmp_path / "plan.json", TWO_STAGES, 32)
+    spec = _task_file(tmp_path, HEAD + body)
+    result = runner.invoke(app, ["run", str(plan), "--task", spec, "--map", "cpu2=cpu"])
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2 and expected in shown, shown
+    assert "Traceback" not in result.output
+
+
+def test_checkpoint_options_need_a_folder_and_a_task_no_model(tmp_path, data):
+    plan = write_plan(tmp_path / "plan.json", TWO_STAGES, 32)
+    for extra, expected in (
+        (["--resume"], "need --checkpoint-dir"),
+        (["--checkpoint-every", "2"], "need --checkpoint-dir"),
+        (["--task", CLASSIFY, "--model", "mlp"], "leave --model out"),
+    ):
+        result = runner.invoke(app, ["run", str(plan), "--map", "cpu2=cpu", *extra])
+        assert result.exit_code == 2 and expected in " ".join(result.output.split()), result.output
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_refuses_another_runs(tmp_path):
+    root = tmp_path / "ck"
+    meta = {"stages": [["cpu", 1, ["0"]]], "batch_size": 4, "micro_batches": 2, "seed": 0, "model": "m"}
+    for steps in (2, 4, 6):
+        where = checkpoint.folder(str(root), steps)
+        checkpoint.save_atomically({"x": torch.zeros(1)}, where / "stage-0.pt")
+        checkpoint.mark_complete(where, {**meta, "steps_done": steps})
+    checkpoint.save_atomically({"x": torch.zeros(1)}, checkpoint.folder(str(root), 8) / "stage-0.pt")  # killed mid-save
+    assert checkpoint.latest(str(root), meta) == (6, checkpoint.folder(str(root), 6))
+    assert sorted(p.name for p in root.iterdir()) == ["step-000004", "step-000006", "step-000008"]  # two kept
+    with pytest.raises(Exception, match="written by another run"):
+        checkpoint.latest(str(root), {**meta, "seed": 1})
+    assert checkpoint.latest(str(tmp_path / "none"), meta) is None
+
+
+@pytest.mark.slow  # four processes training 20 steps: about 20 s
+def test_a_two_stage_two_replica_plan_trains_a_task_with_adam_as_one_process_does(tmp_path, data):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 2, ["0", "1", "2"]), ("cpu2", 2, ["3", "4"])], 32)
+    report = tmp_path / "report.json"
+    result = runner.invoke(app, ["run", str(plan), "--task", CLASSIFY, "--map", "cpu2=cpu", "--steps", "20",
+                                 "--micro-batches", "4", "--max-processes", "4", "--out", str(report)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    measured = json.loads(report.read_text())
+    reference, _ = task_losses(CLASSIFY, 32 * 4, 20)
+    assert len(measured["losses"]) == 20 and measured["losses"][-1] < 0.5 * measured["losses"][0]
+    assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
+    assert all(s["data_s"] > 0 for s in measured["stages"])  # inputs at stage 0, labels at stage 1
+    assert "data" in result.output and "loss 1.4" in result.output
+
+
+def _run(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "heterps_cli", "run", *args], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow  # three runs of two processes: about 40 s
+def test_a_job_killed_at_a_random_step_resumes_to_the_losses_and_weights_of_an_uninterrupted_run(tmp_path, data):
+    plan = write_plan(tmp_path / "plan.json", TWO_STAGES, 32)
+    common = [str(plan), "--task", CLASSIFY, "--map", "cpu2=cpu", "--steps", "120", "--micro-batches", "4",
+              "--checkpoint-every", "10", "--json"]  # fmt: skip
+    env = {**os.environ}
+    whole = _run([*common, "--checkpoint-dir", str(tmp_path / "whole")], env)
+    stdout, stderr = whole.communicate(timeout=240)
+    assert whole.returncode == 0, stderr[-3000:]
+    uninterrupted = json.loads(stdout)
+
+    cut = tmp_path / "cut"
+    killed = _run([*common, "--checkpoint-dir", str(cut)], env)
+    victim = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (cut / "step-000010" / "complete.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(random.Random(0).uniform(0.0, 0.5))  # a step somewhere after the first checkpoint
+        workers = [p for p in session_processes(killed.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        victim = random.Random(1).choice(workers)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = killed.communicate(timeout=120)
+    finally:
+        for pid in session_processes(killed.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert killed.returncode == 2 and "killed by SIGKILL" in stderr, stderr[-3000:]
+    done = checkpoint.latest(str(cut), {})
+    assert done is not None and 10 <= done[0] < 120
+
+    resumed = _run([*common, "--checkpoint-dir", str(cut), "--resume"], env)
+    stdout, stderr = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, stderr[-3000:]
+    report = json.loads(stdout)
+    assert report["first_step"] == done[0] and len(report["losses"]) == 120 - done[0]
+    assert report["losses"] == uninterrupted["losses"][done[0] :]  # step for step
+    for name in ("stage-0.pt", "stage-1.pt"):
+        a = torch.load(tmp_path / "whole/step-000120" / name)
+        b = torch.load(cut / "step-000120" / name)
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert all(
+            torch.equal(x, y)
+            for k in a["optimizer"]["state"]
+            for x, y in zip(a["optimizer"]["state"][k].values(), b["optimizer"]["state"][k].values())
+        )
+
+
+@pytest.mark.slow  # the guide end to end: a profile, a plan, two trainings: about 70 s
+def test_the_training_guide_runs_in_order(tmp_path, monkeypatch):
+    """docs/guide/training.md's commands as written, in order, from a folder holding the guide's files."""
+    import re
+    import shlex
+    import shutil
+
+    page = (ROOT / "docs/guide/training.md").read_text()
+    commands = re.search(r"```sh\n(.*?)```", page, re.S).group(1).strip().splitlines()  # type: ignore[union-attr]
+    shutil.copytree(ROOT / "clusters", tmp_path / "clusters")
+    (tmp_path / "docs/guide").mkdir(parents=True)
+    shutil.copy(ROOT / "docs/guide/classify.py", tmp_path / "docs/guide/classify.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CLASSIFY_DATA", str(tmp_path / "data"))
+    outputs = []
+    for command in commands:
+        result = runner.invoke(app, shlex.split(command)[1:])
+        assert result.exit_code == 0, f"{command}\n{result.output}"
+        outputs.append(result.output)
+    assert (tmp_path / "ck/step-000400/complete.json").is_file()
+    assert "resumed after step 200" in outputs[4] and "at step 400" in outputs[4]
+    script = (tmp_path / "launch/node-0.sh").read_text()
+    assert f"--task {tmp_path}/docs/guide/classify.py:task" in script and f"--checkpoint-dir {tmp_path}/ck" in script
