@@ -38,6 +38,12 @@ def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     assert timing.fit_alpha([1], [0.01]) is None  # one core: nothing to fit
     assert timing.fit_alpha([1, 2], [1e-6, 1e-6]) is None  # too short to mean anything
     assert timing.fit_alpha([1, 2, 3], [0.01, 0.03, 0.005]) is None  # no Amdahl curve
+    # A small layer whose time grows a little at smaller shares (docs/guide/classify.py's first layer, measured:
+    # 0.109, 0.125, 0.114 ms at 64, 32, 16 samples): a good fit below 0, which is 0, not a default.
+    fitted, residual = timing.fit_alpha([1, 2, 4], [0.109e-3, 0.125e-3, 0.114e-3])
+    assert fitted == 0.0 and residual < 0.10
+    fitted, _ = timing.fit_alpha([1, 2, 4], [0.01, 0.0049, 0.0024])  # a share saves a little more than itself
+    assert fitted == 1.0
 
 
 class _Sleeps(torch.nn.Module):

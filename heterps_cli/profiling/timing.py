@@ -104,7 +104,9 @@ def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP
 
 
 def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | None:
-    """(alpha, relative rms residual) of T(k) = T1 (1 - a + a/k) by least squares, or None if unusable."""
+    """(alpha, relative rms residual) of T(k) = T1 (1 - a + a/k) by least squares, or None if unusable.
+    A good fit outside 0..1 is clamped: below 0 the layer's time does not shrink with its share (fixed
+    costs dominate: the guide's 256-wide layers at 64, 32 and 16 samples), and no replica can do it less."""
     if len(splits) < 2 or min(seconds) < SHORTEST_FIT:
         return None
     k, t = np.asarray(splits, dtype=float), np.asarray(seconds)
@@ -114,7 +116,7 @@ def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | 
         return None
     residual = float(np.sqrt(np.mean((design @ [c0, c1] - t) ** 2)) / t.mean())
     alpha = c1 / (c0 + c1)
-    if not -0.05 <= alpha <= 1.05 or residual > 0.10:
+    if residual > 0.10:
         return None
     return float(min(max(alpha, 0.0), 1.0)), residual
 

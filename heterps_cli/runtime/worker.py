@@ -13,13 +13,17 @@ process running the whole model.
 The loss of a sample is the mean squared error between the model's output and a
 fixed random target; a replica's loss is the sum over its samples divided by the
 samples of the whole step. Summing gradients over replicas therefore gives exactly the
-gradient of the whole batch's mean loss, even when shards differ in size.
+gradient of the whole batch's mean loss, even when shards differ in size. With a
+task (``--task``, :mod:`.task`), the samples and targets are the task's, read a step
+at a time, and the loss is the task's mean over a replica's share, weighted by that
+share of the step: the same sum.
 
 Times per step: ``compute`` (the stage's layers, forward and backward),
 ``wait`` (blocked receiving activations or gradients, or until the neighbour has
 received what this replica sent: the neighbour's work, the pipeline's fill and
 drain, and the transfer itself), ``sync`` (the gradient all-reduce among the
-stage's replicas), and ``idle`` (the rest of the step: Python between the pieces).
+stage's replicas), ``data`` (reading a task's samples), and ``idle`` (the rest of
+the step: Python between the pieces, the optimiser step).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class RunConfig:
     total_steps: int | None = None  # steps trained in all, from step 0 (default: warmup + steps)
     start_step: int = 0  # the steps a resumed run's checkpoint had done
     checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = 100
     resume_from: str | None = None  # the checkpoint folder to start from
     checkpoint_meta: tuple[tuple[str, object], ...] = ()  # what complete.json says of the run
     progress_file: str | None = None  # locally: where the reporting rank writes its line per step
@@ -416,7 +420,7 @@ class _Replica:
     def tell(self, index: int, wall: float) -> None:
         """The step's loss over all its samples (the last stage's replicas' shares summed), said by the
         last stage's first process: on standard error under torchrun, to the launcher locally."""
-        loss = torch.tensor([self.acc["loss"]])
+        loss = torch.tensor([self.acc["loss"]], device=self.device)  # NCCL sums a GPU stage's: on its GPU
         if self.group is not None:
             dist.all_reduce(loss, group=self.group)
         if not self.reporting:
