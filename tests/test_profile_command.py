@@ -390,3 +390,21 @@ def test_profile_is_a_group_whose_subcommands_have_their_own_help(runner):
     short = runner.invoke(app, ["profile", "mlp", "--as", "cpu"])
     assert short.exit_code == 2 and "profiling needs --batch-size, --out" in short.output
     assert runner.invoke(app, ["profile", "merge", "a.yaml"]).exit_code == 2  # --out is required
+
+
+def test_a_concurrent_wave_meets_before_timing_and_keeps_busy_until_every_process_is_done(tmp_path):
+    """--concurrent: no process times a layer while its neighbour is still starting, and none stops while
+    another still times (a small model's profile lasts no longer than importing torch)."""
+    import threading
+    import time
+
+    from heterps_cli.profiling import processes
+
+    threading.Timer(0.3, lambda: (tmp_path / "ready-1").touch()).start()
+    start = time.monotonic()
+    processes._meet(tmp_path, 0, 2)
+    assert time.monotonic() - start >= 0.25 and (tmp_path / "ready-0").exists()
+    threading.Timer(0.3, lambda: (tmp_path / "done-1").touch()).start()
+    start = time.monotonic()
+    processes._busy_until_all_done(tmp_path, 0, 2, measure.load_model("mlp", 4), "cpu")
+    assert time.monotonic() - start >= 0.25 and (tmp_path / "done-0").exists()

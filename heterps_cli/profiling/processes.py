@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from heterps_cli.errors import InputError
@@ -129,10 +131,11 @@ def _run_together(args: dict, outs: list[Path], first: int = 0, of: int | None =
     """The profiling processes of one wave started at once and waited for; all of them ended on an error
     or Ctrl-C (``first``, ``of``: their numbers among all, for an error)."""
     started: list[subprocess.Popen] = []
+    meet = tempfile.mkdtemp(prefix="heterps-wave-")
     try:
         with sigint_ignored():  # only this process answers Ctrl-C, by ending them (finally)
-            for out in outs:
-                command = _command(args, out)
+            for i, out in enumerate(outs):
+                command = _command({**args, "meet": meet, "together": len(outs), "index": i}, out)
                 started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for i, proc in enumerate(started):
             _, err = proc.communicate()
@@ -142,6 +145,37 @@ def _run_together(args: dict, outs: list[Path], first: int = 0, of: int | None =
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(meet, ignore_errors=True)
+
+
+MEET_TIMEOUT_S = 600.0
+
+
+def _all_there(meet: Path, what: str, together: int) -> bool:
+    return len(list(meet.glob(f"{what}-*"))) >= together
+
+
+def _meet(meet: Path, index: int, together: int) -> None:
+    """Wait until every process of the wave has loaded its model, so that none times a layer while
+    another is still starting (importing torch is seconds; a small model's profile is seconds too)."""
+    (meet / f"ready-{index}").touch()
+    deadline = time.monotonic() + MEET_TIMEOUT_S
+    while not _all_there(meet, "ready", together) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _busy_until_all_done(meet: Path, index: int, together: int, model, device: str) -> None:
+    """Train steps of the model until every process of the wave is done: the ones still timing keep a
+    busy neighbour to the end, as a plan's other units stay busy."""
+    import torch
+
+    from heterps_cli.profiling.timing import step_times
+
+    torch.set_num_threads(1)  # one unit, as the layers were timed
+    (meet / f"done-{index}").touch()
+    deadline = time.monotonic() + MEET_TIMEOUT_S
+    while not _all_there(meet, "done", together) and time.monotonic() < deadline:
+        step_times(model, device, 1, warmup=0)
 
 
 def _finished(i: int, processes: int, done: subprocess.CompletedProcess) -> None:
@@ -207,9 +241,14 @@ def _worker(args: dict, out: Path) -> int:
             tuple(args["input_shape"]) if args["input_shape"] else None,
             args["granularity"],
         )
+        meet = Path(args["meet"]) if args.get("meet") else None
+        if meet is not None:
+            _meet(meet, args["index"], args["together"])
         measured = measure(
             model, args["resource"], device=args["device"], repetitions=args["repetitions"], link_gbps=args["link_gbps"]
         )
+        if meet is not None:
+            _busy_until_all_done(meet, args["index"], args["together"], model, args["device"])
     except InputError as exc:
         print(str(exc), file=sys.stderr)
         return 2
