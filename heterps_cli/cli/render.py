@@ -195,18 +195,22 @@ def figure_caveats(plan: Plan) -> str:
     parts = []
     if not plan.micro_batches and any(s.replicas > 1 for s in plan.stages):
         parts.append("sync overlaps compute")
-    edges = [s.resource for s in plan.stages[1:]] + [s.resource for s in plan.stages[:-1]]
-    if any((plan.bandwidth_gbps or {}).get(t) is None for t in edges):
+    if _free_transfer(plan):
         parts.append("transfers are free")
     return " and ".join(parts)
+
+
+def _free_transfer(plan: Plan) -> list[str]:
+    """The types with a stage boundary whose transfer is free: the cluster gives them no bandwidth."""
+    edges = [s.resource for s in plan.stages[1:]] + [s.resource for s in plan.stages[:-1]]
+    return [t for t in dict.fromkeys(edges) if (plan.bandwidth_gbps or {}).get(t) is None]
 
 
 def assumptions(plan: Plan) -> str:
     """What the plan's figures leave out because the cluster does not say: free transfer across a
     stage boundary on a type with no ``bandwidth_gbps``, unchecked memory on one with no ``memory_gb``."""
-    edges = [s.resource for s in plan.stages[1:]] + [s.resource for s in plan.stages[:-1]]
-    bandwidth, memory = plan.bandwidth_gbps or {}, plan.memory_gb or {}
-    free = [t for t in dict.fromkeys(edges) if bandwidth.get(t) is None]
+    memory = plan.memory_gb or {}
+    free = _free_transfer(plan)
     used = [t for t, n in plan.resources.items() if n]
     unchecked = [t for t in used if memory.get(t) is None]
     parts = []

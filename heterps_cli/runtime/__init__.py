@@ -275,15 +275,14 @@ def _check_task(plan: Plan, doc, task: str, micro_batches: int, seed: int) -> No
     from heterps_cli.errors import SIGNALLED
     from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
-    from heterps_cli.runtime.worker import load_task_model
+    from heterps_cli.runtime.task import load_task_model
 
     torch.manual_seed(seed)
     loaded, model, samples = load_task_model(task, plan.batch_size, plan.batch_size * micro_batches, seed)
     names = [name for s in plan.stages for name in s.layers]
     chain = trace_chain(use_layers(model, names))
     check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
-    if any(s.tp for s in plan.stages):
-        _check_shardable(plan, doc, chain)
+    _check_shardable(plan, doc, chain)
     try:
         x, y = samples.take(0, 0, min(2, plan.batch_size))
         loss = loaded.loss(chain.stage(chain.names)(x), y)

@@ -104,16 +104,21 @@ def _starting(cfg: RunConfig, world: int) -> str:
     return f"training {cfg.task} on {world} processes: steps {cfg.start_step + 1} to {cfg.last_step}{start}"
 
 
-def _tell_latest(path: Path, said: str, report: Progress) -> str:
-    """The reporting rank's newest line per step, passed on to the progress display once."""
+def _tell_latest(path: Path, offset: int, report: Progress) -> int:
+    """The reporting rank's newest whole line since byte ``offset`` (one per step), passed on to the
+    progress display; the offset read up to. Only what was appended is read: the file grows by a line a
+    step, a long run's to megabytes."""
     try:
-        lines = path.read_text().splitlines()
+        with open(path, "rb") as f:
+            f.seek(offset)
+            new = f.read()
     except OSError:
-        return said
-    if lines and lines[-1] != said:
+        return offset
+    whole = new[: new.rfind(b"\n") + 1]  # a line still being written waits for the next look
+    lines = whole.decode("utf-8", "replace").splitlines()
+    if lines:
         report(lines[-1])
-        return lines[-1]
-    return said
+    return offset + len(whole)
 
 
 def _stop(processes: list) -> None:
@@ -161,10 +166,10 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
                     signal.signal(signal.SIGINT, handler)
             report(_starting(cfg, world))
             pending = dict(enumerate(processes))
-            said = ""
+            told_up_to = 0
             while pending:
                 wait([p.sentinel for p in pending.values()], timeout=1.0)
-                said = _tell_latest(told, said, report)
+                told_up_to = _tell_latest(told, told_up_to, report)
                 any_failed, pending = _still_running(pending)
                 if any_failed:
                     time.sleep(0.2)  # let the echoes of a failure land, so the root cause can be told apart

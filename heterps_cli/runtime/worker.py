@@ -114,18 +114,6 @@ def _generators(device: torch.device) -> dict:
     return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
-def load_task_model(spec: str, batch_size: int, samples_per_step: int, seed: int):
-    """The task ``spec`` names, its model as a :class:`~heterps_cli.profiling.models.Model` (its example
-    the data's first batch) and its samples (:class:`~.task.Samples`)."""
-    from heterps_cli.profiling.models import Model
-    from heterps_cli.runtime.task import Samples, load_task
-
-    task = load_task(spec)
-    samples = Samples(task.data, samples_per_step, seed, task.shuffle)
-    example, _ = samples.take(0, 0, min(batch_size, samples_per_step))
-    return task, Model(spec, task.model, (example,), task.blocks), samples
-
-
 def _synchronise(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -250,6 +238,8 @@ class _Replica:
         self.baseline = baseline_memory(self.device)
         self.task = self.samples = None
         if cfg.task is not None:
+            from heterps_cli.runtime.task import load_task_model
+
             self.task, model, self.samples = load_task_model(cfg.task, lay.batch_size, lay.samples, cfg.seed)
         else:
             model = load_model(cfg.model, lay.samples, cfg.input_shape)
