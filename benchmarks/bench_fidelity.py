@@ -23,11 +23,17 @@ compute and memory against a training step on the same GPU. One GPU cannot
 check replicas or their NCCL all-reduce (two ranks on one GPU are refused).
 
 Each plan runs ``--rounds`` times with ``heterps run`` (fresh processes each
-round); a row shows the median round. Memory: the plan's per-replica figure
-against what the training added to a replica's process (peak resident memory
-less what the process held before its model was built: the interpreter, torch
-and the process group, the part ``memory_reserved_gb`` stands for). Target:
-throughput within 15% on every row.
+round); a row shows the median round. With ``--profiles N`` the model is
+profiled N times, each profile planned and its plans run ``--rounds`` times in
+turn, so that the profiles and the runs sample the machine's slow and fast
+spells alike (this machine drifts between them: docs/fidelity.md); a row is
+then the median over every profile's rounds, and shows the range of the
+profiles' predictions.
+
+Memory: the plan's per-replica figure against what the training added to a
+replica's process (peak resident memory less what the process held before its
+model was built: the interpreter, torch and the process group, the part
+``memory_reserved_gb`` stands for). Target: throughput within 15% on every row.
 """
 
 from __future__ import annotations
@@ -131,7 +137,9 @@ def measure(plan_path: Path, model: str, steps: int, rounds: int, device: str = 
 
 
 def row(model: str, batch: int, label: str, reports: list[dict]) -> dict:
+    """The row of one plan: every round of every profile's plan, by their median ratio."""
     ratios = [r["ratio"] for r in reports]
+    predictions = sorted({r["predicted_throughput"] for r in reports})
     median = sorted(reports, key=lambda r: r["ratio"])[len(reports) // 2]
     return {
         "model": model,
@@ -139,7 +147,8 @@ def row(model: str, batch: int, label: str, reports: list[dict]) -> dict:
         "batch": batch,
         "stages": " → ".join(f"{s['resource']}×{s['replicas']} {s['first']}…{s['last']}" for s in median["stages"]),
         "micro_batches": median["micro_batches"],
-        "predicted": median["predicted_throughput"],
+        "predicted": statistics.median(r["predicted_throughput"] for r in reports),
+        "predictions": predictions,
         "measured": statistics.median(r["throughput"] for r in reports),
         "ratio": statistics.median(ratios),
         "ratios": ratios,
@@ -171,13 +180,20 @@ COLUMNS = [
 ]
 
 
+def _predicted(r: dict) -> str:
+    """The median prediction, and with several profiles their range."""
+    low, high = min(r["predictions"]), max(r["predictions"])
+    shown = f"{r['predicted']:,.0f}"
+    return shown if len(r["predictions"]) == 1 else f"{shown} ({low:,.0f}–{high:,.0f})"
+
+
 def table(rows: list[dict]) -> str:
     cells = []
     for r in rows:
         rounds = ", ".join(f"{x:.2f}" for x in r["ratios"])
         memory = "; ".join(f"{m['predicted_gb']:.3f} / {m['added_gb']:.3f}" for m in r["memory"])
         cells.append(
-            [r["model"], r["plan"], str(r["batch"]), r["stages"], str(r["micro_batches"]), f"{r['predicted']:,.0f}"]
+            [r["model"], r["plan"], str(r["batch"]), r["stages"], str(r["micro_batches"]), _predicted(r)]
             + [f"{r['measured']:,.0f}", f"**{r['ratio']:.2f}** ({rounds})", memory]
         )
     return markdown(COLUMNS, cells)
@@ -189,6 +205,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="measured steps per round at least (after one warm-up)")
     parser.add_argument("--seconds", type=float, default=3.0, help="and enough of them to last this long, predicted")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profiles", type=int, default=1, help="profile each model this many times, each "
+                        "profile's plans run --rounds times in turn; a row is the median over all")  # fmt: skip
     parser.add_argument("--alone", action="store_true", help="profile each layer with the other core idle, "
                         "not busy (the profile before --concurrent)")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: profile and run on one GPU")
@@ -205,19 +223,27 @@ def main() -> None:
         for model, batch in GPU_ROWS if args.device == "cuda" else ROWS:
             if args.only and args.only not in model:
                 continue
-            if args.device == "cuda":
-                merged, labels = profile_gpu(model, batch, Path(tmp)), GPU_PLANS
-            else:
-                merged, labels = profile(model, batch, Path(tmp), gbps, concurrent=not args.alone), PLANS
-            for label in labels:
-                planned = plan(merged, batch, label, Path(tmp), gbps)
-                steps = steps_for(planned, args.steps, args.seconds)
-                reports = measure(planned, model, steps, args.rounds, args.device)
-                rows.append(row(model, batch, label, reports))
-                print(f"  {model} at {batch}, {label}: {rows[-1]['ratio']:.2f}", file=sys.stderr, flush=True)
+            reports: dict[str, list[dict]] = {}
+            for n in range(args.profiles):
+                where = Path(tmp) / str(n)
+                where.mkdir(exist_ok=True)
+                if args.device == "cuda":
+                    merged, labels = profile_gpu(model, batch, where), GPU_PLANS
+                else:
+                    merged, labels = profile(model, batch, where, gbps, concurrent=not args.alone), PLANS
+                for label in labels:
+                    planned = plan(merged, batch, label, where, gbps)
+                    steps = steps_for(planned, args.steps, args.seconds)
+                    got = measure(planned, model, steps, args.rounds, args.device)
+                    reports.setdefault(label, []).extend(got)
+                    said = ", ".join(f"{r['ratio']:.2f}" for r in got)
+                    print(f"  {model} at {batch}, {label}, profile {n + 1}: {said}", file=sys.stderr, flush=True)
+            for label, theirs in reports.items():
+                rows.append(row(model, batch, label, theirs))
     worst = max(abs(r["ratio"] - 1) for r in rows)
     summary = (
         f"{'one GPU, ' if args.device == 'cuda' else ''}loopback bandwidth {gbps:.2f} Gbit/s; "
+        f"{args.profiles} profile{'s' if args.profiles > 1 else ''}, each with "
         f"{args.rounds} rounds of at least {args.steps} steps and "
         f"{args.seconds:g} s; "
         f"worst |measured/predicted − 1| over the rows' medians: {worst:.0%} (target ≤ 15%)"
