@@ -151,6 +151,10 @@ def test_resume_takes_the_newest_complete_checkpoint_and_refuses_another_runs(tm
     assert sorted(p.name for p in root.iterdir()) == ["step-000004", "step-000006", "step-000008"]  # two kept
     with pytest.raises(Exception, match="written by another run"):
         checkpoint.latest(str(root), {**meta, "seed": 1})
+    # its meta gives no degrees (written before they were kept): its stages ran at tp 1
+    assert checkpoint.latest(str(root), {**meta, "tp": [1]}) == (6, checkpoint.folder(str(root), 6))
+    with pytest.raises(Exception, match=r"tp \[1\] there, \[2\] now"):
+        checkpoint.latest(str(root), {**meta, "tp": [2]})
     assert checkpoint.latest(str(tmp_path / "none"), meta) is None
 
 
@@ -221,6 +225,48 @@ def test_a_job_killed_at_a_random_step_resumes_to_the_losses_and_weights_of_an_u
             for k in a["optimizer"]["state"]
             for x, y in zip(a["optimizer"]["state"][k].values(), b["optimizer"]["state"][k].values())
         )
+
+
+@pytest.mark.slow  # four runs of three processes: about 40 s
+def test_a_tensor_parallel_stage_resumes_from_its_shards_to_the_uninterrupted_runs_weights(tmp_path, data):
+    """Stage 0 at tp 2 (its pair of linear layers sharded), Adam: each shard's checkpoint holds its part of
+    the weights and moments; resumed, the run goes on as the uninterrupted one, to the bit."""
+    from tests.test_tensor_parallel import _tp_plan
+
+    plan = _tp_plan(tmp_path, "plan", [("cpu", 1, ["0", "1", "2"]), ("cpu", 1, ["3", "4"])], [2, 1], batch=32)
+    common = [str(plan), "--task", CLASSIFY, "--micro-batches", "4", "--max-processes", "3", "--checkpoint-every",
+              "3", "--json"]  # fmt: skip
+    env = {**os.environ}
+
+    def trained(*extra: str) -> dict:
+        done = _run([*common, *extra], env)
+        stdout, stderr = done.communicate(timeout=240)
+        assert done.returncode == 0, stderr[-3000:]
+        return json.loads(stdout)
+
+    whole = trained("--steps", "8", "--checkpoint-dir", str(tmp_path / "whole"))
+    reference, _ = task_losses(CLASSIFY, 32 * 4, 8)
+    assert max(abs(a - b) for a, b in zip(whole["losses"], reference)) < 1e-5
+    cut = tmp_path / "cut"
+    trained("--steps", "4", "--checkpoint-dir", str(cut))
+    assert sorted(p.name for p in (cut / "step-000003").glob("stage-*")) == [
+        "stage-0-shard-0.pt",
+        "stage-0-shard-1.pt",
+        "stage-1.pt",
+    ]
+    resumed = trained("--steps", "8", "--checkpoint-dir", str(cut), "--resume")
+    assert resumed["first_step"] == 4 and resumed["losses"] == whole["losses"][4:]
+    for name in ("stage-0-shard-0.pt", "stage-0-shard-1.pt", "stage-1.pt"):
+        a = torch.load(tmp_path / "whole/step-000008" / name)
+        b = torch.load(cut / "step-000008" / name)
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert a["optimizer"]["state"] and all(
+            torch.equal(x, y)
+            for k in a["optimizer"]["state"]
+            for x, y in zip(a["optimizer"]["state"][k].values(), b["optimizer"]["state"][k].values())
+        )
+    shard = torch.load(cut / "step-000008" / "stage-0-shard-0.pt")["model"]
+    assert shard["0.weight"].shape == (128, 32) and shard["2.weight"].shape == (256, 128)  # halves of 256
 
 
 @pytest.mark.slow  # the guide end to end: a profile, a plan, two trainings: about 70 s

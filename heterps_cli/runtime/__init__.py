@@ -148,13 +148,6 @@ def run_plan(
     if (checkpoint_every is not None or resume) and checkpoint_dir is None:
         raise InputError(None, None, "--checkpoint-dir", "--checkpoint-every and --resume need --checkpoint-dir")
     plan, doc = load_plan(plan_path)
-    if checkpoint_dir is not None and any(s.tp for s in plan.stages):
-        raise InputError(
-            plan_path,
-            None,
-            "--checkpoint-dir",
-            "checkpoints of tensor-parallel stages (tp in the plan) are not written yet",
-        )
     model = task or model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})
@@ -169,7 +162,7 @@ def run_plan(
     total = steps if task is not None else warmup + steps
     stages = tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages)
     meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
-    meta.update(micro_batches=M, seed=seed, model=model)
+    meta.update(micro_batches=M, seed=seed, model=model, tp=[s.tp or 1 for s in plan.stages])
     start, resume_from = 0, None
     if resume:
         from heterps_cli.runtime.checkpoint import latest

@@ -1,6 +1,7 @@
 """Checkpoints of a run (``heterps run --checkpoint-dir DIR --checkpoint-every N``, docs/guide/training.md).
 
-A checkpoint after ``k`` steps is the folder ``DIR/step-0000k``: one file per stage (per shard at tp > 1),
+A checkpoint after ``k`` steps is the folder ``DIR/step-0000k``: one file per stage (per shard at tp > 1:
+that shard's part of each sharded weight and of its optimiser state, as plain tensors),
 written by the stage's first replica, holding its weights and its optimiser's state (every replica
 holds the same: they take the same step on the same summed gradient); one file per process with its
 random-number generators' state (dropout draws differently in each); and, last, ``complete.json``,
@@ -87,19 +88,21 @@ def _complete(root: Path) -> list[tuple[int, dict]]:
 
 def latest(root: str, expected: dict) -> tuple[int, Path] | None:
     """The newest complete checkpoint under ``root`` as (steps done, its folder), or None; exit 2 where
-    it was written by another run (``expected``: the plan's stages, batch, micro-batches, task, seed)."""
+    it was written by another run (``expected``: the plan's stages and their tensor-parallel degrees, batch,
+    micro-batches, task, seed)."""
     found = _complete(Path(root))
     if not found:
         return None
     steps, meta = max(found, key=lambda item: item[0])
     step_dir = folder(root, steps)
     for key, value in expected.items():
-        if meta.get(key) != value:
+        there = meta.get(key, [1] * len(meta.get("stages", [])) if key == "tp" else None)  # before tp was kept: 1s
+        if there != value:
             raise InputError(
                 str(step_dir / MARK),
                 None,
                 key,
-                f"the checkpoint was written by another run ({key} {meta.get(key)!r} there, {value!r} now): "
+                f"the checkpoint was written by another run ({key} {there!r} there, {value!r} now): "
                 "resume with the plan, task, micro-batches and seed that wrote it, or give another --checkpoint-dir",
             )
     return steps, step_dir

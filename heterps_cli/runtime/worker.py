@@ -179,6 +179,35 @@ def local_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def local_state(state):
+    """A state dict (nested dicts, lists, tensors) with each DTensor as its own shard, a plain tensor: what
+    one shard's checkpoint holds (a DTensor pickles its device mesh, which names this run's process group)."""
+    if isinstance(state, dict):
+        return {key: local_state(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(local_state(value) for value in state)
+    return local_of(state) if isinstance(state, torch.Tensor) else state
+
+
+def load_state(module: nn.Module, optimiser: torch.optim.Optimizer, state: dict) -> None:
+    """A checkpoint's weights and optimiser state (:func:`local_state`'s) into a stage: a sharded weight
+    takes its shard in place, and the optimiser's state of a sharded weight becomes a DTensor laid out
+    as the weight is, so that the next step sees what an uninterrupted run's does."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            local_of(tensor).copy_(state["model"][name])
+    optimiser.load_state_dict(state["optimizer"])
+    for group in optimiser.param_groups:
+        for p in group["params"]:
+            kept = optimiser.state.get(p, {}) if isinstance(p, DTensor) else {}
+            for key, value in kept.items():
+                shard = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                if shard and value.shape == p.to_local().shape:  # Adam's moments; not its step count
+                    kept[key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False)
+
+
 def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:
     """Shard ``module``'s :func:`matrix_pairs` over ``group`` (torch.distributed.tensor.parallel); the
     rest of its layers run whole on every shard (``heterps run`` checked that it has some)."""
@@ -433,7 +462,7 @@ class _Replica:
         assert self.cfg.checkpoint_dir is not None
         where = folder(self.cfg.checkpoint_dir, steps_done)
         if self.replica == 0:
-            state = {"model": self.module.state_dict(), "optimizer": self.optimiser.state_dict()}
+            state = local_state({"model": self.module.state_dict(), "optimizer": self.optimiser.state_dict()})
             save_atomically(state, stage_file(where, self.stage.index, self.stage.tp, self.tp_rank))
         save_atomically(_generators(self.device), rng_file(where, self.rank))
         dist.barrier()
@@ -448,8 +477,7 @@ class _Replica:
             map_location=self.device,
             weights_only=True,
         )
-        self.module.load_state_dict(state["model"])
-        self.optimiser.load_state_dict(state["optimizer"])
+        load_state(self.module, self.optimiser, state)
         generators = torch.load(rng_file(where, self.rank), weights_only=True)
         torch.set_rng_state(generators["cpu"])
         if self.device.type == "cuda" and generators.get("cuda") is not None:
