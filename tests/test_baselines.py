@@ -105,6 +105,7 @@ def test_time_objective_returns_a_fast_plan(module):
 
 
 # Every scheduler in the registry: a new one is held to these without editing a list.
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_infeasible_reports_the_reason(name):
     _, _, _, problem = _instance(seed=8, n=6, T=2, share=1e6)
@@ -112,6 +113,7 @@ def test_infeasible_reports_the_reason(name):
         solve(name, problem, options=Budget(steps=4, batch=8, evaluations=50).of(name))
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
     """docs/spec.md section 1b: with memory and bandwidth, every plan a search returns fits every replica's
@@ -135,6 +137,7 @@ def test_no_scheduler_returns_a_plan_that_breaks_memory(name):
     assert found > 0
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("seed", range(12))
 def test_price_repair_reports_only_plans_within_every_limit(seed):
     """The repair searches a loosened problem; what it hands back as feasible must hold on the real one
@@ -392,6 +395,7 @@ def test_in_the_whole_space_the_neighbours_also_cut_join_and_keep_stages_apart(s
                 assert (*stages[:i], (a, z, t), *stages[i + 2 :]) in found
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("seed", range(4))
 def test_the_repair_runs_again_from_the_kicks_best_plan_when_a_limit_binds(seed, monkeypatch):
     """With ``repair_again`` (rl and tapp), once the kicks are done and the best plan uses all of some

@@ -32,6 +32,7 @@ def _calls(model: nn.Module, *inputs: torch.Tensor) -> list[Call]:
     return trace(Model("m", model, inputs))
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_each_operator_of_a_linear_layer_by_hand():
     B, n_in, n_out = 8, 32, 16
     # its input an activation, as inside a model: the backward computes its gradient too

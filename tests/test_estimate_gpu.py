@@ -135,6 +135,7 @@ def test_half_precision_runs_products_in_half_and_softmax_in_fp32_as_cudas_autoc
     assert ("bmm", "fp32") in fp32 and not any(dtype == "bf16" for _, dtype in fp32)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_precision_prices_products_at_its_peak_and_the_profile_and_plan_say_it(tmp_path):
     out = {}
     for precision in ("fp32", "tf32", "bf16"):

@@ -63,6 +63,7 @@ def test_a_shards_work_and_all_reduce_by_hand():
     assert est.ring(0, 4, device) == 0
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_estimate_at_tp_writes_each_layers_degrees_and_a_plan_reads_them(tmp_path):
     out = tmp_path / "t.yaml"
     _cli(

@@ -56,6 +56,7 @@ def _check_plan(profile, cluster, plan, optimal=True):
         assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9, abs_tol=1e-15)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=400, **SETTINGS)
 @given(instances())
 def test_min_cost_matches_brute_force(inst):
@@ -64,6 +65,7 @@ def test_min_cost_matches_brute_force(inst):
         assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=200, **SETTINGS)
 @given(instances())
 def test_max_throughput_matches_brute_force(inst):
@@ -73,6 +75,7 @@ def test_max_throughput_matches_brute_force(inst):
         assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9, abs_tol=1e-12), "ties go to the cheaper plan"
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=100, **SETTINGS)
 @given(instances(), st.sampled_from([0.5, 1.0, 2.0]))
 def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
@@ -91,6 +94,7 @@ def test_max_throughput_within_budget_matches_brute_force(inst, budget_scale):
 # -- docs/spec.md section 1b: memory per replica and stage-boundary transfer ------------------------------
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=300, **SETTINGS)
 @given(hardware_instances(), st.sampled_from(["cost", "time"]))
 def test_exact_matches_brute_force_with_memory_and_transfer(inst, objective):
@@ -145,6 +149,7 @@ def test_infeasible_reports_the_best_reachable_throughput():
 # -- relaxed limits: more binding limits than the DP may track ----------------------------------
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=250, **SETTINGS)
 @given(instances(), st.sampled_from(["cost", "time"]))
 def test_relaxed_limits_give_a_feasible_plan_and_a_true_bound(inst, objective):
@@ -186,6 +191,7 @@ def test_one_thousand_layers_on_four_types_relax_nothing_and_are_optimal():
     assert 1001 * 4 * (480 + 1) * (24 + 1) <= kernel.MAX_STATE_CELLS
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=60, **SETTINGS)
 @given(instances(), st.sampled_from(["cost", "time"]))
 def test_what_if_a_limit_were_one_higher_or_lower_is_the_enumerated_optimum(inst, objective):

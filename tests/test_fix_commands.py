@@ -67,6 +67,7 @@ def test_job(files):
     _fix_and_recheck(_args("--samples", "1234567.891"), "job")
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_job_of_a_tapp_plan_for_cost_keeps_the_objective(files):
     _plan("--scheduler", "tapp", "--objective", "cost", "--samples", "1000", "--steps", "10")
     command = _fix_and_recheck(_args(), "job")
@@ -103,6 +104,7 @@ def test_max_cost_with_a_plan_a_quick_search_made_dear(runner, files):
     _fix_and_recheck(_args("--max-cost", repr(budget), "--maximal-stages"), "max-cost")
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_replan_with_a_seed(files):
     _plan(*DEAR)
     command = _fix_and_recheck(

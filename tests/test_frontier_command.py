@@ -73,6 +73,7 @@ def _frontier_against_brute_force(arrays, B0, min_throughput, budget_scale, hard
 RICH = dict(layers=((2, 5), (3, 4)), limits=(4, 6, 8), targets=(0.0, 0.0, 0.2, 0.5, 1.0, 2.0))
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=200, **SETTINGS)
 @given(instances(**RICH), st.sampled_from([None, None, 1.0, 1.5, 3.0]), st.booleans())
 def test_the_frontier_is_the_brute_force_frontier(inst, budget_scale, dense_probes):
@@ -82,6 +83,7 @@ def test_the_frontier_is_the_brute_force_frontier(inst, budget_scale, dense_prob
         _frontier_against_brute_force(*inst, budget_scale)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=100, **SETTINGS)
 @given(hardware_instances(**RICH), st.sampled_from([None, 2.0]))
 def test_the_frontier_is_the_brute_force_frontier_with_memory_and_transfer(inst, budget_scale):
@@ -89,6 +91,7 @@ def test_the_frontier_is_the_brute_force_frontier_with_memory_and_transfer(inst,
     _frontier_against_brute_force(arrays, B0, min_throughput, budget_scale, hardware)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=150, **SETTINGS)
 @given(repeated_blocks(), st.sampled_from([None, None, 2.0]))
 def test_the_frontier_is_the_brute_force_frontier_when_plans_tie_on_throughput(inst, budget_scale):
@@ -141,6 +144,7 @@ def test_no_bundled_frontier_plan_is_matched_by_another(runner, files):
                 )
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("name", ["ctr", "chain8x3", "transformer"])
 def test_each_point_is_what_plan_exact_answers_at_its_throughput(runner, name):
     profile, cluster = {

@@ -194,6 +194,7 @@ FUZZ = dict(
 )
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=60, **FUZZ)
 @given(cases())
 def test_mutated_files_never_crash(case):
@@ -286,6 +287,7 @@ def optimum(runner) -> float:
     return json.loads(result.stdout)["cost_usd"]
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=40, **FUZZ)
 @given(plan=mutated_plans())
 def test_mutated_plans_never_pass_the_gate_wrongly(plan, optimum):

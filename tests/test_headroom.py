@@ -36,6 +36,7 @@ def _tight(seed: int, n: int = 6, T: int = 3, hardware: bool = False):
     return arrays, hw, problem_from_dicts(profile, cluster)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("hardware", [False, True])
 def test_no_schedule_with_a_feasible_plan_is_ever_masked(hardware):
     """Every schedule of small random instances, feasibility decided by enumerating every replica

@@ -255,6 +255,7 @@ def test_plan_out_is_never_its_own_input(runner, tmp_path):
     assert profile.read_text() == text
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("args", [["--json"], [], ["--out", "-"]])
 def test_a_plan_that_cannot_reach_standard_output_is_an_error(args):
     with open("/dev/full", "w") as full:

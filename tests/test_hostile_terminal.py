@@ -29,6 +29,7 @@ PLACED = ROOT / "docs/plans/ctr-aws-p3.yaml"  # two nodes
 # 4. Exit codes ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_bytes((ROOT / "docs/plans/ctr.yaml").read_bytes())
@@ -39,6 +40,7 @@ def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
         assert done.stdout.split() == ["0", str(code)] and done.stderr == "", done
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("columns", ["0", "10"])
 def test_any_width_prints_the_figures_and_the_errors(columns):
     done = heterps("plan", CTR, PAPER, "-s", "exact", env={"COLUMNS": columns})
@@ -49,6 +51,7 @@ def test_any_width_prints_the_figures_and_the_errors(columns):
     assert refused.returncode == 2 and "no-such-file.yaml: file not found" in refused.stderr
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_an_internal_error(tmp_path):
     out = tmp_path / "plan.yaml"
     done = heterps("plan", CTR, PAPER, "-s", "exact", "--out", str(out), env={"PYTHONIOENCODING": "ascii"})
@@ -70,6 +73,7 @@ def test_a_count_is_ascii_digits_or_refused(runner, count):
     assert result.exit_code == 2 and "COUNT must be a whole number" in result.stderr
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_sigterm_while_the_users_factory_runs_is_143_not_the_users_fault(tmp_path):
     factory = tmp_path / "slow.py"
     factory.write_text(
@@ -155,6 +159,7 @@ def test_a_narrow_terminal_never_cuts_a_figure(runner):
         assert not any(f.endswith("…") for f in figures), line
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_no_library_warning_and_no_progress_bar_reach_a_log(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")

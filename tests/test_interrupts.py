@@ -36,6 +36,7 @@ def _run_and_signal(args: list[str], sig: int, after: float, cwd: Path) -> subpr
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("sig,code,message", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_an_interrupted_run_leaves_the_existing_out_file_untouched(tmp_path, sig, code, message):
     existing = tmp_path / "plan.yaml"

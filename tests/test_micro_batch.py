@@ -104,6 +104,7 @@ def expected_best(profile: dict, cluster: dict, objective: str) -> tuple[float, 
     return best
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=200, **SETTINGS)
 @given(several_sizes(), st.sampled_from(["cost", "time"]))
 def test_exact_chooses_the_micro_batch_as_enumeration_does(inst, objective):
@@ -230,6 +231,7 @@ def _estimate(tmp_path, name, sizes):
     return out
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_profile_at_several_sizes_writes_one_profile_that_plans(tmp_path):
     out = _estimate(tmp_path, "mlp.yaml", "8,2")
     data = yaml.safe_load(out.read_text())
@@ -243,6 +245,7 @@ def test_profile_at_several_sizes_writes_one_profile_that_plans(tmp_path):
     assert yaml.safe_load(result.output)["batch_size"] in (2, 8)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_merge_joins_profiles_at_different_sizes_and_refuses_sizes_in_no_common(tmp_path):
     two, eight = _estimate(tmp_path, "two.yaml", "2"), _estimate(tmp_path, "eight.yaml", "8")
     merged = tmp_path / "merged.yaml"
@@ -285,6 +288,7 @@ def test_a_bundled_profile_plans_as_before(tmp_path):
     assert plan["batch_size"] == 32 and not any("micro-batch" in note for note in plan["notes"])
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_the_frontier_spans_every_micro_batch_and_its_ends_are_the_plans(tmp_path):
     profile, cluster = gpt_like(tmp_path)
     result = runner.invoke(app, ["frontier", profile, cluster, "--json"])

@@ -180,6 +180,7 @@ def _solve(inst, scheduler, objective):
         return None
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=300, **SETTINGS)
 @given(linked_instances(), st.sampled_from(["cost", "time"]))
 def test_exact_with_links_matches_enumeration_of_schedules_replicas_and_rentals(inst, objective):
@@ -188,6 +189,7 @@ def test_exact_with_links_matches_enumeration_of_schedules_replicas_and_rentals(
         _holds(inst, plan)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=60, **SETTINGS)
 @given(linked_instances(), st.sampled_from([0.7, 1.0, 1.5]))
 def test_exact_with_links_within_a_budget_matches_enumeration(inst, scale):
@@ -209,6 +211,7 @@ def test_exact_with_links_within_a_budget_matches_enumeration(inst, scale):
         assert math.isclose(plan.throughput, thr[within].max(), rel_tol=1e-9)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=150, **SETTINGS)
 @given(linked_instances())
 def test_frontier_with_links_is_the_enumerated_pareto_set(inst):
@@ -216,6 +219,7 @@ def test_frontier_with_links_is_the_enumerated_pareto_set(inst):
     assert_is_the_frontier(problem_from_dicts(profile, cluster), *_every_plan(inst))
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=40, **SETTINGS)
 @given(linked_instances(), st.sampled_from(["greedy", "genetic"]))
 def test_heuristics_plans_run_on_a_rental_that_holds_them_and_are_no_better_than_the_optimum(inst, scheduler):
@@ -245,6 +249,7 @@ def _holds(inst, plan):
 # -- known answers ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=40, **SETTINGS)
 @given(linked_instances(layers=(3, 2)), st.sampled_from([1, 3]), st.sampled_from(["cost", "time"]))
 def test_exact_with_links_and_a_pipeline_schedule_matches_enumeration(inst, micro_batches, objective):

@@ -97,6 +97,7 @@ def _exact(inst, objective, max_cost=None):
         return None, problem
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=150, **SETTINGS)
 @given(node_instances(), st.sampled_from(["cost", "time"]))
 def test_exact_with_nodes_matches_enumeration_of_schedules_replicas_and_rentals(inst, objective):
@@ -154,6 +155,7 @@ def test_a_frontier_with_nodes_stopped_by_the_clock_is_exact_up_to_where_it_says
         assert math.isclose(x, wx, rel_tol=1e-9) and math.isclose(c, wc, rel_tol=1e-9)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=40, **SETTINGS)
 @given(node_instances(), st.sampled_from(["greedy", "random"]))
 def test_heuristics_price_their_plans_by_the_cheapest_rental(inst, scheduler):
@@ -343,6 +345,7 @@ def test_a_profiles_job_has_no_rental(tmp_path):
     assert result.exit_code == 2 and "job.rental" in result.output
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=200, **SETTINGS)
 @given(st.integers(0, 2**32 - 1))
 def test_the_menu_keeps_exactly_the_rentals_no_other_beats(seed):

@@ -68,6 +68,7 @@ def _check(profile, cluster, objective, budget=None):
     return plan
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=150, **SETTINGS)
 @given(pipelined(), st.sampled_from(["cost", "time"]))
 def test_exact_matches_brute_force_under_a_pipeline_schedule(inst, objective):
@@ -85,6 +86,7 @@ def test_exact_matches_brute_force_under_a_pipeline_schedule_and_a_budget(inst, 
     _check(profile, cluster, objective, budget=cheapest[0] * share)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=60, **SETTINGS)
 @given(pipelined(), st.sampled_from(["greedy", "genetic"]))
 def test_heuristics_score_plans_by_the_pipeline_model(inst, scheduler):

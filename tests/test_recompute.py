@@ -33,6 +33,7 @@ def recomputable(draw):
     return profile, cluster
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=150, **SETTINGS)
 @given(recomputable(), st.sampled_from(["cost", "time"]))
 def test_exact_chooses_recomputation_as_enumeration_does(inst, objective):

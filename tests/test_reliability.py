@@ -18,6 +18,7 @@ CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 PLAN = str(ROOT / "docs/plans/ctr.yaml")
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
 def test_a_gate_whose_replan_was_interrupted_does_not_pass(runner, interrupt_evaluations, fmt):
     # SIGINT after 5 s of `check --replan rl` once gave exit 0 and "all checks passed".

@@ -171,6 +171,7 @@ def test_time_rewards_prefer_faster_then_cheaper():
     assert r[1] > r[0] > r[2] > r[3], r
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_rl_finds_the_brute_force_optimum_on_small_instances(seed):
     arrays, _ = _problem(seed=seed, n=5, T=2)
@@ -182,6 +183,7 @@ def test_rl_finds_the_brute_force_optimum_on_small_instances(seed):
     assert math.isclose(plan.cost_usd, expected[0], rel_tol=1e-9)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_same_seed_same_plan(runner):
     def run():
         result = runner.invoke(app, ["plan", CTR, PAPER, "--seed", "7", "--json", *QUICK])
@@ -224,6 +226,7 @@ def test_policy_out_then_in_warm_starts_a_deeper_model(runner, tmp_path, ctr_pol
     assert len(json.loads(result.stdout)["stages"][-1]["layers"]) >= 1
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_saving_the_policy_does_not_change_the_plan(tmp_path):
     _, problem = _problem(seed=3, n=8)
     quick = dict(steps=15, batch=16)
@@ -277,6 +280,7 @@ def test_time_limit_stops_training():
     assert plan.feasible and any("time limit" in note for note in plan.notes)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_no_feasible_plan_exits_3_with_the_reachable_figure(runner, tmp_path):
     arrays = random_instance(np.random.default_rng(6), 4, 2)
     profile, cluster = instance_dicts(*arrays, min_throughput=1e12)
@@ -329,6 +333,7 @@ def test_a_tampered_policy_file_is_refused_before_a_network_is_built(runner, tmp
     assert f"policy.pt: not a heterps policy file: {message}" in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_a_stalled_agent_restarts_and_the_run_stays_deterministic(monkeypatch):
     """On a small model the agent's best comes within a few steps; 20 steps later a new agent starts
     (from a new pool), at most once per 20 steps, and a rerun with the seed gives the same plan."""

@@ -72,6 +72,7 @@ def test_scoring_a_sampled_schedule_gives_its_sampling_probability():
     assert (scored[~same] < 0).all() and torch.isfinite(scored).all()
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tapp_finds_the_brute_force_fastest_plan_on_small_instances(seed):
     arrays = random_instance(np.random.default_rng(seed), 5, 2)
@@ -103,6 +104,7 @@ def test_tapp_defaults_to_objective_time_on_the_bundled_examples(runner, example
     assert plan["throughput"] <= exact["throughput"] * (1 + 1e-9)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_same_seed_same_plan(runner):
     def run():
         result = runner.invoke(

@@ -87,6 +87,7 @@ def sharded_on_nodes(draw):
     return profile, cluster
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=60, **SETTINGS)
 @given(sharded_on_nodes(), st.sampled_from(["cost", "time"]))
 def test_exact_on_nodes_chooses_degrees_and_rentals_as_enumeration_does(inst, objective):
@@ -104,6 +105,7 @@ def test_exact_on_nodes_chooses_degrees_and_rentals_as_enumeration_does(inst, ob
         assert used <= cluster["nodes"][node.split("#")[0]]["units"].get(t, 0)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=120, **SETTINGS)
 @given(sharded(), st.sampled_from(["cost", "time"]))
 def test_exact_chooses_each_stages_degree_as_enumeration_does(inst, objective):

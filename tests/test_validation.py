@@ -205,6 +205,7 @@ def test_validate_reports_the_same_errors(runner, tmp_path):
     assert "p.yaml:14: layers[0].times.cpu.odt: must be >= 0" in result.stderr
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_unreadable_inputs_and_unwritable_output(runner, tmp_path):
     (tmp_path / "bin.yaml").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
     (tmp_path / "c.yaml").write_text(CLUSTER)
@@ -220,6 +221,7 @@ def test_unreadable_inputs_and_unwritable_output(runner, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.yaml", "c.yaml", "p.yaml"], "no temporary file left"
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_one_layer_on_a_one_type_cluster(tmp_path):
     profile = PROFILE[: PROFILE.index("  - name: fc1")]
     cluster = "cluster: one\nresources:\n  cpu: {price: 0.04, limit: 8}\n"

@@ -53,6 +53,7 @@ def _both(arrays, B0, target, hardware, objective):
     return profile, cluster, plan, expected
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=300, **SETTINGS)
 @given(small_batches(), st.sampled_from(["cost", "time"]))
 def test_exact_matches_enumeration_at_small_batches(inst, objective):
@@ -67,6 +68,7 @@ def test_exact_matches_enumeration_at_small_batches(inst, objective):
     assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=200, **SETTINGS)
 @given(small_batches(memory=True), st.sampled_from(["cost", "time"]))
 def test_exact_matches_enumeration_with_memory_at_small_batches(inst, objective):
@@ -88,6 +90,7 @@ def test_exact_matches_enumeration_under_a_pipeline_at_small_batches(inst, objec
     check_pipelined(*inst, objective)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=60, **SETTINGS)
 @given(small_batches(memory=True), st.sampled_from(["greedy", "genetic", "random"]))
 def test_heuristics_plan_whole_samples(inst, scheduler):
@@ -111,6 +114,7 @@ def test_next_whole_is_the_next_count_with_a_smaller_share():
             assert next_whole(B, float(k)) == (smaller[0] if smaller else math.inf), (B, k)
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("scheduler", ["exact", "greedy", "genetic"])
 def test_the_bundled_transformer_gets_whole_samples_and_run_executes_the_charged_share(tmp_path, scheduler):
     """profiles/transformer.yaml (batch 32) on the paper's hardware: greedy and genetic gave a stage of 50
@@ -158,6 +162,7 @@ def test_a_plan_with_more_replicas_than_samples_is_refused(tmp_path, command):
     assert "at most 32" in said
 
 
+@pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @settings(max_examples=150, **SETTINGS)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from([2, 3, 5]), st.sampled_from([3, 8, 32]))
 def test_one_type_pipelines_match_enumeration(seed, n, limit, B0):
