@@ -195,16 +195,19 @@ def load_state(module: nn.Module, optimiser: torch.optim.Optimizer, state: dict)
     as the weight is, so that the next step sees what an uninterrupted run's does."""
     from torch.distributed.tensor import DTensor
 
-    with torch.no_grad():
-        for name, tensor in module.state_dict().items():
-            local_of(tensor).copy_(state["model"][name])
+    if not any(isinstance(p, DTensor) for p in module.parameters()):
+        module.load_state_dict(state["model"])
+    else:
+        with torch.no_grad():
+            for name, tensor in module.state_dict().items():
+                local_of(tensor).copy_(state["model"][name])
     optimiser.load_state_dict(state["optimizer"])
     for group in optimiser.param_groups:
         for p in group["params"]:
             kept = optimiser.state.get(p, {}) if isinstance(p, DTensor) else {}
             for key, value in kept.items():
-                shard = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
-                if shard and value.shape == p.to_local().shape:  # Adam's moments; not its step count
+                plain = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                if plain and value.shape == p.to_local().shape:  # Adam's moments; not its step count
                     kept[key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False)
 
 
