@@ -158,6 +158,16 @@ def test_resume_takes_the_newest_complete_checkpoint_and_refuses_another_runs(tm
     assert checkpoint.latest(str(tmp_path / "none"), meta) is None
 
 
+def test_a_checkpoint_file_that_is_not_one_is_refused_by_name(tmp_path):
+    garbage = checkpoint.folder(str(tmp_path), 4) / "stage-0-shard-1.pt"
+    garbage.parent.mkdir(parents=True)
+    garbage.write_bytes(bytes(range(256)))
+    with pytest.raises(RuntimeError, match=r"shard-1.pt: not a checkpoint file .* remove the folder step-000004"):
+        checkpoint.read(garbage, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="stage-1.pt: not a checkpoint file"):
+        checkpoint.read(garbage.with_name("stage-1.pt"), torch.device("cpu"))  # missing
+
+
 @pytest.mark.slow  # four processes training 20 steps: about 20 s
 def test_a_two_stage_two_replica_plan_trains_a_task_with_adam_as_one_process_does(tmp_path, data):
     plan = write_plan(tmp_path / "plan.json", [("cpu", 2, ["0", "1", "2"]), ("cpu2", 2, ["3", "4"])], 32)
@@ -267,6 +277,11 @@ def test_a_tensor_parallel_stage_resumes_from_its_shards_to_the_uninterrupted_ru
         )
     shard = torch.load(cut / "step-000008" / "stage-0-shard-0.pt")["model"]
     assert shard["0.weight"].shape == (128, 32) and shard["2.weight"].shape == (256, 128)  # halves of 256
+    (cut / "step-000008" / "stage-0-shard-1.pt").write_bytes(b"not a checkpoint")
+    broken = _run([*common, "--steps", "9", "--checkpoint-dir", str(cut), "--resume"], env)
+    _, stderr = broken.communicate(timeout=240)
+    said = " ".join(stderr.split())
+    assert broken.returncode == 2 and "shard 2 of 2" in said and "stage-0-shard-1.pt: not a checkpoint file" in said
 
 
 @pytest.mark.slow  # the guide end to end: a profile, a plan, two trainings: about 70 s

@@ -50,6 +50,21 @@ def save_atomically(obj, path: Path) -> None:
     os.replace(partial, path)
 
 
+def read(path: Path, device: torch.device) -> dict:
+    """A file of a complete checkpoint, tensors only (``weights_only``); a file that is missing or is not
+    one heterps wrote stops the run with the file's name (a process's error becomes the run's exit 2)."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise RuntimeError(
+            f"{path}: not a checkpoint file this run can read ({type(exc).__name__}); remove the folder "
+            f"{path.parent.name} to resume from the checkpoint before it"
+        ) from None
+    if not isinstance(state, dict):
+        raise RuntimeError(f"{path}: not a checkpoint file this run can read (a {type(state).__name__})")
+    return state
+
+
 def mark_complete(step_dir: Path, meta: dict) -> None:
     """Rank 0, once every process has written its files: the checkpoint exists from now on."""
     partial = step_dir / f".{MARK}.tmp"

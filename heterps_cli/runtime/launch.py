@@ -63,9 +63,11 @@ def run_torchrun(cfg: RunConfig, placed: list | None = None) -> dict | None:
 
 
 def _describe(rank: int, cfg: RunConfig) -> str:
-    stage, replica = cfg.layout().place(rank)
+    lay = cfg.layout()
+    stage, replica = lay.place(rank)
+    shard = f", shard {lay.tp_rank(rank) + 1} of {stage.tp}" if stage.tp > 1 else ""
     return (
-        f"worker rank {rank} (stage {stage.index}, replica {replica + 1} of {stage.replicas}, "
+        f"worker rank {rank} (stage {stage.index}, replica {replica + 1} of {stage.replicas}{shard}, "
         f"{stage.resource} on {cfg.devices[stage.resource]})"
     )
 

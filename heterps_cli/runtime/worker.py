@@ -473,15 +473,11 @@ class _Replica:
             mark_complete(where, {**dict(self.cfg.checkpoint_meta), "steps_done": steps_done})
 
     def restore(self, where: Path) -> None:
-        from heterps_cli.runtime.checkpoint import rng_file, stage_file
+        from heterps_cli.runtime.checkpoint import read, rng_file, stage_file
 
-        state = torch.load(
-            stage_file(where, self.stage.index, self.stage.tp, self.tp_rank),
-            map_location=self.device,
-            weights_only=True,
-        )
+        state = read(stage_file(where, self.stage.index, self.stage.tp, self.tp_rank), self.device)
         load_state(self.module, self.optimiser, state)
-        generators = torch.load(rng_file(where, self.rank), weights_only=True)
+        generators = read(rng_file(where, self.rank), self.device)
         torch.set_rng_state(generators["cpu"])
         if self.device.type == "cuda" and generators.get("cuda") is not None:
             torch.cuda.set_rng_state(generators["cuda"], self.device)
