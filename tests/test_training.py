@@ -226,11 +226,15 @@ def test_a_job_killed_at_a_random_step_resumes_to_the_losses_and_weights_of_an_u
     report = json.loads(stdout)
     assert report["first_step"] == done[0] and len(report["losses"]) == 120 - done[0]
     assert report["losses"] == uninterrupted["losses"][done[0] :]  # step for step
-    for name in ("stage-0.pt", "stage-1.pt"):
-        a = torch.load(tmp_path / "whole/step-000120" / name)
-        b = torch.load(cut / "step-000120" / name)
+    _same_stage_files(tmp_path / "whole/step-000120", cut / "step-000120", ["stage-0.pt", "stage-1.pt"])
+
+
+def _same_stage_files(one: Path, other: Path, names: list[str]) -> None:
+    """The two checkpoints' stage files hold the same weights and the same optimiser state, to the bit."""
+    for name in names:
+        a, b = torch.load(one / name), torch.load(other / name)
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-        assert all(
+        assert a["optimizer"]["state"] and all(
             torch.equal(x, y)
             for k in a["optimizer"]["state"]
             for x, y in zip(a["optimizer"]["state"][k].values(), b["optimizer"]["state"][k].values())
@@ -259,22 +263,11 @@ def test_a_tensor_parallel_stage_resumes_from_its_shards_to_the_uninterrupted_ru
     assert max(abs(a - b) for a, b in zip(whole["losses"], reference)) < 1e-5
     cut = tmp_path / "cut"
     trained("--steps", "4", "--checkpoint-dir", str(cut))
-    assert sorted(p.name for p in (cut / "step-000003").glob("stage-*")) == [
-        "stage-0-shard-0.pt",
-        "stage-0-shard-1.pt",
-        "stage-1.pt",
-    ]
+    shards = ["stage-0-shard-0.pt", "stage-0-shard-1.pt", "stage-1.pt"]
+    assert sorted(p.name for p in (cut / "step-000003").glob("stage-*")) == shards
     resumed = trained("--steps", "8", "--checkpoint-dir", str(cut), "--resume")
     assert resumed["first_step"] == 4 and resumed["losses"] == whole["losses"][4:]
-    for name in ("stage-0-shard-0.pt", "stage-0-shard-1.pt", "stage-1.pt"):
-        a = torch.load(tmp_path / "whole/step-000008" / name)
-        b = torch.load(cut / "step-000008" / name)
-        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-        assert a["optimizer"]["state"] and all(
-            torch.equal(x, y)
-            for k in a["optimizer"]["state"]
-            for x, y in zip(a["optimizer"]["state"][k].values(), b["optimizer"]["state"][k].values())
-        )
+    _same_stage_files(tmp_path / "whole/step-000008", cut / "step-000008", shards)
     shard = torch.load(cut / "step-000008" / "stage-0-shard-0.pt")["model"]
     assert shard["0.weight"].shape == (128, 32) and shard["2.weight"].shape == (256, 128)  # halves of 256
     (cut / "step-000008" / "stage-0-shard-1.pt").write_bytes(b"not a checkpoint")

@@ -20,8 +20,10 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from heterps_cli.errors import InputError
+from heterps_cli.runtime.sharding import local_of
 
 KEEP = 2
 _STEP = re.compile(r"^step-(\d+)$")
@@ -48,6 +50,42 @@ def save_atomically(obj, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(partial, path)
+
+
+def stage_state(module: nn.Module, optimiser: torch.optim.Optimizer) -> dict:
+    """What a stage's file holds: its weights and its optimiser's state, each DTensor as this process's own
+    shard, a plain tensor (a DTensor pickles its device mesh, which names this run's process group)."""
+    return _local({"model": module.state_dict(), "optimizer": optimiser.state_dict()})
+
+
+def _local(state):
+    if isinstance(state, dict):
+        return {key: _local(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_local(value) for value in state)
+    return local_of(state) if isinstance(state, torch.Tensor) else state
+
+
+def load_stage_state(module: nn.Module, optimiser: torch.optim.Optimizer, state: dict) -> None:
+    """:func:`stage_state`'s file into a stage: a sharded weight takes its shard in place, and the optimiser's
+    state of a sharded weight becomes a DTensor laid out as the weight is, so that the next step sees
+    what an uninterrupted run's does."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in module.parameters()):
+        module.load_state_dict(state["model"])
+    else:
+        with torch.no_grad():
+            for name, tensor in module.state_dict().items():
+                local_of(tensor).copy_(state["model"][name])
+    optimiser.load_state_dict(state["optimizer"])
+    for group in optimiser.param_groups:
+        for p in group["params"]:
+            kept = optimiser.state.get(p, {}) if isinstance(p, DTensor) else {}
+            for key, value in kept.items():
+                plain = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                if plain and value.shape == p.to_local().shape:  # Adam's moments; not its step count
+                    kept[key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False)
 
 
 def read(path: Path, device: torch.device) -> dict:
@@ -109,9 +147,10 @@ def latest(root: str, expected: dict) -> tuple[int, Path] | None:
     if not found:
         return None
     steps, meta = max(found, key=lambda item: item[0])
+    meta = {"tp": [1] * len(meta.get("stages", [])), **meta}  # written before degrees were kept: all at tp 1
     step_dir = folder(root, steps)
     for key, value in expected.items():
-        there = meta.get(key, [1] * len(meta.get("stages", [])) if key == "tp" else None)  # before tp was kept: 1s
+        there = meta.get(key)
         if there != value:
             raise InputError(
                 str(step_dir / MARK),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
 
@@ -80,3 +81,8 @@ def one_shard(module: nn.Module, tp: int) -> Iterator[dict[str, str] | None]:
         for name, whole in wholes.items():
             parent_name, _, leaf = name.rpartition(".")
             setattr(module.get_submodule(parent_name), leaf, whole)
+
+
+def local_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's own shard (itself for a plain tensor)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor

@@ -46,7 +46,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
-from heterps_cli.runtime.sharding import shardable
+from heterps_cli.runtime.sharding import local_of, shardable
 
 
 @dataclass(frozen=True)
@@ -172,43 +172,6 @@ def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> li
             offset += p.numel()
         buckets.append(flat)
     return buckets
-
-
-def local_of(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's own shard (itself for a plain tensor)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def local_state(state):
-    """A state dict (nested dicts, lists, tensors) with each DTensor as its own shard, a plain tensor: what
-    one shard's checkpoint holds (a DTensor pickles its device mesh, which names this run's process group)."""
-    if isinstance(state, dict):
-        return {key: local_state(value) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(local_state(value) for value in state)
-    return local_of(state) if isinstance(state, torch.Tensor) else state
-
-
-def load_state(module: nn.Module, optimiser: torch.optim.Optimizer, state: dict) -> None:
-    """A checkpoint's weights and optimiser state (:func:`local_state`'s) into a stage: a sharded weight
-    takes its shard in place, and the optimiser's state of a sharded weight becomes a DTensor laid out
-    as the weight is, so that the next step sees what an uninterrupted run's does."""
-    from torch.distributed.tensor import DTensor
-
-    if not any(isinstance(p, DTensor) for p in module.parameters()):
-        module.load_state_dict(state["model"])
-    else:
-        with torch.no_grad():
-            for name, tensor in module.state_dict().items():
-                local_of(tensor).copy_(state["model"][name])
-    optimiser.load_state_dict(state["optimizer"])
-    for group in optimiser.param_groups:
-        for p in group["params"]:
-            kept = optimiser.state.get(p, {}) if isinstance(p, DTensor) else {}
-            for key, value in kept.items():
-                plain = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
-                if plain and value.shape == p.to_local().shape:  # Adam's moments; not its step count
-                    kept[key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False)
 
 
 def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:
@@ -460,23 +423,30 @@ class _Replica:
     def save(self, steps_done: int) -> None:
         """A checkpoint after ``steps_done`` steps (:mod:`.checkpoint`): the stage's first replica writes
         its weights and optimiser state, every process its generators' state, rank 0 the mark."""
-        from heterps_cli.runtime.checkpoint import folder, mark_complete, rng_file, save_atomically, stage_file
+        from heterps_cli.runtime.checkpoint import (
+            folder,
+            mark_complete,
+            rng_file,
+            save_atomically,
+            stage_file,
+            stage_state,
+        )
 
         assert self.cfg.checkpoint_dir is not None
         where = folder(self.cfg.checkpoint_dir, steps_done)
         if self.replica == 0:
-            state = local_state({"model": self.module.state_dict(), "optimizer": self.optimiser.state_dict()})
-            save_atomically(state, stage_file(where, self.stage.index, self.stage.tp, self.tp_rank))
+            mine = stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
+            save_atomically(stage_state(self.module, self.optimiser), mine)
         save_atomically(_generators(self.device), rng_file(where, self.rank))
         dist.barrier()
         if self.rank == 0:
             mark_complete(where, {**dict(self.cfg.checkpoint_meta), "steps_done": steps_done})
 
     def restore(self, where: Path) -> None:
-        from heterps_cli.runtime.checkpoint import read, rng_file, stage_file
+        from heterps_cli.runtime.checkpoint import load_stage_state, read, rng_file, stage_file
 
         state = read(stage_file(where, self.stage.index, self.stage.tp, self.tp_rank), self.device)
-        load_state(self.module, self.optimiser, state)
+        load_stage_state(self.module, self.optimiser, state)
         generators = read(rng_file(where, self.rank), self.device)
         torch.set_rng_state(generators["cpu"])
         if self.device.type == "cuda" and generators.get("cuda") is not None:
