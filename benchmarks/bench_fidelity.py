@@ -72,7 +72,7 @@ def heterps(*args: str) -> str:
 
 
 def profile_gpu(model: str, batch: int, tmp: Path) -> Path:
-    path = tmp / f"{model}-{batch}.yaml"
+    path = tmp / f"{Path(model).name.replace(':', '-')}-{batch}.yaml"
     heterps("profile", model, "--device", "cuda", "--as", "gpu", "--batch-size", str(batch), "--out", str(path))
     return path
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from heterps_cli.errors import InputError
+from heterps_cli.figures import plural
 from heterps_cli.runtime.placement import per_node, processes
 from heterps_cli.shell import Env, Word, address, command, comment, quote
 
@@ -134,7 +135,7 @@ def node_script(plan_path: str, launch: Launch, node: NodeLaunch) -> str:
     head = f"node {node.index} of {len(launch.nodes)}: {node.node}" + (f" (a {node.kind})" if node.kind else "")
     lines = [
         "#!/bin/sh",
-        comment(f"heterps launch {plan_path}: {head}, {node.processes} processes"),
+        comment(f"heterps launch {plan_path}: {head}, {plural(node.processes, 'process', 'processes')}"),
         f"# of {launch.world_size} in all. Run it on that node; node 0's address is MASTER_ADDR on every node.",
         SHARED,
         "set -eu",
@@ -149,17 +150,17 @@ def _slurm(plan, plan_path: str, run: list[Word], counts: dict[str, int], master
     """An sbatch script: one task per node, each starting torchrun with its own process count. Slurm
     numbers a job's nodes 0..N-1; node kinds must land in the plan's order (a heterogeneous job, or
     --nodelist), which the header lists. Every node is asked for the most GPUs and cores a node needs."""
-    n = len(counts)
+    n, total = len(counts), plural(sum(counts.values()), "process", "processes")
     lines = [
         "#!/bin/bash",
-        comment(f"heterps launch {plan_path}: {sum(counts.values())} processes on {n} node{'s' if n != 1 else ''}."),
+        comment(f"heterps launch {plan_path}: {total} on {plural(n, 'node')}."),
         "# Slurm node i must be the plan's node i (its kind below): use --nodelist, or one component per",
         "# kind of a heterogeneous job, in this order.",
         SHARED,
     ]
     gpus = needs.gpus or tuple(0 for _ in counts)
     lines += [
-        comment(f"  node {i}: {node}, {count} processes" + (f", {g} on GPUs" if g else ""))
+        comment(f"  node {i}: {node}, {plural(count, 'process', 'processes')}" + (f", {g} on GPUs" if g else ""))
         for i, ((node, count), g) in enumerate(zip(counts.items(), gpus, strict=True))
     ]
     lines += [

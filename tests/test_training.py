@@ -229,6 +229,42 @@ def test_a_job_killed_at_a_random_step_resumes_to_the_losses_and_weights_of_an_u
     _same_stage_files(tmp_path / "whole/step-000120", cut / "step-000120", ["stage-0.pt", "stage-1.pt"])
 
 
+ON_THE_GPU = [
+    pytest.param([("gpu", 1, ["0", "1", "2", "3", "4"])], id="one stage"),
+    pytest.param(
+        [("gpu", 1, ["0", "1", "2"]), ("gpu2", 1, ["3", "4"])],
+        id="two stages",
+        marks=pytest.mark.xfail(reason="failed on an H100 on 2026-11-26, output not kept: docs/fidelity.md"),
+    ),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("stages", ON_THE_GPU)
+def test_a_plan_on_a_gpu_trains_as_one_process_and_resumes_to_the_uninterrupted_runs_weights(tmp_path, data, stages):
+    """The losses of one process on the CPU, and a resumed run restores the GPU's generator too (its
+    saved state once went to the device, which torch refuses). A process per stage, no gradient sum:
+    one GPU is enough."""
+    plan = write_plan(tmp_path / "plan.json", stages, 32)
+    common = [str(plan), "--task", CLASSIFY, "--map", "gpu=cuda", "--map", "gpu2=cuda", "--micro-batches", "4",
+              "--checkpoint-every", "4", "--json"]  # fmt: skip
+
+    def run(steps: int, folder: str, *more: str) -> dict:
+        done = _run([*common, "--steps", str(steps), "--checkpoint-dir", str(tmp_path / folder), *more], {**os.environ})
+        stdout, stderr = done.communicate(timeout=240)
+        assert done.returncode == 0, stderr[-3000:]
+        return json.loads(stdout)
+
+    whole = run(12, "whole")
+    reference, _ = task_losses(CLASSIFY, 32 * 4, 12)
+    assert max(abs(a - b) for a, b in zip(whole["losses"], reference)) < 1e-5
+    run(8, "cut")
+    resumed = run(12, "cut", "--resume")
+    assert resumed["first_step"] == 8 and resumed["losses"] == whole["losses"][8:]
+    files = [f"stage-{i}.pt" for i in range(len(stages))]
+    _same_stage_files(tmp_path / "whole/step-000012", tmp_path / "cut/step-000012", files)
+
+
 def _same_stage_files(one: Path, other: Path, names: list[str]) -> None:
     """The two checkpoints' stage files hold the same weights and the same optimiser state, to the bit."""
     for name in names:

@@ -447,7 +447,8 @@ class _Replica:
 
         state = read(stage_file(where, self.stage.index, self.stage.tp, self.tp_rank), self.device)
         load_stage_state(self.module, self.optimiser, state)
-        generators = read(rng_file(where, self.rank), self.device)
+        # A generator's state is a CPU byte tensor, also the GPU's: torch refuses one moved to the device.
+        generators = read(rng_file(where, self.rank), torch.device("cpu"))
         torch.set_rng_state(generators["cpu"])
         if self.device.type == "cuda" and generators.get("cuda") is not None:
             torch.cuda.set_rng_state(generators["cuda"], self.device)
