@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from heterps_cli.cli.app import app
 from heterps_cli.runtime import single_process_losses
 from heterps_cli.runtime.layout import layout
+from heterps_cli.runtime.report import split_sync
 from tests.helpers import heterps
 
 MLP_LAYERS = [str(i) for i in range(7)]  # nn.Sequential: fc, relu, fc, relu, fc, relu, fc
@@ -158,6 +159,27 @@ def test_two_stage_run_matches_one_process_and_reports(tmp_path):
     for stage in report["stages"]:
         assert stage["compute_s"] > 0 and stage["wait_s"] >= 0 and stage["idle_s"] >= 0
     assert "measured/predicted" in done.stdout and "bottleneck: stage" in done.stdout
+
+
+def test_the_last_replica_to_reach_the_all_reduce_gives_sync_and_the_others_wait_the_difference():
+    """No barrier before the all-reduce (a trainer has none): per step, the group's shortest all-reduce is
+    the collective itself, and what the others measured beyond it was waiting for the slowest replica.
+    Groups are a stage's replicas of one shard; a stage of one replica keeps its own."""
+
+    def rank(stage, replica, sync, wait, tp_rank=0):
+        return {"stage": stage, "replica": replica, "tp_rank": tp_rank, "sync": sync, "wait": wait}
+
+    ranks = [
+        rank(0, 0, [0.0, 0.0], [0.5, 0.5]),
+        rank(1, 0, [3.0, 1.0], [0.0, 0.25], tp_rank=0),
+        rank(1, 0, [9.0, 9.0], [0.0, 0.0], tp_rank=1),
+        rank(1, 1, [1.0, 2.0], [0.5, 0.0], tp_rank=0),
+        rank(1, 1, [8.0, 10.0], [0.0, 0.0], tp_rank=1),
+    ]
+    split = split_sync(ranks)
+    assert [r["sync"] for r in split] == [[0.0, 0.0], [1.0, 1.0], [8.0, 9.0], [1.0, 1.0], [8.0, 9.0]]
+    assert [r["wait"] for r in split] == [[0.5, 0.5], [2.0, 0.25], [1.0, 0.0], [0.5, 1.0], [0.0, 1.0]]
+    assert ranks[1]["sync"] == [3.0, 1.0]  # the workers' own measurements are left as they were
 
 
 @pytest.mark.slow

@@ -74,12 +74,29 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def split_sync(ranks: list[dict]) -> list[dict]:
+    """Each rank's measured all-reduce of a step runs from its own arrival to the end, which the ranks
+    of its group (a stage's replicas, one shard each) reach together: the last to arrive measures the
+    all-reduce alone. That much of each rank's is ``sync``, the rest moves to its ``wait``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in ranks:
+        groups.setdefault((r["stage"], r.get("tp_rank", 0)), []).append(r)
+    out = {id(r): r for r in ranks}
+    for members in groups.values():
+        alone = [min(step) for step in zip(*(r["sync"] for r in members))]
+        for r in members:
+            extra = [own - least for own, least in zip(r["sync"], alone)]
+            out[id(r)] = {**r, "sync": alone, "wait": [w + e for w, e in zip(r["wait"], extra)]}
+    return [out[id(r)] for r in ranks]
+
+
 def build_report(
     plan_path: str, plan: Plan, model: str, ranks: list[dict], micro_batches: int, task: str | None = None
 ) -> RunReport:
     """Each rank's per-step times (``worker.train``) summarised against the plan's figures, per batch
     of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
     B, M = plan.batch_size, micro_batches
+    ranks = split_sync(ranks)
     stages = []
     for s, stage in enumerate(plan.stages):
         mine = [r for r in ranks if r["stage"] == s]

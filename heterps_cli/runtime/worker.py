@@ -377,9 +377,9 @@ class _Replica:
         start = time.perf_counter()
         for handle in self.handles:
             handle.wait()  # done once the neighbour has received: waiting on it, like a receive
-        if self.buckets or (self.params and self.group is not None):
-            dist.barrier(group=self.group)  # the stage's slowest replica: waiting, so that sync is the all-reduce alone
         self.acc["wait"] += time.perf_counter() - start
+        # No barrier first, as a trainer has none: this also counts the wait for the stage's slowest
+        # replica, which the report takes apart (report.split_sync).
         start = time.perf_counter()
         for bucket in self.buckets:
             dist.all_reduce(bucket, group=self.group)
