@@ -381,7 +381,9 @@ def split_stages(problem: Problem, schedules) -> Stages:
             np.bincount(flat, weights=pick(get).ravel(), minlength=B * S).reshape(B, S)
             for get in (lambda v: v.odt, lambda v: v.update_times)
         )
-        micro = (sc, pc + transfer, sync, update)  # odt: the all-reduce between two replicas (beta unused)
+        start, latency = (np.where(valid, fixed[stype], 0.0) for fixed in problem.fixed_costs)
+        # odt: the all-reduce between two replicas (beta unused)
+        micro = (sc + start, pc + transfer, sync + latency, update)
         sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:

@@ -227,6 +227,13 @@ else:
     ProfileJob = create_model("Job", __base__=_Strict, **{name: (_JOB_TYPES[name], None) for name in PROFILE_JOB})
 
 
+class FixedCosts(_Strict):
+    """Section 1d: what a stage on a type pays that no layer's size sets."""
+
+    pass_start: NonNegative = 0.0  # s per micro-batch: a backward pass's start, before its first layer
+    all_reduce_latency: NonNegative = 0.0  # s of an all-reduce between two replicas beyond its bytes
+
+
 class Profile(_Strict):
     model: Name
     batch_size: BatchSize
@@ -234,6 +241,7 @@ class Profile(_Strict):
     # section 1b: training-state bytes per weight byte
     state_factor: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] = 4.0
     precision: Precision | None = None  # section 2: what the times assume the model trains at
+    fixed: Annotated[dict[Name, FixedCosts], Field(min_length=1)] | None = None  # section 1d, per type
     layers: Annotated[list[Layer], Field(min_length=1)]
 
     @property
@@ -790,6 +798,16 @@ def _profile_of(doc: Document) -> Profile:
                         )
                     )
     problems += _degree_chains(profile, doc)
+    timed = {t for layer in profile.layers for t in layer.times}
+    for t in profile.fixed or {}:
+        if t not in timed:
+            problems.append(
+                doc.error(
+                    ("fixed", t),
+                    f"no layer has times on {t}: fixed costs belong to a type the layers give "
+                    f"({', '.join(sorted(timed))})",
+                )
+            )
     if profile.job.global_batch is not None:
         try:
             micro_batches(profile.job.global_batch, profile.sizes, "job.global_batch")

@@ -64,6 +64,9 @@ class Problem:
     # reserved) keep sections 1 and 1b exactly.
     micro_batches: int = 0  # M, micro-batches of batch_size per optimiser step
     update: np.ndarray | None = None  # [n, T] seconds of the optimiser step per step on one unit
+    # [T] seconds a stage pays per micro-batch, and per all-reduce beyond its bytes, whatever its layers
+    pass_start: np.ndarray | None = None
+    all_reduce_latency: np.ndarray | None = None
     reserved: np.ndarray | None = None  # [T] bytes of a unit's memory the runtime takes
     # docs/spec.md section 1e: units come in whole nodes; prices are then Nodes.unit_prices and
     # limits every available node's units, and a plan costs the rental it runs on.
@@ -167,6 +170,15 @@ class Problem:
     @property
     def update_times(self) -> np.ndarray:
         return self.update if self.update is not None else np.zeros((self.n_layers, self.n_types))
+
+    @property
+    def fixed_costs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Section 1d: ``[T]`` each type's pass start (per micro-batch) and all-reduce latency."""
+        zeros = np.zeros(self.n_types)
+        return (
+            self.pass_start if self.pass_start is not None else zeros,
+            self.all_reduce_latency if self.all_reduce_latency is not None else zeros,
+        )
 
     @property
     def reserved_bytes(self) -> np.ndarray:
@@ -487,10 +499,22 @@ def build_problem(
         maximal_stages=maximal_stages,
         choose_micro_batch=choose,
         precision=profile.precision,
+        **_fixed_costs(profile, types),
     )
     if batch != profile.batch_size:  # else the profile's own figures, as written
         problem = problem.replace(**_at_batch(table, batch, problem.layer_names, steps))
     return dataclasses.replace(problem, tensor=_tensor(profile, problem, steps))
+
+
+def _fixed_costs(profile: Profile, types: tuple[str, ...]) -> dict:
+    """Section 1d: the profile's ``fixed`` costs of ``types`` as Problem fields (None where it gives none)."""
+    if not profile.fixed:
+        return {}
+    given = [profile.fixed.get(t) for t in types]
+    return {
+        field: np.array([float(getattr(g, field)) if g is not None else 0.0 for g in given])
+        for field in ("pass_start", "all_reduce_latency")
+    }
 
 
 def _per_degree(profile: Profile, types: tuple[str, ...]) -> dict:

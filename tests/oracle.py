@@ -307,7 +307,8 @@ def pipeline_figures(
 ) -> dict:
     """Every figure of a plan under docs/spec.md section 1d, written from its formulas alone: stage
     ``s`` of ``S`` on ``t`` with ``k`` replicas takes ``(M + S - 1) c + 2 Y (k - 1) / k + U`` per step,
-    ``c`` its compute and boundary transfer per micro-batch, and holds ``min(S - s, M)`` micro-batches
+    ``c`` its compute and boundary transfer per micro-batch (and its type's pass start), ``Y`` its
+    all-reduce (and its type's latency), and holds ``min(S - s, M)`` micro-batches
     of activations. Section 1g: a stage that ``recompute``s runs each layer's forward once more per
     micro-batch and holds its input for ``min(S - s, M)`` micro-batches and one micro-batch's
     activations. Section 1h: a stage at degree ``d`` takes its times and one unit's sizes at ``d``,
@@ -328,7 +329,8 @@ def pipeline_figures(
         if any(e is None for e, _ in at.values()):
             can = False
             at = {layer: (layers[layer]["times"][t], layers[layer]) for layer in ls}
-        c = y = u = 0.0
+        fixed = profile.get("fixed", {}).get(t, {})  # section 1d: once per stage, whatever its layers
+        c, y, u = fixed.get("pass_start", 0.0), fixed.get("all_reduce_latency", 0.0), 0.0
         for layer in ls:
             e = at[layer][0]
             a = e.get("alpha", layers[layer].get("alpha"))

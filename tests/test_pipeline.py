@@ -33,6 +33,15 @@ def pipelined(draw, batches=(32,), max_limit=3):
         for entry in layer["times"].values():
             if rng.random() < 0.7:
                 entry["update"] = float(np.round(entry["oct"] * rng.choice([0.01, 0.3, 2.0]), 6))
+    if rng.random() < 0.5:  # a stage's pass start and all-reduce latency, on some types
+        scale = float(arrays[0].mean())
+        profile["fixed"] = {
+            t: {"pass_start": round(scale * float(rng.choice([0.0, 0.05, 1.0])), 9),
+                "all_reduce_latency": round(scale * float(rng.choice([0.0, 0.5, 5.0])), 9)}
+            for t in profile["layers"][0]["times"] if rng.random() < 0.7
+        } or None  # fmt: skip
+        if profile["fixed"] is None:
+            del profile["fixed"]
     for res in cluster["resources"].values():
         if "memory_gb" in res and rng.random() < 0.5:
             res["memory_reserved_gb"] = round(res["memory_gb"] * float(rng.choice([0.1, 0.5])), 9)
@@ -115,6 +124,24 @@ def test_more_replicas_can_be_slower_when_the_all_reduce_outgrows_the_compute():
     profile["job"]["global_batch"] = 64
     plan = _check(profile, cluster, "time")
     assert plan is not None and [s.replicas for s in plan.stages] == [1]
+
+
+def test_a_stage_pays_its_types_pass_start_per_micro_batch_and_latency_per_all_reduce():
+    """Section 1d by hand: one layer (oct 10 ms at 32 samples, alpha 1; odt 4 ms) on 2 replicas, 4
+    micro-batches; the type's pass start 1 ms joins each micro-batch, its latency 2 ms the all-reduce:
+    c = 10/2 + 1 = 6 ms, 2 (4 + 2)(2 - 1)/2 = 6 ms, a step 4 x 6 + 6 = 30 ms, 4 x 32 / 0.030 samples/s.
+    Without them, 4 x 5 + 4 = 24 ms."""
+    ones = np.ones((1, 1))
+    arrays = (0.01 * ones, 0.004 * ones, ones, ones, np.ones((1, 1), dtype=bool), np.array([1.0]), np.array([2]))
+    profile, cluster = instance_dicts(*arrays)
+    profile["job"]["global_batch"] = 4 * 32
+    plain = exact.solve(problem_from_dicts(profile, cluster, objective="time"))
+    profile["fixed"] = {"r0": {"pass_start": 0.001, "all_reduce_latency": 0.002}}
+    plan = exact.solve(problem_from_dicts(profile, cluster, objective="time"))
+    assert [s.replicas for s in plan.stages] == [2] == [s.replicas for s in plain.stages]
+    assert math.isclose(plain.stages[0].step_s, 0.024) and math.isclose(plan.stages[0].step_s, 0.030)
+    assert math.isclose(plan.stages[0].compute_s, 0.006) and math.isclose(plan.stages[0].comm_s, 0.006)
+    assert math.isclose(plan.throughput, 4 * 32 / 0.030)
 
 
 def test_without_the_new_fields_the_model_is_unchanged():

@@ -86,8 +86,14 @@ def test_measure_two_types_merge_and_plan(runner, factory, tmp_path):
     assert all(set(layer.times) == {"cpu", "fast"} for layer in prof.layers)
     assert prof.layers[0].input_size == 64 * 4 and prof.layers[0].weight_size == (64 * 256 + 256) * 4
     # every times entry says what is estimated, also after the merge
-    entries = [line for line in merged.read_text().splitlines() if line.strip().startswith(('"cpu"', '"fast"'))]
+    lines = merged.read_text().splitlines()
+    entries = [line for line in lines if line.strip().startswith(('"cpu"', '"fast"')) and "oct:" in line]
     assert len(entries) == 10 and all("estimated:" in line and "beta" in line for line in entries)
+    # section 1d: each type's pass start; the latency only where the link was measured, not given
+    assert prof.fixed is not None and set(prof.fixed) == {"cpu", "fast"}
+    assert all(0 < costs.pass_start < 0.1 for costs in prof.fixed.values())
+    assert 0 < prof.fixed["cpu"].all_reduce_latency < 0.1 and prof.fixed["fast"].all_reduce_latency == 0
+    assert "all_reduce_latency" not in next(line for line in lines if line.startswith('  "fast"'))
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("cluster: two\nresources:\n  cpu: {price: 0.04, limit: 16}\n  fast: {price: 1.0, limit: 4}\n")
     result = runner.invoke(app, ["plan", str(merged), str(cluster), "--samples", "1e6", "-s", "exact", "--json"])
@@ -177,6 +183,7 @@ def test_merge_refuses_other_models_sizes_in_no_common_and_repeated_types(factor
                 {
                     **data,
                     **change,
+                    "fixed": {"gpu": data["fixed"]["cpu"]},
                     "layers": [
                         {**layer, "times": {"gpu": layer["times"]["cpu"]}}
                         for layer in change.get("layers", data["layers"])

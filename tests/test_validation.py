@@ -121,6 +121,24 @@ PROFILE_CASES = {
     ),
     "samples missing": ("  samples: 1e6\n", "", 3, "job.samples: samples per epoch are not given"),
     "empty type name": ("      gpu: {oct: 0.004", "      '': {oct: 0.004", 15, "layers[0].times"),
+    "fixed costs of a type no layer has": (
+        "layers:\n",
+        "fixed:\n  gpu: {pass_start: 1e-4}\n  tpu: {pass_start: 1e-4}\nlayers:\n",
+        8,
+        "fixed.tpu: no layer has times on tpu",
+    ),
+    "negative all-reduce latency": (
+        "layers:\n",
+        "fixed:\n  gpu: {all_reduce_latency: -1e-4}\nlayers:\n",
+        7,
+        "fixed.gpu.all_reduce_latency: must be >= 0",
+    ),
+    "misspelt fixed cost": (
+        "layers:\n",
+        "fixed:\n  cpu: {pass_starts: 1e-4}\nlayers:\n",
+        7,
+        "fixed.cpu.pass_starts: unknown field 'pass_starts'; did you mean 'pass_start'?",
+    ),
 }
 
 

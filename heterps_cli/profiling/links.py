@@ -22,18 +22,20 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    tensor = torch.ones(size // 4)
-    for _ in range(2):
-        dist.all_reduce(tensor)
-    times = []
-    for _ in range(rounds):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        times.append(time.perf_counter() - start)
+    medians = []
+    for tensor in (torch.ones(size // 4), torch.ones(1)):  # the link's bytes, then its latency alone
+        for _ in range(2):
+            dist.all_reduce(tensor)
+        times = []
+        for _ in range(rounds):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(str(statistics.median(times)))
+        Path(out).write_text(" ".join(map(str, medians)))
 
 
 def free_port() -> int:
@@ -45,6 +47,13 @@ def free_port() -> int:
 
 def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout: float = 60.0) -> float | None:
     """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
+    measured = loopback_allreduce(size, rounds, timeout)
+    return measured[0] if measured is not None else None
+
+
+def loopback_allreduce(size: int = 16 << 20, rounds: int = 25, timeout: float = 60.0) -> tuple[float, float] | None:
+    """An all-reduce between two processes over loopback gloo: bytes/s beyond its latency, from one of
+    ``size`` bytes, and the latency, the time of one of 4 bytes (medians of ``rounds``); or None."""
     import torch.multiprocessing as mp
 
     port = free_port()
@@ -68,7 +77,8 @@ def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout
                     p.join()
         if not Path(out).exists():
             return None
-        return size / float(Path(out).read_text())
+        whole, latency = map(float, Path(out).read_text().split())
+        return size / (whole - latency if whole > latency else whole), latency
 
 
 @contextlib.contextmanager
@@ -101,18 +111,26 @@ def host_to_device_bandwidth(size: int = 64 << 20, rounds: int = 10) -> float:
     return size / statistics.median(times)
 
 
-def link_bandwidth(device: str, link_gbps: float | None, report: Progress, notes: list[str]) -> tuple[float, str]:
-    """Bytes/s for odt and how it was found: given, host-to-device (cuda) or a loopback all-reduce (cpu)."""
+def link_bandwidth(
+    device: str, link_gbps: float | None, report: Progress, notes: list[str]
+) -> tuple[float, str, float | None]:
+    """Bytes/s for odt and how it was found: given, host-to-device (cuda) or a loopback all-reduce
+    (cpu); and, from the all-reduce alone, its latency (docs/spec.md section 1d), else None."""
     if link_gbps is not None:
-        return link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}"
+        return link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}", None
     if device == "cuda":
         report("measuring host-to-device bandwidth")
         bandwidth = host_to_device_bandwidth()
-        return bandwidth, f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s"
-    report("measuring loopback all-reduce bandwidth (gloo, 2 processes)")
-    measured = loopback_allreduce_bandwidth()
+        return bandwidth, f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s", None
+    report("measuring loopback all-reduce bandwidth and latency (gloo, 2 processes)")
+    measured = loopback_allreduce()
     if measured is None:
         how = "estimated: the loopback all-reduce failed, so 10 Gbit/s is assumed"
         notes.append(how)
-        return 1.25e9, how
-    return measured, f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {measured / 1e9:.2f} GB/s"
+        return 1.25e9, how, None
+    bandwidth, latency = measured
+    how = (
+        f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s beyond "
+        f"its latency of {latency * 1e3:.3f} ms (an all-reduce of 4 bytes)"
+    )
+    return bandwidth, how, latency

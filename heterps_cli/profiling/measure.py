@@ -133,6 +133,8 @@ class Profiled:
     layers: list[LayerProfile]
     step: float  # seconds of one whole-model forward+backward step (the median of the warm-up steps)
     notes: list[str] = field(default_factory=list)
+    pass_start: float = 0.0  # docs/spec.md section 1d: s from the backward call to its first layer (median)
+    all_reduce_latency: float | None = None  # section 1d: s of an all-reduce beyond its bytes, where measured
 
     @property
     def total_oct(self) -> float:
@@ -146,16 +148,20 @@ def measure(
     device: str = "cpu",
     repetitions: int = 20,
     link_gbps: float | None = None,
+    link_latency: float | None = None,
     progress: Progress | None = None,
 ) -> Profiled:
-    """Measure every layer of ``model`` (see the module docstring)."""
+    """Measure every layer of ``model`` (see the module docstring); ``link_latency``: the all-reduce's
+    seconds beyond its bytes, measured beside ``link_gbps`` by the caller."""
     report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     B0 = len(model.inputs[0])
     report("tracing the model")
     calls, notes = traced(model)
-    bandwidth, how = link_bandwidth(device, link_gbps, report, notes)
+    bandwidth, how, latency = link_bandwidth(device, link_gbps, report, notes)
+    if link_latency is not None:  # measured once by the caller, beside the link_gbps it gives
+        latency = link_latency
     if not steady_allocator():
         notes.append(
             "the C library is not glibc: the allocator could not be kept from returning memory "
@@ -179,7 +185,7 @@ def measure(
             raise
         except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
-        times, forwards = _time_layers(calls, device, repetitions, report, total, current)
+        times, forwards, starts = _time_layers(calls, device, repetitions, report, total, current)
         report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
         shares = _share_times(calls, device, B0, current)
         for i, call in enumerate(calls):
@@ -200,7 +206,18 @@ def measure(
     finally:
         torch.set_num_threads(threads)
     return Profiled(
-        model.name, resource, device, B0, bandwidth, how, ROUNDS * -(-repetitions // ROUNDS), layers, step, notes
+        model.name,
+        resource,
+        device,
+        B0,
+        bandwidth,
+        how,
+        ROUNDS * -(-repetitions // ROUNDS),
+        layers,
+        step,
+        notes,
+        pass_start=statistics.median(starts) if starts else 0.0,
+        all_reduce_latency=latency,
     )
 
 
@@ -236,25 +253,29 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
 
 def _time_layers(
     calls: list[Call], device: str, repetitions: int, report: Progress, total: int, current: list[Call]
-) -> tuple[list[list[float]], list[list[float]]]:
+) -> tuple[list[list[float]], list[list[float]], list[float]]:
     """Each layer's run times in step order (:func:`~heterps_cli.profiling.timing.step_order_times`), in
     :data:`ROUNDS` rounds (so that a slow moment of the machine spreads over all layers); a short
     model gets more passes, up to :data:`MAX_RUNS`, until they add up to :data:`MIN_SECONDS`;
-    ``current`` holds the layer running. With them, each run's forward seconds (section 1g)."""
+    ``current`` holds the layer running. With them, each run's forward seconds (section 1g) and
+    its backward pass's start (section 1d)."""
     per_round = -(-repetitions // ROUNDS)
     times: list[list[float]] = [[] for _ in calls]
     forwards: list[list[float]] = [[] for _ in calls]
+    starts: list[float] = []
     for r in range(ROUNDS):
         report(f"round {r + 1}/{ROUNDS}: every layer in step order", completed=r * len(calls), total=total)
         passes = per_round
         if r:  # the first round says how many passes add up to MIN_SECONDS
             wanted = MIN_SECONDS / max(sum(statistics.median(t) for t in times), 1e-9)
             passes = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
-        got_all = step_order_times(calls, device, passes, WARMUP if r == 0 else 1, current=current, forwards=forwards)
+        got_all = step_order_times(
+            calls, device, passes, WARMUP if r == 0 else 1, current=current, forwards=forwards, starts=starts
+        )
         for i, got in enumerate(got_all):
             assert not isinstance(got, Exception), "step_order_times raises on the whole batch"
             times[i] += got
-    return times, forwards
+    return times, forwards, starts
 
 
 def _share_times(calls: list[Call], device: str, B0: int, current: list[Call]) -> dict[int, list[float | Exception]]:

@@ -55,10 +55,10 @@ def measure_in_processes(
     another, or ``concurrent`` at a time), combined."""
     report = progress or quiet
     notes: list[str] = []
-    how = None
+    how, latency = None, None
     if concurrent is not None:
         _check_concurrent(device, processes, concurrent)
-        bandwidth, how = link_bandwidth(device, link_gbps, report, notes)
+        bandwidth, how, latency = link_bandwidth(device, link_gbps, report, notes)
         link_gbps = bandwidth * 8 / 1e9
     args = {
         "spec": spec,
@@ -68,6 +68,7 @@ def measure_in_processes(
         "device": device,
         "repetitions": repetitions,
         "link_gbps": link_gbps,
+        "link_latency": latency,
         "granularity": granularity,
     }
     runs = _run_all(args, processes, concurrent, report)
@@ -226,7 +227,14 @@ def combine(runs: list[Profiled]) -> Profiled:
         step=median(r.step for r in runs),
         bandwidth=median(r.bandwidth for r in runs),
         notes=notes,
+        pass_start=median(r.pass_start for r in runs),
+        all_reduce_latency=_median_given([r.all_reduce_latency for r in runs]),
     )
+
+
+def _median_given(values: list[float | None]) -> float | None:
+    given = [v for v in values if v is not None]
+    return float(statistics.median(given)) if given else None
 
 
 def from_dict(data: dict) -> Profiled:
@@ -245,7 +253,12 @@ def _worker(args: dict, out: Path) -> int:
         if meet is not None:
             _meet(meet, args["index"], args["together"])
         measured = measure(
-            model, args["resource"], device=args["device"], repetitions=args["repetitions"], link_gbps=args["link_gbps"]
+            model,
+            args["resource"],
+            device=args["device"],
+            repetitions=args["repetitions"],
+            link_gbps=args["link_gbps"],
+            link_latency=args.get("link_latency"),
         )
         if meet is not None:
             _busy_until_all_done(meet, args["index"], args["together"], model, args["device"])

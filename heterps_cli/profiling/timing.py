@@ -171,6 +171,7 @@ def step_order_times(
     shares: tuple[int, int] | None = None,
     current: list[Call] | None = None,
     forwards: list[list[float]] | None = None,
+    starts: list[float] | None = None,
 ) -> list[list[float] | Exception]:
     """Each layer's seconds of forward and backward as a training step runs them: every layer's forward
     in the model's order, each on fresh copies of its recorded inputs (with ``shares = (batch, samples)``,
@@ -182,7 +183,8 @@ def step_order_times(
     (docs/fidelity.md); on cuda nothing waits for the GPU between layers (:class:`Clock`). On a share
     of the batch, a layer that raises gets its exception instead of times, and the others go on
     (elsewhere it raises); ``current`` holds the layer running. ``forwards``, when given, gets each
-    layer's forward seconds of every timed run too (docs/spec.md section 1g)."""
+    layer's forward seconds of every timed run too (docs/spec.md section 1g), and ``starts`` each timed
+    run's backward start (:func:`backward_marks`)."""
     inputs = [
         (call.args, call.kwargs) if shares is None else (share(call.args, *shares), share(call.kwargs, *shares))
         for call in calls
@@ -215,7 +217,8 @@ def step_order_times(
                     raise
                 out[i] = exc
                 continue
-        for i, span in backward_marks(calls, outputs, clock, current).items():
+        spans, opening = backward_marks(calls, outputs, clock, current)
+        for i, span in spans.items():
             marks[i].append(span)
         outputs = []  # what each layer saved for its backward went as that backward ran, as in a step
         synchronise(device)
@@ -225,11 +228,17 @@ def step_order_times(
                     times.append(sum(clock.seconds(a, b) for a, b in marks[i]))
                     if forwards is not None:
                         forwards[i].append(clock.seconds(*marks[i][0]))
+            if starts is not None and opening is not None:
+                starts.append(clock.seconds(*opening))
     return out
 
 
-def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list[Call] | None) -> dict[int, tuple]:
-    """Every layer's backward in one ``autograd.backward`` call, as a step makes it; (start, end) per layer.
+def backward_marks(
+    calls: list[Call], outputs: list, clock: Clock, current: list[Call] | None
+) -> tuple[dict[int, tuple], tuple | None]:
+    """Every layer's backward in one ``autograd.backward`` call, as a step makes it; (start, end) per
+    layer, and (start, end) of the pass's start: from the call to its first layer's first node, which
+    no layer is given and a stage pays once per micro-batch (docs/spec.md section 1d's ``pass_start``).
 
     A call per layer cost the profile the engine's start each time (on cuda a hand-off to the device's
     thread), which a step pays once: vgg16's 38 layers on an H100 summed to 2.6 whole steps. A hook
@@ -249,7 +258,7 @@ def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list
             if tensor.grad_fn is not None:
                 firsts.setdefault(tensor.grad_fn, i)
     if not roots:
-        return {}
+        return {}, None
 
     def starting(i: int):
         def hook(_grads):
@@ -270,7 +279,8 @@ def backward_marks(calls: list[Call], outputs: list, clock: Clock, current: list
             handle.remove()
     synchronise("cuda" if clock.cuda else "cpu")
     order = sorted(started, key=lambda i: clock.seconds(base, started[i]))
-    return {i: (started[i], started[order[n + 1]] if n + 1 < len(order) else finish) for n, i in enumerate(order)}
+    spans = {i: (started[i], started[order[n + 1]] if n + 1 < len(order) else finish) for n, i in enumerate(order)}
+    return spans, (base, started[order[0]]) if order else None
 
 
 def storage_key(tensor: torch.Tensor) -> int:

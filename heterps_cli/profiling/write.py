@@ -75,6 +75,7 @@ def render(
     state_factor: float | None = None,
     job: dict[str, float] | None = None,
     precision: str | None = None,
+    fixed: dict[str, dict[str, float]] | None = None,
 ) -> str:
     lines = [f"# {h}" for h in header]
     lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}"]
@@ -84,6 +85,12 @@ def render(
         lines += ["job:", *(f"  {key}: {exact(value)}" for key, value in job.items())]
     if state_factor is not None:
         lines.append(f"state_factor: {exact(state_factor)}")
+    if fixed:  # docs/spec.md section 1d
+        lines.append("fixed:")
+        lines += [
+            f"  {json.dumps(t)}: {{{', '.join(f'{k}: {_number(v)}' for k, v in costs.items())}}}"
+            for t, costs in fixed.items()
+        ]
     lines.append("layers:")
     for row in layers:
         lines += [
@@ -139,6 +146,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         "input_saved: of those, the bytes the layer before also keeps, in one forward of the whole model",
         "update: median of the optimiser step (SGD) and the gradients' reset on the layer's weights, s per step "
         "(spec section 1d)",
+        "fixed: pass_start, the median time from the backward call to its first layer (given to no layer); "
+        "all_reduce_latency, the link's all-reduce of 4 bytes (spec section 1d)",
         "alpha: fitted over batch shares (B0/k, what each of k replicas runs, in step order) unless the entry "
         "says estimated; "
         "beta: derived (see the entry)",
@@ -151,7 +160,10 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
     for layer in p.layers:
         why = "; ".join(f"{f}: {r}" for f, r in layer.estimated.items())
         rows.append(_row(layer, p.resource, f"estimated: {why}" if why else ""))
-    return render(p.model, p.batch_size, rows, header)
+    costs = {"pass_start": p.pass_start}
+    if p.all_reduce_latency is not None:
+        costs["all_reduce_latency"] = p.all_reduce_latency
+    return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs})
 
 
 def _row(layer: LayerProfile, resource: str, comment: str, degrees: dict[int, LayerProfile] | None = None) -> LayerRow:
@@ -314,6 +326,10 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         _take_shard_sizes(prof, doc, rows, sizes_by, path)
         _take_times(prof, doc, rows, sized, owner, path, text_lines[path], paths[0])
     batch_size = _common_size(sized, owner)
+    fixed: dict[str, dict[str, float]] = {}
+    for prof, _ in sorted(loaded, key=lambda pd: pd[0].batch_size != batch_size):  # that size's first
+        for t, costs in (prof.fixed or {}).items():
+            fixed.setdefault(t, {k: v for k, v in dict(costs).items() if k in costs.model_fields_set})
     for i, (row, times) in enumerate(zip(rows, sized)):
         for t, by_size in times.items():
             main = by_size.pop(batch_size)
@@ -340,6 +356,7 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         state_factor=first.state_factor if "state_factor" in given else None,
         job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
         precision=said_precision[0] if said_precision else None,
+        fixed=fixed or None,
     )
 
 

@@ -61,8 +61,9 @@ def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.
     ``again``: the stage recomputes its activations (section 1g)."""
     serial, parallel = problem.recompute_parts if again else problem.parts[:2]
     micro_parallel = spans(parallel) + boundary_transfer(problem)
-    sync, update = spans(problem.odt), spans(problem.update_times)
-    return pipeline_step(problem.micro_batches, stages, spans(serial), micro_parallel, sync, update)
+    start, latency = problem.fixed_costs
+    sync, update = spans(problem.odt) + latency, spans(problem.update_times)
+    return pipeline_step(problem.micro_batches, stages, spans(serial) + start, micro_parallel, sync, update)
 
 
 def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) -> np.ndarray:
