@@ -93,7 +93,15 @@ def profile_view(measured, noisy_cv: float) -> Group:
         Text(
             f"sum of oct {_seconds(total)} per batch, {total / measured.step:.0%} of a whole-model step "
             f"({_seconds(measured.step)}) · link {measured.bandwidth_how}"
-        )
+        ),
+        Text(
+            f"fixed (spec section 1d): a backward pass starts {_seconds(measured.pass_start)} before its first layer"
+            + (
+                f"; an all-reduce takes {_seconds(measured.all_reduce_latency)} beyond its bytes"
+                if measured.all_reduce_latency is not None
+                else ""
+            )
+        ),
     ]
     if abs(total / measured.step - 1) > 0.25:
         lines.append(
