@@ -36,6 +36,21 @@ def test_summary_of_a_profile_alone(runner, tmp_path):
     assert "8/10: 0-1, 4-9" in result.stdout
 
 
+def test_a_profiles_fixed_costs_are_summarised(runner, tmp_path):
+    text = (
+        (ROOT / "profiles/ctr.yaml")
+        .read_text()
+        .replace("layers:\n", "fixed:\n  v100: {pass_start: 2.0e-4, all_reduce_latency: 5.0e-4}\nlayers:\n", 1)
+    )
+    (tmp_path / "p.yaml").write_text(text)
+    result = runner.invoke(app, ["validate", str(tmp_path / "p.yaml")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert (
+        "fixed costs per stage (docs/spec.md section 1d, with a global batch): v100 pass start 0.0002 s, "
+        "all-reduce latency 0.0005 s" in result.stdout
+    )
+
+
 def test_yaml_12_floats_and_lines(tmp_path):
     doc_path = tmp_path / "floats.yaml"
     doc_path.write_text("a: 4.2e9\nb: 1e-3\nc:\n  - x: 1\n    y: 'z'\n")

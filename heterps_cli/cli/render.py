@@ -318,6 +318,12 @@ def print_summary(
         console.print(Text(f"  tensor parallelism (docs/spec.md section 1h, with a global batch): {given}"))
     if profile.precision is not None:
         console.print(Text(f"  precision: {profile.precision} (what its times assume the model trains at)"))
+    if profile.fixed:
+        given = "; ".join(
+            f"{clip(t)} pass start {c.pass_start:.3g} s, all-reduce latency {c.all_reduce_latency:.3g} s"
+            for t, c in profile.fixed.items()
+        )
+        console.print(Text(f"  fixed costs per stage (docs/spec.md section 1d, with a global batch): {given}"))
     table = Table(header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("resource")
     table.add_column("runs layers")
