@@ -245,6 +245,11 @@ class Profile(_Strict):
     layers: Annotated[list[Layer], Field(min_length=1)]
 
     @property
+    def types(self) -> tuple[str, ...]:
+        """Every resource type some layer has times on, in the order the layers first give them."""
+        return tuple(dict.fromkeys(t for layer in self.layers for t in layer.times))
+
+    @property
     def sizes(self) -> tuple[int, ...]:
         """Section 2: every batch size some layer's times were measured at, ascending."""
         more = {b for layer in self.layers for e in layer.times.values() for b in (e.batches or {})}
@@ -798,7 +803,7 @@ def _profile_of(doc: Document) -> Profile:
                         )
                     )
     problems += _degree_chains(profile, doc)
-    timed = {t for layer in profile.layers for t in layer.times}
+    timed = profile.types
     for t in profile.fixed or {}:
         if t not in timed:
             problems.append(
@@ -821,7 +826,7 @@ def _degree_chains(profile: Profile, doc: Document) -> list[InputError]:
     """Section 1h: each type's tensor-parallel degrees must each divide the next (1, 2, 4, 8), so that
     replicas of any of them fill whole nodes; an error at the first entry giving a degree that breaks it."""
     problems = []
-    for t in dict.fromkeys(t for layer in profile.layers for t in layer.times):
+    for t in profile.types:
         given = sorted({d for layer in profile.layers if t in layer.times for d in (layer.times[t].tp or {})})
         for low, high in zip([1, *given], given):
             if high % low:
@@ -1023,14 +1028,15 @@ def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Docu
 def usable_types(profile: Profile, cluster: Cluster) -> tuple[str, ...]:
     """The cluster's types that the profile times, in cluster order (a type that runs no layer
     can never be part of a plan)."""
-    return tuple(t for t in cluster.resources if any(t in layer.times for layer in profile.layers))
+    timed = profile.types
+    return tuple(t for t in cluster.resources if t in timed)
 
 
 def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
     """An error naming the profile's line if the cluster offers no type some layer can run on."""
     types = usable_types(profile, cluster)
     if not types:
-        profiled = sorted({t for layer in profile.layers for t in layer.times})
+        profiled = sorted(profile.types)
         raise pdoc.error(
             ("layers",),
             f"no resource type in common with cluster file {cdoc.path} "

@@ -309,7 +309,7 @@ def print_summary(
     for layer in profile.layers:
         kinds[layer.type] = kinds.get(layer.type, 0) + 1
     console.print(Text("  layer kinds: " + ", ".join(f"{clip(k)} ×{n}" for k, n in kinds.items())))
-    types = list(dict.fromkeys(t for layer in profile.layers for t in layer.times))
+    types = list(profile.types)
     sharded = {  # section 1h: the degrees each type's layers give beside tp 1
         t: sorted({d for layer in profile.layers if t in layer.times for d in (layer.times[t].tp or {})}) for t in types
     }

@@ -314,7 +314,7 @@ def _calibration(
             f"measured at batch size {profile.batch_size}, the estimate is for {batch_size}: calibrate with a "
             "profile measured at the same --batch-size",
         )
-    types = sorted({t for layer in profile.layers for t in layer.times})
+    types = sorted(profile.types)
     on = on or (types[0] if len(types) == 1 else None)
     if on is None:
         raise InputError(

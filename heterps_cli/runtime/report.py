@@ -78,16 +78,22 @@ def split_sync(ranks: list[dict]) -> list[dict]:
     """Each rank's measured all-reduce of a step runs from its own arrival to the end, which the ranks
     of its group (a stage's replicas, one shard each) reach together: the last to arrive measures the
     all-reduce alone. That much of each rank's is ``sync``, the rest moves to its ``wait``."""
-    groups: dict[tuple, list[dict]] = {}
+
+    def group(r: dict) -> tuple:
+        return r["stage"], r.get("tp_rank", 0)
+
+    measured: dict[tuple, list[list[float]]] = {}
     for r in ranks:
-        groups.setdefault((r["stage"], r.get("tp_rank", 0)), []).append(r)
-    out = {id(r): r for r in ranks}
-    for members in groups.values():
-        alone = [min(step) for step in zip(*(r["sync"] for r in members))]
-        for r in members:
-            extra = [own - least for own, least in zip(r["sync"], alone)]
-            out[id(r)] = {**r, "sync": alone, "wait": [w + e for w, e in zip(r["wait"], extra)]}
-    return [out[id(r)] for r in ranks]
+        measured.setdefault(group(r), []).append(r["sync"])
+    alone = {key: [min(step) for step in zip(*syncs)] for key, syncs in measured.items()}
+    return [
+        {
+            **r,
+            "sync": alone[group(r)],
+            "wait": [w + (own - least) for w, own, least in zip(r["wait"], r["sync"], alone[group(r)])],
+        }
+        for r in ranks
+    ]
 
 
 def build_report(
