@@ -245,9 +245,11 @@ def measure(
     granularity: str = "layers",
     concurrent: int | None = None,
     progress: Progress | None = None,
+    loss: str = "mse",
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
-    (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch)."""
+    (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch), the last layer's with ``loss``
+    (:data:`~heterps_cli.runtime.synthetic.LOSSES`)."""
     from heterps_cli.formats import check_name
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.profiling.measure import measure as measure_model
@@ -259,7 +261,7 @@ def measure(
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
     if processes == 1 and concurrent is None:
         return measure_model(
-            loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress
+            loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress, loss=loss
         )
     return measure_in_processes(
         model,
@@ -273,6 +275,7 @@ def measure(
         granularity=granularity,
         concurrent=concurrent,
         progress=progress,
+        loss=loss,
     )
 
 

@@ -50,6 +50,17 @@ class Clocked(nn.Linear):  # appends when each forward ran to a file named for i
             f.write(f"{time.time()} ")
         return super().forward(x)
 
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return x * self.w
+
+def wide_output(batch_size=8):  # a cheap last layer over 400,000 outputs a sample: the loss is most of its time
+    return nn.Sequential(Scaled(), nn.Flatten()), torch.randn(batch_size, 4, 100_000)
+
 def clocked(batch_size=8):
     return nn.Sequential(Clocked(32, 32), nn.ReLU()), torch.randn(batch_size, 32)
 """
@@ -124,6 +135,21 @@ def test_zoo_ctr_profiles(tmp_path):
 def test_sum_of_layer_times_matches_a_full_step():
     ratios = layers_over_step(measure.load_model("mlp", 256))
     assert 0.75 <= ratios[-1] <= 1.25, ratios
+
+
+@pytest.mark.slow  # two profiles: about 10 s
+def test_the_last_layer_is_timed_with_the_loss_training_takes_of_the_output(factory, tmp_path):
+    """A flatten is nearly free; the mean squared error of its 400,000 outputs a sample, forward and
+    backward, is not: the profile charges that to the last layer, and --loss none does not."""
+    times = {}
+    for loss in ("mse", "none"):
+        out = tmp_path / f"{loss}.yaml"
+        args = f"{factory}:wide_output --as cpu --batch-size 8 --link-gbps 10 --loss {loss} --out {out}"
+        _profile(args.split())
+        header = out.read_text().splitlines()[1]
+        assert ("the last layer's with the mse loss" in header) == (loss == "mse")
+        times[loss] = [layer.times["cpu"].oct for layer in load_profile(str(out))[0].layers]
+    assert times["mse"][1] > 3 * times["none"][1], times
 
 
 @pytest.mark.parametrize(

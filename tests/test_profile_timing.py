@@ -141,6 +141,50 @@ def test_one_backward_call_gives_each_layer_its_own_backward_time():
     assert max(times[0]) < 0.015 and max(times[2]) < 0.015
 
 
+class _SleepyLoss(torch.autograd.Function):
+    """A loss whose forward takes 20 ms and whose backward 30 ms."""
+
+    @staticmethod
+    def forward(ctx, y):
+        time.sleep(0.02)
+        ctx.shape = y.shape
+        return y.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.03)
+        return grad.expand(ctx.shape)
+
+
+def test_the_loss_a_step_takes_of_the_output_is_the_last_layers_time_and_not_its_forward():
+    """The run's last stage computes the loss and its backward every micro-batch: the profile charges
+    both to the last layer, once (not again as a recomputed forward), and to no other layer."""
+    calls = [models.Call(n, torch.nn.Linear(2, 2), (torch.ones(8, 2),), {}) for n in "abc"]
+    forwards: list[list[float]] = [[] for _ in calls]
+    times = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0, forwards=forwards, loss=_SleepyLoss.apply)
+    assert min(times[2]) >= 0.05 and max(forwards[2]) < 0.015
+    assert max(times[0]) < 0.015 and max(times[1]) < 0.015
+    # on a share of the batch too (the alpha fit), and nothing for an output no loss can take
+    shared = timing.step_order_times(calls, "cpu", repetitions=1, warmup=0, shares=(8, 4), loss=_SleepyLoss.apply)
+    assert min(shared[2]) >= 0.05  # type: ignore[arg-type]
+    assert timing.with_loss(torch.ones(3, dtype=torch.long), _SleepyLoss.apply).dtype == torch.long
+    whole = timing.timed(calls[0].module, lambda: ((torch.ones(8, 2),), {}), "cpu", 1, 0, loss=_SleepyLoss.apply)
+    assert whole[0] >= 0.05  # the whole-model step the layers are held against pays it too
+
+
+def test_the_synthetic_loss_is_the_runs_mean_squared_error():
+    from heterps_cli.runtime.synthetic import output_loss, per_sample_loss
+
+    y = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    # per sample: (1 + 9) / 2 = 5 and (4 + 4) / 2 = 4, over a step of 6 samples
+    assert float(per_sample_loss(y, torch.zeros(2, 2), 6)) == pytest.approx(1.5)
+    mse = output_loss("mse", 6)
+    assert mse is not None and float(mse(y)) == pytest.approx(1.5)
+    entropy = output_loss("cross-entropy", 2)  # class 0 of two equal logits: ln 2 each
+    assert entropy is not None and float(entropy(torch.zeros(2, 2))) == pytest.approx(0.6931, abs=1e-4)
+    assert output_loss("none", 6) is None
+
+
 def test_a_tensor_two_layers_save_is_their_shared_input_saved():
     """Linear(4, 8) saves its input (4 floats a sample), the ReLU its output (8) and the next Linear its
     input, the same 8 floats: that layer's input_saved is 8 floats a sample, the others' 0."""

@@ -122,9 +122,9 @@ PrecisionOpt = Annotated[
 LossOpt = Annotated[
     Loss | None,
     typer.Option(
-        help="--estimate: the loss the last layer computes, counted in its time: mse (what heterps run trains "
-        "with), cross-entropy (its outputs' last dimension as classes: a language model's logits), or none. "
-        "[default: mse]",
+        help="The loss training takes of the model's output, timed (or with --estimate counted) as the last "
+        "layer's: mse (what heterps run trains without --task), cross-entropy (its outputs' last dimension as "
+        "classes: a classifier's or a language model's logits), or none. [default: mse]",
         show_default=False,
     ),
 ]
@@ -287,7 +287,6 @@ def profile_command(
                 "--calibrate-on": calibrate_on,
                 "--tp": tp or None,
                 "--precision": precision,
-                "--loss": loss,
             },
             measuring_only={
                 "--device": device is not Device.cpu,
@@ -329,6 +328,7 @@ def profile_command(
                 granularity=granularity.value,
                 concurrent=concurrent,
                 progress=report,
+                loss=(loss or Loss.mse).value,
             )
         write_output(out_file, text)
         if out_file == "-":

@@ -80,9 +80,9 @@ from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, m
 from heterps_cli.profiling.timing import shared_with_previous
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard
+from heterps_cli.runtime.synthetic import output_loss
 
 CATALOGUE = Path(__file__).with_name("devices.yaml")
-LOSSES = ("mse", "cross-entropy", "none")
 
 
 def work(call: Call, precision: str = "fp32", loss: str = "none", gpu: bool = True) -> Work:
@@ -99,22 +99,13 @@ def work(call: Call, precision: str = "fp32", loss: str = "none", gpu: bool = Tr
         with autocast(precision):
             out = call.module(*args, **kwargs)
             outs = [o for o in tensors_of(out) if o.requires_grad]
-            if outs and loss != "none":
-                outs = [_loss(outs[0], loss)]
+            take = output_loss(loss, len(outs[0]) if outs and outs[0].dim() else 1)
+            if outs and take is not None:
+                outs = [take(outs[0])]
         ahead = len(recorder.ops)
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     return Work(tuple(recorder.ops), ahead)
-
-
-def _loss(out: torch.Tensor, loss: str) -> torch.Tensor:
-    """``mse``: against a target of the output's shape, as ``heterps run`` trains; ``cross-entropy``: the
-    output's last dimension as classes, against class indices (a language model's logits)."""
-    if loss == "mse":
-        return torch.nn.functional.mse_loss(out, torch.zeros_like(out))
-    classes = out.shape[-1]
-    target = torch.zeros(out.shape[:-1], dtype=torch.long, device=out.device)
-    return torch.nn.functional.cross_entropy(out.reshape(-1, classes), target.reshape(-1))
 
 
 def peak_of(op: Op, precision: str, device: DeviceSpec) -> str:

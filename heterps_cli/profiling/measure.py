@@ -58,6 +58,7 @@ from heterps_cli.profiling.timing import (
     FIT_SPLITS,
     FIT_TRIALS,
     WARMUP,
+    Loss,
     fit_alpha,
     saved_bytes,
     shared_with_previous,
@@ -67,6 +68,7 @@ from heterps_cli.profiling.timing import (
     update_time,
 )
 from heterps_cli.progress import Progress, quiet
+from heterps_cli.runtime.synthetic import output_loss
 
 WARMUP_STEPS = 3  # whole-model forward+backward steps before any layer is timed
 ROUNDS = 4  # the timed runs of every layer are split over this many interleaved rounds
@@ -135,6 +137,7 @@ class Profiled:
     notes: list[str] = field(default_factory=list)
     pass_start: float = 0.0  # docs/spec.md section 1d: s from the backward call to its first layer (median)
     all_reduce_latency: float | None = None  # section 1d: s of an all-reduce beyond its bytes, where measured
+    loss: str = "mse"  # the loss timed with the last layer (runtime.synthetic.LOSSES)
 
     @property
     def total_oct(self) -> float:
@@ -150,13 +153,17 @@ def measure(
     link_gbps: float | None = None,
     link_latency: float | None = None,
     progress: Progress | None = None,
+    loss: str = "mse",
 ) -> Profiled:
     """Measure every layer of ``model`` (see the module docstring); ``link_latency``: the all-reduce's
-    seconds beyond its bytes, measured beside ``link_gbps`` by the caller."""
+    seconds beyond its bytes, measured beside ``link_gbps`` by the caller; ``loss``: the loss a training
+    step takes of the model's output (:func:`~heterps_cli.runtime.synthetic.output_loss`; ``mse``,
+    what ``heterps run`` trains without a task), timed as the last layer's."""
     report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     B0 = len(model.inputs[0])
+    taken = output_loss(loss, B0)
     report("tracing the model")
     calls, notes = traced(model)
     bandwidth, how, latency = link_bandwidth(device, link_gbps, report, notes)
@@ -180,14 +187,14 @@ def measure(
             torch.set_num_threads(1)  # one unit of cpu is one core
         report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
         try:
-            step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1))
+            step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1, loss=taken))
         except SIGNALLED:
             raise
         except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
-        times, forwards, starts = _time_layers(calls, device, repetitions, report, total, current)
+        times, forwards, starts = _time_layers(calls, device, repetitions, report, total, current, taken)
         report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
-        shares = _share_times(calls, device, B0, current)
+        shares = _share_times(calls, device, B0, current, taken)
         for i, call in enumerate(calls):
             current[:] = [call]
             at_shares = {k: v[i] for k, v in shares.items()}
@@ -218,6 +225,7 @@ def measure(
         notes,
         pass_start=statistics.median(starts) if starts else 0.0,
         all_reduce_latency=latency,
+        loss=loss,
     )
 
 
@@ -252,13 +260,19 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
 
 
 def _time_layers(
-    calls: list[Call], device: str, repetitions: int, report: Progress, total: int, current: list[Call]
+    calls: list[Call],
+    device: str,
+    repetitions: int,
+    report: Progress,
+    total: int,
+    current: list[Call],
+    loss: Loss | None = None,
 ) -> tuple[list[list[float]], list[list[float]], list[float]]:
     """Each layer's run times in step order (:func:`~heterps_cli.profiling.timing.step_order_times`), in
     :data:`ROUNDS` rounds (so that a slow moment of the machine spreads over all layers); a short
     model gets more passes, up to :data:`MAX_RUNS`, until they add up to :data:`MIN_SECONDS`;
-    ``current`` holds the layer running. With them, each run's forward seconds (section 1g) and
-    its backward pass's start (section 1d)."""
+    ``current`` holds the layer running; ``loss`` is the last layer's (:func:`~.timing.step_order_times`).
+    With them, each run's forward seconds (section 1g) and its backward pass's start (section 1d)."""
     per_round = -(-repetitions // ROUNDS)
     times: list[list[float]] = [[] for _ in calls]
     forwards: list[list[float]] = [[] for _ in calls]
@@ -270,7 +284,14 @@ def _time_layers(
             wanted = MIN_SECONDS / max(sum(statistics.median(t) for t in times), 1e-9)
             passes = max(per_round, min(int(wanted), MAX_RUNS) // ROUNDS)
         got_all = step_order_times(
-            calls, device, passes, WARMUP if r == 0 else 1, current=current, forwards=forwards, starts=starts
+            calls,
+            device,
+            passes,
+            WARMUP if r == 0 else 1,
+            current=current,
+            forwards=forwards,
+            starts=starts,
+            loss=loss,
         )
         for i, got in enumerate(got_all):
             assert not isinstance(got, Exception), "step_order_times raises on the whole batch"
@@ -278,13 +299,15 @@ def _time_layers(
     return times, forwards, starts
 
 
-def _share_times(calls: list[Call], device: str, B0: int, current: list[Call]) -> dict[int, list[float | Exception]]:
+def _share_times(
+    calls: list[Call], device: str, B0: int, current: list[Call], loss: Loss | None = None
+) -> dict[int, list[float | Exception]]:
     """For each ``k`` of :data:`~heterps_cli.profiling.timing.FIT_SPLITS` that divides ``B0``: each
     layer's median in step order at batch ``B0 / k`` (what each of ``k`` replicas runs), or the
-    exception the layer raised there."""
+    exception the layer raised there; the last layer's with ``loss`` of its share."""
     out: dict[int, list[float | Exception]] = {}
     for k in (k for k in FIT_SPLITS if B0 % k == 0):
-        got = step_order_times(calls, device, FIT_TRIALS, shares=(B0, B0 // k), current=current)
+        got = step_order_times(calls, device, FIT_TRIALS, shares=(B0, B0 // k), current=current, loss=loss)
         out[k] = [t if isinstance(t, Exception) else statistics.median(t) for t in got]
     return out
 

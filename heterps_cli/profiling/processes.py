@@ -50,6 +50,7 @@ def measure_in_processes(
     granularity: str = "layers",
     concurrent: int | None = None,
     progress: Progress | None = None,
+    loss: str = "mse",
 ) -> Profiled:
     """``processes`` independent profiles of the model ``spec``, each in a fresh Python process (one after
     another, or ``concurrent`` at a time), combined."""
@@ -70,6 +71,7 @@ def measure_in_processes(
         "link_gbps": link_gbps,
         "link_latency": latency,
         "granularity": granularity,
+        "loss": loss,
     }
     runs = _run_all(args, processes, concurrent, report)
     report("combining the processes", completed=processes, total=processes)
@@ -259,6 +261,7 @@ def _worker(args: dict, out: Path) -> int:
             repetitions=args["repetitions"],
             link_gbps=args["link_gbps"],
             link_latency=args.get("link_latency"),
+            loss=args.get("loss", "mse"),
         )
         if meet is not None:
             _busy_until_all_done(meet, args["index"], args["together"], model, args["device"])

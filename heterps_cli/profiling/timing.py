@@ -69,13 +69,30 @@ class Clock:
         return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
 
+Loss = Callable[[torch.Tensor], torch.Tensor]  # a model's output -> the loss a training step takes of it
+
+
+def with_loss(out, loss: Loss | None):
+    """``loss(out)`` where ``out`` is a floating tensor that takes a gradient; else ``out`` as it is
+    (a model whose output no loss reads: its gradient is then ones, as before the loss was charged)."""
+    if loss is None or not isinstance(out, torch.Tensor) or not (out.is_floating_point() and out.requires_grad):
+        return out
+    return loss(out)
+
+
 def timed(
-    module: nn.Module, inputs: Callable[[], tuple[tuple, dict]], device: str, repetitions: int, warmup: int
+    module: nn.Module,
+    inputs: Callable[[], tuple[tuple, dict]],
+    device: str,
+    repetitions: int,
+    warmup: int,
+    loss: Loss | None = None,
 ) -> list[float]:
-    """Seconds of ``module``'s forward on ``inputs()`` then the backward of its outputs (ones as their
-    gradient); ``repetitions`` runs after ``warmup``. The parameter gradients are zeroed before each
-    run, not dropped: the backward then adds into them, as every micro-batch of a training step
-    does (an add over the weights that a fresh gradient skips; docs/fidelity.md)."""
+    """Seconds of ``module``'s forward on ``inputs()``, ``loss`` of its output where given, then the
+    backward (ones as the gradient of each output); ``repetitions`` runs after ``warmup``. The
+    parameter gradients are zeroed before each run, not dropped: the backward then adds into them,
+    as every micro-batch of a training step does (an add over the weights that a fresh gradient
+    skips; docs/fidelity.md)."""
     params = [p for p in module.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -87,7 +104,7 @@ def timed(
                 p.grad.zero_()
         synchronise(device)
         start = time.perf_counter()
-        out = module(*args, **kwargs)
+        out = with_loss(module(*args, **kwargs), loss)
         outs = [o for o in tensors_of(out) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -97,10 +114,12 @@ def timed(
     return times
 
 
-def step_times(model: Model, device: str, repetitions: int, warmup: int = WARMUP) -> list[float]:
-    """The whole model on one batch: what the layer times should add up to."""
+def step_times(
+    model: Model, device: str, repetitions: int, warmup: int = WARMUP, loss: Loss | None = None
+) -> list[float]:
+    """The whole model on one batch, its loss included: what the layer times should add up to."""
     inputs = tuple(x.to(device) for x in model.inputs)
-    return timed(model.module, lambda: (inputs, {}), device, repetitions, warmup)
+    return timed(model.module, lambda: (inputs, {}), device, repetitions, warmup, loss)
 
 
 def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | None:
@@ -172,6 +191,7 @@ def step_order_times(
     current: list[Call] | None = None,
     forwards: list[list[float]] | None = None,
     starts: list[float] | None = None,
+    loss: Loss | None = None,
 ) -> list[list[float] | Exception]:
     """Each layer's seconds of forward and backward as a training step runs them: every layer's forward
     in the model's order, each on fresh copies of its recorded inputs (with ``shares = (batch, samples)``,
@@ -184,7 +204,9 @@ def step_order_times(
     of the batch, a layer that raises gets its exception instead of times, and the others go on
     (elsewhere it raises); ``current`` holds the layer running. ``forwards``, when given, gets each
     layer's forward seconds of every timed run too (docs/spec.md section 1g), and ``starts`` each timed
-    run's backward start (:func:`backward_marks`)."""
+    run's backward start (:func:`backward_marks`). ``loss``, when given, is taken of the last layer's
+    output (:func:`with_loss`) and its forward and backward are the last layer's, as a step's last
+    stage runs them (not its ``forwards``: a recomputing stage does not run the loss again)."""
     inputs = [
         (call.args, call.kwargs) if shares is None else (share(call.args, *shares), share(call.kwargs, *shares))
         for call in calls
@@ -210,6 +232,10 @@ def step_order_times(
                 start = clock.mark()
                 outputs[i] = call.module(*args, **kwargs)
                 marks[i].append((start, clock.mark()))
+                if loss is not None and i == len(calls) - 1:
+                    start = clock.mark()
+                    outputs[i] = with_loss(outputs[i], loss)
+                    marks[i].append((start, clock.mark()))
             except MemoryError:
                 raise
             except Exception as exc:  # the user's layer on a share of its batch

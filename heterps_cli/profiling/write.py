@@ -137,7 +137,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"oct: median of {p.repetitions} or more forward+backward runs of each layer in step order (every "
         f"forward in order, then every backward in reverse in one call, as a training step; at least {MIN_SECONDS:g} s "
         f"of passes, up to {MAX_RUNS}), batch {p.batch_size}"
-        + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", timed by CUDA events"),
+        + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", timed by CUDA events")
+        + (f"; the last layer's with the {p.loss} loss of its output, as training's last stage" * (p.loss != "none")),
         "forward: the median of the same runs' forward parts (spec section 1g: what a stage that recomputes "
         "its activations runs again)",
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "

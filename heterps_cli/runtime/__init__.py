@@ -219,7 +219,7 @@ def single_process_losses(
 
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import trace_chain
-    from heterps_cli.runtime.worker import per_sample_loss, target_for
+    from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 
     torch.manual_seed(seed)
     loaded = load_model(model, samples, input_shape)

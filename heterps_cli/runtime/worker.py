@@ -11,7 +11,7 @@ optimiser step: a flush, so training is synchronous and the loss is that of one
 process running the whole model.
 
 The loss of a sample is the mean squared error between the model's output and a
-fixed random target; a replica's loss is the sum over its samples divided by the
+fixed random target (:mod:`.synthetic`); a replica's loss is the sum over its samples divided by the
 samples of the whole step. Summing gradients over replicas therefore gives exactly the
 gradient of the whole batch's mean loss, even when shards differ in size. With a
 task (``--task``, :mod:`.task`), the samples and targets are the task's, read a step
@@ -47,6 +47,7 @@ from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
 from heterps_cli.runtime.sharding import local_of, shardable
+from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 
 
 @dataclass(frozen=True)
@@ -100,14 +101,6 @@ def device_for(name: str, local_rank: int | None) -> torch.device:
         count = torch.cuda.device_count()
         return torch.device("cuda", (local_rank or 0) % max(count, 1))
     return torch.device(name)
-
-
-def per_sample_loss(output: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
-    return ((output.float() - target) ** 2).reshape(output.shape[0], -1).mean(dim=1).sum() / batch_size
-
-
-def target_for(shape: tuple[int, ...], batch_size: int, seed: int) -> torch.Tensor:
-    return torch.randn((batch_size, *shape), generator=torch.Generator().manual_seed(seed + 1))
 
 
 def _generators(device: torch.device) -> dict:
