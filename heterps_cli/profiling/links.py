@@ -17,13 +17,16 @@ import torch
 from heterps_cli.progress import Progress
 
 
+LATENCY_BYTES = 4096  # the all-reduce whose time is its latency (see loopback_allreduce)
+
+
 def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     medians = []
-    for tensor in (torch.ones(size // 4), torch.ones(1)):  # the link's bytes, then its latency alone
+    for tensor in (torch.ones(size // 4), torch.ones(LATENCY_BYTES // 4)):  # the link's bytes, then its latency
         for _ in range(2):
             dist.all_reduce(tensor)
         times = []
@@ -53,7 +56,10 @@ def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout
 
 def loopback_allreduce(size: int = 16 << 20, rounds: int = 25, timeout: float = 60.0) -> tuple[float, float] | None:
     """An all-reduce between two processes over loopback gloo: bytes/s beyond its latency, from one of
-    ``size`` bytes, and the latency, the time of one of 4 bytes (medians of ``rounds``); or None."""
+    ``size`` bytes, and the latency, the time of one of :data:`LATENCY_BYTES` (medians of ``rounds``);
+    or None. Not of one float: gloo reduces a single element by a path of its own, which took 0.38–0.41
+    ms here where 16 floats to 16 K floats took 0.6–0.9 ms, as every gradient bucket does
+    (docs/fidelity.md); 4 KiB's bytes take microseconds."""
     import torch.multiprocessing as mp
 
     port = free_port()
@@ -78,7 +84,8 @@ def loopback_allreduce(size: int = 16 << 20, rounds: int = 25, timeout: float = 
         if not Path(out).exists():
             return None
         whole, latency = map(float, Path(out).read_text().split())
-        return size / (whole - latency if whole > latency else whole), latency
+        moved = size - LATENCY_BYTES  # beyond the latency's own few bytes
+        return moved / (whole - latency if whole > latency else whole), latency
 
 
 @contextlib.contextmanager
@@ -131,6 +138,6 @@ def link_bandwidth(
     bandwidth, latency = measured
     how = (
         f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s beyond "
-        f"its latency of {latency * 1e3:.3f} ms (an all-reduce of 4 bytes)"
+        f"its latency of {latency * 1e3:.3f} ms (an all-reduce of {LATENCY_BYTES // 1024} KiB)"
     )
     return bandwidth, how, latency

@@ -148,7 +148,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         "update: median of the optimiser step (SGD) and the gradients' reset on the layer's weights, s per step "
         "(spec section 1d)",
         "fixed: pass_start, the median time from the backward call to its first layer (given to no layer); "
-        "all_reduce_latency, the link's all-reduce of 4 bytes (spec section 1d)",
+        "all_reduce_latency, the link's all-reduce of 4 KiB (spec section 1d)",
         "alpha: fitted over batch shares (B0/k, what each of k replicas runs, in step order) unless the entry "
         "says estimated; "
         "beta: derived (see the entry)",
