@@ -246,10 +246,11 @@ def measure(
     concurrent: int | None = None,
     progress: Progress | None = None,
     loss: str = "mse",
+    optimizer: str = "sgd",
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
     (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch), the last layer's with ``loss``
-    (:data:`~heterps_cli.runtime.synthetic.LOSSES`)."""
+    (:data:`~heterps_cli.runtime.synthetic.LOSSES`), each layer's update with ``optimizer``."""
     from heterps_cli.formats import check_name
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.profiling.measure import measure as measure_model
@@ -261,7 +262,14 @@ def measure(
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
     if processes == 1 and concurrent is None:
         return measure_model(
-            loaded, resource, device=device, repetitions=repetitions, link_gbps=link_gbps, progress=progress, loss=loss
+            loaded,
+            resource,
+            device=device,
+            repetitions=repetitions,
+            link_gbps=link_gbps,
+            progress=progress,
+            loss=loss,
+            optimizer=optimizer,
         )
     return measure_in_processes(
         model,
@@ -276,6 +284,7 @@ def measure(
         concurrent=concurrent,
         progress=progress,
         loss=loss,
+        optimizer=optimizer,
     )
 
 

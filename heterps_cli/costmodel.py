@@ -381,9 +381,10 @@ def split_stages(problem: Problem, schedules) -> Stages:
             np.bincount(flat, weights=pick(get).ravel(), minlength=B * S).reshape(B, S)
             for get in (lambda v: v.odt, lambda v: v.update_times)
         )
-        start, latency = (np.where(valid, fixed[stype], 0.0) for fixed in problem.fixed_costs)
+        start, latency, message = (np.where(valid, fixed[stype], 0.0) for fixed in problem.fixed_costs)
+        messages = problem.boundary_messages[first] + problem.boundary_messages[last + 1]
         # odt: the all-reduce between two replicas (beta unused)
-        micro = (sc + start, pc + transfer, sync + latency, update)
+        micro = (sc + start + message * messages, pc + transfer, sync + latency, update)
         sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:

@@ -232,6 +232,7 @@ class FixedCosts(_Strict):
 
     pass_start: NonNegative = 0.0  # s per micro-batch: a backward pass's start, before its first layer
     all_reduce_latency: NonNegative = 0.0  # s of an all-reduce between two replicas beyond its bytes
+    transfer_latency: NonNegative = 0.0  # s of a message across a stage boundary beyond its bytes
 
 
 class Profile(_Strict):

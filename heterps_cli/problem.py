@@ -64,9 +64,11 @@ class Problem:
     # reserved) keep sections 1 and 1b exactly.
     micro_batches: int = 0  # M, micro-batches of batch_size per optimiser step
     update: np.ndarray | None = None  # [n, T] seconds of the optimiser step per step on one unit
-    # [T] seconds a stage pays per micro-batch, and per all-reduce beyond its bytes, whatever its layers
+    # [T] seconds a stage pays per micro-batch, per all-reduce beyond its bytes, and per message across
+    # a stage boundary beyond its bytes, whatever its layers
     pass_start: np.ndarray | None = None
     all_reduce_latency: np.ndarray | None = None
+    transfer_latency: np.ndarray | None = None
     reserved: np.ndarray | None = None  # [T] bytes of a unit's memory the runtime takes
     # docs/spec.md section 1e: units come in whole nodes; prices are then Nodes.unit_prices and
     # limits every available node's units, and a plan costs the rental it runs on.
@@ -172,12 +174,14 @@ class Problem:
         return self.update if self.update is not None else np.zeros((self.n_layers, self.n_types))
 
     @property
-    def fixed_costs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Section 1d: ``[T]`` each type's pass start (per micro-batch) and all-reduce latency."""
+    def fixed_costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Section 1d: ``[T]`` each type's pass start (per micro-batch), all-reduce latency and transfer
+        latency (per message across a boundary: :attr:`boundary_messages`)."""
         zeros = np.zeros(self.n_types)
         return (
             self.pass_start if self.pass_start is not None else zeros,
             self.all_reduce_latency if self.all_reduce_latency is not None else zeros,
+            self.transfer_latency if self.transfer_latency is not None else zeros,
         )
 
     @property
@@ -232,6 +236,14 @@ class Problem:
         fits = self.fits_alone
         held = np.asarray(fits.any(axis=1))
         return np.where(held[:, None], fits, self.runnable)
+
+    @property
+    def boundary_messages(self) -> np.ndarray:
+        """``[n + 1]`` messages per micro-batch across the boundary before layer ``i`` (the activations
+        one way, their gradient back): 2, and 0 before the first layer and after the last (section 1d)."""
+        out = np.zeros(self.n_layers + 1)
+        out[1:-1] = 2.0
+        return out
 
     @cached_property
     def boundary_bytes(self) -> np.ndarray:
@@ -513,7 +525,7 @@ def _fixed_costs(profile: Profile, types: tuple[str, ...]) -> dict:
     given = [profile.fixed.get(t) for t in types]
     return {
         field: np.array([float(getattr(g, field)) if g is not None else 0.0 for g in given])
-        for field in ("pass_start", "all_reduce_latency")
+        for field in ("pass_start", "all_reduce_latency", "transfer_latency")
     }
 
 

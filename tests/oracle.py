@@ -331,6 +331,8 @@ def pipeline_figures(
             at = {layer: (layers[layer]["times"][t], layers[layer]) for layer in ls}
         fixed = profile.get("fixed", {}).get(t, {})  # section 1d: once per stage, whatever its layers
         c, y, u = fixed.get("pass_start", 0.0), fixed.get("all_reduce_latency", 0.0), 0.0
+        # a message each way per micro-batch across each of its boundaries with another stage
+        c += fixed.get("transfer_latency", 0.0) * 2 * ((ls[0] > 0) + (ls[-1] < n - 1))
         for layer in ls:
             e = at[layer][0]
             a = e.get("alpha", layers[layer].get("alpha"))

@@ -33,11 +33,12 @@ def pipelined(draw, batches=(32,), max_limit=3):
         for entry in layer["times"].values():
             if rng.random() < 0.7:
                 entry["update"] = float(np.round(entry["oct"] * rng.choice([0.01, 0.3, 2.0]), 6))
-    if rng.random() < 0.5:  # a stage's pass start and all-reduce latency, on some types
+    if rng.random() < 0.5:  # a stage's pass start, all-reduce and transfer latencies, on some types
         scale = float(arrays[0].mean())
         profile["fixed"] = {
             t: {"pass_start": round(scale * float(rng.choice([0.0, 0.05, 1.0])), 9),
-                "all_reduce_latency": round(scale * float(rng.choice([0.0, 0.5, 5.0])), 9)}
+                "all_reduce_latency": round(scale * float(rng.choice([0.0, 0.5, 5.0])), 9),
+                "transfer_latency": round(scale * float(rng.choice([0.0, 0.2, 2.0])), 9)}
             for t in profile["layers"][0]["times"] if rng.random() < 0.7
         } or None  # fmt: skip
         if profile["fixed"] is None:
@@ -142,6 +143,25 @@ def test_a_stage_pays_its_types_pass_start_per_micro_batch_and_latency_per_all_r
     assert math.isclose(plain.stages[0].step_s, 0.024) and math.isclose(plan.stages[0].step_s, 0.030)
     assert math.isclose(plan.stages[0].compute_s, 0.006) and math.isclose(plan.stages[0].comm_s, 0.006)
     assert math.isclose(plan.throughput, 4 * 32 / 0.030)
+
+
+def test_a_message_across_a_stage_boundary_pays_the_types_transfer_latency():
+    """Section 1d by hand: two layers of 10 ms (alpha 1, odt 40 ms each), one type of 2 units, 4
+    micro-batches. One stage: 4 x 20 = 80 ms. Two stages of one layer: (4 + 2 - 1) x 10 = 50 ms, and
+    with a transfer latency of 1 ms each stage sends and receives one message per micro-batch: c = 12,
+    60 ms. At 4 ms, c = 18 and 90 ms: one stage again (two replicas: 40 + 80 ms of all-reduce)."""
+    ones = np.ones((2, 1))
+    arrays = (0.01 * ones, 0.04 * ones, ones, ones, np.ones((2, 1), dtype=bool), np.array([1.0]), np.array([2]))
+    profile, cluster = instance_dicts(*arrays)
+    profile["job"]["global_batch"] = 4 * 32
+    steps = {}
+    for latency in (0.0, 0.001, 0.004):
+        profile["fixed"] = {"r0": {"transfer_latency": latency}}
+        plan = exact.solve(problem_from_dicts(profile, cluster, objective="time"))
+        steps[latency] = [(s.layers, s.replicas, round(s.step_s, 9)) for s in plan.stages]
+    assert steps[0.0] == [(["l0"], 1, 0.05), (["l1"], 1, 0.05)]
+    assert steps[0.001] == [(["l0"], 1, 0.06), (["l1"], 1, 0.06)]
+    assert steps[0.004] == [(["l0", "l1"], 1, 0.08)]
 
 
 def test_without_the_new_fields_the_model_is_unchanged():

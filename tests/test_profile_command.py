@@ -100,10 +100,11 @@ def test_measure_two_types_merge_and_plan(runner, factory, tmp_path):
     lines = merged.read_text().splitlines()
     entries = [line for line in lines if line.strip().startswith(('"cpu"', '"fast"')) and "oct:" in line]
     assert len(entries) == 10 and all("estimated:" in line and "beta" in line for line in entries)
-    # section 1d: each type's pass start; the latency only where the link was measured, not given
+    # section 1d: each type's pass start; the latencies only where the link was measured, not given
     assert prof.fixed is not None and set(prof.fixed) == {"cpu", "fast"}
     assert all(0 < costs.pass_start < 0.1 for costs in prof.fixed.values())
     assert 0 < prof.fixed["cpu"].all_reduce_latency < 0.1 and prof.fixed["fast"].all_reduce_latency == 0
+    assert 0 < prof.fixed["cpu"].transfer_latency < 0.1 and prof.fixed["fast"].transfer_latency == 0
     assert "all_reduce_latency" not in next(line for line in lines if line.startswith('  "fast"'))
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("cluster: two\nresources:\n  cpu: {price: 0.04, limit: 16}\n  fast: {price: 1.0, limit: 4}\n")

@@ -40,14 +40,18 @@ def test_a_profiles_fixed_costs_are_summarised(runner, tmp_path):
     text = (
         (ROOT / "profiles/ctr.yaml")
         .read_text()
-        .replace("layers:\n", "fixed:\n  v100: {pass_start: 2.0e-4, all_reduce_latency: 5.0e-4}\nlayers:\n", 1)
+        .replace(
+            "layers:\n",
+            "fixed:\n  v100: {pass_start: 2.0e-4, all_reduce_latency: 5.0e-4, transfer_latency: 1.0e-4}\nlayers:\n",
+            1,
+        )
     )
     (tmp_path / "p.yaml").write_text(text)
     result = runner.invoke(app, ["validate", str(tmp_path / "p.yaml")], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert (
         "fixed costs per stage (docs/spec.md section 1d, with a global batch): v100 pass start 0.0002 s, "
-        "all-reduce latency 0.0005 s" in result.stdout
+        "all-reduce latency 0.0005 s, transfer latency 0.0001 s" in result.stdout
     )
 
 

@@ -265,6 +265,12 @@ class Loss(str, enum.Enum):
     none = "none"
 
 
+class Optimizer(str, enum.Enum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"
+
+
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"

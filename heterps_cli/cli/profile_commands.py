@@ -17,6 +17,7 @@ from heterps_cli.cli.options import (
     Device,
     Granularity,
     Loss,
+    Optimizer,
     Precision,
     parse_degrees,
     parse_shape,
@@ -126,6 +127,14 @@ LossOpt = Annotated[
         "layer's: mse (what heterps run trains without --task), cross-entropy (its outputs' last dimension as "
         "classes: a classifier's or a language model's logits), or none. [default: mse]",
         show_default=False,
+    ),
+]
+
+OptimizerOpt = Annotated[
+    Optimizer,
+    typer.Option(
+        help="The optimiser whose step each layer's update times (spec section 1d): sgd (what heterps run "
+        "trains without --task), adam or adamw.",
     ),
 ]
 
@@ -266,6 +275,7 @@ def profile_command(
     tp: TpOpt = None,
     precision: PrecisionOpt = None,
     loss: LossOpt = None,
+    optimizer: OptimizerOpt = Optimizer.sgd,
 ) -> None:
     """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
 
@@ -293,6 +303,7 @@ def profile_command(
                 "--processes": processes != 1,
                 "--concurrent": concurrent is not None,
                 "--link-gbps": link_gbps is not None,
+                "--optimizer": optimizer is not Optimizer.sgd,
             },
         )
         assert as_type is not None and sizes is not None and out_file is not None
@@ -329,6 +340,7 @@ def profile_command(
                 concurrent=concurrent,
                 progress=report,
                 loss=(loss or Loss.mse).value,
+                optimizer=optimizer.value,
             )
         write_output(out_file, text)
         if out_file == "-":

@@ -320,7 +320,8 @@ def print_summary(
         console.print(Text(f"  precision: {profile.precision} (what its times assume the model trains at)"))
     if profile.fixed:
         given = "; ".join(
-            f"{clip(t)} pass start {c.pass_start:.3g} s, all-reduce latency {c.all_reduce_latency:.3g} s"
+            f"{clip(t)} pass start {c.pass_start:.3g} s, all-reduce latency {c.all_reduce_latency:.3g} s, "
+            f"transfer latency {c.transfer_latency:.3g} s"
             for t, c in profile.fixed.items()
         )
         console.print(Text(f"  fixed costs per stage (docs/spec.md section 1d, with a global batch): {given}"))

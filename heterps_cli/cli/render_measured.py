@@ -101,6 +101,11 @@ def profile_view(measured, noisy_cv: float) -> Group:
                 if measured.all_reduce_latency is not None
                 else ""
             )
+            + (
+                f"; a message across a stage boundary {_seconds(measured.transfer_latency)}"
+                if measured.transfer_latency is not None
+                else ""
+            )
         ),
     ]
     if abs(total / measured.step - 1) > 0.25:

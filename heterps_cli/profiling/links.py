@@ -10,12 +10,12 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from heterps_cli.progress import Progress
-
 
 LATENCY_BYTES = 4096  # the all-reduce whose time is its latency (see loopback_allreduce)
 
@@ -36,6 +36,19 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
             dist.all_reduce(tensor)
             times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
+    times = []  # a message there and back, as a stage boundary's activations and their gradient go
+    for i in range(rounds + 2):
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(tensor, 1)
+            dist.recv(tensor, 1)
+        else:
+            dist.recv(tensor, 0)
+            dist.send(tensor, 0)
+        if i >= 2:
+            times.append((time.perf_counter() - start) / 2)
+    medians.append(statistics.median(times))
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(" ".join(map(str, medians)))
@@ -48,18 +61,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Link:
+    """What odt and section 1d's fixed costs are charged at: bytes/s, how they were found, and where
+    the link was measured, its all-reduce's and its messages' latency beyond their bytes (s)."""
+
+    bandwidth: float
+    how: str
+    all_reduce_latency: float | None = None
+    transfer_latency: float | None = None
+
+
 def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout: float = 60.0) -> float | None:
     """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
     measured = loopback_allreduce(size, rounds, timeout)
     return measured[0] if measured is not None else None
 
 
-def loopback_allreduce(size: int = 16 << 20, rounds: int = 25, timeout: float = 60.0) -> tuple[float, float] | None:
-    """An all-reduce between two processes over loopback gloo: bytes/s beyond its latency, from one of
-    ``size`` bytes, and the latency, the time of one of :data:`LATENCY_BYTES` (medians of ``rounds``);
-    or None. Not of one float: gloo reduces a single element by a path of its own, which took 0.38–0.41
-    ms here where 16 floats to 16 K floats took 0.6–0.9 ms, as every gradient bucket does
-    (docs/fidelity.md); 4 KiB's bytes take microseconds."""
+def loopback_allreduce(
+    size: int = 16 << 20, rounds: int = 25, timeout: float = 60.0
+) -> tuple[float, float, float] | None:
+    """Two processes over loopback gloo, medians of ``rounds``: an all-reduce's bytes/s beyond its
+    latency, from one of ``size`` bytes; that latency, the time of one of :data:`LATENCY_BYTES`; and a
+    message's, half the time of :data:`LATENCY_BYTES` sent and sent back; or None. Not one float:
+    gloo reduces a single element by a path of its own, which took 0.38–0.41 ms here where 16 floats
+    to 16 K floats took 0.6–0.9 ms, as every gradient bucket does (docs/fidelity.md); 4 KiB's bytes
+    take microseconds."""
     import torch.multiprocessing as mp
 
     port = free_port()
@@ -83,9 +110,9 @@ def loopback_allreduce(size: int = 16 << 20, rounds: int = 25, timeout: float = 
                     p.join()
         if not Path(out).exists():
             return None
-        whole, latency = map(float, Path(out).read_text().split())
+        whole, latency, message = map(float, Path(out).read_text().split())
         moved = size - LATENCY_BYTES  # beyond the latency's own few bytes
-        return moved / (whole - latency if whole > latency else whole), latency
+        return moved / (whole - latency if whole > latency else whole), latency, message
 
 
 @contextlib.contextmanager
@@ -118,26 +145,24 @@ def host_to_device_bandwidth(size: int = 64 << 20, rounds: int = 10) -> float:
     return size / statistics.median(times)
 
 
-def link_bandwidth(
-    device: str, link_gbps: float | None, report: Progress, notes: list[str]
-) -> tuple[float, str, float | None]:
-    """Bytes/s for odt and how it was found: given, host-to-device (cuda) or a loopback all-reduce
-    (cpu); and, from the all-reduce alone, its latency (docs/spec.md section 1d), else None."""
+def link_bandwidth(device: str, link_gbps: float | None, report: Progress, notes: list[str]) -> Link:
+    """The link odt is charged at: given, host-to-device (cuda) or a loopback all-reduce (cpu), which
+    also measures the latencies of docs/spec.md section 1d."""
     if link_gbps is not None:
-        return link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}", None
+        return Link(link_gbps * 1e9 / 8, f"given: --link-gbps {link_gbps:g}")
     if device == "cuda":
         report("measuring host-to-device bandwidth")
         bandwidth = host_to_device_bandwidth()
-        return bandwidth, f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s", None
-    report("measuring loopback all-reduce bandwidth and latency (gloo, 2 processes)")
+        return Link(bandwidth, f"measured: pinned host-to-device copy, {bandwidth / 1e9:.2f} GB/s")
+    report("measuring loopback all-reduce bandwidth and latencies (gloo, 2 processes)")
     measured = loopback_allreduce()
     if measured is None:
         how = "estimated: the loopback all-reduce failed, so 10 Gbit/s is assumed"
         notes.append(how)
-        return 1.25e9, how, None
-    bandwidth, latency = measured
+        return Link(1.25e9, how)
+    bandwidth, latency, message = measured
     how = (
         f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s beyond "
         f"its latency of {latency * 1e3:.3f} ms (an all-reduce of {LATENCY_BYTES // 1024} KiB)"
     )
-    return bandwidth, how, latency
+    return Link(bandwidth, how, latency, message)

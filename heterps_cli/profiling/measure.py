@@ -32,8 +32,9 @@
   :data:`~heterps_cli.profiling.timing.FIT_TRIALS` step-order passes at batch B0/k for k = 1, 2, 4
   (those that divide B0): what each of k replicas runs, as the model's k splits a batch between
   replicas (docs/spec.md section 1). When fewer than two k divide B0, the layer fails on a share of
-  its inputs' first dimension, the times are too short to fit (< 50 us), or the fit misses its
-  points by more than 10%, the layer gets :data:`ALPHA_DEFAULTS` for its kind, marked estimated.
+  its inputs' first dimension, or the fit misses its points by more than 10%, the layer gets
+  :data:`ALPHA_DEFAULTS` for its kind, marked estimated. However short the layer: a ReLU of tens of
+  microseconds whose time barely shrinks with its share is fitted so, not given its kind's 0.8.
 * **beta** is derived, not measured: odt is the gradient all-reduce, whose
   volume per replica does not shrink with more replicas, so beta is 0; marked
   estimated.
@@ -52,7 +53,7 @@ from torch import nn
 from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.formats import check_name
 from heterps_cli.profiling.granularity import at_blocks, chain_note
-from heterps_cli.profiling.links import link_bandwidth
+from heterps_cli.profiling.links import Link, link_bandwidth
 from heterps_cli.profiling.models import Call, Model, bytes_of, detached, kind, model_error, model_from_spec, trace
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
@@ -137,7 +138,9 @@ class Profiled:
     notes: list[str] = field(default_factory=list)
     pass_start: float = 0.0  # docs/spec.md section 1d: s from the backward call to its first layer (median)
     all_reduce_latency: float | None = None  # section 1d: s of an all-reduce beyond its bytes, where measured
+    transfer_latency: float | None = None  # section 1d: s of a message across a boundary beyond its bytes
     loss: str = "mse"  # the loss timed with the last layer (runtime.synthetic.LOSSES)
+    optimizer: str = "sgd"  # the optimiser whose step update times (timing.OPTIMIZERS)
 
     @property
     def total_oct(self) -> float:
@@ -151,14 +154,16 @@ def measure(
     device: str = "cpu",
     repetitions: int = 20,
     link_gbps: float | None = None,
-    link_latency: float | None = None,
+    link: Link | None = None,
     progress: Progress | None = None,
     loss: str = "mse",
+    optimizer: str = "sgd",
 ) -> Profiled:
-    """Measure every layer of ``model`` (see the module docstring); ``link_latency``: the all-reduce's
-    seconds beyond its bytes, measured beside ``link_gbps`` by the caller; ``loss``: the loss a training
+    """Measure every layer of ``model`` (see the module docstring); ``link``: the link as the caller
+    measured it (else measured here, or given by ``link_gbps``); ``loss``: the loss a training
     step takes of the model's output (:func:`~heterps_cli.runtime.synthetic.output_loss`; ``mse``,
-    what ``heterps run`` trains without a task), timed as the last layer's."""
+    what ``heterps run`` trains without a task), timed as the last layer's; ``optimizer``: the one whose
+    step each layer's ``update`` times (:data:`~.timing.OPTIMIZERS`)."""
     report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
@@ -166,9 +171,9 @@ def measure(
     taken = output_loss(loss, B0)
     report("tracing the model")
     calls, notes = traced(model)
-    bandwidth, how, latency = link_bandwidth(device, link_gbps, report, notes)
-    if link_latency is not None:  # measured once by the caller, beside the link_gbps it gives
-        latency = link_latency
+    if link is None:
+        link = link_bandwidth(device, link_gbps, report, notes)
+    bandwidth = link.bandwidth
     if not steady_allocator():
         notes.append(
             "the C library is not glibc: the allocator could not be kept from returning memory "
@@ -198,7 +203,7 @@ def measure(
         for i, call in enumerate(calls):
             current[:] = [call]
             at_shares = {k: v[i] for k, v in shares.items()}
-            layer = _layer(call, B0, times[i], bandwidth, device, at_shares)
+            layer = _layer(call, B0, times[i], bandwidth, device, at_shares, optimizer)
             # each run's forward is part of its total, so the medians keep that order (section 1g)
             layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
         current[:] = []
@@ -218,14 +223,16 @@ def measure(
         device,
         B0,
         bandwidth,
-        how,
+        link.how,
         ROUNDS * -(-repetitions // ROUNDS),
         layers,
         step,
         notes,
         pass_start=statistics.median(starts) if starts else 0.0,
-        all_reduce_latency=latency,
+        all_reduce_latency=link.all_reduce_latency,
+        transfer_latency=link.transfer_latency,
         loss=loss,
+        optimizer=optimizer,
     )
 
 
@@ -329,6 +336,7 @@ def layer_profile(
     residual: float | None = None,
     update: float | None = None,
     forward: float | None = None,
+    optimizer: str = "sgd",
 ) -> LayerProfile:
     """A layer's profile from its time and alpha: its sizes and section 1b fields from the recorded call,
     odt its gradient all-reduce (as big as its weights) over ``bandwidth`` bytes/s, beta 0 (derived)."""
@@ -347,13 +355,19 @@ def layer_profile(
         residual,
         activation_size=saved_bytes(call, device) / B0,
         sharded=bool(getattr(call.module, "heterps_sharded", False)),
-        update=update_time(call.module, device) if update is None else update,
+        update=update_time(call.module, device, optimizer=optimizer) if update is None else update,
         forward=forward,
     )
 
 
 def _layer(
-    call: Call, B0: int, times: list[float], bandwidth: float, device: str, shares: dict[int, float | Exception]
+    call: Call,
+    B0: int,
+    times: list[float],
+    bandwidth: float,
+    device: str,
+    shares: dict[int, float | Exception],
+    optimizer: str = "sgd",
 ) -> LayerProfile:
     """The layer's profile from its run times at ``B0`` and ``shares``, its time (or the exception it
     raised) at each batch share ``B0 / k`` for the alpha fit."""
@@ -381,7 +395,9 @@ def _layer(
     if alpha is None:
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
     estimated["beta"] = "derived: odt is the gradient all-reduce, which does not shrink with more replicas"
-    return layer_profile(call, B0, oct_, bandwidth, alpha, device, cv=cv, estimated=estimated, residual=residual)
+    return layer_profile(
+        call, B0, oct_, bandwidth, alpha, device, cv=cv, estimated=estimated, residual=residual, optimizer=optimizer
+    )
 
 
 def python_path_note() -> str:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.links import link_bandwidth, sigint_ignored
+from heterps_cli.profiling.links import Link, link_bandwidth, sigint_ignored
 from heterps_cli.profiling.measure import LayerProfile, Profiled, load_model, measure
 from heterps_cli.progress import Progress, quiet
 
@@ -51,16 +51,16 @@ def measure_in_processes(
     concurrent: int | None = None,
     progress: Progress | None = None,
     loss: str = "mse",
+    optimizer: str = "sgd",
 ) -> Profiled:
     """``processes`` independent profiles of the model ``spec``, each in a fresh Python process (one after
     another, or ``concurrent`` at a time), combined."""
     report = progress or quiet
     notes: list[str] = []
-    how, latency = None, None
-    if concurrent is not None:
+    link = None
+    if concurrent is not None:  # measured once, before any process is busy: each would disturb the others'
         _check_concurrent(device, processes, concurrent)
-        bandwidth, how, latency = link_bandwidth(device, link_gbps, report, notes)
-        link_gbps = bandwidth * 8 / 1e9
+        link = link_bandwidth(device, link_gbps, report, notes)
     args = {
         "spec": spec,
         "batch_size": batch_size,
@@ -69,17 +69,18 @@ def measure_in_processes(
         "device": device,
         "repetitions": repetitions,
         "link_gbps": link_gbps,
-        "link_latency": latency,
+        "link": dataclasses.asdict(link) if link is not None else None,
         "granularity": granularity,
         "loss": loss,
+        "optimizer": optimizer,
     }
     runs = _run_all(args, processes, concurrent, report)
     report("combining the processes", completed=processes, total=processes)
     combined = combine(runs)
     if concurrent is not None:
-        assert how is not None
+        assert link is not None
         others = f"{concurrent - 1} other {'units' if concurrent > 2 else 'unit'} of this machine"
-        combined.bandwidth_how = how
+        combined.bandwidth_how = link.how
         combined.notes = [
             *notes,
             *combined.notes,
@@ -231,6 +232,7 @@ def combine(runs: list[Profiled]) -> Profiled:
         notes=notes,
         pass_start=median(r.pass_start for r in runs),
         all_reduce_latency=_median_given([r.all_reduce_latency for r in runs]),
+        transfer_latency=_median_given([r.transfer_latency for r in runs]),
     )
 
 
@@ -260,8 +262,9 @@ def _worker(args: dict, out: Path) -> int:
             device=args["device"],
             repetitions=args["repetitions"],
             link_gbps=args["link_gbps"],
-            link_latency=args.get("link_latency"),
+            link=Link(**args["link"]) if args.get("link") else None,
             loss=args.get("loss", "mse"),
+            optimizer=args.get("optimizer", "sgd"),
         )
         if meet is not None:
             _busy_until_all_done(meet, args["index"], args["together"], model, args["device"])

@@ -18,7 +18,6 @@ from heterps_cli.profiling.models import Call, Model, tensors_of
 WARMUP = 3
 FIT_TRIALS = 9  # step-order passes per batch share for the alpha fit; each layer's median is kept
 FIT_SPLITS = (1, 2, 4)  # the alpha fit times the layer at batch B0/k: one of k replicas' share
-SHORTEST_FIT = 50e-6  # s: below this, scaling is noise
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
 
 
@@ -126,7 +125,7 @@ def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | 
     """(alpha, relative rms residual) of T(k) = T1 (1 - a + a/k) by least squares, or None if unusable.
     A good fit outside 0..1 is clamped: below 0 the layer's time does not shrink with its share (fixed
     costs dominate: the guide's 256-wide layers at 64, 32 and 16 samples), and no replica can do it less."""
-    if len(splits) < 2 or min(seconds) < SHORTEST_FIT:
+    if len(splits) < 2 or min(seconds) <= 0:
         return None
     k, t = np.asarray(splits, dtype=float), np.asarray(seconds)
     design = np.stack([np.ones_like(k), 1.0 / k], axis=1)  # T = c0 + c1 / k, c0 = T1 (1 - a), c1 = T1 a
@@ -141,19 +140,21 @@ def fit_alpha(splits: list[int], seconds: list[float]) -> tuple[float, float] | 
 
 
 UPDATE_RUNS = 21  # optimiser steps timed per layer; the median is kept
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
-def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS) -> float:
+def update_time(module: nn.Module, device: str, runs: int = UPDATE_RUNS, optimizer: str = "sgd") -> float:
     """Median seconds of one optimiser step on the layer's own weights and the reset of their gradients
-    (section 1d's ``update``: what a training step does once after its all-reduce), with the optimiser
-    ``heterps run`` trains with (SGD); 0 for a layer with none."""
+    (section 1d's ``update``: what a training step does once after its all-reduce), with ``optimizer``
+    (:data:`OPTIMIZERS`: sgd, what ``heterps run`` trains with without a task, by default; its state
+    made by a first step, not timed); 0 for a layer with none."""
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return 0.0
     saved = [p.detach().clone() for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
-    optimiser = torch.optim.SGD(params, lr=0.0)  # lr 0: the weights stay as they were measured with
+    optimiser = OPTIMIZERS[optimizer](params, lr=0.0)  # lr 0 (and the weights put back after): as measured
     clock, times = Clock(device), []
     with torch.no_grad():
         for _ in range(runs + 1):

@@ -145,10 +145,11 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once); "
         "input_saved: of those, the bytes the layer before also keeps, in one forward of the whole model",
-        "update: median of the optimiser step (SGD) and the gradients' reset on the layer's weights, s per step "
-        "(spec section 1d)",
+        f"update: median of the optimiser step ({p.optimizer}) and the gradients' reset on the layer's weights, "
+        "s per step (spec section 1d)",
         "fixed: pass_start, the median time from the backward call to its first layer (given to no layer); "
-        "all_reduce_latency, the link's all-reduce of 4 KiB (spec section 1d)",
+        "all_reduce_latency, the link's all-reduce of 4 KiB; transfer_latency, half of 4 KiB sent there and back "
+        "(spec section 1d)",
         "alpha: fitted over batch shares (B0/k, what each of k replicas runs, in step order) unless the entry "
         "says estimated; "
         "beta: derived (see the entry)",
@@ -164,6 +165,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
     costs = {"pass_start": p.pass_start}
     if p.all_reduce_latency is not None:
         costs["all_reduce_latency"] = p.all_reduce_latency
+    if p.transfer_latency is not None:
+        costs["transfer_latency"] = p.transfer_latency
     return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs})
 
 

@@ -61,9 +61,11 @@ def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.
     ``again``: the stage recomputes its activations (section 1g)."""
     serial, parallel = problem.recompute_parts if again else problem.parts[:2]
     micro_parallel = spans(parallel) + boundary_transfer(problem)
-    start, latency = problem.fixed_costs
+    start, latency, message = problem.fixed_costs
+    messages = problem.boundary_messages[:, None, None] + problem.boundary_messages[None, :, None]  # out at i, in at j
     sync, update = spans(problem.odt) + latency, spans(problem.update_times)
-    return pipeline_step(problem.micro_batches, stages, spans(serial) + start, micro_parallel, sync, update)
+    micro_serial = spans(serial) + start + message * messages
+    return pipeline_step(problem.micro_batches, stages, micro_serial, micro_parallel, sync, update)
 
 
 def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) -> np.ndarray:
