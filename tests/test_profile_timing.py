@@ -172,6 +172,8 @@ def test_the_loss_a_step_takes_of_the_output_is_the_last_layers_time_and_not_its
     shared = timing.step_order_times(calls, "cpu", repetitions=1, warmup=0, shares=(8, 4), loss=_SleepyLoss.apply)
     assert min(shared[2]) >= 0.05  # type: ignore[arg-type]
     assert timing.with_loss(torch.ones(3, dtype=torch.long), _SleepyLoss.apply).dtype == torch.long
+    scalar = torch.ones((), requires_grad=True)
+    assert timing.with_loss(scalar, _SleepyLoss.apply) is scalar
     whole = timing.timed(calls[0].module, lambda: ((torch.ones(8, 2),), {}), "cpu", 1, 0, loss=_SleepyLoss.apply)
     assert whole[0] >= 0.05  # the whole-model step the layers are held against pays it too
 

@@ -72,9 +72,11 @@ Loss = Callable[[torch.Tensor], torch.Tensor]  # a model's output -> the loss a 
 
 
 def with_loss(out, loss: Loss | None):
-    """``loss(out)`` where ``out`` is a floating tensor that takes a gradient; else ``out`` as it is
-    (a model whose output no loss reads: its gradient is then ones, as before the loss was charged)."""
+    """``loss(out)`` where ``out`` is a floating tensor of samples that takes a gradient; else ``out`` as
+    it is (a model whose output no loss reads: its gradient is then ones, as before the loss was charged)."""
     if loss is None or not isinstance(out, torch.Tensor) or not (out.is_floating_point() and out.requires_grad):
+        return out
+    if out.dim() == 0:  # a scalar already: no samples to take a loss over
         return out
     return loss(out)
 
