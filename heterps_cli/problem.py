@@ -237,7 +237,7 @@ class Problem:
         held = np.asarray(fits.any(axis=1))
         return np.where(held[:, None], fits, self.runnable)
 
-    @property
+    @cached_property
     def boundary_messages(self) -> np.ndarray:
         """``[n + 1]`` messages per micro-batch across the boundary before layer ``i`` (the activations
         one way, their gradient back): 2, and 0 before the first layer and after the last (section 1d)."""

@@ -180,6 +180,22 @@ def test_the_last_layer_computes_the_loss(loss, expected):
         assert expected in names
 
 
+class _Summed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(x).sum()
+
+
+def test_an_output_that_is_already_a_scalar_takes_no_loss():
+    """As the measured profile (timing.with_loss): no samples to take a loss over, so none is counted."""
+    with abstract():
+        w = est.work(Call("head", _Summed(), (torch.randn(4, 16),), {}), loss="mse")
+    assert {op.name for op in w.ops[: w.ahead]} == {"addmm", "sum"}
+
+
 def test_a_bad_efficiency_in_a_catalogue_names_its_field(tmp_path):
     text = est.CATALOGUE.read_text().replace("matmul_efficiency: {tf32: 0.77}", "matmul_efficiency: {tf32: 1.5}", 1)
     bad = tmp_path / "devices.yaml"

@@ -77,7 +77,7 @@ from heterps_cli.profiling.measure import (
     with_shared,
 )
 from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, model_error, tensors_of
-from heterps_cli.profiling.timing import shared_with_previous
+from heterps_cli.profiling.timing import shared_with_previous, with_loss
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard
 from heterps_cli.runtime.synthetic import output_loss
@@ -99,9 +99,8 @@ def work(call: Call, precision: str = "fp32", loss: str = "none", gpu: bool = Tr
         with autocast(precision):
             out = call.module(*args, **kwargs)
             outs = [o for o in tensors_of(out) if o.requires_grad]
-            take = output_loss(loss, len(outs[0]) if outs and outs[0].dim() else 1)
-            if outs and take is not None:
-                outs = [take(outs[0])]
+            if outs:  # the rule of which outputs a loss is taken of is the measured profile's
+                outs = [with_loss(outs[0], output_loss(loss, len(outs[0]) if outs[0].dim() else 1))]
         ahead = len(recorder.ops)
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])

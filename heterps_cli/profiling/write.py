@@ -138,7 +138,11 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"forward in order, then every backward in reverse in one call, as a training step; at least {MIN_SECONDS:g} s "
         f"of passes, up to {MAX_RUNS}), batch {p.batch_size}"
         + (", one thread (one cpu unit = one core)" if p.device == "cpu" else ", timed by CUDA events")
-        + (f"; the last layer's with the {p.loss} loss of its output, as training's last stage" * (p.loss != "none")),
+        + (
+            f"; the last layer's with the {p.loss} loss of its output, as training's last stage"
+            if p.loss != "none"
+            else ""
+        ),
         "forward: the median of the same runs' forward parts (spec section 1g: what a stage that recomputes "
         "its activations runs again)",
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
