@@ -216,3 +216,56 @@ def test_update_is_timed_with_the_optimiser_asked_for_and_leaves_the_weights_as_
     assert all(torch.equal(p, b) for p, b in zip(layer.parameters(), before))
     assert all(p.grad is None for p in layer.parameters())
     assert timing.update_time(torch.nn.ReLU(), "cpu", optimizer="adam") == 0.0
+
+
+class _SleepingSGD(torch.optim.SGD):
+    """SGD whose step takes a known 6 ms more, and says when it ran (``log``)."""
+
+    log: list[str] = []
+
+    def step(self, closure=None):
+        time.sleep(0.006)
+        _SleepingSGD.log.append(f"step {self.param_groups[0]['params'][0].shape[0]}")
+        return super().step(closure)
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")  # the first layer's input takes no gradient
+def test_update_is_each_layers_step_after_the_backward_pass_as_a_training_step_takes_it(monkeypatch):
+    """The profile's update is timed inside step_order_times: every layer's forward, every backward in
+    reverse, then each layer's optimiser step in the model's order; a layer with no weights takes
+    none, and the weights come out as they went in."""
+    monkeypatch.setitem(timing.OPTIMIZERS, "sgd", _SleepingSGD)
+    _SleepingSGD.log = []
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    for i, layer in enumerate(module):
+        layer.register_forward_pre_hook(lambda m, a, i=i: _SleepingSGD.log.append(f"forward {i}"))
+        layer.register_full_backward_pre_hook(lambda m, g, i=i: _SleepingSGD.log.append(f"backward {i}"))
+    before = [p.detach().clone() for p in module.parameters()]
+    model = models.Model("tiny", module, (torch.randn(8, 4),))
+    calls, _ = measure.traced(model)
+    _SleepingSGD.log = []
+    updates: list[list[float]] = [[] for _ in calls]
+    timing.step_order_times(calls, "cpu", 3, warmup=1, updates=updates, optimizer="sgd")
+    assert [len(u) for u in updates] == [3, 3, 3]
+    assert all(0.006 <= t < 0.05 for i in (0, 2) for t in updates[i]) and updates[1] == [0.0] * 3
+    one_pass = ["forward 0", "forward 1", "forward 2", "backward 2", "backward 1", "backward 0", "step 3", "step 2"]
+    assert _SleepingSGD.log == one_pass * 4
+    assert all(torch.equal(p, b) for p, b in zip(module.parameters(), before))
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")
+def test_the_profile_charges_the_step_order_update(monkeypatch):
+    monkeypatch.setitem(timing.OPTIMIZERS, "sgd", _SleepingSGD)
+    monkeypatch.setattr(measure, "MAX_RUNS", 8)  # a pass of these tiny layers would otherwise repeat 200 times
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    module[0].register_full_backward_pre_hook(lambda m, g: _SleepingSGD.log.append("backward 0"))
+    _SleepingSGD.log = []
+    profiled = measure.measure(models.Model("tiny", module, (torch.randn(8, 4),)), "cpu", repetitions=4, link_gbps=10)
+    updates = [layer.update for layer in profiled.layers]
+    assert 0.006 <= updates[0] < 0.05 and updates[1] == 0.0 and 0.006 <= updates[2] < 0.05
+    log = _SleepingSGD.log
+    after = [log[i + 1 : i + 3] == ["step 3", "step 2"] for i, entry in enumerate(log) if entry == "backward 0"]
+    assert sum(after) >= profiled.repetitions  # the timed passes each stepped after their backward
+    assert ["step 3", "step 3"] not in [log[i : i + 2] for i in range(len(log))]  # and no step alone in a loop

@@ -157,7 +157,7 @@ def test_two_stage_run_matches_one_process_and_reports(tmp_path):
     assert report["micro_batches"] == 16
     assert report["throughput"] > 0 and report["ratio"] == pytest.approx(report["throughput"] / 6400)
     for stage in report["stages"]:
-        assert stage["compute_s"] > 0 and stage["wait_s"] >= 0 and stage["idle_s"] >= 0
+        assert stage["compute_s"] > 0 and stage["wait_s"] >= 0 and stage["idle_s"] >= 0 and stage["update_s"] > 0
     assert "measured/predicted" in done.stdout and "bottleneck: stage" in done.stdout
 
 

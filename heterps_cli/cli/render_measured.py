@@ -158,11 +158,11 @@ def _run_tables(report) -> tuple[Table, Table, Table]:
     spent.add_column("layers", max_width=24)
     spent.add_column("device", no_wrap=True)
     reads = any(s.data_s for s in report.stages)  # --task: reading the samples gets its own column
-    for name in ("compute", "wait", "sync", *(["data"] if reads else []), "idle"):
+    for name in ("compute", "wait", "sync", *(["data"] if reads else []), "update", "idle"):
         spent.add_column(name, **numeric)
     versus = Table(title="per batch, against the plan", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     versus.add_column("stage", no_wrap=True)
-    for name in ("plan CT", "plan DT", "plan samples/s", "stage alone", "run/plan"):
+    for name in ("plan CT", "plan DT", "plan update", "plan samples/s", "stage alone", "run/plan"):
         versus.add_column(name, **numeric)
     memory = Table(title="memory per process", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     memory.add_column("stage", no_wrap=True)
@@ -181,12 +181,14 @@ def _run_tables(report) -> tuple[Table, Table, Table]:
             _seconds(s.wait_s),
             _seconds(s.sync_s),
             *([_seconds(s.data_s)] if reads else []),
+            _seconds(s.update_s),
             _seconds(s.idle_s),
         )
         versus.add_row(
             stage.copy(),
             _seconds(s.predicted_compute_s),
             _seconds(s.predicted_comm_s),
+            _seconds(s.predicted_update_s),
             count(s.predicted_throughput),
             count(s.throughput),
             f"{s.ratio:.2f}",
@@ -218,7 +220,8 @@ def _run_lines(report) -> list[Text]:
             "compute: the stage's layers forward and backward (its slowest replica); wait: blocked on a "
             "neighbour stage, receiving or until it received (its work, the pipeline's fill and drain, the "
             "transfer), or on the stage's slowest replica before the all-reduce; sync: the gradient all-reduce "
-            "among the replicas; idle: the rest (the optimiser step among it); all per micro-batch; stage alone: the "
+            "among the replicas; update: the optimiser step and the gradients' reset; idle: the rest (Python between "
+            "the pieces); all per micro-batch; stage alone: the "
             "samples/s the stage would sustain by itself, batch / (compute + sync), where the end-to-end "
             "throughput above also pays the waits",
             style="dim",

@@ -18,6 +18,8 @@ import torch
 from heterps_cli.progress import Progress
 
 LATENCY_BYTES = 4096  # the all-reduce whose time is its latency (see loopback_allreduce)
+PROBE_ROUNDS = 4  # the probe's kinds of timing take turns over this many rounds (a slow spell hits all)
+BIG_PER_ROUND, SMALL_PER_ROUND = 3, 30  # timings per round: all-reduces of `size`; of 4 KiB and messages
 
 
 def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) -> None:
@@ -25,19 +27,15 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    medians = []
-    for tensor in (torch.ones(size // 4), torch.ones(LATENCY_BYTES // 4)):  # the link's bytes, then its latency
-        for _ in range(2):
-            dist.all_reduce(tensor)
-        times = []
-        for _ in range(rounds):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(tensor)
-            times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
-    times = []  # a message there and back, as a stage boundary's activations and their gradient go
-    for i in range(rounds + 2):
+    big, small = torch.ones(size // 4), torch.ones(LATENCY_BYTES // 4)
+
+    def all_reduce(tensor: torch.Tensor) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        return time.perf_counter() - start
+
+    def message(tensor: torch.Tensor) -> float:  # there and back, as a boundary's activations and gradient go
         dist.barrier()
         start = time.perf_counter()
         if rank == 0:
@@ -46,12 +44,18 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
         else:
             dist.recv(tensor, 0)
             dist.send(tensor, 0)
-        if i >= 2:
-            times.append((time.perf_counter() - start) / 2)
-    medians.append(statistics.median(times))
+        return (time.perf_counter() - start) / 2
+
+    for _ in range(2):  # gloo's connections and buffers, untimed
+        all_reduce(big), all_reduce(small), message(small)
+    times: list[list[float]] = [[], [], []]
+    for _ in range(rounds):
+        times[0] += [all_reduce(big) for _ in range(BIG_PER_ROUND)]
+        times[1] += [all_reduce(small) for _ in range(SMALL_PER_ROUND)]
+        times[2] += [message(small) for _ in range(SMALL_PER_ROUND)]
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(" ".join(map(str, medians)))
+        Path(out).write_text(" ".join(str(statistics.fmean(t)) for t in times))
 
 
 def free_port() -> int:
@@ -72,18 +76,23 @@ class Link:
     transfer_latency: float | None = None
 
 
-def loopback_allreduce_bandwidth(size: int = 16 << 20, rounds: int = 10, timeout: float = 60.0) -> float | None:
+def loopback_allreduce_bandwidth(
+    size: int = 16 << 20, rounds: int = PROBE_ROUNDS, timeout: float = 60.0
+) -> float | None:
     """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
     measured = loopback_allreduce(size, rounds, timeout)
     return measured[0] if measured is not None else None
 
 
 def loopback_allreduce(
-    size: int = 16 << 20, rounds: int = 25, timeout: float = 60.0
+    size: int = 16 << 20, rounds: int = PROBE_ROUNDS, timeout: float = 60.0
 ) -> tuple[float, float, float] | None:
-    """Two processes over loopback gloo, medians of ``rounds``: an all-reduce's bytes/s beyond its
-    latency, from one of ``size`` bytes; that latency, the time of one of :data:`LATENCY_BYTES`; and a
-    message's, half the time of :data:`LATENCY_BYTES` sent and sent back; or None. Not one float:
+    """Two processes over loopback gloo: an all-reduce's bytes/s beyond its latency, from one of
+    ``size`` bytes; that latency, the time of one of :data:`LATENCY_BYTES`; and a message's, half the
+    time of :data:`LATENCY_BYTES` sent and sent back; or None. Each is the mean of its timings, which
+    take turns over ``rounds`` rounds: a plan's throughput pays every all-reduce and message, the slow
+    ones too, and here they are heavy-tailed (4 KiB: a median of 0.46–0.68 ms, a mean of 1.1–1.7, one
+    in ten over 3.5 ms; docs/fidelity.md), so a median charges a run too little. Not one float:
     gloo reduces a single element by a path of its own, which took 0.38–0.41 ms here where 16 floats
     to 16 K floats took 0.6–0.9 ms, as every gradient bucket does (docs/fidelity.md); 4 KiB's bytes
     take microseconds."""
@@ -91,7 +100,7 @@ def loopback_allreduce(
 
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "median")
+        out = str(Path(tmp) / "means")
         ctx = mp.get_context("spawn")
         procs = [
             ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True) for r in range(2)
@@ -163,6 +172,6 @@ def link_bandwidth(device: str, link_gbps: float | None, report: Progress, notes
     bandwidth, latency, message = measured
     how = (
         f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s beyond "
-        f"its latency of {latency * 1e3:.3f} ms (an all-reduce of {LATENCY_BYTES // 1024} KiB)"
+        f"its latency of {latency * 1e3:.3f} ms (the mean all-reduce of {LATENCY_BYTES // 1024} KiB)"
     )
     return Link(bandwidth, how, latency, message)

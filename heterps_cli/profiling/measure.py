@@ -35,6 +35,9 @@
   its inputs' first dimension, or the fit misses its points by more than 10%, the layer gets
   :data:`ALPHA_DEFAULTS` for its kind, marked estimated. However short the layer: a ReLU of tens of
   microseconds whose time barely shrinks with its share is fitted so, not given its kind's 0.8.
+* **update**: each layer's optimiser step and gradient reset, timed after every step-order pass's
+  backward, layer after layer (:class:`~heterps_cli.profiling.timing.StepOrderUpdates`): where a
+  training step takes it, with its state out of the caches.
 * **beta** is derived, not measured: odt is the gradient all-reduce, whose
   volume per replica does not shrink with more replicas, so beta is 0; marked
   estimated.
@@ -197,13 +200,15 @@ def measure(
             raise
         except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
             raise model_error(model, exc, "the model's forward and backward pass failed") from None
-        times, forwards, starts = _time_layers(calls, device, repetitions, report, total, current, taken)
+        times, forwards, starts, updates = _time_layers(
+            calls, device, repetitions, report, total, current, taken, optimizer
+        )
         report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
         shares = _share_times(calls, device, B0, current, taken)
         for i, call in enumerate(calls):
             current[:] = [call]
             at_shares = {k: v[i] for k, v in shares.items()}
-            layer = _layer(call, B0, times[i], bandwidth, device, at_shares, optimizer)
+            layer = _layer(call, B0, times[i], bandwidth, device, at_shares, statistics.median(updates[i]))
             # each run's forward is part of its total, so the medians keep that order (section 1g)
             layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
         current[:] = []
@@ -274,15 +279,18 @@ def _time_layers(
     total: int,
     current: list[Call],
     loss: Loss | None = None,
-) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    optimizer: str = "sgd",
+) -> tuple[list[list[float]], list[list[float]], list[float], list[list[float]]]:
     """Each layer's run times in step order (:func:`~heterps_cli.profiling.timing.step_order_times`), in
     :data:`ROUNDS` rounds (so that a slow moment of the machine spreads over all layers); a short
     model gets more passes, up to :data:`MAX_RUNS`, until they add up to :data:`MIN_SECONDS`;
     ``current`` holds the layer running; ``loss`` is the last layer's (:func:`~.timing.step_order_times`).
-    With them, each run's forward seconds (section 1g) and its backward pass's start (section 1d)."""
+    With them, each run's forward seconds (section 1g), its backward pass's start (section 1d) and each
+    layer's step of ``optimizer`` (section 1d's ``update``, taken after the backward pass)."""
     per_round = -(-repetitions // ROUNDS)
     times: list[list[float]] = [[] for _ in calls]
     forwards: list[list[float]] = [[] for _ in calls]
+    updates: list[list[float]] = [[] for _ in calls]
     starts: list[float] = []
     for r in range(ROUNDS):
         report(f"round {r + 1}/{ROUNDS}: every layer in step order", completed=r * len(calls), total=total)
@@ -299,11 +307,13 @@ def _time_layers(
             forwards=forwards,
             starts=starts,
             loss=loss,
+            updates=updates,
+            optimizer=optimizer,
         )
         for i, got in enumerate(got_all):
             assert not isinstance(got, Exception), "step_order_times raises on the whole batch"
             times[i] += got
-    return times, forwards, starts
+    return times, forwards, starts, updates
 
 
 def _share_times(
@@ -367,10 +377,11 @@ def _layer(
     bandwidth: float,
     device: str,
     shares: dict[int, float | Exception],
-    optimizer: str = "sgd",
+    update: float | None = None,
 ) -> LayerProfile:
     """The layer's profile from its run times at ``B0`` and ``shares``, its time (or the exception it
-    raised) at each batch share ``B0 / k`` for the alpha fit."""
+    raised) at each batch share ``B0 / k`` for the alpha fit, and its optimiser step (``update``, timed
+    in step order; None: :func:`~.timing.update_time`'s, with sgd)."""
     k = kind(call.module)
     oct_ = statistics.median(times)
     cv = statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
@@ -396,7 +407,7 @@ def _layer(
         alpha = ALPHA_DEFAULTS.get(k, ALPHA_OTHER)
     estimated["beta"] = "derived: odt is the gradient all-reduce, which does not shrink with more replicas"
     return layer_profile(
-        call, B0, oct_, bandwidth, alpha, device, cv=cv, estimated=estimated, residual=residual, optimizer=optimizer
+        call, B0, oct_, bandwidth, alpha, device, cv=cv, estimated=estimated, residual=residual, update=update
     )
 
 

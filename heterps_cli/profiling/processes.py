@@ -219,11 +219,12 @@ def combine(runs: list[Profiled]) -> Profiled:
             alpha=median(r.layers[i].alpha for r in runs),
             cv=median(r.layers[i].cv for r in runs),
             forward=None if layer.forward is None else median(r.layers[i].forward or 0.0 for r in runs),
+            update=median(r.layers[i].update for r in runs),
         )
         for i, layer in enumerate(first.layers)
     ]
     notes = list(dict.fromkeys(note for run in runs for note in run.notes))
-    notes.append(f"oct, forward, odt and alpha: the median over {len(runs)} profiles, each in a fresh process")
+    notes.append(f"oct, forward, odt, alpha and update: the median over {len(runs)} profiles, each in a fresh process")
     return dataclasses.replace(
         first,
         layers=layers,

@@ -23,7 +23,7 @@ class StageReport:
     compute_s: float  # measured per batch: the slowest replica's forward + backward
     wait_s: float  # blocked: on a neighbour stage, or on the stage's slowest replica (mean over replicas)
     sync_s: float  # the gradient all-reduce among the replicas
-    idle_s: float  # the rest of the step
+    idle_s: float  # the rest of the step: Python between the pieces
     throughput: float  # batch_size / (compute_s + sync_s): what the stage alone could sustain
     predicted_memory_gb: float | None = None  # the plan's memory_gb per replica (section 1b/1d)
     peak_memory_gb: float = 0.0  # measured: the largest of its replicas' (see peak_memory_how)
@@ -31,6 +31,8 @@ class StageReport:
     baseline_memory_gb: float = 0.0  # measured: what that replica held before its model was built
     tp: int = 1  # docs/spec.md section 1h: processes per replica, each a shard of its linear pairs
     data_s: float = 0.0  # reading the task's samples (inputs at the first stage, targets at the last)
+    update_s: float = 0.0  # the optimiser step and the gradients' reset (section 1d's update, over M)
+    predicted_update_s: float = 0.0  # the plan's update_s per step, over M
 
     @property
     def ratio(self) -> float:
@@ -111,6 +113,7 @@ def build_report(
         sync = statistics.fmean(_median(r["sync"]) for r in mine) / M
         wall = statistics.fmean(_median(r["wall"]) for r in mine) / M
         data = statistics.fmean(_median(r.get("data", [])) for r in mine) / M
+        update = statistics.fmean(_median(r.get("update", [])) for r in mine) / M
         busy = compute + sync
         heaviest = max(mine, key=lambda r: r.get("peak_memory", 0.0))  # the replica whose peak the stage reports
         stages.append(
@@ -127,7 +130,7 @@ def build_report(
                 compute_s=compute,
                 wait_s=wait,
                 sync_s=sync,
-                idle_s=max(0.0, wall - compute - wait - sync - data),
+                idle_s=max(0.0, wall - compute - wait - sync - data - update),
                 throughput=B / busy if busy > 0 else float("inf"),
                 predicted_memory_gb=stage.memory_gb,
                 peak_memory_gb=heaviest.get("peak_memory", 0.0) / 1e9,
@@ -135,6 +138,8 @@ def build_report(
                 baseline_memory_gb=heaviest.get("baseline_memory", 0.0) / 1e9,
                 tp=stage.tp or 1,
                 data_s=data,
+                update_s=update,
+                predicted_update_s=(stage.update_s or 0.0) / M,
             )
         )
     steps = len(ranks[0]["wall"])

@@ -22,8 +22,9 @@ Times per step: ``compute`` (the stage's layers, forward and backward),
 ``wait`` (blocked receiving activations or gradients, or until the neighbour has
 received what this replica sent: the neighbour's work, the pipeline's fill and
 drain, and the transfer itself), ``sync`` (the gradient all-reduce among the
-stage's replicas), ``data`` (reading a task's samples), and ``idle`` (the rest of
-the step: Python between the pieces, the optimiser step).
+stage's replicas), ``data`` (reading a task's samples), ``update`` (the optimiser
+step and the gradients' reset), and ``idle`` (the rest of the step: Python between
+the pieces).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Times:
     wait: list[float] = field(default_factory=list)
     sync: list[float] = field(default_factory=list)
     data: list[float] = field(default_factory=list)
+    update: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
 
 
@@ -382,8 +384,11 @@ class _Replica:
                     dist.all_reduce(local_of(p.grad), group=self.group)
         _synchronise(self.device)
         sync = time.perf_counter() - start
+        start = time.perf_counter()
         self.optimiser.step()
         self.optimiser.zero_grad(set_to_none=False)
+        _synchronise(self.device)
+        update = time.perf_counter() - start
         self.losses.append(self.acc["loss"])
         wall = time.perf_counter() - began
         if measured:
@@ -391,6 +396,7 @@ class _Replica:
             self.times.wait.append(self.acc["wait"])
             self.times.sync.append(sync)
             self.times.data.append(self.acc["data"])
+            self.times.update.append(update)
             self.times.wall.append(wall)
         if self.task is not None and self.last:
             self.tell(index, wall)
@@ -462,6 +468,7 @@ class _Replica:
             "wait": self.times.wait,
             "sync": self.times.sync,
             "data": self.times.data,
+            "update": self.times.update,
             "wall": self.times.wall,
             "first_step": self.cfg.start_step,
         }
