@@ -260,8 +260,8 @@ def step_order_times(
         synchronise(device)
         if run >= warmup:
             if updates is not None:
-                for i, span in enumerate(stepped):
-                    updates[i].append(clock.seconds(*span) if span is not None else 0.0)
+                for i, taken in enumerate(stepped):
+                    updates[i].append(clock.seconds(*taken) if taken is not None else 0.0)
             for i, times in enumerate(out):
                 if not isinstance(times, Exception):
                     times.append(sum(clock.seconds(a, b) for a, b in marks[i]))
