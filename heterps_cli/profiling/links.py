@@ -4,6 +4,7 @@ cpu, a pinned host-to-device copy on cuda (docs/guide/profiling.md)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import statistics
@@ -13,13 +14,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from heterps_cli.progress import Progress
 
-LATENCY_BYTES = 4096  # the all-reduce whose time is its latency (see loopback_allreduce)
-PROBE_ROUNDS = 4  # the probe's kinds of timing take turns over this many rounds (a slow spell hits all)
-BIG_PER_ROUND, SMALL_PER_ROUND = 3, 30  # timings per round: all-reduces of `size`; of 4 KiB and messages
+LATENCY_BYTES = 4096  # the smallest all-reduce the line is fitted to, and the messages' size
+PROBE_ROUNDS = 4  # the probe's timings take turns over this many rounds (a slow spell hits them all)
+PROBE_SIZES = ((LATENCY_BYTES, 30), (64 << 10, 30), (256 << 10, 30), (1 << 20, 30), (4 << 20, 8))
+BIG_PER_ROUND = 3  # all-reduces of the probe's largest size (16 MiB) per round
 
 
 def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) -> None:
@@ -27,7 +30,9 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    big, small = torch.ones(size // 4), torch.ones(LATENCY_BYTES // 4)
+    sizes = [(n, per) for n, per in PROBE_SIZES if n < size] + [(size, BIG_PER_ROUND)]
+    tensors = [torch.ones(n // 4) for n, _ in sizes]
+    small = tensors[0]
 
     def all_reduce(tensor: torch.Tensor) -> float:
         dist.barrier()
@@ -47,15 +52,34 @@ def _allreduce_worker(rank: int, port: int, size: int, rounds: int, out: str) ->
         return (time.perf_counter() - start) / 2
 
     for _ in range(2):  # gloo's connections and buffers, untimed
-        all_reduce(big), all_reduce(small), message(small)
-    times: list[list[float]] = [[], [], []]
+        for tensor in tensors:
+            all_reduce(tensor)
+        message(small)
+    times: list[list[float]] = [[] for _ in sizes]
+    messages: list[float] = []
     for _ in range(rounds):
-        times[0] += [all_reduce(big) for _ in range(BIG_PER_ROUND)]
-        times[1] += [all_reduce(small) for _ in range(SMALL_PER_ROUND)]
-        times[2] += [message(small) for _ in range(SMALL_PER_ROUND)]
+        for (_, per), tensor, got in zip(sizes, tensors, times):
+            got += [all_reduce(tensor) for _ in range(per)]
+        messages += [message(small) for _ in range(PROBE_SIZES[0][1])]
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(" ".join(str(statistics.fmean(t)) for t in times))
+        means = [(n, statistics.fmean(t)) for (n, _), t in zip(sizes, times)]
+        Path(out).write_text(json.dumps({"all_reduce": means, "message": statistics.fmean(messages)}))
+
+
+def fit_link(means: list[tuple[int, float]]) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) of the line t = latency + bytes / bandwidth through the mean
+    all-reduce times of several sizes, each point's error relative to its time (so that 4 KiB counts
+    as much as 16 MiB). A fit that comes out negative falls back to the smallest size's time as the
+    latency and the largest's bytes beyond it as the bandwidth."""
+    x = np.array([n for n, _ in means], dtype=float)
+    t = np.array([m for _, m in means])
+    design = np.stack([np.ones_like(x), x], axis=1) / t[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, np.ones_like(x), rcond=None)
+    if latency < 0 or per_byte <= 0:
+        latency = t[0]
+        per_byte = (t[-1] - t[0]) / (x[-1] - x[0]) if t[-1] > t[0] else t[-1] / x[-1]
+    return float(latency), float(1.0 / per_byte)
 
 
 def free_port() -> int:
@@ -79,7 +103,7 @@ class Link:
 def loopback_allreduce_bandwidth(
     size: int = 16 << 20, rounds: int = PROBE_ROUNDS, timeout: float = 60.0
 ) -> float | None:
-    """Bytes/s of an all-reduce of ``size`` bytes between two processes over loopback gloo, or None."""
+    """Bytes/s of the loopback gloo all-reduce between two processes (:func:`loopback_allreduce`), or None."""
     measured = loopback_allreduce(size, rounds, timeout)
     return measured[0] if measured is not None else None
 
@@ -87,20 +111,19 @@ def loopback_allreduce_bandwidth(
 def loopback_allreduce(
     size: int = 16 << 20, rounds: int = PROBE_ROUNDS, timeout: float = 60.0
 ) -> tuple[float, float, float] | None:
-    """Two processes over loopback gloo: an all-reduce's bytes/s beyond its latency, from one of
-    ``size`` bytes; that latency, the time of one of :data:`LATENCY_BYTES`; and a message's, half the
-    time of :data:`LATENCY_BYTES` sent and sent back; or None. Each is the mean of its timings, which
-    take turns over ``rounds`` rounds: a plan's throughput pays every all-reduce and message, the slow
-    ones too, and here they are heavy-tailed (4 KiB: a median of 0.46–0.68 ms, a mean of 1.1–1.7, one
-    in ten over 3.5 ms; docs/fidelity.md), so a median charges a run too little. Not one float:
-    gloo reduces a single element by a path of its own, which took 0.38–0.41 ms here where 16 floats
-    to 16 K floats took 0.6–0.9 ms, as every gradient bucket does (docs/fidelity.md); 4 KiB's bytes
-    take microseconds."""
+    """Two processes over loopback gloo: the bandwidth (bytes/s) and latency (s) of the line fitted to
+    the mean all-reduces of :data:`PROBE_SIZES` and ``size`` bytes (:func:`fit_link`), and a message's
+    latency, half the mean time of :data:`LATENCY_BYTES` sent and sent back; or None. The timings
+    take turns over ``rounds`` rounds. Means, not medians: a plan's throughput pays every all-reduce
+    and message, the slow ones too, and here they are heavy-tailed (4 KiB: a median of 0.35–0.68 ms,
+    a mean of 1.1–1.9, one in ten over 3.5 ms; docs/fidelity.md). A line over sizes, not 4 KiB and
+    16 MiB alone: a stage's gradients are usually between, and the mean of one size's heavy tail
+    varies from probe to probe. Not one float: gloo reduces a single element by a path of its own."""
     import torch.multiprocessing as mp
 
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "means")
+        out = str(Path(tmp) / "means.json")
         ctx = mp.get_context("spawn")
         procs = [
             ctx.Process(target=_allreduce_worker, args=(r, port, size, rounds, out), daemon=True) for r in range(2)
@@ -119,9 +142,9 @@ def loopback_allreduce(
                     p.join()
         if not Path(out).exists():
             return None
-        whole, latency, message = map(float, Path(out).read_text().split())
-        moved = size - LATENCY_BYTES  # beyond the latency's own few bytes
-        return moved / (whole - latency if whole > latency else whole), latency, message
+        measured = json.loads(Path(out).read_text())
+        latency, bandwidth = fit_link([(int(n), float(t)) for n, t in measured["all_reduce"]])
+        return bandwidth, latency, float(measured["message"])
 
 
 @contextlib.contextmanager
@@ -171,7 +194,7 @@ def link_bandwidth(device: str, link_gbps: float | None, report: Progress, notes
         return Link(1.25e9, how)
     bandwidth, latency, message = measured
     how = (
-        f"measured: loopback gloo all-reduce of 16 MiB between 2 processes, {bandwidth / 1e9:.2f} GB/s beyond "
-        f"its latency of {latency * 1e3:.3f} ms (the mean all-reduce of {LATENCY_BYTES // 1024} KiB)"
+        f"measured: loopback gloo all-reduces of {LATENCY_BYTES // 1024} KiB to 16 MiB between 2 processes, "
+        f"{bandwidth / 1e9:.2f} GB/s beyond a latency of {latency * 1e3:.3f} ms (a line through their means)"
     )
     return Link(bandwidth, how, latency, message)

@@ -72,8 +72,10 @@ class RunReport:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
+def _mean(values: list[float]) -> float:
+    """Means, not medians: the throughput is steps over their summed time, the slow steps too, so the
+    columns add up to it (a median all-reduce here is a half to a third of the mean; docs/fidelity.md)."""
+    return statistics.fmean(values) if values else 0.0
 
 
 def split_sync(ranks: list[dict]) -> list[dict]:
@@ -101,19 +103,19 @@ def split_sync(ranks: list[dict]) -> list[dict]:
 def build_report(
     plan_path: str, plan: Plan, model: str, ranks: list[dict], micro_batches: int, task: str | None = None
 ) -> RunReport:
-    """Each rank's per-step times (``worker.train``) summarised against the plan's figures, per batch
-    of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
+    """Each rank's per-step times (``worker.train``), their means over the steps, against the plan's
+    figures, per batch of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
     B, M = plan.batch_size, micro_batches
     ranks = split_sync(ranks)
     stages = []
     for s, stage in enumerate(plan.stages):
         mine = [r for r in ranks if r["stage"] == s]
-        compute = max(_median(r["compute"]) for r in mine) / M
-        wait = statistics.fmean(_median(r["wait"]) for r in mine) / M
-        sync = statistics.fmean(_median(r["sync"]) for r in mine) / M
-        wall = statistics.fmean(_median(r["wall"]) for r in mine) / M
-        data = statistics.fmean(_median(r.get("data", [])) for r in mine) / M
-        update = statistics.fmean(_median(r.get("update", [])) for r in mine) / M
+        compute = max(_mean(r["compute"]) for r in mine) / M
+        wait = statistics.fmean(_mean(r["wait"]) for r in mine) / M
+        sync = statistics.fmean(_mean(r["sync"]) for r in mine) / M
+        wall = statistics.fmean(_mean(r["wall"]) for r in mine) / M
+        data = statistics.fmean(_mean(r.get("data", [])) for r in mine) / M
+        update = statistics.fmean(_mean(r.get("update", [])) for r in mine) / M
         busy = compute + sync
         heaviest = max(mine, key=lambda r: r.get("peak_memory", 0.0))  # the replica whose peak the stage reports
         stages.append(
