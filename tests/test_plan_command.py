@@ -151,7 +151,7 @@ def test_python_m_works():
 def test_the_plan_says_when_transfer_is_free_or_memory_unchecked(runner):
     # paper.yaml gives neither bandwidth nor memory: its three-stage plan moves activations for free.
     shown = " ".join(runner.invoke(app, ["plan", CTR, PAPER, "-s", "exact"], env={"COLUMNS": "200"}).stdout.split())
-    assert "assumes activations cross stage boundaries for free on v100, cpu (no bandwidth_gbps)" in shown
+    assert "assumes activations' bytes cross stage boundaries for free on v100, cpu (no bandwidth_gbps)" in shown
     assert "memory unchecked on cpu, v100 (no memory_gb)" in shown
     hardware = str(ROOT / "clusters/paper-hardware.yaml")
     shown = runner.invoke(app, ["plan", CTR, hardware, "-s", "exact"], env={"COLUMNS": "200"}).stdout

@@ -191,12 +191,13 @@ def schedule_line(plan: Plan) -> str:
 def figure_caveats(plan: Plan) -> str:
     """What the throughput takes for granted that a run may not give, said beside it (the schedule and
     assumes lines say why): without a pipeline schedule (no global batch), that the replicas' gradient
-    sync overlaps compute; where the cluster gives no bandwidth, that stage-boundary transfers are free."""
+    sync overlaps compute; where the cluster gives no bandwidth, that stage-boundary transfers' bytes are free
+    (their latency is charged where the profile gives one: section 1d's transfer_latency)."""
     parts = []
     if not plan.micro_batches and any(s.replicas > 1 for s in plan.stages):
         parts.append("sync overlaps compute")
     if _free_transfer(plan):
-        parts.append("transfers are free")
+        parts.append("transfers' bytes are free")
     return " and ".join(parts)
 
 
@@ -215,7 +216,9 @@ def assumptions(plan: Plan) -> str:
     unchecked = [t for t in used if memory.get(t) is None]
     parts = []
     if free:
-        parts.append(f"activations cross stage boundaries for free on {', '.join(map(clip, free))} (no bandwidth_gbps)")
+        parts.append(
+            f"activations' bytes cross stage boundaries for free on {', '.join(map(clip, free))} (no bandwidth_gbps)"
+        )
     if unchecked:
         parts.append(f"memory unchecked on {', '.join(map(clip, unchecked))} (no memory_gb)")
     return "; ".join(parts)

@@ -11,7 +11,9 @@ one per core, so that every layer is timed while K - 1 other units of the
 machine are busy with the same work, as they are in a plan that uses K units:
 on this 2-core machine two replicas of mlp slow each other by 0-25%
 (docs/fidelity.md), which a profile taken alone does not see. The link is then
-measured once, before they start, so that its probe runs on an idle machine.
+measured once, before they start, so that its probe runs on an idle machine; its
+all-reduce latency is then timed again by pairs of the processes, after a
+whole-model step each, as replicas pay it (:mod:`.replicas`).
 
 Each process runs :func:`heterps_cli.profiling.measure.measure` (this module is its
 entry point: ``python -m heterps_cli.profiling.processes ARGS OUT``) and writes
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.links import Link, link_bandwidth, sigint_ignored
+from heterps_cli.profiling.links import Link, free_port, link_bandwidth, sigint_ignored
 from heterps_cli.profiling.measure import LayerProfile, Profiled, load_model, measure
 from heterps_cli.progress import Progress, quiet
 
@@ -83,11 +85,24 @@ def measure_in_processes(
         combined.bandwidth_how = link.how
         combined.notes = [
             *notes,
-            *combined.notes,
+            *(_paired_note(combined, link) if note == PAIRED else note for note in combined.notes),
             f"oct and alpha: timed {concurrent} processes at a time, one per core: each layer ran while {others} "
             f"{'were' if concurrent > 2 else 'was'} busy with the same work, as in a plan that uses {concurrent} units",
         ]
     return combined
+
+
+PAIRED = "all_reduce_latency: timed by pairs of the processes"  # a process's mark, replaced by _paired_note
+
+
+def _paired_note(combined: Profiled, link: Link) -> str:
+    assert combined.all_reduce_latency is not None and link.all_reduce_latency is not None
+    return (
+        f"all_reduce_latency {combined.all_reduce_latency * 1e3:.3f} ms: timed as replicas pay it, by pairs of "
+        "the processes, each all-reducing the model's gradients (at most 1 MiB) after a whole-model step, the "
+        "later one's time, less the bytes over the bandwidth (the median over the pairs; the idle link's line "
+        f"read {link.all_reduce_latency * 1e3:.3f} ms)"
+    )
 
 
 def _run_all(args: dict, processes: int, concurrent: int | None, report: Progress) -> list[Profiled]:
@@ -136,10 +151,11 @@ def _run_together(args: dict, outs: list[Path], first: int = 0, of: int | None =
     or Ctrl-C (``first``, ``of``: their numbers among all, for an error)."""
     started: list[subprocess.Popen] = []
     meet = tempfile.mkdtemp(prefix="heterps-wave-")
+    port = free_port()  # where the wave's pairs meet to time their all-reduce (profiling.replicas)
     try:
         with sigint_ignored():  # only this process answers Ctrl-C, by ending them (finally)
             for i, out in enumerate(outs):
-                command = _command({**args, "meet": meet, "together": len(outs), "index": i}, out)
+                command = _command({**args, "meet": meet, "together": len(outs), "index": i, "port": port}, out)
                 started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for i, proc in enumerate(started):
             _, err = proc.communicate()
@@ -180,6 +196,28 @@ def _busy_until_all_done(meet: Path, index: int, together: int, model, device: s
     deadline = time.monotonic() + MEET_TIMEOUT_S
     while not _all_there(meet, "done", together) and time.monotonic() < deadline:
         step_times(model, device, 1, warmup=0)
+
+
+def _paired(measured: Profiled, model, args: dict) -> Profiled:
+    """``measured`` with the all-reduce latency its pair timed (:mod:`.replicas`), where the link was
+    measured (a given ``--link-gbps`` has none) and the process has a partner."""
+    from heterps_cli.profiling.replicas import paired_latency
+    from heterps_cli.runtime.synthetic import output_loss
+
+    if measured.all_reduce_latency is None or args.get("port") is None:
+        return measured
+    latency = paired_latency(
+        model,
+        args["device"],
+        output_loss(measured.loss, measured.batch_size),
+        measured.bandwidth,
+        port=args["port"],
+        index=args["index"],
+        together=args["together"],
+    )
+    if latency is None:
+        return measured
+    return dataclasses.replace(measured, all_reduce_latency=latency, notes=[*measured.notes, PAIRED])
 
 
 def _finished(i: int, processes: int, done: subprocess.CompletedProcess) -> None:
@@ -267,8 +305,9 @@ def _worker(args: dict, out: Path) -> int:
             loss=args.get("loss", "mse"),
             optimizer=args.get("optimizer", "sgd"),
         )
-        if meet is not None:
+        if meet is not None:  # the pairs meet once every process is done: none waits idle beside one timing
             _busy_until_all_done(meet, args["index"], args["together"], model, args["device"])
+            measured = _paired(measured, model, args)
     except InputError as exc:
         print(str(exc), file=sys.stderr)
         return 2

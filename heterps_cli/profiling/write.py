@@ -152,7 +152,8 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"update: median of the optimiser step ({p.optimizer}) and the gradients' reset on the layer's weights, "
         "each after a step-order backward pass, s per step (spec section 1d)",
         "fixed: pass_start, the median time from the backward call to its first layer (given to no layer); "
-        "all_reduce_latency, the link's, fitted with its bandwidth to mean all-reduces of 4 KiB to 16 MiB; "
+        "all_reduce_latency, the link's, fitted with its bandwidth to mean all-reduces of 4 KiB to 16 MiB, or "
+        "timed as replicas pay it (see the notes); "
         "transfer_latency, half the mean of 4 KiB sent there and back "
         "(spec section 1d)",
         "alpha: fitted over batch shares (B0/k, what each of k replicas runs, in step order) unless the entry "

@@ -1,0 +1,97 @@
+"""The all-reduce latency as replicas pay it (``heterps profile --concurrent K``, cpu).
+
+The link probe times each all-reduce right after a barrier, on an idle machine. A
+training step's all-reduce follows its backward pass instead: both processes
+have been computing, neither waits at a barrier, and the later one to arrive
+times the all-reduce itself (``heterps run``'s ``sync``, runtime.report.split_sync).
+On this 2-core machine that all-reduce of the guide's classifier (294 KiB) took
+a mean of 1.8–2.1 ms in a run, where the probe's line put it at 1.1–1.5
+(docs/fidelity.md).
+
+So the processes of a concurrent wave, which are busy as a plan's units are,
+pair up (0 with 1, 2 with 3, ...) and each pair times it so: a whole-model step
+in each, then an all-reduce of the model's gradient bytes (at most
+:data:`MOST_BYTES`), the smaller of the pair's two times per step, over
+:data:`STEPS_AT_LEAST` steps or more. The latency is their mean less the bytes over the
+link's bandwidth.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import timedelta
+
+import torch
+
+from heterps_cli.profiling.models import Model
+from heterps_cli.profiling.timing import Loss, step_times
+
+MOST_BYTES = 1 << 20  # a larger model's all-reduce is mostly bytes, which the bandwidth already charges
+STEPS_AT_LEAST, STEPS_AT_MOST = 20, 200
+SECONDS = 1.0  # steps are added, up to STEPS_AT_MOST, until they last about this long
+JOIN_TIMEOUT_S = 120.0
+
+
+def paired_latency(
+    model: Model,
+    device: str,
+    loss: Loss | None,
+    bandwidth: float,
+    *,
+    port: int,
+    index: int,
+    together: int,
+) -> float | None:
+    """This process's pair's all-reduce latency beyond its bytes (s), or None where it has no partner
+    (the last of an odd wave) or the pair could not meet. Every process of the wave must call it."""
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=index,
+            world_size=together,
+            timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+        )
+    except (RuntimeError, ValueError, OSError):
+        return None
+    try:
+        pairs = [dist.new_group([i, i + 1]) for i in range(0, together - 1, 2)]  # every process makes every group
+        if index // 2 >= len(pairs):
+            return None
+        return _timed(model, device, loss, bandwidth, pairs[index // 2])
+    finally:
+        dist.destroy_process_group()
+
+
+def _timed(model: Model, device: str, loss: Loss | None, bandwidth: float, pair) -> float:
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one unit, as the layers were timed
+    try:
+        size = min(_gradient_bytes(model), MOST_BYTES)
+        bucket = torch.ones(max(size // 4, 1))
+        step = statistics.median(step_times(model, device, 2, warmup=1, loss=loss))
+        wanted = torch.tensor([min(max(int(SECONDS / max(step, 1e-6)), STEPS_AT_LEAST), STEPS_AT_MOST)])
+        dist.all_reduce(wanted, op=dist.ReduceOp.MIN, group=pair)  # as many in both, the slower one's
+        times = []
+        for i in range(int(wanted) + 1):
+            step_times(model, device, 1, warmup=0, loss=loss)
+            start = time.perf_counter()
+            dist.all_reduce(bucket, group=pair)
+            if i:  # the first meets a partner still finishing its profile
+                times.append(time.perf_counter() - start)
+        mine = torch.tensor(times, dtype=torch.float64)
+        both = [torch.zeros_like(mine) for _ in range(2)]
+        dist.all_gather(both, mine, group=pair)
+    finally:
+        torch.set_num_threads(threads)
+    alone = torch.minimum(both[0], both[1])  # the later to arrive times the all-reduce itself
+    return max(float(alone.mean()) - bucket.numel() * 4 / bandwidth, 0.0)
+
+
+def _gradient_bytes(model: Model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.module.parameters() if p.requires_grad)

@@ -1,0 +1,61 @@
+"""The all-reduce latency as replicas pay it (heterps_cli.profiling.replicas): processes of a concurrent wave
+pair up, take a whole-model step each and all-reduce, and the later of a pair to arrive times the all-reduce."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import torch
+
+from heterps_cli.profiling.links import free_port
+from heterps_cli.profiling.models import Model
+from heterps_cli.profiling.replicas import paired_latency
+
+LAG_S = 0.03
+
+
+class _Lags(torch.nn.Module):
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return x
+
+
+def _one(index: int, together: int, port: int, out) -> None:
+    """Process 0's step is LAG_S slower than the others': they wait for it at every all-reduce."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), _Lags(LAG_S if index == 0 else 0.0))
+    model = Model("lagging", module, (torch.randn(4, 8),))
+    out.put((index, paired_latency(model, "cpu", None, 1e9, port=port, index=index, together=together)))
+
+
+def _latencies(together: int) -> dict[int, float | None]:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_one, args=(i, together, port, out), daemon=True) for i in range(together)]
+    try:
+        for p in procs:
+            p.start()
+        got = dict(out.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return got
+
+
+def test_the_later_of_a_pair_times_the_all_reduce_and_an_odd_one_out_has_none():
+    """Process 1 reaches every all-reduce 30 ms before process 0 and waits there; that wait is not the
+    all-reduce's, so the pair's latency is far under it, and both get the same figure. With three
+    processes, the third has no partner."""
+    got = _latencies(3)
+    assert got[2] is None
+    assert got[0] == got[1]
+    assert got[0] is not None and 0.0 <= got[0] < LAG_S / 3, got
