@@ -1,5 +1,6 @@
 """The all-reduce latency as replicas pay it (heterps_cli.profiling.replicas): processes of a concurrent wave
-pair up, take a whole-model step each and all-reduce, and the later of a pair to arrive times the all-reduce."""
+pair up, take a whole-model step each and all-reduce, and the mean of the two's times there, the wait for
+the partner included, is what a step pays."""
 
 from __future__ import annotations
 
@@ -51,11 +52,12 @@ def _latencies(together: int) -> dict[int, float | None]:
     return got
 
 
-def test_the_later_of_a_pair_times_the_all_reduce_and_an_odd_one_out_has_none():
-    """Process 1 reaches every all-reduce 30 ms before process 0 and waits there; that wait is not the
-    all-reduce's, so the pair's latency is far under it, and both get the same figure. With three
-    processes, the third has no partner."""
+def test_a_pair_charges_its_all_reduce_and_the_wait_for_the_partner_and_an_odd_one_out_has_none():
+    """Process 1 reaches every all-reduce 30 ms before process 0 and waits there: a step of the pair then
+    spends 30 ms more in the all-reduce on one of the two, 15 ms on the mean of both, beyond the
+    all-reduce itself (milliseconds here). Both get the same figure; with three processes, the third has
+    no partner."""
     got = _latencies(3)
     assert got[2] is None
     assert got[0] == got[1]
-    assert got[0] is not None and 0.0 <= got[0] < LAG_S / 3, got
+    assert got[0] is not None and LAG_S / 2 * 0.9 <= got[0] < LAG_S / 2 + 0.01, got

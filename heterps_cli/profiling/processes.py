@@ -99,9 +99,9 @@ def _paired_note(combined: Profiled, link: Link) -> str:
     assert combined.all_reduce_latency is not None and link.all_reduce_latency is not None
     return (
         f"all_reduce_latency {combined.all_reduce_latency * 1e3:.3f} ms: timed as replicas pay it, by pairs of "
-        "the processes, each all-reducing the model's gradients (at most 1 MiB) after a whole-model step, the "
-        "later one's time, less the bytes over the bandwidth (the median over the pairs; the idle link's line "
-        f"read {link.all_reduce_latency * 1e3:.3f} ms)"
+        "the processes, each all-reducing the model's gradients (at most 1 MiB) after a whole-model step: their "
+        "mean time there, the wait for the partner included, less the bytes over the bandwidth (the median over "
+        f"the pairs; the idle link's line read {link.all_reduce_latency * 1e3:.3f} ms)"
     )
 
 
