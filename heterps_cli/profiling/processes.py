@@ -142,7 +142,8 @@ def _check_concurrent(device: str, processes: int, concurrent: int) -> None:
         why = f"2 or more, and at most the {cores} cores this process may use (got {concurrent})"
         raise InputError(None, None, "--concurrent", f"the processes at a time, one per core: {why}")
     if processes % concurrent:
-        why = f"so that every layer is timed with {concurrent - 1} neighbours busy (got --processes {processes})"
+        others = f"{concurrent - 1} {'neighbour' if concurrent == 2 else 'neighbours'}"
+        why = f"so that every layer is timed with {others} busy (got --processes {processes})"
         raise InputError(None, None, "--processes", f"must be a multiple of --concurrent {concurrent}, {why}")
 
 
