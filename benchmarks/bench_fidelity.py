@@ -7,8 +7,10 @@
 
 Each model is profiled here with ``heterps profile`` on the CPU twice, as
 resource types ``cpu`` (price 1) and ``cpu2`` (price 1.5), one thread per unit,
-and the two profiles merged. The cluster gives both types the loopback
-bandwidth this machine measures. Every plan has a global batch of
+and the two profiles merged; each measures its own link, with its latencies
+(the guide's way; ``--alone``: the one loopback bandwidth measured first, and
+no latencies). The cluster gives both types that loopback bandwidth for the
+stage boundary. Every plan has a global batch of
 ``MICRO_BATCHES`` micro-batches (docs/spec.md section 1d) and objective time,
 planned by the exact solver on one of two clusters:
 
@@ -80,13 +82,16 @@ def profile_gpu(model: str, batch: int, tmp: Path) -> Path:
 def profile(model: str, batch: int, tmp: Path, gbps: float, concurrent: bool) -> Path:
     """The model measured as cpu and as cpu2, merged into one profile; with ``concurrent``, on both cores at
     once, four profiles in two waves (``--concurrent 2 --processes 4``), as every plan here runs: two
-    processes, one per core."""
+    processes, one per core. With ``concurrent`` each measures its own link, as the guide's command does
+    (its latencies, section 1d's fixed costs, come only with a measured link, and the all-reduce's is then
+    timed as replicas pay it); alone, the link is ``gbps``, measured once."""
     busy = ["--concurrent", str(UNITS), "--processes", str(2 * UNITS)] if concurrent else []
+    link = [] if concurrent else ["--link-gbps", f"{gbps:.4g}"]
     paths = []
     for resource in PRICES:
         path = tmp / f"{model}-{batch}-{resource}.yaml"
         heterps("profile", model, "--as", resource, "--batch-size", str(batch), "--out", str(path),
-                "--link-gbps", f"{gbps:.4g}", *busy)  # fmt: skip
+                *link, *busy)  # fmt: skip
         paths.append(str(path))
     merged = tmp / f"{model}-{batch}.yaml"
     heterps("profile", "merge", *paths, "--out", str(merged))
