@@ -39,13 +39,14 @@ TASK = ROOT / "docs/guide/classify.py"
 BATCH = 64
 
 
-def profile(tmp: Path, gbps: float) -> Path:
-    """The task's model measured as cpu and cpu2 on both cores at once, merged (bench_fidelity's way)."""
+def profile(tmp: Path) -> Path:
+    """The task's model measured as cpu and cpu2 on both cores at once, each with its own link, merged
+    (bench_fidelity's way)."""
     paths = []
     for resource in PRICES:
         path = tmp / f"classify-{resource}.yaml"
         heterps("profile", f"{TASK}:model", "--as", resource, "--batch-size", str(BATCH), "--out", str(path),
-                "--link-gbps", f"{gbps:.4g}", "--concurrent", str(UNITS), "--processes", str(2 * UNITS))  # fmt: skip
+                "--concurrent", str(UNITS), "--processes", str(2 * UNITS))  # fmt: skip
         paths.append(str(path))
     merged = tmp / "classify.yaml"
     heterps("profile", "merge", *paths, "--out", str(merged))
@@ -74,7 +75,7 @@ def main() -> None:
         if args.device == "cuda":
             merged, labels, mapping = profile_gpu(f"{TASK}:model", BATCH, Path(tmp)), ["one GPU"], "gpu=cuda"
         else:  # bench_fidelity's clusters: one cpu and one cpu2; two cpu
-            merged, labels, mapping = profile(Path(tmp), gbps), ["two stages", "data-parallel"], "cpu2=cpu"
+            merged, labels, mapping = profile(Path(tmp)), ["two stages", "data-parallel"], "cpu2=cpu"
         for label in labels:
             planned = plan(merged, BATCH, label, Path(tmp), gbps)
             steps = steps_for(planned, 8, args.seconds)
