@@ -346,7 +346,6 @@ def layer_profile(
     residual: float | None = None,
     update: float | None = None,
     forward: float | None = None,
-    optimizer: str = "sgd",
 ) -> LayerProfile:
     """A layer's profile from its time and alpha: its sizes and section 1b fields from the recorded call,
     odt its gradient all-reduce (as big as its weights) over ``bandwidth`` bytes/s, beta 0 (derived)."""
@@ -365,7 +364,7 @@ def layer_profile(
         residual,
         activation_size=saved_bytes(call, device) / B0,
         sharded=bool(getattr(call.module, "heterps_sharded", False)),
-        update=update_time(call.module, device, optimizer=optimizer) if update is None else update,
+        update=update_time(call.module, device) if update is None else update,
         forward=forward,
     )
 

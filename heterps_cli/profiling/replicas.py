@@ -29,6 +29,7 @@ from datetime import timedelta
 
 import torch
 
+from heterps_cli.profiling.measure import weight_bytes
 from heterps_cli.profiling.models import Model
 from heterps_cli.profiling.timing import Loss, step_times
 
@@ -77,7 +78,7 @@ def _timed(model: Model, device: str, loss: Loss | None, bandwidth: float, pair)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one unit, as the layers were timed
     try:
-        size = min(_gradient_bytes(model), MOST_BYTES)
+        size = min(int(weight_bytes(model.module)), MOST_BYTES)  # odt's bytes: the all-reduce is as big
         bucket = torch.ones(max(size // 4, 1))
         step = statistics.median(step_times(model, device, 2, warmup=1, loss=loss))
         wanted = torch.tensor([min(max(int(SECONDS / max(step, 1e-6)), STEPS_AT_LEAST), STEPS_AT_MOST)])
@@ -96,7 +97,3 @@ def _timed(model: Model, device: str, loss: Loss | None, bandwidth: float, pair)
         torch.set_num_threads(threads)
     spent = (both[0].mean() + both[1].mean()) / 2
     return max(float(spent) - bucket.numel() * 4 / bandwidth, 0.0)
-
-
-def _gradient_bytes(model: Model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.module.parameters() if p.requires_grad)
