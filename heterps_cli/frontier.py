@@ -327,17 +327,14 @@ def layout(plan: Plan, most: int | None = None) -> str:
     return " | ".join(parts)
 
 
-PLAN_FILE = re.compile(r"plan-\d+\.yaml")
-
-
 def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
     """Each plan as ``plan-NNN.yaml`` (its position on the whole frontier, from 1), as one set
-    (:func:`heterps_cli.outfiles.write_set`): the ``plan-NNN.yaml`` files a previous frontier left
-    there are removed, nothing else, and a failure leaves the folder as it was."""
+    (:func:`heterps_cli.outfiles.write_set`): the plans a previous frontier wrote there and this one
+    does not are removed, nothing else, and a failure leaves the folder as it was."""
     from heterps_cli.outfiles import OutFile, write_set
     from heterps_cli.yamlio import dump_yaml
 
     width = max(3, len(str(frontier.size)))
     names = [f"plan-{position + 1:0{width}d}.yaml" for position in frontier.positions]
     files = {name: OutFile(dump_yaml(plan.to_dict())) for name, plan in zip(names, frontier.plans)}
-    return write_set(directory, files, PLAN_FILE, "--out")
+    return write_set(directory, files, "--out", "frontier")

@@ -19,9 +19,6 @@ from heterps_cli.figures import plural
 from heterps_cli.runtime.placement import per_node, processes
 from heterps_cli.shell import Env, Word, address, command, comment, quote
 
-# What a launch writes into its folder; the same names left there by an earlier launch are removed.
-LAUNCH_FILES = re.compile(r"node-\d+\.sh|launch\.sbatch|plan\.(yaml|yml|json)")
-
 
 @dataclass(frozen=True)
 class NodeLaunch:

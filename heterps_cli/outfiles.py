@@ -1,21 +1,27 @@
-"""Every file heterps writes goes through here: one file (``--out``), or a set of files in a folder
-(``frontier --out DIR``, ``launch --out-dir DIR``). Readers see the old files or the new ones, never
-half of a file nor two runs mixed (docs/commands.md, "Files heterps writes")."""
+"""Every file heterps writes goes through here: one file (``--out``), a set of files in a folder
+(``frontier --out DIR``, ``launch --out-dir DIR``), or a checkpoint's files (:func:`new_file`,
+:func:`publish`). Readers see the old files or the new ones, never half of a file nor two runs mixed,
+and nothing is written through a link planted where a temporary file goes (docs/commands.md, "Files
+heterps writes")."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from heterps_cli.errors import InputError
 
 NAME_MAX = 255  # bytes of one path component on every file system heterps runs on
+PATH_MAX = 4095  # bytes of a whole path, as Linux takes one (its PATH_MAX less the final NUL)
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,18 @@ def _cannot(shown: str, field: str | None, exc: OSError, what: str = "cannot wri
     return InputError(shown, None, field, f"{what}: {exc.strerror or exc}")
 
 
-def _check_names(shown: str, field: str | None, path: str | os.PathLike) -> None:
+def check_names(shown: str, field: str | None, path: str | os.PathLike) -> None:
+    """Refuse a path no file system takes: a name in it over :data:`NAME_MAX` bytes, or the whole of it
+    over :data:`PATH_MAX` once made absolute."""
     for part in Path(path).parts:
         if len(os.fsencode(part)) > NAME_MAX:
             raise InputError(
                 shown, None, field, f"a name in this path is over {NAME_MAX} bytes, more than a file system allows"
             )
+    if len(os.fsencode(os.path.abspath(path))) > PATH_MAX:
+        raise InputError(
+            shown[:80] + "…", None, field, f"the path is over {PATH_MAX} bytes, more than the system takes"
+        )
 
 
 def _kind(mode: int) -> str:
@@ -58,34 +70,49 @@ def _umasked(mode: int) -> int:
     return mode & ~umask
 
 
-def _write_new(folder: Path, prefix: str, data: bytes, mode: int) -> Path:
-    """``data`` in a new hidden file of ``folder``, synced to disk; its path."""
+@contextmanager
+def new_file(folder: Path, prefix: str, mode: int = 0o644) -> Iterator[tuple[BinaryIO, Path]]:
+    """A file of ``folder`` under a new random name, and its path: created exclusively (``O_EXCL``
+    refuses any entry already there, a planted symlink included, so nothing is written through
+    one), synced to disk when the block ends, removed if it raises. The caller renames it into place
+    (:func:`publish`)."""
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+    path = Path(tmp)
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), mode)
-            fh.write(data)
+            yield fh, path
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
         raise
-    return Path(tmp)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, field: str | None = None) -> None:
-    """Write ``data`` so that readers see the old file or the new one, never half of it.
+def publish(tmp: Path, target: Path) -> None:
+    """``tmp`` renamed over ``target`` and the rename itself synced; ``tmp`` removed if that fails."""
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    sync_folder(target.parent)
 
-    A symlink the user names is followed and its target replaced (the link stays a link). A path
-    that exists and is not a regular file (a directory, a FIFO, a device) is refused, and so is a
-    path ending in a slash or holding a name too long for a file system. A new file gets mode 0644
-    less the umask; a replaced file keeps its mode. If anything fails or the run is interrupted,
-    the old file is left as it was.
-    """
+
+def _write_new(folder: Path, prefix: str, data: bytes, mode: int) -> Path:
+    """``data`` in a new hidden file of ``folder`` (:func:`new_file`), synced to disk; its path."""
+    with new_file(folder, prefix, mode) as (fh, path):
+        fh.write(data)
+    return path
+
+
+def _target(path: str | os.PathLike, field: str | None) -> tuple[Path, os.stat_result | None]:
+    """The file a write of ``path`` replaces (through the user's symlinks) and its state, or None where it
+    is new; what no write can take (a directory's name, a name or path too long, a FIFO) refused."""
     shown = str(path)
     if shown.endswith(("/", os.sep)):
         raise InputError(shown, None, field, "names a directory: give a file name to write")
-    _check_names(shown, field, path)
+    check_names(shown, field, path)
     target = Path(os.path.realpath(path))  # through any symlinks, to the file a reader will open
     try:
         existing = os.stat(target)
@@ -101,6 +128,33 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, field: str | None =
             f"exists and is {_kind(existing.st_mode)}: refusing to replace it (give a file path, or - for standard "
             "output)",
         )
+    return target, existing
+
+
+def check_writable(path: str | os.PathLike, field: str | None = None) -> None:
+    """Refuse, before any work, an output :func:`write_atomic` would refuse after it: a name it cannot
+    take, or a folder it cannot write in (the nearest one that exists, where the rest is to be made)."""
+    target, _ = _target(path, field)
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(str(path), None, field, f"cannot write here: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(str(path), None, field, f"cannot write here: {folder} is not writable")
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, field: str | None = None) -> None:
+    """Write ``data`` so that readers see the old file or the new one, never half of it.
+
+    A symlink the user names is followed and its target replaced (the link stays a link). A path
+    that exists and is not a regular file (a directory, a FIFO, a device) is refused, and so is a
+    path ending in a slash or holding a name too long for a file system. A new file gets mode 0644
+    less the umask; a replaced file keeps its mode. If anything fails or the run is interrupted,
+    the old file is left as it was.
+    """
+    shown = str(path)
+    target, existing = _target(path, field)
     mode = stat.S_IMODE(existing.st_mode) if existing is not None else _umasked(0o644)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -108,20 +162,16 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, field: str | None =
     except OSError as exc:
         raise _cannot(shown, field, exc) from None
     try:
-        os.replace(tmp, target)
+        publish(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise _cannot(shown, field, exc, "cannot write") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def append_text(path: str | os.PathLike, text: str, field: str | None = None) -> None:
     """``text`` added at the end of a file someone else owns (``$GITHUB_STEP_SUMMARY``), created if
     missing; a directory, a FIFO (which would wait for a reader) or a device is refused."""
     shown = str(path)
-    _check_names(shown, field, path)
+    check_names(shown, field, path)
     try:
         existing = os.stat(path)
     except FileNotFoundError:
@@ -137,39 +187,83 @@ def append_text(path: str | os.PathLike, text: str, field: str | None = None) ->
         raise _cannot(shown, field, exc, "cannot append") from None
 
 
-def write_set(
-    directory: str | os.PathLike, files: Mapping[str, OutFile], stale: re.Pattern[str], field: str
-) -> list[Path]:
-    """Write ``files`` (name -> contents) into ``directory`` as one set, and remove the files a previous
-    run left there: names ``stale`` matches that are not in ``files``. Nothing else in the folder is
-    touched. Returns the paths written, in ``files``' order.
+# In a set's folder, one per command that writes sets there: the names and digests of the files its last set wrote.
+MANIFEST = ".heterps-{kind}.json"
+MAX_MANIFEST_BYTES = 1 << 20
 
-    All or nothing: every file is written to a staging folder inside ``directory`` first; then each
-    old file is kept aside (a hard link) and the new one renamed over it, so each name always holds
-    one whole file; a failure or an interrupt at any step puts every old file back. A rename
-    replaces a directory entry, so a planted symlink ``DIR/node-0.sh`` is replaced by the new file,
-    and nothing outside the folder is written through it. A name that is a directory in the folder
-    is refused before anything is written."""
+
+def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field: str, kind: str) -> list[Path]:
+    """Write ``files`` (name -> contents) into ``directory`` as one set, and remove the files the
+    previous set there wrote that this one does not, where they still hold what it wrote. Nothing else
+    in the folder is touched: a file of the same kind of name that heterps did not write, or that was
+    edited since, stays. Returns the paths written, in ``files``' order.
+
+    What a set wrote is listed, with each file's SHA-256, in :data:`MANIFEST` for its ``kind`` (the
+    command: ``launch``, ``frontier``), written with it, so one command's set never removes another's. All or
+    nothing: every file is written to a staging folder inside ``directory`` first; then each old file
+    is kept aside (a hard link) and the new one renamed over it, so each name always holds one whole
+    file; a failure or an interrupt at any step puts every old file back. A rename replaces a directory
+    entry, so a planted symlink ``DIR/node-0.sh`` is replaced by the new file, and nothing outside the
+    folder is written through it. A name that is a directory in the folder is refused before anything
+    is written."""
     folder = Path(directory)
     shown = str(folder)
-    _check_names(shown, field, folder)
+    check_names(shown, field, folder)
     if folder.exists() and not folder.is_dir():
         raise InputError(shown, None, field, "exists and is not a directory: give a directory for the files")
-    _refuse_directories(folder, files, field)
+    contents = {name: _bytes(f.data) for name, f in files.items()}
+    listed = {"written_by": "heterps", "files": {name: _digest(data) for name, data in contents.items()}}
+    manifest = MANIFEST.format(kind=kind)
+    everything = {**files, manifest: OutFile(json.dumps(listed, indent=1) + "\n")}
+    _refuse_directories(folder, everything, field)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".heterps-", dir=folder))
     except OSError as exc:
         raise _cannot(shown, field, exc, "cannot create the directory") from None
     try:
-        fresh = {name: _write_new(staging, ".new.", _bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
-        old = [p.name for p in folder.iterdir() if stale.fullmatch(p.name) and p.name not in files]
+        fresh = {name: _write_new(staging, ".new.", _bytes(f.data), _umasked(f.mode)) for name, f in everything.items()}
+        old = [name for name in _written_before(folder, manifest) if name not in everything]
         _swap(folder, staging / "previous", fresh, old)
     except OSError as exc:
         raise _cannot(shown, field, exc, "cannot write the files (the folder is as it was)") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [folder / name for name in files]
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _written_before(folder: Path, manifest: str) -> list[str]:
+    """The files of ``folder`` that the last set written there wrote and that still hold what it wrote
+    (regular files, not links): what :func:`write_set` may remove. A manifest it cannot read lists none."""
+    try:
+        with open(folder / manifest, "rb", opener=_no_follow) as fh:
+            listed = json.loads(fh.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES])
+        files = listed["files"]
+        assert isinstance(files, dict)
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AssertionError):
+        return []
+    ours = []
+    for name, digest in files.items():
+        if not isinstance(name, str) or name in ("", ".", "..", manifest) or "/" in name or "\0" in name:
+            continue
+        try:
+            if not stat.S_ISREG(os.lstat(folder / name).st_mode):
+                continue
+            with open(folder / name, "rb", opener=_no_follow) as fh:
+                same = _digest(fh.read()) == digest
+        except OSError:
+            continue
+        if same:
+            ours.append(name)
+    return ours
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def _refuse_directories(folder: Path, files: Mapping[str, OutFile], field: str) -> None:
@@ -210,7 +304,7 @@ def _swap(folder: Path, aside: Path, fresh: dict[str, Path], old: list[str]) -> 
             os.rename(folder / name, aside / name)
             kept.append(name)
             gone.append(name)
-        _sync(folder)
+        sync_folder(folder)
     except BaseException:
         for name in placed:
             if name not in kept:
@@ -232,7 +326,7 @@ def _moved_aside(entry: Path, aside: Path) -> bool:
     return False
 
 
-def _sync(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
     """The renames themselves on disk, where the system allows a directory to be synced."""
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -262,14 +262,16 @@ def test_max_cost_cuts_the_curve_and_below_the_cheapest_is_exit_3(runner):
 def test_out_writes_each_plan_as_a_file_that_check_accepts_and_removes_stale_ones(runner, tmp_path):
     folder = tmp_path / "curve"
     folder.mkdir()
-    (folder / "plan-999.yaml").write_text("stale")
+    (folder / "plan-999.yaml").write_text("mine: heterps did not write it")
     (folder / "notes.txt").write_text("mine")
+    assert runner.invoke(app, ["frontier", CTR, PAPER, "--points", "5", "--out", str(folder)]).exit_code == 0
+    five = {p.name for p in folder.glob("plan-0*.yaml")}
     result = runner.invoke(app, ["frontier", CTR, PAPER, "--points", "3", "--out", str(folder)])
     assert result.exit_code == 0, result.output
-    names = sorted(p.name for p in folder.iterdir())
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
     last = f"plan-{_json(runner, [CTR, PAPER])['size']:03d}.yaml"  # the fastest end is always kept
-    assert names[-1] == last and names[0] == "notes.txt" and "plan-999.yaml" not in names
-    assert len(names) == 4
+    assert names[-2] == last and names[0] == "notes.txt" and names[-1] == "plan-999.yaml"
+    assert len(names) == 5 and len(five) == 5 and set(names) < five | {"notes.txt", "plan-999.yaml"}
     knee_file = folder / names[2]
     plan = yaml.safe_load(knee_file.read_text())
     check = runner.invoke(

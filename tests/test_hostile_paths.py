@@ -23,6 +23,9 @@ import pytest
 import yaml
 
 from heterps_cli.cli.app import app
+from heterps_cli.outfiles import MANIFEST as MANIFESTS
+
+MANIFEST = MANIFESTS.format(kind="launch")
 from tests.helpers import ROOT, runner
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
@@ -109,8 +112,29 @@ def test_a_rerun_leaves_only_its_own_files_and_the_users(tmp_path):
     (out / "notes.txt").write_text("mine")
     one_node = ROOT / "docs/plans/ctr.yaml"
     assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["launch.sbatch", "node-0.sh", "notes.txt", "plan.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "launch.sbatch", "node-0.sh", "notes.txt", "plan.yaml"]
     assert (out / "plan.yaml").read_bytes() == one_node.read_bytes()
+
+
+def test_a_launch_removes_only_what_the_last_one_wrote_and_nobody_changed(tmp_path):
+    """Files named as heterps names its own, but not written by it (another plan, a digit that is not
+    ASCII), or written by it and edited since, stay: only the manifest's unchanged files are removed."""
+    out = tmp_path / "launch"
+    out.mkdir()
+    theirs = {"plan.json": "another plan", "node-\u0661.sh": "mine", "node-7.sh": "mine too"}
+    for name, text in theirs.items():
+        (out / name).write_text(text)
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    (out / "node-1.sh").write_text((out / "node-1.sh").read_text() + "# edited by hand\n")
+    one_node = ROOT / "docs/plans/ctr.yaml"
+    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    left = {p.name for p in out.iterdir()}
+    assert left == {MANIFEST, "launch.sbatch", "node-0.sh", "plan.yaml", "node-1.sh", *theirs}
+    assert all((out / name).read_text() == text for name, text in theirs.items())
+    (out / "node-1.sh").unlink()
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert not (out / "node-1.sh").exists()  # the last launch wrote it, unchanged since
 
 
 @pytest.mark.parametrize("command", ["launch", "frontier"])
@@ -292,10 +316,9 @@ def test_a_set_fails_at_any_rename_and_the_folder_is_as_it_was(tmp_path, monkeyp
     from heterps_cli.errors import InputError
     from heterps_cli.outfiles import OutFile, write_set
 
-    pattern = re.compile(r"a-\d")
     for fail_at in range(1, 8):
         folder = tmp_path / str(fail_at)
-        write_set(folder, {f"a-{i}": OutFile(f"old{i}") for i in (1, 2, 3)}, pattern, "--out")
+        write_set(folder, {f"a-{i}": OutFile(f"old{i}") for i in (1, 2, 3)}, "--out", "launch")
         before = {p.name: p.read_text() for p in folder.iterdir()}
         calls, rename = {"n": 0}, os.rename
 
@@ -310,9 +333,10 @@ def test_a_set_fails_at_any_rename_and_the_folder_is_as_it_was(tmp_path, monkeyp
             if not links:
                 patch.setattr(outfiles.os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(1, "EPERM")))
             try:
-                write_set(folder, {"a-1": OutFile("new1"), "a-2": OutFile("new2")}, pattern, "--out")
+                write_set(folder, {"a-1": OutFile("new1"), "a-2": OutFile("new2")}, "--out", "launch")
                 wrote = True
             except InputError:
                 wrote = False
-        after = {p.name: p.read_text() for p in folder.iterdir()}
+        after = {p.name: p.read_text() for p in folder.iterdir() if p.name != MANIFEST}
+        before.pop(MANIFEST, None)
         assert after == ({"a-1": "new1", "a-2": "new2"} if wrote else before), fail_at

@@ -76,7 +76,7 @@ def launch_command(
     with exit_codes():
         from heterps_cli.errors import InputError
         from heterps_cli.formats import load_plan
-        from heterps_cli.launchfiles import LAUNCH_FILES, launch_for, node_needs, node_script
+        from heterps_cli.launchfiles import launch_for, node_needs, node_script
         from heterps_cli.outfiles import OutFile, write_set
         from heterps_cli.runtime import mapped, parse_map
 
@@ -112,7 +112,7 @@ def launch_command(
         files = {f"node-{n.index}.sh": OutFile(node_script(shown, launch, n), 0o755) for n in launch.nodes}
         files["launch.sbatch"] = OutFile(launch.slurm)
         files[copy.name] = OutFile(plan_file.read_bytes())
-        written = write_set(out_dir, files, LAUNCH_FILES, "--out-dir")
+        written = write_set(out_dir, files, "--out-dir", "launch")
         for node in launch.nodes:
             kind = f" ({node.kind})" if node.kind else ""
             out.print(Text(f"node {node.index}: {node.node}{kind}, {node.processes} processes", style="bold"))
