@@ -37,7 +37,6 @@ curve with fewer than three plans, or none below the line, has no knee.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -24,9 +23,9 @@ import yaml
 
 from heterps_cli.cli.app import app
 from heterps_cli.outfiles import MANIFEST as MANIFESTS
+from tests.helpers import ROOT, runner
 
 MANIFEST = MANIFESTS.format(kind="launch")
-from tests.helpers import ROOT, runner
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 PLAN = str(ROOT / "docs/plans/ctr.yaml")
