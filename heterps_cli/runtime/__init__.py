@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heterps_cli.errors import InputError
@@ -136,6 +139,7 @@ def run_plan(
     synthetic data trains for ``warmup`` + ``steps``. ``checkpoint_dir`` (:mod:`.checkpoint`): save
     every ``checkpoint_every`` steps and after the last; ``resume``: start from the newest there."""
     from heterps_cli.formats import load_plan
+    from heterps_cli.runtime import checkpoint
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
     from heterps_cli.runtime.report import build_report
     from heterps_cli.runtime.worker import RunConfig
@@ -151,8 +155,10 @@ def run_plan(
     model = task or model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
     devices = devices_for(types, mapping or {})
-    under_torchrun = torchrun_env() is not None
+    env = torchrun_env()
+    under_torchrun, coordinating = env is not None, env is None or env[0] == 0
     order = _processes(plan, plan_path, devices, placed, max_processes, under_torchrun)
+    root = checkpoint.prepare(checkpoint_dir) if checkpoint_dir is not None else None
     report(f"loading {model} and checking it against the plan")
     M = micro_batches if micro_batches is not None else plan.micro_batches or default_micro_batches(len(plan.stages))
     if task is not None:
@@ -162,52 +168,69 @@ def run_plan(
     total = steps if task is not None else warmup + steps
     stages = tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages)
     meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
-    meta.update(micro_batches=M, seed=seed, model=model, tp=[s.tp or 1 for s in plan.stages])
-    start, resume_from = 0, None
-    if resume:
-        from heterps_cli.runtime.checkpoint import latest
+    meta.update(micro_batches=M, seed=seed, model=checkpoint.spec_identity(model), tp=[s.tp or 1 for s in plan.stages])
+    with _checkpoints(root, resume, meta, total, coordinating, report) as (start, resume_from):
+        cfg = RunConfig(
+            model=model,
+            input_shape=input_shape,
+            batch_size=plan.batch_size,
+            stages=stages,
+            devices=devices,
+            micro_batches=M,  # section 1d: the plan's own M unless given
+            steps=steps,
+            warmup=warmup,
+            threads=threads,
+            seed=seed,
+            lr=lr,
+            timeout_s=timeout_s,
+            recompute=tuple(bool(s.recompute) for s in plan.stages),
+            tp=tuple(s.tp or 1 for s in plan.stages),
+            task=task,
+            total_steps=total,
+            start_step=start,
+            checkpoint_dir=os.path.abspath(root) if root is not None else None,
+            checkpoint_every=checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
+            resume_from=resume_from,
+            checkpoint_meta=tuple(meta.items()),
+        )
+        result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
+        if result is None:
+            return None
+        return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)
 
-        assert checkpoint_dir is not None
-        found = latest(checkpoint_dir, meta)
+
+@contextmanager
+def _checkpoints(
+    root: Path | None, resume: bool, meta: dict, total: int, coordinating: bool, report: Progress
+) -> Iterator[tuple[int, str | None]]:
+    """Where the run starts (steps done, the checkpoint folder to resume from) while the checkpoint folder's
+    lock is held (by the launcher, or rank 0 under torchrun): the newest checkpoint with ``resume``,
+    else a folder without checkpoints (:func:`.checkpoint.refuse_fresh`)."""
+    from heterps_cli.runtime import checkpoint
+
+    if root is None:
+        yield 0, None
+        return
+    with checkpoint.locked(root) if coordinating else nullcontext():
+        if not resume:
+            if coordinating:
+                checkpoint.refuse_fresh(root)
+            yield 0, None
+            return
+        found = checkpoint.latest(root, meta)
         if found is None:
-            report(f"no complete checkpoint in {checkpoint_dir}: starting at step 1")
-        else:
-            start, resume_from = found[0], str(found[1])
-            if start >= total:
-                raise InputError(
-                    str(found[1]),
-                    None,
-                    "--steps",
-                    f"the checkpoint has done {start} steps, and the run trains {total} in all: nothing left to "
-                    "train (raise --steps to train further)",
-                )
-    cfg = RunConfig(
-        model=model,
-        input_shape=input_shape,
-        batch_size=plan.batch_size,
-        stages=stages,
-        devices=devices,
-        micro_batches=M,  # section 1d: the plan's own M unless given
-        steps=steps,
-        warmup=warmup,
-        threads=threads,
-        seed=seed,
-        lr=lr,
-        timeout_s=timeout_s,
-        recompute=tuple(bool(s.recompute) for s in plan.stages),
-        tp=tuple(s.tp or 1 for s in plan.stages),
-        task=task,
-        total_steps=total,
-        start_step=start,
-        checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir is not None else None,
-        checkpoint_every=checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
-        resume_from=resume_from,
-        checkpoint_meta=tuple(meta.items()),
-    )
-    result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
-    if result is None:
-        return None
-    return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)
+            report(f"no complete checkpoint in {root}: starting at step 1")
+            yield 0, None
+            return
+        if found[0] >= total:
+            raise InputError(
+                str(found[1]),
+                None,
+                "--steps",
+                f"the checkpoint has done {found[0]} steps, and the run trains {total} in all: nothing left to "
+                "train (raise --steps to train further)",
+            )
+        yield found[0], str(found[1])
 
 
 def single_process_losses(

@@ -182,6 +182,15 @@ def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:
     parallelize_module(module, mesh, {name: styles[style]() for name, style in pairs.items()})
 
 
+def _run_id() -> str:
+    """This run's id, rank 0's random one on every rank: what each checkpoint file carries."""
+    import uuid
+
+    said = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(said, src=0)
+    return str(said[0])
+
+
 def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     """Run this rank's part of ``cfg`` in an initialised process group; what it measured. The first
     ``warmup`` steps this process runs are not measured (at least one is, where it runs any)."""
@@ -265,6 +274,7 @@ class _Replica:
         self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
         if cfg.resume_from is not None:
             self.restore(Path(cfg.resume_from))
+        self.run_id = _run_id() if cfg.checkpoint_dir else None
         self.M = lay.micro_batches
         self.warm = min(len(lay.stages) - 1 - stage.index, self.M)  # 1F1B: forwards before the first backward
         self.times = Times()
@@ -421,36 +431,30 @@ class _Replica:
 
     def save(self, steps_done: int) -> None:
         """A checkpoint after ``steps_done`` steps (:mod:`.checkpoint`): the stage's first replica writes
-        its weights and optimiser state, every process its generators' state, rank 0 the mark."""
-        from heterps_cli.runtime.checkpoint import (
-            folder,
-            mark_complete,
-            rng_file,
-            save_atomically,
-            stage_file,
-            stage_state,
-        )
+        its weights and optimiser state, every process its generators' state, then rank 0 completes it."""
+        from heterps_cli.runtime import checkpoint
 
-        assert self.cfg.checkpoint_dir is not None
-        where = folder(self.cfg.checkpoint_dir, steps_done)
+        assert self.cfg.checkpoint_dir is not None and self.run_id is not None
+        root, run = self.cfg.checkpoint_dir, self.run_id
+        where = checkpoint.staging(root, steps_done, run)
         if self.replica == 0:
-            mine = stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
-            save_atomically(stage_state(self.module, self.optimiser), mine)
-        save_atomically(_generators(self.device), rng_file(where, self.rank))
+            mine = checkpoint.stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
+            checkpoint.save(checkpoint.stage_state(self.module, self.optimiser), mine, run, steps_done)
+        checkpoint.save(_generators(self.device), checkpoint.rng_file(where, self.rank), run, steps_done)
         dist.barrier()
         if self.rank == 0:
-            mark_complete(where, {**dict(self.cfg.checkpoint_meta), "steps_done": steps_done})
+            names = checkpoint.file_names(self.lay)
+            checkpoint.complete(root, steps_done, run, names, dict(self.cfg.checkpoint_meta))
 
     def restore(self, where: Path) -> None:
-        from heterps_cli.runtime.checkpoint import load_stage_state, read, rng_file, stage_file
+        from heterps_cli.runtime import checkpoint
 
-        state = read(stage_file(where, self.stage.index, self.stage.tp, self.tp_rank), self.device)
-        load_stage_state(self.module, self.optimiser, state)
+        mark = checkpoint.read_mark(where)
+        path = checkpoint.stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
+        checkpoint.load_stage_state(self.module, self.optimiser, checkpoint.read(path, self.device, mark), path)
         # A generator's state is a CPU byte tensor, also the GPU's: torch refuses one moved to the device.
-        generators = read(rng_file(where, self.rank), torch.device("cpu"))
-        torch.set_rng_state(generators["cpu"])
-        if self.device.type == "cuda" and generators.get("cuda") is not None:
-            torch.cuda.set_rng_state(generators["cuda"], self.device)
+        path = checkpoint.rng_file(where, self.rank)
+        checkpoint.set_generators(checkpoint.read(path, torch.device("cpu"), mark), self.device, path)
 
     def result(self) -> dict:
         peak, how = peak_memory(self.device)
