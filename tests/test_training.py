@@ -91,6 +91,19 @@ from torch import nn
 from torch.utils.data import TensorDataset
 net = lambda: nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
 data = TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,)))
+class Odd(torch.utils.data.Dataset):
+    def __init__(self, length, item):
+        self.length, self.item = length, item
+    def __len__(self):
+        return self.length()
+    def __getitem__(self, i):
+        return self.item(i)
+def ok(i):
+    return torch.zeros(32), 1
+def fails(*args):
+    raise KeyError('gone')
+def task_of(data, **more):
+    return {'model': net(), 'data': data, 'loss': nn.functional.cross_entropy, **more}
 """
 
 
@@ -109,7 +122,7 @@ data = TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,)))
             "task: data: must be a torch.utils.data",
         ),
         ("def task():\n    return {'model': net(), 'data': data, 'loss': lambda o, t: o}\n", "a tensor of one value"),
-        ("def task():\n    return {'model': net(), 'data': [1, 2], 'loss': max}\n", "must be (input, target)"),
+        ("def task():\n    return {'model': net(), 'data': [1, 2], 'loss': max}\n", "must be (inputs, targets)"),
         ("def task():\n    raise ValueError('no data here')\n", "no data here"),
         (
             "def task():\n    return {'model': net(), 'data': data, 'loss': nn.functional.cross_entropy, "
@@ -117,6 +130,12 @@ data = TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,)))
             "must build a torch.optim.Optimizer",
         ),
         ("def task():\n    return {'model': nn.Linear(32, 4), 'data': data, 'loss': max}\n", "layers"),
+        ("def task():\n    return task_of(Odd(lambda: -1, ok))\n", "__len__ raised ValueError: __len__() should"),
+        ("def task():\n    return task_of(Odd(fails, ok))\n", "the dataset's __len__ raised KeyError: 'gone'"),
+        ("def task():\n    return task_of(Odd(lambda: 9, fails))\n", "(__getitem__) raised KeyError: 'gone'"),
+        ("def task():\n    return task_of(Odd(lambda: 9, lambda i: ('x', 'y')))\n", "not tensors or numbers"),
+        ("def task():\n    return task_of([(torch.zeros(0, 32), torch.zeros(0))])\n", "gave no sample"),
+        ("def task():\n    return task_of(data, blocks=5)\n", "blocks: must be a list of the model's modules"),
     ],
 )
 def test_a_bad_task_is_refused_before_any_process_starts(tmp_path, body, expected):

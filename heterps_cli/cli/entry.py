@@ -38,6 +38,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, interrupt)
     sys.unraisablehook = unraisable
     terminal.install()
+    _refuse_bytes_that_are_not_utf8(sys.argv[1:])
     try:
         from heterps_cli.cli.app import app
 
@@ -77,3 +78,25 @@ def _exit_interrupted(said: bool) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
+
+
+def _refuse_bytes_that_are_not_utf8(args: list[str]) -> None:
+    """Exit 2 on an argument that is not UTF-8 (a file name in another encoding): Python keeps its bytes as
+    lone surrogates, which no file heterps writes, no message and no process it starts can carry."""
+    import sys
+
+    from heterps_cli.errors import EXIT_BAD_INPUT
+
+    for i, arg in enumerate(args):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            option = args[i - 1] if i and args[i - 1].startswith("-") else f"argument {i + 1}"
+            if arg.startswith("--") and "=" in arg:
+                option = arg.partition("=")[0]
+            shown = arg.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            sys.stderr.write(
+                f"error: {option}: '{shown}' is not UTF-8 text: heterps takes names and paths as UTF-8 "
+                "(rename the file, or give another path)\n"
+            )
+            sys.exit(EXIT_BAD_INPUT)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt
+from heterps_cli.cli.options import MAX_THREADS, DeviceMapOpt, RunModelOpt
 from heterps_cli.cli.session import exit_codes, out
 from heterps_cli.shell import quote
 from heterps_cli.untrusted import printable
@@ -41,7 +41,8 @@ def launch_command(
     steps: Annotated[int, typer.Option(min=1, help="heterps run --steps on every node.")] = 10,
     warmup: Annotated[int | None, typer.Option(min=0, help="heterps run --warmup.", show_default=False)] = None,
     threads: Annotated[
-        int, typer.Option(min=1, help="Threads per process: heterps run --threads, and OMP_NUM_THREADS.")
+        int,
+        typer.Option(min=1, max=MAX_THREADS, help="Threads per process: heterps run --threads, and OMP_NUM_THREADS."),
     ] = 1,
     checkpoint_dir: Annotated[
         Path | None,
@@ -77,15 +78,17 @@ def launch_command(
         from heterps_cli.errors import InputError
         from heterps_cli.formats import load_plan
         from heterps_cli.launchfiles import launch_for, node_needs, node_script
-        from heterps_cli.outfiles import OutFile, write_set
-        from heterps_cli.runtime import mapped, parse_map
+        from heterps_cli.outfiles import OutFile, check_writable, write_set
+        from heterps_cli.runtime import check_options, mapped, parse_map
 
+        ck = str(checkpoint_dir) if checkpoint_dir is not None else None
+        check_options(model, task, ck, checkpoint_every, resume)  # here: every node would fail on them later
+        if report is not None:
+            check_writable(report, "--report")
         plan, _ = load_plan(str(plan_file))
         types = list(dict.fromkeys(s.resource for s in plan.stages))
         mapping = parse_map(device_map or [])
         devices = mapped(types, mapping, strict=True)  # before any file is written
-        if task is not None and model is not None:
-            raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
         copy = out_dir / f"plan{plan_file.suffix if plan_file.suffix in ('.yaml', '.yml', '.json') else '.yaml'}"
         run_args = [*(["--model", _absolute(model)] if model else []), *(["--task", _absolute(task)] if task else [])]
         run_args += [a for t, d in mapping.items() for a in ("--map", f"{t}={d}")]

@@ -34,6 +34,7 @@ FRONTIER_TIME_LIMIT = 300.0  # seconds: the bundled models' frontiers take under
 # Built from the registry, so a new scheduler needs no change here (mypy cannot see the members).
 SchedulerName = enum.Enum("SchedulerName", {name: name for name in SCHEDULERS}, type=str)  # type: ignore[misc]
 DEFAULT_SCHEDULER = SchedulerName("rl")
+MAX_THREADS = 1024  # per process: torch asked for 100,000 crashed (SIGSEGV) starting them
 
 
 def positive_number(value: float | None) -> float | None:

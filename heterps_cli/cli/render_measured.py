@@ -242,4 +242,12 @@ def _run_lines(report) -> list[Text]:
         lines.append(
             Text(f"loss {report.losses[0]:.6g} at step {first}, {report.losses[-1]:.6g} at step {last}{resumed}")
         )
+    if report.diverged is not None:
+        lines.append(
+            Text(
+                f"warning: the loss is not a finite number from step {report.diverged} (the training diverged: "
+                "lower the learning rate); --json gives it as null",
+                style="yellow",
+            )
+        )
     return lines

@@ -10,8 +10,15 @@ from typing import Annotated, cast
 import typer
 from rich.text import Text
 
-from heterps_cli.cli.options import DeviceMapOpt, RunModelOpt, parse_shape, positive_number, seed_callback
-from heterps_cli.cli.session import exit_codes, out, progress_bar, users_prints_to_stderr, write_output
+from heterps_cli.cli.options import MAX_THREADS, DeviceMapOpt, RunModelOpt, parse_shape, positive_number, seed_callback
+from heterps_cli.cli.session import (
+    exit_codes,
+    not_an_input,
+    out,
+    progress_bar,
+    users_prints_to_stderr,
+    write_output,
+)
 
 _RunPlanFileArg = Annotated[
     Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
@@ -116,7 +123,9 @@ def run_command(
     steps: _RunStepsOpt = 10,
     warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 2,
     micro_batches: _RunMicroBatchesOpt = None,
-    threads: Annotated[int, typer.Option(min=1, help="Threads per process (one unit of a CPU type = one core).")] = 1,
+    threads: Annotated[
+        int, typer.Option(min=1, max=MAX_THREADS, help="Threads per process (one unit of a CPU type = one core).")
+    ] = 1,
     max_processes: _RunMaxProcessesOpt = None,
     seed: _RunSeedOpt = 0,
     lr: Annotated[float, typer.Option(callback=positive_number, help="SGD learning rate (without --task).")] = 0.01,
@@ -140,7 +149,12 @@ def run_command(
     with exit_codes():
         from heterps_cli import api
         from heterps_cli.cli.render_measured import run_view
+        from heterps_cli.outfiles import check_writable
         from heterps_cli.runtime import parse_map
+
+        if out_file is not None and out_file != "-":  # before the training, whose report it would lose
+            not_an_input(out_file, plan_file)
+            check_writable(out_file, "--out")
 
         with progress_bar() as report, users_prints_to_stderr():
             result = api.run(

@@ -23,9 +23,29 @@ if TYPE_CHECKING:
     from heterps_cli.runtime.placement import Process
     from heterps_cli.runtime.report import RunReport
 
-DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?", re.ASCII)  # fullmatch: no trailing newline, no other digits
 MAX_DEFAULT_MICRO_BATCHES = 64
 DEFAULT_CHECKPOINT_EVERY = 100
+
+
+def check_options(
+    model: str | None, task: str | None, checkpoint_dir: str | None, checkpoint_every: int | None, resume: bool
+) -> None:
+    """What ``heterps run`` and ``heterps launch`` refuse of their options before any work: a model beside
+    a task, checkpoint options without a folder, a model or task file that is not there, a checkpoint
+    folder no save could use (:func:`.checkpoint.check_folder`)."""
+    from heterps_cli.runtime import checkpoint
+
+    if task is not None and model is not None:
+        raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
+    if (checkpoint_every is not None or resume) and checkpoint_dir is None:
+        raise InputError(None, None, "--checkpoint-dir", "--checkpoint-every and --resume need --checkpoint-dir")
+    for flag, spec in (("--model", model), ("--task", task)):
+        where, sep, _ = (spec or "").rpartition(":")
+        if sep and where.endswith(".py") and not os.path.isfile(where):
+            raise InputError(where, None, flag, "file not found")
+    if checkpoint_dir is not None:
+        checkpoint.check_folder(checkpoint_dir)
 
 
 def default_micro_batches(stages: int) -> int:
@@ -40,7 +60,7 @@ def parse_map(entries: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for entry in entries:
         name, sep, device = entry.partition("=")
-        if not sep or not name or not DEVICE.match(device):
+        if not sep or not name or not DEVICE.fullmatch(device):
             raise InputError(
                 None, None, "--map", f"{entry!r} is not TYPE=cpu, TYPE=cuda or TYPE=cuda:N (e.g. --map v100=cuda:0)"
             )
@@ -147,10 +167,7 @@ def run_plan(
     report = progress or quiet
     if not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole milliseconds, up to a day here
         raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
-    if task is not None and model is not None:
-        raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
-    if (checkpoint_every is not None or resume) and checkpoint_dir is None:
-        raise InputError(None, None, "--checkpoint-dir", "--checkpoint-every and --resume need --checkpoint-dir")
+    check_options(model, task, checkpoint_dir, checkpoint_every, resume)
     plan, doc = load_plan(plan_path)
     model = task or model or plan.model  # a measured profile names its model as --model spells it
     types = list(dict.fromkeys(s.resource for s in plan.stages))
@@ -299,8 +316,8 @@ def _check_task(plan: Plan, doc, task: str, micro_batches: int, seed: int) -> No
     chain = trace_chain(use_layers(model, names))
     check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
     _check_shardable(plan, doc, chain)
+    x, y = samples.take(0, 0, min(2, plan.batch_size))  # what the data raise is said by Samples
     try:
-        x, y = samples.take(0, 0, min(2, plan.batch_size))
         loss = loaded.loss(chain.stage(chain.names)(x), y)
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
             raise TypeError(f"the loss must be a tensor of one value that requires grad, not {loss!r:.80}")

@@ -74,15 +74,22 @@ def file_names(lay) -> list[str]:
 # Before the run -------------------------------------------------------------------------------------
 
 
-def prepare(root: str) -> Path:
-    """``--checkpoint-dir`` checked and made before any process starts, as the first save would need it:
-    a folder (made here where missing) this user can write in, under names a file system takes."""
+def check_folder(root: str) -> None:
+    """Refuse a ``--checkpoint-dir`` no save could use, without making it (``launch`` writes for other
+    machines): a name a file system does not take, a file, a link to nothing."""
     check_names(root, FIELD, root)
     path = Path(root)
     if path.is_symlink() and not path.exists():
         raise InputError(root, None, FIELD, f"is a link to {os.readlink(path)}, which does not exist")
     if path.exists() and not path.is_dir():
         raise InputError(root, None, FIELD, "exists and is not a directory: give a folder for the checkpoints")
+
+
+def prepare(root: str) -> Path:
+    """``--checkpoint-dir`` checked and made before any process starts, as the first save would need it:
+    a folder (made here where missing) this user can write in."""
+    check_folder(root)
+    path = Path(root)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

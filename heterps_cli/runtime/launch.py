@@ -148,10 +148,10 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
         port = free_port()
         told = out / "progress"
         cfg = dataclasses.replace(cfg, progress_file=str(told) if cfg.task is not None else None)
+        # Not daemonic: a daemonic process may start none of its own, and a task's DataLoader with workers
+        # starts some. _stop below and each worker's watch on this process end them all the same.
         processes = [
-            ctx.Process(
-                target=spawned, args=(r, world, port, cfg, tmp, os.getpid()), name=f"heterps-rank{r}", daemon=True
-            )
+            ctx.Process(target=spawned, args=(r, world, port, cfg, tmp, os.getpid()), name=f"heterps-rank{r}")
             for r in range(world)
         ]
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -69,7 +70,25 @@ class RunReport:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+        """The report as JSON: a figure that is not finite (a loss gone NaN, a ratio to no prediction) as
+        null, since JSON has no NaN or Infinity."""
+        return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
+
+    @property
+    def diverged(self) -> int | None:
+        """The first step whose loss is not a finite number, or None."""
+        bad = next((i for i, loss in enumerate(self.losses) if not math.isfinite(loss)), None)
+        return None if bad is None else self.first_step + bad + 1
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _mean(values: list[float]) -> float:

@@ -93,40 +93,61 @@ def load_task(spec: str) -> Task:
     for field in ("loss", "optimizer"):
         if not callable(getattr(made, field)):
             raise InputError(where, None, f"{name}: {field}", "must be callable")
-    if made.blocks is not None and not all(isinstance(b, nn.Module) for b in made.blocks):
+    blocks = made.blocks
+    if blocks is not None and not (isinstance(blocks, list | tuple) and all(isinstance(b, nn.Module) for b in blocks)):
         raise InputError(where, None, f"{name}: blocks", "must be a list of the model's modules")
     return made
 
 
-def _pair(item, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not (isinstance(item, tuple | list) and len(item) == 2):
-        raise InputError(None, None, "--task", f"{where} must be (input, target), not {type(item).__name__}")
-    return item[0], item[1]
+_END = object()
 
 
 class Samples:
-    """The task's data as one stream of samples; :meth:`take` gives any step's slice of it."""
+    """The task's data as one stream of samples; :meth:`take` gives any step's slice of it. What the data
+    raise or give that is not samples is the user's error (exit 2), naming the task (``name``) and the
+    sample or batch."""
 
-    def __init__(self, data, samples_per_step: int, seed: int, shuffle: bool = True):
-        self.data, self.N, self.seed, self.shuffle = data, samples_per_step, seed, shuffle
+    def __init__(self, data, samples_per_step: int, seed: int, shuffle: bool = True, name: str = "the task"):
+        self.data, self.N, self.seed, self.shuffle, self.name = data, samples_per_step, seed, shuffle, name
         self.mapped = isinstance(data, Dataset) and not isinstance(data, IterableDataset)
         if self.mapped:
             if not hasattr(data, "__len__"):
-                raise InputError(
-                    None,
-                    None,
-                    "--task",
-                    "the dataset has no __len__: give it one, or make it an iterable",
-                )
-            self.size = len(data)
+                self._refuse("the dataset has no __len__: give it one, or make it an iterable")
+            self.size = self._users("the dataset's __len__", len, data)
             if self.size < 1:
-                raise InputError(None, None, "--task", "the dataset is empty")
+                self._refuse("the dataset is empty")
             self.orders: dict[int, torch.Tensor] = {}
         else:
             self.iterator: Iterator | None = None
             self.buffer: list[tuple[torch.Tensor, torch.Tensor]] = []  # batches not yet taken, as (x, y)
             self.position = 0  # the stream's sample that buffer[0] starts at
-            self.epoch_empty = True
+            self.read_in_pass = 0  # samples the current pass over the data has given
+
+    def _refuse(self, why: str):
+        raise InputError(None, None, "--task", f"{self.name}: {why}")
+
+    def _users(self, what: str, call, *args):
+        """``call(*args)``, the user's code: what it raises is said as the task's error."""
+        try:
+            return call(*args)
+        except (*SIGNALLED, InputError):
+            raise
+        except Exception as exc:
+            self._refuse(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+
+    def _pair(self, item, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``item`` as (inputs, targets), each a tensor."""
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            self._refuse(f"{where} must be (input, target), not {type(item).__name__}")
+        x, y = item
+        for part, value in (("input", x), ("target", y)):
+            if not isinstance(value, torch.Tensor):
+                self._refuse(f"{where}: its {part} is a {type(value).__name__}, not tensors or numbers")
+        if x.dim() == 0 or y.dim() == 0:
+            self._refuse(f"{where} is one number, not a batch: give each sample, or each batch, a first dimension")
+        if len(x) != len(y):
+            self._refuse(f"{where} holds {len(x)} inputs and {len(y)} targets")
+        return x, y
 
     def take(self, step: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples ``lo`` to ``hi`` of step ``step``, collated: ``(inputs, targets)``."""
@@ -165,12 +186,19 @@ class Samples:
         it has one (the samples, as torch's DataLoader takes them, or the batch ``(inputs, targets)``
         itself); else one ``__getitem__`` per sample; samples collated as the DataLoader does."""
         if isinstance(self.data, TensorDataset):
-            return _pair(tuple(t[indices] for t in self.data.tensors), "a TensorDataset (two tensors)")
+            return self._pair(tuple(t[indices] for t in self.data.tensors), "a TensorDataset (two tensors)")
         many = getattr(self.data, "__getitems__", None)
-        items = many(indices) if many is not None else [self.data[i] for i in indices]
+        if many is not None:
+            items = self._users(f"the dataset's __getitems__ of samples {indices[0]}, …", many, indices)
+        else:
+            items = [self._users(f"the dataset's sample {i} (__getitem__)", self.data.__getitem__, i) for i in indices]
         if isinstance(items, tuple) and len(items) == 2 and all(isinstance(t, torch.Tensor) for t in items):
             return items[0], items[1]  # a batch already, which collating one sample at a time would cost
-        return _pair(default_collate([_pair(item, "a sample of the dataset") for item in items]), "a batch")
+        for i, item in zip(indices, items, strict=False):
+            if not (isinstance(item, tuple | list) and len(item) == 2):
+                self._refuse(f"the dataset's sample {i} must be (input, target), not {type(item).__name__}")
+        batch = self._users(f"collating the dataset's samples {indices[0]}, …", default_collate, list(items))
+        return self._pair(batch, f"the dataset's samples {indices[0]}, …")
 
     def _streamed(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         if lo < self.position:  # a step before the one buffered: read the stream again from its start
@@ -186,20 +214,23 @@ class Samples:
         return xs[lo - self.position : hi - self.position], ys[lo - self.position : hi - self.position]
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        for _ in range(2):
+        """The data's next batch, read again from its start when a pass ends; a pass that gave no sample
+        (no batch, or only empty ones) ends the run, which would otherwise wait forever for one."""
+        while True:
             if self.iterator is None:
-                self.iterator, self.epoch_empty = iter(self.data), True
-            try:
-                x, y = _pair(next(self.iterator), "each batch of the data")  # type: ignore[arg-type]
-                self.epoch_empty = False
-                return torch.as_tensor(x), torch.as_tensor(y)
-            except StopIteration:
-                if self.epoch_empty:
-                    break
+                self.iterator, self.read_in_pass = self._users("iter() of the data", iter, self.data), 0
+            batch = self._users("reading the data's next batch", next, self.iterator, _END)
+            if batch is _END:
+                if self.read_in_pass == 0:
+                    self._refuse("the data ran out: a pass over it, read again from its start, gave no sample")
                 self.iterator = None
-        raise InputError(
-            None, None, "--task", "the data ran out: an iterable that gives no batch when read again from its start"
-        )
+                continue
+            if not (isinstance(batch, tuple | list) and len(batch) == 2):
+                self._refuse(f"each batch of the data must be (inputs, targets), not {type(batch).__name__}")
+            x, y = (self._users("a batch of the data as tensors", torch.as_tensor, part) for part in batch)
+            x, y = self._pair((x, y), "a batch of the data")
+            self.read_in_pass += len(x)
+            return x, y
 
 
 def load_task_model(spec: str, batch_size: int, samples_per_step: int, seed: int):
@@ -208,6 +239,6 @@ def load_task_model(spec: str, batch_size: int, samples_per_step: int, seed: int
     from heterps_cli.profiling.models import Model
 
     task = load_task(spec)
-    samples = Samples(task.data, samples_per_step, seed, task.shuffle)
+    samples = Samples(task.data, samples_per_step, seed, task.shuffle, spec)
     example, _ = samples.take(0, 0, min(batch_size, samples_per_step))
     return task, Model(spec, task.model, (example,), task.blocks), samples
