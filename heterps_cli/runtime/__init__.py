@@ -34,7 +34,7 @@ def check_options(
     """What ``heterps run`` and ``heterps launch`` refuse of their options before any work: a model beside
     a task, checkpoint options without a folder, a model or task file that is not there, a checkpoint
     folder no save could use (:func:`.checkpoint.check_folder`)."""
-    from heterps_cli.runtime import checkpoint
+    import heterps_cli.runtime.checkpoint as checkpoint
 
     if task is not None and model is not None:
         raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
@@ -158,8 +158,8 @@ def run_plan(
     optimiser train for ``steps`` steps in all (the first ``warmup`` of this run unmeasured); without,
     synthetic data trains for ``warmup`` + ``steps``. ``checkpoint_dir`` (:mod:`.checkpoint`): save
     every ``checkpoint_every`` steps and after the last; ``resume``: start from the newest there."""
+    import heterps_cli.runtime.checkpoint as checkpoint
     from heterps_cli.formats import load_plan
-    from heterps_cli.runtime import checkpoint
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
     from heterps_cli.runtime.report import build_report
     from heterps_cli.runtime.worker import RunConfig
@@ -223,7 +223,7 @@ def _checkpoints(
     """Where the run starts (steps done, the checkpoint folder to resume from) while the checkpoint folder's
     lock is held (by the launcher, or rank 0 under torchrun): the newest checkpoint with ``resume``,
     else a folder without checkpoints (:func:`.checkpoint.refuse_fresh`)."""
-    from heterps_cli.runtime import checkpoint
+    import heterps_cli.runtime.checkpoint as checkpoint
 
     if root is None:
         yield 0, None

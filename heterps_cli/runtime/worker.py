@@ -432,7 +432,7 @@ class _Replica:
     def save(self, steps_done: int) -> None:
         """A checkpoint after ``steps_done`` steps (:mod:`.checkpoint`): the stage's first replica writes
         its weights and optimiser state, every process its generators' state, then rank 0 completes it."""
-        from heterps_cli.runtime import checkpoint
+        import heterps_cli.runtime.checkpoint as checkpoint
 
         assert self.cfg.checkpoint_dir is not None and self.run_id is not None
         root, run = self.cfg.checkpoint_dir, self.run_id
@@ -447,7 +447,7 @@ class _Replica:
             checkpoint.complete(root, steps_done, run, names, dict(self.cfg.checkpoint_meta))
 
     def restore(self, where: Path) -> None:
-        from heterps_cli.runtime import checkpoint
+        import heterps_cli.runtime.checkpoint as checkpoint
 
         mark = checkpoint.read_mark(where)
         path = checkpoint.stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)

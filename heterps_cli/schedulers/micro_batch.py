@@ -40,8 +40,12 @@ def best_micro_batch(
     beaten: set[int] = set()  # asked only for a plan faster than the best so far
     # Largest first: where the exact solver asks only for a plan faster than the best so far, the
     # largest micro-batches, which run a sample fastest, leave the others least to search.
+    out_of_time = False
     for i, batch in enumerate(sorted(choices, reverse=True)):
         left = clock.left()
+        if left is not None and left <= 0 and (found or failed):  # the rest unasked: the limit holds
+            out_of_time = True
+            break
         share = None if left is None else max(0.0, left) / (len(choices) - i)
         asked = dataclasses.replace(options, time_limit=share, started=time.perf_counter())
         fastest = max((p.throughput for p in found.values() if p.feasible), default=0.0)
@@ -62,7 +66,8 @@ def best_micro_batch(
         gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
         raise (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed)) from None
     best = _best(problem, found)
-    return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start)
+    unasked = "the time limit ran out" if out_of_time else "interrupted"
+    return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
 
 
 def _best(problem: Problem, found: dict[int, Plan]) -> int:
@@ -82,6 +87,7 @@ def _chosen(
     beaten: set[int],
     batch: int,
     solve_s: float,
+    unasked: str = "interrupted",
 ) -> Plan:
     """The plan at ``batch``, its notes saying what each other choice gave and its certificate the one
     over every choice."""
@@ -94,7 +100,7 @@ def _chosen(
             if b in found
             else ("none as fast" if b in beaten else "no plan")
             if b in failed
-            else "not asked (interrupted)"
+            else f"not asked ({unasked})"
         )
         for b in choices
     )
