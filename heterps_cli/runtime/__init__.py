@@ -40,12 +40,12 @@ def check_options(
         raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
     if (checkpoint_every is not None or resume) and checkpoint_dir is None:
         raise InputError(None, None, "--checkpoint-dir", "--checkpoint-every and --resume need --checkpoint-dir")
+    if checkpoint_dir is not None:
+        checkpoint.check_folder(checkpoint_dir)
     for flag, spec in (("--model", model), ("--task", task)):
         where, sep, _ = (spec or "").rpartition(":")
         if sep and where.endswith(".py") and not os.path.isfile(where):
             raise InputError(where, None, flag, "file not found")
-    if checkpoint_dir is not None:
-        checkpoint.check_folder(checkpoint_dir)
 
 
 def default_micro_batches(stages: int) -> int:
