@@ -110,7 +110,10 @@ NonNegative = Annotated[float, Field(ge=0), AfterValidator(_normal)]
 Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_normal)]
 # docs/spec.md section 1b: per unit, so far beyond any real part that only a typo reaches the bound.
 GigaPerUnit = Annotated[float, Field(gt=0, le=1e9), AfterValidator(_normal)]
-Peak = Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)]  # TFLOP/s of a catalogue device
+# A catalogue device's rates and sizes are at least a millionth of a giga (a kB/s, a kbit/s, a kB), so that no
+# time an estimate computes from one overflows: a link_gbps of 3e-308 made a tp entry's oct infinite.
+DeviceRate = Annotated[float, Field(ge=1e-6, le=1e9), AfterValidator(_normal)]
+Peak = Annotated[float, Field(ge=1e-6, le=1e6), AfterValidator(_normal)]  # TFLOP/s of a catalogue device
 Efficiency = Annotated[float, Field(gt=0, le=1), AfterValidator(_normal)]  # a fraction of a peak reached
 
 
@@ -510,11 +513,11 @@ class HalfDims(_Strict):
 class DeviceSpec(_Strict):
     title: Name
     tflops: Peaks
-    memory_gbps: GigaPerUnit  # GB/s
-    memory_gb: GigaPerUnit
-    network_gbps: GigaPerUnit  # Gbit/s per device
+    memory_gbps: DeviceRate  # GB/s
+    memory_gb: DeviceRate
+    network_gbps: DeviceRate  # Gbit/s per device
     launch_us: Annotated[float, Field(ge=0, le=1e6), AfterValidator(_normal)]
-    link_gbps: GigaPerUnit | None = None  # Gbit/s one way to the other devices of its node (section 1h's all-reduce)
+    link_gbps: DeviceRate | None = None  # Gbit/s one way to the other devices of its node (section 1h's all-reduce)
     matmul_efficiency: Efficiencies | None = None  # default: the catalogue's efficiency per layer kind
     memory_efficiency: Efficiency | None = None  # default: the catalogue's
     processor: Literal["gpu", "cpu"] = "gpu"  # which kernels it runs where the two differ (dropout)

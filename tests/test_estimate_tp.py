@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from heterps_cli.cli.app import app
+from heterps_cli.errors import InputError
 from heterps_cli.formats import load_catalogue, load_profile
 from heterps_cli.profiling import estimate as est
 from heterps_cli.profiling.models import Call
@@ -148,6 +149,32 @@ def test_tp_goes_with_estimate_and_a_device_with_an_in_node_link(tmp_path):
     result = _cli(["estimate", "mlp", "cpu", "--as", "cpu", "--batch-size", "4", "--tp", "2", "--out", out], expect=2)
     assert "--tp" in result.output and "no link_gbps" in result.output
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_catalogue_rate_too_small_for_a_finite_time_or_a_half_precision_without_a_peak_is_refused(tmp_path):
+    """No estimate is written that validate would refuse (a link of 3e-308 Gbit/s gave oct: inf), nor one
+    that says bf16 while pricing fp32 products (a T4 has no bf16 peak)."""
+    import yaml
+
+    from heterps_cli.profiling.estimate import CATALOGUE
+
+    catalogue = yaml.safe_load(CATALOGUE.read_text())
+    catalogue["devices"]["t4"]["link_gbps"] = 3e-308
+    mine = tmp_path / "devices.yaml"
+    mine.write_text(yaml.safe_dump(catalogue))
+    out = str(tmp_path / "p.yaml")
+    args = ["estimate", "mlp", "t4", "--as", "t4", "--batch-size", "4", "--out", out]
+    result = _cli([*args, "--tp", "2", "--catalogue", str(mine)], expect=2)
+    assert "devices.t4.link_gbps: must be >= 1e-06 (got 3e-308)" in " ".join(result.output.split())
+    result = _cli([*args, "--precision", "bf16"], expect=2)
+    said = " ".join(result.output.split())
+    assert "--precision: device 't4' of the catalogue has no bf16 peak" in said and "estimate at fp16 or fp32" in said
+    assert not (tmp_path / "p.yaml").exists()
+    from heterps_cli.profiling.write import Entry, LayerRow, render
+
+    row = LayerRow("fc", "fc", 4.0, 4.0, {"t4": Entry(1.0, 0.0, 0.9, 0.0, tp={2: Entry(float("inf"), 0.0, 0.9, 0.0)})})
+    with pytest.raises(InputError, match=r"layers\[0\]\.times\.t4\.tp\.2\.oct: came out as inf for layer 'fc'"):
+        render("m", 4, [row], [])
 
 
 def test_degrees_merge_across_batch_sizes_whose_activations_per_sample_differ(tmp_path):

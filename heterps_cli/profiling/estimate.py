@@ -340,7 +340,7 @@ def estimate(
     tensor-parallel degree 1 and each of ``tp``, at ``precision``, its last layer computing ``loss``."""
     report = progress or quiet
     path = catalogue_path or str(CATALOGUE)
-    catalogue, device = device_of(path, device_name, tp)
+    catalogue, device = device_of(path, device_name, tp, precision)
     report("tracing the model")
     calls, notes = traced(model)
     B0 = len(model.inputs[0])
@@ -447,11 +447,21 @@ def estimate_spec(
     return estimated
 
 
-def device_of(path: str, name: str, tp: tuple[int, ...] = ()) -> tuple[Catalogue, DeviceSpec]:
-    """The catalogue at ``path`` and its device ``name``; exit 2 where it lacks it, or lacks the in-node
-    link ``--tp`` needs."""
+def device_of(path: str, name: str, tp: tuple[int, ...] = (), precision: str = "fp32") -> tuple[Catalogue, DeviceSpec]:
+    """The catalogue at ``path`` and its device ``name``; exit 2 where it lacks it, lacks the in-node
+    link ``--tp`` needs, or has no peak at the half ``precision`` asked for (the estimate would price fp32
+    products in a file that says bf16: a T4 has fp16 tensor cores, not bf16)."""
     catalogue = load_catalogue(path)
     device = catalogue_device(catalogue, name, path, "--estimate")
+    if precision in ("bf16", "fp16") and getattr(device.tflops, precision) is None:
+        has = [p for p in ("fp16", "bf16") if getattr(device.tflops, p) is not None]
+        raise InputError(
+            path,
+            None,
+            "--precision",
+            f"device {name!r} of the catalogue has no {precision} peak (tflops.{precision}: null), so nothing "
+            f"prices its products at {precision}: estimate at {' or '.join([*has, 'fp32'])}",
+        )
     if tp and device.link_gbps is None:
         raise InputError(
             path,

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,7 @@ def render(
     precision: str | None = None,
     fixed: dict[str, dict[str, float]] | None = None,
 ) -> str:
+    _refuse_what_no_profile_holds(layers)
     lines = [f"# {h}" for h in header]
     lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}"]
     if precision is not None:
@@ -115,6 +117,30 @@ def render(
                 for d, x in sorted(row.tp.items())
             ]
     return "\n".join(lines) + "\n"
+
+
+def _refuse_what_no_profile_holds(layers: list[LayerRow]) -> None:
+    """heterps writes no profile it would refuse: a time that came out infinite or not a number (from a
+    rate so small that a division overflowed) stops the command, naming the layer, the type and the field."""
+
+    def times(e: Entry, where: str) -> Iterator[tuple[str, float]]:
+        yield from ((f"{where}.{k}", getattr(e, k)) for k in ("oct", "odt", "forward", "update"))
+        for b, x in (e.batches or {}).items():
+            yield from times(x, f"{where}.batches.{b}")
+        for d, x in (e.tp or {}).items():
+            yield from times(x, f"{where}.tp.{d}")
+
+    for i, row in enumerate(layers):
+        for t, e in row.times.items():
+            for field, value in times(e, f"layers[{i}].times.{t}"):
+                if value is not None and not math.isfinite(value):
+                    raise InputError(
+                        None,
+                        None,
+                        field,
+                        f"came out as {value} for layer {row.name!r}, which no profile may hold: a figure it "
+                        "is computed from (a rate of the device catalogue, --link-gbps) is too small or too large",
+                    )
 
 
 def _entry(e: Entry) -> str:
