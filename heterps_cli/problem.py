@@ -434,7 +434,11 @@ def load_problem(
             micro_batch=micro_batch,
         )
     except NoSuchMicroBatch as exc:
-        raise InputError(None, None, "--micro-batch", str(exc)) from None
+        if micro_batch is None and global_batch is None:  # the profile's own job.global_batch
+            raise pdoc.error(("job", "global_batch"), str(exc)) from None
+        raise InputError(
+            None, None, "--micro-batch" if micro_batch is not None else "--global-batch", str(exc)
+        ) from None
     _check_finite_figures(problem, pdoc, cdoc, samples_given=samples is not None, epochs_given=epochs is not None)
     if (too_many := _unrentable(problem.nodes)) is not None:
         raise cdoc.error(("nodes",), too_many)
@@ -582,7 +586,16 @@ def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: in
         return fixed, _whole_micro_batches(steps, fixed) if steps is not None else 0, False
     if steps is None:
         return profile.batch_size, 0, False
-    choices = table.choices(steps) or (profile.batch_size,)
+    choices = table.choices(steps)
+    if not choices:
+        dividing = [size for size in table.sizes if steps % size == 0]
+        raise NoSuchMicroBatch(
+            f"no micro-batch the profile measured divides the global batch {steps:,} with every layer measured "
+            f"there or above on the cluster's types: {', '.join(f'{s:,}' for s in dividing)} "
+            f"{'divides' if len(dividing) == 1 else 'divide'} it, above the "
+            f"largest size some layer was measured at (heterps does not extrapolate): measure every layer there "
+            f"(heterps profile --batch-sizes), or give a global batch that is a multiple of {profile.batch_size:,}"
+        )
     batch = profile.batch_size if profile.batch_size in choices else choices[-1]
     return batch, micro_batches(steps, batch), len(choices) > 1
 

@@ -329,3 +329,19 @@ def _replicas_plus(files: Path, extra: int) -> Path:
     path = files / "plans/wasteful.yaml"
     path.write_text(yaml.safe_dump(made.to_dict(), sort_keys=False))
     return path
+
+
+@pytest.mark.parametrize("dropped", [["nodes"], ["nodes", "rental"]], ids=["stages' nodes", "and the rental"])
+def test_a_plan_on_nodes_that_drops_where_it_runs_is_stale(tmp_path, dropped):
+    """A plan without its stages' nodes would launch on one machine: on a cluster of nodes it is stale."""
+    root = Path(__file__).parent.parent
+    plan = yaml.safe_load((root / "docs/plans/ctr-aws-p3.yaml").read_text())
+    for stage in plan["stages"]:
+        stage.pop("nodes")
+    for key in set(dropped) - {"nodes"}:
+        plan.pop(key)
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    args = ["--profile", str(root / "profiles/ctr.yaml"), "--cluster", str(root / "clusters/aws-p3-nodes.yaml")]
+    checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), *args])
+    shown = " ".join(checked.output.split())
+    assert checked.exit_code == 1 and "stages[0].nodes none -> {'p3.2xlarge#1': 4" in shown, shown

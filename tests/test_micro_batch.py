@@ -333,3 +333,23 @@ def test_bad_batch_sizes_in_a_profile_name_their_line_and_field(tmp_path, batche
     result = runner.invoke(app, ["validate", profile, cluster])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "p.yaml:" in result.output and words in " ".join(result.output.split())
+
+
+def test_a_global_batch_that_only_sizes_some_layers_lack_divide_is_refused_as_input(tmp_path):
+    """Spec 1f: 8 divides the global batch, but only one layer was measured at 8 and nothing extrapolates; the
+    profile's own batch_size 6 does not divide it: no micro-batch to choose, said as such (exit 2)."""
+    root = __import__("pathlib").Path(__file__).parent.parent
+    profile = yaml.safe_load((root / "profiles/ctr.yaml").read_text())
+    profile["batch_size"] = 6
+    entry = profile["layers"][0]["times"]["v100"]
+    entry["batches"] = {8: {"oct": entry["oct"], "odt": entry["odt"]}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
+    cluster = str(root / "clusters/paper.yaml")
+    for where in (["--global-batch", "8"], []):
+        if not where:
+            profile["job"]["global_batch"] = 8
+            (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
+        result = CliRunner().invoke(app, ["plan", str(tmp_path / "p.yaml"), cluster, "-s", "exact", *where])
+        shown = " ".join(result.output.split())
+        assert result.exit_code == 2 and "no micro-batch the profile measured divides the global batch 8" in shown
+        assert ("--global-batch:" if where else "job.global_batch:") in shown and "internal" not in shown

@@ -222,6 +222,24 @@ def test_degrees_that_do_not_divide_each_other_are_refused(tmp_path):
     assert "layers[1].times.gpu.tp[3]" in said and "divide" in said
 
 
+def test_check_fails_a_tp_plan_edited_to_more_units_than_its_rental_holds(tmp_path):
+    """Spec 5: more replicas than the rental's units (at tp d, d units each), though not than the cluster's:
+    a failed gate (exit 1), not a crash; the rental is counted in units, not replicas."""
+    profile, cluster = big_layers(tmp_path, nodes=True)
+    plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
+    held = 4 * sum(plan["rental"].values())
+    stage = plan["stages"][0]
+    stage["replicas"] += (held - plan["resources"]["gpu"]) // stage["tp"] + 1
+    more = yaml.safe_load(open(cluster))
+    more["nodes"]["box"]["available"] = 8  # 32 GPUs: the edited plan's units fit the cluster
+    write_yaml(tmp_path / "c.yaml", more)
+    assert held < sum(s["replicas"] * s.get("tp", 1) for s in plan["stages"]) <= 32
+    write_yaml(tmp_path / "edited.yaml", plan)
+    args = ["check", str(tmp_path / "edited.yaml"), "--profile", profile, "--cluster", cluster, "--objective", "time"]
+    checked = runner.invoke(app, args)
+    assert checked.exit_code == 1 and "internal error" not in checked.output, checked.output
+
+
 def test_check_refuses_a_degree_the_profile_no_longer_gives(tmp_path):
     profile, cluster = big_layers(tmp_path)
     plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")

@@ -183,7 +183,7 @@ def _still_rentable(problem: Problem, plan: Plan) -> dict[str, int] | None:
     if nodes is None or not rental or any(kind not in nodes.names for kind in rental):
         return None
     counts = nodes.counts(rental)
-    used = np.array([sum(s.replicas for s in plan.stages if s.resource == t) for t in problem.types])
+    used = np.array([sum(s.units for s in plan.stages if s.resource == t) for t in problem.types])  # tp: d each
     if (counts > nodes.available).any() or (counts @ nodes.units < used).any():
         return None
     return dict(rental)
@@ -234,13 +234,19 @@ JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "global_batch", "precision"})
 OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
 
 
+# Where a plan on a cluster of nodes runs: never an older heterps's omission, since it is what launch and run
+# place by; a plan that drops them (and so would run on one machine) is stale.
+PLACEMENT = frozenset({"nodes"})
+
+
 def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     """Each field the plan file records that the files no longer give, as 'field: written -> recomputed'.
 
     Every field is compared, at any depth (a stage's figures, each type's memory_gb, the rental),
     except how the plan was found (:data:`HOW_FOUND`) and its job (:func:`job_changes`). A field the
-    file leaves out is one an older heterps did not write, and is not compared; one it adds that the
-    recomputation does not give is stale."""
+    file leaves out is one an older heterps did not write, and is not compared, but for where it runs
+    (its ``rental``, its stages' ``nodes``: :data:`PLACEMENT`); one it adds that the recomputation does
+    not give is stale."""
     mine, theirs = written.written(), fresh.to_dict()
     out = []
     skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
@@ -248,6 +254,8 @@ def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     for key in sorted(mine, key=lambda k: headline.index(k) if k in headline else len(headline)):
         if key not in skip:
             out += _changes(key, mine[key], theirs.get(key))
+    if "rental" not in mine and theirs.get("rental") is not None:  # PLACEMENT: what to rent is the plan
+        out.append(f"rental none -> {_shown(theirs['rental'])} (a plan on a cluster of nodes says what it rents)")
     if written.explanation is not None and written.explanation != fresh.explanation:
         out.append("explanation: the files now give another (heterps plan writes it)")
     if written.what_if is not None and not _same_what_if(written.what_if, fresh.what_if):
@@ -273,6 +281,9 @@ def _stage_changes(i: int, mine: dict, theirs: dict) -> list[str]:
     out = []
     for key, value in mine.items():
         out += _changes(f"stages[{i}].{key}", value, theirs.get(key))
+    for key in PLACEMENT - mine.keys():
+        if theirs.get(key) is not None:
+            out.append(f"stages[{i}].{key} none -> {_shown(theirs[key])} (where its replicas run)")
     return out
 
 
