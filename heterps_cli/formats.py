@@ -33,7 +33,7 @@ from heterps_cli.errors import InputError
 from heterps_cli.figures import number
 from heterps_cli.objective import Objective
 from heterps_cli.untrusted import first_unprintable, invisible
-from heterps_cli.yamlio import Document, load_yaml, nfc
+from heterps_cli.yamlio import Document, compatible, load_yaml, nfc
 
 
 def _printable(text: str) -> str:
@@ -1038,6 +1038,15 @@ def usable_types(profile: Profile, cluster: Cluster) -> tuple[str, ...]:
 
 def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
     """An error naming the profile's line if the cluster offers no type some layer can run on."""
+    theirs = {compatible(t): t for t in cluster.resources}
+    for t in profile.types:
+        other = theirs.get(compatible(t), t)
+        if other != t:
+            raise pdoc.error(
+                ("layers",),
+                f"the profile's type {t!r} is the cluster's {other!r} ({cdoc.path}) written with other characters "
+                "of the same meaning (Unicode NFKC): heterps would take them as two types; write them alike",
+            )
     types = usable_types(profile, cluster)
     if not types:
         profiled = sorted(profile.types)

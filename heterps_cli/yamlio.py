@@ -195,6 +195,12 @@ def nfc(text: str) -> str:
     return unicodedata.normalize("NFC", text) if isinstance(text, str) and not text.isascii() else text
 
 
+def compatible(text: str) -> str:
+    """Text in Unicode's compatibility form (NFKC): "ｖ100" (full-width) and "v100" read as one name,
+    which two names must not."""
+    return unicodedata.normalize("NFKC", text) if isinstance(text, str) and not text.isascii() else text
+
+
 class _Walk:
     """Records the line of every field path, refusing recursive aliases and alias bombs."""
 
@@ -232,12 +238,22 @@ class _Walk:
         self.open.add(id(node))
         if isinstance(node, yaml.MappingNode):
             first: dict[Any, int] = {}
+            folded: dict[str, str] = {}  # a key in compatibility form (NFKC) -> the key given
             for key_node, value_node in node.value:
                 line = key_node.start_mark.line + 1
                 if not isinstance(key_node, yaml.ScalarNode):
                     raise self.refuse(key_node, path, "a key must be a plain name, not a list or a mapping")
                 written, key = key_node.value, nfc(key_node.value)
                 key_node.value = key
+                alike = folded.setdefault(compatible(key), key)
+                if alike != key:
+                    raise InputError(
+                        self.doc_path,
+                        line,
+                        format_path(path + (key,)),
+                        f"is {alike!r} (line {first[alike]}) written with other characters of the same meaning "
+                        "(Unicode NFKC: a full-width letter, a ligature): give distinct names, or write them alike",
+                    )
                 if key in first:
                     # PyYAML silently keeps the last duplicate; a typo must not change a plan.
                     other = (

@@ -224,3 +224,19 @@ def test_a_40_kb_name_is_refused_not_rendered(tmp_path):
         ["plan", str(tmp_path / "p.yaml"), PAPER, "-s", "exact"], "name: must be at most 256 characters (got 40,000)"
     )
     assert len(stderr) < 400  # the value is cut short in the message too
+
+
+def test_names_alike_in_unicodes_compatibility_form_are_refused_in_a_file_and_across_files(tmp_path):
+    """'ｖ100' (a full-width letter) and 'v100' differ byte for byte and in NFC, and read as one name."""
+    cluster = yaml.safe_load((ROOT / "clusters/paper.yaml").read_text())
+    cluster["resources"]["\uff56100"] = dict(cluster["resources"]["v100"])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster, allow_unicode=True))
+    shown = refused(["validate", str(ROOT / "profiles/ctr.yaml"), str(tmp_path / "c.yaml")], "resources.\uff56100")
+    assert "is 'v100' (line" in shown and "Unicode NFKC" in shown
+    profile = yaml.safe_load((ROOT / "profiles/ctr.yaml").read_text())
+    for layer in profile["layers"]:
+        layer["times"]["\uff56100"] = layer["times"].pop("v100")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile, allow_unicode=True))
+    for command in ("validate", "plan"):
+        shown = refused([command, str(tmp_path / "p.yaml"), str(ROOT / "clusters/paper.yaml")], "Unicode NFKC")
+        assert "the profile's type '\uff56100' is the cluster's 'v100'" in shown
