@@ -268,18 +268,24 @@ class Profile(_Strict):
     def at_degree(self, degree: int, types: Collection[str]) -> Profile:
         """Section 1h: this profile as if measured on replicas of ``degree`` units of ``types``: each
         layer's times at that degree on those types (alpha and beta falling back on the entry's at tp 1,
-        then the layer's) and one unit's share of its sizes. A layer with no time at the degree keeps no
+        then the layer's; update on the tp-1 entry's in the share of the weights one unit holds) and one
+        unit's share of its sizes. A layer with no time at the degree keeps no
         times (this is no valid profile on its own: :mod:`heterps_cli.problem` reads it beside the
         profile itself)."""
         layers = []
         for layer in self.layers:
             times = {}
+            sizes = (layer.tp or {}).get(degree)
             for t, entry in layer.times.items():
                 if t in types and (shard := (entry.tp or {}).get(degree)) is not None:
                     alpha = shard.alpha if shard.alpha is not None else entry.alpha
                     beta = shard.beta if shard.beta is not None else entry.beta
-                    times[t] = TimeEntry.model_construct(**{**dict(shard), "alpha": alpha, "beta": beta, "tp": None})
-            sizes = (layer.tp or {}).get(degree)
+                    update = shard.update
+                    if update is None and entry.update is not None and sizes is not None:
+                        # a unit steps the weights it holds: the tp-1 step, in that share
+                        update = entry.update * (sizes.weight_size / layer.weight_size if layer.weight_size else 0.0)
+                    fields = {**dict(shard), "alpha": alpha, "beta": beta, "update": update, "tp": None}
+                    times[t] = TimeEntry.model_construct(**fields)
             shares = dict(sizes) if sizes is not None else {}
             layers.append(layer.model_construct(**{**dict(layer), **shares, "times": times, "tp": None}))
         return self.model_construct(**{**dict(self), "layers": layers})

@@ -293,7 +293,10 @@ def _at_degree(layer: dict, t: str, d: int) -> tuple[dict | None, dict]:
         return None, layer
     a, b = e.get("alpha", layer.get("alpha")), e.get("beta", layer.get("beta"))
     sizes = layer["tp"][d]
-    return {"alpha": a, "beta": b, **shard}, {"input_size": layer["input_size"], **sizes}
+    times = {"alpha": a, "beta": b, **shard}
+    if "update" not in shard and "update" in e:  # spec 1h: the tp-1 step on one unit's share of the weights
+        times["update"] = e["update"] * (sizes["weight_size"] / layer["weight_size"] if layer["weight_size"] else 0.0)
+    return times, {"input_size": layer["input_size"], **sizes}
 
 
 def pipeline_figures(

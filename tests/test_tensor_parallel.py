@@ -26,7 +26,8 @@ runner = CliRunner()
 def sharded(draw):
     """A pipelined instance of at most three layers where most entries also give times at tp 2 (a
     little more than half the work, half the all-reduce), some at tp 4, and the layers one unit's
-    share of their sizes there; forward times on some entries, so recomputation plays too."""
+    share of their sizes there; forward times on some entries, so recomputation plays too, and update
+    times on some, which a degree's entry gives or leaves to spec 1h's share."""
     profile, cluster = draw(pipelined(batches=(4,), max_limit=4))
     profile["layers"] = profile["layers"][:3]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -46,6 +47,8 @@ def sharded(draw):
         for entry in layer["times"].values():
             if rng.random() < 0.5:
                 entry["forward"] = float(np.round(entry["oct"] * 0.3, 9))
+            if rng.random() < 0.5:  # section 1d's optimiser step, which a degree's entry may leave out
+                entry["update"] = float(np.round(entry["oct"] * 0.2, 9))
             if rng.random() < 0.2:
                 continue
             entry["tp"] = {}
@@ -54,8 +57,8 @@ def sharded(draw):
                     "oct": float(np.round(entry["oct"] * rng.choice([0.55, 0.7, 1.2]) * 2 / d, 9)),
                     "odt": float(np.round(entry["odt"] / d, 9)),
                 }
-                if "update" in entry:
-                    shard["update"] = entry["update"] / d
+                if "update" in entry and rng.random() < 0.5:  # else spec 1h's: the tp-1 step on a unit's share
+                    shard["update"] = float(np.round(entry["update"] * rng.choice([0.5, 1.0]) / d, 9))
                 if "forward" in entry and rng.random() < 0.8:
                     shard["forward"] = float(np.round(shard["oct"] * 0.3, 9))
                 entry["tp"][d] = shard
