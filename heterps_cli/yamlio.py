@@ -34,7 +34,7 @@ FieldPath = tuple[str | int, ...]
 
 MAX_BYTES = 64 << 20  # a 10,000-layer profile is a few MB
 MAX_DEPTH = 64  # profiles nest 5 deep; this only stops a hostile file before Python's recursion limit does
-MAX_ALIAS_NODES = 100_000  # nodes that aliases may add by repetition
+MAX_ALIAS_NODES = 100_000  # lists and mappings that aliases may add by repetition
 FIFO_WAIT = 10  # seconds a named pipe may stay silent before reading it is given up
 MAX_DIGITS = 4300  # digits of a whole number Python converts (sys.get_int_max_str_digits); the bounds say the rest
 
@@ -201,23 +201,39 @@ def compatible(text: str) -> str:
     return unicodedata.normalize("NFKC", text) if isinstance(text, str) and not text.isascii() else text
 
 
-class _Walk:
-    """Records the line of every field path, refusing recursive aliases and alias bombs."""
+_STR, _INT, _FLOAT, _NULL = (f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "null"))
+_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
 
-    def __init__(self, doc_path: str):
-        self.doc_path = doc_path
+
+class _Walk:
+    """Builds the data of a composed document and records the line of every field path, refusing
+    recursive aliases, alias bombs and duplicate keys, in one pass: PyYAML's constructor, a second pass
+    over the same nodes, took as long as parsing. Plain scalars, mappings and lists are built here; any
+    other tag (``!!binary``, ``!!set``, a tag that names a class) goes to ``loader``'s safe constructor,
+    which builds or refuses it."""
+
+    def __init__(self, doc_path: str, loader: Any = None):
+        self.doc_path, self.loader = doc_path, loader
         self.lines: dict[FieldPath, int] = {}
-        self.seen: set[int] = set()
-        self.repeated = 0  # nodes visited again through an alias
+        self.seen: set[int] = set()  # the lists and mappings built so far: only they expand through aliases
+        self.repeated = 0  # lists and mappings built again through an alias
         self.open: set[int] = set()  # the nodes on the way down to this one
-        self.at: dict[tuple[int, int], FieldPath] = {}  # a scalar's field by where it starts
+        self.failed_at: FieldPath | None = None  # the field of a scalar that could not be built
 
     def refuse(self, node: yaml.Node, path: FieldPath, message: str) -> InputError:
         return InputError(self.doc_path, node.start_mark.line + 1, format_path(path) or None, message)
 
-    def __call__(self, node: yaml.Node, path: FieldPath) -> None:
+    def __call__(self, node: yaml.Node, path: FieldPath) -> Any:
         if len(path) > MAX_DEPTH:
             raise self.refuse(node, (), f"refused: nesting too deep (more than {MAX_DEPTH} levels)")
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.ScalarNode):
+            node.value = nfc(node.value)
+            try:
+                return self.scalar(node)
+            except yaml.MarkedYAMLError:
+                self.failed_at = path
+                raise
         if id(node) in self.open:
             raise self.refuse(node, path, "recursive alias: this node contains itself")
         if id(node) in self.seen:
@@ -230,50 +246,65 @@ class _Walk:
                     "(an alias bomb?): write the data out instead",
                 )
         self.seen.add(id(node))
-        self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.ScalarNode):
-            node.value = nfc(node.value)
-            self.at.setdefault((node.start_mark.line, node.start_mark.column), path)
-            return
         self.open.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            first: dict[Any, int] = {}
-            folded: dict[str, str] = {}  # a key in compatibility form (NFKC) -> the key given
-            for key_node, value_node in node.value:
-                line = key_node.start_mark.line + 1
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise self.refuse(key_node, path, "a key must be a plain name, not a list or a mapping")
-                written, key = key_node.value, nfc(key_node.value)
-                key_node.value = key
-                alike = folded.setdefault(compatible(key), key)
-                if alike != key:
-                    raise InputError(
-                        self.doc_path,
-                        line,
-                        format_path(path + (key,)),
-                        f"is {alike!r} (line {first[alike]}) written with other characters of the same meaning "
-                        "(Unicode NFKC: a full-width letter, a ligature): give distinct names, or write them alike",
-                    )
-                if key in first:
-                    # PyYAML silently keeps the last duplicate; a typo must not change a plan.
-                    other = (
-                        ""
-                        if written == key
-                        else ", as the same letters composed differently: names compare in Unicode NFC"
-                    )
-                    raise InputError(
-                        self.doc_path,
-                        line,
-                        format_path(path + (key,)),
-                        f"duplicate key (first given on line {first[key]}{other})",
-                    )
-                first[key] = line
-                self.lines[path + (key,)] = line
-                self(value_node, path + (key,))
+            built: Any = self.mapping(node, path)
         else:
-            for i, item in enumerate(node.value):
-                self(item, path + (i,))
+            built = [self(item, path + (i,)) for i, item in enumerate(node.value)]
         self.open.discard(id(node))
+        if node.tag not in (_MAP, _SEQ):  # checked above; built by the constructor, which knows the tag
+            built = self.build(node)
+        return built
+
+    def scalar(self, node: yaml.ScalarNode) -> Any:
+        tag = node.tag
+        if tag == _STR:
+            return node.value
+        if tag == _FLOAT:
+            return _Scalars.construct_yaml_float(self.loader, node)
+        if tag == _INT:
+            return _Scalars.construct_yaml_int(self.loader, node)
+        if tag == _NULL:
+            return None
+        return self.build(node)
+
+    def build(self, node: yaml.Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(self, node: yaml.MappingNode, path: FieldPath) -> dict:
+        out: dict[Any, Any] = {}
+        first: dict[Any, int] = {}  # a key as written (NFC) -> its line
+        built: dict[Any, int] = {}  # a key as built -> its line: 1 and 01, 1 and 1.0 are one key
+        folded: dict[str, str] = {}  # a key in compatibility form (NFKC) -> the key given
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.refuse(key_node, path, "a key must be a plain name, not a list or a mapping")
+            written, key = key_node.value, nfc(key_node.value)
+            key_node.value = key
+            alike = folded.setdefault(compatible(key), key)
+            if alike != key:
+                raise InputError(
+                    self.doc_path,
+                    line,
+                    format_path(path + (key,)),
+                    f"is {alike!r} (line {first[alike]}) written with other characters of the same meaning "
+                    "(Unicode NFKC: a full-width letter, a ligature): give distinct names, or write them alike",
+                )
+            value = self.scalar(key_node)
+            said = first.get(key, built.get(value))
+            if said is not None:
+                # PyYAML silently keeps the last duplicate; a typo must not change a plan.
+                if written != key:
+                    other = ", as the same letters composed differently: names compare in Unicode NFC"
+                else:
+                    other = "" if key in first else f", as the same {type(value).__name__}"  # 1 and 01
+                where = format_path(path + (key,))
+                raise InputError(self.doc_path, line, where, f"duplicate key (first given on line {said}{other})")
+            first[key] = built[value] = line
+            self.lines[path + (key,)] = line
+            out[value] = self(value_node, path + (key,))
+        return out
 
 
 def _open(path: str | os.PathLike, shown: str):
@@ -330,20 +361,32 @@ def load_yaml(path: str | os.PathLike) -> Document:
     """Read a YAML file into a :class:`Document`; any problem is an :class:`InputError`."""
     shown = str(path)
     text = _read(path, shown)
-    loader = None
-    walk: _Walk | None = None
     # Millions of nodes and no cycle among them: the collector's passes over them, ever longer, took
-    # three quarters of reading a 20 MB profile (22 s; 6 s without).
+    # three quarters of reading a 20 MB profile (22 s; 5 s without). It comes back once the nodes are
+    # gone (_parse has returned), so that its first pass has only the data to look at.
     collecting = gc.isenabled()
     gc.disable()
+    try:
+        data, lines = _parse(text, shown)
+    finally:
+        if collecting:
+            gc.enable()
+    if not isinstance(data, dict):
+        raise InputError(shown, 1, None, f"expected a YAML mapping at the top, found {type(data).__name__}")
+    return Document(shown, data, lines, text)
+
+
+def _parse(text: str, shown: str) -> tuple[Any, dict[FieldPath, int]]:
+    """The data of the YAML ``text`` and the line of every field path."""
+    loader = None
+    walk: _Walk | None = None
     try:
         loader = _LOADERS[0](text)  # the pure-Python reader checks for control characters here
         node = loader.get_single_node()
         if node is None:
             raise InputError(shown, 1, None, "file is empty: expected a YAML mapping")
-        walk = _Walk(shown)
-        walk(node, ())
-        data = loader.construct_document(node)
+        walk = _Walk(shown, loader)
+        data = walk(node, ())
     except yaml.reader.ReaderError as exc:  # a control character, before any parsing
         line = text.count("\n", 0, exc.position) + 1
         column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
@@ -367,19 +410,14 @@ def load_yaml(path: str | os.PathLike) -> Document:
         if "maximum nesting depth" in problem:  # PyYAML 6.0.4's own limit, met before ours: say it as ours
             what, problem = "refused", f"nesting too deep (more than {MAX_DEPTH} levels)"
         # A value the reader parsed but cannot build (a number no float holds) has a field by now.
-        found = walk.at.get((mark.line, mark.column)) if walk and mark else None
-        field = format_path(found) if found else None
+        field = format_path(walk.failed_at) if walk and walk.failed_at else None
         raise InputError(shown, at, field, f"{what}: {problem}") from None
     except yaml.YAMLError as exc:
         raise InputError(shown, None, None, f"not valid YAML: {exc}") from None
     finally:
         if loader is not None:
             loader.dispose()
-        if collecting:
-            gc.enable()
-    if not isinstance(data, dict):
-        raise InputError(shown, 1, None, f"expected a YAML mapping at the top, found {type(data).__name__}")
-    return Document(shown, data, walk.lines, text)
+    return data, walk.lines
 
 
 def dump_yaml(data: Any) -> str:
