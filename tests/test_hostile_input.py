@@ -240,3 +240,12 @@ def test_names_alike_in_unicodes_compatibility_form_are_refused_in_a_file_and_ac
     for command in ("validate", "plan"):
         shown = refused([command, str(tmp_path / "p.yaml"), str(ROOT / "clusters/paper.yaml")], "Unicode NFKC")
         assert "the profile's type '\uff56100' is the cluster's 'v100'" in shown
+
+
+def test_keys_that_are_one_once_read_are_duplicates(tmp_path):
+    """`1` and `01` are one number: PyYAML kept the last of them, silently."""
+    entry = "      cpu: {oct: 0.0341, odt: 0.09656, alpha: 0.999, beta: 1.0"
+    twice = ", batches: {8: {oct: 1, odt: 0}, 08: {oct: 2, odt: 0}}"
+    profile = (ROOT / "profiles/ctr.yaml").read_text().replace(entry + "}", entry + twice + "}")
+    (tmp_path / "p.yaml").write_text(profile)
+    refused(["validate", str(tmp_path / "p.yaml")], "duplicate key", "as the same int")

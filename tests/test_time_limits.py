@@ -89,3 +89,44 @@ def test_a_search_on_a_model_too_long_for_exact_does_not_point_to_it(monkeypatch
         )
         assert result.exit_code == 5, result.output  # no proof: the exact solver did not run
         assert "found no feasible plan" in result.output and "--scheduler exact" not in result.output
+
+
+def _sizes_profile(tmp_path, sizes=(256, 512, 1024, 2048)) -> str:
+    """ctr with times at several batch sizes (each a share of its own, as section 1f reads them), a global
+    batch that each divides: a plan chooses among them."""
+    profile = yaml.safe_load((ROOT / "profiles/ctr.yaml").read_text())
+    for layer in profile["layers"]:
+        for entry in layer["times"].values():
+            entry["batches"] = {b: {"oct": entry["oct"] * b / 4096 + 1e-6, "odt": entry["odt"]} for b in sizes}
+    profile["job"]["global_batch"] = 8192
+    path = tmp_path / "sizes.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+def test_the_default_budget_is_one_for_the_whole_plan_shared_over_its_micro_batches(tmp_path, monkeypatch):
+    """A profile of 1,343 batch sizes took rl past 200 s against 60: each choice had the whole budget."""
+    from heterps_cli import schedulers
+
+    given: list[float] = []
+    real = schedulers._solve_at
+
+    def recorded(name, problem, seed, progress, options, budget):
+        given.append(options.time_limit)
+        return real(name, problem, seed, progress, options, budget)
+
+    monkeypatch.setattr(schedulers, "_solve_at", recorded)
+    problem = load_problem(_sizes_profile(tmp_path), str(ROOT / "clusters/paper.yaml"))
+    assert len(problem.micro_batch_choices) == 5
+    schedulers.solve("greedy", problem)
+    budget = schedulers.default_time_limit(problem.n_layers)
+    assert len(given) == 5  # each what is left of one budget over the choices left, never a budget of its own
+    assert all(limit <= budget / (5 - i) + 1e-9 for i, limit in enumerate(given)), (given, budget)
+
+
+def test_micro_batches_left_when_the_time_limit_has_run_out_are_not_asked_and_the_plan_says_so(runner, tmp_path):
+    args = ["plan", _sizes_profile(tmp_path), str(ROOT / "clusters/paper.yaml"), "--scheduler", "greedy"]
+    result = runner.invoke(app, [*args, "--time-limit", "1e-9", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = " ".join(json.loads(result.stdout)["notes"])
+    assert "not asked (the time limit ran out)" in notes and "micro-batch 4,096 chosen" in notes  # asked first
