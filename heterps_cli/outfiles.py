@@ -211,10 +211,10 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
     check_names(shown, field, folder)
     if folder.exists() and not folder.is_dir():
         raise InputError(shown, None, field, "exists and is not a directory: give a directory for the files")
-    contents = {name: _bytes(f.data) for name, f in files.items()}
-    listed = {"written_by": "heterps", "files": {name: _digest(data) for name, data in contents.items()}}
+    contents = {name: (_bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
+    listed = {"written_by": "heterps", "files": {name: _digest(data) for name, (data, _) in contents.items()}}
     manifest = MANIFEST.format(kind=kind)
-    everything = {**files, manifest: OutFile(json.dumps(listed, indent=1) + "\n")}
+    everything = {**contents, manifest: ((json.dumps(listed, indent=1) + "\n").encode(), _umasked(0o644))}
     _refuse_directories(folder, everything, field)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
     except OSError as exc:
         raise _cannot(shown, field, exc, "cannot create the directory") from None
     try:
-        fresh = {name: _write_new(staging, ".new.", _bytes(f.data), _umasked(f.mode)) for name, f in everything.items()}
+        fresh = {name: _write_new(staging, ".new.", data, mode) for name, (data, mode) in everything.items()}
         old = [name for name in _written_before(folder, manifest) if name not in everything]
         _swap(folder, staging / "previous", fresh, old)
     except OSError as exc:
@@ -266,7 +266,7 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW)
 
 
-def _refuse_directories(folder: Path, files: Mapping[str, OutFile], field: str) -> None:
+def _refuse_directories(folder: Path, files: Mapping[str, object], field: str) -> None:
     """A name of the set that is a directory in ``folder``: refused before anything is written."""
     for name in files:
         assert "/" not in name and name not in (".", "..")
