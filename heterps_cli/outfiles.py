@@ -212,8 +212,13 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
     if folder.exists() and not folder.is_dir():
         raise InputError(shown, None, field, "exists and is not a directory: give a directory for the files")
     contents = {name: (_bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
-    listed = {"written_by": "heterps", "files": {name: _digest(data) for name, (data, _) in contents.items()}}
     manifest = MANIFEST.format(kind=kind)
+    before = _written_before(folder, manifest)
+    # A file of the user's that already holds these bytes (the plan launch copies, launched from that
+    # copy's folder) stays theirs: listed, a later set would remove it.
+    digests = {name: _digest(data) for name, (data, _) in contents.items()}
+    ours = {name: d for name, d in digests.items() if name in before or _digest_of(folder / name) != d}
+    listed = {"written_by": "heterps", "files": ours}
     everything = {**contents, manifest: ((json.dumps(listed, indent=1) + "\n").encode(), _umasked(0o644))}
     _refuse_directories(folder, everything, field)
     try:
@@ -223,7 +228,7 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
         raise _cannot(shown, field, exc, "cannot create the directory") from None
     try:
         fresh = {name: _write_new(staging, ".new.", data, mode) for name, (data, mode) in everything.items()}
-        old = [name for name in _written_before(folder, manifest) if name not in everything]
+        old = [name for name in before if name not in everything]
         _swap(folder, staging / "previous", fresh, old)
     except OSError as exc:
         raise _cannot(shown, field, exc, "cannot write the files (the folder is as it was)") from None
@@ -246,20 +251,26 @@ def _written_before(folder: Path, manifest: str) -> list[str]:
         assert isinstance(files, dict)
     except (OSError, ValueError, RecursionError, KeyError, TypeError, AssertionError):
         return []
-    ours = []
-    for name, digest in files.items():
-        if not isinstance(name, str) or name in ("", ".", "..", manifest) or "/" in name or "\0" in name:
-            continue
-        try:
-            if not stat.S_ISREG(os.lstat(folder / name).st_mode):
-                continue
-            with open(folder / name, "rb", opener=_no_follow) as fh:
-                same = _digest(fh.read()) == digest
-        except OSError:
-            continue
-        if same:
-            ours.append(name)
-    return ours
+    return [
+        name
+        for name, digest in files.items()
+        if isinstance(name, str)
+        and name not in ("", ".", "..", manifest)
+        and "/" not in name
+        and "\0" not in name
+        and _digest_of(folder / name) == digest
+    ]
+
+
+def _digest_of(path: Path) -> str | None:
+    """The SHA-256 of a regular file (not a link), or None."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb", opener=_no_follow) as fh:
+            return _digest(fh.read())
+    except OSError:
+        return None
 
 
 def _no_follow(path: str, flags: int) -> int:

@@ -136,6 +136,19 @@ def test_a_launch_removes_only_what_the_last_one_wrote_and_nobody_changed(tmp_pa
     assert not (out / "node-1.sh").exists()  # the last launch wrote it, unchanged since
 
 
+def test_a_plan_launched_from_the_launch_folder_stays_the_users(tmp_path):
+    """launch copies the plan to DIR/plan.yaml: launched from DIR/plan.yaml itself, the copy is the user's
+    own file, which a later launch of another plan into DIR must not remove."""
+    out = tmp_path / "launch"
+    out.mkdir()
+    (out / "plan.yaml").write_bytes(PLACED.read_bytes())
+    assert runner.invoke(app, ["launch", str(out / "plan.yaml"), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(yaml.safe_load((ROOT / "docs/plans/ctr.yaml").read_text())))
+    assert runner.invoke(app, ["launch", str(other), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert (out / "plan.yaml").read_bytes() == PLACED.read_bytes() and (out / "plan.json").exists()
+
+
 @pytest.mark.parametrize("command", ["launch", "frontier"])
 def test_a_set_of_files_is_written_whole_or_not_at_all(tmp_path, monkeypatch, command):
     from heterps_cli import outfiles
