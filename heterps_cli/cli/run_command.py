@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, cast
@@ -177,13 +178,21 @@ def run_command(
                 resume=resume,
                 progress=report,
             )
-        if result is None:  # a torchrun rank other than 0: rank 0 reports
-            return
-        if out_file is not None:
-            write_output(out_file, result.to_json())
-        if as_json:
-            sys.stdout.write(result.to_json())
-            return
-        out.print(run_view(result))
-        if out_file is not None and out_file != "-":
-            out.print(Text(f"wrote {out_file}"))
+        if result is not None:  # None: a torchrun rank other than 0, as rank 0 reports
+            if out_file is not None:
+                write_output(out_file, result.to_json())
+            if as_json:
+                sys.stdout.write(result.to_json())
+            else:
+                out.print(run_view(result))
+                if out_file is not None and out_file != "-":
+                    out.print(Text(f"wrote {out_file}"))
+    from heterps_cli.runtime.launch import torchrun_env
+
+    if torchrun_env() is not None:
+        # Done and said: leave without C++ destructors, as a local worker does (runtime.worker.spawned), since
+        # gloo's threads still winding down sometimes abort the exit ("terminate called without an active
+        # exception"), and torchrun then fails the whole job.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
