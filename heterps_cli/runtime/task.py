@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -123,7 +123,7 @@ class Samples:
             self.position = 0  # the stream's sample that buffer[0] starts at
             self.read_in_pass = 0  # samples the current pass over the data has given
 
-    def _refuse(self, why: str):
+    def _refuse(self, why: str) -> NoReturn:
         raise InputError(None, None, "--task", f"{self.name}: {why}")
 
     def _users(self, what: str, call, *args):
