@@ -206,11 +206,8 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
     entry, so a planted symlink ``DIR/node-0.sh`` is replaced by the new file, and nothing outside the
     folder is written through it. A name that is a directory in the folder is refused before anything
     is written."""
-    folder = Path(directory)
+    folder = check_set_folder(directory, field)
     shown = str(folder)
-    check_names(shown, field, folder)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(shown, None, field, "exists and is not a directory: give a directory for the files")
     contents = {name: (_bytes(f.data), _umasked(f.mode)) for name, f in files.items()}
     manifest = MANIFEST.format(kind=kind)
     before = _written_before(folder, manifest)
@@ -235,6 +232,16 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [folder / name for name in files]
+
+
+def check_set_folder(directory: str | os.PathLike, field: str) -> Path:
+    """A folder :func:`write_set` can write a set into, refused before any work where it cannot: a name
+    too long, a file where the folder goes."""
+    folder = Path(directory)
+    check_names(str(folder), field, folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(str(folder), None, field, "exists and is not a directory: give a directory for the files")
+    return folder
 
 
 def _digest(data: bytes) -> str:

@@ -46,6 +46,7 @@ from heterps_cli.cli.session import (
     DEBUG,
     err,
     exit_codes,
+    not_a_folder_for_files,
     not_an_input,
     out,
     progress_bar,
@@ -180,6 +181,7 @@ def plan(
         from heterps_cli.yamlio import dump_yaml
 
         not_an_input(out_file, profile, cluster, policy_in)
+        not_an_input(policy_out, profile, cluster, policy_in, field="--policy-out")
         if objective is None:
             objective = Objective.TIME if scheduler.value == "tapp" else Objective.COST
         options = options_for(
@@ -304,6 +306,9 @@ def frontier(
         from heterps_cli.frontier import thin, write_plans
         from heterps_cli.plots import frontier_png
 
+        not_an_input(plot, profile, cluster, field="--plot")
+        not_a_folder_for_files(out_dir)
+
         with progress_bar() as report:
             whole = api.frontier(
                 str(profile),
@@ -395,6 +400,7 @@ def compare(
         from heterps_cli.plots import compare_png
         from heterps_cli.schedulers import Budget
 
+        not_an_input(plot, profile, cluster, field="--plot")
         budget = Budget(time_limit=time_limit, steps=steps, batch=batch, evaluations=evaluations)
 
         def done(entry) -> None:

@@ -307,6 +307,7 @@ def profile_command(
             },
         )
         assert as_type is not None and sizes is not None and out_file is not None
+        not_an_input(out_file, catalogue, calibrate)  # before the measuring, whose result it would lose
         if concurrent is not None and processes == 1:
             processes = concurrent  # one wave
         if estimate is not None:
@@ -469,6 +470,7 @@ class _Estimate:
         from heterps_cli.cli.render_measured import estimate_view
         from heterps_cli.profiling.write import cluster_snippet
 
+        not_an_input(out_file, self.catalogue, self.calibrate)
         with progress_bar() as report, users_prints_to_stderr(), self._naming_the_device():
             text, estimated = api.estimate_sizes(
                 self.model,

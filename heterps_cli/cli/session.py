@@ -115,9 +115,13 @@ def progress_bar():
         yield report
 
 
-def not_an_input(out_file: str | Path | None, *inputs: Path | str | None) -> None:
-    """Refuse an ``--out`` that names one of the command's own input files (``plan p.yaml c.yaml
-    --out p.yaml`` replaced the profile with a plan)."""
+def not_an_input(out_file: str | Path | None, *inputs: Path | str | None, field: str = "--out") -> None:
+    """Refuse, before the command's work, an output it could not write after it (a folder, a FIFO, a
+    name too long, a folder it cannot write in: :func:`~heterps_cli.outfiles.check_writable`), or one
+    that names one of the command's own input files (``plan p.yaml c.yaml --out p.yaml`` replaced the
+    profile with a plan)."""
+    from heterps_cli.outfiles import check_writable
+
     if out_file is None or str(out_file) == "-":
         return
     for given in inputs:
@@ -127,8 +131,17 @@ def not_an_input(out_file: str | Path | None, *inputs: Path | str | None) -> Non
             same = False
         if same:
             raise InputError(
-                str(out_file), None, "--out", f"is {given}, an input of this command: write the result elsewhere"
+                str(out_file), None, field, f"is {given}, an input of this command: write the result elsewhere"
             )
+    check_writable(out_file, field)
+
+
+def not_a_folder_for_files(directory: str | Path | None, field: str = "--out") -> None:
+    """Refuse, before the command's work, a folder it could not write its set of files into."""
+    from heterps_cli.outfiles import check_set_folder
+
+    if directory is not None:
+        check_set_folder(directory, field)
 
 
 def write_output(path: str, data: str | bytes) -> None:
