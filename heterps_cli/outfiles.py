@@ -6,6 +6,7 @@ heterps writes")."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -252,8 +253,7 @@ def _written_before(folder: Path, manifest: str) -> list[str]:
     """The files of ``folder`` that the last set written there wrote and that still hold what it wrote
     (regular files, not links): what :func:`write_set` may remove. A manifest it cannot read lists none."""
     try:
-        with open(folder / manifest, "rb", opener=_no_follow) as fh:
-            listed = json.loads(fh.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES])
+        listed = json.loads(read_regular(folder / manifest, MAX_MANIFEST_BYTES)[:MAX_MANIFEST_BYTES])
         files = listed["files"]
         assert isinstance(files, dict)
     except (OSError, ValueError, RecursionError, KeyError, TypeError, AssertionError):
@@ -272,16 +272,19 @@ def _written_before(folder: Path, manifest: str) -> list[str]:
 def _digest_of(path: Path) -> str | None:
     """The SHA-256 of a regular file (not a link), or None."""
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        with open(path, "rb", opener=_no_follow) as fh:
-            return _digest(fh.read())
+        return _digest(read_regular(path, os.lstat(path).st_size))
     except OSError:
         return None
 
 
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW)
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of ``path``, a regular file: never through a link, never waiting on a
+    FIFO someone put there (OSError for either, or for anything else that is not a file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fh.read(limit + 1)
 
 
 def _refuse_directories(folder: Path, files: Mapping[str, object], field: str) -> None:

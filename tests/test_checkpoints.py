@@ -4,6 +4,7 @@ checked before any process starts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -192,3 +193,31 @@ def test_a_checkpoint_folder_no_save_could_use_is_refused_before_any_process_sta
         locked.mkdir(mode=0o500)
         result = runner.invoke(app, ["run", str(plan), "--checkpoint-dir", str(locked)])
         assert result.exit_code == 2 and "not writable" in result.output
+
+
+def test_a_fifo_planted_where_heterps_reads_or_locks_is_refused_not_waited_on(tmp_path):
+    """A FIFO as complete.json, a stage file, the lock or a launch manifest would hold an open() forever."""
+    root = tmp_path / "ck"
+    root.mkdir()
+    where = _checkpoint(root, 2)
+    (where / "complete.json").unlink()
+    os.mkfifo(where / "complete.json")
+    with pytest.raises(InputError, match="complete.json: cannot be read: not a regular file"):
+        checkpoint.latest(root, META)
+    (where / "complete.json").unlink()
+    (where / "stage-0.pt").unlink()
+    os.mkfifo(where / "stage-0.pt")
+    with pytest.raises(RuntimeError, match="stage-0.pt: is not a regular file"):
+        checkpoint.read(where / "stage-0.pt", torch.device("cpu"))
+    os.mkfifo(root / checkpoint.LOCK)
+    with pytest.raises(InputError, match="lock: it is not a regular file"):
+        with checkpoint.locked(root):
+            pass
+    from heterps_cli.outfiles import MANIFEST, OutFile, write_set
+
+    out = tmp_path / "launch"
+    out.mkdir()
+    os.mkfifo(out / MANIFEST.format(kind="launch"))  # read as listing nothing, and replaced
+    write_set(out, {"a": OutFile("x")}, "--out-dir", "launch")
+    listed = json.loads((out / MANIFEST.format(kind="launch")).read_text())["files"]
+    assert listed == {"a": hashlib.sha256(b"x").hexdigest()}

@@ -136,6 +136,16 @@ def task_of(data, **more):
         ("def task():\n    return task_of(Odd(lambda: 9, lambda i: ('x', 'y')))\n", "not tensors or numbers"),
         ("def task():\n    return task_of([(torch.zeros(0, 32), torch.zeros(0))])\n", "gave no sample"),
         ("def task():\n    return task_of(data, blocks=5)\n", "blocks: must be a list of the model's modules"),
+        (
+            "import itertools\ndef task():\n    return task_of(itertools.repeat((torch.zeros(0, 32), torch.zeros(0))))"
+            "\n",
+            "10,000 empty batches in a row",
+        ),
+        (
+            "class Short(Odd):\n    def __getitems__(self, i):\n        return torch.zeros(len(i) - 1, 32), "
+            "torch.zeros(len(i) - 1)\ndef task():\n    return task_of(Short(lambda: 9, ok))\n",
+            "__getitems__ gave 31 samples for 32 indices",
+        ),
     ],
 )
 def test_a_bad_task_is_refused_before_any_process_starts(tmp_path, body, expected):

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import InputError
-from heterps_cli.outfiles import check_names, new_file, publish, sync_folder
+from heterps_cli.outfiles import check_names, new_file, publish, read_regular, sync_folder
 from heterps_cli.runtime.sharding import local_of
 
 KEEP = 2
@@ -105,11 +105,13 @@ def locked(root: Path) -> Iterator[None]:
     left staged (never a checkpoint: its folder was not renamed into place) is removed once it is held."""
     path = root / LOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
         raise InputError(str(path), None, FIELD, f"cannot open the folder's lock: {why}") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(str(path), None, FIELD, "cannot open the folder's lock: it is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -212,10 +214,7 @@ def read_mark(step_dir: Path, steps: int | None = None) -> dict:
     whole object with ``steps_done`` the folder's own."""
     path = step_dir / MARK
     try:
-        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise InputError(str(path), None, None, "is not a regular file")
-            text = fh.read(MAX_MARK_BYTES + 1)
+        text = read_regular(path, MAX_MARK_BYTES)
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot be read: {exc.strerror or exc}") from None
     if len(text) > MAX_MARK_BYTES:
@@ -405,6 +404,8 @@ def read(path: Path, device: torch.device, mark: dict | None = None) -> dict:
     try:
         if mark is not None:
             _listed(path, mark)
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would hold torch.load forever
+            raise InputError(str(path), None, None, "is not a regular file")
         state = torch.load(path, map_location=device, weights_only=True)
     except InputError as exc:
         raise RuntimeError(f"{path}: {exc.message}; {again}") from None

@@ -100,6 +100,7 @@ def load_task(spec: str) -> Task:
 
 
 _END = object()
+MAX_EMPTY_BATCHES = 10_000
 
 
 class Samples:
@@ -122,6 +123,7 @@ class Samples:
             self.buffer: list[tuple[torch.Tensor, torch.Tensor]] = []  # batches not yet taken, as (x, y)
             self.position = 0  # the stream's sample that buffer[0] starts at
             self.read_in_pass = 0  # samples the current pass over the data has given
+            self.empty_in_a_row = 0  # batches of no sample read since the last that had one
 
     def _refuse(self, why: str) -> NoReturn:
         raise InputError(None, None, "--task", f"{self.name}: {why}")
@@ -193,8 +195,15 @@ class Samples:
         else:
             items = [self._users(f"the dataset's sample {i} (__getitem__)", self.data.__getitem__, i) for i in indices]
         if isinstance(items, tuple) and len(items) == 2 and all(isinstance(t, torch.Tensor) for t in items):
-            return items[0], items[1]  # a batch already, which collating one sample at a time would cost
-        for i, item in zip(indices, items, strict=False):
+            # a batch already, which collating one sample at a time would cost
+            x, y = self._pair(items, f"the dataset's __getitems__ of samples {indices[0]}, …")
+            if len(x) != len(indices):
+                self._refuse(f"the dataset's __getitems__ gave {len(x)} samples for {len(indices)} indices")
+            return x, y
+        items = self._users("the dataset's __getitems__ as a list of samples", list, items)
+        if len(items) != len(indices):
+            self._refuse(f"the dataset's __getitems__ gave {len(items)} samples for {len(indices)} indices")
+        for i, item in zip(indices, items, strict=True):
             if not (isinstance(item, tuple | list) and len(item) == 2):
                 self._refuse(f"the dataset's sample {i} must be (input, target), not {type(item).__name__}")
         batch = self._users(f"collating the dataset's samples {indices[0]}, …", default_collate, list(items))
@@ -230,6 +239,9 @@ class Samples:
             x, y = (self._users("a batch of the data as tensors", torch.as_tensor, part) for part in batch)
             x, y = self._pair((x, y), "a batch of the data")
             self.read_in_pass += len(x)
+            self.empty_in_a_row = 0 if len(x) else self.empty_in_a_row + 1
+            if self.empty_in_a_row >= MAX_EMPTY_BATCHES:  # an endless stream of them would never end a pass
+                self._refuse(f"the data gave {MAX_EMPTY_BATCHES:,} empty batches in a row and no sample")
             return x, y
 
 
