@@ -221,3 +221,12 @@ def test_a_fifo_planted_where_heterps_reads_or_locks_is_refused_not_waited_on(tm
     write_set(out, {"a": OutFile("x")}, "--out-dir", "launch")
     listed = json.loads((out / MANIFEST.format(kind="launch")).read_text())["files"]
     assert listed == {"a": hashlib.sha256(b"x").hexdigest()}
+
+
+def test_what_someone_put_where_a_step_folder_goes_is_replaced_and_removed(tmp_path):
+    root = tmp_path / "ck"
+    root.mkdir()
+    (root / "step-000002").write_text("a file, not a checkpoint")
+    _checkpoint(root, 2)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002"]  # nothing left aside
+    assert checkpoint.latest(root, META) == (2, checkpoint.folder(root, 2))

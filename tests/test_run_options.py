@@ -39,6 +39,8 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_training(tmp_path
         (["--task", "missing.py:task"], "missing.py: --task: file not found"),
         (["--model", "missing.py:model"], "missing.py: --model: file not found"),
         (["--report", "{tmp}"], "--report: exists and is a directory"),
+        (["--report", "{tmp}/launch/plan.json"], "--report: is {tmp}/launch/plan.json, the plan every node runs"),
+        (["--report", "{tmp}/plan.json"], "--report: is {tmp}/plan.json, an input of this command"),
         (["--checkpoint-dir", "{tmp}/plan.json"], "exists and is not a directory"),
         (["--threads", "100000"], "less than or equal to 1024"),
         (["--map", "cpu=cuda\n"], "is not TYPE=cpu, TYPE=cuda or TYPE=cuda:N"),
@@ -47,7 +49,7 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_training(tmp_path
 )
 def test_launch_refuses_what_every_node_would_fail_on_and_writes_nothing(tmp_path, extra, said):
     plan = write_plan(tmp_path / "plan.json", ONE_STAGE, 32)
-    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    extra, said = [e.replace("{tmp}", str(tmp_path)) for e in extra], said.replace("{tmp}", str(tmp_path))
     result = runner.invoke(app, ["launch", str(plan), "--out-dir", str(tmp_path / "launch"), *extra])
     assert result.exit_code == 2 and said in _said(result), _said(result)
     assert not (tmp_path / "launch").exists()

@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from heterps_cli.cli.options import MAX_THREADS, DeviceMapOpt, RunModelOpt
-from heterps_cli.cli.session import exit_codes, out
+from heterps_cli.cli.session import exit_codes, not_an_input, out
 from heterps_cli.shell import quote
 from heterps_cli.untrusted import printable
 
@@ -78,18 +78,20 @@ def launch_command(
         from heterps_cli.errors import InputError
         from heterps_cli.formats import load_plan
         from heterps_cli.launchfiles import launch_for, node_needs, node_script
-        from heterps_cli.outfiles import OutFile, check_writable, write_set
+        from heterps_cli.outfiles import OutFile, write_set
         from heterps_cli.runtime import check_options, mapped, parse_map
 
         ck = str(checkpoint_dir) if checkpoint_dir is not None else None
         check_options(model, task, ck, checkpoint_every, resume)  # here: every node would fail on them later
-        if report is not None:
-            check_writable(report, "--report")
+        copy = out_dir / f"plan{plan_file.suffix if plan_file.suffix in ('.yaml', '.yml', '.json') else '.yaml'}"
+        if report is not None:  # rank 0 writes it when the run ends: not over the plan, nor a folder
+            if os.path.abspath(report) == os.path.abspath(copy):
+                raise InputError(str(report), None, "--report", f"is {copy}, the plan every node runs")
+            not_an_input(report, plan_file, *([task.rpartition(":")[0]] if task else []), field="--report")
         plan, _ = load_plan(str(plan_file))
         types = list(dict.fromkeys(s.resource for s in plan.stages))
         mapping = parse_map(device_map or [])
         devices = mapped(types, mapping, strict=True)  # before any file is written
-        copy = out_dir / f"plan{plan_file.suffix if plan_file.suffix in ('.yaml', '.yml', '.json') else '.yaml'}"
         run_args = [*(["--model", _absolute(model)] if model else []), *(["--task", _absolute(task)] if task else [])]
         run_args += [a for t, d in mapping.items() for a in ("--map", f"{t}={d}")]
         run_args += ["--steps", str(steps), *(["--warmup", str(warmup)] if warmup is not None else [])]

@@ -323,11 +323,12 @@ def _prune(root: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    """A folder of ours, or a link someone put where one goes (the link only, never what it points to)."""
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-    elif path.exists():
+    """A folder of ours, or what someone put where one goes: a link (the link only, never what it points
+    to) or a file."""
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 # When a run resumes --------------------------------------------------------------------------------
