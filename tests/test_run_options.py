@@ -26,8 +26,13 @@ def _said(result) -> str:
 
 def test_a_report_that_cannot_be_written_is_refused_before_the_training(tmp_path):
     plan = write_plan(tmp_path / "plan.json", ONE_STAGE, 32)
-    for out, said in ((str(tmp_path), "exists and is a directory"), (str(plan), "an input of this command")):
-        result = runner.invoke(app, ["run", str(plan), "--task", "nowhere.py:task", "--out", out])
+    (tmp_path / "t.py").write_text("")
+    for out, said in (
+        (str(tmp_path), "exists and is a directory"),
+        (str(plan), "an input of this command"),
+        (str(tmp_path / "t.py"), "an input of this command"),
+    ):
+        result = runner.invoke(app, ["run", str(plan), "--task", f"{tmp_path}/t.py:task", "--out", out])
         assert result.exit_code == 2 and said in _said(result) and "nowhere.py" not in _said(result), _said(result)
 
 

@@ -150,12 +150,10 @@ def run_command(
     with exit_codes():
         from heterps_cli import api
         from heterps_cli.cli.render_measured import run_view
-        from heterps_cli.outfiles import check_writable
         from heterps_cli.runtime import parse_map
 
-        if out_file is not None and out_file != "-":  # before the training, whose report it would lose
-            not_an_input(out_file, plan_file)
-            check_writable(out_file, "--out")
+        files = [spec.rpartition(":")[0] for spec in (task, model) if spec and ":" in spec]
+        not_an_input(out_file, plan_file, *files)  # before the training, whose report it would lose
 
         with progress_bar() as report, users_prints_to_stderr():
             result = api.run(
