@@ -136,7 +136,7 @@ def locked(root: Path) -> Iterator[None]:
 def refuse_fresh(root: Path) -> None:
     """A run without ``--resume`` into a folder that holds checkpoints would mix its own with them, and
     its pruning would delete theirs: refused (exit 2)."""
-    found = sorted(_inventory(root))
+    found = _inventory(root)
     if found:
         steps, where, _ = found[-1]
         raise InputError(
@@ -153,7 +153,7 @@ def latest(root: str | Path, expected: dict) -> tuple[int, Path] | None:
     Exit 2 where its ``complete.json`` is damaged, where a file it lists is missing or of another size,
     or where another run wrote it (``expected``: the plan's stages and their tensor-parallel degrees,
     batch, micro-batches, task, seed)."""
-    found = sorted(_inventory(Path(root)))
+    found = _inventory(Path(root))
     if not found:
         return None
     steps, step_dir, meta = found[-1]
@@ -192,8 +192,8 @@ def same_spec(a: str, b: str) -> bool:
 
 
 def _inventory(root: Path) -> list[tuple[int, Path, dict | InputError]]:
-    """Every ``step-K`` folder of ``root`` that has a ``complete.json``: (K, folder, what it says, or why
-    it cannot be read). A folder without one is not a checkpoint, and not listed."""
+    """Every ``step-K`` folder of ``root`` that has a ``complete.json``, oldest first: (K, folder, what it
+    says, or why it cannot be read). A folder without one is not a checkpoint, and not listed."""
     out: list[tuple[int, Path, dict | InputError]] = []
     if not root.is_dir():
         return out
@@ -206,7 +206,7 @@ def _inventory(root: Path) -> list[tuple[int, Path, dict | InputError]]:
             out.append((steps, path, read_mark(path, steps)))
         except InputError as exc:
             out.append((steps, path, exc))
-    return out
+    return sorted(out, key=lambda found: (found[0], found[1].name))  # oldest first
 
 
 def read_mark(step_dir: Path, steps: int | None = None) -> dict:
@@ -317,7 +317,7 @@ def complete(root: str, steps_done: int, run: str, names: list[str], meta: dict)
 def _prune(root: Path) -> None:
     """Complete checkpoints before the :data:`KEEP` newest removed; a damaged or incomplete one is kept
     for its owner to look at."""
-    found = sorted((steps, path) for steps, path, meta in _inventory(root) if isinstance(meta, dict))
+    found = [(steps, path) for steps, path, meta in _inventory(root) if isinstance(meta, dict)]
     for _, path in found[:-KEEP]:
         _remove(path)
 
