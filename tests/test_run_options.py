@@ -110,3 +110,19 @@ def test_a_task_whose_data_loader_starts_worker_processes_trains(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "loss" in result.output
+
+
+@pytest.mark.slow  # two runs of one process: about 8 s
+def test_a_run_whose_output_goes_to_a_file_says_each_step_and_that_it_resumes(tmp_path, monkeypatch):
+    """On a terminal a progress bar; to a log, a line per step and one saying where it resumes."""
+    monkeypatch.setenv("CLASSIFY_DATA", str(tmp_path / "data"))
+    plan = write_plan(tmp_path / "plan.json", ONE_STAGE, 32)
+    common = ["run", str(plan), "--task", CLASSIFY, "--checkpoint-dir", str(tmp_path / "ck"), "--warmup", "0"]
+    first = runner.invoke(app, [*common, "--steps", "3"])
+    assert first.exit_code == 0, first.output
+    said = first.stderr.splitlines()
+    assert [line.split(":")[1].strip() for line in said if ": step " in line] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert all(line.startswith("heterps run: ") for line in said) and "on 1 process: steps 1 to 3" in first.stderr
+    resumed = runner.invoke(app, [*common, "--steps", "5", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "steps 4 to 5, resuming after step 3" in resumed.stderr and "step 5/5: loss" in resumed.stderr

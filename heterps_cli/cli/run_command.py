@@ -16,7 +16,7 @@ from heterps_cli.cli.session import (
     exit_codes,
     not_an_input,
     out,
-    progress_bar,
+    progress_or_lines,
     users_prints_to_stderr,
     write_output,
 )
@@ -155,7 +155,7 @@ def run_command(
         files = [spec.rpartition(":")[0] for spec in (task, model) if spec and ":" in spec]
         not_an_input(out_file, plan_file, *files)  # before the training, whose report it would lose
 
-        with progress_bar() as report, users_prints_to_stderr():
+        with progress_or_lines("heterps run") as report, users_prints_to_stderr():
             result = api.run(
                 str(plan_file),
                 model,

@@ -115,6 +115,22 @@ def progress_bar():
         yield report
 
 
+@contextmanager
+def progress_or_lines(prefix: str):
+    """A progress bar on a terminal; elsewhere (a log file, a pipe, a job's output) each message as a
+    line of its own, ``prefix`` before it, for a long run whose log would otherwise say nothing."""
+    if stderr_is_a_terminal():
+        with progress_bar() as report:
+            yield report
+        return
+
+    def said(description: str, completed: float | None = None, total: float | None = None) -> None:
+        sys.stderr.write(printable(f"{prefix}: {description}") + "\n")
+        sys.stderr.flush()
+
+    yield said
+
+
 def not_an_input(out_file: str | Path | None, *inputs: Path | str | None, field: str = "--out") -> None:
     """Refuse, before the command's work, an output it could not write after it (a folder, a FIFO, a
     name too long, a folder it cannot write in: :func:`~heterps_cli.outfiles.check_writable`), or one

@@ -210,7 +210,7 @@ def run_plan(
             resume_from=resume_from,
             checkpoint_meta=tuple(meta.items()),
         )
-        result = run_torchrun(cfg, order) if under_torchrun else launch_local(cfg, report)
+        result = run_torchrun(cfg, order, report) if under_torchrun else launch_local(cfg, report)
         if result is None:
             return None
         return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)

@@ -26,6 +26,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from heterps_cli.errors import InputError
+from heterps_cli.figures import plural
 from heterps_cli.profiling.links import free_port
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.worker import RunConfig, run_rank, spawned
@@ -40,7 +41,7 @@ def torchrun_env() -> tuple[int, int, int] | None:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
 
 
-def run_torchrun(cfg: RunConfig, placed: list | None = None) -> dict | None:
+def run_torchrun(cfg: RunConfig, placed: list | None = None, progress: Progress | None = None) -> dict | None:
     """This process's rank of a torchrun job; rank 0 returns every rank's measurements. ``placed``
     (:func:`.placement.processes`, ``heterps run --placed``): torchrun rank ``g`` is ``placed[g]``'s
     plan rank, on its GPU by its place among its node's replicas of its type."""
@@ -58,6 +59,8 @@ def run_torchrun(cfg: RunConfig, placed: list | None = None) -> dict | None:
             f"the plan runs as {need} processes (one per replica, or per shard of a tensor-parallel replica); "
             f"torchrun started {world} (give --nnodes/--nproc-per-node that add up to that)",
         )
+    if rank == 0:
+        (progress or quiet)(_starting(cfg, world))
     result = run_rank(rank, world, "env://", cfg, local)
     return result if rank == 0 else None
 
@@ -100,16 +103,17 @@ def _still_running(pending: dict) -> tuple[bool, dict]:
 
 
 def _starting(cfg: RunConfig, world: int) -> str:
+    processes = plural(world, "process", "processes")
     if cfg.task is None:
-        return f"running {world} processes: {cfg.warmup} warm-up and {cfg.steps} measured steps"
-    start = f", resumed after step {cfg.start_step}" if cfg.start_step else ""
-    return f"training {cfg.task} on {world} processes: steps {cfg.start_step + 1} to {cfg.last_step}{start}"
+        return f"running {processes}: {cfg.warmup} warm-up and {cfg.steps} measured steps"
+    start = f", resuming after step {cfg.start_step}" if cfg.start_step else ""
+    return f"training {cfg.task} on {processes}: steps {cfg.start_step + 1} to {cfg.last_step}{start}"
 
 
-def _tell_latest(path: Path, offset: int, report: Progress) -> int:
-    """The reporting rank's newest whole line since byte ``offset`` (one per step), passed on to the
-    progress display; the offset read up to. Only what was appended is read: the file grows by a line a
-    step, a long run's to megabytes."""
+def _tell_new(path: Path, offset: int, report: Progress) -> int:
+    """Each whole line the reporting rank wrote since byte ``offset`` (one per step), passed on in turn
+    (a progress bar shows the newest; a log gets them all); the offset read up to. Only what was appended
+    is read: the file grows by a line a step, a long run's to megabytes."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -117,9 +121,8 @@ def _tell_latest(path: Path, offset: int, report: Progress) -> int:
     except OSError:
         return offset
     whole = new[: new.rfind(b"\n") + 1]  # a line still being written waits for the next look
-    lines = whole.decode("utf-8", "replace").splitlines()
-    if lines:
-        report(lines[-1])
+    for line in whole.decode("utf-8", "replace").splitlines():
+        report(line)
     return offset + len(whole)
 
 
@@ -171,13 +174,14 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
             told_up_to = 0
             while pending:
                 wait([p.sentinel for p in pending.values()], timeout=1.0)
-                told_up_to = _tell_latest(told, told_up_to, report)
+                told_up_to = _tell_new(told, told_up_to, report)
                 any_failed, pending = _still_running(pending)
                 if any_failed:
                     time.sleep(0.2)  # let the echoes of a failure land, so the root cause can be told apart
                     failed = [(r, p) for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
                     causes = sorted(_failure(p, r, cfg, out) for r, p in failed)
                     raise InputError(None, None, None, causes[0][1])
+            _tell_new(told, told_up_to, report)  # the last steps, written since the last look
             return json.loads((out / "result.json").read_text())
         finally:
             _stop(processes)
