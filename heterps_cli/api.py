@@ -301,6 +301,7 @@ def estimate(
     tp: tuple[int, ...] = (),
     precision: str = "fp32",
     loss: str = "mse",
+    optimizer: str = "sgd",
     granularity: str = "layers",
     progress: Progress | None = None,
 ):
@@ -325,6 +326,7 @@ def estimate(
         tp=tp,
         precision=precision,
         loss=loss,
+        optimizer=optimizer,
         progress=progress,
     )
 

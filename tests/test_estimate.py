@@ -255,3 +255,26 @@ def test_calibrating_with_a_profile_of_another_model_or_batch_size_is_refused(tm
     )
     output = result.output.replace("\n", " ")
     assert all(text in output for text in expected), output
+
+
+def test_the_update_is_the_optimisers_step_counted_by_hand(tmp_path):
+    """An Adam step passes over the weights 18 times (lerp 3, mul 2, addcmul 3, sqrt 2, div 2, add 2, addcdiv 4)
+    in 8 kernels, SGD's 3 in 1; the gradients' reset adds one pass and one kernel to each; AdamW's decay one
+    mul (2 passes, a kernel) more. Both spellings take --optimizer."""
+    catalogue = load_catalogue(str(est.CATALOGUE))
+    device = catalogue.devices["a100-80gb"]
+    launch = device.launch_us * 1e-6
+    reached = device.memory_gbps * 1e9 * est.memory_efficiency(device, catalogue)
+    updates = {}
+    for optimizer, spelled in (("sgd", "estimate"), ("adam", "estimate"), ("adamw", "--estimate")):
+        out = tmp_path / f"{optimizer}.yaml"
+        args = ["mlp", "a100-80gb"] if spelled == "estimate" else ["mlp", "--estimate", "a100-80gb"]
+        command = [spelled if spelled == "estimate" else "", *args, "--as", "a100", "--batch-size", "8"]
+        _cli([c for c in command if c] + ["--optimizer", optimizer, "--out", str(out)])
+        layer = load_profile(str(out))[0].layers[0]
+        updates[optimizer], weights = layer.times["a100"].update, layer.weight_size
+        assert f"update: the {optimizer} step" in out.read_text()
+    by_hand = {"sgd": (4, 2), "adam": (19, 9), "adamw": (21, 10)}
+    for optimizer, (passes, kernels) in by_hand.items():
+        assert updates[optimizer] == pytest.approx(passes * weights / reached + kernels * launch, rel=1e-5)
+    assert weights > 0

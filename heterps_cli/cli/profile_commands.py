@@ -133,8 +133,8 @@ LossOpt = Annotated[
 OptimizerOpt = Annotated[
     Optimizer,
     typer.Option(
-        help="The optimiser whose step each layer's update times (spec section 1d): sgd (what heterps run "
-        "trains without --task), adam or adamw.",
+        help="The optimiser whose step each layer's update times, or prices where estimated (spec section 1d): "
+        "sgd (what heterps run trains without --task), adam or adamw.",
     ),
 ]
 
@@ -303,7 +303,6 @@ def profile_command(
                 "--processes": processes != 1,
                 "--concurrent": concurrent is not None,
                 "--link-gbps": link_gbps is not None,
-                "--optimizer": optimizer is not Optimizer.sgd,
             },
         )
         assert as_type is not None and sizes is not None and out_file is not None
@@ -323,6 +322,7 @@ def profile_command(
                 cast(tuple, tp),
                 precision,
                 loss,
+                optimizer=optimizer,
             )
             job.run(granularity, out_file)
             return
@@ -418,6 +418,7 @@ def estimate_command(
     tp: TpOpt = None,
     precision: PrecisionOpt = None,
     loss: LossOpt = None,
+    optimizer: OptimizerOpt = Optimizer.sgd,
 ) -> None:
     """Estimate a PyTorch model's layers on a device you do not have and write a profile.
 
@@ -443,6 +444,7 @@ def estimate_command(
             precision,
             loss,
             "DEVICE",
+            optimizer,
         )
         job.run(granularity, out_file)
 
@@ -464,6 +466,7 @@ class _Estimate:
     precision: Precision | None  # None: not given, PyTorch's default (fp32)
     loss: Loss | None  # None: not given, mse (what heterps run trains with)
     device_field: str = "--estimate"  # what an error about the device names: the option, or the argument
+    optimizer: Optimizer = Optimizer.sgd  # whose step each layer's update prices
 
     def run(self, granularity: Granularity, out_file: str) -> None:
         from heterps_cli import api
@@ -484,6 +487,7 @@ class _Estimate:
                 tp=self.tp,
                 precision=(self.precision or Precision.fp32).value,
                 loss=(self.loss or Loss.mse).value,
+                optimizer=self.optimizer.value,
                 granularity=granularity.value,
                 progress=report,
             )

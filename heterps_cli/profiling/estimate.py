@@ -231,6 +231,7 @@ class Estimated:
     loss: str = "mse"
     degrees: dict[int, list[LayerProfile]] = field(default_factory=dict)  # --tp: per degree, one unit's layers
     sharded: dict[int, list[Sharded]] = field(default_factory=dict)  # --tp: per degree, how
+    optimizer: str = "sgd"  # whose step each layer's update prices
 
     @property
     def total_oct(self) -> float:
@@ -253,18 +254,25 @@ def catalogue_device(catalogue: Catalogue, name: str, path: str, option: str) ->
     return catalogue.devices[name]
 
 
-UPDATE_PASSES = 4  # SGD reads the weights and their gradients and writes the weights; the reset writes the gradients
-UPDATE_KERNELS = 2  # the step and the reset
+# Per optimiser (torch 2's foreach step, as heterps run steps it, and the gradients' reset): the passes over
+# the weights' bytes and the kernels launched, counted from its operators (docs/guide/profiling.md).
+#   sgd:   add_(w, g)                                          3 passes, 1 kernel
+#   adam:  lerp_(m, g) 3, mul_(v) 2, addcmul_(v, g, g) 3, sqrt(v) 2, div_ 2, add_(eps) 2,
+#          addcdiv_(w, m, .) 4, add_(steps) ~0                18 passes, 8 kernels
+#   adamw: adam's and mul_(w) for the decoupled decay 2      20 passes, 9 kernels
+#   the reset: the gradients written once                      1 pass,   1 kernel
+UPDATE_PASSES = {"sgd": 3 + 1, "adam": 18 + 1, "adamw": 20 + 1}
+UPDATE_KERNELS = {"sgd": 1 + 1, "adam": 8 + 1, "adamw": 9 + 1}
 
 
-def update_estimate(weights: float, device: DeviceSpec, catalogue: Catalogue) -> float:
-    """Section 1d's ``update`` on ``device``: the optimiser step and the gradients' reset move the weights'
+def update_estimate(weights: float, device: DeviceSpec, catalogue: Catalogue, optimizer: str = "sgd") -> float:
+    """Section 1d's ``update`` on ``device``: the optimiser's step and the gradients' reset move the weights'
     bytes ``UPDATE_PASSES`` times at the memory bandwidth reached, plus their launches. Timing it on
     this machine instead gave a V100 this CPU's time, 29 us to 16 ms for one layer from run to run."""
     if weights == 0:
         return 0.0
     reached = device.memory_gbps * 1e9 * memory_efficiency(device, catalogue)
-    return UPDATE_PASSES * weights / reached + UPDATE_KERNELS * device.launch_us * 1e-6
+    return UPDATE_PASSES[optimizer] * weights / reached + UPDATE_KERNELS[optimizer] * device.launch_us * 1e-6
 
 
 def fit(calls: list[Call], works: list[Work], measured: dict[str, float], pricer: Pricer) -> dict[str, float]:
@@ -334,10 +342,12 @@ def estimate(
     tp: tuple[int, ...] = (),
     precision: str = "fp32",
     loss: str = "mse",
+    optimizer: str = "sgd",
     progress: Progress | None = None,
 ) -> Estimated:
     """The estimated profile of ``model`` as type ``resource`` on catalogue device ``device_name``, at
-    tensor-parallel degree 1 and each of ``tp``, at ``precision``, its last layer computing ``loss``."""
+    tensor-parallel degree 1 and each of ``tp``, at ``precision``, its last layer computing ``loss``, each
+    layer's update that of ``optimizer``."""
     report = progress or quiet
     path = catalogue_path or str(CATALOGUE)
     catalogue, device = device_of(path, device_name, tp, precision)
@@ -361,7 +371,7 @@ def estimate(
             on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
             factors = fit(calls, works, measured, Pricer(catalogue.devices[on], catalogue))
             calibrated_on = f"{calibrate} ({on})"
-        price = _Pricing(Pricer(device, catalogue, precision), factors, B0)
+        price = _Pricing(Pricer(device, catalogue, precision), factors, B0, optimizer)
         with autocast(precision):  # the sizes kept for the backward are those of the precision
             layers = [price.layer(call, w) for call, w in zip(calls, works)]
             layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
@@ -408,6 +418,7 @@ def estimate(
         loss,
         degrees,
         sharded,
+        optimizer,
     )
 
 
@@ -480,6 +491,7 @@ class _Pricing:
     pricer: Pricer
     factors: dict[str, float]
     B0: int
+    optimizer: str = "sgd"
 
     def _factor(self, layer_kind: str) -> float:
         return self.factors.get(layer_kind, self.factors["other"]) if self.factors else 1.0
@@ -494,7 +506,7 @@ class _Pricing:
         device = self.pricer.device
         network = device.network_gbps * 1e9 / 8
         alpha = ALPHA_DEFAULTS.get(layer_kind, ALPHA_OTHER)
-        update = update_estimate(weight_bytes(call.module), device, self.pricer.catalogue)
+        update = update_estimate(weight_bytes(call.module), device, self.pricer.catalogue, self.optimizer)
         return layer_profile(
             call, self.B0, oct_ + communication[1], network, alpha, "cpu", update=update, forward=forward
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 from heterps_cli.errors import InputError
 from heterps_cli.figures import exact
 from heterps_cli.formats import Profile, load_profile
-from heterps_cli.profiling.estimate import Estimated
+from heterps_cli.profiling.estimate import UPDATE_KERNELS, UPDATE_PASSES, Estimated
 from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, LayerProfile, Profiled, python_path_note
 from heterps_cli.yamlio import Document
 
@@ -253,8 +253,8 @@ def estimated_text(e: Estimated) -> str:
         + (f", the last layer's with the {e.loss} loss" if e.loss != "none" else ""),
         "odt: gradient all-reduce bytes per batch (as big as the weights) / the device's network bandwidth",
         "alpha: the kind's default (not measurable without the devices); beta: 0 (odt does not shrink with replicas)",
-        "update: the optimiser step and the gradients' reset, 4 x weight bytes / (bandwidth x memory efficiency) "
-        "+ 2 x launch floor",
+        f"update: the {e.optimizer} step and the gradients' reset, {UPDATE_PASSES[e.optimizer]} x weight bytes / "
+        f"(bandwidth x memory efficiency) + {UPDATE_KERNELS[e.optimizer]} x launch floor",
         "forward: the forward pass's own operators, priced the same (spec section 1g)",
         f"sum of the layers' oct {e.total_oct:.4g} s",
     ]
