@@ -216,8 +216,8 @@ class Validated:
 
 def validate(path: str, cluster_path: str | None = None) -> Validated:
     """``heterps validate``: a profile, a cluster or a plan alone, checked against its format; or a
-    profile and a cluster, checked against each other too."""
-    from heterps_cli.formats import check_pair, load_any, load_pair
+    profile or a plan and a cluster, checked against each other too."""
+    from heterps_cli.formats import check_pair, check_plan_on_cluster, load_any, load_with_cluster
 
     if cluster_path is None:
         kind, found, doc = load_any(path)
@@ -227,9 +227,12 @@ def validate(path: str, cluster_path: str | None = None) -> Validated:
             if (too_many := unrentable(cast("Cluster", found))) is not None:
                 raise doc.error(("nodes",), too_many)
         return Validated(kind, found)
-    (profile, pdoc), (cluster, cdoc) = load_pair(path, cluster_path)
-    check_pair(profile, pdoc, cluster, cdoc)
-    return Validated("profile", profile, cluster)
+    kind, found, doc, cluster, cdoc = load_with_cluster(path, cluster_path)
+    if kind == "plan":  # the types, units and nodes it names are the cluster's
+        check_plan_on_cluster(cast("Plan", found), doc, cluster, cdoc)
+    else:
+        check_pair(cast("Profile", found), doc, cluster, cdoc)
+    return Validated(kind, found, cluster)
 
 
 def measure(

@@ -879,6 +879,40 @@ def micro_batches(global_batch: int, sizes: int | tuple[int, ...], what: str = "
     return count_
 
 
+def check_plan_on_cluster(plan: Plan, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
+    """``heterps validate PLAN CLUSTER``: the types, units and node kinds the plan names are the cluster's.
+    Its figures are ``check``'s to recompute, from the profile too."""
+    problems = []
+    used: dict[str, int] = {}
+    for i, stage in enumerate(plan.stages):
+        if stage.resource not in cluster.resources:
+            offered = ", ".join(cluster.resources)
+            problems.append(
+                pdoc.error(("stages", i, "resource"), f"{stage.resource!r} is no type of {cdoc.path} ({offered})")
+            )
+        used[stage.resource] = used.get(stage.resource, 0) + stage.units
+    for t, n in used.items():
+        limit = cluster.resources[t].limit if t in cluster.resources else None
+        if limit is not None and n > limit:
+            problems.append(
+                pdoc.error(("stages",), f"uses {n} units of {t}, more than its limit of {limit} in {cdoc.path}")
+            )
+    for kind, count in (plan.rental or {}).items():
+        if cluster.nodes is None or kind not in cluster.nodes:
+            problems.append(pdoc.error(("rental", kind), f"rents node kind {kind!r}, which {cdoc.path} does not offer"))
+        elif count > cluster.nodes[kind].available:
+            available = cluster.nodes[kind].available
+            problems.append(
+                pdoc.error(("rental", kind), f"rents {count} of {kind}, more than the {available} available")
+            )
+    if cluster.nodes is not None and not plan.rental:
+        problems.append(
+            pdoc.error(("stages",), f"{cdoc.path} rents whole nodes, and the plan says none: plan it on this cluster")
+        )
+    if problems:
+        raise InputError.joined(problems)
+
+
 def load_cluster(path: str) -> tuple[Cluster, Document]:
     doc = load_yaml(path)
     return _checked_cluster(doc), doc
@@ -1033,6 +1067,23 @@ def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Docu
             problems.append(exc)
     _raise_all(problems)
     return loaded[0], loaded[1]
+
+
+def load_with_cluster(path: str, cluster_path: str) -> tuple[str, Profile | Plan, Document, Cluster, Document]:
+    """A profile or a plan (its kind, what it holds, its document) and a cluster, with the problems of both
+    reported together (``heterps validate FILE CLUSTER``)."""
+    loaded: list[Any] = []
+    problems: list[InputError] = []
+    for load, given in ((load_any, path), (load_cluster, cluster_path)):
+        try:
+            loaded.append(load(given))
+        except InputError as exc:
+            problems.append(exc)
+    _raise_all(problems)
+    (kind, found, doc), (cluster, cdoc) = loaded
+    if kind == "cluster":
+        raise doc.error((), f"this is a cluster: give a profile or a plan, then the cluster ({cluster_path})")
+    return kind, found, doc, cluster, cdoc
 
 
 def usable_types(profile: Profile, cluster: Cluster) -> tuple[str, ...]:

@@ -124,3 +124,20 @@ def test_validate_refuses_a_cluster_that_plan_refuses(runner, tmp_path):
         result = runner.invoke(app, ["validate", str(path)])
         assert result.exit_code == 2, result.output
         assert f"c.yaml:3: {where}" in result.output and "internal error" not in result.output
+
+
+def test_a_plan_is_checked_against_a_cluster_it_names_types_units_and_nodes_of(runner):
+    """validate PLAN CLUSTER, as the README lists it: said "this is a plan, not a model profile" before."""
+    ctr, placed = str(ROOT / "docs/plans/ctr.yaml"), str(ROOT / "docs/plans/ctr-aws-p3.yaml")
+    paper, nodes = str(ROOT / "clusters/paper.yaml"), str(ROOT / "clusters/aws-p3-nodes.yaml")
+    for plan, cluster in ((ctr, paper), (placed, nodes)):
+        result = runner.invoke(app, ["validate", plan, cluster])
+        shown = " ".join(result.output.split())
+        assert result.exit_code == 0 and f"well-formed, on types, units and nodes {cluster} has" in shown, shown
+    workstation = str(ROOT / "clusters/workstation.yaml")  # cpu (2 cores) and a100: no v100
+    result = runner.invoke(app, ["validate", ctr, workstation])
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2 and "stages[1].resource: 'v100' is no type of" in shown
+    assert "uses 35 units of cpu, more than its limit of 2" in shown
+    result = runner.invoke(app, ["validate", ctr, nodes])
+    assert result.exit_code == 2 and "rents whole nodes, and the plan says none" in " ".join(result.output.split())

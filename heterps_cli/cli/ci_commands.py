@@ -211,10 +211,10 @@ def validate(
     ],
     cluster: Annotated[
         Path | None,
-        typer.Argument(help="With a profile: a cluster to check it against.", show_default=False),
+        typer.Argument(help="With a profile or a plan: a cluster to check it against.", show_default=False),
     ] = None,
 ) -> None:
-    """Check a profile, a cluster or a plan file, or a profile against a cluster, and summarise it."""
+    """Check a profile, a cluster or a plan file, or a profile or a plan against a cluster, and summarise it."""
     with exit_codes():
         from heterps_cli import api
         from heterps_cli.cli.render import print_cluster, print_plan_file, print_summary
@@ -223,6 +223,6 @@ def validate(
         if read.kind == "cluster":
             print_cluster(out, cast("Cluster", read.found), str(file))
         elif read.kind == "plan":
-            print_plan_file(out, cast("Plan", read.found), str(file))
+            print_plan_file(out, cast("Plan", read.found), str(file), str(cluster) if cluster else None)
         else:
             print_summary(out, cast("Profile", read.found), str(file), read.cluster, str(cluster) if cluster else None)

@@ -425,8 +425,9 @@ def _price_and_limit(cluster: Cluster, t: str) -> tuple[str, str]:
     return "per node", count(sum(node.units.get(t, 0) * node.available for node in cluster.nodes.values()))
 
 
-def print_plan_file(console: Console, plan: Plan, path: str) -> None:
-    """``heterps validate PLAN``: what the plan file says, well-formed; its figures are check's to judge."""
+def print_plan_file(console: Console, plan: Plan, path: str, cluster_path: str | None = None) -> None:
+    """``heterps validate PLAN [CLUSTER]``: what the plan file says, well-formed (and on the cluster's types,
+    units and nodes); its figures are check's to judge."""
     layout = " | ".join(f"{clip(s.resource)}×{s.replicas}" for s in plan.stages)
     console.print(
         Text.assemble(
@@ -439,7 +440,8 @@ def print_plan_file(console: Console, plan: Plan, path: str) -> None:
         )
     )
     console.print(f"  throughput {count(plan.throughput, 1)} samples/s, cost {usd(plan.cost_usd)}")
-    console.print("  well-formed; to recompute its figures from the files: heterps check PLAN --profile P --cluster C")
+    on = f", on types, units and nodes {clip(cluster_path)} has" if cluster_path else ""
+    console.print(f"  well-formed{on}; to recompute its figures: heterps check PLAN --profile P --cluster C")
 
 
 def compare_view(entries, objective: Objective, width: int = 120) -> Group:
