@@ -307,3 +307,12 @@ def test_bad_input_is_exit_2_naming_the_file(runner, tmp_path):
     result = runner.invoke(app, ["frontier", str(broken), PAPER])
     assert result.exit_code == 2 and "broken.yaml" in result.output and "Traceback" not in result.output
     assert runner.invoke(app, ["frontier", CTR, PAPER, "--points", "0"]).exit_code == 2
+
+
+def test_a_frontier_read_from_a_pipe_or_a_file_cuts_no_column(runner):
+    """A pipe has no width (rich took 80): its reader, or a program, gets every row whole."""
+    result = runner.invoke(app, ["frontier", CTR, PAPER])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if "|" in line]
+    assert rows and not any("…" in row for row in rows)
+    assert "cpu 35, v100 1" in result.stdout and "3: cpu×34 | v100×1 | cpu×1" in result.stdout

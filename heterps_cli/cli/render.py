@@ -491,11 +491,12 @@ def compare_view(entries, objective: Objective, width: int = 120) -> Group:
 STAGES = 6  # heterps frontier's table cuts a longer layout (--json and --out give it whole)
 
 
-def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Group:
+def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120) -> Group:
     """One row per frontier plan, cheapest first, with what each costs and gains against the cheapest.
 
     ``thinned_by_default``: the table shows fewer plans than the frontier has because
-    no ``--points`` was given, which the footer says. ``width``: the terminal's, which every row fits."""
+    no ``--points`` was given, which the footer says. ``width``: the terminal's, which every row fits;
+    None (a file or a pipe, read later or by a program) cuts nothing."""
     from heterps_cli.frontier import KNEE_RULE, layout
 
     p = frontier.problem
@@ -533,10 +534,14 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int = 120) -> Gr
     # keeps it. --json and --out hold every plan whole.
     widest = [max(len(name), *(len(r[1][i]) for r in rows)) for i, name in enumerate(figures)]
     columns = len(figures) + 2
-    spare = width - sum(widest) - (3 * columns - 1)  # padding and a separator between columns, one edge each side
-    shown_width = max(7, min(18, spare // 3))
-    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=shown_width)
-    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=max(9, spare - shown_width))
+    if width is None:
+        resources_width = stages_width = None
+    else:
+        spare = width - sum(widest) - (3 * columns - 1)  # padding and a separator between columns, one edge each
+        resources_width = max(7, min(18, spare // 3))
+        stages_width = max(9, spare - resources_width)
+    table.add_column("resources", no_wrap=True, overflow="ellipsis", max_width=resources_width)
+    table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=stages_width)
     for knee, shown, words, stages in rows:
         table.add_row(*shown, Text(words), Text(stages), style="bold" if knee else None)
     notes = [Text("faster, dearer: against plan 1, the cheapest", style="dim")] if base is not None else []
