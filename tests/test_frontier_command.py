@@ -310,8 +310,9 @@ def test_bad_input_is_exit_2_naming_the_file(runner, tmp_path):
 
 
 def test_a_frontier_read_from_a_pipe_or_a_file_cuts_no_column(runner):
-    """A pipe has no width (rich took 80): its reader, or a program, gets every row whole."""
-    result = runner.invoke(app, ["frontier", CTR, PAPER])
+    """A pipe has no width (rich took 80): its reader, or a program, gets every row whole; COLUMNS, where
+    set, still sets one (tests/test_figures.py)."""
+    result = runner.invoke(app, ["frontier", CTR, PAPER], env={"COLUMNS": None})
     assert result.exit_code == 0, result.output
     rows = [line for line in result.stdout.splitlines() if "|" in line]
     assert rows and not any("…" in row for row in rows)

@@ -328,7 +328,8 @@ def frontier(
             print(json.dumps(kept.to_dict(), indent=2, allow_nan=False))
         elif plot != "-":
             shown = thin(kept, TABLE_ROWS) if points is None else kept
-            width = out.width if out.is_terminal else None  # a file or a pipe: every row whole
+            # a file or a pipe: every row whole, unless COLUMNS asks for a width (a CI log's 80)
+            width = out.width if out.is_terminal or os.environ.get("COLUMNS") else None
             out.print(frontier_view(shown, thinned_by_default=len(shown.plans) < len(kept.plans), width=width))
             if out_dir is not None:
                 out.print(Text(f"wrote {plural(len(kept.plans), 'plan')} to {out_dir}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, cast
 
@@ -20,6 +21,7 @@ from heterps_cli.cli.session import (
     users_prints_to_stderr,
     write_output,
 )
+from heterps_cli.progress import quiet
 
 _RunPlanFileArg = Annotated[
     Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
@@ -155,7 +157,11 @@ def run_command(
         files = [spec.rpartition(":")[0] for spec in (task, model) if spec and ":" in spec]
         not_an_input(out_file, plan_file, *files)  # before the training, whose report it would lose
 
-        with progress_or_lines("heterps run") as report, users_prints_to_stderr():
+        from heterps_cli.runtime.launch import torchrun_env
+
+        rank = (torchrun_env() or (0,))[0]  # under torchrun rank 0 speaks for the job, as it reports
+        said = progress_or_lines("heterps run") if rank == 0 else nullcontext(quiet)
+        with said as report, users_prints_to_stderr():
             result = api.run(
                 str(plan_file),
                 model,
