@@ -12,7 +12,7 @@ import json
 import re
 import sys
 import unicodedata
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -1056,31 +1056,29 @@ def _plan_of(doc: Document) -> Plan:
     return plan
 
 
-def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Document], tuple[Cluster, Document]]:
-    """Both files, with the problems of both reported together."""
+def _load_together(*loads: tuple[Callable[[str], Any], str]) -> list[Any]:
+    """Each ``load(path)``, with the problems of every file reported together."""
     loaded: list[Any] = []
     problems: list[InputError] = []
-    for load, path in ((load_profile, profile_path), (load_cluster, cluster_path)):
+    for load, path in loads:
         try:
             loaded.append(load(path))
         except InputError as exc:
             problems.append(exc)
     _raise_all(problems)
-    return loaded[0], loaded[1]
+    return loaded
+
+
+def load_pair(profile_path: str, cluster_path: str) -> tuple[tuple[Profile, Document], tuple[Cluster, Document]]:
+    """Both files, with the problems of both reported together."""
+    profile, cluster = _load_together((load_profile, profile_path), (load_cluster, cluster_path))
+    return profile, cluster
 
 
 def load_with_cluster(path: str, cluster_path: str) -> tuple[str, Profile | Plan, Document, Cluster, Document]:
     """A profile or a plan (its kind, what it holds, its document) and a cluster, with the problems of both
     reported together (``heterps validate FILE CLUSTER``)."""
-    loaded: list[Any] = []
-    problems: list[InputError] = []
-    for load, given in ((load_any, path), (load_cluster, cluster_path)):
-        try:
-            loaded.append(load(given))
-        except InputError as exc:
-            problems.append(exc)
-    _raise_all(problems)
-    (kind, found, doc), (cluster, cdoc) = loaded
+    (kind, found, doc), (cluster, cdoc) = _load_together((load_any, path), (load_cluster, cluster_path))
     if kind == "cluster":
         raise doc.error((), f"this is a cluster: give a profile or a plan, then the cluster ({cluster_path})")
     return kind, found, doc, cluster, cdoc
