@@ -153,13 +153,12 @@ def run_command(
         from heterps_cli import api
         from heterps_cli.cli.render_measured import run_view
         from heterps_cli.runtime import parse_map
+        from heterps_cli.runtime.launch import torchrun_env
 
         files = [spec.rpartition(":")[0] for spec in (task, model) if spec and ":" in spec]
         not_an_input(out_file, plan_file, *files)  # before the training, whose report it would lose
-
-        from heterps_cli.runtime.launch import torchrun_env
-
-        rank = (torchrun_env() or (0,))[0]  # under torchrun rank 0 speaks for the job, as it reports
+        env = torchrun_env()
+        rank = env[0] if env is not None else 0  # under torchrun rank 0 speaks for the job, as it reports
         said = progress_or_lines("heterps run") if rank == 0 else nullcontext(quiet)
         with said as report, users_prints_to_stderr():
             result = api.run(
@@ -183,17 +182,16 @@ def run_command(
                 progress=report,
             )
         if result is not None:  # None: a torchrun rank other than 0, as rank 0 reports
+            written = result.to_json()
             if out_file is not None:
-                write_output(out_file, result.to_json())
+                write_output(out_file, written)
             if as_json:
-                sys.stdout.write(result.to_json())
+                sys.stdout.write(written)
             else:
                 out.print(run_view(result))
                 if out_file is not None and out_file != "-":
                     out.print(Text(f"wrote {out_file}"))
-    from heterps_cli.runtime.launch import torchrun_env
-
-    if torchrun_env() is not None:
+    if env is not None:
         # Done and said: leave without C++ destructors, as a local worker does (runtime.worker.spawned), since
         # gloo's threads still winding down sometimes abort the exit ("terminate called without an active
         # exception"), and torchrun then fails the whole job.
