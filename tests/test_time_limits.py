@@ -111,9 +111,9 @@ def test_the_default_budget_is_one_for_the_whole_plan_shared_over_its_micro_batc
     given: list[float] = []
     real = schedulers._solve_at
 
-    def recorded(name, problem, seed, progress, options, budget):
+    def recorded(name, problem, seed, progress, options):
         given.append(options.time_limit)
-        return real(name, problem, seed, progress, options, budget)
+        return real(name, problem, seed, progress, options)
 
     monkeypatch.setattr(schedulers, "_solve_at", recorded)
     problem = load_problem(_sizes_profile(tmp_path), str(ROOT / "clusters/paper.yaml"))

@@ -68,24 +68,23 @@ def solve(
         started = options.started if options.started is not None else time.perf_counter()
         options = dataclasses.replace(options, time_limit=budget, started=started)
     if len(choices) == 1:
-        return _solve_at(name, problem.at_micro_batch(choices[0]), seed, progress, options, budget)
-    from heterps_cli.schedulers.micro_batch import best_micro_batch
+        plan = _solve_at(name, problem.at_micro_batch(choices[0]), seed, progress, options)
+    else:
+        from heterps_cli.schedulers.micro_batch import best_micro_batch
 
-    plan = best_micro_batch(
-        problem,
-        choices,
-        lambda sub, opts, report: _solve_at(name, sub, seed, report, opts, None),
-        progress,
-        options,
-        exact=name == "exact",
-    )
+        plan = best_micro_batch(
+            problem,
+            choices,
+            lambda sub, opts, report: _solve_at(name, sub, seed, report, opts),
+            progress,
+            options,
+            exact=name == "exact",
+        )
     return _said_budget(plan, problem, budget)
 
 
-def _solve_at(
-    name: str, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions, budget: float | None
-) -> Plan:
-    """:func:`solve` at the problem's own micro-batch; ``budget``: the default time limit it runs under."""
+def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions) -> Plan:
+    """:func:`solve` at the problem's own micro-batch."""
     start = time.perf_counter()
     try:
         plan = solver(name)(problem, seed=seed, progress=progress, options=options)
@@ -98,7 +97,7 @@ def _solve_at(
         from heterps_cli.schedulers.cuts import cut_exactly
 
         plan = cut_exactly(problem, plan, Clock.of(options, start).left())
-    return _said_budget(plan, problem, budget)
+    return plan
 
 
 def _said_budget(plan: Plan, problem: Problem, budget: float | None) -> Plan:
