@@ -434,7 +434,8 @@ def estimate_spec(
     """:func:`estimate` of the model ``spec`` names (:func:`~.measure.load_model`), built and run on fake
     tensors (:func:`~.counting.abstract`); where the user's code cannot run on them (it reads a
     tensor's values, loads weights), on real tensors here, and the profile says so."""
-    device_of(options.get("catalogue_path") or str(CATALOGUE), device_name, options.get("tp", ()))
+    catalogue = options.get("catalogue_path") or str(CATALOGUE)
+    device_of(catalogue, device_name, options.get("tp", ()), options.get("precision", "fp32"))  # before the model
 
     def attempt() -> Estimated:
         return estimate(load_model(spec, batch_size, input_shape, granularity), resource, device_name, **options)
