@@ -217,10 +217,12 @@ class Validated:
 def validate(path: str, cluster_path: str | None = None) -> Validated:
     """``heterps validate``: a profile, a cluster or a plan alone, checked against its format; or a
     profile or a plan and a cluster, checked against each other too."""
-    from heterps_cli.formats import check_pair, check_plan_on_cluster, load_any, load_with_cluster
+    from heterps_cli.formats import check_pair, check_plan_on_cluster, check_plannable, load_any, load_with_cluster
 
     if cluster_path is None:
         kind, found, doc = load_any(path)
+        if kind == "profile":
+            check_plannable(cast("Profile", found), doc)
         if kind == "cluster":
             from heterps_cli.problem import unrentable
 
@@ -245,7 +247,7 @@ def measure(
     repetitions: int = 20,
     link_gbps: float | None = None,
     processes: int = 1,
-    granularity: str = "layers",
+    granularity: str = "auto",
     concurrent: int | None = None,
     progress: Progress | None = None,
     loss: str = "mse",
@@ -305,7 +307,7 @@ def estimate(
     precision: str = "fp32",
     loss: str = "mse",
     optimizer: str = "sgd",
-    granularity: str = "layers",
+    granularity: str = "auto",
     progress: Progress | None = None,
 ):
     """``heterps profile --estimate``: an estimate of the model's layers on catalogue device ``device``,

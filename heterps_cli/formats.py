@@ -245,6 +245,7 @@ class Profile(_Strict):
     # section 1b: training-state bytes per weight byte
     state_factor: Annotated[float, Field(gt=0, le=1e6), AfterValidator(_normal)] = 4.0
     precision: Precision | None = None  # section 2: what the times assume the model trains at
+    chain: bool | None = None  # section 2: whether heterps run can cut between any two layers (None: unknown)
     fixed: Annotated[dict[Name, FixedCosts], Field(min_length=1)] | None = None  # section 1d, per type
     layers: Annotated[list[Layer], Field(min_length=1)]
 
@@ -1091,8 +1092,21 @@ def usable_types(profile: Profile, cluster: Cluster) -> tuple[str, ...]:
     return tuple(t for t in cluster.resources if t in timed)
 
 
+def check_plannable(profile: Profile, doc: Document) -> None:
+    """Section 2: a profile whose layers heterps found not to chain makes no plan (none could run)."""
+    if profile.chain is False:
+        raise doc.error(
+            ("chain",),
+            "the layers are not a chain (heterps profile found some layer not taking the output of the one "
+            "before, its header says where), so heterps run could split no plan of them: profile the model "
+            "with --granularity auto (the default) or blocks",
+        )
+
+
 def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
-    """An error naming the profile's line if the cluster offers no type some layer can run on."""
+    """An error naming the profile's line if its layers make no plan (:func:`check_plannable`) or the
+    cluster offers no type some layer can run on."""
+    check_plannable(profile, pdoc)
     theirs = {compatible(t): t for t in cluster.resources}
     for t in profile.types:
         other = theirs.get(compatible(t), t)

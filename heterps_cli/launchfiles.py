@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from heterps_cli.errors import InputError
 from heterps_cli.figures import plural
 from heterps_cli.runtime.placement import per_node, processes
-from heterps_cli.shell import Env, Word, address, command, comment, quote
+from heterps_cli.shell import Word, address, command, comment, quote
+from heterps_cli.slurm import SlurmOptions, check_lines, components, slurm_script
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Launch:
     nodes: tuple[NodeLaunch, ...]
     slurm: str
     env: tuple[tuple[str, str], ...] = ()
+    setup: str | None = None  # a shell line each node runs first (heterps launch --setup)
+    shared: tuple[str, ...] = ()  # the paths every node must see
 
     @property
     def world_size(self) -> int:
@@ -85,12 +88,14 @@ def launch_for(
     master_port: int = 29500,
     needs: NodeNeeds | None = None,
     source: str | None = None,
+    slurm: SlurmOptions | None = None,
 ) -> Launch:
     """The commands that run ``plan`` (a :class:`~heterps_cli.formats.Plan` read from ``plan_path``)
     node by node; ``run_args`` are ``heterps run``'s own options (``--model``, ``--map``, ...). The
     plan is named by its absolute path: every node starts in its own directory, and a name like
     ``-x.yaml`` is never read as an option. ``needs``: the environment and each node's GPUs; ``source``:
-    the plan as the user named it, for the scripts' comments (``plan_path`` is the copy they run)."""
+    the plan as the user named it, for the scripts' comments (``plan_path`` is the copy they run);
+    ``slurm``: what the batch script asks of Slurm, and the setup and shared paths every script checks."""
     needs = needs or NodeNeeds()
     placed = all(s.nodes is not None for s in plan.stages)
     if placed and any(s.tp for s in plan.stages):
@@ -115,13 +120,10 @@ def launch_for(
         argv: list[Word] = ["torchrun", *where, "--nproc-per-node", str(n), *run]
         kind = node.rpartition("#")[0] if placed else None
         nodes.append(NodeLaunch(i, node, kind, n, command(argv)))
-    return Launch(tuple(nodes), _slurm(plan, source or plan_path, run, counts, master_port, needs), needs.env)
-
-
-SHARED = (
-    "# Every node must see the plan copy, the task or model file and the checkpoint folder at these paths (a "
-    "shared file system), and run a Python with heterps installed."
-)
+    slurm = slurm or SlurmOptions()
+    parts = components(counts, [n.kind for n in nodes], needs.gpus or tuple(0 for _ in counts))
+    script = slurm_script(plan, source or plan_path, run, parts, master_port, needs.env, needs.threads, slurm)
+    return Launch(tuple(nodes), script, needs.env, slurm.setup, slurm.shared)
 
 
 def _exports(env: tuple[tuple[str, str], ...]) -> list[str]:
@@ -134,54 +136,36 @@ def node_script(plan_path: str, launch: Launch, node: NodeLaunch) -> str:
         "#!/bin/sh",
         comment(f"heterps launch {plan_path}: {head}, {plural(node.processes, 'process', 'processes')}"),
         f"# of {launch.world_size} in all. Run it on that node; node 0's address is MASTER_ADDR on every node.",
-        SHARED,
+        "# Every node must see the plan copy, the task or model file and the checkpoint folder at these paths (a",
+        "# shared file system); this script checks before it starts.",
         "set -eu",
+        *([launch.setup] if launch.setup else []),
     ]
     if '"$MASTER_ADDR"' in node.command:
         lines.append(': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0, the same on every node}"')
+    lines += check_lines(launch.shared, f"this machine (node {node.index})")
     lines += [*_exports(launch.env), node.command, ""]
     return "\n".join(lines)
 
 
-def _slurm(plan, plan_path: str, run: list[Word], counts: dict[str, int], master_port: int, needs: NodeNeeds) -> str:
-    """An sbatch script: one task per node, each starting torchrun with its own process count. Slurm
-    numbers a job's nodes 0..N-1; node kinds must land in the plan's order (a heterogeneous job, or
-    --nodelist), which the header lists. Every node is asked for the most GPUs and cores a node needs."""
-    n, total = len(counts), plural(sum(counts.values()), "process", "processes")
-    lines = [
-        "#!/bin/bash",
-        comment(f"heterps launch {plan_path}: {total} on {plural(n, 'node')}."),
-        "# Slurm node i must be the plan's node i (its kind below): use --nodelist, or one component per",
-        "# kind of a heterogeneous job, in this order.",
-        SHARED,
-    ]
-    gpus = needs.gpus or tuple(0 for _ in counts)
-    lines += [
-        comment(f"  node {i}: {node}, {plural(count, 'process', 'processes')}" + (f", {g} on GPUs" if g else ""))
-        for i, ((node, count), g) in enumerate(zip(counts.items(), gpus, strict=True))
-    ]
-    lines += [
-        f"#SBATCH --job-name=heterps-{_slug(plan.model)}",
-        f"#SBATCH --nodes={n}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --cpus-per-task={max(counts.values()) * needs.threads}",
-        *([f"#SBATCH --gres=gpu:{max(gpus)}"] if max(gpus) else []),
-        "set -euo pipefail",
-        *_exports(needs.env),
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "export MASTER_ADDR",
-    ]
-    # Each node's own task picks its process count: the case runs there, under srun.
-    per_task = ['case "$SLURM_NODEID" in']
-    per_task += [f"  {i}) NPROC={count} ;;" for i, count in enumerate(counts.values())]
-    per_task += ['  *) echo "heterps: the plan has no node $SLURM_NODEID" >&2; exit 2 ;;', "esac"]
-    rendezvous: list[Word] = ["--nnodes", str(n), "--node-rank", Env("SLURM_NODEID"), "--master-addr"]
-    rendezvous += [Env("MASTER_ADDR"), "--master-port", str(master_port), "--nproc-per-node", Env("NPROC")]
-    per_task.append(f"exec {command(['torchrun', *rendezvous, *run])}")
-    lines.append("srun --ntasks-per-node=1 bash -c " + quote("\n".join(per_task)))
-    lines.append("")
-    return "\n".join(lines)
+NETWORK_FS = frozenset(
+    "nfs nfs4 lustre gpfs beegfs cephfs ceph glusterfs fuse.glusterfs cifs smb3 panfs wekafs afs fuse.sshfs 9p".split()
+)
 
 
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)[:40] or "plan"
+def local_file_system(path: str, mounts: str = "/proc/self/mounts") -> tuple[str, str] | None:
+    """The type and mount point of the file system holding ``path`` (or the nearest folder above it
+    that exists) where it is none that machines share; None where it is one, or unknown."""
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as f:
+            table = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return None
+    where = os.path.realpath(path)
+    best: tuple[str, str] | None = None
+    for point, kind in table:
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)  # \040 is a space
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[1])):
+            best = (kind, point)
+    return best if best is not None and best[0] not in NETWORK_FS else None

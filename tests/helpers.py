@@ -17,6 +17,20 @@ from heterps_cli.problem import Problem, build_problem
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 runner = CliRunner()  # the one CLI runner: conftest's `runner` fixture, and the helpers that invoke the CLI
 HEAD = [sys.executable, "-m", "heterps_cli"]  # the CLI as a fresh process
+# Plans heterps run can train (the zoo's vgg16, a chain), as launch checks: five nodes of two kinds, and one
+PLACED = ROOT / "docs/plans/vgg16-aws-fastest.yaml"
+PLACED_MAP = ["--map", "l4=cuda", "--map", "v100-16gb=cuda"]
+ONE_NODE = ROOT / "docs/plans/vgg16-aws.yaml"
+ONE_NODE_MAP = ["--map", "l4=cuda"]
+VGG16_TASK = """import torch
+from heterps_cli import Task
+from heterps_cli.profiling.zoo import vgg16
+
+
+def task():
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3, 32, 32), torch.arange(16) % 10)
+    return Task(model=vgg16(2)[0], data=data, loss=torch.nn.CrossEntropyLoss())
+"""  # a task of PLACED's model
 
 
 def heterps(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.formats import load_profile
 from heterps_cli.profiling import models
-from heterps_cli.profiling.granularity import blocks, breaks, chain_note, record_calls, use_layers
+from heterps_cli.profiling.granularity import blocks, breaks, record_calls, settle, use_layers
 from heterps_cli.profiling.measure import load_model
 from heterps_cli.profiling.models import Model, layers_of
 from heterps_cli.runtime.chain import trace_chain
@@ -32,20 +32,43 @@ def _model(module: nn.Module) -> Model:
 
 
 def test_a_residual_block_breaks_the_chain_of_leaves_and_is_one_block():
-    model = _model(nn.Sequential(nn.Linear(4, 4), Residual(), nn.ReLU(), nn.Linear(4, 2)))
-    recorded = record_calls(model)
-    leaves = layers_of(model)
+    module = nn.Sequential(nn.Linear(4, 4), Residual(), nn.ReLU(), nn.Linear(4, 2))
+    recorded = record_calls(_model(module))
+    leaves = layers_of(_model(module))
     # '1.b' takes relu(a(x)) (functional, no module), '2' takes x + b(...): neither is the layer before's output
     assert [name for name, _ in breaks(recorded, leaves)] == ["1.b", "2"]
-    assert list(blocks(model, recorded).values()) == ["0", "1", "2", "3"]
-    note = chain_note(model)
-    assert note is not None and "inside 1 (Residual)" in note and "--granularity blocks (4 blocks" in note
+    assert list(blocks(_model(module), recorded).values()) == ["0", "1", "2", "3"]
+    by_leaves = settle(_model(module), "layers")
+    assert by_leaves.chain is False and by_leaves.blocks is None
+    assert "inside 1 (Residual)" in by_leaves.notes[0] and "--granularity blocks (4 blocks" in by_leaves.notes[0]
+    auto = settle(_model(module), "auto")  # the default: the blocks, since the leaves are no chain
+    assert auto.chain is True and list(layers_of(auto).values()) == ["0", "1", "2", "3"]
+    assert "profiled at the 4 blocks that are" in auto.notes[0]
 
 
 def test_a_plain_sequential_is_a_chain_of_its_leaves():
-    model = _model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh())))
-    assert chain_note(model) is None
+    module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh()))
+    model = settle(_model(module), "auto")
+    assert model.chain is True and model.blocks is None and model.notes == []
     assert list(blocks(model).values()) == ["0", "1", "2.0", "2.1"]
+
+
+def test_a_model_no_split_of_which_chains_is_profiled_whole():
+    """Code between its only modules: auto profiles it as one layer, which a plan can replicate."""
+
+    class Tangled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(self.a(x) * 2)
+
+    model = settle(_model(Tangled()), "auto")
+    assert model.chain is True and list(layers_of(model).values()) == ["toy"]
+    assert "the whole model as one layer" in model.notes[0]
+    with pytest.raises(InputError, match="no blocks that form a chain"):
+        settle(_model(Tangled()), "blocks")
 
 
 def test_a_shared_module_or_a_model_of_two_inputs_is_no_chain():
@@ -54,13 +77,16 @@ def test_a_shared_module_or_a_model_of_two_inputs_is_no_chain():
     assert any("called more than once" in why for _, why in breaks(record_calls(shared), layers_of(shared)))
     with pytest.raises(InputError, match="several inputs"):
         load_model("ctr", 4, granularity="blocks")
+    with pytest.raises(InputError, match="is a chain at no granularity.*--granularity layers"):
+        load_model("ctr", 4, granularity="auto")
+    assert load_model("ctr", 4, granularity="layers").chain is False
 
 
 def test_the_zoo_resnet_is_a_chain_of_its_blocks():
     model = load_model("resnet", 4, granularity="blocks")
     chain = trace_chain(model)
     assert chain.names == ["0", "1", "2", "3.0", "3.1", "4.0", "4.1", "5.0", "5.1", "6.0", "6.1", "7", "8", "9"]
-    with pytest.raises(InputError, match="not a chain of its layers"):
+    with pytest.raises(InputError, match="not a chain of the plan's layers"):
         trace_chain(load_model("resnet", 4))
 
 
@@ -78,20 +104,27 @@ def test_run_splits_at_the_modules_the_plan_names():
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
-def test_profiling_resnet_warns_by_layers_and_chains_by_blocks(runner, tmp_path):
-    """The leaf profile says which blocks break the chain; the block profile is a chain of the blocks."""
+def test_profiling_resnet_takes_its_blocks_and_a_profile_of_its_leaves_makes_no_plan(runner, tmp_path):
+    """By default the profile is of the blocks that chain; a profile of the leaves says chain: false, says
+    which blocks break the chain, and plan and validate refuse it, so no plan cuts where run cannot."""
     leaves, by_blocks = tmp_path / "leaves.yaml", tmp_path / "blocks.yaml"
     args = ["resnet", "--as", "cpu", "--batch-size", "8", "--link-gbps", "10"]
-    result = runner.invoke(app, ["profile", *args, "--out", str(leaves)])
+    result = runner.invoke(app, ["profile", *args, "--out", str(by_blocks)])
+    assert result.exit_code == 0, result.output
+    profile, _ = load_profile(str(by_blocks))
+    assert profile.chain is True and [layer.name for layer in profile.layers][3:5] == ["3.0", "3.1"]
+    assert "profiled at the 14 blocks that are" in " ".join(result.output.split())
+    result = runner.invoke(app, ["profile", *args, "--granularity", "layers", "--out", str(leaves)])
     assert result.exit_code == 0, result.output
     text = leaves.read_text()
     assert "the layers are not a chain" in text and "inside 3.0 (BasicBlock)" in text
-    assert "--granularity blocks (14 blocks" in text
-    result = runner.invoke(app, ["profile", *args, "--granularity", "blocks", "--out", str(by_blocks)])
-    assert result.exit_code == 0, result.output
-    profile, _ = load_profile(str(by_blocks))
-    assert [layer.name for layer in profile.layers][3:5] == ["3.0", "3.1"]
-    assert "not a chain" not in by_blocks.read_text()
+    assert "--granularity blocks (14 blocks" in text and "\nchain: false\n" in text
+    line = text.splitlines().index("chain: false") + 1
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("cluster: c\nresources:\n  cpu: {price: 1, limit: 4}\n")
+    for command in (["plan", str(leaves), str(cluster), "--samples", "100"], ["validate", str(leaves)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2 and f"leaves.yaml:{line}: chain: the layers are not a chain" in result.output
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
@@ -101,3 +134,16 @@ def test_the_blocks_oct_add_up_to_a_whole_step():
     assert len(models.trace(model)) == 14
     ratios = layers_over_step(model)
     assert 0.75 <= ratios[-1] <= 1.25, ratios
+
+
+def test_launch_refuses_a_plan_that_cuts_where_run_cannot_before_writing_a_file(runner, tmp_path):
+    """A plan of a profile from before profiles said chain (or a hand-made one): launch traces the model as
+    every node's run would, and refuses the cut inside a residual block, naming the fix."""
+    from tests.test_run_command import write_plan
+
+    leaves = list(layers_of(load_model("resnet", 4)).values())
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, leaves[:10]), ("cpu", 1, leaves[10:])], model="resnet")
+    result = runner.invoke(app, ["launch", str(plan), "-o", str(tmp_path / "out")])
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2 and "is not a chain of the plan's layers" in shown and "--granularity auto" in shown
+    assert not (tmp_path / "out").exists()

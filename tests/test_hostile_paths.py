@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,12 @@ import yaml
 
 from heterps_cli.cli.app import app
 from heterps_cli.outfiles import MANIFEST as MANIFESTS
-from tests.helpers import ROOT, runner
+from tests.helpers import ONE_NODE, ONE_NODE_MAP, PLACED, PLACED_MAP, ROOT, runner
 
 MANIFEST = MANIFESTS.format(kind="launch")
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 PLAN = str(ROOT / "docs/plans/ctr.yaml")
-PLACED = ROOT / "docs/plans/ctr-aws-p3.yaml"  # two nodes
 
 
 # 1. Shell ------------------------------------------------------------------------------------------
@@ -52,9 +52,11 @@ def fake_cluster(tmp_path) -> tuple[Path, dict]:
         "torchrun",
         f"#!{sys.executable}\nimport json, sys\nopen({str(record)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n",
     )
-    _stub(bin_dir, "srun", '#!/bin/sh\nshift\nSLURM_NODEID=0 exec "$@"\n')  # one task: node 0
+    # one task per component: its node 0
+    _stub(bin_dir, "srun", '#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
     _stub(bin_dir, "scontrol", "#!/bin/sh\necho node-a\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-a"}
+    nodes = {"SLURM_JOB_NODELIST": "node-a", "SLURM_JOB_NODELIST_HET_GROUP_0": "node-a"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **nodes}
     return record, env
 
 
@@ -67,8 +69,11 @@ def test_launch_scripts_pass_every_word_as_written_and_run_nothing_else(tmp_path
     plan = tmp_path / name
     plan.write_bytes(PLACED.read_bytes())
     out = tmp_path / "launch"
-    model = "$HOME;touch INJECTED"
-    args = ["launch", str(plan), "-o", str(out), "--model", model, "--map", "v100=cuda"]
+    (tmp_path / "$HOME;touch INJECTED.py").write_text(
+        "from heterps_cli.profiling.zoo import vgg16\n\n\ndef model():\n    return vgg16(128)\n"
+    )
+    model = f"{tmp_path}/$HOME;touch INJECTED.py:model"
+    args = ["launch", str(plan), "-o", str(out), "--model", model, *PLACED_MAP]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     for script in sorted(out.glob("node-*.sh")):
@@ -79,13 +84,26 @@ def test_launch_scripts_pass_every_word_as_written_and_run_nothing_else(tmp_path
     subprocess.run(["bash", str(out / "launch.sbatch")], cwd=tmp_path, env=env, check=True)
     assert not (tmp_path / "INJECTED").exists() and not (out / "INJECTED").exists()
     runs = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(runs) == 3  # two nodes, then Slurm's node 0
+    assert len(runs) == 7  # five nodes, then node 0 of each of Slurm's two components
     for argv in runs:
         tail = argv[argv.index("heterps_cli") :]
         assert tail[:3] == ["heterps_cli", "run", str(out / "plan.yaml")]  # the copy: absolute, never an option
         assert tail[tail.index("--model") + 1] == model
         assert argv[argv.index("--master-addr") + 1] in ("10.1.2.3", "node-a")
     assert (out / "plan.yaml").read_bytes() == PLACED.read_bytes()
+
+
+def test_the_slurm_script_ends_every_step_when_a_node_fails(tmp_path, fake_cluster):
+    """Node 4 (the second component's) fails at once: the job ends with it, not when node 0's run times out."""
+    _, env = fake_cluster
+    fails = '#!/bin/sh\ncase " $* " in *" --node-rank 4 "*) exit 3 ;; esac\nexec sleep 60\n'
+    _stub(tmp_path / "bin", "torchrun", fails)
+    out = tmp_path / "launch"
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), *PLACED_MAP]).exit_code == 0
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(out / "launch.sbatch")], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 1 and "a node failed: ending the job" in done.stderr
+    assert time.monotonic() - started < 30
 
 
 # 2. Files ------------------------------------------------------------------------------------------
@@ -98,7 +116,7 @@ def test_a_planted_symlink_in_the_folder_is_replaced_not_followed(tmp_path):
     out.mkdir()
     (out / "node-0.sh").symlink_to(outside)
     (out / "plan-001.yaml").symlink_to(outside)
-    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), *PLACED_MAP]).exit_code == 0
     assert runner.invoke(app, ["frontier", CTR, PAPER, "--out", str(out)]).exit_code == 0
     assert outside.read_text() == "keep me" and not os.access(outside, os.X_OK)
     for name in ("node-0.sh", "plan-001.yaml"):
@@ -107,10 +125,10 @@ def test_a_planted_symlink_in_the_folder_is_replaced_not_followed(tmp_path):
 
 def test_a_rerun_leaves_only_its_own_files_and_the_users(tmp_path):
     out = tmp_path / "launch"
-    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), *PLACED_MAP]).exit_code == 0
     (out / "notes.txt").write_text("mine")
-    one_node = ROOT / "docs/plans/ctr.yaml"
-    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    one_node = ONE_NODE
+    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), *ONE_NODE_MAP]).exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "launch.sbatch", "node-0.sh", "notes.txt", "plan.yaml"]
     assert (out / "plan.yaml").read_bytes() == one_node.read_bytes()
 
@@ -123,16 +141,16 @@ def test_a_launch_removes_only_what_the_last_one_wrote_and_nobody_changed(tmp_pa
     theirs = {"plan.json": "another plan", "node-\u0661.sh": "mine", "node-7.sh": "mine too"}
     for name, text in theirs.items():
         (out / name).write_text(text)
-    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), *PLACED_MAP]).exit_code == 0
     (out / "node-1.sh").write_text((out / "node-1.sh").read_text() + "# edited by hand\n")
-    one_node = ROOT / "docs/plans/ctr.yaml"
-    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    one_node = ONE_NODE
+    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), *ONE_NODE_MAP]).exit_code == 0
     left = {p.name for p in out.iterdir()}
     assert left == {MANIFEST, "launch.sbatch", "node-0.sh", "plan.yaml", "node-1.sh", *theirs}
     assert all((out / name).read_text() == text for name, text in theirs.items())
     (out / "node-1.sh").unlink()
-    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
-    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(PLACED), "-o", str(out), *PLACED_MAP]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(one_node), "-o", str(out), *ONE_NODE_MAP]).exit_code == 0
     assert not (out / "node-1.sh").exists()  # the last launch wrote it, unchanged since
 
 
@@ -142,10 +160,10 @@ def test_a_plan_launched_from_the_launch_folder_stays_the_users(tmp_path):
     out = tmp_path / "launch"
     out.mkdir()
     (out / "plan.yaml").write_bytes(PLACED.read_bytes())
-    assert runner.invoke(app, ["launch", str(out / "plan.yaml"), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    assert runner.invoke(app, ["launch", str(out / "plan.yaml"), "-o", str(out), *PLACED_MAP]).exit_code == 0
     other = tmp_path / "other.json"
-    other.write_text(json.dumps(yaml.safe_load((ROOT / "docs/plans/ctr.yaml").read_text())))
-    assert runner.invoke(app, ["launch", str(other), "-o", str(out), "--map", "v100=cuda"]).exit_code == 0
+    other.write_text(json.dumps(yaml.safe_load(ONE_NODE.read_text())))
+    assert runner.invoke(app, ["launch", str(other), "-o", str(out), *ONE_NODE_MAP]).exit_code == 0
     assert (out / "plan.yaml").read_bytes() == PLACED.read_bytes() and (out / "plan.json").exists()
 
 
@@ -155,7 +173,7 @@ def test_a_set_of_files_is_written_whole_or_not_at_all(tmp_path, monkeypatch, co
 
     out = tmp_path / "out"
     args = (
-        ["launch", str(PLACED), "-o", str(out), "--map", "v100=cuda"]
+        ["launch", str(PLACED), "-o", str(out), *PLACED_MAP]
         if command == "launch"
         else ["frontier", CTR, PAPER, "--out", str(out)]
     )
@@ -192,16 +210,17 @@ def test_a_longest_node_kind_name_plans_checks_and_launches(tmp_path):
     kind = "k" * 256
     cluster = {
         "cluster": "long",
-        "resources": {"cpu": {"unit": "core"}, "v100": {"unit": "GPU"}},
-        "nodes": {kind: {"price": 3.0, "units": {"cpu": 40, "v100": 2}, "available": 2}},
+        "resources": {"cpu": {"unit": "core"}, "l4": {"unit": "GPU"}},
+        "nodes": {kind: {"price": 3.0, "units": {"cpu": 40, "l4": 2}, "available": 2}},
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cluster))
-    plan = tmp_path / "plan.yaml"
-    assert runner.invoke(app, ["plan", CTR, str(path), "-s", "exact", "--out", str(plan)]).exit_code == 0
-    check = runner.invoke(app, ["check", str(plan), "--profile", CTR, "--cluster", str(path)])
+    plan, profile, job = tmp_path / "plan.yaml", str(ROOT / "profiles/vgg16-aws.yaml"), ["--samples", "100000"]
+    made = runner.invoke(app, ["plan", profile, str(path), "-s", "exact", *job, "--out", str(plan)])
+    assert made.exit_code == 0, made.output
+    check = runner.invoke(app, ["check", str(plan), "--profile", profile, "--cluster", str(path), *job])
     assert check.exit_code == 0, check.output
-    launch = runner.invoke(app, ["launch", str(plan), "-o", str(tmp_path / "l"), "--map", "v100=cuda"])
+    launch = runner.invoke(app, ["launch", str(plan), "-o", str(tmp_path / "l"), *ONE_NODE_MAP])
     assert launch.exit_code == 0, launch.output
 
 

@@ -3,6 +3,7 @@ placement; and the single-node command run for real here (torchrun itself, not h
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -19,10 +20,10 @@ from heterps_cli.cli.app import app
 from heterps_cli.formats import load_plan
 from heterps_cli.runtime import single_process_losses
 from heterps_cli.runtime.placement import per_node, processes
-from tests.helpers import ROOT, runner
+from tests.helpers import PLACED, PLACED_MAP, ROOT, VGG16_TASK, runner
 from tests.test_run_command import MLP_LAYERS, session_processes, write_plan
 
-BUNDLED = ROOT / "docs/plans/ctr-aws-p3.yaml"
+BUNDLED = PLACED
 CLASSIFY = ROOT / "docs/guide/classify.py"
 
 
@@ -56,9 +57,7 @@ def test_placed_processes_are_every_plan_rank_once_node_by_node():
 
 def test_launch_files_start_what_the_plan_places_on_each_node(tmp_path):
     out = tmp_path / "launch"
-    result = runner.invoke(
-        app, ["launch", str(BUNDLED), "-o", str(out), "--map", "v100=cuda", "--master-addr", "10.0.0.1"]
-    )
+    result = runner.invoke(app, ["launch", str(BUNDLED), "-o", str(out), *PLACED_MAP, "--master-addr", "10.0.0.1"])
     assert result.exit_code == 0, result.output
     plan = yaml.safe_load(BUNDLED.read_text())
     placed: dict[str, int] = {}
@@ -66,26 +65,40 @@ def test_launch_files_start_what_the_plan_places_on_each_node(tmp_path):
         for node, n in s["nodes"].items():
             placed[node] = placed.get(node, 0) + n
     scripts = sorted(out.glob("node-*.sh"))
-    assert len(scripts) == len(placed) == 2
+    assert len(scripts) == len(placed) == 5
     for i, (node, n) in enumerate(placed.items()):
         text = (out / f"node-{i}.sh").read_text()
-        assert f"node {i} of 2: {node}" in text and os.access(out / f"node-{i}.sh", os.X_OK)
+        assert f"node {i} of 5: {node}" in text and os.access(out / f"node-{i}.sh", os.X_OK)
         command = text.strip().splitlines()[-1]
-        assert command.startswith("torchrun --nnodes 2 ")
+        assert command.startswith("torchrun --nnodes 5 ")
         assert f"--node-rank {i} " in command and f"--nproc-per-node {n} " in command
         assert "--master-addr 10.0.0.1 --master-port 29500" in command
-        assert f"-m heterps_cli run {out / 'plan.yaml'} --placed --map v100=cuda" in command
+        assert f"-m heterps_cli run {out / 'plan.yaml'} --placed --map l4=cuda --map v100-16gb=cuda" in command
         assert "export OMP_NUM_THREADS=1\nexport TORCH_NCCL_ASYNC_ERROR_HANDLING=1\n" in text
     assert (out / "plan.yaml").read_bytes() == BUNDLED.read_bytes()  # the copy every node runs
     sbatch = (out / "launch.sbatch").read_text()
-    assert "#SBATCH --nodes=2" in sbatch and sbatch.startswith("#!/bin/bash")
-    gpus = {}  # independently: the v100 replicas the plan puts on each node
+    assert sbatch.startswith("#!/bin/bash")
+    gpus = {}  # independently: the GPU replicas the plan puts on each node
     for s in plan["stages"]:
         for node, n in s["nodes"].items():
-            gpus[node] = gpus.get(node, 0) + (n if s["resource"] == "v100" else 0)
-    assert f"#SBATCH --gres=gpu:{max(gpus.values())}\n" in sbatch
-    assert f"#SBATCH --cpus-per-task={max(placed.values())}\n" in sbatch
-    assert re.findall(r"(\d)\) NPROC=(\d+) ;;", sbatch) == [(str(i), str(n)) for i, n in enumerate(placed.values())]
+            gpus[node] = gpus.get(node, 0) + (n if s["resource"] in ("l4", "v100-16gb") else 0)
+    # a heterogeneous job: one component per run of one node kind, each asking for its kind
+    names = list(placed)
+    runs = [(kind, len(list(group))) for kind, group in itertools.groupby(n.rpartition("#")[0] for n in names)]
+    blocks = sbatch.split("#SBATCH hetjob\n")
+    assert len(blocks) == len(runs) == 2
+    first = 0
+    for k, ((kind, count), block) in enumerate(zip(runs, blocks)):
+        nodes = names[first : first + count]
+        assert f"#SBATCH --nodes={count}\n" in block and f"#SBATCH --constraint={kind}\n" in block
+        assert f"#SBATCH --gres=gpu:{max(gpus[n] for n in nodes)}\n" in block
+        assert f"#SBATCH --cpus-per-task={max(placed[n] for n in nodes)}\n" in block
+        step = sbatch.split(f"srun --het-group={k} ")[1].split("steps+=")[0]
+        cases = re.findall(r"(\d)\) NODE=(\d+) NPROC=(\d+) ;;", step)
+        assert cases == [(str(j), str(first + j), str(placed[n])) for j, n in enumerate(nodes)]
+        first += count
+    assert "#SBATCH --time=" in blocks[0] and f"#SBATCH --output={out}/slurm-%j.out" in blocks[0]
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0"' in sbatch
     assert sum(placed.values()) == sum(s["replicas"] for s in plan["stages"])
     assert per_node(load_plan(str(BUNDLED))[0].stages) == placed
 
@@ -95,10 +108,10 @@ def test_placed_is_for_torchrun_and_a_plan_placed_on_nodes(tmp_path):
     result = runner.invoke(app, ["run", str(plan), "--placed"])
     assert result.exit_code == 2 and "--placed is for a run under torchrun" in " ".join(result.output.split())
     broken = yaml.safe_load(BUNDLED.read_text())
-    broken["stages"][0]["nodes"] = {"p3.2xlarge#1": 1}  # fewer than the stage's replicas
+    broken["stages"][0]["nodes"] = {"g6.24xlarge#1": 1}  # fewer than the stage's replicas
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(broken))
-    result = runner.invoke(app, ["launch", str(path), "-o", str(tmp_path / "out"), "--map", "v100=cuda"])
+    result = runner.invoke(app, ["launch", str(path), "-o", str(tmp_path / "out"), *PLACED_MAP])
     shown = " ".join(result.output.split())
     assert result.exit_code == 2 and "does not place every replica on a node" in shown
     assert not (tmp_path / "out").exists()
@@ -208,9 +221,9 @@ def _task_reference(data, samples: int, steps: int):
 @pytest.mark.parametrize(
     ("maps", "expected"),
     [
-        ([], "no device for resource type v100"),
-        (["--map", "v100=cuda", "--map", "v1OO=cuda"], "the plan uses no resource type v1OO: its types are"),
-        (["--map", "v100=gpu"], "is not TYPE=cpu, TYPE=cuda or TYPE=cuda:N"),
+        (["--map", "l4=cuda"], "no device for resource type v100-16gb"),
+        ([*PLACED_MAP, "--map", "v1OO=cuda"], "the plan uses no resource type v1OO: its types are"),
+        (["--map", "l4=gpu"], "is not TYPE=cpu, TYPE=cuda or TYPE=cuda:N"),
     ],
 )
 def test_launch_needs_a_device_for_every_gpu_type_and_no_other(tmp_path, maps, expected):
@@ -222,8 +235,8 @@ def test_launch_needs_a_device_for_every_gpu_type_and_no_other(tmp_path, maps, e
 
 def test_launch_forwards_the_run_and_writes_absolute_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "mytask.py").write_text("def task():\n    pass\n")
-    made = runner.invoke(app, ["launch", str(BUNDLED), "-o", "out", "--map", "v100=cuda", "--task", "mytask.py:task",
+    (tmp_path / "mytask.py").write_text(VGG16_TASK)
+    made = runner.invoke(app, ["launch", str(BUNDLED), "-o", "out", *PLACED_MAP, "--task", "mytask.py:task",
                                "--checkpoint-dir", "ck", "--checkpoint-every", "5", "--resume", "--steps", "40",
                                "--warmup", "1", "--threads", "4", "--report", "r.json", "--ifname", "ib0"])  # fmt: skip
     assert made.exit_code == 0, made.output
@@ -235,5 +248,5 @@ def test_launch_forwards_the_run_and_writes_absolute_paths(tmp_path, monkeypatch
         assert part in command, part
     for line in ("export OMP_NUM_THREADS=4", "export GLOO_SOCKET_IFNAME=ib0", "export NCCL_SOCKET_IFNAME=ib0"):
         assert line in text.splitlines() and line in (tmp_path / "out/launch.sbatch").read_text().splitlines()
-    bad = runner.invoke(app, ["launch", str(BUNDLED), "-o", "out2", "--map", "v100=cuda", "--ifname", "a b"])
+    bad = runner.invoke(app, ["launch", str(BUNDLED), "-o", "out2", *PLACED_MAP, "--ifname", "a b"])
     assert bad.exit_code == 2 and "not a network interface name" in bad.output

@@ -43,6 +43,16 @@ class Broken(nn.Module):
 def broken_forward(batch_size=4):
     return Broken(), torch.randn(batch_size, 4)
 
+class BrokenElsewhere(nn.Linear):  # fails only in a process other than the test's: a profiling process
+    def forward(self, x):
+        import os
+        if os.getpid() != int(os.environ["HETERPS_TEST_PID"]):
+            raise RuntimeError("shapes do not match")
+        return super().forward(x)
+
+def broken_elsewhere(batch_size=4):
+    return nn.Sequential(BrokenElsewhere(4, 4)), torch.randn(batch_size, 4)
+
 class Clocked(nn.Linear):  # appends when each forward ran to a file named for its process
     def forward(self, x):
         import os, time
@@ -115,9 +125,14 @@ def test_measure_two_types_merge_and_plan(runner, factory, tmp_path):
 
 
 def test_zoo_ctr_profiles(tmp_path):
+    """ctr takes two inputs, so no plan of it can run: profiled only when asked for its layers, chain: false."""
     out = tmp_path / "ctr-cpu.yaml"
-    _profile(["ctr", "--as", "cpu", "--batch-size", "64", "--out", str(out), "--link-gbps", "10"])
+    args = ["ctr", "--as", "cpu", "--batch-size", "64", "--out", str(out), "--link-gbps", "10"]
+    refused = runner.invoke(app, ["profile", *args])
+    assert refused.exit_code == 2 and "chain at no granularity" in refused.output and not out.exists()
+    _profile([*args, "--granularity", "layers"])
     prof, _ = load_profile(str(out))
+    assert prof.chain is False
     kinds = [layer.type for layer in prof.layers]
     assert kinds.count("embedding") == 8 and "fc" in kinds
     assert prof.layers[0].weight_size == 100_000 * 16 * 4
@@ -272,10 +287,17 @@ def test_processes_take_each_layers_median_over_fresh_processes(factory, tmp_pat
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds: .ci/run runs it
-def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path):
+def test_a_failing_profiling_process_exits_2_with_its_cause(factory, tmp_path, monkeypatch):
+    """A forward that fails on any batch fails before a process starts; one that fails in a process only
+    (its alpha fit's share of one sample) ends the profile with the process's cause."""
+    early = _profile(
+        [f"{factory}:broken_forward", "--as", "cpu", "--batch-size", "4", "--processes", "2", "-o", "-"], expect=2
+    )
+    assert "the model's forward pass failed: RuntimeError: shapes do not match" in " ".join(early.output.split())
+    monkeypatch.setenv("HETERPS_TEST_PID", str(os.getpid()))
     result = _profile(
         [
-            f"{factory}:broken_forward",
+            f"{factory}:broken_elsewhere",
             "--as",
             "cpu",
             "--batch-size",

@@ -301,7 +301,7 @@ def test_two_replicas_of_a_stage_on_one_gpu_are_refused(stages, devices, gpus, r
 def test_a_model_that_is_not_a_chain_is_refused(runner, tmp_path, model):
     plan = write_plan(tmp_path / "plan.json", [("cpu", 1, ["embedding"])], model=model)
     result = runner.invoke(app, ["run", str(plan), "--model", model])
-    assert result.exit_code == 2 and "is not a chain of its layers" in result.stderr, result.output
+    assert result.exit_code == 2 and "is not a chain of the plan's layers" in result.stderr, result.output
 
 
 # -- failures while running: every process ends, the cause is said -----------------------------------

@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from heterps_cli.cli.options import MAX_THREADS, DeviceMapOpt, RunModelOpt
-from heterps_cli.cli.session import exit_codes, not_an_input, out
+from heterps_cli.cli.session import exit_codes, not_an_input, out, users_prints_to_stderr
 from heterps_cli.shell import quote
 from heterps_cli.untrusted import printable
 
@@ -68,6 +68,33 @@ def launch_command(
         typer.Option(help="Node 0's address, as the other nodes reach it (default: $MASTER_ADDR when run)."),
     ] = "$MASTER_ADDR",
     master_port: Annotated[int, typer.Option(min=1, max=65535, help="The port torchrun meets at on node 0.")] = 29500,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            metavar="D-HH:MM:SS",
+            help="The Slurm job's wall time. Default: twice the steps' predicted time, and 15 minutes to start.",
+            show_default=False,
+        ),
+    ] = None,
+    constraint: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KIND=FEATURE",
+            help="The Slurm feature that picks a node kind's nodes (repeat per kind). Default: the kind's name.",
+            show_default=False,
+        ),
+    ] = None,
+    setup: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LINE",
+            help="A shell line every node runs first (sh, and bash under Slurm), e.g. '. ~/venv/bin/activate' "
+            "(the environment heterps is installed in). Default: none, and a node without torchrun on its PATH "
+            "stops, saying so.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Write the commands that start a plan on its nodes: one torchrun per node, and a Slurm script.
 
@@ -79,7 +106,8 @@ def launch_command(
         from heterps_cli.formats import load_plan
         from heterps_cli.launchfiles import launch_for, node_needs, node_script
         from heterps_cli.outfiles import OutFile, write_set
-        from heterps_cli.runtime import check_options, mapped, parse_map
+        from heterps_cli.runtime import check_options, check_runnable, mapped, parse_map
+        from heterps_cli.slurm import SlurmOptions, check_feature, check_time
 
         ck = str(checkpoint_dir) if checkpoint_dir is not None else None
         check_options(model, task, ck, checkpoint_every, resume)  # here: every node would fail on them later
@@ -88,7 +116,7 @@ def launch_command(
             if os.path.abspath(report) == os.path.abspath(copy):
                 raise InputError(str(report), None, "--report", f"is {copy}, the plan every node runs")
             not_an_input(report, plan_file, *([task.rpartition(":")[0]] if task else []), field="--report")
-        plan, _ = load_plan(str(plan_file))
+        plan, doc = load_plan(str(plan_file))
         types = list(dict.fromkeys(s.resource for s in plan.stages))
         mapping = parse_map(device_map or [])
         devices = mapped(types, mapping, strict=True)  # before any file is written
@@ -100,6 +128,15 @@ def launch_command(
             run_args += ["--checkpoint-dir", os.path.abspath(checkpoint_dir)]
         run_args += [*(["--checkpoint-every", str(checkpoint_every)] if checkpoint_every else [])]
         run_args += [*(["--resume"] if resume else []), *(["--out", os.path.abspath(report)] if report else [])]
+        shared = _shared_paths(copy, model, task, ck, report)
+        slurm = SlurmOptions(
+            time=check_time(time) if time is not None else None,
+            features=dict(check_feature(c, _kinds(plan)) for c in constraint or []),
+            output_dir=os.path.abspath(out_dir),
+            setup=setup,
+            shared=tuple(shared),
+            steps=steps if task else (warmup if warmup is not None else 2) + steps,
+        )
         try:
             needs = node_needs(plan, devices, threads, ifname)
             launch = launch_for(
@@ -110,9 +147,12 @@ def launch_command(
                 master_port=master_port,
                 needs=needs,
                 source=str(plan_file),
+                slurm=slurm,
             )
         except ValueError as exc:
             raise InputError(str(plan_file), None, "stages", str(exc)) from None
+        with users_prints_to_stderr():  # every node's run would refuse what this refuses, after the rental
+            check_runnable(plan, doc, model or plan.model, task)
         shown = str(plan_file)
         files = {f"node-{n.index}.sh": OutFile(node_script(shown, launch, n), 0o755) for n in launch.nodes}
         files["launch.sbatch"] = OutFile(launch.slurm)
@@ -123,6 +163,38 @@ def launch_command(
             out.print(Text(f"node {node.index}: {node.node}{kind}, {node.processes} processes", style="bold"))
             out.print(Text(f"  {printable(node.command)}"))  # a path's newline, quoted, is still one line here
         out.print(Text(printable(f"wrote {', '.join(quote(str(p)) for p in written)}")))
+        if len(launch.nodes) > 1:
+            _warn_local(shared)
+
+
+def _kinds(plan) -> list[str]:
+    return list(dict.fromkeys(node.rpartition("#")[0] for s in plan.stages for node in s.nodes or {}))
+
+
+def _shared_paths(copy: Path, model: str | None, task: str | None, checkpoint_dir: str | None, report) -> list[str]:
+    """What every node reads or writes at the path launch passes on: the plan copy, a FILE.py model or
+    task, the folders of the checkpoints and the report."""
+    paths = [os.path.abspath(copy)]
+    paths += [_absolute(spec).rpartition(":")[0] for spec in (model, task) if spec and _absolute(spec) != spec]
+    if checkpoint_dir is not None:  # run makes the folder: its parent must be there
+        paths.append(os.path.dirname(os.path.abspath(checkpoint_dir)))
+    if report is not None:
+        paths.append(os.path.dirname(os.path.abspath(report)))
+    return list(dict.fromkeys(paths))
+
+
+def _warn_local(paths: list[str]) -> None:
+    from heterps_cli.cli.terminal import err
+    from heterps_cli.launchfiles import local_file_system
+
+    for path in paths:
+        found = local_file_system(path)
+        if found is not None:
+            said = (
+                f"{path} is on {found[0]} (mounted at {found[1]}), not a file system machines share unless your "
+                "cluster makes it one: every node must see it at this path (each node's script checks first)"
+            )
+            err.print(Text("warning: ", style="bold yellow") + Text(printable(said)))
 
 
 def _absolute(spec: str) -> str:

@@ -247,6 +247,7 @@ def job_from(
 
 
 class Granularity(str, enum.Enum):
+    auto = "auto"
     layers = "layers"
     blocks = "blocks"
 

@@ -90,9 +90,10 @@ CalibrateOpt = Annotated[
 GranularityOpt = Annotated[
     Granularity,
     typer.Option(
-        help="layers: every leaf module; blocks: the finest modules at which the model is a chain (a "
-        "ResNet's residual blocks, a transformer's blocks), each one layer of the profile. A plan can "
-        "only cut a model where it is a chain; profiling layers warns when they are not one.",
+        help="auto: every leaf module where they form a chain, else blocks; layers: every leaf module; blocks: "
+        "the finest modules at which the model is a chain (a ResNet's residual blocks, a transformer's blocks), "
+        "each one layer of the profile. heterps run can only cut a model where it is a chain: the profile says "
+        "whether its layers are one (chain), and no plan is made of layers that are not.",
     ),
 ]
 
@@ -270,7 +271,7 @@ def profile_command(
     estimate: _ProfileEstimateOpt = None,
     catalogue: CatalogueOpt = None,
     calibrate: CalibrateOpt = None,
-    granularity: GranularityOpt = Granularity.layers,
+    granularity: GranularityOpt = Granularity.auto,
     calibrate_on: CalibrateOnOpt = None,
     tp: TpOpt = None,
     precision: PrecisionOpt = None,
@@ -413,7 +414,7 @@ def estimate_command(
     input_shape: InputShapeOpt = None,
     catalogue: CatalogueOpt = None,
     calibrate: CalibrateOpt = None,
-    granularity: GranularityOpt = Granularity.layers,
+    granularity: GranularityOpt = Granularity.auto,
     calibrate_on: CalibrateOnOpt = None,
     tp: TpOpt = None,
     precision: PrecisionOpt = None,

@@ -134,7 +134,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     return Group(table, *extra, summary, *([what_if_view(plan)] if plan.what_if is not None else []))
 
 
-def what_if_view(plan: Plan) -> Table:
+def what_if_view(plan: Plan) -> Group:
     """``--explain``: one node more or fewer of each kind (section 1e), or one unit more or fewer of
     each type's limit, against the plan."""
     title = (
@@ -163,7 +163,30 @@ def what_if_view(plan: Plan) -> Table:
             "" if cost is None or not plan.cost_usd else f"{100 * (cost / plan.cost_usd - 1):+.1f}%",
             "yes" if w.meets else "no",
         )
-    return table
+    return Group(table, *(Text(line, style="yellow") for line in _what_if_reasons(plan)))
+
+
+def _what_if_reasons(plan: Plan) -> list[str]:
+    """Why one node more would give a slower plan, which reads as wrong: on one node a plan's stages and
+    all-reduces use the node's links, on two they cross the network (section 1e)."""
+    slower = [w.kind for w in plan.what_if or () if w.change > 0 and w.throughput and w.throughput < plan.throughput]
+    if not slower or plan.rental is None:
+        return []
+    network = plan.bandwidth_gbps or {}
+    pairs = [(t, g, network.get(t)) for t, g in (plan.link_gbps or {}).items()]
+    where = ", ".join(f"{clip(t)}: {number(g)} Gbit/s there, {number(n)} over the network" for t, g, n in pairs if n)
+    where = f" ({where})" if where else ""
+    alone = sum(plan.rental.values()) == 1
+    return [
+        f"why one more {', '.join(clip(k) for k in slower)} is slower: "
+        + (
+            f"on one node the stages pass activations and all-reduce over the node's links{where}; on two they "
+            "cross the network"
+            if alone
+            else "a type spread over more nodes all-reduces over the network, not one node's links"
+        )
+        + ", and a rental is paid whole, so its fastest plan is slower than this one"
+    ]
 
 
 def rental_line(plan: Plan) -> str:

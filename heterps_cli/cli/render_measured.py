@@ -128,7 +128,10 @@ def profile_view(measured, noisy_cv: float) -> Group:
                 style="yellow",
             )
         )
+    if measured.load is not None:
+        lines.append(Text(measured.load.describe()))
     lines += [Text(f"note: {n}") for n in measured.notes]
+    lines += [Text(f"profile again: {why}", style="bold yellow") for why in measured.advice]
     return Group(table, *lines)
 
 

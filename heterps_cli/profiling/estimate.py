@@ -168,6 +168,13 @@ class Pricer:
         kernels = sum(self.core(op, layer_kind) for op in w.ops)
         return max(kernels, layer * 1e-6 + w.kernels * launch) if w.ops else 0.0
 
+    def host_bound(self, w: Work, layer_kind: str) -> bool:
+        """Whether a GPU's host issuing the layer's operators takes longer than its kernels run."""
+        if self.device.processor == "cpu" or not w.ops:
+            return False
+        layer = self.device.layer_us if self.device.layer_us is not None else self.catalogue.layer_us
+        return layer * 1e-6 + w.kernels * self.device.launch_us * 1e-6 >= sum(self.core(op, layer_kind) for op in w.ops)
+
     def peaks(self, w: Work) -> str:
         """The peaks its products run at ("-" for none), as the table and the file say them."""
         used = sorted({peak_of(op, self.precision, self.device) for op in w.ops if op.flops})
@@ -199,6 +206,7 @@ class Estimate:
     work: Work
     peak: str
     efficiency: float
+    host_bound: bool = False  # a GPU layer whose host time (framework and launches) exceeds its kernels'
 
 
 @dataclass(frozen=True)
@@ -232,6 +240,7 @@ class Estimated:
     degrees: dict[int, list[LayerProfile]] = field(default_factory=dict)  # --tp: per degree, one unit's layers
     sharded: dict[int, list[Sharded]] = field(default_factory=dict)  # --tp: per degree, how
     optimizer: str = "sgd"  # whose step each layer's update prices
+    chain: bool | None = None  # docs/spec.md section 2: whether heterps run can cut between any two layers
 
     @property
     def total_oct(self) -> float:
@@ -401,6 +410,13 @@ def estimate(
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     report("done", completed=steps, total=steps)
+    bound = sum(x.host_bound for x in estimates)
+    if precision in ("bf16", "fp16") and bound:  # a figure users read as wrong: half precision slower
+        notes.append(
+            f"{precision} may be slower than fp32 here: {bound} of {len(calls)} layers take longer to issue "
+            "(framework and a launch per operator) than their kernels run, and autocast adds a cast operator per "
+            "input; half precision pays off where the products are large enough to bind"
+        )
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(
         model.name,
@@ -419,6 +435,7 @@ def estimate(
         degrees,
         sharded,
         optimizer,
+        model.chain,
     )
 
 
@@ -514,7 +531,8 @@ class _Pricing:
 
     def how(self, call: Call, w: Work) -> Estimate:
         layer_kind = kind(call.module)
-        return Estimate(w, self.pricer.peaks(w), self.pricer.efficiency(w, layer_kind) / self._factor(layer_kind))
+        efficiency = self.pricer.efficiency(w, layer_kind) / self._factor(layer_kind)
+        return Estimate(w, self.pricer.peaks(w), efficiency, self.pricer.host_bound(w, layer_kind))
 
 
 def all_reduced(call: Call, pairs: dict[str, str]) -> tuple[float, float]:

@@ -13,8 +13,10 @@ the model returning the last one's output.
 replaces a module by its children (in the order they are called) wherever the
 list stays a chain, so a ResNet becomes its stem's layers, its residual blocks
 and its head, and a transformer its embedding, its blocks and its head.
-``heterps profile --granularity blocks`` profiles those; ``heterps run`` splits
-at whatever modules the plan names (:func:`use_layers`).
+``heterps profile`` profiles those where the leaves are no chain (``--granularity
+auto``, the default; :func:`settle`) and writes whether its layers chain, so that
+no plan cuts where ``heterps run``, which splits at whatever modules the plan
+names (:func:`use_layers`), cannot.
 """
 
 from __future__ import annotations
@@ -136,10 +138,47 @@ def blocks(model: Model, recorded: Calls | None = None) -> dict[nn.Module, str]:
     return {m: named[m] or model.name for m in sequence}
 
 
-def at_blocks(model: Model) -> Model:
-    """``model`` with its layers set to :func:`blocks` (``--granularity blocks``); an exit-2 error when
-    the model is a chain only as a whole, or not even that (several inputs)."""
+def settle(model: Model, granularity: str) -> Model:
+    """``model`` with the layers a profile of it lists at ``granularity``, its ``chain`` (docs/spec.md
+    section 2: whether ``heterps run`` can cut between any two of them) and its notes on them.
+
+    ``layers``: every leaf (the factory's own blocks where it gave them); ``blocks``: :func:`blocks`;
+    ``auto``: the leaves where they chain, else the blocks, else (a model of several inputs) an exit-2
+    error, since no plan of it could run."""
     recorded = record_calls(model)
+    if model.blocks is None and granularity == "blocks":
+        _at_blocks(model, recorded)
+    elif model.blocks is None and granularity == "auto" and (problems := breaks(recorded, layers_of(model))):
+        found = blocks(model, recorded)
+        if breaks(recorded, found):
+            raise InputError(
+                None,
+                None,
+                "MODEL",
+                f"model {model.name} is a chain at no granularity: {problems[0][1]}. heterps run trains a model "
+                "whose layers each take the one before's output, from one input; --granularity layers "
+                "profiles it anyway (chain: false, and no plan of that profile is made)",
+            )
+        model.blocks = list(found)
+        model.notes.append(
+            f"the layers are not a chain ({problems[0][1]}): profiled "
+            + (
+                f"at the {len(found)} blocks that are (--granularity blocks), where a plan can cut and "
+                "heterps run can split"
+                if len(found) > 1
+                else "the whole model as one layer, since no split of it is a chain: a plan can only replicate it"
+            )
+        )
+    problems = breaks(recorded, layers_of(model))
+    model.chain = not problems
+    if problems:
+        model.notes.append(_chain_note(model, recorded, problems))
+    return model
+
+
+def _at_blocks(model: Model, recorded: Calls) -> None:
+    """``--granularity blocks``: the model's layers set to :func:`blocks`; an exit-2 error when the
+    model is a chain only as a whole, or not even that (several inputs)."""
     found = blocks(model, recorded)
     problems = breaks(recorded, found)
     if problems or len(found) < 2:
@@ -152,17 +191,11 @@ def at_blocks(model: Model) -> Model:
             "torch.flatten) must sit inside a module for a cut there to be possible",
         )
     model.blocks = list(found)
-    return model
 
 
-def chain_note(model: Model) -> str | None:
-    """What a profile of ``model``'s layers should warn about when they are not a chain: which blocks
-    hold the breaks, and the fix. None when they are a chain."""
-    recorded = record_calls(model)
+def _chain_note(model: Model, recorded: Calls, problems: list[tuple[str, str]]) -> str:
+    """What a profile of layers that are not a chain says: which blocks hold the breaks, and the fix."""
     layers = layers_of(model)
-    problems = breaks(recorded, layers)
-    if not problems:
-        return None
     if recorded.input is None:
         return f"the layers are not a chain ({problems[0][1]}): heterps run cannot split this model"
     found = blocks(model, recorded)
@@ -178,14 +211,15 @@ def chain_note(model: Model) -> str | None:
             holders.append(holder)
     where = f" inside {', '.join(holders[:6])}" + (f" and {len(holders) - 6} more" if len(holders) > 6 else "")
     fix = (
-        f"profile with --granularity blocks ({len(found)} blocks that chain)"
+        f"profile with --granularity blocks ({len(found)} blocks that chain) or auto, the default"
         if len(found) >= 2 and not breaks(recorded, found)
         else "no split of the model into modules is a chain"
     )
     return (
         f"the layers are not a chain: {len(problems)} of {len(layers)} do not take the output of the layer "
-        f"before{where} (first: {problems[0][1]}); a plan that cuts there cannot run, and code between "
-        f"modules (residual additions) is in no layer's time; {fix}"
+        f"before{where} (first: {problems[0][1]}); the profile says chain: false and no plan of it is made, "
+        f"since heterps run could not split the model there, and code between modules (residual additions) "
+        f"is in no layer's time; {fix}"
     )
 
 

@@ -55,8 +55,9 @@ from torch import nn
 
 from heterps_cli.errors import SIGNALLED, InputError
 from heterps_cli.formats import check_name
-from heterps_cli.profiling.granularity import at_blocks, chain_note
+from heterps_cli.profiling.granularity import settle
 from heterps_cli.profiling.links import Link, link_bandwidth
+from heterps_cli.profiling.load import Load, advice, between, snapshot
 from heterps_cli.profiling.models import Call, Model, bytes_of, detached, kind, model_error, model_from_spec, trace
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
@@ -95,16 +96,14 @@ NOISY_CV = 0.10
 
 
 def load_model(
-    spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None, granularity: str = "layers"
+    spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None, granularity: str | None = None
 ) -> Model:
     """A zoo name, ``path/to/file.py:factory`` or ``package.module:factory``; errors are exit-2 InputErrors.
-    ``granularity="blocks"``: its layers are the finest modules at which it is a chain
-    (:mod:`heterps_cli.profiling.granularity`), unless the factory gave its own blocks."""
+    ``granularity`` (layers, blocks or auto): the layers a profile of it lists, and whether they chain
+    (:func:`heterps_cli.profiling.granularity.settle`); None: as the factory gives them, unchecked."""
     model = model_from_spec(spec, batch_size, input_shape)
     check_name(model.name, "MODEL")  # the profile's model: a file name of 300 characters would not read back
-    if granularity == "blocks" and model.blocks is None:
-        model = at_blocks(model)
-    return model
+    return settle(model, granularity) if granularity is not None else model
 
 
 @dataclass
@@ -144,10 +143,20 @@ class Profiled:
     transfer_latency: float | None = None  # section 1d: s of a message across a boundary beyond its bytes
     loss: str = "mse"  # the loss timed with the last layer (runtime.synthetic.LOSSES)
     optimizer: str = "sgd"  # the optimiser whose step update times (timing.OPTIMIZERS)
+    chain: bool | None = None  # docs/spec.md section 2: whether heterps run can cut between any two layers
+    load: Load | None = None  # how busy the machine was while it measured (:mod:`.load`)
+    idle_latency: float | None = None  # the idle link's all-reduce latency, where pairs timed all_reduce_latency
 
     @property
     def total_oct(self) -> float:
         return sum(layer.oct for layer in self.layers)
+
+    @property
+    def advice(self) -> list[str]:
+        """Why to profile again (:func:`.load.advice`); empty when the machine looked idle."""
+        noisy = sum(layer.cv > NOISY_CV for layer in self.layers)
+        paired = self.all_reduce_latency if self.idle_latency is not None else None
+        return advice(self.load, noisy, len(self.layers), paired, self.idle_latency)
 
 
 def measure(
@@ -172,6 +181,7 @@ def measure(
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     B0 = len(model.inputs[0])
     taken = output_loss(loss, B0)
+    started = snapshot()
     report("tracing the model")
     calls, notes = traced(model)
     if link is None:
@@ -238,6 +248,8 @@ def measure(
         transfer_latency=link.transfer_latency,
         loss=loss,
         optimizer=optimizer,
+        chain=model.chain,
+        load=between(started, snapshot()),
     )
 
 
@@ -253,8 +265,7 @@ def with_shared(layers: list[LayerProfile], shared: list[float], B0: int) -> lis
 
 def traced(model: Model) -> tuple[list[Call], list[str]]:
     """The model's layers as :func:`trace` gives them (an exit-2 error if the forward fails or calls no
-    layer), and the profile's notes on them: whether they form a chain
-    (:func:`heterps_cli.profiling.granularity.chain_note`) when they are the leaves."""
+    layer), and the profile's notes on them so far (the model's own: how its layers were chosen)."""
     try:
         calls = trace(model)
     except SIGNALLED:
@@ -263,12 +274,7 @@ def traced(model: Model) -> tuple[list[Call], list[str]]:
         raise model_error(model, exc, "the model's forward pass failed") from None
     if not calls:
         raise InputError(None, None, "MODEL", "the forward pass called no layer module")
-    notes: list[str] = []
-    if model.blocks is None:
-        found = chain_note(model)
-        if found is not None:
-            notes.append(found)
-    return calls, notes
+    return calls, list(model.notes)
 
 
 def _time_layers(

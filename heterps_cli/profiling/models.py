@@ -9,7 +9,7 @@ import inspect
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,10 @@ class Model:
     inputs: tuple  # positional inputs of one batch
     blocks: list[nn.Module] | None = None  # the factory's own layers, if it gave them
     source: str | None = None  # the user's file the factory came from (errors name its lines)
+    # docs/spec.md section 2's chain: whether heterps run can cut between any two of its layers (None:
+    # not looked at yet), and what a profile of it should say about its layers
+    chain: bool | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def model_from_spec(spec: str, batch_size: int, input_shape: tuple[int, ...] | None) -> Model:
@@ -242,7 +246,9 @@ class Call:
 def layers_of(model: Model) -> dict[nn.Module, str]:
     named = {m: n for n, m in model.module.named_modules()}
     if model.blocks is not None:
-        return {b: named.get(b, f"block{i}") for i, b in enumerate(model.blocks)}
+        return {
+            b: named.get(b) or (model.name if b is model.module else f"block{i}") for i, b in enumerate(model.blocks)
+        }
     out: dict[nn.Module, str] = {}
     inside: set[nn.Module] = set()
     for n, m in model.module.named_modules():

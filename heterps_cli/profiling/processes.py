@@ -35,6 +35,7 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.profiling.links import Link, free_port, link_bandwidth, sigint_ignored
+from heterps_cli.profiling.load import Load, between, snapshot
 from heterps_cli.profiling.measure import LayerProfile, Profiled, load_model, measure
 from heterps_cli.progress import Progress, quiet
 
@@ -49,7 +50,7 @@ def measure_in_processes(
     repetitions: int,
     link_gbps: float | None,
     processes: int,
-    granularity: str = "layers",
+    granularity: str = "auto",
     concurrent: int | None = None,
     progress: Progress | None = None,
     loss: str = "mse",
@@ -76,13 +77,16 @@ def measure_in_processes(
         "loss": loss,
         "optimizer": optimizer,
     }
+    started = snapshot()
     runs = _run_all(args, processes, concurrent, report)
     report("combining the processes", completed=processes, total=processes)
-    combined = combine(runs)
+    combined = dataclasses.replace(combine(runs), load=between(started, snapshot()))
     if concurrent is not None:
         assert link is not None
         others = f"{concurrent - 1} other {'units' if concurrent > 2 else 'unit'} of this machine"
         combined.bandwidth_how = link.how
+        if combined.all_reduce_latency is not None and any(note == PAIRED for note in combined.notes):
+            combined.idle_latency = link.all_reduce_latency
         combined.notes = [
             *notes,
             *(_paired_note(combined, link) if note == PAIRED else note for note in combined.notes),
@@ -282,7 +286,8 @@ def _median_given(values: list[float | None]) -> float | None:
 
 
 def from_dict(data: dict) -> Profiled:
-    return Profiled(**{**data, "layers": [LayerProfile(**layer) for layer in data["layers"]]})
+    load = Load(**data["load"]) if data.get("load") else None
+    return Profiled(**{**data, "layers": [LayerProfile(**layer) for layer in data["layers"]], "load": load})
 
 
 def _worker(args: dict, out: Path) -> int:

@@ -77,10 +77,13 @@ def render(
     job: dict[str, float] | None = None,
     precision: str | None = None,
     fixed: dict[str, dict[str, float]] | None = None,
+    chain: bool | None = None,
 ) -> str:
     _refuse_what_no_profile_holds(layers)
     lines = [f"# {h}" for h in header]
     lines += [f"model: {json.dumps(model)}", f"batch_size: {batch_size}"]
+    if chain is not None:  # section 2: whether heterps run can cut between any two of the layers
+        lines.append(f"chain: {'true' if chain else 'false'}")
     if precision is not None:
         lines.append(f"precision: {precision}")
     if job:
@@ -188,7 +191,9 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
         f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and each layer's "
         "forward is a call of its own here)",
+        *([p.load.describe()] if p.load is not None else []),
         *p.notes,
+        *(f"profile again: {why}" for why in p.advice),
     ]
     rows = []
     for layer in p.layers:
@@ -199,7 +204,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         costs["all_reduce_latency"] = p.all_reduce_latency
     if p.transfer_latency is not None:
         costs["transfer_latency"] = p.transfer_latency
-    return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs})
+    return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs}, chain=p.chain)
 
 
 def _row(layer: LayerProfile, resource: str, comment: str, degrees: dict[int, LayerProfile] | None = None) -> LayerRow:
@@ -290,7 +295,7 @@ def estimated_text(e: Estimated) -> str:
         rows.append(
             _row(layer, e.resource, how + (f"; {shards}" if shards else ""), {d: e.degrees[d][i] for d in e.degrees})
         )
-    return render(e.model, e.batch_size, rows, header, precision=e.precision)
+    return render(e.model, e.batch_size, rows, header, precision=e.precision, chain=e.chain)
 
 
 PRECISION_SAID = {
@@ -393,7 +398,15 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
         precision=said_precision[0] if said_precision else None,
         fixed=fixed or None,
+        chain=_chain_of([prof for prof, _ in loaded]),
     )
+
+
+def _chain_of(profiles: list[Profile]) -> bool | None:
+    """Section 2: the merged profile's chain: false where any says false (it is one model), true where
+    every one says true, else unknown."""
+    said = [p.chain for p in profiles]
+    return False if False in said else (True if all(said) else None)
 
 
 def _take_shard_sizes(

@@ -178,10 +178,7 @@ def run_plan(
     root = checkpoint.prepare(checkpoint_dir) if checkpoint_dir is not None else None
     report(f"loading {model} and checking it against the plan")
     M = micro_batches if micro_batches is not None else plan.micro_batches or default_micro_batches(len(plan.stages))
-    if task is not None:
-        _check_task(plan, doc, task, M, seed)
-    else:
-        _check_model(plan, doc, model, input_shape, seed)
+    check_runnable(plan, doc, model, task, input_shape=input_shape, micro_batches=M, seed=seed)
     total = steps if task is not None else warmup + steps
     stages = tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages)
     meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
@@ -298,6 +295,26 @@ def task_losses(task: str, samples: int, steps: int, *, seed: int = 0) -> tuple[
         optimiser.step()
         losses.append(float(loss.detach()))
     return losses, module.state_dict()
+
+
+def check_runnable(
+    plan: Plan,
+    doc,
+    model: str,
+    task: str | None,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    micro_batches: int | None = None,
+    seed: int = 0,
+) -> None:
+    """What ``run`` checks before any process starts, so that ``launch`` refuses what ``run`` would:
+    the model (``task``'s, else ``model``) is a chain whose layers are the plan's, cut where the plan
+    cuts; a tp stage holds linear layers to shard; a task's data, loss and optimiser work on a batch."""
+    M = micro_batches if micro_batches is not None else plan.micro_batches or default_micro_batches(len(plan.stages))
+    if task is not None:
+        _check_task(plan, doc, task, M, seed)
+    else:
+        _check_model(plan, doc, model, input_shape, seed)
 
 
 def _check_task(plan: Plan, doc, task: str, micro_batches: int, seed: int) -> None:

@@ -51,9 +51,9 @@ def _not_chain(model: Model, why: str) -> InputError:
         None,
         None,
         "MODEL",
-        f"model {model.name} is not a chain of its layers: {why}. heterps run splits a model only where one "
-        "layer's output is the next one's whole input (an nn.Sequential, or a factory that returns "
-        "(module, example, blocks) with blocks that chain)",
+        f"model {model.name} is not a chain of the plan's layers: {why}. heterps run splits a model only where "
+        "one layer's output is the next one's whole input: profile it again with heterps profile (--granularity "
+        "auto, the default, profiles the blocks that chain, and its profile says chain: true) and plan again",
     )
 
 
