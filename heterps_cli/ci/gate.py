@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -386,6 +387,31 @@ class Gate:
     def replan_command(self) -> str:
         return self.command()
 
+    def replan_fix(self, what: str) -> str:
+        """A fix that re-plans: ``what: COMMAND``, unless the budget leaves no plan of the job, when the
+        command would fail: then what the cheapest plan costs."""
+        return self.short_budget or f"{what}: {self.replan_command}"
+
+    @cached_property
+    def short_budget(self) -> str | None:
+        """Where ``--max-cost`` rules out every plan of the job (by the exact solver): the budget it needs."""
+        from heterps_cli.errors import InfeasibleError, TooLarge
+        from heterps_cli.objective import Objective
+        from heterps_cli.schedulers import solve
+
+        if self.problem.max_cost is None or _cheapest(self.problem) != "exact":
+            return None
+        try:
+            cheapest = solve("exact", self.problem.replace(objective=Objective.COST, max_cost=None)).cost_usd
+        except (InfeasibleError, TooLarge):
+            return None
+        if cheapest <= self.problem.max_cost * (1 + 1e-12):
+            return None
+        return (
+            f"no plan meets the job within {usd(self.problem.max_cost)}: the cheapest costs {usd(cheapest)} (exact); "
+            "raise --max-cost to at least that, or ask less of the job (--min-throughput, --samples, --epochs)"
+        )
+
     def command(self, scheduler: str | None = None) -> str:
         """:func:`plan_command` for this job, with ``scheduler`` (default: the plan's) and the check's seed."""
         return plan_command(
@@ -403,7 +429,7 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
                 "fits",
                 False,
                 f"{g.plan_path} no longer fits the profile and cluster: {'; '.join(problems)}",
-                f"re-plan: {g.replan_command}",
+                g.replan_fix("re-plan"),
             )
         ]
     findings = [
@@ -412,7 +438,7 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
     ]
     if not g.plan.feasible:
         findings.append(
-            Finding("feasible", False, "the plan file itself says it is infeasible", f"re-plan: {g.replan_command}")
+            Finding("feasible", False, "the plan file itself says it is infeasible", g.replan_fix("re-plan"))
         )
     stale = stale_fields(g.plan, fresh)
     findings += [_fresh(g, stale), _limits(g, fresh)]
@@ -442,7 +468,8 @@ def _job(g: Gate, at: Problem) -> Finding:
         "job",
         False,
         f"the plan was made for another job than the files and flags give: {'; '.join(changed)}",
-        f"re-plan for this job: {g.replan_command}; or, if the plan's job is the one you mean, give check "
+        g.short_budget
+        or f"re-plan for this job: {g.replan_command}; or, if the plan's job is the one you mean, give check "
         "the flags you gave heterps plan",
     )
 
@@ -454,7 +481,7 @@ def _fresh(g: Gate, stale: list[str]) -> Finding:
         "fresh",
         False,
         f"the plan's figures are stale (written -> recomputed): {'; '.join(stale[:4])}{' …' if len(stale) > 4 else ''}",
-        f"refresh it: {g.replan_command}",
+        g.replan_fix("refresh it"),
     )
 
 
@@ -473,7 +500,7 @@ def _limits(g: Gate, fresh: Plan) -> Finding:
         "limits",
         False,
         f"resource limits exceeded: {', '.join(over)}",
-        f"re-plan within the limits: {g.replan_command}",
+        g.replan_fix("re-plan within the limits"),
     )
 
 
@@ -490,7 +517,7 @@ def _plan_throughput(g: Gate, fresh: Plan) -> Finding | None:
         "plan-throughput",
         False,
         f"throughput {count(fresh.throughput, 1)} samples/s is under the job's requirement {count(required, 1)}",
-        f"re-plan: {g.replan_command}",
+        g.replan_fix("re-plan"),
     )
 
 
@@ -503,7 +530,9 @@ def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
         "max-cost",
         ok,
         f"cost {usd(fresh.cost_usd)} {'within' if ok else 'exceeds'} the --max-cost {usd(g.max_cost)}{by}",
-        "" if ok else f"find the cheapest plan: {g.command(_cheapest(g.problem))}, or raise the budget",
+        ""
+        if ok
+        else g.short_budget or f"find the cheapest plan: {g.command(_cheapest(g.problem))}, or raise the budget",
     )
 
 
@@ -525,7 +554,7 @@ def _min_throughput(g: Gate, fresh: Plan) -> Finding | None:
         ok,
         f"throughput {count(fresh.throughput, 1)} samples/s "
         f"{'meets' if ok else 'is under'} --min-throughput {count(g.min_throughput, 1)}{by}",
-        "" if ok else f"re-plan: {g.replan_command}",
+        "" if ok else g.replan_fix("re-plan"),
     )
 
 
