@@ -74,8 +74,12 @@ def plan(
     """``heterps plan``: the plan ``scheduler`` finds for the job on these files; with ``explain``, also
     what one node more or fewer of each kind would give (a cluster with nodes, docs/spec.md section
     1e), or one unit more or fewer of each type's limit."""
+    from heterps_cli.explain import split_notes
+
     problem = _problem(job, profile_path, cluster_path)
     found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
+    if said := split_notes(problem.at_micro_batch(found.batch_size) if problem.choose_micro_batch else problem, found):
+        found = found.but(notes=[*found.notes, *said])
     return with_what_if(problem, found) if explain and (problem.nodes is None or found.rental) else found
 
 

@@ -65,6 +65,32 @@ def explanation(problem: Problem, plan) -> tuple[str, ...]:
     return first, _held_by(problem, plan, b)
 
 
+FEW_SAMPLES = 8  # a replica's share under which a plan's speed-up rests on alpha more than on any measure
+MANY_REPLICAS = 4
+
+
+def split_notes(problem: Problem, plan) -> list[str]:
+    """One line on the stages that split every micro-batch over many replicas into a few samples each, a
+    figure users read as wrong: their speed-up is section 1's Amdahl term, as good as the profile's alpha."""
+    B, found = plan.batch_size, []
+    for i, stage in enumerate(plan.stages):
+        if stage.replicas < MANY_REPLICAS or share(B, stage.replicas) >= FEW_SAMPLES:
+            continue
+        t = problem.types.index(stage.resource)
+        oct_ = problem.oct[stage.first : stage.last + 1, t]
+        alpha = problem.alpha[stage.first : stage.last + 1, t]
+        found.append((i, stage.replicas, float(np.sum(oct_ * alpha) / np.sum(oct_)) if np.sum(oct_) > 0 else 0.0))
+    if not found:
+        return []
+    which = ", ".join(f"{i} ({count(k)} replicas, alpha {a:.2f})" for i, k, a in found)
+    return [
+        f"stage{'s' if len(found) > 1 else ''} {which} split{'' if len(found) > 1 else 's'} each batch of "
+        f"{count(B)} samples into fewer than {count(FEW_SAMPLES)} a replica: the speed-up is Amdahl's with alpha, the "
+        "share of the compute that replicas divide (compute-weighted), which an estimated profile takes as the "
+        "layer kind's default guess: measure alpha on the device (heterps profile) before renting that many"
+    ]
+
+
 def _forward_again(problem: Problem, plan, b: int) -> float:
     """Section 1g: seconds of a micro-batch's compute that stage ``b``'s busiest replica spends running its
     forward pass again (its compute recomputing, less the same stage's without)."""

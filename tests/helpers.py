@@ -230,3 +230,19 @@ def exact_against(profile: dict, cluster: dict, objective: str, expected):
     figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
     assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
     return plan
+
+
+def guide_commands(page: str, files: list[str], folder: Path) -> list[str]:
+    """The commands of a guide page's ``sh`` block, and ``folder`` made to hold what they read: the
+    bundled clusters and ``files`` (paths in the repository), at the same relative paths."""
+    import re
+    import shutil
+
+    text = (ROOT / page).read_text()
+    found = re.search(r"```sh\n(.*?)```", text, re.S)
+    assert found is not None, f"{page} has no sh block"
+    shutil.copytree(ROOT / "clusters", folder / "clusters")
+    for name in files:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, folder / name)
+    return found.group(1).strip().splitlines()

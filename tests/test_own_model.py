@@ -3,24 +3,18 @@ plan to training in one pass of the page's commands, and no plan of it fails onl
 
 from __future__ import annotations
 
-import re
 import shlex
-import shutil
 
 import pytest
 import yaml
 
 from heterps_cli.cli.app import app
-from tests.helpers import ROOT, runner
+from tests.helpers import guide_commands, runner
 
 
 @pytest.mark.slow  # a profile in two processes, a plan, a run: about 60 s
 def test_the_own_model_guide_runs_in_order(tmp_path, monkeypatch):
-    page = (ROOT / "docs/guide/own-model.md").read_text()
-    commands = re.search(r"```sh\n(.*?)```", page, re.S).group(1).strip().splitlines()  # type: ignore[union-attr]
-    shutil.copytree(ROOT / "clusters", tmp_path / "clusters")
-    (tmp_path / "docs/guide").mkdir(parents=True)
-    shutil.copy(ROOT / "docs/guide/vit.py", tmp_path / "docs/guide/vit.py")
+    commands = guide_commands("docs/guide/own-model.md", ["docs/guide/vit.py"], tmp_path)
     monkeypatch.chdir(tmp_path)
     outputs = []
     for command in commands:

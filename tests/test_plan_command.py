@@ -248,3 +248,21 @@ def test_a_plan_file_is_one_schema_written_and_read(profile, cluster, job):
     written = solve("exact", problem).to_dict()
     read = Plan.model_validate(yaml.safe_load(dump_yaml(written)))
     assert dump_yaml(read.written()) == dump_yaml(written)
+
+
+@pytest.mark.parametrize(("limit", "said"), [(16, True), (2, False)])
+def test_a_plan_that_splits_a_batch_into_a_few_samples_says_it_rests_on_alpha(tmp_path, limit, said):
+    """One layer, batch 16, the fastest plan: 16 replicas train one sample each, a figure that rests on the
+    profile's alpha (0.9 here), and the plan says so; 2 replicas of 8 samples need no word."""
+    profile, cluster = tmp_path / "p.yaml", tmp_path / "c.yaml"
+    profile.write_text(
+        "model: m\nbatch_size: 16\nlayers:\n  - {name: l, type: fc, input_size: 4, weight_size: 4,\n"
+        "     times: {gpu: {oct: 1.0, odt: 0.0, alpha: 0.9, beta: 0.0}}}\n"
+    )
+    cluster.write_text(f"cluster: c\nresources:\n  gpu: {{price: 1, limit: {limit}}}\n")
+    plan = _plan_json(str(profile), str(cluster), "--objective", "time", "--samples", "100")
+    notes = [n for n in plan["notes"] if "fewer than 8 a replica" in n]
+    assert [s["replicas"] for s in plan["stages"]] == [limit]
+    assert bool(notes) is said
+    if said:
+        assert "stage 0 (16 replicas, alpha 0.90) splits each batch of 16 samples" in notes[0]

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from heterps_cli.cli.app import app
 from heterps_cli.runtime import checkpoint, task_losses
 from heterps_cli.runtime.task import Samples
-from tests.helpers import ROOT, runner
+from tests.helpers import ROOT, guide_commands, runner
 from tests.test_run_command import session_processes, write_plan
 
 CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
@@ -317,15 +317,9 @@ def test_a_tensor_parallel_stage_resumes_from_its_shards_to_the_uninterrupted_ru
 @pytest.mark.slow  # the guide end to end: a profile, a plan, three trainings: about 90 s
 def test_the_training_guide_runs_in_order(tmp_path, monkeypatch):
     """docs/guide/training.md's commands as written, in order, from a folder holding the guide's files."""
-    import re
     import shlex
-    import shutil
 
-    page = (ROOT / "docs/guide/training.md").read_text()
-    commands = re.search(r"```sh\n(.*?)```", page, re.S).group(1).strip().splitlines()  # type: ignore[union-attr]
-    shutil.copytree(ROOT / "clusters", tmp_path / "clusters")
-    (tmp_path / "docs/guide").mkdir(parents=True)
-    shutil.copy(ROOT / "docs/guide/classify.py", tmp_path / "docs/guide/classify.py")
+    commands = guide_commands("docs/guide/training.md", ["docs/guide/classify.py"], tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CLASSIFY_DATA", str(tmp_path / "data"))
     outputs = []
