@@ -67,6 +67,9 @@ def test_a_model_no_split_of_which_chains_is_profiled_whole():
     model = settle(_model(Tangled()), "auto")
     assert model.chain is True and list(layers_of(model).values()) == ["toy"]
     assert "the whole model as one layer" in model.notes[0]
+    # and which of its own code keeps its modules from a chain, with the fix
+    assert "layer 'b' takes a tensor computed between layers" in model.notes[0]
+    assert "put that code in modules" in model.notes[0]
     with pytest.raises(InputError, match="no blocks that form a chain"):
         settle(_model(Tangled()), "blocks")
 

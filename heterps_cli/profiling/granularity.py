@@ -166,7 +166,7 @@ def settle(model: Model, granularity: str) -> Model:
                 f"at the {len(found)} blocks that are (--granularity blocks), where a plan can cut and "
                 "heterps run can split"
                 if len(found) > 1
-                else "the whole model as one layer, since no split of it is a chain: a plan can only replicate it"
+                else f"the whole model as one layer: a plan can only replicate it. {_unsplit(model, recorded)}"
             )
         )
     problems = breaks(recorded, layers_of(model))
@@ -174,6 +174,21 @@ def settle(model: Model, granularity: str) -> Model:
     if problems:
         model.notes.append(_chain_note(model, recorded, problems))
     return model
+
+
+def _unsplit(model: Model, recorded: Calls) -> str:
+    """Why the model's own children are no chain, the first split :func:`blocks` tries, and the fix."""
+    first = {}
+    for i, c in enumerate(recorded.calls):
+        first.setdefault(c.module, i)
+    named = {m: n for n, m in model.module.named_modules()}
+    children = sorted((c for c in model.module.children() if c in first), key=first.__getitem__)
+    why = [reason for _, reason in breaks(recorded, {c: named[c] for c in children})]
+    shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
+    return (
+        f"Its forward computes between its own modules ({shown}): put that code in modules (nn.ReLU, "
+        "nn.Flatten, a block's own forward) and profile again, so that a plan can cut between them"
+    )
 
 
 def _at_blocks(model: Model, recorded: Calls) -> None:
