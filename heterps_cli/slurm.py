@@ -80,26 +80,8 @@ def slurm_script(
     plan, source: str, run: list[Word], parts: list[Component], master_port: int, env, threads: int, opts: SlurmOptions
 ) -> str:
     """The sbatch script: its header, one ``#SBATCH`` block per component, and one step per component."""
-    n = sum(len(c.processes) for c in parts)
-    total = plural(sum(sum(c.processes) for c in parts), "process", "processes")
-    time, how = (opts.time, "given") if opts.time else default_time(plan, opts.steps)
-    het = len(parts) > 1
-    shape = f", a heterogeneous job of {len(parts)} components (one per run of a node kind)." if het else "."
-    lines = [
-        "#!/bin/bash",
-        comment(f"heterps launch {source}: {total} on {plural(n, 'node')}{shape}"),
-        "# Submit with: sbatch [--partition P] [--account A] launch.sbatch (your site's partition and account).",
-        "# Each component asks for its kind by --constraint: the feature named as the kind unless heterps launch",
-        "# --constraint KIND=FEATURE gave another (sinfo -o '%N %f' lists your nodes' features).",
-        comment(f"--time {time}: {how}."),
-        "# Every node must see the plan copy, the task or model file and the checkpoint folder at these paths (a",
-        "# shared file system); each node checks before it starts, and a node that cannot stops the job.",
-    ]  # fmt: skip
-    for c in parts:
-        for j, (count, g) in enumerate(zip(c.processes, c.gpus, strict=True)):
-            what = f"  node {c.first + j}: {c.kind or 'this machine'}, {plural(count, 'process', 'processes')}"
-            lines.append(comment(what + (f", {g} on GPUs" if g else "")))
-    lines.append(f"#SBATCH --job-name=heterps-{_slug(plan.model)}")
+    time, how = (opts.time, "as heterps launch --time gave it") if opts.time else default_time(plan, opts.steps)
+    lines = [*_header(source, parts, f"--time {time}: {how}."), f"#SBATCH --job-name=heterps-{_slug(plan.model)}"]
     output = f"{opts.output_dir}/slurm-%j.out"
     if _plain(output):
         lines.append(f"#SBATCH --output={output}")
@@ -107,31 +89,62 @@ def slurm_script(
         lines.append("# --output left to Slurm (slurm-JOBID.out where sbatch runs): the folder's name is not plain")
     lines.append(f"#SBATCH --time={time}")
     for k, c in enumerate(parts):
-        if k:
-            lines.append("#SBATCH hetjob")
+        lines += ["#SBATCH hetjob"] if k else []
         lines += [f"#SBATCH --nodes={len(c.processes)}", "#SBATCH --ntasks-per-node=1"]
         lines.append(f"#SBATCH --cpus-per-task={max(c.processes) * threads}")
         lines += [f"#SBATCH --gres=gpu:{max(c.gpus)}"] if max(c.gpus) else []
-        if c.kind is not None:
-            lines.append(f"#SBATCH --constraint={opts.features.get(c.kind, c.kind)}")
+        lines += [f"#SBATCH --constraint={opts.features.get(c.kind, c.kind)}"] if c.kind is not None else []
     lines += ["set -euo pipefail", *([opts.setup] if opts.setup else [])]
     lines += [f"export {name}={quote(value)}" for name, value in env]
-    nodelist = "SLURM_JOB_NODELIST_HET_GROUP_0" if het else "SLURM_JOB_NODELIST"
-    lines += [f'MASTER_ADDR=$(scontrol show hostnames "${nodelist}" | head -n 1)', "export MASTER_ADDR"]
-    lines += ["steps=()", "trap 'kill \"${steps[@]}\" 2>/dev/null || true' EXIT  # ends every step on any exit"]
-    for k, c in enumerate(parts):
-        group = [f"--het-group={k}"] if het else []
-        task = quote(_task(c, n, run, master_port, opts))
-        lines.append(f"srun {' '.join(group)}{' ' if group else ''}--ntasks-per-node=1 bash -c {task} &")
-        lines.append("steps+=($!)")
+    return "\n".join([*lines, *_steps(parts, run, master_port, opts), ""])
+
+
+def _header(source: str, parts: list[Component], timing: str) -> list[str]:
+    """What the script runs where, how to submit it, and what every node must see."""
+    n = sum(len(c.processes) for c in parts)
+    total = plural(sum(sum(c.processes) for c in parts), "process", "processes")
+    shape = f", a heterogeneous job of {len(parts)} components (one per run of a node kind)." if len(parts) > 1 else "."
+    lines = [
+        "#!/bin/bash",
+        comment(f"heterps launch {source}: {total} on {plural(n, 'node')}{shape}"),
+        "# Submit with: sbatch [--partition P] [--account A] launch.sbatch (your site's partition and account).",
+    ]
+    if any(c.kind for c in parts):
+        lines.append(
+            "# Each component asks for its kind by --constraint: the feature named as the kind unless heterps launch"
+        )
+        lines.append("# --constraint KIND=FEATURE gave another (sinfo -o '%N %f' lists your nodes' features).")
     lines += [
+        comment(timing),
+        "# Every node must see the plan copy, the task or model file and the checkpoint folder at these paths (a",
+        "# shared file system); each node checks before it starts, and a node that cannot stops the job.",
+    ]
+    for c in parts:
+        for j, (count, g) in enumerate(zip(c.processes, c.gpus, strict=True)):
+            what = f"  node {c.first + j}: {c.kind or 'this machine'}, {plural(count, 'process', 'processes')}"
+            lines.append(comment(what + (f", {g} on GPUs" if g else "")))
+    return lines
+
+
+def _steps(parts: list[Component], run: list[Word], master_port: int, opts: SlurmOptions) -> list[str]:
+    """Node 0 as the master, one step per component in the background, and every step ended when one fails."""
+    het, n = len(parts) > 1, sum(len(c.processes) for c in parts)
+    nodelist = "SLURM_JOB_NODELIST_HET_GROUP_0" if het else "SLURM_JOB_NODELIST"
+    lines = [f'MASTER_ADDR=$(scontrol show hostnames "${nodelist}" | head -n 1)', "export MASTER_ADDR", "steps=()"]
+    lines.append("trap 'kill ${steps[@]+\"${steps[@]}\"} 2>/dev/null || true' EXIT  # ends every step on any exit")
+    for k, c in enumerate(parts):
+        group = f"--het-group={k} " if het else ""
+        lines += [
+            f"srun {group}--ntasks-per-node=1 bash -c {quote(_task(c, n, run, master_port, opts))} &",
+            "steps+=($!)",
+        ]
+    return [
+        *lines,
         'for _ in "${steps[@]}"; do',
         '  wait -n || { echo "heterps: a node failed: ending the job" >&2; exit 1; }',
         "done",
-        "steps=()",
-        "",
+        "trap - EXIT",
     ]
-    return "\n".join(lines)
 
 
 def _task(c: Component, n: int, run: list[Word], master_port: int, opts: SlurmOptions) -> str:

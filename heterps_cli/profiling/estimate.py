@@ -410,13 +410,7 @@ def estimate(
     except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
         raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     report("done", completed=steps, total=steps)
-    bound = sum(x.host_bound for x in estimates)
-    if precision in ("bf16", "fp16") and bound:  # a figure users read as wrong: half precision slower
-        notes.append(
-            f"{precision} may be slower than fp32 here: {bound} of {len(calls)} layers take longer to issue "
-            "(framework and a launch per operator) than their kernels run, and autocast adds a cast operator per "
-            "input; half precision pays off where the products are large enough to bind"
-        )
+    notes += _half_slower(precision, estimates)
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(
         model.name,
@@ -437,6 +431,19 @@ def estimate(
         optimizer,
         model.chain,
     )
+
+
+def _half_slower(precision: str, estimates: list[Estimate]) -> list[str]:
+    """Why a half-precision estimate may be slower than fp32, a figure users read as wrong: its layers
+    are bound by the host issuing operators, and autocast adds casts."""
+    bound = sum(x.host_bound for x in estimates)
+    if precision not in ("bf16", "fp16") or not bound:
+        return []
+    return [
+        f"{precision} may be slower than fp32 here: {bound} of {len(estimates)} layers take longer to issue "
+        "(framework and a launch per operator) than their kernels run, and autocast adds a cast operator per "
+        "input; half precision pays off where the products are large enough to bind"
+    ]
 
 
 def estimate_spec(

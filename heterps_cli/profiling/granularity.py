@@ -178,7 +178,7 @@ def settle(model: Model, granularity: str) -> Model:
 
 def _unsplit(model: Model, recorded: Calls) -> str:
     """Why the model's own children are no chain, the first split :func:`blocks` tries, and the fix."""
-    first = {}
+    first: dict[nn.Module, int] = {}
     for i, c in enumerate(recorded.calls):
         first.setdefault(c.module, i)
     named = {m: n for n, m in model.module.named_modules()}

@@ -179,9 +179,8 @@ def measure(
     report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
-    B0 = len(model.inputs[0])
+    B0, started = len(model.inputs[0]), snapshot()
     taken = output_loss(loss, B0)
-    started = snapshot()
     report("tracing the model")
     calls, notes = traced(model)
     if link is None:
