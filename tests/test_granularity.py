@@ -150,3 +150,19 @@ def test_launch_refuses_a_plan_that_cuts_where_run_cannot_before_writing_a_file(
     shown = " ".join(result.output.split())
     assert result.exit_code == 2 and "is not a chain of the plan's layers" in shown and "--granularity auto" in shown
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [(True, True, True), (True, None, None), (None, False, False)])
+def test_merge_keeps_what_the_profiles_say_of_the_chain(runner, tmp_path, first, second, merged):
+    paths = []
+    for name, chain in (("a", first), ("b", second)):
+        said = "" if chain is None else f"chain: {str(chain).lower()}\n"
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(
+            f"model: m\nbatch_size: 4\n{said}layers:\n  - {{name: l, type: fc, input_size: 4, weight_size: 4,\n"
+            f"     times: {{{name}: {{oct: 1.0, odt: 0.0, alpha: 0.9, beta: 0.0}}}}}}\n"
+        )
+        paths.append(str(path))
+    result = runner.invoke(app, ["profile", "merge", *paths, "-o", str(tmp_path / "m.yaml")])
+    assert result.exit_code == 0, result.output
+    assert load_profile(str(tmp_path / "m.yaml"))[0].chain is merged
