@@ -60,20 +60,31 @@ class Measured:
             found |= here
         return oct_, odt, alpha, beta, forward, found
 
-    def most(self, layer: int) -> int:
-        """The largest size ``layer`` was measured at on any type."""
-        return max(size for s, size in enumerate(self.sizes) if not np.isnan(self.oct[s, layer]).all())
+    def most(self, layer: int) -> int | None:
+        """The largest size ``layer`` was measured at on any type (None: at none, as at a degree that
+        does not split it)."""
+        return max((size for s, size in enumerate(self.sizes) if not np.isnan(self.oct[s, layer]).all()), default=None)
+
+    def covered(self, batch: int) -> np.ndarray:
+        """``[n]``: whether each layer has a type measured at ``batch`` or above."""
+        above = [s for s, size in enumerate(self.sizes) if size >= batch]
+        return (~np.isnan(self.oct[above]).all(axis=0)).any(axis=1) if above else np.zeros(self.oct.shape[1], bool)
 
     def choices(self, global_batch: int) -> tuple[int, ...]:
-        """The micro-batches a plan chooses among: the measured sizes that divide ``global_batch`` into at
-        most :data:`MAX_MICRO_BATCHES` and at which every layer has a type (measured there or above)."""
-        out = []
-        for s, size in enumerate(self.sizes):
-            if global_batch % size or global_batch // size > MAX_MICRO_BATCHES:
-                continue
-            if (~np.isnan(self.oct[s:]).all(axis=0)).any(axis=1).all():
-                out.append(size)
-        return tuple(out)
+        return choices([self], global_batch)
+
+
+def choices(tables: list[Measured], global_batch: int) -> tuple[int, ...]:
+    """The micro-batches a plan chooses among: the sizes measured at any tensor-parallel degree (one
+    table each, section 1h) that divide ``global_batch`` into at most :data:`MAX_MICRO_BATCHES` and at
+    which every layer has a type at some degree (measured there or above)."""
+    out = []
+    for size in sorted({size for table in tables for size in table.sizes}):
+        if global_batch % size or global_batch // size > MAX_MICRO_BATCHES:
+            continue
+        if np.any([table.covered(size) for table in tables], axis=0).all():
+            out.append(size)
+    return tuple(out)
 
 
 def measured(profile: Profile, types: tuple[str, ...]) -> Measured:

@@ -76,9 +76,9 @@ def split_notes(problem: Problem, plan) -> list[str]:
     for i, stage in enumerate(plan.stages):
         if stage.replicas < MANY_REPLICAS or share(B, stage.replicas) >= FEW_SAMPLES:
             continue
-        t = problem.types.index(stage.resource)
-        oct_ = problem.oct[stage.first : stage.last + 1, t]
-        alpha = problem.alpha[stage.first : stage.last + 1, t]
+        t, view = problem.types.index(stage.resource), problem.view_at(stage.tp or 1)  # section 1h: its degree's
+        oct_ = view.oct[stage.first : stage.last + 1, t]
+        alpha = view.alpha[stage.first : stage.last + 1, t]
         found.append((i, stage.replicas, float(np.sum(oct_ * alpha) / np.sum(oct_)) if np.sum(oct_) > 0 else 0.0))
     if not found:
         return []

@@ -256,8 +256,10 @@ class Profile(_Strict):
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        """Section 2: every batch size some layer's times were measured at, ascending."""
-        more = {b for layer in self.layers for e in layer.times.values() for b in (e.batches or {})}
+        """Section 2: every batch size some layer's times were measured at, at any tensor-parallel
+        degree (section 1h: a size measured only at tp 2 is a size), ascending."""
+        entries = [e for layer in self.layers for e in layer.times.values()]
+        more = {b for e in entries for x in (e, *(e.tp or {}).values()) for b in (x.batches or {})}
         return tuple(sorted({self.batch_size, *more}))
 
     @property

@@ -17,7 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
-from heterps_cli.batches import Measured, measured
+from heterps_cli.batches import Measured, choices, measured
 from heterps_cli.errors import InputError, TooLarge
 from heterps_cli.figures import number
 from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
@@ -132,7 +132,7 @@ class Problem:
         """Section 1f: the micro-batches a plan chooses among (``batch_size`` alone unless it chooses)."""
         if not self.choose_micro_batch or self.measured is None:
             return (self.batch_size,)
-        return self.measured.choices(self.step_samples)
+        return choices([v.measured for v in self.views if v.measured is not None], self.step_samples)
 
     def at_micro_batch(self, batch: int) -> Problem:
         """Section 1f: this problem with micro-batches of ``batch`` samples (the same samples per step),
@@ -141,12 +141,12 @@ class Problem:
         if batch == self.batch_size:
             return self.replace(choose_micro_batch=False) if self.choose_micro_batch else self
         assert self.measured is not None
-        at = _at_batch(
-            self.measured, batch, self.layer_names, self.step_samples if self.pipelined else None, self.degree > 1
-        )
+        steps = self.step_samples if self.pipelined else None
+        at = _at_batch(self.measured, batch, self.layer_names, steps, self.degree > 1 or bool(self.tensor))
         out = self.replace(**at, choose_micro_batch=False)
         if self.tensor:  # each degree at the same micro-batch, from its own measured sizes
             out = dataclasses.replace(out, tensor={d: p.at_micro_batch(batch) for d, p in self.tensor.items()})
+            _check_covered(out)
         return out
 
     @property
@@ -231,11 +231,13 @@ class Problem:
 
     @cached_property
     def usable(self) -> np.ndarray:
-        """The types searches choose among: :attr:`fits_alone`, except that a layer no type can hold
-        keeps its runnable types (exact then says why)."""
-        fits = self.fits_alone
+        """The types searches choose among: :attr:`fits_alone` at some tensor-parallel degree (section 1h:
+        a layer timed at this micro-batch only at tp 2 runs on its type there), except that a layer no
+        type can hold keeps its runnable types (exact then says why)."""
+        fits = np.any([view.fits_alone for view in self.views], axis=0)
+        runnable = np.any([view.runnable for view in self.views], axis=0)
         held = np.asarray(fits.any(axis=1))
-        return np.where(held[:, None], fits, self.runnable)
+        return np.where(held[:, None], fits, runnable)
 
     @cached_property
     def boundary_messages(self) -> np.ndarray:
@@ -493,7 +495,8 @@ def build_problem(
     prices, limits = _prices_and_limits(res, nodes)
     steps = global_batch if global_batch is not None else profile.job.global_batch
     table = own["measured"]
-    batch, M, choose = _micro_batch(profile, table, steps, micro_batch)
+    tables = [table, *(measured(profile.at_degree(d, types), types) for d in profile.degrees[1:] if steps)]
+    batch, M, choose = _micro_batch(profile, tables, steps, micro_batch)
     problem = Problem(
         model=profile.model,
         cluster=cluster.cluster,
@@ -518,8 +521,28 @@ def build_problem(
         **_fixed_costs(profile, types),
     )
     if batch != profile.batch_size:  # else the profile's own figures, as written
-        problem = problem.replace(**_at_batch(table, batch, problem.layer_names, steps))
-    return dataclasses.replace(problem, tensor=_tensor(profile, problem, steps))
+        problem = problem.replace(**_at_batch(table, batch, problem.layer_names, steps, partial=len(tables) > 1))
+    problem = dataclasses.replace(problem, tensor=_tensor(profile, problem, steps))
+    if len(tables) > 1:
+        _check_covered(problem)
+    return problem
+
+
+def _check_covered(problem: Problem) -> None:
+    """Sections 1f and 1h: at the problem's micro-batch, every layer has a time at some degree (a size
+    measured only at tp 2 leaves tp 1 without one, which is no error); NoSuchMicroBatch naming the
+    first layer that has none."""
+    covered = np.any([view.runnable.any(axis=1) for view in problem.views], axis=0)
+    if covered.all():
+        return
+    layer = int(np.argmin(covered))
+    sizes = [view.measured.most(layer) for view in problem.views if view.measured is not None]
+    most = max((size for size in sizes if size is not None), default=0)
+    raise NoSuchMicroBatch(
+        f"micro-batch {problem.batch_size:,} is above every size layer {problem.layer_names[layer]!r} was measured "
+        f"at on the cluster's types at any degree (up to {most:,}), and heterps does not extrapolate: measure it at "
+        f"{problem.batch_size:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
+    )
 
 
 def _fixed_costs(profile: Profile, types: tuple[str, ...]) -> dict:
@@ -578,7 +601,9 @@ def _placeable(problem: Problem, degree: int) -> np.ndarray:
     return ((units % degree == 0) | (units == 0)).all(axis=0) & (units > 0).any(axis=0)
 
 
-def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: int | None) -> tuple[int, int, bool]:
+def _micro_batch(
+    profile: Profile, tables: list[Measured], steps: int | None, fixed: int | None
+) -> tuple[int, int, bool]:
     """Section 1f: the micro-batch a problem starts at, its micro-batches per step (0 without a global
     batch), and whether a plan chooses among several. ValueError, in words, for a ``--micro-batch``
     that does not divide the step."""
@@ -586,9 +611,9 @@ def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: in
         return fixed, _whole_micro_batches(steps, fixed) if steps is not None else 0, False
     if steps is None:
         return profile.batch_size, 0, False
-    choices = table.choices(steps)
-    if not choices:
-        dividing = [size for size in table.sizes if steps % size == 0]
+    offered = choices(tables, steps)
+    if not offered:
+        dividing = [size for size in profile.sizes if steps % size == 0]
         raise NoSuchMicroBatch(
             f"no micro-batch the profile measured divides the global batch {steps:,} with every layer measured "
             f"there or above on the cluster's types: {', '.join(f'{s:,}' for s in dividing)} "
@@ -596,8 +621,8 @@ def _micro_batch(profile: Profile, table: Measured, steps: int | None, fixed: in
             f"largest size some layer was measured at (heterps does not extrapolate): measure every layer there "
             f"(heterps profile --batch-sizes), or give a global batch that is a multiple of {profile.batch_size:,}"
         )
-    batch = profile.batch_size if profile.batch_size in choices else choices[-1]
-    return batch, micro_batches(steps, batch), len(choices) > 1
+    batch = profile.batch_size if profile.batch_size in offered else offered[-1]
+    return batch, micro_batches(steps, batch), len(offered) > 1
 
 
 def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | None, partial: bool = False) -> dict:
@@ -609,7 +634,7 @@ def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | 
         layer = names[int(np.argmin(found.any(axis=1)))]
         raise NoSuchMicroBatch(
             f"micro-batch {batch:,} is above every size layer {layer!r} was measured at (up to "
-            f"{table.most(int(np.argmin(found.any(axis=1)))):,}), and heterps does not extrapolate: measure it "
+            f"{table.most(int(np.argmin(found.any(axis=1)))) or 0:,}), and heterps does not extrapolate: measure it "
             f"at {batch:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
         )
     return {
