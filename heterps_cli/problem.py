@@ -234,10 +234,10 @@ class Problem:
         """The types searches choose among: :attr:`fits_alone` at some tensor-parallel degree (section 1h:
         a layer timed at this micro-batch only at tp 2 runs on its type there), except that a layer no
         type can hold keeps its runnable types (exact then says why)."""
-        fits = np.any([view.fits_alone for view in self.views], axis=0)
-        runnable = np.any([view.runnable for view in self.views], axis=0)
+        fits = np.asarray(np.any([view.fits_alone for view in self.views], axis=0))
+        runnable = np.asarray(np.any([view.runnable for view in self.views], axis=0))
         held = np.asarray(fits.any(axis=1))
-        return np.where(held[:, None], fits, runnable)
+        return np.asarray(np.where(held[:, None], fits, runnable))
 
     @cached_property
     def boundary_messages(self) -> np.ndarray:
