@@ -88,6 +88,8 @@ CLUSTERS = [  # (name, nodes per type, tensor parallelism: a unit is tp GPUs of 
     ("v100 x16", {"v100": 16}, 4),
     ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, 1),
     ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, 4),
+    ("a100_40 x32 + v100 x32", {"a100_40": 32, "v100": 32}, 1),  # issue 63's mixed cluster
+    ("a100_40 x32 + v100 x32", {"a100_40": 32, "v100": 32}, 4),
 ]
 
 

@@ -3,12 +3,14 @@ profile measured, and the sizes a plan may choose among.
 
 A batch ``b`` is charged as a share of the smallest measured size ``s >= b`` by that size's Amdahl
 terms, ``t(b) = t(s) (1 - alpha + alpha b / s)``: the rule section 1 already applies to a replica that
-trains ``b`` of ``s`` samples. Nothing is charged above the largest measured size: that would be an
-extrapolation no measurement backs.
+trains ``b`` of ``s`` samples. A micro-batch above the largest measured size ``L`` is charged by the same
+rule from ``L``, and every stage then takes at least ``ceil(b / L)`` replicas, so that what each one
+trains is a share of a measured size: no replica's time is an extrapolation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,26 +35,24 @@ class Measured:
 
     def at(self, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``[n, T]`` oct, odt, alpha, beta and forward (NaN where not given) at ``batch`` samples, and
-        where some measured size is at least ``batch`` (elsewhere the figures are 0). At a measured size
-        they are its figures as written; below one, its share (the module's rule), with alpha and beta
-        the parts of that time that still shrink with replicas, so a replica's share of ``batch`` costs
-        what the same share of the measured size does."""
+        where the layer has a time on the type (elsewhere the figures are 0). At a measured size they are
+        its figures as written; below one, its share (the module's rule), with alpha and beta the parts of
+        that time that still shrink with replicas, so a replica's share of ``batch`` costs what the same
+        share of the measured size does. Above the largest size measured on a type, the same rule from
+        that size: exact for every replica whose share is at most it (:meth:`largest_each` caps them)."""
         shape = self.oct.shape[1:]
         oct_, odt, alpha, beta = (np.zeros(shape) for _ in range(4))
         forward = np.full(shape, np.nan)
         found = np.zeros(shape, dtype=bool)
+        top = self.largest_each()
         for s, size in enumerate(self.sizes):
-            if size < batch:
+            here = ~found & ~np.isnan(self.oct[s]) & ((size >= batch) | (top == size))
+            if not here.any():
                 continue
-            here = ~found & ~np.isnan(self.oct[s])
             a, b = np.nan_to_num(self.alpha[s]), np.nan_to_num(self.beta[s])
-            if size == batch:
-                fc = fd = np.ones(shape)
-                sa, sb = a, b
-            else:
-                r = batch / size
-                fc, fd = 1.0 - a + a * r, 1.0 - b + b * r
-                sa, sb = a * r / fc, b * r / fd
+            r = batch / size
+            fc, fd = 1.0 - a + a * r, 1.0 - b + b * r  # both 1 at a measured size
+            sa, sb = a * r / fc, b * r / fd
             oct_ = np.where(here, np.nan_to_num(self.oct[s]) * fc, oct_)
             forward = np.where(here, self.forward[s] * fc, forward)
             odt = np.where(here, np.nan_to_num(self.odt[s]) * fd, odt)
@@ -60,31 +60,43 @@ class Measured:
             found |= here
         return oct_, odt, alpha, beta, forward, found
 
+    def largest_each(self) -> np.ndarray:
+        """``[n, T]``: the largest size each layer was measured at on each type (0: none): the most
+        samples a replica of it may train there (section 1f)."""
+        measured = ~np.isnan(self.oct)
+        sizes = np.asarray(self.sizes, dtype=float)[:, None, None]
+        return np.where(measured, sizes, 0.0).max(axis=0)
+
     def most(self, layer: int) -> int | None:
         """The largest size ``layer`` was measured at on any type (None: at none, as at a degree that
         does not split it)."""
         return max((size for s, size in enumerate(self.sizes) if not np.isnan(self.oct[s, layer]).all()), default=None)
 
-    def covered(self, batch: int) -> np.ndarray:
-        """``[n]``: whether each layer has a type measured at ``batch`` or above."""
-        above = [s for s, size in enumerate(self.sizes) if size >= batch]
-        return (~np.isnan(self.oct[above]).all(axis=0)).any(axis=1) if above else np.zeros(self.oct.shape[1], bool)
+    def covered(self) -> np.ndarray:
+        """``[n]``: whether each layer has a time on some type, at some size."""
+        return (~np.isnan(self.oct).all(axis=0)).any(axis=1)
 
-    def choices(self, global_batch: int) -> tuple[int, ...]:
-        return choices([self], global_batch)
+    def choices(self, global_batch: int, units: float = np.inf) -> tuple[int, ...]:
+        return choices([self], global_batch, units)
 
 
-def choices(tables: list[Measured], global_batch: int) -> tuple[int, ...]:
-    """The micro-batches a plan chooses among: the sizes measured at any tensor-parallel degree (one
-    table each, section 1h) that divide ``global_batch`` into at most :data:`MAX_MICRO_BATCHES` and at
-    which every layer has a type at some degree (measured there or above)."""
-    out = []
-    for size in sorted({size for table in tables for size in table.sizes}):
-        if global_batch % size or global_batch // size > MAX_MICRO_BATCHES:
-            continue
-        if np.any([table.covered(size) for table in tables], axis=0).all():
-            out.append(size)
-    return tuple(out)
+def choices(tables: list[Measured], global_batch: int, units: float = np.inf) -> tuple[int, ...]:
+    """The micro-batches a plan chooses among (section 1f): the sizes measured at any tensor-parallel
+    degree (one table each, section 1h), and the multiples of the largest of them, that divide
+    ``global_batch`` into at most :data:`MAX_MICRO_BATCHES`; a multiple ``m`` times the largest only
+    where ``m`` replicas fit in ``units``, the cluster's, since each stage needs that many."""
+    if not np.any([table.covered() for table in tables], axis=0).all():
+        return ()
+    largest = max(table.largest for table in tables)
+    sizes = {size for table in tables for size in table.sizes}
+    if global_batch % largest == 0:
+        sizes |= {largest * m for m in _divisors(global_batch // largest) if 2 <= m <= units}
+    return tuple(s for s in sorted(sizes) if global_batch % s == 0 and global_batch // s <= MAX_MICRO_BATCHES)
+
+
+def _divisors(n: int) -> set[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return {*small, *(n // d for d in small)}
 
 
 def measured(profile: Profile, types: tuple[str, ...]) -> Measured:

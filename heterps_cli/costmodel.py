@@ -146,6 +146,28 @@ def memory_fits(fixed, split, memory, k, activations=None, batch=None):
     return memory_need(fixed, split, k, activations, batch) <= memory * (1 + SLACK)
 
 
+def share_floor(problem: Problem) -> np.ndarray | None:
+    """``[n, T]``: the fewest replicas a stage holding each layer on each type needs so that each trains
+    at most the largest size measured there (section 1f), ``ceil(B / cap)``; None: no layer needs more
+    than one."""
+    if problem.share_cap is None:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isfinite(problem.share_cap), np.ceil(problem.batch_size / problem.share_cap), 1.0)
+
+
+def share_floor_spans(problem: Problem) -> np.ndarray | None:
+    """``[i, j, t]``: :func:`share_floor` of stage ``j..i-1``, the most any of its layers needs."""
+    floor = share_floor(problem)
+    if floor is None:
+        return None
+    n, T = floor.shape
+    out = np.ones((n + 1, n + 1, T))
+    for j in range(n):
+        out[j + 1 :, j] = np.maximum.accumulate(floor[j:], axis=0)
+    return out
+
+
 def min_memory_replicas(fixed, split, memory, activations=None, batch=None):
     """The smallest integer ``k >= 1`` whose replicas each fit ``memory`` (inf if none; 1 without a limit).
 
@@ -394,6 +416,11 @@ def split_stages(problem: Problem, schedules) -> Stages:
         mem_fixed, mem_split, mem_act, min_k = _memory(
             problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
         )
+    if any(view.share_cap is not None for view in views):  # section 1f: no replica trains above a measured size
+        floor = pick(lambda v: share_floor(v) if v.share_cap is not None else np.ones((n, problem.n_types)))
+        most = np.ones(B * S)
+        np.maximum.at(most, flat, floor.ravel())
+        min_k = np.maximum(min_k, np.where(valid, most.reshape(B, S), 1.0))
     return Stages(
         sched,
         sc,

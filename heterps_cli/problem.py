@@ -83,6 +83,9 @@ class Problem:
     # among them (a global batch, several sizes, no --micro-batch)
     measured: Measured | None = None
     choose_micro_batch: bool = False
+    # section 1f: [n, T] the most samples a replica may train of each layer on each type, the largest
+    # size measured there, where batch_size exceeds it (inf elsewhere; None: nowhere)
+    share_cap: np.ndarray | None = None
     # section 1g: [n, T] the forward pass's part of oct, NaN where the profile gives none (None: nowhere)
     forward: np.ndarray | None = None
     # section 1h: the problem at each further tensor-parallel degree d, by d: the same cluster and job,
@@ -132,7 +135,8 @@ class Problem:
         """Section 1f: the micro-batches a plan chooses among (``batch_size`` alone unless it chooses)."""
         if not self.choose_micro_batch or self.measured is None:
             return (self.batch_size,)
-        return choices([v.measured for v in self.views if v.measured is not None], self.step_samples)
+        tables = [v.measured for v in self.views if v.measured is not None]
+        return choices(tables, self.step_samples, float(self.limits.sum()))
 
     def at_micro_batch(self, batch: int) -> Problem:
         """Section 1f: this problem with micro-batches of ``batch`` samples (the same samples per step),
@@ -385,7 +389,7 @@ def _runnable_within(held: np.ndarray, view: Problem) -> dict:
 PER_DEGREE = frozenset(
     {
         "oct", "odt", "alpha", "beta", "runnable", "update", "forward", "weight_size", "activation_size",
-        "input_saved", "measured", "tensor", "degree",
+        "input_saved", "measured", "tensor", "degree", "share_cap",
     }
 )  # fmt: skip
 
@@ -496,7 +500,7 @@ def build_problem(
     steps = global_batch if global_batch is not None else profile.job.global_batch
     table = own["measured"]
     tables = [table, *(measured(profile.at_degree(d, types), types) for d in profile.degrees[1:] if steps)]
-    batch, M, choose = _micro_batch(profile, tables, steps, micro_batch)
+    batch, M, choose = _micro_batch(profile, tables, steps, micro_batch, float(limits.sum()))
     problem = Problem(
         model=profile.model,
         cluster=cluster.cluster,
@@ -602,7 +606,7 @@ def _placeable(problem: Problem, degree: int) -> np.ndarray:
 
 
 def _micro_batch(
-    profile: Profile, tables: list[Measured], steps: int | None, fixed: int | None
+    profile: Profile, tables: list[Measured], steps: int | None, fixed: int | None, units: float = np.inf
 ) -> tuple[int, int, bool]:
     """Section 1f: the micro-batch a problem starts at, its micro-batches per step (0 without a global
     batch), and whether a plan chooses among several. ValueError, in words, for a ``--micro-batch``
@@ -611,15 +615,14 @@ def _micro_batch(
         return fixed, _whole_micro_batches(steps, fixed) if steps is not None else 0, False
     if steps is None:
         return profile.batch_size, 0, False
-    offered = choices(tables, steps)
+    offered = choices(tables, steps, units)
     if not offered:
-        dividing = [size for size in profile.sizes if steps % size == 0]
+        sizes = sorted({size for table in tables for size in table.sizes})
         raise NoSuchMicroBatch(
-            f"no micro-batch the profile measured divides the global batch {steps:,} with every layer measured "
-            f"there or above on the cluster's types: {', '.join(f'{s:,}' for s in dividing)} "
-            f"{'divides' if len(dividing) == 1 else 'divide'} it, above the "
-            f"largest size some layer was measured at (heterps does not extrapolate): measure every layer there "
-            f"(heterps profile --batch-sizes), or give a global batch that is a multiple of {profile.batch_size:,}"
+            f"no micro-batch divides the global batch {steps:,}: neither a size the profile measured "
+            f"({', '.join(f'{s:,}' for s in sizes)}) nor a multiple of the largest that the cluster's units could "
+            f"split among replicas; give a global batch that is a multiple of one of them, or measure a size "
+            f"that divides it (heterps profile --batch-sizes)"
         )
     batch = profile.batch_size if profile.batch_size in offered else offered[-1]
     return batch, micro_batches(steps, batch), len(offered) > 1
@@ -637,6 +640,8 @@ def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | 
             f"{table.most(int(np.argmin(found.any(axis=1)))) or 0:,}), and heterps does not extrapolate: measure it "
             f"at {batch:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
         )
+    top = table.largest_each()
+    cap = np.where(found & (top < batch), top, np.inf)
     return {
         "oct": oct_,
         "odt": odt,
@@ -644,6 +649,7 @@ def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | 
         "beta": beta,
         "runnable": found,
         "forward": _given(forward),
+        "share_cap": cap if np.isfinite(cap).any() else None,
         "batch_size": batch,
         "micro_batches": _whole_micro_batches(steps, batch) if steps is not None else 0,
     }

@@ -210,17 +210,18 @@ def plan_and_check(profile: str, cluster: str, out: Path, *flags: str) -> dict:
     return yaml.safe_load(out.read_text())
 
 
-def exact_against(profile: dict, cluster: dict, objective: str, expected):
+def exact_against(profile: dict, cluster: dict, objective: str, expected, **options):
     """The exact plan (through :func:`heterps_cli.schedulers.solve`, so every choice it makes) checked
     against an enumeration's ``expected`` (cost, throughput): both find a plan or neither, it is
-    certified, and its objective's figure is the enumeration's. The plan, or None."""
+    certified, and its objective's figure is the enumeration's. The plan, or None. ``options``: build_problem's
+    (``micro_batch``: the enumeration's own, where it enumerates one)."""
     import math
 
     from heterps_cli.errors import InfeasibleError
     from heterps_cli.schedulers import solve
 
     try:
-        plan = solve("exact", problem_from_dicts(profile, cluster, objective=objective))
+        plan = solve("exact", problem_from_dicts(profile, cluster, objective=objective, **options))
     except InfeasibleError:
         plan = None
     assert (plan is None) == (expected is None), f"exact: {plan and plan.cost_usd}, enumeration: {expected}"

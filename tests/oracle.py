@@ -410,10 +410,16 @@ def assert_figures_are_the_oracles(profile: dict, cluster: dict, plan) -> dict:
 
 
 def pipeline_optimum(
-    profile: dict, cluster: dict, objective: str = "cost", min_throughput: float = 0.0, max_cost: float | None = None
+    profile: dict,
+    cluster: dict,
+    objective: str = "cost",
+    min_throughput: float = 0.0,
+    max_cost: float | None = None,
+    fewest=None,
 ):
     """(cost, throughput) of the best plan under section 1d by enumerating every schedule and every
-    replica vector within the limits (and the budget, when given); None when no plan is feasible."""
+    replica vector within the limits (and the budget, when given); None when no plan is feasible.
+    ``fewest(type, layers)``: the fewest replicas a stage of them may take (section 1f), if any."""
     types = list(cluster["resources"])
     layers = profile["layers"]
     best = None
@@ -422,6 +428,8 @@ def pipeline_optimum(
             continue
         B0 = profile["batch_size"]
         for stages, ks, ds in _cuts_replicas_degrees(sched, cluster, B0, layers):
+            if fewest is not None and any(k < fewest(t, ls) for (t, ls), k in zip(stages, ks)):
+                continue
             for again in _recomputes(layers, stages, ds):
                 f = pipeline_figures(profile, cluster, list(sched), list(ks), stages, list(again), list(ds))
                 if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):

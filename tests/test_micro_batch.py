@@ -26,8 +26,8 @@ runner = CliRunner()
 
 def at_size(profile: dict, b: int) -> dict | None:
     """The profile written at batch ``b`` alone by section 1f's rule: a measured size's own times; below
-    one, the share of the smallest measured size above, by its alpha and beta; no time above the
-    largest. None when some layer then has no type."""
+    one, the share of the smallest measured size above, by its alpha and beta; above the largest, the
+    same rule from it (a stage then takes :func:`fewest` replicas). None when some layer has no type."""
     out = copy.deepcopy(profile)
     out["batch_size"] = b
     for layer in out["layers"]:
@@ -35,9 +35,7 @@ def at_size(profile: dict, b: int) -> dict | None:
         for t, e in layer["times"].items():
             measured = {profile["batch_size"]: e, **{s: {**e, **x} for s, x in e.get("batches", {}).items()}}
             above = sorted(s for s in measured if s >= b)
-            if not above:
-                continue
-            s = above[0]
+            s = above[0] if above else max(measured)  # above the largest: its rule, with b / s > 1
             m = measured[s]
             a, be = m["alpha"], m["beta"]
             fc, fd = 1 - a + a * b / s, 1 - be + be * b / s
@@ -85,20 +83,36 @@ def several_sizes(draw):
     return profile, cluster
 
 
+def largest(profile: dict, layer: int, t: str) -> int:
+    e = profile["layers"][layer]["times"][t]
+    return max([profile["batch_size"], *e.get("batches", {})])
+
+
+def fewest(profile: dict, b: int):
+    """Section 1f: a stage takes replicas enough that each trains at most the largest size each of its
+    layers was measured at on its type."""
+    return lambda t, ls: max(math.ceil(b / largest(profile, i, t)) for i in ls)
+
+
 def expected_best(profile: dict, cluster: dict, objective: str) -> tuple[float, float, int] | None:
+    """The best plan over the micro-batches section 1f offers: the measured sizes and the multiples of
+    the largest (up to the cluster's units) that divide the global batch."""
     G = profile["job"]["global_batch"]
-    sizes = sorted(
-        {
-            profile["batch_size"],
-            *(s for x in profile["layers"] for e in x["times"].values() for s in e.get("batches", {})),
-        }
-    )
+    measured = {
+        profile["batch_size"],
+        *(s for x in profile["layers"] for e in x["times"].values() for s in e.get("batches", {})),
+    }
+    units = sum(r["limit"] for r in cluster["resources"].values())
+    top = max(measured)
+    sizes = sorted(measured | {top * m for m in range(2, units + 1)})
     best = None
     for b in sizes:
         single = at_size(profile, b) if G % b == 0 else None
         if single is None:
             continue
-        found = pipeline_optimum(single, cluster, objective, profile["job"]["min_throughput"])
+        found = pipeline_optimum(
+            single, cluster, objective, profile["job"]["min_throughput"], fewest=fewest(profile, b)
+        )
         if found is not None and _better(objective, found, best and best[:2]):
             best = (*found, b)
     return best
@@ -123,6 +137,8 @@ def test_exact_chooses_the_micro_batch_as_enumeration_does(inst, objective):
     assert math.isclose(plan.throughput, ref["throughput"], rel_tol=1e-9)
     assert plan.micro_batches * plan.batch_size == profile["job"]["global_batch"]
     assert all(s.replicas <= plan.batch_size for s in plan.stages)
+    floor = fewest(profile, plan.batch_size)
+    assert all(s.replicas >= floor(s.resource, range(s.first, s.last + 1)) for s in plan.stages)
 
 
 def gpt_like(tmp_path, sizes=(1, 2, 4, 8), global_batch=64):
@@ -183,7 +199,6 @@ def test_plan_chooses_a_micro_batch_says_so_and_check_recomputes_it(tmp_path):
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--micro-batch", "16"], "micro-batch 16 is above every size layer 'l0' was measured at (up to 8)"),
         (["--micro-batch", "3"], "micro-batch 3 does not divide the global batch 64"),
         (["--global-batch", "101"], "not a whole number of micro-batches of any of the sizes 2, 4, 8"),
     ],
@@ -268,8 +283,17 @@ def test_merge_joins_profiles_at_different_sizes_and_refuses_sizes_in_no_common(
     )
 
 
-def test_a_bundled_profile_plans_as_before(tmp_path):
-    """A profile at one size keeps its batch_size: no choice, no note."""
+def test_above_the_largest_measured_size_every_stage_splits_it_into_measured_shares(tmp_path):
+    """Spec 1f: --micro-batch 16 on sizes 2, 4 and 8 is taken, each stage with at least 2 replicas."""
+    profile, cluster = gpt_like(tmp_path, sizes=(2, 4, 8))
+    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--micro-batch", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    assert all(s["replicas"] >= 2 for s in json.loads(result.stdout)["stages"])
+
+
+def test_a_profile_at_one_size_chooses_among_its_multiples(tmp_path):
+    """A profile measured at 32 alone: the plan chooses among 32 and the multiples of it that divide the
+    global batch, each stage then with enough replicas that each trains at most 32."""
     result = runner.invoke(
         app,
         [
@@ -285,7 +309,8 @@ def test_a_bundled_profile_plans_as_before(tmp_path):
     )
     assert result.exit_code == 0, result.output
     plan = yaml.safe_load(result.output)
-    assert plan["batch_size"] == 32 and not any("micro-batch" in note for note in plan["notes"])
+    assert "the best plan at each: 32: " in plan["notes"][0] and "; 256: " in plan["notes"][0]
+    assert all(s["replicas"] >= plan["batch_size"] // 32 for s in plan["stages"])
 
 
 @pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
@@ -335,9 +360,9 @@ def test_bad_batch_sizes_in_a_profile_name_their_line_and_field(tmp_path, batche
     assert "p.yaml:" in result.output and words in " ".join(result.output.split())
 
 
-def test_a_global_batch_that_only_sizes_some_layers_lack_divide_is_refused_as_input(tmp_path):
-    """Spec 1f: 8 divides the global batch, but only one layer was measured at 8 and nothing extrapolates; the
-    profile's own batch_size 6 does not divide it: no micro-batch to choose, said as such (exit 2)."""
+def test_a_global_batch_no_size_nor_multiple_divides_is_refused_as_input(tmp_path):
+    """Spec 1f: sizes 6 and 8 (one layer's); a global batch of 8 is taken (each stage of a layer measured
+    only at 6 then splits it between 2 replicas or more), one of 7 has no micro-batch: exit 2, said as such."""
     root = __import__("pathlib").Path(__file__).parent.parent
     profile = yaml.safe_load((root / "profiles/ctr.yaml").read_text())
     profile["batch_size"] = 6
@@ -345,11 +370,16 @@ def test_a_global_batch_that_only_sizes_some_layers_lack_divide_is_refused_as_in
     entry["batches"] = {8: {"oct": entry["oct"], "odt": entry["odt"]}}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
     cluster = str(root / "clusters/paper.yaml")
-    for where in (["--global-batch", "8"], []):
+    taken = CliRunner().invoke(app, ["plan", str(tmp_path / "p.yaml"), cluster, "-s", "exact", "--global-batch", "8",
+                                     "--min-throughput", "0", "--json"])  # fmt: skip
+    assert taken.exit_code == 0, taken.output
+    assert all(s["replicas"] >= 2 for s in json.loads(taken.stdout)["stages"] if s["first"] > 0)
+    for where in (["--global-batch", "7"], []):
         if not where:
-            profile["job"]["global_batch"] = 8
+            profile["job"]["global_batch"] = 7
             (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
         result = CliRunner().invoke(app, ["plan", str(tmp_path / "p.yaml"), cluster, "-s", "exact", *where])
         shown = " ".join(result.output.split())
-        assert result.exit_code == 2 and "no micro-batch the profile measured divides the global batch 8" in shown
+        said = ("no micro-batch divides the global batch 7", "7 is not a whole number of micro-batches of any")
+        assert result.exit_code == 2 and any(words in shown for words in said), shown
         assert ("--global-batch:" if where else "job.global_batch:") in shown and "internal" not in shown

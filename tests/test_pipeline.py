@@ -102,7 +102,7 @@ def test_exact_matches_brute_force_under_a_pipeline_schedule_and_a_budget(inst, 
 def test_heuristics_score_plans_by_the_pipeline_model(inst, scheduler):
     """Whatever a heuristic finds is feasible and its figures are the spec's; never better than exact."""
     profile, cluster = inst
-    problem = problem_from_dicts(profile, cluster)
+    problem = problem_from_dicts(profile, cluster, micro_batch=profile["batch_size"])  # the oracle's B0
     try:
         plan = solve(scheduler, problem, seed=0)
     except InfeasibleError:

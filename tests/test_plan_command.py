@@ -205,7 +205,8 @@ def test_no_plan_even_on_a_hundred_times_the_units_names_what_caps_it(tmp_path):
     said = " ".join(result.stderr.split())
     assert result.exit_code == 3 and "With 100 times every limit the fastest plan reaches only" in said
     assert "its gradient all-reduce would grow by" in said and "raise the limits" not in said
-    reached = float(re.search(r"reaches only ([\d,.]+) samples/s", said).group(1).replace(",", ""))
+    # one reason per micro-batch the plan may choose (spec 1f): the fastest of them is the fastest plan
+    reached = max(float(x.replace(",", "")) for x in re.findall(r"reaches only ([\d,.]+) samples/s", said))
     more = tmp_path / "more.yaml"
     more.write_text(
         Path(hardware).read_text().replace("limit: 480", "limit: 48000").replace("limit: 32", "limit: 3200")

@@ -96,7 +96,7 @@ def sharded_on_nodes(draw):
 def test_exact_on_nodes_chooses_degrees_and_rentals_as_enumeration_does(inst, objective):
     profile, cluster = inst
     expected = pipeline_optimum_on_nodes(profile, cluster, objective, profile["job"]["min_throughput"])
-    plan = exact_against(profile, cluster, objective, expected)
+    plan = exact_against(profile, cluster, objective, expected, micro_batch=profile["batch_size"])  # its B0
     if plan is None:
         return
     per_node: dict[tuple[str, str], int] = {}
@@ -114,7 +114,7 @@ def test_exact_on_nodes_chooses_degrees_and_rentals_as_enumeration_does(inst, ob
 def test_exact_chooses_each_stages_degree_as_enumeration_does(inst, objective):
     profile, cluster = inst
     expected = pipeline_optimum(profile, cluster, objective, profile["job"]["min_throughput"])
-    plan = exact_against(profile, cluster, objective, expected)
+    plan = exact_against(profile, cluster, objective, expected, micro_batch=profile["batch_size"])  # its B0
     if plan is not None:
         ref = assert_figures_are_the_oracles(profile, cluster, plan)
         assert plan.resources == {t: ref["resources"][t] for t in plan.resources}
@@ -342,7 +342,10 @@ def test_a_node_that_cannot_hold_a_degree_never_gets_it(tmp_path, two_sizes):
     from heterps_cli.problem import load_problem
 
     problem = load_problem(profile, cluster)
-    assert problem.micro_batch_choices == ((2, 4) if two_sizes else (4,))
+    # the measured sizes, and the multiples of the largest (spec 1f) that divide the global batch
+    largest = 4
+    multiples = tuple(largest * m for m in (2, 4, 8, 16) if problem.step_samples % (largest * m) == 0)
+    assert problem.micro_batch_choices == ((2, 4) if two_sizes else (4,)) + multiples
     for batch in problem.micro_batch_choices:  # the problem the plan chooses at, each micro-batch's own
         at = problem.at_micro_batch(batch)
         assert not at.tensor[4].runnable.any() and at.tensor[2].runnable.all()

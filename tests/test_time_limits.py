@@ -117,11 +117,12 @@ def test_the_default_budget_is_one_for_the_whole_plan_shared_over_its_micro_batc
 
     monkeypatch.setattr(schedulers, "_solve_at", recorded)
     problem = load_problem(_sizes_profile(tmp_path), str(ROOT / "clusters/paper.yaml"))
-    assert len(problem.micro_batch_choices) == 5
+    n = len(problem.micro_batch_choices)
+    assert n == 6  # five measured sizes, and 8,192, twice the largest
     schedulers.solve("greedy", problem)
     budget = schedulers.default_time_limit(problem.n_layers)
-    assert len(given) == 5  # each what is left of one budget over the choices left, never a budget of its own
-    assert all(limit <= budget / (5 - i) + 1e-9 for i, limit in enumerate(given)), (given, budget)
+    assert len(given) == n  # each what is left of one budget over the choices left, never a budget of its own
+    assert all(limit <= budget / (n - i) + 1e-9 for i, limit in enumerate(given)), (given, budget)
 
 
 def test_micro_batches_left_when_the_time_limit_has_run_out_are_not_asked_and_the_plan_says_so(runner, tmp_path):
@@ -129,4 +130,4 @@ def test_micro_batches_left_when_the_time_limit_has_run_out_are_not_asked_and_th
     result = runner.invoke(app, [*args, "--time-limit", "1e-9", "--json"])
     assert result.exit_code == 0, result.output
     notes = " ".join(json.loads(result.stdout)["notes"])
-    assert "not asked (the time limit ran out)" in notes and "micro-batch 4,096 chosen" in notes  # asked first
+    assert "not asked (the time limit ran out)" in notes and "micro-batch 8,192 chosen" in notes  # asked first

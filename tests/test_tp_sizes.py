@@ -4,13 +4,15 @@ plan may choose, charged as measured there; tp 1, with no time at it, cannot run
 from __future__ import annotations
 
 import copy
+import json
+import math
 
 import pytest
 
 from heterps_cli.cli.app import app
 from heterps_cli.schedulers import solve
 from tests.helpers import problem_from_dicts, runner, write_yaml
-from tests.oracle import assert_figures_are_the_oracles, assert_is_the_optimum, pipeline_optimum
+from tests.oracle import _cuts_replicas_degrees, assert_figures_are_the_oracles, assert_is_the_optimum, pipeline_figures
 
 TP2_AT = {1: (0.006, 0.0005), 2: (0.011, 0.0005), 4: (0.021, 0.0005)}  # size -> oct, odt of one tp-2 replica
 
@@ -44,48 +46,78 @@ PROFILE = {
 CLUSTER = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 8}}}
 
 
+TP1_AT = {1: (0.010, 0.001)}
+LARGEST = {1: max(TP1_AT), 2: max(TP2_AT)}  # by degree: the most samples a replica may train (spec 1f)
+
+
+def _charged(measured: dict, size: int) -> dict:
+    """An entry at ``size`` by spec 1f's rule, written by hand: a measured size as measured; above the
+    largest measured size L, ``oct(L) (1 - a + a r)`` with ``r = size / L``, alpha then
+    ``a r / (1 - a + a r)`` (odt and beta alike)."""
+    a, b = 0.9, 0.5
+    if size in measured:
+        return {"oct": measured[size][0], "odt": measured[size][1], "alpha": a, "beta": b}
+    largest = max(measured)
+    r = size / largest
+    fc, fd = 1 - a + a * r, 1 - b + b * r
+    oct_, odt = measured[largest]
+    return {"oct": oct_ * fc, "odt": odt * fd, "alpha": a * r / fc, "beta": b * r / fd}
+
+
 def _measured_at(size: int) -> dict:
-    """The same model as if measured at ``size`` at tp 1 too, so slowly that no plan takes tp 1: the
-    oracle's view of PROFILE at micro-batch ``size``, where only tp 2 has a time."""
+    """PROFILE as if measured at micro-batch ``size`` on both degrees, each by :func:`_charged`."""
     profile = copy.deepcopy(PROFILE)
     profile["batch_size"] = size
     for layer in profile["layers"]:
         entry = layer["times"]["gpu"]
-        entry["oct"] = 100.0
-        entry["tp"] = {2: {"oct": TP2_AT[size][0], "odt": TP2_AT[size][1]}}
+        entry.update(_charged(TP1_AT, size))
+        entry["tp"] = {2: _charged(TP2_AT, size)}
     return profile
+
+
+def _optimum(reference: dict, size: int) -> tuple[float, float]:
+    """(cost, throughput) of the fastest plan by enumeration, each stage at least ``ceil(size / L)``
+    replicas of its degree's largest measured size ``L``."""
+    best = None
+    layers = reference["layers"]
+    for stages, ks, ds in _cuts_replicas_degrees(["gpu", "gpu"], CLUSTER, size, layers):
+        if any(k < math.ceil(size / LARGEST[d]) for k, d in zip(ks, ds)):
+            continue
+        f = pipeline_figures(reference, CLUSTER, ["gpu", "gpu"], list(ks), stages, [False] * len(stages), list(ds))
+        if f["feasible"] and (best is None or (f["throughput"], -f["cost_usd"]) > (best[1], -best[0])):
+            best = (f["cost_usd"], f["throughput"])
+    assert best is not None
+    return best
 
 
 def test_a_size_measured_only_at_tp_2_is_offered_and_charged_as_measured():
     problem = problem_from_dicts(PROFILE, CLUSTER, objective="time")
-    assert problem.micro_batch_choices == (1, 2, 4)  # 2 and 4 come from the tp-2 entries alone
-    at_4 = problem.at_micro_batch(4)
-    assert not at_4.runnable.any() and at_4.view_at(2).runnable.all()  # tp 1 has no time at 4: it cannot run
-    plan = solve("exact", problem)
-    assert plan.batch_size in (2, 4) and all(s.tp == 2 for s in plan.stages)  # a size tp 1 never measured
-    reference = _measured_at(plan.batch_size)
-    assert_figures_are_the_oracles(reference, CLUSTER, plan)
-    assert_is_the_optimum(plan, pipeline_optimum(reference, CLUSTER, "time"), "time")
+    # 2 and 4 from the tp-2 entries alone; 8 and 16, multiples of the largest, with 2 and 4 replicas a stage
+    assert problem.micro_batch_choices == (1, 2, 4, 8, 16)
+    for size in (2, 4, 8, 16):
+        at = problem.at_micro_batch(size)
+        assert at.share_cap is not None and (at.share_cap == 1).all()  # tp 1 only with a replica per sample
+        plan = solve("exact", at)
+        reference = _measured_at(size)
+        assert_figures_are_the_oracles(reference, CLUSTER, plan)
+        assert_is_the_optimum(plan, _optimum(reference, size), "time")
+        assert all(s.replicas >= math.ceil(size / LARGEST[s.tp or 1]) for s in plan.stages)
 
 
 @pytest.mark.parametrize("scheduler", ["rl", "greedy", "tapp"])
 def test_the_searches_plan_at_a_size_only_tp_2_measured(tmp_path, scheduler):
     profile, cluster = write_yaml(tmp_path / "p.yaml", PROFILE), write_yaml(tmp_path / "c.yaml", CLUSTER)
-    args = ["plan", profile, cluster, "--objective", "time", "-s", scheduler, "--json"]
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, ["plan", profile, cluster, "--objective", "time", "-s", scheduler, "--json"])
     assert result.exit_code == 0, result.output
     exact = solve("exact", problem_from_dicts(PROFILE, CLUSTER, objective="time"))
-    import json
-
     assert json.loads(result.stdout)["throughput"] >= exact.throughput * (1 - 1e-9)
 
 
-def test_micro_batch_2_is_taken_and_8_is_refused_naming_the_layer(tmp_path):
+def test_a_micro_batch_above_every_measured_size_takes_replicas_enough(tmp_path):
     profile, cluster = write_yaml(tmp_path / "p.yaml", PROFILE), write_yaml(tmp_path / "c.yaml", CLUSTER)
-    ok = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--micro-batch", "2", "--json"])
-    assert ok.exit_code == 0, ok.output
-    refused = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--micro-batch", "8"])
-    shown = " ".join(refused.output.split())
-    assert (
-        refused.exit_code == 2 and "layer 'a' was measured at on the cluster's types at any degree (up to 4)" in shown
-    )
+    for size, fewest in ((2, 1), (8, 2)):
+        ok = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--micro-batch", str(size), "--json"])
+        assert ok.exit_code == 0, ok.output
+        assert all(s["replicas"] >= fewest for s in json.loads(ok.stdout)["stages"])
+    refused = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--micro-batch", "3"])
+    assert refused.exit_code == 2 and "micro-batch 3 does not divide the global batch 16" in refused.output

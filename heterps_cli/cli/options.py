@@ -106,8 +106,9 @@ GlobalBatchOpt = Annotated[
     typer.Option(
         min=1,
         help="Samples per optimiser step: a whole number of micro-batches, run through a 1F1B pipeline "
-        "(docs/spec.md section 1d); the plan chooses the micro-batch among the sizes the profile measured "
-        "(section 1f). Default: the profile's job.global_batch, else none (sections 1 and 1b: no pipeline "
+        "(docs/spec.md section 1d); the plan chooses the micro-batch among the sizes the profile measured and "
+        "the multiples of the largest, each replica training at most that (section 1f). Default: the profile's "
+        "job.global_batch, else none (sections 1 and 1b: no pipeline "
         "schedule).",
         show_default=False,
     ),

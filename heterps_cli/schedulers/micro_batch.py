@@ -106,7 +106,8 @@ def _chosen(
     )
     notes = [
         f"micro-batch {batch:,} chosen ({problem.step_samples // batch:,} per step of {problem.step_samples:,}) "
-        f"of the sizes the profile measured that divide the global batch; the best plan at each: {figures}",
+        f"of the sizes the profile measured, and the multiples of the largest, that divide the global batch; the "
+        f"best plan at each: {figures}",
         *plan.notes,
     ]
     changes: dict = {
@@ -167,7 +168,8 @@ def _none_at_any(problem: Problem, failed: dict[int, InfeasibleError]) -> str:
         for why, bs in reasons.items()
     )
     return (
-        f"no plan at any micro-batch the profile measured that divides the global batch "
+        f"no plan at any micro-batch the plan may choose (a measured size or a multiple of the largest) that "
+        f"divides the global batch "
         f"{problem.step_samples:,} ({said})"
     )
 

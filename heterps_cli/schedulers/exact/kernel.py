@@ -14,7 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
-from heterps_cli.costmodel import min_memory_replicas
+from heterps_cli.costmodel import min_memory_replicas, share_floor_spans
 from heterps_cli.errors import TooLarge
 from heterps_cli.problem import Problem
 
@@ -181,6 +181,8 @@ def stage_table(problem: Problem) -> Table:
             fixed = fixed + problem.reserved_bytes[None, None, :]
         with np.errstate(invalid="ignore"):
             min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :], activations, problem.batch_size)
+    if (floor := share_floor_spans(problem)) is not None:  # section 1f: each replica's share was measured
+        min_k = np.maximum(min_k, floor)
     return Table(sc, pc, sd, pd, ok, min_k, ps)
 
 

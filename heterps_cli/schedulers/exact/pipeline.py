@@ -34,7 +34,15 @@ from collections.abc import Callable
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import SLACK, min_memory_replicas, score, split_stages, stage_label, throughput_floor
+from heterps_cli.costmodel import (
+    SLACK,
+    min_memory_replicas,
+    score,
+    share_floor_spans,
+    split_stages,
+    stage_label,
+    throughput_floor,
+)
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
 from heterps_cli.formulas import activations_held, amdahl, pipeline_slots, pipeline_step
@@ -119,7 +127,10 @@ def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tupl
     out: list[tuple[np.ndarray, ...]] = []
     for j, again in problem.stage_ways:
         view = problem.views[j]
-        out.append(_step_terms(view, stages, again) + (_ok(view, again), _memory_replicas(view, held, again)))
+        fewest = _memory_replicas(view, held, again)
+        if (floor := share_floor_spans(view)) is not None:  # section 1f: each replica's share was measured
+            fewest = np.maximum(fewest, floor[:, :, None, :])
+        out.append(_step_terms(view, stages, again) + (_ok(view, again), fewest))
     return out
 
 
