@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import yaml
 
 from heterps_cli.cli.app import app
 from heterps_cli.schedulers import solve
@@ -121,3 +122,19 @@ def test_a_micro_batch_above_every_measured_size_takes_replicas_enough(tmp_path)
         assert all(s["replicas"] >= fewest for s in json.loads(ok.stdout)["stages"])
     refused = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--micro-batch", "3"])
     assert refused.exit_code == 2 and "micro-batch 3 does not divide the global batch 16" in refused.output
+
+
+def test_check_fails_a_plan_whose_replicas_train_more_than_was_measured(tmp_path):
+    profile, cluster = write_yaml(tmp_path / "p.yaml", PROFILE), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    plan = tmp_path / "plan.yaml"
+    job = ["--objective", "time", "--micro-batch", "16"]
+    made = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", *job, "--out", str(plan)])
+    assert made.exit_code == 0, made.output
+    data = yaml.safe_load(plan.read_text())
+    data["stages"][0]["replicas"] = 2  # 8 samples each, measured at tp 2 up to 4
+    data["resources"] = {"gpu": 4}
+    write_yaml(plan, data)
+    result = runner.invoke(app, ["check", str(plan), "--profile", profile, "--cluster", cluster, *job])
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 1 and "above the 4 its layers were measured at on gpu" in shown
+    assert "it needs at least 4 replicas" in shown

@@ -136,9 +136,26 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
                     f"on {stage.resource}{at}{'' if problem.pipelined else ' (and the job has no pipeline schedule)'} "
                     "(docs/spec.md section 1g)"
                 )
+        problems += _over_measured(problem, plan, i, view, t)
     if expected_first != n:
         problems.append(f"the plan covers {expected_first} layers, the profile has {n}")
     return problems
+
+
+def _over_measured(problem: Problem, plan: Plan, i: int, view: Problem, t: int) -> list[str]:
+    """Section 1f: a stage whose replicas each train more samples than its layers were measured at."""
+    stage = plan.stages[i]
+    if view.share_cap is None or stage.last >= problem.n_layers:
+        return []
+    cap = float(view.share_cap[stage.first : stage.last + 1, t].min())
+    each = -(-plan.batch_size // stage.replicas)
+    if each <= cap:
+        return []
+    return [
+        f"stage {i}: each of its {stage.replicas} replicas trains up to {each} samples of the micro-batch of "
+        f"{plan.batch_size}, above the {cap:.0f} its layers were measured at on {stage.resource} (docs/spec.md "
+        f"section 1f): it needs at least {-(-plan.batch_size // int(cap))} replicas"
+    ]
 
 
 def at_plans_micro_batch(problem: Problem, plan: Plan) -> tuple[Problem, list[str]]:
