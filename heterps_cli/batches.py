@@ -82,16 +82,28 @@ class Measured:
 
 def choices(tables: list[Measured], global_batch: int, units: float = np.inf) -> tuple[int, ...]:
     """The micro-batches a plan chooses among (section 1f): the sizes measured at any tensor-parallel
-    degree (one table each, section 1h), and the multiples of the largest of them, that divide
-    ``global_batch`` into at most :data:`MAX_MICRO_BATCHES`; a multiple ``m`` times the largest only
-    where ``m`` replicas fit in ``units``, the cluster's, since each stage needs that many."""
+    degree (one table each, section 1h), and multiples of the largest of them (:func:`multipliers`; a
+    multiple ``m`` only where ``m`` replicas fit in ``units``, the cluster's, since each stage needs
+    that many), that divide ``global_batch`` into at most :data:`MAX_MICRO_BATCHES`."""
     if not np.any([table.covered() for table in tables], axis=0).all():
         return ()
     largest = max(table.largest for table in tables)
     sizes = {size for table in tables for size in table.sizes}
     if global_batch % largest == 0:
-        sizes |= {largest * m for m in _divisors(global_batch // largest) if 2 <= m <= units}
+        sizes |= {largest * m for m in multipliers(global_batch // largest, units)}
     return tuple(s for s in sorted(sizes) if global_batch % s == 0 and global_batch // s <= MAX_MICRO_BATCHES)
+
+
+def multipliers(n: int, units: float) -> set[int]:
+    """The ``m`` of the multiples ``m L`` a plan may choose (section 1f): of the divisors of ``n`` from 2
+    to ``units``, the largest in each power-of-two band ``[2^j, 2^(j+1))``, so that the choices, and the
+    problems solved, grow with the logarithm of the cluster, not with the divisors of the batch."""
+    bands: dict[int, int] = {}
+    for m in _divisors(n):
+        if 2 <= m <= units:
+            band = m.bit_length()
+            bands[band] = max(bands.get(band, 0), m)
+    return set(bands.values())
 
 
 def _divisors(n: int) -> set[int]:

@@ -104,7 +104,9 @@ def expected_best(profile: dict, cluster: dict, objective: str) -> tuple[float, 
     }
     units = sum(r["limit"] for r in cluster["resources"].values())
     top = max(measured)
-    sizes = sorted(measured | {top * m for m in range(2, units + 1)})
+    # of the m from 2 to the units with m L dividing G, the largest in each band [2^j, 2^(j+1))
+    bands = {m.bit_length(): m for m in range(2, units + 1) if G % (top * m) == 0}
+    sizes = sorted(measured | {top * m for m in bands.values()})
     best = None
     for b in sizes:
         single = at_size(profile, b) if G % b == 0 else None
