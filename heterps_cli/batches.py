@@ -67,11 +67,6 @@ class Measured:
         sizes = np.asarray(self.sizes, dtype=float)[:, None, None]
         return np.where(measured, sizes, 0.0).max(axis=0)
 
-    def most(self, layer: int) -> int | None:
-        """The largest size ``layer`` was measured at on any type (None: at none, as at a degree that
-        does not split it)."""
-        return max((size for s, size in enumerate(self.sizes) if not np.isnan(self.oct[s, layer]).all()), default=None)
-
     def covered(self) -> np.ndarray:
         """``[n]``: whether each layer has a time on some type, at some size."""
         return (~np.isnan(self.oct).all(axis=0)).any(axis=1)

@@ -533,19 +533,16 @@ def build_problem(
 
 
 def _check_covered(problem: Problem) -> None:
-    """Sections 1f and 1h: at the problem's micro-batch, every layer has a time at some degree (a size
-    measured only at tp 2 leaves tp 1 without one, which is no error); NoSuchMicroBatch naming the
-    first layer that has none."""
+    """Sections 1f and 1h: at the problem's micro-batch, every layer has a time at some degree (a degree
+    without one at that size is no error: another runs the layer); NoSuchMicroBatch naming the first
+    layer that has none."""
     covered = np.any([view.runnable.any(axis=1) for view in problem.views], axis=0)
     if covered.all():
         return
-    layer = int(np.argmin(covered))
-    sizes = [view.measured.most(layer) for view in problem.views if view.measured is not None]
-    most = max((size for size in sizes if size is not None), default=0)
+    layer = problem.layer_names[int(np.argmin(covered))]
     raise NoSuchMicroBatch(
-        f"micro-batch {problem.batch_size:,} is above every size layer {problem.layer_names[layer]!r} was measured "
-        f"at on the cluster's types at any degree (up to {most:,}), and heterps does not extrapolate: measure it at "
-        f"{problem.batch_size:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
+        f"layer {layer!r} has no time on the cluster's types at any tensor-parallel degree at micro-batch "
+        f"{problem.batch_size:,}: measure it there (heterps profile --batch-sizes) on a type the cluster offers"
     )
 
 
@@ -629,16 +626,15 @@ def _micro_batch(
 
 
 def _at_batch(table: Measured, batch: int, names: tuple[str, ...], steps: int | None, partial: bool = False) -> dict:
-    """The fields of a problem at micro-batch ``batch`` (section 1f); ValueError naming the first layer
-    that no measured size can give a time at it (``partial``: a tensor-parallel degree's, section 1h,
-    where a layer may have none)."""
+    """The fields of a problem at micro-batch ``batch`` (section 1f), with each layer's share cap where
+    ``batch`` is above its largest measured size; ValueError naming the first layer with no time at all
+    (``partial``: a tensor-parallel degree's, section 1h, where a layer may have none)."""
     oct_, odt, alpha, beta, forward, found = table.at(batch)
     if not partial and not found.any(axis=1).all():
         layer = names[int(np.argmin(found.any(axis=1)))]
         raise NoSuchMicroBatch(
-            f"micro-batch {batch:,} is above every size layer {layer!r} was measured at (up to "
-            f"{table.most(int(np.argmin(found.any(axis=1)))) or 0:,}), and heterps does not extrapolate: measure it "
-            f"at {batch:,} or more (heterps profile --batch-sizes), or take a micro-batch of at most that"
+            f"layer {layer!r} has no time on the cluster's types at micro-batch {batch:,}: measure it there "
+            "(heterps profile --batch-sizes) on a type the cluster offers"
         )
     top = table.largest_each()
     cap = np.where(found & (top < batch), top, np.inf)
