@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from heterps_cli.errors import TooLarge
 from heterps_cli.formats import Job
 from heterps_cli.runtime import run_plan as run  # heterps run, with the runtime's own signature (no torch yet)
 from heterps_cli.schedulers import Budget, Progress, SolveOptions, solve, with_what_if
@@ -77,7 +78,12 @@ def plan(
     from heterps_cli.explain import split_notes
 
     problem = _problem(job, profile_path, cluster_path)
-    found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
+    try:
+        found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
+    except TooLarge as exc:
+        if scheduler != "exact" or exc.field != "exact scheduler":
+            raise
+        found = _beyond_exact(problem, seed, progress, options, exc)
     if said := split_notes(problem.at_micro_batch(found.batch_size) if problem.choose_micro_batch else problem, found):
         found = found.but(notes=[*found.notes, *said])
     return with_what_if(problem, found) if explain and (problem.nodes is None or found.rental) else found
@@ -216,6 +222,19 @@ class Validated:
     kind: str
     found: Profile | Cluster | Plan
     cluster: Cluster | None = None
+
+
+def _beyond_exact(problem, seed: int, progress, options, exc: TooLarge) -> Plan:
+    """A problem too large for the exact solver's tables is answered, not refused (issue 63): the greedy
+    search's plan, said to be uncertified, with why exact could not."""
+    given = options or SolveOptions()  # exact's own fields are for exact: greedy reads the time limit alone
+    plan = solve("greedy", problem, seed=seed, progress=progress, options=SolveOptions(given.time_limit, given.started))
+    why = exc.message.split(";")[0]
+    note = (
+        f"the exact solver cannot hold this problem ({why}): this is the greedy search's plan, not certified "
+        "optimal; --scheduler rl may find a better one"
+    )
+    return plan.but(notes=[note, *plan.notes])
 
 
 def validate(path: str, cluster_path: str | None = None) -> Validated:

@@ -267,3 +267,16 @@ def test_a_plan_that_splits_a_batch_into_a_few_samples_says_it_rests_on_alpha(tm
     assert bool(notes) is said
     if said:
         assert "stage 0 (16 replicas, alpha 0.90) splits each batch of 16 samples" in notes[0]
+
+
+def test_a_problem_too_large_for_the_exact_tables_is_answered_not_refused(monkeypatch):
+    """Issue 63: plan --scheduler exact past the solver's memory gives the greedy search's plan, said to be
+    uncertified, with exit 0; the same problem within the limit is certified."""
+    import heterps_cli.schedulers.exact.kernel as kernel
+
+    monkeypatch.setattr(kernel, "MAX_GRID_CELLS", 1)
+    plan = _plan_json(CTR, PAPER)
+    assert plan["scheduler"] == "greedy" and plan["optimal"] is None
+    assert "the exact solver cannot hold this problem" in plan["notes"][0]
+    monkeypatch.undo()
+    assert _plan_json(CTR, PAPER)["optimal"] is True
