@@ -84,7 +84,7 @@ def plan(
         if scheduler != "exact" or exc.field != "exact scheduler":
             raise
         found = _beyond_exact(problem, seed, progress, options, exc)
-    if said := split_notes(problem.at_micro_batch(found.batch_size) if problem.choose_micro_batch else problem, found):
+    if said := split_notes(problem.at_micro_batch(found.batch_size), found):
         found = found.but(notes=[*found.notes, *said])
     return with_what_if(problem, found) if explain and (problem.nodes is None or found.rental) else found
 

@@ -71,9 +71,6 @@ class Measured:
         """``[n]``: whether each layer has a time on some type, at some size."""
         return (~np.isnan(self.oct).all(axis=0)).any(axis=1)
 
-    def choices(self, global_batch: int, units: float = np.inf) -> tuple[int, ...]:
-        return choices([self], global_batch, units)
-
 
 def choices(tables: list[Measured], global_batch: int, units: float = np.inf) -> tuple[int, ...]:
     """The micro-batches a plan chooses among (section 1f): the sizes measured at any tensor-parallel

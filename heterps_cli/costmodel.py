@@ -146,21 +146,21 @@ def memory_fits(fixed, split, memory, k, activations=None, batch=None):
     return memory_need(fixed, split, k, activations, batch) <= memory * (1 + SLACK)
 
 
-def share_floor(problem: Problem) -> np.ndarray | None:
+def share_floor(problem: Problem) -> np.ndarray:
     """``[n, T]``: the fewest replicas a stage holding each layer on each type needs so that each trains
-    at most the largest size measured there (section 1f), ``ceil(B / cap)``; None: no layer needs more
-    than one."""
+    at most the largest size measured there (section 1f), ``ceil(B / cap)``; 1 where no cap binds."""
     if problem.share_cap is None:
-        return None
+        return np.ones((problem.n_layers, problem.n_types))
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.isfinite(problem.share_cap), np.ceil(problem.batch_size / problem.share_cap), 1.0)
 
 
 def share_floor_spans(problem: Problem) -> np.ndarray | None:
-    """``[i, j, t]``: :func:`share_floor` of stage ``j..i-1``, the most any of its layers needs."""
-    floor = share_floor(problem)
-    if floor is None:
+    """``[i, j, t]``: :func:`share_floor` of stage ``j..i-1``, the most any of its layers needs; None where
+    no cap binds (every stage may take one replica)."""
+    if problem.share_cap is None:
         return None
+    floor = share_floor(problem)
     n, T = floor.shape
     out = np.ones((n + 1, n + 1, T))
     for j in range(n):
@@ -417,9 +417,8 @@ def split_stages(problem: Problem, schedules) -> Stages:
             problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
         )
     if any(view.share_cap is not None for view in views):  # section 1f: no replica trains above a measured size
-        floor = pick(lambda v: share_floor(v) if v.share_cap is not None else np.ones((n, problem.n_types)))
         most = np.ones(B * S)
-        np.maximum.at(most, flat, floor.ravel())
+        np.maximum.at(most, flat, pick(share_floor).ravel())
         min_k = np.maximum(min_k, np.where(valid, most.reshape(B, S), 1.0))
     return Stages(
         sched,

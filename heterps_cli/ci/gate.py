@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from heterps_cli.ci import diff
-from heterps_cli.costmodel import SLACK, schedule_of_stages
+from heterps_cli.costmodel import SLACK, schedule_of_stages, share_floor
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import Plan
+from heterps_cli.formulas import share
 from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
@@ -143,18 +144,20 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
 
 
 def _over_measured(problem: Problem, plan: Plan, i: int, view: Problem, t: int) -> list[str]:
-    """Section 1f: a stage whose replicas each train more samples than its layers were measured at."""
+    """Section 1f: a stage whose replicas each train more samples than its layers were measured at
+    (fewer replicas than :func:`~heterps_cli.costmodel.share_floor` asks)."""
     stage = plan.stages[i]
     if view.share_cap is None or stage.last >= problem.n_layers:
         return []
-    cap = float(view.share_cap[stage.first : stage.last + 1, t].min())
-    each = -(-plan.batch_size // stage.replicas)
-    if each <= cap:
+    layers = slice(stage.first, stage.last + 1)
+    needs = int(share_floor(view)[layers, t].max())
+    if stage.replicas >= needs:
         return []
+    each, cap = int(share(plan.batch_size, stage.replicas)), view.share_cap[layers, t].min()
     return [
         f"stage {i}: each of its {stage.replicas} replicas trains up to {each} samples of the micro-batch of "
         f"{plan.batch_size}, above the {cap:.0f} its layers were measured at on {stage.resource} (docs/spec.md "
-        f"section 1f): it needs at least {-(-plan.batch_size // int(cap))} replicas"
+        f"section 1f): it needs at least {needs} replicas"
     ]
 
 

@@ -119,7 +119,7 @@ def launch_command(
         from heterps_cli.errors import InputError
         from heterps_cli.formats import load_plan
         from heterps_cli.launchfiles import launch_for, node_needs
-        from heterps_cli.runtime import check_options, check_runnable, mapped, parse_map
+        from heterps_cli.runtime import DEFAULT_WARMUP, check_options, check_runnable, mapped, parse_map
         from heterps_cli.slurm import SlurmOptions, check_feature, check_time
 
         ck = str(checkpoint_dir) if checkpoint_dir is not None else None
@@ -142,7 +142,7 @@ def launch_command(
             output_dir=os.path.abspath(out_dir),
             setup=setup,
             shared=tuple(shared),
-            steps=steps if task else (warmup if warmup is not None else 2) + steps,
+            steps=steps if task else (warmup if warmup is not None else DEFAULT_WARMUP) + steps,
         )
         try:
             needs = node_needs(plan, devices, threads, ifname)

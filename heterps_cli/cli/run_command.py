@@ -22,6 +22,7 @@ from heterps_cli.cli.session import (
     write_output,
 )
 from heterps_cli.progress import quiet
+from heterps_cli.runtime import DEFAULT_WARMUP
 
 _RunPlanFileArg = Annotated[
     Path, typer.Argument(metavar="PLAN", help="A plan written by heterps plan --out.", show_default=False)
@@ -124,7 +125,7 @@ def run_command(
     device_map: DeviceMapOpt = None,
     input_shape: _RunInputShapeOpt = None,
     steps: _RunStepsOpt = 10,
-    warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = 2,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps run first and not measured.")] = DEFAULT_WARMUP,
     micro_batches: _RunMicroBatchesOpt = None,
     threads: Annotated[
         int, typer.Option(min=1, max=MAX_THREADS, help="Threads per process (one unit of a CPU type = one core).")

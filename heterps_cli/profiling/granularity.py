@@ -22,6 +22,7 @@ names (:func:`use_layers`), cannot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -47,6 +48,17 @@ class Calls:
     calls: list[Recorded]
     input: torch.Tensor | None  # the model's input, when it takes one tensor
     result: object
+
+    @cached_property
+    def _first_call(self) -> dict[nn.Module, int]:
+        first: dict[nn.Module, int] = {}
+        for i, c in enumerate(self.calls):
+            first.setdefault(c.module, i)
+        return first
+
+    def called_children(self, module: nn.Module) -> list[nn.Module]:
+        """``module``'s children that the pass called, in the order their first calls began."""
+        return sorted((c for c in module.children() if c in self._first_call), key=self._first_call.__getitem__)
 
 
 def record_calls(model: Model) -> Calls:
@@ -123,13 +135,10 @@ def blocks(model: Model, recorded: Calls | None = None) -> dict[nn.Module, str]:
     (the whole model, named after it, when no split of it is a chain)."""
     recorded = recorded or record_calls(model)
     named = {m: n for n, m in model.module.named_modules()}
-    first_call: dict[nn.Module, int] = {}
-    for i, c in enumerate(recorded.calls):
-        first_call.setdefault(c.module, i)
     sequence = [model.module]
     i = 0
     while i < len(sequence):
-        children = sorted((c for c in sequence[i].children() if c in first_call), key=first_call.__getitem__)
+        children = recorded.called_children(sequence[i])
         candidate = sequence[:i] + children + sequence[i + 1 :]
         if children and not breaks(recorded, {m: named[m] or model.name for m in candidate}):
             sequence = candidate  # look at the first child next
@@ -178,12 +187,8 @@ def settle(model: Model, granularity: str) -> Model:
 
 def _unsplit(model: Model, recorded: Calls) -> str:
     """Why the model's own children are no chain, the first split :func:`blocks` tries, and the fix."""
-    first: dict[nn.Module, int] = {}
-    for i, c in enumerate(recorded.calls):
-        first.setdefault(c.module, i)
     named = {m: n for n, m in model.module.named_modules()}
-    children = sorted((c for c in model.module.children() if c in first), key=first.__getitem__)
-    why = [reason for _, reason in breaks(recorded, {c: named[c] for c in children})]
+    why = [reason for _, reason in breaks(recorded, {c: named[c] for c in recorded.called_children(model.module)})]
     shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
     return (
         f"Its forward computes between its own modules ({shown}): put that code in modules (nn.ReLU, "

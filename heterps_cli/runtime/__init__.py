@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?", re.ASCII)  # fullmatch: no trailing newline, no other digits
 MAX_DEFAULT_MICRO_BATCHES = 64
 DEFAULT_CHECKPOINT_EVERY = 100
+DEFAULT_WARMUP = 2  # steps a run without a task takes first and does not measure
 
 
 def check_options(
@@ -138,7 +139,7 @@ def run_plan(
     mapping: dict[str, str] | None = None,
     input_shape: tuple[int, ...] | None = None,
     steps: int = 10,
-    warmup: int = 2,
+    warmup: int = DEFAULT_WARMUP,
     micro_batches: int | None = None,
     threads: int = 1,
     max_processes: int | None = None,
