@@ -32,8 +32,8 @@ class NodeLaunch:
 
 @dataclass(frozen=True)
 class NodeNeeds:
-    """What the processes of a launch need of every node: the environment they run in, and the most GPUs
-    and cores any one node's processes use (Slurm asks each node for that many)."""
+    """What the processes of a launch need of the nodes: the environment they run in, each node's GPUs,
+    and the threads of a process (each Slurm component asks for the most any of its nodes needs)."""
 
     env: tuple[tuple[str, str], ...] = ()
     gpus: tuple[int, ...] = ()  # per node, in launch order: its processes on a GPU type
