@@ -4,7 +4,7 @@
     python benchmarks/bench_gpu_layers.py --device cpu --small --out /tmp/x.json   # a smoke run here
     python benchmarks/bench_gpu_layers.py --shape llama-7b-8k --batches 1,2 --no-matmul --out l.json  # a 7B block
 
-Three tables, written as one JSON file (``benchmarks/data/gpu-layers/`` keeps the ones measured):
+Three tables, written as one JSON file (``benchmarks/data/gpu/`` keeps the ones measured):
 
 * **layers**: a GPT-Neo-2.7B-shaped chain as Megatron runs it (hidden 2560, 20 heads, sequence
   2048, vocabulary 50257; attention unfused: scores, causal mask, softmax, weighted sum): the

@@ -32,6 +32,9 @@ class Shape:
 SHAPES = {
     "gpt-neo-2.7b": Shape(),
     "llama-7b-8k": Shape(hidden=4096, heads=32, sequence=8192, vocab=32000),  # issue 49's 7B at sequence 8,192
+    # OPT's published sizes (issue 65's held-out shapes); OPT's MLP is ReLU, timed here with GELU's cost
+    "opt-350m": Shape(hidden=1024, heads=16, sequence=2048, vocab=50272, depth=24),
+    "opt-30b": Shape(hidden=7168, heads=56, sequence=2048, vocab=50272, depth=48),
 }
 
 

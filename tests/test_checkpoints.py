@@ -95,12 +95,12 @@ def test_a_file_missing_resized_or_of_another_run_is_refused_by_name(tmp_path):
     root.mkdir()
     where = _checkpoint(root, 2)
     mark = checkpoint.read_mark(where)
-    assert checkpoint.read(where / "stage-0.pt", torch.device("cpu"), mark)["model"]["w"].tolist() == [2.0, 2.0]
+    assert checkpoint.read(where / "stage-0.pt", mark)["model"]["w"].tolist() == [2.0, 2.0]
     (tmp_path / "other").mkdir()
     other = _checkpoint(tmp_path / "other", 2, run="c" * 32)
     os.replace(other / "rng-0.pt", where / "rng-0.pt")  # same size, same step, another run's
     with pytest.raises(RuntimeError, match=r"rng-0.pt: written by another run or step .* the checkpoint is mixed"):
-        checkpoint.read(where / "rng-0.pt", torch.device("cpu"), mark)
+        checkpoint.read(where / "rng-0.pt", mark)
     (where / "stage-0.pt").write_bytes(b"cut")
     with pytest.raises(InputError, match=r"stage-0.pt: is not the file complete.json lists"):
         checkpoint.latest(root, META)
@@ -110,7 +110,7 @@ def test_a_file_missing_resized_or_of_another_run_is_refused_by_name(tmp_path):
     garbage = where / "stage-0-shard-1.pt"
     garbage.write_bytes(bytes(range(256)))
     with pytest.raises(RuntimeError, match=r"shard-1.pt: not a checkpoint file .* remove the folder step-000002"):
-        checkpoint.read(garbage, torch.device("cpu"))
+        checkpoint.read(garbage)
 
 
 def test_a_stage_file_of_other_keys_or_shapes_or_a_bad_generator_file_is_refused_by_name(tmp_path):
@@ -208,7 +208,7 @@ def test_a_fifo_planted_where_heterps_reads_or_locks_is_refused_not_waited_on(tm
     (where / "stage-0.pt").unlink()
     os.mkfifo(where / "stage-0.pt")
     with pytest.raises(RuntimeError, match="stage-0.pt: is not a regular file"):
-        checkpoint.read(where / "stage-0.pt", torch.device("cpu"))
+        checkpoint.read(where / "stage-0.pt")
     os.mkfifo(root / checkpoint.LOCK)
     with pytest.raises(InputError, match="lock: it is not a regular file"):
         with checkpoint.locked(root):

@@ -397,17 +397,21 @@ def set_generators(generators: dict, device: torch.device, path: Path) -> None:
         ) from None
 
 
-def read(path: Path, device: torch.device, mark: dict | None = None) -> dict:
-    """A file of a complete checkpoint, tensors only (``weights_only``); a file that is missing, is not one
-    heterps wrote, or was written by another run or step than ``mark`` (its ``complete.json``) says,
-    stops the run with the file's name (a process's error becomes the run's exit 2)."""
+def read(path: Path, mark: dict | None = None) -> dict:
+    """A file of a complete checkpoint, tensors only (``weights_only``), in host memory; a file that is
+    missing, is not one heterps wrote, or was written by another run or step than ``mark`` (its
+    ``complete.json``) says, stops the run with the file's name (a process's error becomes the run's exit 2).
+
+    Host memory, not the stage's device: the optimiser moves its moments to its parameters' device itself
+    and keeps Adam's step count on the host, where a run that never stopped keeps it (read onto an H100,
+    the resumed run's count stayed on the GPU); the generators' states are taken from host memory only."""
     again = f"remove the folder {path.parent.name} to resume from the checkpoint before it"
     try:
         if mark is not None:
             _listed(path, mark)
         if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would hold torch.load forever
             raise InputError(str(path), None, None, "is not a regular file")
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except InputError as exc:
         raise RuntimeError(f"{path}: {exc.message}; {again}") from None
     except Exception as exc:

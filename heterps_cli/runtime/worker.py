@@ -451,10 +451,9 @@ class _Replica:
 
         mark = checkpoint.read_mark(where)
         path = checkpoint.stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
-        checkpoint.load_stage_state(self.module, self.optimiser, checkpoint.read(path, self.device, mark), path)
-        # A generator's state is a CPU byte tensor, also the GPU's: torch refuses one moved to the device.
+        checkpoint.load_stage_state(self.module, self.optimiser, checkpoint.read(path, mark), path)
         path = checkpoint.rng_file(where, self.rank)
-        checkpoint.set_generators(checkpoint.read(path, torch.device("cpu"), mark), self.device, path)
+        checkpoint.set_generators(checkpoint.read(path, mark), self.device, path)
 
     def result(self) -> dict:
         peak, how = peak_memory(self.device)
