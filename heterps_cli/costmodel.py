@@ -293,13 +293,15 @@ def stage_ids(schedules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.cumsum(starts, axis=1) - 1
 
 
-def _transfer(problem: Problem, valid, first, last, stype) -> np.ndarray:
-    """Section 1b: ``X_s``, each stage's boundary bytes over its type's bandwidth (zeros when the
-    cluster gives no bandwidth: the paper's model pays nothing for this)."""
+def _transfer(problem: Problem, valid, first, last, stype, sdegree) -> np.ndarray:
+    """Sections 1b, 1h: ``X_s``, each stage's boundary bytes at its type's and degree's
+    :attr:`~Problem.boundary_rate` (zeros when the cluster gives no bandwidth: the paper's model pays
+    nothing for this)."""
     if not np.isfinite(problem.bandwidth).any():
         return np.zeros(valid.shape)
     bytes_ = problem.boundary_bytes
-    return np.where(valid, (bytes_[first] + bytes_[last + 1]) / problem.bandwidth[stype], 0.0)
+    rate = np.stack([view.boundary_rate for view in problem.views])[sdegree, stype]
+    return np.where(valid, (bytes_[first] + bytes_[last + 1]) * rate, 0.0)
 
 
 def _pipelined(problem: Problem, micro, sid: np.ndarray, valid: np.ndarray):
@@ -382,8 +384,9 @@ def split_stages(problem: Problem, schedules) -> Stages:
     stype[rows, sid] = sched
     recompute = np.zeros((B, S), dtype=bool)
     recompute[rows, sid] = again
-    width = np.ones((B, S), dtype=np.int64)
-    width[rows, sid] = problem.widths[degree]
+    sdegree = np.zeros((B, S), dtype=np.int64)
+    sdegree[rows, sid] = degree
+    width = problem.widths[sdegree]
     first = np.zeros((B, S), dtype=np.int64)
     first[rows[starts], sid[starts]] = np.broadcast_to(layers, (B, n))[starts]
     last = np.zeros((B, S), dtype=np.int64)
@@ -393,7 +396,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
     if again.any():  # section 1g: every layer of a recomputing stage has a forward time, under a pipeline
         runnable &= (~again | pick(lambda v: v.recomputable & v.can_recompute)).all(axis=1)
     sc, pc, sd, pd = sums
-    transfer = _transfer(problem, valid, first, last, stype)
+    transfer = _transfer(problem, valid, first, last, stype, sdegree)
     zeros: np.ndarray = np.zeros((B, S))
     in_flight: np.ndarray = np.ones((B, S))
     micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)

@@ -301,6 +301,7 @@ class Resource(_Strict):
     memory_gb: GigaPerUnit | None = None  # section 1b: memory of one unit, 1e9 bytes
     bandwidth_gbps: GigaPerUnit | None = None  # section 1b: network bandwidth of one unit, Gbit/s
     memory_reserved_gb: Annotated[float, Field(ge=0, le=1e9), AfterValidator(_normal)] | None = None  # section 1d
+    shared_link: bool | None = None  # section 1h: the units of one node share one network link
 
 
 class NodeKind(_Strict):

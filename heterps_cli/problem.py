@@ -92,6 +92,10 @@ class Problem:
     # its times and sizes those of one replica of d units (``degree``); None: tp 1 alone
     tensor: dict[int, Problem] | None = None
     degree: int = 1
+    # section 1h: [T] bytes/s of the link inside a node over which a tp replica's units gather what
+    # they receive (None: the type's bandwidth), and whether a node's units share one network link
+    gather_link: np.ndarray | None = None
+    shared_link: np.ndarray | None = None
 
     @property
     def degrees(self) -> tuple[int, ...]:
@@ -250,6 +254,24 @@ class Problem:
         out = np.zeros(self.n_layers + 1)
         out[1:-1] = 2.0
         return out
+
+    @cached_property
+    def boundary_rate(self) -> np.ndarray:
+        """``[T]`` seconds a replica at this view's degree ``d`` takes per byte of :attr:`boundary_bytes`
+        (sections 1b, 1h): its ``d`` units each move ``1/d`` of them over their own links (all of them
+        over one where the node shares its link), then gather inside the node what each received: of
+        the bytes one way, ``(d - 1) / d`` per unit. 0 where the type gives no bandwidth."""
+        free = ~np.isfinite(self.bandwidth)
+        with np.errstate(divide="ignore"):
+            send = np.where(free, 0.0, 1.0 / self.bandwidth)
+        d = self.degree
+        if d == 1:
+            return send
+        shared = self.shared_link if self.shared_link is not None else np.zeros(self.n_types, dtype=bool)
+        link = self.gather_link if self.gather_link is not None else self.bandwidth
+        with np.errstate(divide="ignore"):
+            gather = np.where(free, 0.0, (d - 1) / (2 * d) / link)
+        return np.where(shared, send, send / d) + gather
 
     @cached_property
     def boundary_bytes(self) -> np.ndarray:
@@ -507,7 +529,7 @@ def build_problem(
         **{**_layers(profile), **own},
         types=types,
         units=tuple(r.unit or t for r, t in zip(res, types)),
-        **_hardware(res),
+        **_hardware(res, nodes),
         prices=prices,
         limits=limits,
         state_factor=float(profile.state_factor),
@@ -679,11 +701,21 @@ def _prices_and_limits(res: list, nodes: Nodes | None) -> tuple[np.ndarray, np.n
     return np.array([r.price for r in res], dtype=float), np.array([r.limit for r in res], dtype=np.int64)
 
 
-def _hardware(res: list) -> dict:
+def _hardware(res: list, nodes: Nodes | None) -> dict:
     """Each type's bandwidth (bytes/s) and memory (bytes) per unit, inf where the cluster gives none
-    (section 1b), and its reserved memory where any type gives one (section 1d)."""
+    (section 1b), its reserved memory where any type gives one (section 1d), and where a tp replica's
+    units gather their boundary activations (section 1h)."""
+    bandwidth = np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float)
+    gather = None
+    link = nodes.link if nodes is not None else None
+    if nodes is not None and link is not None and (link > 0).any():  # the least of a kind holding the type
+        held = nodes.units > 0
+        own = np.where(link > 0, link, bandwidth[None, :])
+        gather = np.where(held, own, np.inf).min(axis=0)
     return {
-        "bandwidth": np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float),
+        "bandwidth": bandwidth,
+        "gather_link": gather,
+        "shared_link": np.array([bool(r.shared_link) for r in res]) if any(r.shared_link for r in res) else None,
         "memory": np.array([r.memory_gb * 1e9 if r.memory_gb else np.inf for r in res], dtype=float),
         "reserved": (
             np.array([(r.memory_reserved_gb or 0.0) * 1e9 for r in res])

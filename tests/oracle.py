@@ -350,7 +350,11 @@ def pipeline_figures(
             moved = (layers[first]["input_size"] if first > 0 else 0.0) + (
                 layers[last + 1]["input_size"] if last < n - 1 else 0.0
             )
-            c += 2 * share(B0, k) * moved / (res["bandwidth_gbps"] * 1e9 / 8)
+            # section 1h: each of a replica's d units moves 1/d of it over its own link (all of it over
+            # one shared link), then gathers the rest of what it receives, one way, inside the node
+            bw = res["bandwidth_gbps"] * 1e9 / 8
+            c += 2 * share(B0, k) * moved / bw / (1 if res.get("shared_link") else d)
+            c += share(B0, k) * moved * (d - 1) / d / bw
         step.append((M + S - 1) * c + 2 * y * (k - 1) / k + u)
         sf = profile.get("state_factor", 4.0)
         held = min(S - s, M)

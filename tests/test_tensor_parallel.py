@@ -62,6 +62,9 @@ def sharded(draw):
                 if "forward" in entry and rng.random() < 0.8:
                     shard["forward"] = float(np.round(shard["oct"] * 0.3, 9))
                 entry["tp"][d] = shard
+    for res in cluster["resources"].values():  # section 1h: a node's units behind one network link
+        if res.get("bandwidth_gbps") and rng.random() < 0.3:
+            res["shared_link"] = True
     return profile, cluster
 
 

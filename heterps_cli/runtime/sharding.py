@@ -86,3 +86,21 @@ def one_shard(module: nn.Module, tp: int) -> Iterator[dict[str, str] | None]:
 def local_of(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's own shard (itself for a plain tensor)."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def boundary_parts(part: torch.Tensor, d: int) -> list[torch.Tensor]:
+    """Section 1h: the ``d`` parts of a boundary tensor that a replica at degree ``d`` receives, one per
+    unit (Megatron's scatter of the activations between pipeline stages): the flattened tensor in ``d``
+    pieces of equal length, the last padded with zeros."""
+    flat = part.reshape(-1)
+    size = -(-flat.numel() // d)
+    padded = torch.cat([flat, flat.new_zeros(size * d - flat.numel())]) if size * d > flat.numel() else flat
+    return [piece.contiguous() for piece in padded.split(size)] if size else [flat] * d
+
+
+def whole_of(parts: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor of ``shape`` that :func:`boundary_parts` cut into ``parts``."""
+    count = 1
+    for n in shape:
+        count *= n
+    return torch.cat(parts)[:count].reshape(shape)

@@ -47,7 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
-from heterps_cli.runtime.sharding import local_of, shardable
+from heterps_cli.runtime.sharding import boundary_parts, local_of, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 
 
@@ -246,6 +246,7 @@ class _Replica:
         self.module = chain.stage(stage.layers).to(self.device).train()
         if stage.tp > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
             shard_stage(self.module, shard_groups[stage.index, self.replica], self.device, stage)
+        self.shard_group = shard_groups.get((stage.index, self.replica))
         # section 1g: keep the stage's input only, and run its forward again in the backward pass
         self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
         if self.task is not None:
@@ -284,25 +285,34 @@ class _Replica:
         self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0, "data": 0.0}  # this step's sums
 
     def receive(self, source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
-        pieces, waited = [], 0.0
+        """This process's part of each overlapping replica's tensor, from the shard of it that sends that
+        part; at tp > 1 the replica's shards then gather the whole inside the node (section 1h)."""
+        pieces, waited, d = [], 0.0, self.stage.tp
         for src, lo, hi in self.lay.overlaps(self.stage, self.replica, source_stage, j):
-            buffer = torch.empty((hi - lo, *boundary.shape), dtype=boundary.dtype)
+            shape = (hi - lo, *boundary.shape)
+            mine = boundary_parts(torch.empty(shape, dtype=boundary.dtype), d)[self.tp_rank]
             start = time.perf_counter()
-            dist.recv(buffer, src=src, tag=tag)
+            dist.recv(mine, src=src + self.tp_rank % source_stage.tp, tag=tag)
+            if d > 1:
+                mine = mine.to(self.device)
+                parts = [torch.empty_like(mine) for _ in range(d)]
+                dist.all_gather(parts, mine, group=self.shard_group)
+                pieces.append(whole_of(parts, shape))
+            else:
+                pieces.append(mine.reshape(shape))
             waited += time.perf_counter() - start
-            pieces.append(buffer)
         return torch.cat(pieces).to(self.device), waited
 
     def send(self, tensor: torch.Tensor, offset: int, target_stage, j: int, tag: int) -> None:
-        """To every process of each overlapping replica of ``target_stage``; a sharded replica's shards
-        hold the same activations and gradients at its boundaries, and its first sends for it."""
-        if self.tp_rank:
-            return
+        """Each process of each overlapping replica of ``target_stage`` its part (section 1h); a sharded
+        replica's shards hold the same activations and gradients at its boundaries, so they share the
+        sends: part ``c`` from shard ``c mod tp``."""
         host = tensor.detach().cpu()
         for first, lo, hi in self.lay.overlaps(self.stage, self.replica, target_stage, j):
-            part = host[lo - offset : hi - offset].contiguous()
-            for dst in range(first, first + target_stage.tp):
-                self.handles.append(dist.isend(part, dst=dst, tag=tag))
+            parts = boundary_parts(host[lo - offset : hi - offset], target_stage.tp)
+            for c, part in enumerate(parts):
+                if c % self.stage.tp == self.tp_rank:
+                    self.handles.append(dist.isend(part, dst=first + c, tag=tag))
 
     def data(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The task's samples of micro-batch ``j`` this replica runs, on the device; the step's are read

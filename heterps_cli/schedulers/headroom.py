@@ -57,7 +57,7 @@ class Headroom:
         types = np.arange(problem.n_types)
         self.memory_bound = bool(np.isfinite(problem.memory).any())
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            self.transfer = problem.boundary_bytes[:, None] / problem.bandwidth[None, :]  # [n + 1, T]
+            self.transfer = problem.boundary_bytes[:, None] * problem.boundary_rate[None, :]  # [n + 1, T]
             # A stage of layer i alone on type t, with the boundary it starts at.
             alone = self.parts.copy()
             alone[:, :, 3] += self.transfer[:-1]

@@ -140,13 +140,13 @@ def _spans_of(per_layer: np.ndarray) -> np.ndarray:
 
 
 def boundary_transfer(problem: Problem) -> np.ndarray:
-    """``[i, j, t]``: section 1b's ``X_s`` of stage ``j..i-1`` on ``t`` (0 without bandwidths)."""
+    """``[i, j, t]``: section 1b's ``X_s`` of stage ``j..i-1`` on ``t`` at the view's degree (section 1h;
+    0 without bandwidths)."""
     n1 = problem.n_layers + 1
     if not np.isfinite(problem.bandwidth).any():
         return np.zeros((n1, n1, problem.n_types))
     bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i (a sum: symmetric)
-    with np.errstate(invalid="ignore"):
-        return (bytes_[:, None, None] + bytes_[None, :, None]) / problem.bandwidth[None, None, :]
+    return (bytes_[:, None, None] + bytes_[None, :, None]) * problem.boundary_rate[None, None, :]
 
 
 def runnable_spans(problem: Problem) -> np.ndarray:
