@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from heterps_cli.bounds import within
 from heterps_cli.costmodel import (
     meets_targets,
     throughput_floor,
@@ -205,16 +206,9 @@ def solve(
     why = f"exact stopped at the --time-limit of {limit or 0:g} s before proving this plan optimal"
     if not best.within:
         best, why = _within_every_limit(problem, solver)
-    gap = float(problem.objective.gap(problem.objective.figure(best.cost, best.throughput), bound))
+    gap, words = within(problem.objective, best.cost, best.throughput, bound)
     proved = bool(gap <= 1e-12)
-    notes: tuple[str, ...] = ()
-    if not proved:
-        what = (
-            f"no plan costs less than {usd(bound)}"
-            if problem.objective is Objective.COST
-            else f"no plan is faster than {count(bound, 1)} samples/s"
-        )
-        notes = (f"{why}: {what}, so it is within {100 * gap:.2f}% of the optimum",)
+    notes: tuple[str, ...] = () if proved else (f"{why}: {words}",)
     plan = make_plan(
         problem,
         schedule_of(problem, best.stages),
