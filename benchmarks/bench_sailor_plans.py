@@ -277,12 +277,12 @@ def peer_figure(profile: dict, cluster: dict, stages: list) -> tuple[float, bool
     return plan.throughput * GLOBAL_BATCH / steps, plan.feasible
 
 
-def plan_command(profile_path: Path, cluster_path: Path) -> tuple[dict, float]:
+def plan_command(profile_path: Path, cluster_path: Path, *more: str) -> tuple[dict, float]:
     """``heterps plan --scheduler exact --objective time --json``, and its wall time."""
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "heterps_cli", "plan", str(profile_path), str(cluster_path), "-s", "exact"]
-        + ["--objective", "time", "--json"],
+        + ["--objective", "time", "--json", *more],
         capture_output=True,
         text=True,
     )
@@ -301,6 +301,40 @@ def shape(plan: dict) -> str:
         for s in plan["stages"]
     ]
     return f"{len(parts)} stages: " + ", ".join(parts)
+
+
+# Issue 63's mixed clusters at its global batch, with the peer's figure (by heterps's formulas) where the
+# issue gives it: on 32 + 32 nodes, layers 0-5 on 32 V100 replicas at tp 4, then four stages of 7 layers on
+# 32 A100 GPUs each at tp 1, one sample a replica.
+MIXED = [
+    ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, (1, 4), None),
+    ("a100_40 x32 + v100 x32", {"a100_40": 32, "v100": 32}, (1, 4), 153.8),
+    ("gh200 x8 + a100_40 x8", {"gh200": 8, "a100_40": 8}, (1, 4), None),
+]
+MIXED_BATCH = 2048
+
+
+def mixed_table(folder: Path, profiles: dict) -> None:
+    """heterps's plan on each mixed cluster at global batch 2,048 (every stage on one type: heterps does
+    not mix types within a stage yet), its cost, and the whole command's time."""
+    print(f"\nMixed clusters at global batch {MIXED_BATCH:,} (issue 63):\n")
+    columns = ("cluster", "tp", "GPUs", "heterps samples/s", "USD an hour", "micro-batch", "plan", "command s")
+    print(header([(c, "l") for c in (*columns, "peer samples/s")]))
+    for name, nodes, degrees, peer in MIXED:
+        for tp in degrees:
+            profile, entries, profile_path = profiles[tp]
+            cluster = cluster_of(name, nodes, entries, tp)
+            cluster_path = folder / f"{cluster['cluster']}-g{MIXED_BATCH}.yaml"
+            cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+            plan, wall = plan_command(profile_path, cluster_path, "--global-batch", str(MIXED_BATCH))
+            gpus = sum(nodes.values()) * GPUS_PER_NODE
+            if "error" in plan:
+                cells = [name, str(tp), str(gpus), "none fits", "—", "—", " ".join(plan["error"].split())[:120]]
+            else:
+                rate = plan["cost_usd"] / plan["time_s"] * 3600
+                cells = [name, str(tp), str(gpus), f"{plan['throughput']:,.1f}", f"{rate:,.2f}"]
+                cells += [f"{plan['batch_size']} (M {plan['micro_batches']})", shape(plan)]
+            print(row([*cells, f"{wall:.2f}", f"{peer:,.1f}" if peer and tp == 1 else "—"]))
 
 
 def every_tp_table(folder: Path, reserved: float, fixed: dict) -> None:
@@ -414,6 +448,7 @@ def main() -> None:
                 ratio = plan["throughput"] / figure if "error" not in plan else 0.0
                 peer_cells = [f"{figure:,.1f}" + ("" if fits else " (breaks memory)"), f"{ratio:.3f}"]
             print(row(cells + peer_cells))
+        mixed_table(folder, profiles)
         every_tp_table(folder, reserved, fixed)
 
 
