@@ -321,6 +321,18 @@ class Cluster(_Strict):
     nodes: Annotated[dict[Name, NodeKind], Field(min_length=1)] | None = None  # section 1e
 
 
+class Joined(_Strict):
+    """Section 1i: replicas of another type in a stage, training ``samples`` of each micro-batch between
+    them; its figures are its busiest replica's."""
+
+    resource: Name
+    replicas: Annotated[int, Field(ge=1, le=MAX_UNITS)]
+    samples: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+    compute_s: NonNegative
+    transfer_s: NonNegative | None = None
+    memory_gb: NonNegative | None = None
+
+
 class Stage(_Strict):
     """One pipeline stage of a :class:`Plan`: its layers, type, replicas and figures (docs/spec.md
     section 4). Section 1d's ``update_s``, ``step_s`` and ``in_flight`` only in a pipelined plan: its
@@ -342,6 +354,9 @@ class Stage(_Strict):
     nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
     recompute: bool | None = None  # section 1g: the stage recomputes its activations (written only when true)
     tp: Degree | None = None  # section 1h: units per replica, tensor-parallel (written only above 1)
+    # section 1i: replicas of other types in the stage, and the samples of each micro-batch its own train
+    joined: Annotated[list[Joined], Field(min_length=1)] | None = None
+    samples: Annotated[int, Field(ge=1, le=MAX_BATCH)] | None = None
 
     @property
     def way(self) -> str:
@@ -350,8 +365,22 @@ class Stage(_Strict):
 
     @property
     def units(self) -> int:
-        """The units its replicas hold, each a process in ``heterps run`` (section 1h: replicas x tp)."""
+        """The units of its own type its replicas hold, each a process in ``heterps run`` (section 1h:
+        replicas x tp); section 1i's joined replicas are counted by :attr:`units_by_type`."""
         return self.replicas * (self.tp or 1)
+
+    @property
+    def units_by_type(self) -> dict[str, int]:
+        """Units per type: its own, and each joined part's (section 1i)."""
+        out = {self.resource: self.units}
+        for part in self.joined or ():
+            out[part.resource] = out.get(part.resource, 0) + part.replicas
+        return out
+
+    @property
+    def all_replicas(self) -> int:
+        """Its replicas of every type (section 1i), each one process at tp 1."""
+        return self.replicas + sum(part.replicas for part in self.joined or ())
 
 
 class WhatIf(_Strict):
@@ -478,7 +507,9 @@ PLAN_ONLY_WHERE_GIVEN = (
     "what_if",
     "gap",
 )
-STAGE_ONLY_WHERE_GIVEN = ("transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute", "tp")
+STAGE_ONLY_WHERE_GIVEN = (
+    "transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute", "tp", "joined", "samples",
+)  # fmt: skip
 
 
 KINDS = {  # what each file is, and the keys that say so
@@ -894,7 +925,21 @@ def check_plan_on_cluster(plan: Plan, pdoc: Document, cluster: Cluster, cdoc: Do
             problems.append(
                 pdoc.error(("stages", i, "resource"), f"{stage.resource!r} is no type of {cdoc.path} ({offered})")
             )
-        used[stage.resource] = used.get(stage.resource, 0) + stage.units
+        for n, part in enumerate(stage.joined or ()):  # section 1i
+            if part.resource not in cluster.resources:
+                offered = ", ".join(cluster.resources)
+                problems.append(
+                    pdoc.error(
+                        ("stages", i, "joined", n, "resource"),
+                        f"{part.resource!r} is no type of {cdoc.path} ({offered})",
+                    )
+                )
+        for t, units in stage.units_by_type.items():
+            used[t] = used.get(t, 0) + units
+    if plan.rental and any(s.joined for s in plan.stages):
+        problems.append(
+            pdoc.error(("rental",), "a plan on whole nodes mixes types in a stage, which heterps cannot place")
+        )
     for t, n in used.items():
         limit = cluster.resources[t].limit if t in cluster.resources else None
         if limit is not None and n > limit:
@@ -1024,6 +1069,38 @@ def load_plan(path: str) -> tuple[Plan, Document]:
     return _plan_of(doc), doc
 
 
+def _joined_rules(doc: Document, plan: Plan, i: int, stage: Stage) -> list:
+    """Section 1i: a mixed stage's parts train the whole micro-batch, each replica a sample at least, each
+    part of its own type, at tp 1, without recomputation, under a pipeline schedule."""
+    if stage.joined is None:
+        return [doc.error(("stages", i, "samples"), "samples is given only with joined")] if stage.samples else []
+    where = ("stages", i)
+    if stage.samples is None:
+        return [doc.error((*where, "joined"), f"stage {i} is joined by other types but gives no samples of its own")]
+    out = []
+    if plan.global_batch is None:
+        out.append(doc.error((*where, "joined"), f"stage {i} mixes types, which needs a pipeline (global_batch)"))
+    if stage.tp or stage.recompute:
+        out.append(doc.error((*where, "joined"), f"stage {i} mixes types at tp 1 without recomputation only"))
+    parts: list[tuple[str, int, int, tuple]] = [(stage.resource, stage.replicas, stage.samples, (*where, "samples"))]
+    parts += [(j.resource, j.replicas, j.samples, (*where, "joined", n, "samples")) for n, j in enumerate(stage.joined)]
+    if len({p[0] for p in parts}) < len(parts):
+        out.append(doc.error((*where, "joined"), f"stage {i} names a type twice: each type is one part"))
+    for resource, replicas, samples, field in parts:
+        if samples < replicas:
+            said = f"stage {i}'s {replicas} {resource} replicas train {samples} samples: a replica trains one at least"
+            out.append(doc.error(field, said))
+    total = sum(p[2] for p in parts)
+    if total != plan.batch_size:
+        out.append(
+            doc.error(
+                (*where, "samples"),
+                f"stage {i}'s parts train {total} samples of each micro-batch, not the batch_size {plan.batch_size}",
+            )
+        )
+    return out
+
+
 def _plan_of(doc: Document) -> Plan:
     """A plan file, with the rules between its fields that the schema cannot state."""
     plan: Plan = _validate(Plan, doc, "plan")
@@ -1046,6 +1123,8 @@ def _plan_of(doc: Document) -> Plan:
                     f"{plan.micro_batches}",
                 )
             )
+    for i, stage in enumerate(plan.stages):
+        problems += _joined_rules(doc, plan, i, stage)
     for i, stage in enumerate(plan.stages):  # docs/spec.md section 1: a replica trains whole samples
         if stage.replicas > plan.batch_size:
             problems.append(

@@ -78,6 +78,14 @@ def pipeline_step(micro_batches, stages, micro_serial, micro_parallel, sync, upd
         return slots * micro_serial + 2.0 * sync + update, per_sample - 2.0 * sync, per_sample
 
 
+def mixed_step(micro_batches, stages, micro, sync, replicas, update):
+    """Section 1i: a mixed stage's step ``(M + S - 1) c + 2 Y (1 - 1/K) + U`` and its all-reduce, ``c``
+    its slowest part's time per micro-batch, ``Y`` and ``U`` its slowest part's all-reduce between two
+    replicas and optimiser step, ``K`` every replica of every part."""
+    comm = ring_allreduce(sync, replicas)
+    return pipeline_slots(micro_batches, stages) * micro + comm + update, comm
+
+
 def step_parts(micro_batches, stages, compute, transfer, allreduce, update) -> dict[str, float]:
     """Section 1d: the terms of a stage's step, in seconds, that :func:`pipeline_step` adds up, from
     a replica's compute and transfer per micro-batch, its all-reduce and its update per step."""

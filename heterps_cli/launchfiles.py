@@ -106,7 +106,8 @@ def launch_for(
             "the plan places tensor-parallel replicas (tp) on nodes, which heterps launch does not lay out yet: "
             "run it under torchrun with heterps run (a process per shard), or plan at tp 1",
         )
-    counts = per_node(plan.stages) if placed else {"this machine": sum(s.units for s in plan.stages)}
+    every = sum(sum(s.units_by_type.values()) for s in plan.stages)  # section 1i: joined replicas too
+    counts = per_node(plan.stages) if placed else {"this machine": every}
     run: list[Word] = ["-m", "heterps_cli", "run", os.path.abspath(plan_path), *(["--placed"] if placed else [])]
     run += run_args
     nodes = []

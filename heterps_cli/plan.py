@@ -12,8 +12,9 @@ import numpy as np
 
 from heterps_cli.costmodel import score, split_stages
 from heterps_cli.explain import explanation
-from heterps_cli.formats import Plan, Stage
+from heterps_cli.formats import Joined, Plan, Stage
 from heterps_cli.formulas import activations_held, amdahl, ring_allreduce, whole_samples
+from heterps_cli.mixed import MixedStage, mixed_scores, mixed_stage
 from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
@@ -32,20 +33,26 @@ def make_plan(
     notes: tuple[str, ...] | list[str] = (),
     interrupted: bool = False,
     rental: dict[str, int] | None = None,
+    joined: dict | None = None,
 ) -> Plan:
     """Build a :class:`Plan` for one schedule (type per layer) and its per-stage replica counts.
 
     With whole nodes (section 1e) the plan runs on ``rental`` (nodes per kind, holding its units);
     without one, on the best of the cheapest rental holding them and each single node with links
-    that holds them (:func:`_rental_for`)."""
+    that holds them (:func:`_rental_for`). ``joined``: section 1i, by stage index, the replicas of other
+    types that join it (:class:`~heterps_cli.mixed.Joined`), on a cluster without nodes."""
     stages = split_stages(problem, np.asarray(schedule)[None, :])
     S = int(stages.valid.sum())
     k = np.zeros(stages.valid.shape)
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
     cluster_bandwidth = problem.bandwidth
+    mixed = _mixed(problem, schedule, k, joined or {})
+    if mixed:
+        sc = mixed_scores(problem, stages, sc, mixed)
     problem, stages, sc, rental, links = _on_rental(problem, schedule, k, stages, sc, rental)
     out, idle = _placed(problem, stages, k, sc, rental)
+    out = [_with_parts(problem, stage, mixed[s]) if s in mixed else stage for s, stage in enumerate(out)]
     pipelined = bool(problem.micro_batches)
     plan = Plan.model_construct(
         model=problem.model,
@@ -79,6 +86,51 @@ def make_plan(
         solve_s=solve_s,
     ).of_run(dict(zip(problem.types, problem.units)), interrupted)
     return plan.but(explanation=list(explanation(problem, plan))) if np.isfinite(plan.throughput) else plan
+
+
+def _mixed(problem: Problem, schedule, k: np.ndarray, joined: dict) -> dict[int, MixedStage]:
+    """Section 1i: each joined stage's parts and figures; ValueError where the plan cannot mix types."""
+    if not joined:
+        return {}
+    if problem.nodes is not None or not problem.pipelined:
+        raise ValueError("stages mix types only under a pipeline schedule (a global batch) on a cluster without nodes")
+    stages = split_stages(problem, np.asarray(schedule)[None, :])
+    out = {}
+    for s, parts in joined.items():
+        if stages.width[0, s] > 1 or stages.recompute[0, s]:
+            raise ValueError(f"stage {s} mixes types at tp 1 without recomputation only")
+        own = problem.batch_size - sum(p.samples for p in parts)
+        out[s] = mixed_stage(problem, schedule, s, (int(stages.type[0, s]), int(k[0, s]), own), parts)
+    return out
+
+
+def _with_parts(problem: Problem, stage: Stage, m: MixedStage) -> Stage:
+    """A one-type stage's entry with section 1i's parts: its own replicas' figures, the stage's step."""
+    own, *others = m.parts
+    joined = [
+        Joined(
+            resource=problem.types[p.type],
+            replicas=p.replicas,
+            samples=p.samples,
+            compute_s=p.compute_s,
+            transfer_s=p.transfer_s,
+            memory_gb=p.memory / 1e9,
+        )
+        for p in others
+    ]
+    return stage.model_copy(
+        update={
+            "samples": own.samples,
+            "joined": joined,
+            "compute_s": own.compute_s,
+            "transfer_s": own.transfer_s,
+            "memory_gb": own.memory / 1e9,
+            "comm_s": m.comm_s,
+            "step_s": m.step_s,
+            "update_s": m.update_s,
+            "throughput": m.throughput,
+        }
+    )
 
 
 def _on_rental(problem: Problem, schedule, k: np.ndarray, stages, sc, rental: dict[str, int] | None):

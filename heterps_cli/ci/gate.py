@@ -137,10 +137,41 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
                     f"on {stage.resource}{at}{'' if problem.pipelined else ' (and the job has no pipeline schedule)'} "
                     "(docs/spec.md section 1g)"
                 )
-        problems += _over_measured(problem, plan, i, view, t)
+        if stage.joined:
+            problems += _joined_misfits(problem, stage, where)
+        else:
+            problems += _over_measured(problem, plan, i, view, t)
     if expected_first != n:
         problems.append(f"the plan covers {expected_first} layers, the profile has {n}")
     return problems
+
+
+def _joined_misfits(problem: Problem, stage, where: str) -> list[str]:
+    """Section 1i: a mixed stage's joined types, each one the cluster offers that runs every layer; its
+    shares, memory and limits are the recomputed plan's feasibility."""
+    if problem.nodes is not None or not problem.pipelined:
+        return [f"{where} mixes types, which heterps plans only under a pipeline schedule on a cluster without nodes"]
+    out = []
+    for part in stage.joined:
+        if part.resource not in problem.types:
+            out.append(f"{where} is joined by {part.resource!r}, which the cluster or profile no longer offers")
+            continue
+        u = problem.types.index(part.resource)
+        for layer in range(stage.first, min(stage.last, problem.n_layers - 1) + 1):
+            if not problem.runnable[layer, u]:
+                out.append(f"layer {problem.layer_names[layer]} cannot run on {part.resource}, which joins {where}")
+    return out
+
+
+def _joined_of(problem: Problem, plan: Plan) -> dict:
+    """Section 1i: the plan's joined parts by stage, as :func:`~heterps_cli.plan.make_plan` takes them."""
+    from heterps_cli.mixed import Joined
+
+    return {
+        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples) for j in s.joined)
+        for i, s in enumerate(plan.stages)
+        if s.joined
+    }
 
 
 def _over_measured(problem: Problem, plan: Plan, i: int, view: Problem, t: int) -> list[str]:
@@ -189,7 +220,13 @@ def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
     schedule = schedule_of_stages(problem, plan.stages)  # each of the plan's stages one of its own
     replicas = [s.replicas for s in plan.stages]
     fresh = make_plan(
-        problem, schedule, replicas, scheduler=plan.scheduler, seed=plan.seed, rental=_still_rentable(problem, plan)
+        problem,
+        schedule,
+        replicas,
+        scheduler=plan.scheduler,
+        seed=plan.seed,
+        rental=_still_rentable(problem, plan),
+        joined=_joined_of(problem, plan),
     )
     if plan.what_if is not None and (problem.nodes is None or fresh.rental is not None):
         fresh = with_what_if(problem, fresh)

@@ -26,6 +26,7 @@ from heterps_cli.cli.options import (
     MaximalStagesOpt,
     MicroBatchOpt,
     MinThroughputOpt,
+    MixedStagesOpt,
     ObjectiveOpt,
     OutOpt,
     PlanObjectiveOpt,
@@ -160,6 +161,7 @@ def plan(
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
     maximal_stages: MaximalStagesOpt = False,
+    mixed_stages: MixedStagesOpt = False,
     micro_batch: MicroBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
@@ -194,6 +196,7 @@ def plan(
             policy_out=policy_out,
             evaluations=evaluations,
             started=STARTED if time_limit is not None else None,  # loading the files counts too
+            mixed_stages=mixed_stages or None,
         )
         with progress_bar() as report:
             result = api.plan(

@@ -101,6 +101,17 @@ MaximalStagesOpt = Annotated[
     ),
 ]
 
+MixedStagesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--mixed-stages",
+        metavar="",
+        help="Let replicas of other types join a stage, each type training its own share of every "
+        "micro-batch (docs/spec.md section 1i; objective time, a global batch, no nodes). Default: a stage "
+        "runs on one type.",
+    ),
+]
+
 GlobalBatchOpt = Annotated[
     int | None,
     typer.Option(

@@ -30,8 +30,17 @@ def bold(text: str) -> Text:
 
 
 def _on(stage) -> str:
-    """A stage's type, with its tensor-parallel degree (section 1h) and ↻ where it recomputes (1g)."""
-    return clip(stage.resource) + stage.way
+    """A stage's type, with its tensor-parallel degree (section 1h) and ↻ where it recomputes (1g), and
+    the types that join it (section 1i)."""
+    return clip(stage.resource) + stage.way + "".join(f" + {clip(j.resource)}" for j in stage.joined or ())
+
+
+def _replicas(stage) -> str:
+    """A stage's replicas, and each joined type's with the samples each part trains (section 1i)."""
+    if not stage.joined:
+        return count(stage.replicas)
+    parts = [(stage.replicas, stage.samples), *((j.replicas, j.samples) for j in stage.joined)]
+    return " + ".join(f"{count(k)} ({count(n)})" for k, n in parts)
 
 
 def _layers(stage) -> Text:
@@ -86,7 +95,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
             str(i),
             _layers(s),
             Text(_on(s)),
-            count(s.replicas),
+            _replicas(s),
             f"{s.compute_s + ((s.transfer_s or 0.0) if piped else 0.0):.3g}",
             f"{s.comm_s:.3g}",
             *step,
@@ -119,7 +128,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         summary.add_row("precision", Text(f"{plan.precision}: the profile's times assume it; train at it"))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
     if plan.gap is not None:
-        verdict = f"exact, stopped at the time limit: within {100 * plan.gap:.2f}% of the optimum (proven)"
+        verdict = f"{plan.scheduler}, not proved optimal: within {100 * plan.gap:.2f}% of the optimum (proven)"
     scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
     for i, why in enumerate(plan.explanation or ()):
@@ -451,7 +460,10 @@ def _price_and_limit(cluster: Cluster, t: str) -> tuple[str, str]:
 def print_plan_file(console: Console, plan: Plan, path: str, cluster_path: str | None = None) -> None:
     """``heterps validate PLAN [CLUSTER]``: what the plan file says, well-formed (and on the cluster's types,
     units and nodes); its figures are check's to judge."""
-    layout = " | ".join(f"{clip(s.resource)}×{s.replicas}" for s in plan.stages)
+    layout = " | ".join(
+        f"{clip(s.resource)}×{s.replicas}" + "".join(f"+{clip(j.resource)}×{j.replicas}" for j in s.joined or ())
+        for s in plan.stages
+    )
     console.print(
         Text.assemble(
             ("✓", "bold green"),

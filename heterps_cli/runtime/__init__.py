@@ -171,7 +171,7 @@ def run_plan(
     check_options(model, task, checkpoint_dir, checkpoint_every, resume)
     plan, doc = load_plan(plan_path)
     model = task or model or plan.model  # a measured profile names its model as --model spells it
-    types = list(dict.fromkeys(s.resource for s in plan.stages))
+    types = list(dict.fromkeys(t for s in plan.stages for t in s.units_by_type))  # section 1i: joined too
     devices = devices_for(types, mapping or {})
     env = torchrun_env()
     under_torchrun, coordinating = env is not None, env is None or env[0] == 0
@@ -184,6 +184,9 @@ def run_plan(
     stages = tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages)
     meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
     meta.update(micro_batches=M, seed=seed, model=checkpoint.spec_identity(model), tp=[s.tp or 1 for s in plan.stages])
+    parts = tuple(_parts(s) for s in plan.stages)
+    if any(parts):  # section 1i: a checkpoint of a mixed stage is its replicas' of those types
+        meta["parts"] = [[list(p) for p in stage] for stage in parts]
     with _checkpoints(root, resume, meta, total, coordinating, report) as (start, resume_from):
         cfg = RunConfig(
             model=model,
@@ -200,6 +203,7 @@ def run_plan(
             timeout_s=timeout_s,
             recompute=tuple(bool(s.recompute) for s in plan.stages),
             tp=tuple(s.tp or 1 for s in plan.stages),
+            parts=parts,
             task=task,
             total_steps=total,
             start_step=start,
@@ -212,6 +216,16 @@ def run_plan(
         if result is None:
             return None
         return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)
+
+
+def _parts(stage) -> tuple[tuple[str, int, int], ...]:
+    """Section 1i: a mixed stage's parts as ``(type, replicas, samples)``, its own first; () for one type."""
+    if not stage.joined:
+        return ()
+    return (
+        (stage.resource, stage.replicas, stage.samples),
+        *((j.resource, j.replicas, j.samples) for j in stage.joined),
+    )
 
 
 @contextmanager
@@ -392,10 +406,14 @@ def _processes(
     torchrun's ranks take (docs/guide/running.md)."""
     import torch
 
-    world = sum(s.units for s in plan.stages)  # section 1h: a process per shard
+    world = sum(sum(s.units_by_type.values()) for s in plan.stages)  # a process per shard and joined replica
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
-        check_gpus_unshared([(s.resource, s.units) for s in plan.stages], devices, torch.cuda.device_count())
+        check_gpus_unshared(
+            [(t, n) for s in plan.stages for t, n in s.units_by_type.items()], devices, torch.cuda.device_count()
+        )
     order = None
+    if placed and any(s.joined for s in plan.stages):
+        raise InputError(plan_path, None, "--placed", "--placed does not place mixed stages (joined in the plan) yet")
     if placed and any(s.tp for s in plan.stages):
         raise InputError(
             plan_path, None, "--placed", "--placed does not place tensor-parallel replicas (tp in the plan) yet"

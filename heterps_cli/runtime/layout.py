@@ -33,6 +33,13 @@ class StageLayout:
     layers: tuple[str, ...]
     first_rank: int
     tp: int = 1  # docs/spec.md section 1h: processes per replica, which shard its layers
+    # section 1i, a stage of several types: each replica's type and its samples of every micro-batch
+    kinds: tuple[str, ...] = ()
+    shares: tuple[int, ...] = ()
+
+    def kind(self, replica: int) -> str:
+        """The type replica ``replica`` runs on."""
+        return self.kinds[replica] if self.kinds else self.resource
 
     def members(self, replica: int) -> list[int]:
         """The ranks of one replica: its ``tp`` processes (one without tensor parallelism)."""
@@ -75,8 +82,13 @@ class Layout:
         return j * self.batch_size, (j + 1) * self.batch_size
 
     def shard(self, stage: StageLayout, replica: int, j: int) -> tuple[int, int]:
-        """The samples of micro-batch ``j`` that ``replica`` of ``stage`` runs (batch indices)."""
-        return split(*self.micro(j), stage.replicas)[replica]
+        """The samples of micro-batch ``j`` that ``replica`` of ``stage`` runs (batch indices): an even
+        split, or each replica's planned share (section 1i)."""
+        start, stop = self.micro(j)
+        if not stage.shares:
+            return split(start, stop, stage.replicas)[replica]
+        first = start + sum(stage.shares[:replica])
+        return first, first + stage.shares[replica]
 
     def overlaps(self, stage: StageLayout, replica: int, other: StageLayout, j: int) -> list[tuple[int, int, int]]:
         """``(rank, start, stop)`` for each replica of ``other`` whose shard of micro-batch ``j``
@@ -93,16 +105,27 @@ class Layout:
 
 
 def layout(
-    stages: list[tuple[str, int, list[str]]], batch_size: int, micro_batches: int, tp: tuple[int, ...] = ()
+    stages: list[tuple[str, int, list[str]]],
+    batch_size: int,
+    micro_batches: int,
+    tp: tuple[int, ...] = (),
+    parts: tuple[tuple[tuple[str, int, int], ...], ...] = (),
 ) -> Layout:
     """The layout of stages given as ``(resource, replicas, layer names)``, each replica ``tp[s]``
     processes (1 where not given); every stage must have at most ``batch_size`` replicas, so that
-    each gets a sample of every micro-batch."""
-    if max(replicas for _, replicas, _ in stages) > batch_size or micro_batches < 1:
-        raise ValueError("a stage has more replicas than a batch has samples, or no micro-batches")
+    each gets a sample of every micro-batch. ``parts[s]`` (section 1i): a mixed stage's ``(type,
+    replicas, samples)``, its own first; its replicas are every part's, each with its share."""
     out, rank = [], 0
     for i, (resource, replicas, layers) in enumerate(stages):
         width = tp[i] if i < len(tp) else 1
-        out.append(StageLayout(i, resource, replicas, tuple(layers), rank, width))
-        rank += replicas * width
+        mixed = parts[i] if i < len(parts) else ()
+        kinds = tuple(t for t, k, _ in mixed for _ in range(k))
+        shares = tuple(b - a for _, k, n in mixed for a, b in split(0, n, k))
+        if mixed and sum(shares) != batch_size:
+            raise ValueError(f"stage {i}'s parts train {sum(shares)} samples, not the batch of {batch_size}")
+        count = len(kinds) or replicas
+        out.append(StageLayout(i, resource, count, tuple(layers), rank, width, kinds, shares))
+        rank += count * width
+    if max(s.replicas for s in out) > batch_size or micro_batches < 1:
+        raise ValueError("a stage has more replicas than a batch has samples, or no micro-batches")
     return Layout(tuple(out), batch_size, micro_batches)

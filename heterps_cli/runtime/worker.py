@@ -69,6 +69,7 @@ class RunConfig:
     timeout_s: float = 120.0
     recompute: tuple[bool, ...] = ()  # docs/spec.md section 1g: per stage (none: no stage recomputes)
     tp: tuple[int, ...] = ()  # section 1h: processes per replica, per stage (none: one each)
+    parts: tuple[tuple[tuple[str, int, int], ...], ...] = ()  # section 1i: per stage, (type, replicas, samples)
     task: str | None = None  # FILE.py:FACTORY (runtime.task): the user's model, data, loss and optimiser
     total_steps: int | None = None  # steps trained in all, from step 0 (default: warmup + steps)
     start_step: int = 0  # the steps a resumed run's checkpoint had done
@@ -84,7 +85,7 @@ class RunConfig:
 
     def layout(self) -> Layout:
         stages = [(r, k, list(layers)) for r, k, layers in self.stages]
-        return layout(stages, self.batch_size, self.micro_batches, self.tp)
+        return layout(stages, self.batch_size, self.micro_batches, self.tp, self.parts)
 
 
 @dataclass
@@ -223,12 +224,13 @@ class _Replica:
         self.stage, self.replica = lay.place(rank)
         self.tp_rank = lay.tp_rank(rank)
         stage = self.stage
-        self.device = device_for(cfg.devices[stage.resource], local_rank)
+        self.device = device_for(cfg.devices[stage.kind(self.replica)], local_rank)
         # Every rank creates every stage's groups, in the same order (torch.distributed requires it): per
         # stage and shard, the replicas that sum its gradients; per replica at tp > 1, its shards.
         sync_groups, shard_groups = {}, {}
         for s in lay.stages:
-            backend = "nccl" if cfg.devices[s.resource].startswith("cuda") else "gloo"
+            on_gpus = all(cfg.devices[s.kind(r)].startswith("cuda") for r in range(s.replicas))
+            backend = "nccl" if on_gpus else "gloo"  # section 1i: a stage on CPUs and GPUs sums on the hosts
             for i in range(s.tp) if s.replicas > 1 else ():
                 sync_groups[s.index, i] = dist.new_group(s.data_parallel(i), backend=backend)
             for r in range(s.replicas) if s.tp > 1 else ():

@@ -67,20 +67,51 @@ def solve(
         budget = default_time_limit(problem.n_layers)
         started = options.started if options.started is not None else time.perf_counter()
         options = dataclasses.replace(options, time_limit=budget, started=started)
+    mixing = options.mixed_stages
+
+    def one(sub: Problem, opts: SolveOptions, report: Progress | None) -> Plan:
+        plan = _solve_at(name, sub, seed, report, opts)
+        return _joined(sub, plan, Clock.of(opts, time.perf_counter())) if mixing else plan
+
     if len(choices) == 1:
-        plan = _solve_at(name, problem.at_micro_batch(choices[0]), seed, progress, options)
+        plan = one(problem.at_micro_batch(choices[0]), options, progress)
     else:
         from heterps_cli.schedulers.micro_batch import best_micro_batch
 
-        plan = best_micro_batch(
-            problem,
-            choices,
-            lambda sub, opts, report: _solve_at(name, sub, seed, report, opts),
-            progress,
-            options,
-            exact=name == "exact",
-        )
+        # with mixed stages a micro-batch whose one-type plans are slower may mix faster: every one is asked
+        plan = best_micro_batch(problem, choices, one, progress, options, exact=name == "exact" and not mixing)
+    if mixing:
+        plan = _mixed_certificate(problem, plan)
     return _said_budget(plan, problem, budget)
+
+
+def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
+    """Section 1i: ``plan`` with replicas of other types joining its stages where that is faster."""
+    from heterps_cli.schedulers.mixing import mix
+
+    left = clock.left()
+    mixed, said = mix(problem, plan, time.monotonic() + left if left is not None else float("inf"))
+    return mixed.but(notes=[*mixed.notes, said]) if mixed is not plan else plan
+
+
+def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
+    """What is proven of a plan in the space of mixed stages: the exact solver's certificate covers stages
+    of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s; and why no stage mixes, where
+    the problem cannot."""
+    from heterps_cli.bounds import bound, within
+    from heterps_cli.schedulers.mixing import can_mix
+
+    notes = list(plan.notes)
+    if (why := can_mix(problem)) is not None:
+        return plan.but(notes=[*notes, f"--mixed-stages: {why}"])
+    if plan.scheduler != "exact":
+        return plan
+    best = bound(problem.at_micro_batch(plan.batch_size))
+    if best is None:
+        return plan.but(optimal=None)
+    gap, words = within(problem.objective, plan.cost_usd, plan.throughput, best)
+    said = f"the exact solver proves its plans over stages of one type; with mixed stages, {words}"
+    return plan.but(optimal=gap <= 1e-12, gap=None if gap <= 1e-12 else gap, notes=[*notes, said])
 
 
 def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions) -> Plan:
@@ -131,6 +162,8 @@ def with_what_if(problem: Problem, plan: Plan) -> Plan:
         problem = problem.at_micro_batch(plan.batch_size)
     if problem.nodes is not None:
         from heterps_cli.schedulers.exact.rented import what_if
+    elif any(s.joined for s in plan.stages):  # section 1i: the optimum over one-type stages, then mixed
+        from heterps_cli.schedulers.mixing import what_if
     else:
         from heterps_cli.schedulers.exact import what_if
 

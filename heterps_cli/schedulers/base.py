@@ -41,6 +41,8 @@ class SolveOptions:
     # When the time limit's clock started (time.perf_counter()); None: when the scheduler starts.
     # The command line starts it with the process, so that loading the files counts too.
     started: float | None = None
+    # section 1i: replicas of other types may join a stage (plan --mixed-stages)
+    mixed_stages: bool = False
 
 
 @dataclass(frozen=True)

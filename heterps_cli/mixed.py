@@ -1,0 +1,185 @@
+"""Stages whose replicas are of several types (docs/spec.md section 1i): each type's replicas train their own
+share of every micro-batch, the stage waits for the slowest, and all of them sum their gradients in one
+ring that runs at its slowest link.
+
+A mixed stage is a one-type stage (its ``resource``, ``replicas``, now training ``samples`` of each
+micro-batch) joined by replicas of other types (:class:`Joined`). Each part's terms are those of the same
+layers as a one-type stage on the part's type (:func:`~heterps_cli.costmodel.split_stages` on the plan's
+schedule with that stage's type changed), charged at the part's busiest replica's share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.costmodel import Scores, Stages, meets_targets, split_stages, stage_ids
+from heterps_cli.formulas import activations_held, mixed_step, run_cost, share
+from heterps_cli.problem import Problem
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Replicas of type ``type`` (an index) in another type's stage, training ``samples`` of each
+    micro-batch between them."""
+
+    type: int
+    replicas: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class Part:
+    """One type's replicas of a mixed stage and their figures (the busiest replica's, per micro-batch)."""
+
+    type: int
+    replicas: int
+    samples: int
+    compute_s: float
+    transfer_s: float
+    memory: float  # bytes a replica holds
+    fits: bool  # runnable, within memory, a share the profile measured (section 1f)
+
+
+@dataclass(frozen=True)
+class MixedStage:
+    parts: tuple[Part, ...]  # the stage's own type first
+    step_s: float
+    comm_s: float  # the ring all-reduce over every replica, at the slowest part's pace
+    update_s: float
+    throughput: float
+
+
+def _as_types(problem: Problem, schedule, s: int, types: list[int]) -> tuple[Stages, int, int, int]:
+    """The plan's schedule with stage ``s`` on each of ``types`` (one row each; tp 1, no recomputation),
+    split; and the stage's first and last layer and the plan's stage count."""
+    base = np.asarray(schedule, dtype=np.int64)
+    _, sid = stage_ids(base[None, :])
+    layers = np.flatnonzero(sid[0] == s)
+    a, b = int(layers[0]), int(layers[-1])
+    rows = np.repeat(base[None, :], len(types), axis=0)
+    for r, t in enumerate(types):
+        rows[r, a : b + 1] = t + problem.n_types * (s % 2)  # the stage's parity kept: the same cuts
+    return split_stages(problem, rows), a, b, int(sid[0, -1]) + 1
+
+
+def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int) -> tuple[float, float, float]:
+    """A replica's bytes of row ``r``'s part as section 1b counts them (also where no type has a memory
+    limit): what every replica holds, what all the stage's replicas split, and the activations of the
+    whole micro-batch in flight, which a replica holds its share of."""
+    fixed, split = problem.state_parts
+    activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
+    held = activations_held(float(st.in_flight[r, s]), activations)
+    return float(fixed[a : b + 1].sum() + problem.reserved_bytes[t]), float(split[a : b + 1].sum()), float(held)
+
+
+def _most_share(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int, replicas: int) -> float:
+    """The most samples one replica of row ``r``'s part may train: the largest size measured on ``t``
+    (section 1f) and what its memory holds among ``replicas`` in all."""
+    cap = np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
+    fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
+    room = problem.memory[t] - fixed - split / replicas
+    most = np.inf if held <= 0 else np.floor(room * problem.batch_size / held * (1 + 1e-12))
+    return float(min(cap, most, problem.batch_size))
+
+
+def mixed_stage(problem: Problem, schedule, s: int, own: tuple[int, int, int], joined) -> MixedStage:
+    """Stage ``s`` of ``schedule`` with ``own`` = (type, replicas, samples) and the ``joined`` parts."""
+    wanted = [own, *((j.type, j.replicas, j.samples) for j in joined)]
+    st, a, b, S = _as_types(problem, schedule, s, [t for t, _, _ in wanted])
+    K = sum(k for _, k, _ in wanted)
+    B = problem.batch_size
+    parts = []
+    for r, (t, k, n) in enumerate(wanted):
+        q = float(share(n, k)) / B
+        micro = float(st.micro_serial[r, s] + st.micro_parallel[r, s] * q)
+        transfer = float(st.transfer[r, s] * q)
+        fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
+        memory = fixed + split / K + held * q
+        cap = np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
+        fits = bool(problem.runnable[a : b + 1, t].all()) and memory <= problem.memory[t] * (1 + 1e-12)
+        fits &= n >= k and float(share(n, k)) <= cap
+        parts.append(Part(t, k, n, micro - transfer, transfer, memory, fits))
+    sync = float(max(st.sync[r, s] for r in range(len(wanted))))
+    update = float(max(st.update[r, s] for r in range(len(wanted))))
+    slowest = max(p.compute_s + p.transfer_s for p in parts)
+    step, comm = mixed_step(problem.micro_batches, S, slowest, sync, K, update)
+    return MixedStage(tuple(parts), float(step), float(comm), update, problem.step_samples / float(step))
+
+
+def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -> list[int] | None:
+    """Section 1i: the samples of each micro-batch each part ``(type, replicas)`` of stage ``s`` trains so
+    that its slowest replica is as fast as it can be: every replica a sample at least, none above what
+    its type measured or its memory holds; None where the parts cannot train the micro-batch. A part's
+    time per micro-batch, ``serial + parallel · ⌈n/k⌉ / B``, grows with its share, so the least slowest
+    time is one of the shares' times: the least at which the parts' largest shares cover ``B``."""
+    B = problem.batch_size
+    types = [t for t, _ in parts]
+    if any(not problem.runnable[:, t].any() for t in types):
+        return None
+    st, a, b, _ = _as_types(problem, schedule, s, types)
+    if any(not problem.runnable[a : b + 1, t].all() for t in types):
+        return None
+    K = sum(k for _, k in parts)
+    most = [int(_most_share(problem, st, r, s, t, a, b, K)) for r, (t, _) in enumerate(parts)]
+    if any(m < 1 for m in most) or sum(k * m for (_, k), m in zip(parts, most)) < B:
+        return None
+    share_ = np.arange(1, B + 1)
+    times = [st.micro_serial[r, s] + st.micro_parallel[r, s] * share_ / B for r in range(len(parts))]
+    taus = np.unique(np.concatenate([t[:m] for t, m in zip(times, most)]))
+
+    def largest(tau: float) -> list[int]:  # each part's largest share within tau
+        return [int(np.searchsorted(t[:m], tau, side="right")) for t, m in zip(times, most)]
+
+    def covers(tau: float) -> bool:
+        x = largest(tau)
+        return min(x) >= 1 and sum(k * y for (_, k), y in zip(parts, x)) >= B
+
+    lo, hi = 0, len(taus) - 1  # covers(taus[hi]): every part at its most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if covers(taus[mid]) else (mid + 1, hi)
+    x = largest(taus[lo])
+    samples = [k * y for (_, k), y in zip(parts, x)]
+    extra = sum(samples) - B
+    for i in np.argsort([-t[y - 1] for t, y in zip(times, x)]):  # the slowest part gives back first
+        give = min(extra, samples[i] - parts[i][1])
+        samples[i] -= give
+        extra -= give
+    return samples
+
+
+def mixed_scores(problem: Problem, stages: Stages, sc: Scores, mixed: dict[int, MixedStage]) -> Scores:
+    """``sc`` (one schedule's scores) with the ``mixed`` stages' throughputs, every part's units, and each
+    mixed stage held to its parts' rules where a one-type stage is held to its replica count's."""
+    thr_s = sc.stage_throughput.copy()
+    used = sc.used.copy()
+    k = sc.replicas[0]
+    each = (k >= np.maximum(stages.min_k[0], 1)) & (k <= problem.batch_size) | ~stages.valid[0]
+    for s, m in mixed.items():
+        thr_s[0, s] = m.throughput
+        each[s] = all(p.fits for p in m.parts)
+        for p in m.parts[1:]:
+            used[0, p.type] += p.replicas
+    bottleneck = np.argmin(thr_s, axis=1)
+    thr = thr_s[np.arange(1), bottleneck]
+    rate = used @ problem.prices
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time_s = problem.work / thr
+        cost = run_cost(problem.work, thr, rate)
+    within = np.asarray((used <= problem.limits[None, :]).all(axis=1) & bool(each.all()))
+    feasible = stages.runnable & within & meets_targets(problem, thr, cost)
+    return dataclasses.replace(
+        sc,
+        stage_throughput=thr_s,
+        throughput=thr,
+        bottleneck=bottleneck,
+        used=used,
+        rate=rate,
+        time_s=time_s,
+        cost=cost,
+        within_limits=within,
+        feasible=feasible,
+    )

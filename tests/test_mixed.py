@@ -1,0 +1,228 @@
+"""Mixed stages (docs/spec.md section 1i), held against an oracle written from the spec and a brute-force
+enumeration of every mixed plan on small instances: ``plan --mixed-stages`` never claims more than the
+enumeration's best, never less than the best plan of one-type stages, and its figures are the oracle's."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from heterps_cli.bounds import bound
+from heterps_cli.cli.app import app
+from heterps_cli.schedulers import SolveOptions, solve
+from tests.helpers import problem_from_dicts, write_yaml
+from tests.oracle import pipeline_optimum
+from tests.strategies import SETTINGS
+
+runner = CliRunner()
+
+
+def stage_step(profile: dict, cluster: dict, layers: list[int], parts, s: int, S: int) -> tuple[float, list, bool]:
+    """Spec 1i: the step of stage ``s`` of ``S`` over ``layers`` whose parts are ``(type, replicas, samples)``:
+    ``(M + S - 1) · max_p c_p + 2 · max_p Y_p · (K - 1) / K + max_p U_p``, ``c_p`` a replica's micro-batch at
+    its part's busiest share; each part's memory; whether every part fits."""
+    L, B = profile["layers"], profile["batch_size"]
+    M, n = profile["job"]["global_batch"] // B, len(L)
+    K = sum(k for _, k, _ in parts)
+    cs, ys, us, memory, fits = [], [], [], [], True
+    for t, k, samples in parts:
+        res, fixed = cluster["resources"][t], profile.get("fixed", {}).get(t, {})
+        b = math.ceil(samples / k)
+        c = fixed.get("pass_start", 0.0) + fixed.get("transfer_latency", 0.0) * 2 * (
+            (layers[0] > 0) + (layers[-1] < n - 1)
+        )
+        y, u = fixed.get("all_reduce_latency", 0.0), 0.0
+        for i in layers:
+            e = L[i]["times"].get(t)
+            if e is None:
+                return math.inf, [], False
+            a = e.get("alpha", L[i].get("alpha"))
+            c += e["oct"] * (1 - a + a * b / B)
+            y += e["odt"]
+            u += e.get("update", 0.0)
+        if res.get("bandwidth_gbps"):
+            moved = (L[layers[0]]["input_size"] if layers[0] > 0 else 0.0) + (
+                L[layers[-1] + 1]["input_size"] if layers[-1] < n - 1 else 0.0
+            )
+            c += 2 * b * moved / (res["bandwidth_gbps"] * 1e9 / 8)
+        held = min(S - s, M)
+        mem = (res.get("memory_reserved_gb") or 0.0) * 1e9
+        for i in layers:
+            kept = L[i].get("activation_size", 0.0) - (L[i].get("input_saved", 0.0) if i != layers[0] else 0.0)
+            w = profile.get("state_factor", 4.0) * L[i]["weight_size"]
+            mem += (w / K if L[i].get("sharded") else w) + held * b * kept
+        memory.append(mem)
+        fits &= samples >= k and (res.get("memory_gb") is None or mem <= res["memory_gb"] * 1e9 * (1 + 1e-12))
+        cs.append(c), ys.append(y), us.append(u)
+    return (M + S - 1) * max(cs) + 2 * max(ys) * (K - 1) / K + max(us), memory, fits
+
+
+def brute_force(profile: dict, cluster: dict) -> float:
+    """The fastest plan of every cut, every type and replica count per stage, and every other type joining
+    it with every count and split of the micro-batch, within the limits (0: none)."""
+    types, n, B = list(cluster["resources"]), len(profile["layers"]), profile["batch_size"]
+    M = profile["job"]["global_batch"] // B
+    best = 0.0
+    for cut in range(1 << (n - 1)):
+        bounds = [0, *[i + 1 for i in range(n - 1) if cut >> i & 1], n]
+        spans = [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+        per_stage = [list(_stage_options(types, cluster, B)) for _ in spans]
+        for choice in itertools.product(*per_stage):
+            used = {t: sum(k for parts in choice for u, k, _ in parts if u == t) for t in types}
+            if any(used[t] > cluster["resources"][t]["limit"] for t in types):
+                continue
+            steps = [
+                stage_step(profile, cluster, ls, parts, s, len(spans))
+                for s, (ls, parts) in enumerate(zip(spans, choice))
+            ]
+            if all(ok for _, _, ok in steps):
+                best = max(best, M * B / max(step for step, _, _ in steps))
+    return best
+
+
+def _stage_options(types, cluster, B):
+    """Every stage's parts: one type's replicas training the whole micro-batch, or two types' splitting it."""
+    for t in types:
+        for k in range(1, min(cluster["resources"][t]["limit"], B) + 1):
+            yield ((t, k, B),)
+            for u in types:
+                if u == t:
+                    continue
+                for j in range(1, cluster["resources"][u]["limit"] + 1):
+                    for n in range(k, B - j + 1):
+                        yield ((t, k, n), (u, j, B - n))
+
+
+@st.composite
+def mixable(draw):
+    """One or two layers on two types of speeds within 3x of each other (where mixing can pay), limits up to
+    3, micro-batch 4 or 6, a few micro-batches a step; sometimes a bandwidth, memory and update times."""
+    rng = st.floats(0.05, 1.0)
+    B, M, n = draw(st.sampled_from([4, 6])), draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 2))
+    speed = {"a": 1.0, "b": draw(st.floats(1.0, 3.0))}
+    layers = []
+    for i in range(n):
+        work = draw(rng)
+        times = {
+            t: {"oct": work * f, "odt": draw(rng) * 0.1, "alpha": draw(st.floats(0.7, 1.0)), "beta": 0.0}
+            | ({"update": work * 0.1} if draw(st.booleans()) else {})
+            for t, f in speed.items()
+        }
+        layers.append({"name": f"l{i}", "type": "fc", "input_size": 1e6, "weight_size": 1e8, "times": times}
+                      | ({"activation_size": 2e8} if draw(st.booleans()) else {}))  # fmt: skip
+    resources = {t: {"price": draw(st.floats(0.5, 4.0)), "limit": draw(st.integers(1, 3))} for t in speed}
+    if draw(st.booleans()):
+        for r in resources.values():
+            r |= {
+                "bandwidth_gbps": draw(st.sampled_from([1.0, 100.0])),
+                "memory_gb": draw(st.sampled_from([2.0, 40.0])),
+            }
+    job = {"samples": 1e4, "epochs": 1, "global_batch": B * M, "min_throughput": 0.0}
+    profile = {"model": "m", "batch_size": B, "job": job, "layers": layers}
+    return profile, {"cluster": "c", "resources": resources}
+
+
+def _mixed_plan(profile, cluster):
+    problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
+    return problem, solve("exact", problem, options=SolveOptions(mixed_stages=True))
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(mixable())
+def test_mixed_plans_are_within_brute_force_and_their_figures_are_the_specs(inst):
+    profile, cluster = inst
+    one_type = pipeline_optimum(profile, cluster, "time")
+    if one_type is None:
+        return
+    problem, plan = _mixed_plan(profile, cluster)
+    best = brute_force(profile, cluster)
+    assert one_type[1] * (1 - 1e-9) <= plan.throughput <= best * (1 + 1e-9)
+    assert bound(problem) >= best * (1 - 1e-9)  # the gap it reports is proven over mixed plans too
+    S = len(plan.stages)
+    for s, stage in enumerate(plan.stages):
+        parts = [(stage.resource, stage.replicas, stage.samples or profile["batch_size"])]
+        parts += [(j.resource, j.replicas, j.samples) for j in stage.joined or ()]
+        step, memory, ok = stage_step(profile, cluster, list(range(stage.first, stage.last + 1)), parts, s, S)
+        assert ok and math.isclose(stage.step_s, step, rel_tol=1e-9)
+        mine = [stage.memory_gb, *(j.memory_gb for j in stage.joined or ())]
+        assert all(math.isclose(a, b / 1e9, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(mine, memory))
+
+
+TINY = {
+    "model": "tiny",
+    "batch_size": 12,
+    "job": {"samples": 12000, "global_batch": 48},
+    "layers": [
+        {
+            "name": name,
+            "type": "fc",
+            "input_size": 1000,
+            "weight_size": 1e6,
+            "times": {
+                "fast": {"oct": 0.6, "odt": 0.001, "alpha": 0.95, "beta": 0.0},
+                "slow": {"oct": 1.8, "odt": 0.001, "alpha": 0.95, "beta": 0.0},
+            },
+        }
+        for name in ("a", "b")
+    ],
+}
+CLUSTER = {"cluster": "tiny", "resources": {"fast": {"price": 3.0, "limit": 2}, "slow": {"price": 1.0, "limit": 6}}}
+
+
+def test_leftover_fast_replicas_join_the_slow_stage_and_check_passes(tmp_path):
+    """Two fast GPUs and six slow ones: at micro-batch 48 the best one-type plan leaves one type idle;
+    joined, the stage of six slow replicas and two fast ones trains each type's share, faster than
+    any one-type plan, and check recomputes every figure from the files."""
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    args = ["plan", profile, cluster, "-s", "exact", "--objective", "time"]
+    one = runner.invoke(app, [*args, "--json"])
+    mixed = runner.invoke(app, [*args, "--mixed-stages", "-o", str(tmp_path / "plan.yaml")])
+    assert one.exit_code == 0 and mixed.exit_code == 0, mixed.output
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    stage = next(s for s in plan["stages"] if s.get("joined"))
+    assert stage["samples"] + sum(j["samples"] for j in stage["joined"]) == plan["batch_size"]
+    import json
+
+    assert plan["throughput"] > json.loads(one.output)["throughput"]
+    assert plan["optimal"] is False and plan["gap"] > 0
+    said = " ".join(mixed.output.split())
+    assert "slow + fast" in said and "(section 1i)" in said
+    checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
+                                  "--objective", "time"])  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda s: s["joined"][0].update(samples=s["joined"][0]["samples"] - 1), "stages[0].samples"),
+        (lambda s: s["joined"][0].update(resource=s["resource"]), "stages[0].joined"),
+        (lambda s: s.pop("samples"), "stages[0].joined"),
+        (lambda s: s["joined"][0].update(replicas=s["joined"][0]["samples"] + 1), "stages[0].joined[0].samples"),
+    ],
+)
+def test_a_mixed_stage_that_does_not_add_up_is_refused_naming_it(tmp_path, edit, field):
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    done = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--mixed-stages",
+                               "-o", str(tmp_path / "plan.yaml")])  # fmt: skip
+    assert done.exit_code == 0
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    edit(plan["stages"][0])
+    write_yaml(tmp_path / "bad.yaml", plan)
+    result = runner.invoke(app, ["validate", str(tmp_path / "bad.yaml"), cluster])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert field in said and "Traceback" not in said
+
+
+def test_mixed_stages_say_why_they_are_not_planned_under_objective_cost(tmp_path):
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--mixed-stages", "--json"])
+    assert result.exit_code == 0
+    assert "--mixed-stages: mixed stages are searched under objective time only" in result.output

@@ -1,0 +1,49 @@
+"""heterps run on a mixed stage (docs/spec.md section 1i): replicas of two types, each type's replicas
+training their planned share of every micro-batch, train with the losses of one process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import heterps
+from tests.test_run_command import MLP_LAYERS, write_plan
+
+
+def _mixed_plan(tmp_path, shares: tuple[int, int]):
+    """mlp in two stages at micro-batch 16, 4 per step: stage 0 on 2 ``cpu`` replicas training ``shares[0]``
+    samples joined by 1 ``cpu2`` replica training ``shares[1]``; stage 1 on one ``cpu``."""
+    path = write_plan(tmp_path / "plan.json", [("cpu", 2, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])], batch_size=16)
+    data = json.loads(path.read_text())
+    data["stages"][1]["first"], data["stages"][1]["last"] = 4, len(MLP_LAYERS) - 1
+    data["stages"][0] |= {
+        "samples": shares[0],
+        "joined": [{"resource": "cpu2", "replicas": 1, "samples": shares[1], "compute_s": 0.01}],
+    }
+    data |= {"global_batch": 64, "micro_batches": 4, "resources": {"cpu": 3, "cpu2": 1}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("shares", [(10, 6), (4, 12)])
+def test_a_mixed_stage_trains_with_the_losses_of_one_process(tmp_path, shares):
+    from heterps_cli.runtime import single_process_losses
+
+    plan = _mixed_plan(tmp_path, shares)
+    out = tmp_path / "report.json"
+    args = ["run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--steps", "3", "--warmup", "0"]
+    done = heterps(*args, "--max-processes", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["processes"] == 4
+    reference = single_process_losses("mlp", 64, 3)
+    assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < 1e-5
+
+
+def test_a_mixed_stage_whose_shares_miss_the_batch_is_refused_naming_it(tmp_path):
+    plan = _mixed_plan(tmp_path, (10, 5))
+    done = heterps("run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--steps", "1")
+    assert done.returncode == 2
+    said = " ".join(done.stderr.split())
+    assert "stages[0].samples" in said and "15 samples" in said and "Traceback" not in said
