@@ -99,7 +99,7 @@ def _own(problem: Problem, stages, k: np.ndarray, s: int, parts: tuple[Joined, .
 
 def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
     """Every way to join more replicas of another type to the slowest stage (:mod:`this module's <.>`
-    rule), as (replicas per stage, joined parts)."""
+    rule), with as many more of its own type's idle units, as (replicas per stage, joined parts)."""
     from heterps_cli.mixed import balanced
 
     kk = np.zeros(stages.valid.shape)
@@ -123,18 +123,21 @@ def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
         sources += [(s, int(k[s]) - 1) for s in range(len(k)) if s != b and stages.type[0, s] == u and s not in joined]
         for donor, most in sources:
             for e in _counts(most):
-                yield from _joined_move(problem, schedule, stages, k, joined, balanced, (b, u, e, donor), have)
+                for grow in (0, *_counts(int(free[own_type]))):  # its own type's idle units may join it too
+                    move = (b, u, e, donor, grow)
+                    yield from _joined_move(problem, schedule, stages, k, joined, balanced, move, have)
 
 
 def _joined_move(problem, schedule, stages, k, joined, balanced: Callable, move: tuple, have):
-    b, u, e, donor = move
+    b, u, e, donor, grow = move
     other = [(p.type, p.replicas) for p in joined.get(b, ()) if p.type != u]
     count = e + (have[u].replicas if u in have else 0)
-    parts = [(int(stages.type[0, b]), int(k[b])), *other, (u, count)]
+    parts = [(int(stages.type[0, b]), int(k[b]) + grow), *other, (u, count)]
     samples = balanced(problem, schedule, b, parts)
     if samples is None:
         return
     new_k = k.copy()
+    new_k[b] += grow
     if donor is not None:
         new_k[donor] -= e
     new_joined = dict(joined)
