@@ -158,29 +158,6 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
     """``plan --explain`` for a plan with mixed stages: with each type's limit one higher and one lower, the
     exact solver's plan over one-type stages with replicas of other types joined as :func:`mix` joins
     them (the same search as the plan's, at its micro-batch)."""
-    from heterps_cli.errors import InfeasibleError, TooLarge
-    from heterps_cli.schedulers.exact import solve as exact
+    from heterps_cli.schedulers.exact.scheduler import what_if as exact_what_if
 
-    out = []
-    for t, name in enumerate(problem.types):
-        for change in (1, -1):
-            limits = problem.limits.copy()
-            limits[t] += change
-            if limits[t] < 1:
-                continue
-            there = problem.replace(limits=limits)
-            try:
-                best, _ = mix(there, exact(there))
-            except (InfeasibleError, TooLarge):
-                best = None
-            out.append(
-                {
-                    "kind": name,
-                    "change": change,
-                    "limit": int(limits[t]),
-                    "throughput": None if best is None else best.throughput,
-                    "cost_usd": None if best is None else best.cost_usd,
-                    "meets": best is not None and bool(best.feasible),
-                }
-            )
-    return out
+    return exact_what_if(problem, plan, then=lambda there, found: mix(there, found)[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -241,10 +242,11 @@ def _within_every_limit(problem: Problem, solver: StepSolver) -> tuple[Candidate
     return best, why
 
 
-def what_if(problem: Problem, plan: Plan) -> list[dict]:
+def what_if(problem: Problem, plan: Plan, then: Callable[[Problem, Plan], Plan] | None = None) -> list[dict]:
     """``plan --explain`` on a cluster priced per unit: for each type, the optimum (the problem's
     objective, by this solver) with its limit one higher and one lower: ``{"kind", "change", "limit",
-    "throughput", "cost_usd", "meets"}``, throughput and cost None where no plan meets the job then."""
+    "throughput", "cost_usd", "meets"}``, throughput and cost None where no plan meets the job then.
+    ``then``: what the plan's own search does to the optimum there (section 1i joins other types)."""
     out = []
     for t, name in enumerate(problem.types):
         for change in (1, -1):
@@ -252,8 +254,10 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
             limits[t] += change
             if limits[t] < 1:
                 continue
+            there = problem.replace(limits=limits)
             try:
-                best = solve(problem.replace(limits=limits))
+                best = solve(there)
+                best = then(there, best) if then is not None else best
             except (InfeasibleError, TooLarge):
                 best = None
             out.append(
@@ -263,7 +267,7 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
                     "limit": int(limits[t]),
                     "throughput": None if best is None else best.throughput,
                     "cost_usd": None if best is None else best.cost_usd,
-                    "meets": best is not None,
+                    "meets": best is not None and bool(best.feasible),
                 }
             )
     return out
