@@ -463,6 +463,11 @@ class Plan(_Strict):
         return self.model_copy(update=changes)
 
     @property
+    def types_used(self) -> list[str]:
+        """Every type the plan's replicas run on, in stage order, each once (section 1i's joined too)."""
+        return list(dict.fromkeys(t for s in self.stages for t in s.units_by_type))
+
+    @property
     def schedule(self) -> list[str]:
         """The type of each layer, in order."""
         return [s.resource for s in self.stages for _ in range(s.first, s.last + 1)]

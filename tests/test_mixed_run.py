@@ -47,3 +47,13 @@ def test_a_mixed_stage_whose_shares_miss_the_batch_is_refused_naming_it(tmp_path
     assert done.returncode == 2
     said = " ".join(done.stderr.split())
     assert "stages[0].samples" in said and "15 samples" in said and "Traceback" not in said
+
+
+def test_launch_starts_every_replica_of_a_mixed_stage(tmp_path):
+    """One machine: torchrun starts the joined replica too (4 processes), and maps each type's device."""
+    plan = _mixed_plan(tmp_path, (10, 6))
+    out = tmp_path / "launch"
+    done = heterps("launch", str(plan), "-o", str(out), "--model", "mlp", "--map", "cpu=cpu", "--map", "cpu2=cpu")
+    assert done.returncode == 0, done.stderr
+    script = (out / "node-0.sh").read_text()
+    assert "--nproc-per-node 4" in script and "--map cpu2=cpu" in script

@@ -131,7 +131,7 @@ def launch_command(
             not_an_input(report, plan_file, *([task.rpartition(":")[0]] if task else []), field="--report")
         plan, doc = load_plan(str(plan_file))
         mapping = parse_map(device_map or [])
-        devices = mapped(list(dict.fromkeys(s.resource for s in plan.stages)), mapping, strict=True)
+        devices = mapped(plan.types_used, mapping, strict=True)
         run_args = [*(["--model", _absolute(model)] if model else []), *(["--task", _absolute(task)] if task else [])]
         run_args += [a for t, d in mapping.items() for a in ("--map", f"{t}={d}")]
         run_args += _run_options(steps, warmup, threads, ck, checkpoint_every, resume, report)

@@ -171,7 +171,7 @@ def run_plan(
     check_options(model, task, checkpoint_dir, checkpoint_every, resume)
     plan, doc = load_plan(plan_path)
     model = task or model or plan.model  # a measured profile names its model as --model spells it
-    types = list(dict.fromkeys(t for s in plan.stages for t in s.units_by_type))  # section 1i: joined too
+    types = plan.types_used
     devices = devices_for(types, mapping or {})
     env = torchrun_env()
     under_torchrun, coordinating = env is not None, env is None or env[0] == 0
