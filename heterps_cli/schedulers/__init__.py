@@ -105,7 +105,7 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
     if (why := can_mix(problem)) is not None:
         return plan.but(notes=[*notes, f"--mixed-stages: {why}"])
     if not any(s.joined for s in plan.stages):
-        notes.append("--mixed-stages: no stage is faster with replicas of another type joining it")
+        notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
         return plan.but(notes=notes)
     best = bound(problem.at_micro_batch(plan.batch_size))

@@ -1,11 +1,12 @@
-"""Section 1i's search: replicas of other types join a plan's slowest stage (``plan --mixed-stages``).
+"""Section 1i's search: replicas of other types join a plan's stages (``plan --mixed-stages``).
 
-From any scheduler's plan of one-type stages, a hill climb: at each step, every way to give the slowest
-stage ``e`` more replicas of another type (``e`` a power of two, or all there are), taken from the units
-the plan leaves idle or from another stage of that type, each with the split of the micro-batch that
-makes its slowest part fastest (:func:`~heterps_cli.mixed.balanced`); the best that makes the plan faster
-within every constraint is kept, until none does. Objective time only: under objective cost the plan is
-returned as found.
+From any scheduler's plan of one-type stages, a hill climb. Objective time: at each step, every way to give
+the slowest stage ``e`` more replicas of another type (``e`` a power of two, or all there are), taken from
+the units the plan leaves idle or from another stage of that type (and as many of its own type's idle
+units), each with the split of the micro-batch that makes its slowest part fastest
+(:func:`~heterps_cli.mixed.balanced`); the best that makes the plan faster within every constraint is
+kept, until none does. Objective cost: every way to give any stage idle replicas of another type while it
+gives up some of its own, kept where the plan gets cheaper and still meets its throughput.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from heterps_cli.costmodel import schedule_of_stages, score, split_stages
+from heterps_cli.figures import usd
 from heterps_cli.mixed import Joined, mixed_scores, mixed_stage
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
@@ -33,14 +35,12 @@ def can_mix(problem: Problem) -> str | None:
         return "mixed stages are not planned on clusters of whole nodes yet"
     if not problem.pipelined:
         return "mixed stages need a pipeline schedule (a global batch)"
-    if problem.objective is not Objective.TIME:
-        return "mixed stages are searched under objective time only"
     return None
 
 
 def mix(problem: Problem, plan: Plan, deadline: float = np.inf) -> tuple[Plan, str]:
-    """``plan`` with replicas of other types joining its slowest stages where that makes it faster, and
-    what was done, in words."""
+    """``plan`` with replicas of other types joining its stages where that makes it better by the
+    objective, and what was done, in words."""
     if (why := can_mix(problem)) is not None or not plan.feasible:
         return plan, why or "the plan breaks a constraint"
     problem = problem.at_micro_batch(plan.batch_size)
@@ -54,43 +54,59 @@ def mix(problem: Problem, plan: Plan, deadline: float = np.inf) -> tuple[Plan, s
         if time.monotonic() > deadline or best is None:
             break
         moves = _moves(problem, schedule, stages, k, joined)
-        found = max(
-            ((_score(problem, schedule, stages, kk, jj), kk, jj) for kk, jj in moves),
-            key=lambda c: -np.inf if c[0] is None else c[0],
-            default=None,
-        )
-        if found is None or found[0] is None or found[0] <= best * (1 + 1e-9):
+        scored = ((_score(problem, schedule, stages, kk, jj), kk, jj) for kk, jj in moves)
+        found = max(scored, key=lambda c: _key(problem, c[0]), default=None)
+        if found is None or found[0] is None or not _better(problem, found[0], best):
             break
         best, k, joined = found
-    if not joined:
-        return plan, "no stage is faster with replicas of another type"
+    if not joined or best is None or start is None:
+        return plan, "no stage is better with replicas of another type"
     mixed = make_plan(problem, schedule, k, scheduler=plan.scheduler, seed=plan.seed, joined=joined, notes=plan.notes)
     said = "; ".join(_joined_words(problem, plan.stages[s], int(k[s]), parts) for s, parts in sorted(joined.items()))
-    said += f" (section 1i): {start:,.1f} -> {best:,.1f} samples/s"
+    if problem.objective is Objective.TIME:
+        said += f" (section 1i): {start[0]:,.1f} -> {best[0]:,.1f} samples/s"
+    else:
+        said += f" (section 1i): {usd(start[1])} -> {usd(best[1])}"
     return mixed.but(solve_s=plan.solve_s, evaluations=plan.evaluations), said
 
 
+def _key(problem: Problem, figures: tuple[float, float] | None) -> tuple[float, float]:
+    """What the climb maximises: the throughput then the lower cost (time), or the lower cost (cost)."""
+    if figures is None:
+        return (-np.inf, -np.inf)
+    thr, cost = figures
+    return (thr, -cost) if problem.objective is Objective.TIME else (-cost, thr)
+
+
+def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float] | None) -> bool:
+    if old is None:
+        return True
+    if problem.objective is Objective.TIME:
+        return new[0] > old[0] * (1 + 1e-9)
+    return new[1] < old[1] * (1 - 1e-9)
+
+
 def _joined_words(problem: Problem, stage, own: int, parts: tuple[Joined, ...]) -> str:
-    """Why a stage mixes types, in words: who joins it, and what each part trains."""
+    """Who joins a stage, and what each part trains, in words."""
     B = problem.batch_size
     mine = B - sum(p.samples for p in parts)
     others = ", ".join(f"{p.replicas} {problem.types[p.type]} replica(s) train {p.samples}" for p in parts)
     return (
-        f"stage {stage.first}-{stage.last} is the slowest on one type: {others} of each micro-batch of {B} beside "
-        f"its {own} {stage.resource} replica(s), which train {mine}, each type's share as large as keeps it no "
-        "slower than the stage's slowest part"
+        f"layers {stage.first}-{stage.last}: {others} of each micro-batch of {B} beside {own} "
+        f"{stage.resource} replica(s), which train {mine}, each type's share as large as keeps it no slower "
+        "than the stage's slowest part"
     )
 
 
-def _score(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> float | None:
-    """The plan's throughput (None where it breaks a constraint)."""
+def _score(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> tuple[float, float] | None:
+    """The plan's throughput and cost (None where it breaks a constraint)."""
     kk = np.zeros(stages.valid.shape)
     kk[0, : len(k)] = k
     sc = score(problem, stages, kk)
     if joined:
         parts = {s: mixed_stage(problem, schedule, s, _own(problem, stages, kk, s, j), j) for s, j in joined.items()}
         sc = mixed_scores(problem, stages, sc, parts)
-    return float(sc.throughput[0]) if sc.feasible[0] else None
+    return (float(sc.throughput[0]), float(sc.cost[0])) if sc.feasible[0] else None
 
 
 def _own(problem: Problem, stages, k: np.ndarray, s: int, parts: tuple[Joined, ...]) -> tuple[int, int, int]:
@@ -98,34 +114,38 @@ def _own(problem: Problem, stages, k: np.ndarray, s: int, parts: tuple[Joined, .
 
 
 def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
-    """Every way to join more replicas of another type to the slowest stage (:mod:`this module's <.>`
-    rule), with as many more of its own type's idle units, as (replicas per stage, joined parts)."""
+    """Every move of the climb (this module's rule), as (replicas per stage, joined parts)."""
     from heterps_cli.mixed import balanced
 
     kk = np.zeros(stages.valid.shape)
     kk[0, : len(k)] = k
     sc = score(problem, stages, kk)
-    slowest = int(np.argmin(sc.stage_throughput[0, : len(k)]))
     if joined:
         parts = {s: mixed_stage(problem, schedule, s, _own(problem, stages, kk, s, j), j) for s, j in joined.items()}
         sc = mixed_scores(problem, stages, sc, parts)
-        slowest = int(np.argmin(sc.stage_throughput[0, : len(k)]))
-    b = int(slowest)
-    if stages.width[0, b] > 1 or stages.recompute[0, b]:
-        return
-    own_type = int(stages.type[0, b])
     free = problem.limits - sc.used[0]
-    have = {p.type: p for p in joined.get(b, ())}
-    for u in range(problem.n_types):
-        if u == own_type:
+    timed = problem.objective is Objective.TIME
+    targets = [int(np.argmin(sc.stage_throughput[0, : len(k)]))] if timed else range(len(k))
+    for b in targets:
+        if stages.width[0, b] > 1 or stages.recompute[0, b]:
             continue
-        sources: list[tuple[int | None, int]] = [(None, int(free[u]))]  # (donor stage, units it can give)
-        sources += [(s, int(k[s]) - 1) for s in range(len(k)) if s != b and stages.type[0, s] == u and s not in joined]
-        for donor, most in sources:
-            for e in _counts(most):
-                for grow in (0, *_counts(int(free[own_type]))):  # its own type's idle units may join it too
-                    move = (b, u, e, donor, grow)
-                    yield from _joined_move(problem, schedule, stages, k, joined, balanced, move, have)
+        own_type = int(stages.type[0, b])
+        have = {p.type: p for p in joined.get(b, ())}
+        # time: the stage grows by its own type's idle units too; cost: it gives up some of its own
+        owns = (0, *_counts(int(free[own_type]))) if timed else (0, *(-r for r in _counts(int(k[b]) - 1)))
+        for u in range(problem.n_types):
+            if u == own_type:
+                continue
+            sources: list[tuple[int | None, int]] = [(None, int(free[u]))]  # (donor stage, units it can give)
+            if timed:
+                sources += [
+                    (s, int(k[s]) - 1) for s in range(len(k)) if s != b and stages.type[0, s] == u and s not in joined
+                ]
+            for donor, most in sources:
+                for e in _counts(most):
+                    for grow in owns:
+                        move = (b, u, e, donor, grow)
+                        yield from _joined_move(problem, schedule, stages, k, joined, balanced, move, have)
 
 
 def _joined_move(problem, schedule, stages, k, joined, balanced: Callable, move: tuple, have):
