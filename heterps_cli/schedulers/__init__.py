@@ -110,7 +110,7 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
         return plan.but(notes=notes)
     best = bound(problem.at_micro_batch(plan.batch_size))
     if best is None:
-        return plan.but(optimal=None)
+        return plan.but(optimal=None, notes=notes)
     gap, words = within(problem.objective, plan.cost_usd, plan.throughput, best)
     said = f"the exact solver proves its plans over stages of one type; with mixed stages, {words}"
     return plan.but(optimal=gap <= 1e-12, gap=None if gap <= 1e-12 else gap, notes=[*notes, said])
