@@ -331,6 +331,7 @@ class Joined(_Strict):
     compute_s: NonNegative
     transfer_s: NonNegative | None = None
     memory_gb: NonNegative | None = None
+    nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
 
 
 class Stage(_Strict):
@@ -941,10 +942,6 @@ def check_plan_on_cluster(plan: Plan, pdoc: Document, cluster: Cluster, cdoc: Do
                 )
         for t, units in stage.units_by_type.items():
             used[t] = used.get(t, 0) + units
-    if plan.rental and any(s.joined for s in plan.stages):
-        problems.append(
-            pdoc.error(("rental",), "a plan on whole nodes mixes types in a stage, which heterps cannot place")
-        )
     for t, n in used.items():
         limit = cluster.resources[t].limit if t in cluster.resources else None
         if limit is not None and n > limit:

@@ -98,6 +98,14 @@ def launch_for(
     ``slurm``: what the batch script asks of Slurm, and the setup and shared paths every script checks."""
     needs = needs or NodeNeeds()
     placed = all(s.nodes is not None for s in plan.stages)
+    if placed and any(s.joined for s in plan.stages):
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            "the plan places mixed stages (joined) on nodes, which heterps launch does not lay out yet: run it "
+            "under torchrun with heterps run, or plan without --mixed-stages",
+        )
     if placed and any(s.tp for s in plan.stages):
         raise InputError(
             plan_path,

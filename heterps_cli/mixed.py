@@ -151,9 +151,12 @@ def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -
     return samples
 
 
-def mixed_scores(problem: Problem, stages: Stages, sc: Scores, mixed: dict[int, MixedStage]) -> Scores:
+def mixed_scores(
+    problem: Problem, stages: Stages, sc: Scores, mixed: dict[int, MixedStage], rate: np.ndarray | None = None
+) -> Scores:
     """``sc`` (one schedule's scores) with the ``mixed`` stages' throughputs, every part's units, and each
-    mixed stage held to its parts' rules where a one-type stage is held to its replica count's."""
+    mixed stage held to its parts' rules where a one-type stage is held to its replica count's; priced at
+    ``rate`` (USD an hour, a rental's), else its units' (with nodes: the cheapest rental holding them)."""
     thr_s = sc.stage_throughput.copy()
     used = sc.used.copy()
     k = sc.replicas[0]
@@ -165,7 +168,8 @@ def mixed_scores(problem: Problem, stages: Stages, sc: Scores, mixed: dict[int, 
             used[0, p.type] += p.replicas
     bottleneck = np.argmin(thr_s, axis=1)
     thr = thr_s[np.arange(1), bottleneck]
-    rate = used @ problem.prices
+    if rate is None:
+        rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
     with np.errstate(divide="ignore", invalid="ignore"):
         time_s = problem.work / thr
         cost = run_cost(problem.work, thr, rate)

@@ -40,7 +40,7 @@ def make_plan(
     With whole nodes (section 1e) the plan runs on ``rental`` (nodes per kind, holding its units);
     without one, on the best of the cheapest rental holding them and each single node with links
     that holds them (:func:`_rental_for`). ``joined``: section 1i, by stage index, the replicas of other
-    types that join it (:class:`~heterps_cli.mixed.Joined`), on a cluster without nodes."""
+    types that join it (:class:`~heterps_cli.mixed.Joined`)."""
     stages = split_stages(problem, np.asarray(schedule)[None, :])
     S = int(stages.valid.sum())
     k = np.zeros(stages.valid.shape)
@@ -51,8 +51,11 @@ def make_plan(
     if mixed:
         sc = mixed_scores(problem, stages, sc, mixed)
     problem, stages, sc, rental, links = _on_rental(problem, schedule, k, stages, sc, rental)
-    out, idle = _placed(problem, stages, k, sc, rental)
-    out = [_with_parts(problem, stage, mixed[s]) if s in mixed else stage for s, stage in enumerate(out)]
+    if mixed and rental is not None:  # on the rental: its links, its price
+        mixed = _mixed(problem, schedule, k, joined or {})
+        sc = mixed_scores(problem, stages, sc, mixed, rate=sc.rate)
+    out, idle, where = _placed(problem, stages, k, sc, rental, mixed)
+    out = [_with_parts(problem, stage, mixed[s], where.get(s)) if s in mixed else stage for s, stage in enumerate(out)]
     pipelined = bool(problem.micro_batches)
     plan = Plan.model_construct(
         model=problem.model,
@@ -92,8 +95,8 @@ def _mixed(problem: Problem, schedule, k: np.ndarray, joined: dict) -> dict[int,
     """Section 1i: each joined stage's parts and figures; ValueError where the plan cannot mix types."""
     if not joined:
         return {}
-    if problem.nodes is not None or not problem.pipelined:
-        raise ValueError("stages mix types only under a pipeline schedule (a global batch) on a cluster without nodes")
+    if not problem.pipelined:
+        raise ValueError("stages mix types only under a pipeline schedule (a global batch)")
     stages = split_stages(problem, np.asarray(schedule)[None, :])
     out = {}
     for s, parts in joined.items():
@@ -104,8 +107,9 @@ def _mixed(problem: Problem, schedule, k: np.ndarray, joined: dict) -> dict[int,
     return out
 
 
-def _with_parts(problem: Problem, stage: Stage, m: MixedStage) -> Stage:
-    """A one-type stage's entry with section 1i's parts: its own replicas' figures, the stage's step."""
+def _with_parts(problem: Problem, stage: Stage, m: MixedStage, where: list | None) -> Stage:
+    """A one-type stage's entry with section 1i's parts: its own replicas' figures, the stage's step, and
+    where each joined part's replicas run (section 1e)."""
     own, *others = m.parts
     joined = [
         Joined(
@@ -115,8 +119,9 @@ def _with_parts(problem: Problem, stage: Stage, m: MixedStage) -> Stage:
             compute_s=p.compute_s,
             transfer_s=p.transfer_s,
             memory_gb=p.memory / 1e9,
+            nodes=where[i] if where is not None else None,
         )
-        for p in others
+        for i, p in enumerate(others)
     ]
     return stage.model_copy(
         update={
@@ -151,25 +156,25 @@ def _on_rental(problem: Problem, schedule, k: np.ndarray, stages, sc, rental: di
     return problem, stages, score(problem, stages, k, rate=rate), rental, links
 
 
-def _placed(problem: Problem, stages, k: np.ndarray, sc, rental: dict[str, int] | None):
+def _placed(problem: Problem, stages, k: np.ndarray, sc, rental: dict[str, int] | None, mixed: dict):
     """The plan's stages and, on a rental (section 1e), the units of each type it leaves idle, each
-    stage's replicas placed on the rental's nodes."""
+    stage's replicas placed on the rental's nodes, and where each mixed stage's joined parts run."""
     S = int(stages.valid.sum())
     out = [_stage(problem, stages, k, sc, s) for s in range(S)]
     if rental is None:
-        return out, None
+        return out, None, {}
     assert problem.nodes is not None
     held = problem.nodes.held(rental)
     assert (held >= sc.used[0]).all(), "the rental holds the plan's units"
     idle = {t: int(h - u) for t, h, u in zip(problem.types, held, sc.used[0])}
     idle |= problem.nodes.others_held(problem.nodes.counts(rental))  # section 1e: every unit the rental holds
-    placed = place(
-        problem.nodes,
-        problem.types,
-        rental,
-        [(int(stages.type[0, s]), k[0, s], int(stages.width[0, s])) for s in range(S)],
-    )
-    return [stage.model_copy(update={"nodes": where}) for stage, where in zip(out, placed)], idle
+    wanted = [(int(stages.type[0, s]), k[0, s], int(stages.width[0, s])) for s in range(S)]
+    parts = [(s, p) for s in sorted(mixed) for p in mixed[s].parts[1:]]  # section 1i: placed after the stages
+    placed = place(problem.nodes, problem.types, rental, [*wanted, *((p.type, p.replicas, 1) for _, p in parts)])
+    where: dict[int, list] = {}
+    for (s, _), nodes in zip(parts, placed[S:]):
+        where.setdefault(s, []).append(nodes)
+    return [stage.model_copy(update={"nodes": at}) for stage, at in zip(out, placed[:S])], idle, where
 
 
 def _per_type(problem: Problem, bandwidth: np.ndarray, used: np.ndarray) -> dict:

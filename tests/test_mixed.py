@@ -244,3 +244,31 @@ def test_mixed_stages_say_why_they_are_not_planned_without_a_pipeline(tmp_path):
     result = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--mixed-stages", "--json"])
     assert result.exit_code == 0
     assert "--mixed-stages: mixed stages need a pipeline schedule (a global batch)" in result.output
+
+
+def test_a_mixed_stage_on_whole_nodes_is_rented_placed_and_checked(tmp_path):
+    """The same job on nodes of two fast or two slow GPUs: the plan rents 1 + 3 nodes, places the joined
+    fast replicas on the fast node, check recomputes it, and launch (which does not place mixed stages on
+    nodes yet) refuses it with exit 2 before writing anything."""
+    nodes = {
+        "cluster": "tinynodes",
+        "resources": {"fast": {}, "slow": {}},
+        "nodes": {
+            "f": {"price": 6.0, "units": {"fast": 2}, "available": 1},
+            "s": {"price": 2.0, "units": {"slow": 2}, "available": 3},
+        },
+    }
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", nodes)
+    args = ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--mixed-stages"]
+    assert runner.invoke(app, [*args, "-o", str(tmp_path / "plan.yaml")]).exit_code == 0
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    assert plan["rental"] == {"f": 1, "s": 3}
+    stage = next(s for s in plan["stages"] if s.get("joined"))
+    assert stage["joined"][0]["nodes"] == {"f#1": 2} and sum(stage["nodes"].values()) == stage["replicas"]
+    checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
+                                  "--objective", "time"])  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+    launched = runner.invoke(app, ["launch", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "out"), "--model",
+                                   "mlp", "--map", "fast=cuda", "--map", "slow=cuda"])  # fmt: skip
+    assert launched.exit_code == 2 and "mixed stages" in " ".join(launched.output.split())
+    assert not (tmp_path / "out").exists()

@@ -149,8 +149,8 @@ def misfits(problem: Problem, plan: Plan) -> list[str]:
 def _joined_misfits(problem: Problem, stage, where: str) -> list[str]:
     """Section 1i: a mixed stage's joined types, each one the cluster offers that runs every layer; its
     shares, memory and limits are the recomputed plan's feasibility."""
-    if problem.nodes is not None or not problem.pipelined:
-        return [f"{where} mixes types, which heterps plans only under a pipeline schedule on a cluster without nodes"]
+    if not problem.pipelined:
+        return [f"{where} mixes types, which heterps plans only under a pipeline schedule (a global batch)"]
     out = []
     for part in stage.joined:
         if part.resource not in problem.types:
@@ -241,7 +241,7 @@ def _still_rentable(problem: Problem, plan: Plan) -> dict[str, int] | None:
     if nodes is None or not rental or any(kind not in nodes.names for kind in rental):
         return None
     counts = nodes.counts(rental)
-    used = np.array([sum(s.units for s in plan.stages if s.resource == t) for t in problem.types])  # tp: d each
+    used = np.array([sum(s.units_by_type.get(t, 0) for s in plan.stages) for t in problem.types])  # tp: d each
     if (counts > nodes.available).any() or (counts @ nodes.units < used).any():
         return None
     return dict(rental)

@@ -107,7 +107,7 @@ MixedStagesOpt = Annotated[
         "--mixed-stages",
         metavar="",
         help="Let replicas of other types join a stage, each type training its own share of every "
-        "micro-batch (docs/spec.md section 1i; a global batch, no nodes). Default: a stage "
+        "micro-batch (docs/spec.md section 1i; a global batch, tp 1). Default: a stage "
         "runs on one type.",
     ),
 ]

@@ -31,8 +31,6 @@ def can_mix(problem: Problem) -> str | None:
     """Why ``problem``'s plans cannot mix types in a stage (None: they can)."""
     if problem.n_types < 2:
         return "the cluster has one type"
-    if problem.nodes is not None:
-        return "mixed stages are not planned on clusters of whole nodes yet"
     if not problem.pipelined:
         return "mixed stages need a pipeline schedule (a global batch)"
     return None
