@@ -293,11 +293,13 @@ def plan_command(profile_path: Path, cluster_path: Path, *more: str) -> tuple[di
 
 
 def shape(plan: dict) -> str:
-    """A plan's stages as ``type first-last xk``, ``↻`` where the stage recomputes its activations."""
+    """A plan's stages as ``type first-last xk``, ``↻`` where the stage recomputes its activations, ``+ type
+    xk`` for each type that joins it (section 1i)."""
     parts = [
         f"{s['resource']} {s['first']}-{s['last']} x{s['replicas']}"
         + (f" tp{s['tp']}" if s.get("tp") else "")
         + (" ↻" if s.get("recompute") else "")
+        + "".join(f" + {j['resource']} x{j['replicas']}" for j in s.get("joined") or ())
         for s in plan["stages"]
     ]
     return f"{len(parts)} stages: " + ", ".join(parts)
@@ -315,18 +317,22 @@ MIXED_BATCH = 2048
 
 
 def mixed_table(folder: Path, profiles: dict) -> None:
-    """heterps's plan on each mixed cluster at global batch 2,048 (every stage on one type: heterps does
-    not mix types within a stage yet), its cost, and the whole command's time."""
+    """heterps's plan on each mixed cluster at global batch 2,048 with ``--mixed-stages`` (GPUs of several
+    types may share a stage), its cost and the whole command's time, beside the best plan whose every
+    stage runs on one type."""
     print(f"\nMixed clusters at global batch {MIXED_BATCH:,} (issue 63):\n")
     columns = ("cluster", "tp", "GPUs", "heterps samples/s", "USD an hour", "micro-batch", "plan", "command s")
-    print(header([(c, "l") for c in (*columns, "peer samples/s")]))
+    one = ("one type a stage: samples/s", "command s")
+    print(header([(c, "l") for c in (*columns, *one, "peer samples/s")]))
     for name, nodes, degrees, peer in MIXED:
         for tp in degrees:
             profile, entries, profile_path = profiles[tp]
             cluster = cluster_of(name, nodes, entries, tp)
             cluster_path = folder / f"{cluster['cluster']}-g{MIXED_BATCH}.yaml"
             cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
-            plan, wall = plan_command(profile_path, cluster_path, "--global-batch", str(MIXED_BATCH))
+            batch = ("--global-batch", str(MIXED_BATCH))
+            plan, wall = plan_command(profile_path, cluster_path, *batch, "--mixed-stages")
+            single, single_wall = plan_command(profile_path, cluster_path, *batch)
             gpus = sum(nodes.values()) * GPUS_PER_NODE
             if "error" in plan:
                 cells = [name, str(tp), str(gpus), "none fits", "—", "—", " ".join(plan["error"].split())[:120]]
@@ -334,7 +340,9 @@ def mixed_table(folder: Path, profiles: dict) -> None:
                 rate = plan["cost_usd"] / plan["time_s"] * 3600
                 cells = [name, str(tp), str(gpus), f"{plan['throughput']:,.1f}", f"{rate:,.2f}"]
                 cells += [f"{plan['batch_size']} (M {plan['micro_batches']})", shape(plan)]
-            print(row([*cells, f"{wall:.2f}", f"{peer:,.1f}" if peer and tp == 1 else "—"]))
+            alone = "none fits" if "error" in single else f"{single['throughput']:,.1f}"
+            said = f"{peer:,.1f}" if peer and tp == 1 else "—"
+            print(row([*cells, f"{wall:.2f}", alone, f"{single_wall:.2f}", said]))
 
 
 def every_tp_table(folder: Path, reserved: float, fixed: dict) -> None:

@@ -57,3 +57,23 @@ def test_launch_starts_every_replica_of_a_mixed_stage(tmp_path):
     assert done.returncode == 0, done.stderr
     script = (out / "node-0.sh").read_text()
     assert "--nproc-per-node 4" in script and "--map cpu2=cpu" in script
+
+
+@pytest.mark.slow  # three runs of four processes: about 30 s
+def test_a_mixed_run_resumes_to_the_uninterrupted_runs_losses(tmp_path):
+    plan = _mixed_plan(tmp_path, (10, 6))
+    common = ["run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--warmup", "0", "--max-processes", "4",
+              "--checkpoint-every", "2"]  # fmt: skip
+
+    def trained(steps: int, folder: str, *more: str) -> list[float]:
+        out = tmp_path / f"{folder}-{steps}.json"
+        done = heterps(
+            *common, "--steps", str(steps), "--checkpoint-dir", str(tmp_path / folder), "--out", str(out), *more
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text())["losses"]
+
+    whole = trained(6, "whole")
+    trained(4, "cut")
+    resumed = trained(6, "cut", "--resume")
+    assert resumed == whole[4:]
