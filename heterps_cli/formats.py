@@ -378,11 +378,6 @@ class Stage(_Strict):
             out[part.resource] = out.get(part.resource, 0) + part.replicas
         return out
 
-    @property
-    def all_replicas(self) -> int:
-        """Its replicas of every type (section 1i), each one process at tp 1."""
-        return self.replicas + sum(part.replicas for part in self.joined or ())
-
 
 class WhatIf(_Strict):
     """``plan --explain``: with nodes (section 1e), the fastest plan on the plan's rental with one node of

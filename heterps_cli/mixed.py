@@ -117,8 +117,6 @@ def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -
     time is one of the shares' times: the least at which the parts' largest shares cover ``B``."""
     B = problem.batch_size
     types = [t for t, _ in parts]
-    if any(not problem.runnable[:, t].any() for t in types):
-        return None
     st, a, b, _ = _as_types(problem, schedule, s, types)
     if any(not problem.runnable[a : b + 1, t].all() for t in types):
         return None

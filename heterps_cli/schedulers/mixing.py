@@ -12,19 +12,17 @@ gives up some of its own, kept where the plan gets cheaper and still meets its t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from heterps_cli.costmodel import schedule_of_stages, score, split_stages
 from heterps_cli.figures import usd
-from heterps_cli.mixed import Joined, mixed_scores, mixed_stage
+from heterps_cli.mixed import Joined, balanced, mixed_scores, mixed_stage
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 
 MOST_STEPS = 64  # joins of the slowest stage; each step tries every type, count and source
-Move = tuple[np.ndarray, dict[int, tuple[Joined, ...]]]  # replicas per stage, joined parts by stage
 
 
 def can_mix(problem: Problem) -> str | None:
@@ -113,8 +111,6 @@ def _own(problem: Problem, stages, k: np.ndarray, s: int, parts: tuple[Joined, .
 
 def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
     """Every move of the climb (this module's rule), as (replicas per stage, joined parts)."""
-    from heterps_cli.mixed import balanced
-
     kk = np.zeros(stages.valid.shape)
     kk[0, : len(k)] = k
     sc = score(problem, stages, kk)
@@ -143,10 +139,12 @@ def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
                 for e in _counts(most):
                     for grow in owns:
                         move = (b, u, e, donor, grow)
-                        yield from _joined_move(problem, schedule, stages, k, joined, balanced, move, have)
+                        yield from _joined_move(problem, schedule, stages, k, joined, move, have)
 
 
-def _joined_move(problem, schedule, stages, k, joined, balanced: Callable, move: tuple, have):
+def _joined_move(problem: Problem, schedule, stages, k: np.ndarray, joined: dict, move: tuple, have: dict):
+    """The plan with ``move`` = (stage, type, replicas of it, donor stage or None, own replicas added)
+    made, its stage's micro-batch split :func:`~heterps_cli.mixed.balanced` (nothing where it cannot be)."""
     b, u, e, donor, grow = move
     other = [(p.type, p.replicas) for p in joined.get(b, ()) if p.type != u]
     count = e + (have[u].replicas if u in have else 0)
