@@ -94,14 +94,20 @@ def _joined_words(problem: Problem, stage, own: int, parts: tuple[Joined, ...]) 
     )
 
 
-def _score(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> tuple[float, float] | None:
-    """The plan's throughput and cost (None where it breaks a constraint)."""
+def _scores(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
+    """The plan's scores with its mixed stages (:func:`~heterps_cli.mixed.mixed_scores`)."""
     kk = np.zeros(stages.valid.shape)
     kk[0, : len(k)] = k
     sc = score(problem, stages, kk)
     if joined:
         parts = {s: mixed_stage(problem, schedule, s, _own(problem, stages, kk, s, j), j) for s, j in joined.items()}
         sc = mixed_scores(problem, stages, sc, parts)
+    return sc
+
+
+def _score(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> tuple[float, float] | None:
+    """The plan's throughput and cost (None where it breaks a constraint)."""
+    sc = _scores(problem, schedule, stages, k, joined)
     return (float(sc.throughput[0]), float(sc.cost[0])) if sc.feasible[0] else None
 
 
@@ -111,12 +117,7 @@ def _own(problem: Problem, stages, k: np.ndarray, s: int, parts: tuple[Joined, .
 
 def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
     """Every move of the climb (this module's rule), as (replicas per stage, joined parts)."""
-    kk = np.zeros(stages.valid.shape)
-    kk[0, : len(k)] = k
-    sc = score(problem, stages, kk)
-    if joined:
-        parts = {s: mixed_stage(problem, schedule, s, _own(problem, stages, kk, s, j), j) for s, j in joined.items()}
-        sc = mixed_scores(problem, stages, sc, parts)
+    sc = _scores(problem, schedule, stages, k, joined)
     free = problem.limits - sc.used[0]
     timed = problem.objective is Objective.TIME
     targets = [int(np.argmin(sc.stage_throughput[0, : len(k)]))] if timed else range(len(k))
