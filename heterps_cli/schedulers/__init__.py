@@ -81,6 +81,11 @@ def solve(
         # with mixed stages a micro-batch whose one-type plans are slower may mix faster: every one is asked
         plan = best_micro_batch(problem, choices, one, progress, options, exact=name == "exact" and not mixing)
     if mixing:
+        if name == "exact":  # other starts for the climb: the optimum with some units of a type held back
+            from heterps_cli.schedulers.mixing import from_reserved
+
+            left = Clock.of(options, time.perf_counter()).left()
+            plan = from_reserved(problem, plan, time.monotonic() + left if left is not None else float("inf"))
         plan = _mixed_certificate(problem, plan)
     return _said_budget(plan, problem, budget)
 

@@ -178,3 +178,35 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
     from heterps_cli.schedulers.exact.scheduler import what_if as exact_what_if
 
     return exact_what_if(problem, plan, then=lambda there, found: mix(there, found)[0])
+
+
+def from_reserved(problem: Problem, plan: Plan, deadline: float = np.inf) -> Plan:
+    """The best of ``plan`` and, for each type and each power of two ``e`` below its limit, the exact
+    solver's one-type plan with ``e`` of that type's units held back, then :func:`mix`\\ ed on the whole
+    cluster (those units free to join): a plan whose best mixed neighbour cuts the stages otherwise than
+    the one-type optimum is often reached from one of these (``plan`` at its micro-batch, already mixed).
+    Without nodes only."""
+    from heterps_cli.errors import InfeasibleError, TooLarge
+    from heterps_cli.schedulers.exact import solve as exact
+
+    if problem.nodes is not None:  # limits are the nodes' there: holding units back is renting fewer nodes
+        return plan
+    problem = problem.at_micro_batch(plan.batch_size)
+    best, said = plan, ""
+    for t in range(problem.n_types):
+        for e in _counts(int(problem.limits[t]) - 1):
+            if time.monotonic() > deadline:
+                return best if not said else best.but(notes=[*best.notes, said])
+            limits = problem.limits.copy()
+            limits[t] -= e
+            try:
+                start = exact(problem.replace(limits=limits))
+            except (InfeasibleError, TooLarge):
+                continue
+            mixed, words = mix(problem, start.but(scheduler=plan.scheduler, seed=plan.seed), deadline)
+            if mixed.feasible and _better(
+                problem, (mixed.throughput, mixed.cost_usd), (best.throughput, best.cost_usd)
+            ):
+                best = mixed.but(notes=[n for n in plan.notes if "(section 1i)" not in n], solve_s=plan.solve_s)
+                said = f"{words}, from the one-type optimum with {e} {problem.types[t]} unit(s) held back"
+    return best if not said else best.but(notes=[*best.notes, said])
