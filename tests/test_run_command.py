@@ -278,12 +278,15 @@ def test_bad_runs_are_refused_before_starting(runner, tmp_path, stages, args, me
 @pytest.mark.parametrize(
     ("stages", "devices", "gpus", "refused"),
     [
-        ([("gpu", 2)], {"gpu": "cuda"}, 1, True),  # seen on an H100: NCCL's "Duplicate GPU detected"
-        ([("gpu", 2)], {"gpu": "cuda"}, 2, False),
-        ([("gpu", 2)], {"gpu": "cuda:1"}, 2, True),
-        ([("cpu", 1), ("gpu", 2)], {"cpu": "cpu", "gpu": "cuda"}, 2, False),  # ranks 1, 2: cuda:1, cuda:0
-        ([("a", 1), ("b", 1)], {"a": "cuda:0", "b": "cuda:0"}, 1, False),  # two stages: no all-reduce between
-        ([("cpu", 4)], {"cpu": "cpu"}, 0, False),
+        ([[("gpu", 2)]], {"gpu": "cuda"}, 1, True),  # seen on an H100: NCCL's "Duplicate GPU detected"
+        ([[("gpu", 2)]], {"gpu": "cuda"}, 2, False),
+        ([[("gpu", 2)]], {"gpu": "cuda:1"}, 2, True),
+        ([[("cpu", 1)], [("gpu", 2)]], {"cpu": "cpu", "gpu": "cuda"}, 2, False),  # ranks 1, 2: cuda:1, cuda:0
+        ([[("a", 1)], [("b", 1)]], {"a": "cuda:0", "b": "cuda:0"}, 1, False),  # two stages: no all-reduce between
+        ([[("cpu", 4)]], {"cpu": "cpu"}, 0, False),
+        ([[("a", 1), ("b", 1)]], {"a": "cuda", "b": "cuda"}, 1, True),  # section 1i: one stage's two types
+        ([[("a", 1), ("b", 1)]], {"a": "cuda", "b": "cuda"}, 2, False),
+        ([[("a", 1), ("b", 1)]], {"a": "cpu", "b": "cuda:0"}, 1, False),  # with a CPU replica: gloo
     ],
 )
 def test_two_replicas_of_a_stage_on_one_gpu_are_refused(stages, devices, gpus, refused):

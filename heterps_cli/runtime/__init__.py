@@ -110,26 +110,32 @@ def mapped(types: list[str], mapping: dict[str, str], strict: bool = False) -> d
     return {t: mapping.get(t, "cpu") for t in types}
 
 
-def check_gpus_unshared(stages: list[tuple[str, int]], devices: dict[str, str], gpus: int) -> None:
+def check_gpus_unshared(stages: list[list[tuple[str, int]]], devices: dict[str, str], gpus: int) -> None:
     """Refuse a local run that puts two replicas of one stage on one GPU: their gradients are summed
     over NCCL, which refuses two ranks on one device ("Duplicate GPU detected"). Locally rank ``r``
-    mapped to ``cuda`` runs on ``cuda:(r mod gpus)``, ranks going stage by stage."""
+    mapped to ``cuda`` runs on ``cuda:(r mod gpus)``, ranks going stage by stage. Each stage is its
+    parts, ``(resource, processes)`` (several where types mix, section 1i; a stage with a replica on the
+    CPU sums over gloo, which minds no shared GPU)."""
     rank = 0
-    for i, (resource, replicas) in enumerate(stages):
-        device = devices[resource]
-        if device.startswith("cuda") and replicas > 1:
-            on = [device if ":" in device else f"cuda:{(rank + j) % max(gpus, 1)}" for j in range(replicas)]
-            if len(set(on)) < replicas:
-                raise InputError(
-                    None,
-                    None,
-                    "--map",
-                    f"stage {i} has {replicas} replicas of {resource}, mapped to {device}, but only "
-                    f"{len(set(on))} GPU(s) for them here ({', '.join(sorted(set(on)))}): NCCL sums a stage's "
-                    "gradients and refuses two processes on one GPU. Map the type to cpu, run under torchrun "
-                    "with one GPU per process, or plan with a lower limit for it",
-                )
-        rank += replicas
+    for i, parts in enumerate(stages):
+        on = []
+        for resource, replicas in parts:
+            device = devices[resource]
+            on += [device if ":" in device or not device.startswith("cuda") else f"cuda:{(rank + j) % max(gpus, 1)}"
+                   for j in range(replicas)]  # fmt: skip
+            rank += replicas
+        if len(on) > 1 and all(d.startswith("cuda") for d in on) and len(set(on)) < len(on):
+            kinds = " and ".join(f"{n} of {r}" for r, n in parts)
+            mapped = ", ".join(f"{r} to {devices[r]}" for r, _ in parts)
+            raise InputError(
+                None,
+                None,
+                "--map",
+                f"stage {i} has {kinds} replicas, mapped {mapped}, but only {len(set(on))} GPU(s) for its "
+                f"{len(on)} ({', '.join(sorted(set(on)))}): NCCL sums a stage's gradients and refuses two processes "
+                "on one GPU. Map the type to cpu, run under torchrun with one GPU per process, or plan with a "
+                "lower limit for it",
+            )
 
 
 def run_plan(
@@ -408,9 +414,7 @@ def _processes(
 
     world = sum(sum(s.units_by_type.values()) for s in plan.stages)  # a process per shard and joined replica
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
-        check_gpus_unshared(
-            [(t, n) for s in plan.stages for t, n in s.units_by_type.items()], devices, torch.cuda.device_count()
-        )
+        check_gpus_unshared([list(s.units_by_type.items()) for s in plan.stages], devices, torch.cuda.device_count())
     order = None
     if placed and any(s.joined for s in plan.stages):
         raise InputError(plan_path, None, "--placed", "--placed does not place mixed stages (joined in the plan) yet")
