@@ -490,19 +490,7 @@ def score(problem: Problem, stages: Stages, replicas, rate: np.ndarray | None = 
     """Throughput, time, cost and feasibility of schedules with the given replica counts (``rate``:
     USD an hour of each schedule's rental, where it is not the cheapest holding its units)."""
     k = np.where(stages.valid, np.asarray(replicas, dtype=float), 0.0)
-    thr_s = stage_throughputs(problem, stages, k)
-    bottleneck = np.argmin(thr_s, axis=1)
-    thr = thr_s[np.arange(len(k)), bottleneck]
-    used = used_per_type(problem, stages, k)
-    if rate is None:
-        rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        time_s = problem.work / thr
-        cost = run_cost(problem.work, thr, rate)
-    fits = (used <= problem.limits[None, :]).all(axis=1)
-    each = (k >= np.maximum(stages.min_k, 1)) & (k <= problem.batch_size)  # section 1: whole samples
-    within = np.asarray(fits & np.where(stages.valid, each, True).all(axis=1))
-    feasible = stages.runnable & within & meets_targets(problem, thr, cost)
+    each = replicas_keep_rules(problem, stages, k)
     miss = np.zeros(len(k))
     if np.isfinite(problem.memory).any():
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -511,6 +499,30 @@ def score(problem: Problem, stages: Stages, replicas, rate: np.ndarray | None = 
             )
             over = np.where(stages.valid, np.maximum(need / problem.memory[stages.type] - 1.0, 0.0), 0.0)
         miss = np.nan_to_num(over, nan=0.0, posinf=1e300).sum(axis=1)
+    thr_s = stage_throughputs(problem, stages, k)
+    return scores_of(problem, stages, k, thr_s, used_per_type(problem, stages, k), each, rate, miss)
+
+
+def replicas_keep_rules(problem: Problem, stages: Stages, k) -> np.ndarray:
+    """``[B, S]``: each stage has the replicas its memory and measured sizes need (``min_k``), and no more
+    than the batch has samples (section 1: whole samples)."""
+    return (k >= np.maximum(stages.min_k, 1)) & (k <= problem.batch_size)
+
+
+def scores_of(problem: Problem, stages: Stages, k, thr_s, used, each, rate, miss) -> Scores:
+    """Section 1's plan figures from each stage's throughput (``thr_s``), the units of each type
+    (``used``) and whether each stage's replicas keep its rules (``each``, ``[B, S]``; padding ignored):
+    what :func:`score` and a plan with mixed stages (:func:`~heterps_cli.mixed.mixed_scores`) share."""
+    bottleneck = np.argmin(thr_s, axis=1)
+    thr = thr_s[np.arange(len(k)), bottleneck]
+    if rate is None:
+        rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time_s = problem.work / thr
+        cost = run_cost(problem.work, thr, rate)
+    fits = (used <= problem.limits[None, :]).all(axis=1)
+    within = np.asarray(fits & np.where(stages.valid, each, True).all(axis=1))
+    feasible = stages.runnable & within & meets_targets(problem, thr, cost)
     return Scores(k, thr_s, thr, bottleneck, used, rate, time_s, cost, within, feasible, miss)
 
 

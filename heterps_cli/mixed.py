@@ -10,13 +10,12 @@ schedule with that stage's type changed), charged at the part's busiest replica'
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import Scores, Stages, meets_targets, split_stages, stage_ids
-from heterps_cli.formulas import activations_held, mixed_step, run_cost, share
+from heterps_cli.costmodel import Scores, Stages, replicas_keep_rules, scores_of, split_stages, stage_ids
+from heterps_cli.formulas import activations_held, mixed_step, share
 from heterps_cli.problem import Problem
 
 
@@ -157,31 +156,11 @@ def mixed_scores(
     ``rate`` (USD an hour, a rental's), else its units' (with nodes: the cheapest rental holding them)."""
     thr_s = sc.stage_throughput.copy()
     used = sc.used.copy()
-    k = sc.replicas[0]
-    each = (k >= np.maximum(stages.min_k[0], 1)) & (k <= problem.batch_size) | ~stages.valid[0]
+    k = sc.replicas
+    each = replicas_keep_rules(problem, stages, k)
     for s, m in mixed.items():
         thr_s[0, s] = m.throughput
-        each[s] = all(p.fits for p in m.parts)
+        each[0, s] = all(p.fits for p in m.parts)
         for p in m.parts[1:]:
             used[0, p.type] += p.replicas
-    bottleneck = np.argmin(thr_s, axis=1)
-    thr = thr_s[np.arange(1), bottleneck]
-    if rate is None:
-        rate = used @ problem.prices if problem.nodes is None else problem.nodes.cover(used)[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        time_s = problem.work / thr
-        cost = run_cost(problem.work, thr, rate)
-    within = np.asarray((used <= problem.limits[None, :]).all(axis=1) & bool(each.all()))
-    feasible = stages.runnable & within & meets_targets(problem, thr, cost)
-    return dataclasses.replace(
-        sc,
-        stage_throughput=thr_s,
-        throughput=thr,
-        bottleneck=bottleneck,
-        used=used,
-        rate=rate,
-        time_s=time_s,
-        cost=cost,
-        within_limits=within,
-        feasible=feasible,
-    )
+    return scores_of(problem, stages, k, thr_s, used, each, rate, sc.memory_miss)
