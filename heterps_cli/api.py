@@ -227,15 +227,14 @@ class Validated:
 def _beyond_exact(problem, seed: int, progress, options, exc: TooLarge) -> Plan:
     """A problem too large for the exact solver's tables is answered, not refused (issue 63): the greedy
     search's plan with its proven gap to :func:`~heterps_cli.bounds.bound`, and why exact could not."""
-    from heterps_cli.bounds import bound, within
+    from heterps_cli.bounds import proven
 
     given = options or SolveOptions()  # exact's own fields are for exact: greedy reads the time limit alone
     plan = solve("greedy", problem, seed=seed, progress=progress, options=SolveOptions(given.time_limit, given.started))
     said = f"the exact solver cannot hold this problem ({exc.message.split(';')[0]}): this is the greedy search's plan"
-    best = bound(problem.at_micro_batch(plan.batch_size))
-    if best is None:
+    if (found := proven(problem, plan)) is None:
         return plan.but(notes=[said, *plan.notes])
-    gap, words = within(problem.objective, plan.cost_usd, plan.throughput, best)
+    gap, words = found
     by = "by each layer's least work per sample on the units the cluster has"
     note = f"{said}; {by}, {words} (--scheduler rl may find a better plan)"
     return plan.but(notes=[note, *plan.notes], gap=gap, optimal=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from heterps_cli.figures import count, usd
+from heterps_cli.formulas import SECONDS_PER_HOUR
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 
@@ -72,7 +73,7 @@ def bound(problem: Problem) -> float | None:
     busy[type_of, np.arange(len(cells))] = work
     cover = np.zeros((n, len(cells)))
     cover[layer_of, np.arange(len(cells))] = 1.0
-    price = _unit_prices(problem)[type_of] / 3600  # USD per unit-second
+    price = _unit_prices(problem)[type_of] / SECONDS_PER_HOUR  # USD per unit-second
     limits = problem.limits.astype(float)
     floor = problem.min_throughput
     if problem.objective is Objective.TIME:
@@ -98,3 +99,10 @@ def bound(problem: Problem) -> float | None:
         method="highs",
     )
     return float(found.fun) if found.status == 0 else None
+
+
+def proven(problem: Problem, plan) -> tuple[float, str] | None:
+    """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
+    where the bound has no answer."""
+    best = bound(problem.at_micro_batch(plan.batch_size))
+    return None if best is None else within(problem.objective, plan.cost_usd, plan.throughput, best)

@@ -74,10 +74,15 @@ def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, 
     return float(fixed[a : b + 1].sum() + problem.reserved_bytes[t]), float(split[a : b + 1].sum()), float(held)
 
 
+def _measured_cap(problem: Problem, t: int, a: int, b: int) -> float:
+    """Section 1f: the most samples a replica on ``t`` may train of layers ``a..b``."""
+    return np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
+
+
 def _most_share(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int, replicas: int) -> float:
     """The most samples one replica of row ``r``'s part may train: the largest size measured on ``t``
     (section 1f) and what its memory holds among ``replicas`` in all."""
-    cap = np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
+    cap = _measured_cap(problem, t, a, b)
     fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
     room = problem.memory[t] - fixed - split / replicas
     most = np.inf if held <= 0 else np.floor(room * problem.batch_size / held * (1 + 1e-12))
@@ -97,7 +102,7 @@ def mixed_stage(problem: Problem, schedule, s: int, own: tuple[int, int, int], j
         transfer = float(st.transfer[r, s] * q)
         fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
         memory = fixed + split / K + held * q
-        cap = np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
+        cap = _measured_cap(problem, t, a, b)
         fits = bool(problem.runnable[a : b + 1, t].all()) and memory <= problem.memory[t] * (1 + 1e-12)
         fits &= n >= k and float(share(n, k)) <= cap
         parts.append(Part(t, k, n, micro - transfer, transfer, memory, fits))

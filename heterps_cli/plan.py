@@ -47,12 +47,12 @@ def make_plan(
     k[0, :S] = np.asarray(replicas, dtype=float)
     sc = score(problem, stages, k)
     cluster_bandwidth = problem.bandwidth
-    mixed = _mixed(problem, schedule, k, joined or {})
+    mixed = _mixed(problem, schedule, stages, k, joined or {})
     if mixed:
         sc = mixed_scores(problem, stages, sc, mixed)
     problem, stages, sc, rental, links = _on_rental(problem, schedule, k, stages, sc, rental)
     if mixed and rental is not None:  # on the rental: its links, its price
-        mixed = _mixed(problem, schedule, k, joined or {})
+        mixed = _mixed(problem, schedule, stages, k, joined or {})
         sc = mixed_scores(problem, stages, sc, mixed, rate=sc.rate)
     out, idle, where = _placed(problem, stages, k, sc, rental, mixed)
     out = [_with_parts(problem, stage, mixed[s], where.get(s)) if s in mixed else stage for s, stage in enumerate(out)]
@@ -91,13 +91,13 @@ def make_plan(
     return plan.but(explanation=list(explanation(problem, plan))) if np.isfinite(plan.throughput) else plan
 
 
-def _mixed(problem: Problem, schedule, k: np.ndarray, joined: dict) -> dict[int, MixedStage]:
-    """Section 1i: each joined stage's parts and figures; ValueError where the plan cannot mix types."""
+def _mixed(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> dict[int, MixedStage]:
+    """Section 1i: each joined stage's parts and figures (``stages``: the schedule's, split); ValueError
+    where the plan cannot mix types."""
     if not joined:
         return {}
     if not problem.pipelined:
         raise ValueError("stages mix types only under a pipeline schedule (a global batch)")
-    stages = split_stages(problem, np.asarray(schedule)[None, :])
     out = {}
     for s, parts in joined.items():
         if stages.width[0, s] > 1 or stages.recompute[0, s]:

@@ -707,11 +707,9 @@ def _hardware(res: list, nodes: Nodes | None) -> dict:
     units gather their boundary activations (section 1h)."""
     bandwidth = np.array([r.bandwidth_gbps * 1e9 / 8 if r.bandwidth_gbps else np.inf for r in res], dtype=float)
     gather = None
-    link = nodes.link if nodes is not None else None
-    if nodes is not None and link is not None and (link > 0).any():  # the least of a kind holding the type
-        held = nodes.units > 0
-        own = np.where(link > 0, link, bandwidth[None, :])
-        gather = np.where(held, own, np.inf).min(axis=0)
+    if nodes is not None and nodes.link is not None and (nodes.link > 0).any():  # the least of a kind holding it
+        own = np.where(nodes.link > 0, nodes.link, bandwidth[None, :])
+        gather = np.where(nodes.units > 0, own, np.inf).min(axis=0)
     return {
         "bandwidth": bandwidth,
         "gather_link": gather,

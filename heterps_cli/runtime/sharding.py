@@ -8,6 +8,7 @@ estimate describes what the run executes.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -88,19 +89,22 @@ def local_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def part_length(shape: tuple[int, ...], d: int) -> int:
+    """Section 1h: the length of each of the ``d`` parts :func:`boundary_parts` cuts a tensor of ``shape``
+    into."""
+    return -(-math.prod(shape) // d)
+
+
 def boundary_parts(part: torch.Tensor, d: int) -> list[torch.Tensor]:
     """Section 1h: the ``d`` parts of a boundary tensor that a replica at degree ``d`` receives, one per
     unit (Megatron's scatter of the activations between pipeline stages): the flattened tensor in ``d``
-    pieces of equal length, the last padded with zeros."""
+    pieces of equal length (:func:`part_length`), the last padded with zeros."""
     flat = part.reshape(-1)
-    size = -(-flat.numel() // d)
+    size = part_length(tuple(part.shape), d)
     padded = torch.cat([flat, flat.new_zeros(size * d - flat.numel())]) if size * d > flat.numel() else flat
     return [piece.contiguous() for piece in padded.split(size)] if size else [flat] * d
 
 
 def whole_of(parts: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
     """The tensor of ``shape`` that :func:`boundary_parts` cut into ``parts``."""
-    count = 1
-    for n in shape:
-        count *= n
-    return torch.cat(parts)[:count].reshape(shape)
+    return torch.cat(parts)[: math.prod(shape)].reshape(shape)

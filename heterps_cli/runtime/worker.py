@@ -47,7 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
-from heterps_cli.runtime.sharding import boundary_parts, local_of, shardable, whole_of
+from heterps_cli.runtime.sharding import boundary_parts, local_of, part_length, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 
 
@@ -292,7 +292,7 @@ class _Replica:
         pieces, waited, d = [], 0.0, self.stage.tp
         for src, lo, hi in self.lay.overlaps(self.stage, self.replica, source_stage, j):
             shape = (hi - lo, *boundary.shape)
-            mine = boundary_parts(torch.empty(shape, dtype=boundary.dtype), d)[self.tp_rank]
+            mine = torch.empty(part_length(shape, d) if d > 1 else shape, dtype=boundary.dtype)
             start = time.perf_counter()
             dist.recv(mine, src=src + self.tp_rank % source_stage.tp, tag=tag)
             if d > 1:

@@ -84,8 +84,7 @@ def solve(
         if name == "exact":  # other starts for the climb: the optimum with some units of a type held back
             from heterps_cli.schedulers.mixing import from_reserved
 
-            left = Clock.of(options, time.perf_counter()).left()
-            plan = from_reserved(problem, plan, time.monotonic() + left if left is not None else float("inf"))
+            plan = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
         plan = _mixed_certificate(problem, plan)
     return _said_budget(plan, problem, budget)
 
@@ -94,8 +93,7 @@ def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
     """Section 1i: ``plan`` with replicas of other types joining its stages where that is faster."""
     from heterps_cli.schedulers.mixing import mix
 
-    left = clock.left()
-    mixed, said = mix(problem, plan, time.monotonic() + left if left is not None else float("inf"))
+    mixed, said = mix(problem, plan, clock)
     return mixed.but(notes=[*mixed.notes, said]) if mixed is not plan else plan
 
 
@@ -103,7 +101,7 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
     """What is proven of a plan in the space of mixed stages: the exact solver's certificate covers stages
     of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s; and why no stage mixes, where
     the problem cannot."""
-    from heterps_cli.bounds import bound, within
+    from heterps_cli.bounds import proven
     from heterps_cli.schedulers.mixing import can_mix
 
     notes = list(plan.notes)
@@ -113,10 +111,9 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
         return plan.but(notes=notes)
-    best = bound(problem.at_micro_batch(plan.batch_size))
-    if best is None:
+    if (found := proven(problem, plan)) is None:
         return plan.but(optimal=None, notes=notes)
-    gap, words = within(problem.objective, plan.cost_usd, plan.throughput, best)
+    gap, words = found
     said = f"the exact solver proves its plans over stages of one type; with mixed stages, {words}"
     return plan.but(optimal=gap <= 1e-12, gap=None if gap <= 1e-12 else gap, notes=[*notes, said])
 

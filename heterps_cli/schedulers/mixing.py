@@ -11,8 +11,6 @@ gives up some of its own, kept where the plan gets cheaper and still meets its t
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from heterps_cli.costmodel import schedule_of_stages, score, split_stages
@@ -21,6 +19,7 @@ from heterps_cli.mixed import Joined, balanced, mixed_scores, mixed_stage
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Clock
 
 MOST_STEPS = 64  # joins of the slowest stage; each step tries every type, count and source
 
@@ -34,7 +33,7 @@ def can_mix(problem: Problem) -> str | None:
     return None
 
 
-def mix(problem: Problem, plan: Plan, deadline: float = np.inf) -> tuple[Plan, str]:
+def mix(problem: Problem, plan: Plan, clock: Clock | None = None) -> tuple[Plan, str]:
     """``plan`` with replicas of other types joining its stages where that makes it better by the
     objective, and what was done, in words."""
     if (why := can_mix(problem)) is not None or not plan.feasible:
@@ -47,7 +46,7 @@ def mix(problem: Problem, plan: Plan, deadline: float = np.inf) -> tuple[Plan, s
     best = _score(problem, schedule, stages, k, joined)
     start = best
     for _ in range(MOST_STEPS):
-        if time.monotonic() > deadline or best is None:
+        if (clock is not None and clock.out_of_time()) or best is None:
             break
         moves = _moves(problem, schedule, stages, k, joined)
         scored = ((_score(problem, schedule, stages, kk, jj), kk, jj) for kk, jj in moves)
@@ -180,7 +179,7 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
     return exact_what_if(problem, plan, then=lambda there, found: mix(there, found)[0])
 
 
-def from_reserved(problem: Problem, plan: Plan, deadline: float = np.inf) -> Plan:
+def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> Plan:
     """The best of ``plan`` and, for each type and each power of two ``e`` below its limit, the exact
     solver's one-type plan with ``e`` of that type's units held back, then :func:`mix`\\ ed on the whole
     cluster (those units free to join): a plan whose best mixed neighbour cuts the stages otherwise than
@@ -195,7 +194,7 @@ def from_reserved(problem: Problem, plan: Plan, deadline: float = np.inf) -> Pla
     best, said = plan, ""
     for t in range(problem.n_types):
         for e in _counts(int(problem.limits[t]) - 1):
-            if time.monotonic() > deadline:
+            if clock is not None and clock.out_of_time():
                 return best if not said else best.but(notes=[*best.notes, said])
             limits = problem.limits.copy()
             limits[t] -= e
@@ -203,7 +202,7 @@ def from_reserved(problem: Problem, plan: Plan, deadline: float = np.inf) -> Pla
                 start = exact(problem.replace(limits=limits))
             except (InfeasibleError, TooLarge):
                 continue
-            mixed, words = mix(problem, start.but(scheduler=plan.scheduler, seed=plan.seed), deadline)
+            mixed, words = mix(problem, start.but(scheduler=plan.scheduler, seed=plan.seed), clock)
             if mixed.feasible and _better(
                 problem, (mixed.throughput, mixed.cost_usd), (best.throughput, best.cost_usd)
             ):
