@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.helpers import heterps
 from tests.test_run_command import MLP_LAYERS, write_plan
@@ -39,6 +40,21 @@ def test_a_mixed_stage_trains_with_the_losses_of_one_process(tmp_path, shares):
     assert report["processes"] == 4
     reference = single_process_losses("mlp", 64, 3)
     assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_stage_mixing_a_gpu_and_the_cpu_trains_with_the_losses_of_one_process(tmp_path):
+    """The GPU's two replicas take 5 samples each, the CPU's one 6; their gradients sum over gloo on the
+    hosts (section 1i), and stage 1 runs on the GPU: the losses of one process on the CPU."""
+    from heterps_cli.runtime import single_process_losses
+
+    plan = _mixed_plan(tmp_path, (10, 6))
+    out = tmp_path / "report.json"
+    args = ["run", str(plan), "--map", "cpu=cuda", "--map", "cpu2=cpu", "--steps", "3", "--warmup", "0"]
+    done = heterps(*args, "--max-processes", "4", "--out", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = single_process_losses("mlp", 64, 3)
+    assert max(abs(a - b) for a, b in zip(json.loads(out.read_text())["losses"], reference)) < 1e-4
 
 
 def test_a_mixed_stage_whose_shares_miss_the_batch_is_refused_naming_it(tmp_path):
