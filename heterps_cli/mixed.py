@@ -79,12 +79,14 @@ def _measured_cap(problem: Problem, t: int, a: int, b: int) -> float:
     return np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
 
 
-def _most_share(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int, replicas: int) -> float:
+def most_share(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int, replicas: int) -> float:
     """The most samples one replica of row ``r``'s part may train: the largest size measured on ``t``
     (section 1f) and what its memory holds among ``replicas`` in all."""
     cap = _measured_cap(problem, t, a, b)
     fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
-    room = problem.memory[t] - fixed - split / replicas
+    room = problem.memory[t] * (1 + 1e-12) - fixed - split / replicas
+    if room < 0:  # its state alone does not fit
+        return 0.0
     most = np.inf if held <= 0 else np.floor(room * problem.batch_size / held * (1 + 1e-12))
     return float(min(cap, most, problem.batch_size))
 
@@ -116,20 +118,30 @@ def mixed_stage(problem: Problem, schedule, s: int, own: tuple[int, int, int], j
 def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -> list[int] | None:
     """Section 1i: the samples of each micro-batch each part ``(type, replicas)`` of stage ``s`` trains so
     that its slowest replica is as fast as it can be: every replica a sample at least, none above what
-    its type measured or its memory holds; None where the parts cannot train the micro-batch. A part's
-    time per micro-batch, ``serial + parallel · ⌈n/k⌉ / B``, grows with its share, so the least slowest
-    time is one of the shares' times: the least at which the parts' largest shares cover ``B``."""
-    B = problem.batch_size
+    its type measured or its memory holds; None where the parts cannot train the micro-batch."""
     types = [t for t, _ in parts]
     st, a, b, _ = _as_types(problem, schedule, s, types)
     if any(not problem.runnable[a : b + 1, t].all() for t in types):
         return None
     K = sum(k for _, k in parts)
-    most = [int(_most_share(problem, st, r, s, t, a, b, K)) for r, (t, _) in enumerate(parts)]
-    if any(m < 1 for m in most) or sum(k * m for (_, k), m in zip(parts, most)) < B:
+    most = [int(most_share(problem, st, r, s, t, a, b, K)) for r, (t, _) in enumerate(parts)]
+    times = [part_times(problem, st, r, s) for r in range(len(parts))]
+    return least_slowest(times, most, [k for _, k in parts], problem.batch_size)
+
+
+def part_times(problem: Problem, st: Stages, r: int, s: int) -> np.ndarray:
+    """``[B]``: a replica's time per micro-batch of row ``r``'s stage ``s`` at a share of 1, 2, ... B samples."""
+    B = problem.batch_size
+    return st.micro_serial[r, s] + st.micro_parallel[r, s] * np.arange(1, B + 1) / B
+
+
+def least_slowest(times: list[np.ndarray], most: list[int], replicas: list[int], B: int) -> list[int] | None:
+    """The samples of a micro-batch of ``B`` each part trains (``replicas[p]`` replicas, each at most
+    ``most[p]`` samples, taking ``times[p][n - 1]`` at a share of ``n``) that make the slowest replica
+    fastest; None where they cannot cover it. A part's time grows with its share, so the least slowest
+    time is one of the shares' times: the least at which the parts' largest shares cover ``B``."""
+    if any(m < 1 for m in most) or sum(k * m for k, m in zip(replicas, most)) < B:
         return None
-    share_ = np.arange(1, B + 1)
-    times = [st.micro_serial[r, s] + st.micro_parallel[r, s] * share_ / B for r in range(len(parts))]
     taus = np.unique(np.concatenate([t[:m] for t, m in zip(times, most)]))
 
     def largest(tau: float) -> list[int]:  # each part's largest share within tau
@@ -137,17 +149,17 @@ def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -
 
     def covers(tau: float) -> bool:
         x = largest(tau)
-        return min(x) >= 1 and sum(k * y for (_, k), y in zip(parts, x)) >= B
+        return min(x) >= 1 and sum(k * y for k, y in zip(replicas, x)) >= B
 
     lo, hi = 0, len(taus) - 1  # covers(taus[hi]): every part at its most
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if covers(taus[mid]) else (mid + 1, hi)
     x = largest(taus[lo])
-    samples = [k * y for (_, k), y in zip(parts, x)]
+    samples = [k * y for k, y in zip(replicas, x)]
     extra = sum(samples) - B
     for i in np.argsort([-t[y - 1] for t, y in zip(times, x)]):  # the slowest part gives back first
-        give = min(extra, samples[i] - parts[i][1])
+        give = min(extra, samples[i] - replicas[i])
         samples[i] -= give
         extra -= give
     return samples

@@ -19,6 +19,8 @@ from heterps_cli.schedulers import SolveOptions, solve
 from tests.helpers import problem_from_dicts, write_yaml
 from tests.oracle import pipeline_optimum
 from tests.strategies import SETTINGS
+from tests.test_pipeline import pipelined
+from tests.test_tensor_parallel import sharded
 
 runner = CliRunner()
 
@@ -155,11 +157,14 @@ def test_mixed_plans_are_within_brute_force_and_their_figures_are_the_specs(inst
     problem, plan = _mixed_plan(profile, cluster, objective)
     best = brute_force(profile, cluster, objective)
     assert one_type is not None and best is not None
+    assert plan.optimal  # the DP over every type's units: the enumeration's best
     if objective == "time":
-        assert one_type[1] * (1 - 1e-9) <= plan.throughput <= best[1] * (1 + 1e-9)
-        assert bound(problem) >= best[1] * (1 - 1e-9)  # the gap it reports is proven over mixed plans too
+        assert one_type[1] * (1 - 1e-9) <= plan.throughput
+        assert math.isclose(plan.throughput, best[1], rel_tol=1e-9)
+        assert bound(problem) >= best[1] * (1 - 1e-9)  # the gap past the DP is proven over mixed plans too
     else:
-        assert best[0] * (1 - 1e-9) <= plan.cost_usd <= one_type[0] * (1 + 1e-9)
+        assert plan.cost_usd <= one_type[0] * (1 + 1e-9)
+        assert math.isclose(plan.cost_usd, best[0], rel_tol=1e-9)
         assert bound(problem) <= best[0] * (1 + 1e-9)
     S = len(plan.stages)
     for s, stage in enumerate(plan.stages):
@@ -207,7 +212,7 @@ def test_leftover_fast_replicas_join_the_slow_stage_and_check_passes(tmp_path):
     import json
 
     assert plan["throughput"] > json.loads(one.output)["throughput"]
-    assert plan["optimal"] is False and plan["gap"] > 0
+    assert plan["optimal"] is True and "gap" not in plan  # the DP over both types' units proves it
     said = " ".join(mixed.output.split())
     assert "slow + fast" in said and "(section 1i)" in said
     checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
@@ -287,3 +292,29 @@ def test_every_scheduler_mixes_the_same_way_twice(tmp_path, scheduler):
     a, b = json.loads(first.output), json.loads(second.output)
     assert a["stages"] == b["stages"] and any(s.get("joined") for s in a["stages"])
     assert a["throughput"] > 30  # the one-type optimum is 25.6 samples/s
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.one_of(pipelined(), sharded()), st.sampled_from(["cost", "time"]))
+def test_the_mixed_optimum_is_never_worse_than_the_one_type_optimum(inst, objective):
+    """Instances with every other section (memory, fixed costs, budgets, tp 2 and 4, recomputation): the
+    DP's one-type stages are the cost model's, so its optimum is at least the enumeration's over one-type
+    stages, and equal to it where no stage mixes."""
+    from heterps_cli.errors import InfeasibleError
+
+    profile, cluster = inst
+    floor = profile["job"]["min_throughput"]
+    expected = pipeline_optimum(profile, cluster, objective, floor)
+    problem = problem_from_dicts(profile, cluster, objective=objective, micro_batch=profile["batch_size"])
+    try:
+        plan = solve("exact", problem, options=SolveOptions(mixed_stages=True))
+    except InfeasibleError:
+        assert expected is None
+        return
+    assert expected is not None and plan.feasible and plan.optimal
+    cost, thr = expected
+    same = not any(s.joined for s in plan.stages)
+    if objective == "time":
+        assert plan.throughput >= thr * (1 - 1e-9) and (not same or math.isclose(plan.throughput, thr, rel_tol=1e-9))
+    else:
+        assert plan.cost_usd <= cost * (1 + 1e-9) and (not same or math.isclose(plan.cost_usd, cost, rel_tol=1e-9))

@@ -85,6 +85,7 @@ def solve(
             from heterps_cli.schedulers.mixing import from_reserved
 
             plan = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
+            plan = _mixed_optimum(problem, plan, Clock.of(options, time.perf_counter()), seed)
         plan = _mixed_certificate(problem, plan)
     return _said_budget(plan, problem, budget)
 
@@ -95,6 +96,31 @@ def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
 
     mixed, said = mix(problem, plan, clock)
     return mixed.but(notes=[*mixed.notes, said]) if mixed is not plan else plan
+
+
+def _mixed_optimum(problem: Problem, plan: Plan, clock: Clock, seed: int) -> Plan:
+    """Section 1i's exact optimum where its DP runs (:mod:`~heterps_cli.schedulers.mixed_optimum`), else
+    ``plan`` (the climb's) with why it does not."""
+    from heterps_cli.schedulers.mixed_optimum import optimum, why_not
+    from heterps_cli.schedulers.mixing import can_mix
+
+    if can_mix(problem) is not None:
+        return plan
+    if (why := why_not(problem)) is not None:
+        return plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
+    from heterps_cli.schedulers.mixing import joined_words
+
+    start = time.perf_counter()
+    found = optimum(problem, clock, plan.scheduler, seed)
+    if found is None:  # out of time: the climb's plan, with the bound's gap
+        said = "the exact search over mixed stages ran out of time" if clock.out_of_time() else ""
+        return plan.but(notes=[*plan.notes, f"--mixed-stages: {said}"]) if said else plan
+    at = problem.at_micro_batch(found.batch_size)
+    words = [joined_words(at, s) + " (section 1i)" for s in found.stages if s.joined]
+    said = "--mixed-stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)"
+    notes = [n for n in plan.notes if "(section 1i)" not in n and "micro-batch" not in n]
+    solve_s = plan.solve_s + time.perf_counter() - start
+    return found.but(solve_s=solve_s, notes=[*notes, *words, said])
 
 
 def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
@@ -110,6 +136,8 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
     if not any(s.joined for s in plan.stages):
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
+        return plan.but(notes=notes)
+    if plan.optimal:  # the DP over mixed stages
         return plan.but(notes=notes)
     if (found := proven(problem, plan)) is None:
         return plan.but(optimal=None, notes=notes)

@@ -57,7 +57,7 @@ def mix(problem: Problem, plan: Plan, clock: Clock | None = None) -> tuple[Plan,
     if not joined or best is None or start is None:
         return plan, "no stage is better with replicas of another type"
     mixed = make_plan(problem, schedule, k, scheduler=plan.scheduler, seed=plan.seed, joined=joined, notes=plan.notes)
-    said = "; ".join(_joined_words(problem, plan.stages[s], int(k[s]), parts) for s, parts in sorted(joined.items()))
+    said = "; ".join(joined_words(problem, stage) for stage in mixed.stages if stage.joined)
     if problem.objective is Objective.TIME:
         said += f" (section 1i): {start[0]:,.1f} -> {best[0]:,.1f} samples/s"
     else:
@@ -81,15 +81,14 @@ def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]
     return new[1] < old[1] * (1 - 1e-9)
 
 
-def _joined_words(problem: Problem, stage, own: int, parts: tuple[Joined, ...]) -> str:
-    """Who joins a stage, and what each part trains, in words."""
+def joined_words(problem: Problem, stage) -> str:
+    """Who joins a plan's mixed ``stage``, and what each part trains, in words."""
     B = problem.batch_size
-    mine = B - sum(p.samples for p in parts)
-    others = ", ".join(f"{p.replicas} {problem.types[p.type]} replica(s) train {p.samples}" for p in parts)
+    others = ", ".join(f"{p.replicas} {p.resource} replica(s) train {p.samples}" for p in stage.joined)
     return (
-        f"layers {stage.first}-{stage.last}: {others} of each micro-batch of {B} beside {own} "
-        f"{stage.resource} replica(s), which train {mine}, each type's share as large as keeps it no slower "
-        "than the stage's slowest part"
+        f"layers {stage.first}-{stage.last}: {others} of each micro-batch of {B} beside {stage.replicas} "
+        f"{stage.resource} replica(s), which train {stage.samples}, each type's share as large as keeps it no "
+        "slower than the stage's slowest part"
     )
 
 

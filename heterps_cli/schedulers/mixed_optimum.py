@@ -1,0 +1,279 @@
+"""Section 1i's exact optimum over mixed stages, where the space is small (``plan -s exact --mixed-stages``).
+
+A stage's step depends only on its layers, its place ``s`` among ``S`` stages, the micro-batch and the units
+it holds of each type (a one-type stage: at its best degree and recomputation; a mixed one: at its best
+split, :func:`~heterps_cli.mixed.least_slowest`). So, for each micro-batch and each ``S``, one DP over
+(stages so far, layers so far, units of every type used, exactly) keeps the least slowest step; the plan's
+cost is then its units' price over its throughput, and the best final cell by the objective is the optimum
+(docs/exact.md, "Mixed stages"). The state is every type's units, so the DP runs where their product is
+small (:data:`MOST_WORK`); elsewhere the climb of :mod:`~heterps_cli.schedulers.mixing` answers, with a gap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.costmodel import (
+    labelled,
+    meets_targets,
+    replicas_keep_rules,
+    split_stages,
+    stage_label,
+    stage_throughputs,
+)
+from heterps_cli.formulas import mixed_step, run_cost
+from heterps_cli.mixed import Joined, least_slowest, most_share, part_times
+from heterps_cli.objective import Objective
+from heterps_cli.plan import Plan, make_plan
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Clock
+
+MOST_WORK = 2_000_000  # cell pairs the DP's transitions touch, summed over micro-batches and stage counts
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a stage reaches its step with a vector of units: one type's ``way`` (degree index, recomputes)
+    and replicas, or mixed ``parts`` ``(type, replicas, samples)`` at tp 1."""
+
+    step: float
+    way: tuple[int, bool] | None
+    parts: tuple[tuple[int, int, int], ...]
+
+
+def why_not(problem: Problem) -> str | None:
+    """Why the DP does not run on ``problem`` (None: it does)."""
+    if problem.nodes is not None:
+        return "on whole nodes the units are the rental's"
+    if problem.maximal_stages:
+        return "--maximal-stages"
+    if (work := _work(problem)) > MOST_WORK:
+        return (
+            f"its DP would touch {work:,} transitions ({problem.n_layers} layers, {_cells(problem):,} vectors of "
+            f"every type's units), more than {MOST_WORK:,}"
+        )
+    return None
+
+
+def _cells(problem: Problem) -> int:
+    return math.prod(int(x) + 1 for x in problem.limits)
+
+
+def _work(problem: Problem) -> int:
+    n, C = problem.n_layers, _cells(problem)
+    per_s = sum(S * n * (n + 1) // 2 for S in range(1, n + 1))
+    return len(problem.micro_batch_choices) * per_s * C * C
+
+
+def optimum(problem: Problem, clock: Clock, scheduler: str, seed: int) -> Plan | None:
+    """The best plan of mixed and one-type stages by the problem's objective (None: none meets the job,
+    or the clock ran out, which the caller tells apart with ``clock``)."""
+    best: tuple[float, float, Problem, list] | None = None  # (throughput, cost, problem, stages)
+    for batch in problem.micro_batch_choices:
+        at = problem.at_micro_batch(batch)
+        for S in range(1, problem.n_layers + 1):
+            if clock.out_of_time():
+                return None
+            found = _best_with(at, S)
+            if found is not None and (best is None or _better(problem, found[:2], best[:2])):
+                best = (*found[:2], at, found[2])
+    if best is None:
+        return None
+    _, _, at, chosen = best
+    return _plan(at, chosen, scheduler, seed)
+
+
+def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]) -> bool:
+    (thr, cost), (best_thr, best_cost) = new, old
+    if problem.objective is Objective.TIME:
+        return thr > best_thr or (thr == best_thr and cost < best_cost)
+    return cost < best_cost or (cost == best_cost and thr > best_thr)
+
+
+def _best_with(problem: Problem, S: int) -> tuple[float, float, list] | None:
+    """The best plan of ``S`` stages at the problem's micro-batch: (throughput, cost, its stages as
+    ``(first, last, Option)``), or None."""
+    shape = tuple(int(x) + 1 for x in problem.limits)
+    tables = _stage_tables(problem, S, shape)
+    if not tables:
+        return None
+    n, C = problem.n_layers, math.prod(shape)
+    target = _sums(shape)
+    value = {(0, 0): np.where(np.arange(C) == 0, 0.0, np.inf)}  # (stages, layers) -> least slowest step per u
+    for s in range(S):
+        for (ss, a), cur in list(value.items()):
+            if ss != s or not np.isfinite(cur).any():
+                continue
+            for b in range(a, n - (S - s - 1)):
+                if (s, a, b) in tables:
+                    _relax(value.setdefault((s + 1, b + 1), np.full(C, np.inf)), cur, tables[s, a, b][0], target)
+    last = value.get((S, n))
+    if last is None or not np.isfinite(last).any():
+        return None
+    units = np.array(list(np.ndindex(shape)), dtype=float)
+    thr = problem.step_samples / last
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cost = run_cost(problem.work, thr, units @ problem.prices)
+    ok = np.isfinite(last) & meets_targets(problem, thr, cost)
+    if not ok.any():
+        return None
+    order = (-thr, cost) if problem.objective is Objective.TIME else (cost, -thr)
+    u = int(np.lexsort(tuple(np.where(ok, key, np.inf) for key in reversed(order)))[0])
+    return float(thr[u]), float(cost[u]), _back(value, tables, shape, S, n, u)
+
+
+def _sums(shape: tuple[int, ...]) -> np.ndarray:
+    """``[C, C]``: the flat index of unit vector ``u + v`` (-1 past a type's limit)."""
+    grid = np.array(list(np.ndindex(shape)))
+    total = grid[:, None, :] + grid[None, :, :]
+    inside = (total < np.array(shape)).all(axis=2)
+    return np.where(inside, np.ravel_multi_index(tuple(np.minimum(total, np.array(shape) - 1).T), shape).T, -1)
+
+
+def _relax(out: np.ndarray, cur: np.ndarray, steps: np.ndarray, target: np.ndarray) -> None:
+    """``out[u + v] = min(out[u + v], max(cur[u], steps[v]))`` over every ``u``, ``v`` within the limits."""
+    us, vs = np.flatnonzero(np.isfinite(cur)), np.flatnonzero(np.isfinite(steps))
+    where = target[np.ix_(us, vs)]
+    vals = np.maximum(cur[us][:, None], steps[vs][None, :])
+    keep = where >= 0
+    np.minimum.at(out, where[keep], vals[keep])
+
+
+def _back(value: dict, tables: dict, shape: tuple[int, ...], S: int, n: int, u: int) -> list:
+    """The stages of the DP's path to unit vector ``u`` (flat) after ``S`` stages of ``n`` layers: at each
+    stage, a start and a vector whose value is the one kept (the DP copies values, so they are equal)."""
+    out, i, at = [], n, np.array(np.unravel_index(u, shape))
+    for s in range(S, 0, -1):
+        want = value[s, i][int(np.ravel_multi_index(tuple(at), shape))]
+        found = None
+        for a in range(s - 1, i):
+            if (s - 1, a, i - 1) not in tables or (s - 1, a) not in value:
+                continue
+            steps, options = tables[s - 1, a, i - 1]
+            for v in np.flatnonzero(np.isfinite(steps)):
+                rest = at - np.array(np.unravel_index(v, shape))
+                if (rest >= 0).all():
+                    before = value[s - 1, a][int(np.ravel_multi_index(tuple(rest), shape))]
+                    if max(before, steps[v]) == want:
+                        found = (a, options[int(v)], rest)
+                        break
+            if found is not None:
+                break
+        assert found is not None, "the DP's path is lost"
+        a, option, at = found
+        out.append((a, i - 1, option))
+        i = a
+    return out[::-1]
+
+
+def _stage_tables(problem: Problem, S: int, shape: tuple[int, ...]) -> dict:
+    """For every stage ``s`` of ``S`` over layers ``a..b``: each unit vector's least step (inf: none) and
+    how (:class:`Option`), as ``{(s, a, b): (steps [C], {flat index: Option})}``."""
+    n, T = problem.n_layers, problem.n_types
+    spans = [
+        (s, a, b)
+        for s in range(S)
+        for a in (range(s, n) if s else [0])
+        for b in (range(a, n - (S - s - 1)) if s < S - 1 else [n - 1])
+    ]
+    ways = problem.stage_ways
+    rows, keys = [], []
+    for s, a, b in spans:
+        for t in range(T):
+            for j, again in ways:
+                rows.append(_row(problem, S, s, a, b, int(stage_label(T, t, again, j))))
+                keys.append((s, a, b, t, j, again))
+    st = split_stages(problem, np.array(rows))
+    tables: dict = {}
+    for r, (s, a, b, t, j, again) in enumerate(keys):
+        _one_type(problem, st, r, (s, a, b, t, j, again), shape, tables)
+    for s, a, b in spans:
+        first = {t: keys.index((s, a, b, t, 0, False)) for t in range(T)}
+        _mixed(problem, st, S, (s, a, b), first, shape, tables)
+    return tables
+
+
+def _row(problem: Problem, S: int, s: int, a: int, b: int, label: int) -> np.ndarray:
+    """A schedule whose stage ``s`` of ``S`` is layers ``a..b`` labelled ``label`` (the others: fillers,
+    whose figures are not read)."""
+    n = problem.n_layers
+    before = [(i, i + 1) for i in range(s - 1)] + ([(s - 1, a)] if s else [])
+    after = [(b + 1 + i, b + 2 + i) for i in range(S - s - 2)] + ([(b + 1 + max(S - s - 2, 0), n)] if s < S - 1 else [])
+    cuts = [(x, y, 0) for x, y in before] + [(a, b + 1, label)] + [(x, y, 0) for x, y in after]
+    return labelled(problem.n_types, cuts)
+
+
+def _entry(tables: dict, key: tuple, shape: tuple[int, ...], v: tuple[int, ...], option: Option) -> None:
+    steps, options = tables.setdefault(key, (np.full(math.prod(shape), np.inf), {}))
+    flat = int(np.ravel_multi_index(v, shape))
+    if option.step < steps[flat]:
+        steps[flat], options[flat] = option.step, option
+
+
+def _one_type(problem: Problem, st, r: int, key: tuple, shape: tuple[int, ...], tables: dict) -> None:
+    """A one-type stage's steps at every replica count its type's limit allows, by the cost model."""
+    s, a, b, t, j, again = key
+    view = problem.views[j]
+    width = int(problem.widths[j])
+    if not view.runnable[a : b + 1, t].all():
+        return
+    if again and not (view.can_recompute and view.recomputable[a : b + 1, t].all()):  # as split_stages reads it
+        return
+    most = min(int(problem.limits[t]) // width, problem.batch_size)
+    for k in range(1, most + 1):
+        kk = np.ones(st.valid.shape)
+        kk[r, s] = k
+        if not replicas_keep_rules(problem, st, kk)[r, s]:
+            continue
+        thr = float(stage_throughputs(problem, st, kk)[r, s])
+        if thr > 0 and np.isfinite(thr):
+            v = tuple(k * width if x == t else 0 for x in range(problem.n_types))
+            _entry(
+                tables,
+                (s, a, b),
+                shape,
+                v,
+                Option(problem.step_samples / thr, (j, again), ((t, k, problem.batch_size),)),
+            )
+
+
+def _mixed(problem: Problem, st, S: int, span: tuple[int, int, int], first: dict, shape: tuple[int, ...], tables: dict):
+    """Every vector of two types or more at tp 1 (section 1i): its parts' best split and the step."""
+    s, a, b = span
+    B = problem.batch_size
+    ok = [t for t in range(problem.n_types) if problem.runnable[a : b + 1, t].all()]
+    times = {t: part_times(problem, st, first[t], s) for t in ok}
+    for v in np.ndindex(shape):
+        used = [t for t in range(problem.n_types) if v[t]]
+        K = sum(v)
+        if len(used) < 2 or K > B or any(t not in ok for t in used):
+            continue
+        most = [int(most_share(problem, st, first[t], s, t, a, b, K)) for t in used]
+        ks = [int(v[t]) for t in used]
+        samples = least_slowest([times[t] for t in used], most, ks, B)
+        if samples is None:
+            continue
+        slowest = max(times[t][-(-n // k) - 1] for t, n, k in zip(used, samples, ks))
+        sync = max(float(st.sync[first[t], s]) for t in used)
+        update = max(float(st.update[first[t], s]) for t in used)
+        step, _ = mixed_step(problem.micro_batches, S, float(slowest), sync, K, update)
+        parts = sorted(zip(used, ks, samples), key=lambda p: (-p[1], p[0]))  # the most replicas own the stage
+        _entry(tables, span, shape, v, Option(float(step), None, tuple(parts)))
+
+
+def _plan(problem: Problem, chosen: list, scheduler: str, seed: int) -> Plan:
+    """The plan of the DP's stages, its figures by the cost model (:func:`~heterps_cli.plan.make_plan`)."""
+    T = problem.n_types
+    cuts, replicas, joined = [], [], {}
+    for s, (a, b, option) in enumerate(chosen):
+        t, k, _ = option.parts[0]
+        j, again = option.way or (0, False)
+        cuts.append((a, b + 1, int(stage_label(T, t, again, j))))
+        replicas.append(k)
+        if len(option.parts) > 1:
+            joined[s] = tuple(Joined(u, m, n) for u, m, n in option.parts[1:])
+    schedule = labelled(T, cuts)
+    return make_plan(problem, schedule, replicas, scheduler=scheduler, seed=seed, joined=joined, optimal=True)
