@@ -99,7 +99,6 @@ def launch_for(
     needs = needs or NodeNeeds()
     placed = all(s.nodes is not None for s in plan.stages)
     unplaceable = {
-        "mixed stages (joined)": (any(s.joined for s in plan.stages), "or plan without --mixed-stages"),
         "tensor-parallel replicas (tp)": (any(s.tp for s in plan.stages), "(a process per shard), or plan at tp 1"),
     }
     for what, (there, instead) in unplaceable.items():

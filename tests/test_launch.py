@@ -160,19 +160,35 @@ def test_the_two_node_launch_scripts_train_a_task_as_two_nodes_and_match_one_pro
     plan["rental"] = {"box": 2}
     plan["stages"][0]["nodes"], plan["stages"][1]["nodes"] = {"box#1": 1}, {"box#2": 1}
     plan_path.write_text(json.dumps(plan))
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     out, report = tmp_path / "launch", tmp_path / "report.json"
     made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--task", f"{CLASSIFY}:task", "--map",
                                "cpu2=cpu", "--steps", "6", "--warmup", "0", "--master-port", str(port),
                                "--checkpoint-dir", str(tmp_path / "ck"), "--report", str(report)])  # fmt: skip
     assert made.exit_code == 0, made.output
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
-    env.update(MASTER_ADDR="127.0.0.1", CLASSIFY_DATA=str(tmp_path / "data"))
+    outputs = run_node_scripts(out, 2, {"CLASSIFY_DATA": str(tmp_path / "data")})
+    measured = json.loads(report.read_text())  # written by plan rank 0, on node 0
+    assert measured["processes"] == 2 and measured["task"] == f"{CLASSIFY}:task"
+    reference, weights = _task_reference(tmp_path / "data", 32 * 16, 6)
+    assert len(measured["losses"]) == 6
+    assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
+    assert "step 6/6: loss" in outputs[1][1]  # the last stage, on node 1, says each step's loss
+    saved = {**torch.load(tmp_path / "ck/step-000006/stage-0.pt")["model"]}
+    saved.update({str(int(k.split(".")[0]) + 3) + k[k.index("."):]: v
+                  for k, v in torch.load(tmp_path / "ck/step-000006/stage-1.pt")["model"].items()})  # fmt: skip
+    assert saved.keys() == weights.keys()
+    assert all(torch.allclose(saved[k], weights[k], atol=1e-5) for k in weights)
+
+
+def run_node_scripts(out, count: int, env: dict) -> list[tuple[str, str]]:
+    """Start node scripts 0..count-1 that `heterps launch` wrote in ``out``, each as its own "node" on this
+    machine (MASTER_ADDR=127.0.0.1, ``env`` added), wait for all, end every process they left, and
+    return each one's (stdout, stderr) once all exited 0."""
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}", **env}
+    env["MASTER_ADDR"] = "127.0.0.1"
     started = []
     try:
-        for i in range(2):
+        for i in range(count):
             started.append(
                 subprocess.Popen(
                     ["sh", str(out / f"node-{i}.sh")],
@@ -191,17 +207,14 @@ def test_the_two_node_launch_scripts_train_a_task_as_two_nodes_and_match_one_pro
                 os.kill(pid, signal.SIGKILL)
     for p, (_, stderr) in zip(started, outputs):
         assert p.returncode == 0, stderr[-3000:]
-    measured = json.loads(report.read_text())  # written by plan rank 0, on node 0
-    assert measured["processes"] == 2 and measured["task"] == f"{CLASSIFY}:task"
-    reference, weights = _task_reference(tmp_path / "data", 32 * 16, 6)
-    assert len(measured["losses"]) == 6
-    assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
-    assert "step 6/6: loss" in outputs[1][1]  # the last stage, on node 1, says each step's loss
-    saved = {**torch.load(tmp_path / "ck/step-000006/stage-0.pt")["model"]}
-    saved.update({str(int(k.split(".")[0]) + 3) + k[k.index("."):]: v
-                  for k, v in torch.load(tmp_path / "ck/step-000006/stage-1.pt")["model"].items()})  # fmt: skip
-    assert saved.keys() == weights.keys()
-    assert all(torch.allclose(saved[k], weights[k], atol=1e-5) for k in weights)
+    return outputs
+
+
+def free_port() -> int:
+    """A port free for a rendezvous on this machine."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _task_reference(data, samples: int, steps: int):

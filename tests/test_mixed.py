@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from heterps_cli.bounds import bound
 from heterps_cli.cli.app import app
+from heterps_cli.formats import load_plan
+from heterps_cli.runtime.placement import processes
 from heterps_cli.schedulers import SolveOptions, solve
 from tests.helpers import problem_from_dicts, write_yaml
 from tests.oracle import pipeline_optimum
@@ -253,8 +255,8 @@ def test_mixed_stages_say_why_they_are_not_planned_without_a_pipeline(tmp_path):
 
 def test_a_mixed_stage_on_whole_nodes_is_rented_placed_and_checked(tmp_path):
     """The same job on nodes of two fast or two slow GPUs: the plan rents 1 + 3 nodes, places the joined
-    fast replicas on the fast node, check recomputes it, and launch (which does not place mixed stages on
-    nodes yet) refuses it with exit 2 before writing anything."""
+    fast replicas on the fast node, check recomputes it, and each node runs the replicas the plan places
+    there, the joined ones too (what launch starts there)."""
     nodes = {
         "cluster": "tinynodes",
         "resources": {"fast": {}, "slow": {}},
@@ -273,10 +275,14 @@ def test_a_mixed_stage_on_whole_nodes_is_rented_placed_and_checked(tmp_path):
     checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
                                   "--objective", "time"])  # fmt: skip
     assert checked.exit_code == 0, checked.output
-    launched = runner.invoke(app, ["launch", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "out"), "--model",
-                                   "mlp", "--map", "fast=cuda", "--map", "slow=cuda"])  # fmt: skip
-    assert launched.exit_code == 2 and "mixed stages" in " ".join(launched.output.split())
-    assert not (tmp_path / "out").exists()
+    placed = processes(load_plan(str(tmp_path / "plan.yaml"))[0].stages)  # what launch starts on each node
+    counts: dict[str, int] = {}
+    for part in [p for s in plan["stages"] for p in [s, *s.get("joined", [])]]:
+        for node, n in part["nodes"].items():
+            counts[node] = counts.get(node, 0) + n
+    assert sorted(p.rank for p in placed) == list(range(sum(counts.values())))
+    assert {node: sum(p.node == node for p in placed) for node in counts} == counts
+    assert {p.resource for p in placed if p.node == "f#1"} == {"fast"}
 
 
 @pytest.mark.parametrize("scheduler", ["rl", "greedy", "tapp"])

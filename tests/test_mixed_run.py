@@ -93,3 +93,29 @@ def test_a_mixed_run_resumes_to_the_uninterrupted_runs_losses(tmp_path):
     trained(4, "cut")
     resumed = trained(6, "cut", "--resume")
     assert resumed == whole[4:]
+
+
+@pytest.mark.slow  # two torchrun "nodes" on this machine: about 20 s
+def test_a_mixed_stage_placed_on_two_nodes_launches_and_trains_as_one_process(tmp_path):
+    """Stage 0's two cpu replicas on node box#1, its joined cpu2 replica and stage 1 on box#2: the scripts
+    `heterps launch` writes, each started as its own node, train with the losses of one process."""
+    from heterps_cli.runtime import single_process_losses
+    from tests.test_launch import free_port, run_node_scripts
+
+    plan = _mixed_plan(tmp_path, (10, 6))
+    data = json.loads(plan.read_text())
+    data["rental"] = {"box": 2}
+    data["stages"][0]["nodes"], data["stages"][1]["nodes"] = {"box#1": 2}, {"box#2": 1}
+    data["stages"][0]["joined"][0]["nodes"] = {"box#2": 1}
+    plan.write_text(json.dumps(data))
+    out, report = tmp_path / "launch", tmp_path / "report.json"
+    maps = ["--map", "cpu=cpu", "--map", "cpu2=cpu", "--master-port", str(free_port()), "--report", str(report)]
+    made = heterps("launch", str(plan), "-o", str(out), "--model", "mlp", "--steps", "3", "--warmup", "0", *maps)
+    assert made.returncode == 0, made.stderr
+    assert "--nproc-per-node 2" in (out / "node-0.sh").read_text()
+    assert "--nproc-per-node 2" in (out / "node-1.sh").read_text()
+    run_node_scripts(out, 2, {})
+    measured = json.loads(report.read_text())
+    assert measured["processes"] == 4
+    reference = single_process_losses("mlp", 64, 3)
+    assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5

@@ -416,8 +416,6 @@ def _processes(
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
         check_gpus_unshared([list(s.units_by_type.items()) for s in plan.stages], devices, torch.cuda.device_count())
     order = None
-    if placed and any(s.joined for s in plan.stages):
-        raise InputError(plan_path, None, "--placed", "--placed does not place mixed stages (joined in the plan) yet")
     if placed and any(s.tp for s in plan.stages):
         raise InputError(
             plan_path, None, "--placed", "--placed does not place tensor-parallel replicas (tp in the plan) yet"
