@@ -40,6 +40,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -101,7 +102,9 @@ class Frontier:
         }
 
 
-def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None) -> Frontier:
+def pareto_frontier(
+    problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None, mixed_stages: bool = False
+) -> Frontier:
     """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
     (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none.
     Where the plan chooses its micro-batch (docs/spec.md section 1f), the frontier of the plans at
@@ -109,8 +112,11 @@ def pareto_frontier(problem: Problem, *, progress: Progress | None = None, time_
 
     With ``time_limit`` (seconds), a walk still going then stops: the plans up to the throughput
     it reached are exactly the frontier's there (the walk rises), and :attr:`Frontier.cut_at` says
-    where it stopped."""
+    where it stopped. ``mixed_stages``: over mixed and one-type stages together (docs/spec.md section 1i),
+    from the DP of :mod:`~heterps_cli.schedulers.mixed_optimum`, where it runs (TooLarge where not)."""
     start = time.perf_counter()
+    if mixed_stages and _mixes(problem):
+        return _mixed_frontier(problem, Clock(start, time_limit))
     choices = problem.micro_batch_choices
     found: list[tuple[Candidate, Problem]] = []
     failed: list[InfeasibleError] = []
@@ -229,7 +235,79 @@ def _walk(
             )
 
 
-def _pareto(found: list[Candidate]) -> list[Candidate]:
+def _mixes(problem: Problem) -> bool:
+    """Whether a stage may mix types here (else the one-type frontier is the whole one); TooLarge where it
+    may, but the DP does not run."""
+    from heterps_cli.errors import TooLarge
+    from heterps_cli.schedulers.mixed_optimum import why_not
+    from heterps_cli.schedulers.mixing import can_mix
+
+    if can_mix(problem) is not None:
+        return False
+    if (why := why_not(problem)) is not None:
+        raise TooLarge(
+            "--mixed-stages",
+            f"the frontier over mixed stages comes from an exact DP, which does not run here: {why}; "
+            "plan one point with heterps plan --mixed-stages --min-throughput X, or leave --mixed-stages out",
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A final cell of the mixed DP (:class:`~heterps_cli.schedulers.mixed_optimum.Finals`)."""
+
+    throughput: float
+    cost: float
+    finals: Any
+    u: int
+
+
+def _mixed_frontier(problem: Problem, clock: Clock) -> Frontier:
+    """Section 1i's frontier: the Pareto set of the DP's last cells. A cell holds the fastest plan of its
+    units, so every plan is matched by a cell at least as fast and no dearer, and the cells' Pareto set
+    is the frontier's."""
+    from heterps_cli.schedulers.mixed_optimum import finals
+
+    start = time.perf_counter()
+    found = finals(problem, clock)
+    if found is None:
+        raise InfeasibleError("the frontier over mixed stages ran out of time (--time-limit)")
+    points = [_Point(float(f.throughput[u]), float(f.cost[u]), f, int(u)) for f in found for u in np.flatnonzero(f.ok)]
+    if not points:
+        fastest = max((float(np.nanmax(f.throughput)) for f in found), default=0.0)
+        said = f"the fastest reaches {count(fastest, 1)} samples/s" if fastest > 0 else "none runs within the limits"
+        raise InfeasibleError(f"no plan of mixed or one-type stages meets the job's floor and budget: {said}")
+    frontier = _pareto(points)
+    plans = []
+    for i, c in enumerate(frontier):
+        own = c.finals.problem.replace(objective=Objective.COST, min_throughput=c.throughput * (1 - SLACK))
+        plan = c.finals.plan(c.u, "exact", 0, problem=own)
+        assert plan.feasible, "the frontier holds a plan that breaks a constraint"
+        note = (
+            f"point {i + 1} of {len(frontier)} on the cost-throughput frontier over mixed and one-type stages: the "
+            f"cheapest plan reaching {count(c.throughput, 1)} samples/s"
+        )
+        plans.append(plan.but(min_throughput=plan.throughput, notes=[*plan.notes, note]))
+    solve_s = time.perf_counter() - start
+    plans = [p.but(solve_s=solve_s) for p in plans]
+    knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
+    steps = sum(len(f.value) for f in found)
+    return Frontier(problem, tuple(plans), tuple(range(len(plans))), len(plans), knee_at, steps, solve_s)
+
+
+class _Figures(Protocol):
+    @property
+    def throughput(self) -> float: ...
+
+    @property
+    def cost(self) -> float: ...
+
+
+F = TypeVar("F", bound=_Figures)
+
+
+def _pareto(found: list[F]) -> list[F]:
     """The candidates no other matches, by rising throughput.
 
     Two throughputs within :data:`SLACK` (relative) are equal, as ``--min-throughput`` reads them:
@@ -238,7 +316,7 @@ def _pareto(found: list[Candidate]) -> list[Candidate]:
     the cheapest stays (the fastest of those); then, from the fastest class down, each must cost
     less than every faster one (by more than float noise)."""
     order = sorted(found, key=lambda c: (-c.throughput, c.cost))
-    classes: list[Candidate] = []
+    classes: list[F] = []
     head = math.inf
     for c in order:
         if c.throughput >= head * (1 - SLACK):
@@ -247,7 +325,7 @@ def _pareto(found: list[Candidate]) -> list[Candidate]:
         else:
             head = c.throughput
             classes.append(c)
-    kept: list[Candidate] = []
+    kept: list[F] = []
     for c in classes:
         if not kept or c.cost < kept[-1].cost * (1 - SLACK):
             kept.append(c)
@@ -319,8 +397,12 @@ def thin(frontier: Frontier, n: int) -> Frontier:
 
 def layout(plan: Plan, most: int | None = None) -> str:
     """The stages in short form: ``cpu×34 | v100×1 | cpu×1``; with more than ``most`` stages, the
-    first ``most - 1``, an ellipsis, the last and the count: ``cpu×34 | v100×1 | … | cpu×6 (27 stages)``."""
-    parts = [f"{s.resource}{s.way}×{s.replicas}" for s in plan.stages]
+    first ``most - 1``, an ellipsis, the last and the count: ``cpu×34 | v100×1 | … | cpu×6 (27 stages)``;
+    a mixed stage's parts joined by ``+`` (``v100×6+a100×2``)."""
+    parts = [
+        "+".join([f"{s.resource}{s.way}×{s.replicas}", *(f"{j.resource}×{j.replicas}" for j in s.joined or ())])
+        for s in plan.stages
+    ]
     if most is not None and len(parts) > most:
         parts = [*parts[: most - 1], "…", f"{parts[-1]} ({len(parts)} stages)"]
     return " | ".join(parts)

@@ -543,18 +543,18 @@ def assert_is_the_optimum(plan, expected, objective) -> bool:
     return True
 
 
-def assert_is_the_frontier(problem, cost, thr) -> None:
+def assert_is_the_frontier(problem, cost, thr, mixed_stages: bool = False) -> None:
     """The exact frontier of ``problem`` is the Pareto set of the enumerated plans ``cost``, ``thr``."""
     from heterps_cli.errors import InfeasibleError
     from heterps_cli.frontier import pareto_frontier
 
     if len(cost) == 0:
         try:
-            pareto_frontier(problem)
+            pareto_frontier(problem, mixed_stages=mixed_stages)
         except InfeasibleError:
             return
         raise AssertionError("a frontier where enumeration finds no feasible plan")
-    got = [(p.throughput, p.cost_usd) for p in pareto_frontier(problem).plans]
+    got = [(p.throughput, p.cost_usd) for p in pareto_frontier(problem, mixed_stages=mixed_stages).plans]
     want = pareto(cost, thr)
     assert len(got) == len(want), (got, want)
     for (x, c), (wx, wc) in zip(got, want):

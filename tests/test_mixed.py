@@ -68,14 +68,21 @@ def stage_step(profile: dict, cluster: dict, layers: list[int], parts, s: int, S
 
 
 def brute_force(profile: dict, cluster: dict, objective: str = "time") -> tuple[float, float] | None:
-    """(cost, throughput) of the best plan, by ``objective``, of every cut, every type and replica count per
-    stage, and every other type joining it with every count and split of the micro-batch, within the
-    limits and the profile's throughput floor (None: none)."""
+    """(cost, throughput) of the best plan, by ``objective``, of :func:`every_plan` (None: none)."""
+    plans = every_plan(profile, cluster)
+    key = (lambda c: (c[1], -c[0])) if objective == "time" else (lambda c: (-c[0], c[1]))
+    return max(plans, key=key, default=None)
+
+
+def every_plan(profile: dict, cluster: dict) -> list[tuple[float, float]]:
+    """(cost, throughput) of every plan of every cut, every type and replica count per stage, and every
+    other type joining it with every count and split of the micro-batch, within the limits and the
+    profile's throughput floor."""
     types, n, B = list(cluster["resources"]), len(profile["layers"]), profile["batch_size"]
     M = profile["job"]["global_batch"] // B
     work = profile["job"]["samples"] * profile["job"]["epochs"]
     floor = profile["job"]["min_throughput"]
-    best = None
+    found = []
     for cut in range(1 << (n - 1)):
         bounds = [0, *[i + 1 for i in range(n - 1) if cut >> i & 1], n]
         spans = [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
@@ -92,10 +99,8 @@ def brute_force(profile: dict, cluster: dict, objective: str = "time") -> tuple[
                 thr = M * B / max(step for step, _, _ in steps)
                 cost = work / thr / 3600 * sum(cluster["resources"][t]["price"] * used[t] for t in types)
                 if thr >= floor * (1 - 1e-12):
-                    key = (thr, -cost) if objective == "time" else (-cost, thr)
-                    if best is None or key > best[0]:
-                        best = (key, (cost, thr))
-    return None if best is None else best[1]
+                    found.append((cost, thr))
+    return found
 
 
 def _stage_options(types, cluster, B):
@@ -301,6 +306,21 @@ def test_every_scheduler_mixes_the_same_way_twice(tmp_path, scheduler):
 
 
 @settings(max_examples=40, **SETTINGS)
+@given(mixable(), st.sampled_from([0.0, 0.5]))
+def test_the_mixed_frontier_is_the_pareto_set_of_every_mixed_plan(inst, floor):
+    import numpy as np
+
+    from tests.oracle import assert_is_the_frontier
+
+    profile, cluster = inst
+    fastest = brute_force(profile, cluster)
+    profile["job"]["min_throughput"] = floor * (fastest[1] if fastest else 0.0)
+    plans = np.array(every_plan(profile, cluster)).reshape(-1, 2)
+    problem = problem_from_dicts(profile, cluster, micro_batch=profile["batch_size"])
+    assert_is_the_frontier(problem, plans[:, 0], plans[:, 1], mixed_stages=True)
+
+
+@settings(max_examples=40, **SETTINGS)
 @given(st.one_of(pipelined(), sharded()), st.sampled_from(["cost", "time"]))
 def test_the_mixed_optimum_is_never_worse_than_the_one_type_optimum(inst, objective):
     """Instances with every other section (memory, fixed costs, budgets, tp 2 and 4, recomputation): the
@@ -324,3 +344,25 @@ def test_the_mixed_optimum_is_never_worse_than_the_one_type_optimum(inst, object
         assert plan.throughput >= thr * (1 - 1e-9) and (not same or math.isclose(plan.throughput, thr, rel_tol=1e-9))
     else:
         assert plan.cost_usd <= cost * (1 + 1e-9) and (not same or math.isclose(plan.cost_usd, cost, rel_tol=1e-9))
+
+
+def test_the_frontier_over_mixed_stages_and_where_it_does_not_run(tmp_path):
+    """TINY's frontier with --mixed-stages reaches the mixed plan's throughput, its fastest plan mixes and
+    check passes on it; on limits of hundreds of units the DP does not run: exit 2, saying why."""
+    import json
+
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    done = runner.invoke(app, ["frontier", profile, cluster, "--mixed-stages", "--json", "--out",
+                               str(tmp_path / "plans")])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    plans = json.loads(done.output)["plans"]
+    assert plans[-1]["stages"][0].get("joined") and plans[-1]["throughput"] > 36
+    fastest = sorted((tmp_path / "plans").iterdir())[-1]
+    floor = str(yaml.safe_load(fastest.read_text())["min_throughput"])
+    checked = runner.invoke(app, ["check", str(fastest), "--profile", profile, "--cluster", cluster,
+                                  "--min-throughput", floor])  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+    big = {"cluster": "big", "resources": {"fast": {"price": 3.0, "limit": 400}, "slow": {"price": 1.0, "limit": 600}}}
+    refused = runner.invoke(app, ["frontier", profile, write_yaml(tmp_path / "big.yaml", big), "--mixed-stages"])
+    said = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "--mixed-stages" in said and "transitions" in said and "Traceback" not in said

@@ -300,6 +300,7 @@ def frontier(
     out_dir: _FrontierOutDirOpt = None,
     plot: _FrontierPlotOpt = None,
     time_limit: _FrontierTimeLimitOpt = FRONTIER_TIME_LIMIT,
+    mixed_stages: MixedStagesOpt = False,
 ) -> None:
     """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact)."""
     _one_stdout(as_json, plot)
@@ -321,6 +322,7 @@ def frontier(
                 ),
                 time_limit=time_limit,
                 progress=report,
+                mixed_stages=mixed_stages,
             )
         kept = whole if points is None else thin(whole, points)
         if plot is not None:

@@ -68,22 +68,54 @@ def _work(problem: Problem) -> int:
     return len(problem.micro_batch_choices) * per_s * C * C
 
 
-def optimum(problem: Problem, clock: Clock, scheduler: str, seed: int) -> Plan | None:
-    """The best plan of mixed and one-type stages by the problem's objective (None: none meets the job,
-    or the clock ran out, which the caller tells apart with ``clock``)."""
-    best: tuple[float, float, Problem, list] | None = None  # (throughput, cost, problem, stages)
+@dataclass(frozen=True)
+class Finals:
+    """The DP's last cells for ``S`` stages at one micro-batch: for every vector of units used (flat),
+    the best plan's throughput and cost, and whether it meets the job's floor and budget."""
+
+    problem: Problem  # at the micro-batch
+    S: int
+    throughput: np.ndarray  # [C]
+    cost: np.ndarray  # [C]
+    ok: np.ndarray  # [C]
+    value: dict
+    tables: dict
+
+    def plan(self, u: int, scheduler: str, seed: int, problem: Problem | None = None) -> Plan:
+        """The plan of cell ``u`` (:func:`_back`), its figures by the cost model, for ``problem`` (this one
+        with another objective or floor) where given."""
+        shape = tuple(int(x) + 1 for x in self.problem.limits)
+        chosen = _back(self.value, self.tables, shape, self.S, self.problem.n_layers, u)
+        return _plan(problem or self.problem, chosen, scheduler, seed)
+
+
+def finals(problem: Problem, clock: Clock) -> list[Finals] | None:
+    """The DP's last cells for every micro-batch and stage count (None: the clock ran out)."""
+    out = []
     for batch in problem.micro_batch_choices:
         at = problem.at_micro_batch(batch)
         for S in range(1, problem.n_layers + 1):
             if clock.out_of_time():
                 return None
-            found = _best_with(at, S)
-            if found is not None and (best is None or _better(problem, found[:2], best[:2])):
-                best = (*found[:2], at, found[2])
-    if best is None:
-        return None
-    _, _, at, chosen = best
-    return _plan(at, chosen, scheduler, seed)
+            found = _run(at, S)
+            if found is not None:
+                out.append(found)
+    return out
+
+
+def optimum(problem: Problem, clock: Clock, scheduler: str, seed: int) -> Plan | None:
+    """The best plan of mixed and one-type stages by the problem's objective (None: none meets the job,
+    or the clock ran out, which the caller tells apart with ``clock``)."""
+    best: tuple[float, float, Finals, int] | None = None
+    for f in finals(problem, clock) or []:
+        if not f.ok.any():
+            continue
+        order = (-f.throughput, f.cost) if problem.objective is Objective.TIME else (f.cost, -f.throughput)
+        u = int(np.lexsort(tuple(np.where(f.ok, key, np.inf) for key in reversed(order)))[0])
+        here = (float(f.throughput[u]), float(f.cost[u]))
+        if best is None or _better(problem, here, best[:2]):
+            best = (*here, f, u)
+    return None if best is None else best[2].plan(best[3], scheduler, seed)
 
 
 def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]) -> bool:
@@ -93,9 +125,8 @@ def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]
     return cost < best_cost or (cost == best_cost and thr > best_thr)
 
 
-def _best_with(problem: Problem, S: int) -> tuple[float, float, list] | None:
-    """The best plan of ``S`` stages at the problem's micro-batch: (throughput, cost, its stages as
-    ``(first, last, Option)``), or None."""
+def _run(problem: Problem, S: int) -> Finals | None:
+    """The DP for ``S`` stages at the problem's micro-batch (None: no plan of ``S`` stages runs)."""
     shape = tuple(int(x) + 1 for x in problem.limits)
     tables = _stage_tables(problem, S, shape)
     if not tables:
@@ -114,15 +145,11 @@ def _best_with(problem: Problem, S: int) -> tuple[float, float, list] | None:
     if last is None or not np.isfinite(last).any():
         return None
     units = np.array(list(np.ndindex(shape)), dtype=float)
-    thr = problem.step_samples / last
     with np.errstate(divide="ignore", invalid="ignore"):
+        thr = problem.step_samples / last
         cost = run_cost(problem.work, thr, units @ problem.prices)
     ok = np.isfinite(last) & meets_targets(problem, thr, cost)
-    if not ok.any():
-        return None
-    order = (-thr, cost) if problem.objective is Objective.TIME else (cost, -thr)
-    u = int(np.lexsort(tuple(np.where(ok, key, np.inf) for key in reversed(order)))[0])
-    return float(thr[u]), float(cost[u]), _back(value, tables, shape, S, n, u)
+    return Finals(problem, S, thr, cost, ok, value, tables)
 
 
 def _sums(shape: tuple[int, ...]) -> np.ndarray:
