@@ -106,6 +106,8 @@ def _forward_again(problem: Problem, plan, b: int) -> float:
 
 def _held_by(problem: Problem, plan, b: int) -> str:
     stage = plan.stages[b]
+    if stage.joined:
+        return _mixed_held_by(problem, plan, stage)
     t = problem.types.index(stage.resource)
     used, limit = plan.resources[stage.resource], int(problem.limits[t])
     width = stage.tp or 1  # section 1h: another replica takes this many units
@@ -141,6 +143,20 @@ def _held_by(problem: Problem, plan, b: int) -> str:
             "and cost more"
         )
     return f"{_another(more, B, stage.replicas, stage.resource)} there would reach {count(faster)} samples/s"
+
+
+def _mixed_held_by(problem: Problem, plan, stage) -> str:
+    """Section 1i: what holds a mixed bottleneck stage back: its types' idle units, if any."""
+    types = [stage.resource, *(j.resource for j in stage.joined)]
+    idle = {r: int(problem.limits[problem.types.index(r)]) - plan.resources[r] for r in types}
+    mixes = f"it mixes {' and '.join(types)}, each type's share of the micro-batch as large as keeps it no slower"
+    if not any(idle.values()):
+        return f"{mixes}; the plan uses every unit of each that the limits allow"
+    spare = ", ".join(f"{count(n)} {r}" for r, n in idle.items() if n)
+    return (
+        f"{mixes}; {spare} unit(s) stay idle, which the plan found no faster way to use (plan --explain's "
+        "what-if gives each type's limit one higher and one lower)"
+    )
 
 
 def _another(more: int, batch: int, k: int, resource: str = "") -> str:

@@ -175,7 +175,23 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
     them (the same search as the plan's, at its micro-batch)."""
     from heterps_cli.schedulers.exact.scheduler import what_if as exact_what_if
 
-    return exact_what_if(problem, plan, then=lambda there, found: mix(there, found)[0])
+    return exact_what_if(problem, plan, then=_mixed_there)
+
+
+def _mixed_there(there: Problem, found: Plan) -> Plan:
+    """The plan's search on ``there``: the exact DP over mixed stages where it runs (so that one unit more
+    never reads as slower), else the climb from the one-type optimum ``found``."""
+    import time
+
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.schedulers.mixed_optimum import optimum, why_not
+
+    if found.scheduler != "exact" or why_not(there) is not None:
+        return mix(there, found)[0]
+    best = optimum(there, Clock(time.perf_counter()), found.scheduler, found.seed)
+    if best is None:
+        raise InfeasibleError("no plan of mixed or one-type stages meets the job")
+    return best
 
 
 def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> Plan:
