@@ -142,7 +142,7 @@ def compare(
     """``heterps compare``: every scheduler on one problem with one budget and seed (and, with
     ``with_frontier``, the frontier their plans sit on)."""
     from heterps_cli.compare import compare_schedulers
-    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.errors import InfeasibleError, TooLarge
     from heterps_cli.frontier import pareto_frontier
 
     problem = _problem(job, profile_path, cluster_path)
@@ -150,6 +150,8 @@ def compare(
     curve = None
     if with_frontier:
         try:
+            curve = pareto_frontier(problem, progress=progress, mixed_stages=bool(budget.mixed_stages))
+        except TooLarge:  # no exact frontier over mixed stages here: the one-type frontier
             curve = pareto_frontier(problem, progress=progress)
         except InfeasibleError:  # every scheduler's row already says why
             curve = None

@@ -398,6 +398,7 @@ def compare(
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
     evaluations: _CompareEvaluationsOpt = None,
+    mixed_stages: MixedStagesOpt = False,
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
     _one_stdout(as_json, plot)
@@ -408,7 +409,7 @@ def compare(
         from heterps_cli.schedulers import Budget
 
         not_an_input(plot, profile, cluster, field="--plot")
-        budget = Budget(time_limit=time_limit, steps=steps, batch=batch, evaluations=evaluations)
+        budget = Budget(time_limit, steps, batch, evaluations, mixed_stages or None)
 
         def done(entry) -> None:
             figure = (

@@ -154,6 +154,7 @@ class Budget:
     steps: int | None = None
     batch: int | None = None
     evaluations: int | None = None
+    mixed_stages: bool | None = None  # section 1i, for every scheduler alike
 
     def of(self, name: str) -> SolveOptions:
         return options_for(name, **dataclasses.asdict(self))
