@@ -68,6 +68,8 @@ def solve(
         started = options.started if options.started is not None else time.perf_counter()
         options = dataclasses.replace(options, time_limit=budget, started=started)
     mixing = options.mixed_stages
+    if mixing and name == "exact" and (found := _exact_mixed(problem, options, seed)) is not None:
+        return _mixed_certificate(problem, found)
 
     def one(sub: Problem, opts: SolveOptions, report: Progress | None) -> Plan:
         plan = _solve_at(name, sub, seed, report, opts)
@@ -82,10 +84,12 @@ def solve(
         plan = best_micro_batch(problem, choices, one, progress, options, exact=name == "exact" and not mixing)
     if mixing:
         if name == "exact":  # other starts for the climb: the optimum with some units of a type held back
+            from heterps_cli.schedulers.mixed_optimum import why_not
             from heterps_cli.schedulers.mixing import from_reserved
 
             plan = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
-            plan = _mixed_optimum(problem, plan, Clock.of(options, time.perf_counter()), seed)
+            if (why := why_not(problem)) is not None:
+                plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
         plan = _mixed_certificate(problem, plan)
     return _said_budget(plan, problem, budget)
 
@@ -98,29 +102,25 @@ def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
     return mixed.but(notes=[*mixed.notes, said]) if mixed is not plan else plan
 
 
-def _mixed_optimum(problem: Problem, plan: Plan, clock: Clock, seed: int) -> Plan:
-    """Section 1i's exact optimum where its DP runs (:mod:`~heterps_cli.schedulers.mixed_optimum`), else
-    ``plan`` (the climb's) with why it does not."""
+def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | None:
+    """Section 1i's exact optimum (:mod:`~heterps_cli.schedulers.mixed_optimum`); None where its DP does not
+    run, runs out of time, or finds no plan (the one-type search then answers, or says why none exists)."""
     from heterps_cli.schedulers.mixed_optimum import optimum, why_not
-    from heterps_cli.schedulers.mixing import can_mix
+    from heterps_cli.schedulers.mixing import can_mix, joined_words
 
-    if can_mix(problem) is not None:
-        return plan
-    if (why := why_not(problem)) is not None:
-        return plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
-    from heterps_cli.schedulers.mixing import joined_words
-
+    if can_mix(problem) is not None or why_not(problem) is not None:
+        return None
     start = time.perf_counter()
-    found = optimum(problem, clock, plan.scheduler, seed)
-    if found is None:  # out of time: the climb's plan, with the bound's gap
-        said = "the exact search over mixed stages ran out of time" if clock.out_of_time() else ""
-        return plan.but(notes=[*plan.notes, f"--mixed-stages: {said}"]) if said else plan
+    found = optimum(problem, Clock.of(options, start), "exact", seed)
+    if found is None:
+        return None
     at = problem.at_micro_batch(found.batch_size)
-    words = [joined_words(at, s) + " (section 1i)" for s in found.stages if s.joined]
-    said = "--mixed-stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)"
-    notes = [n for n in plan.notes if "(section 1i)" not in n and "micro-batch" not in n]
-    solve_s = plan.solve_s + time.perf_counter() - start
-    return found.but(solve_s=solve_s, notes=[*notes, *words, said])
+    notes = [joined_words(at, s) + " (section 1i)" for s in found.stages if s.joined]
+    if len(choices := problem.micro_batch_choices) > 1:
+        sizes = ", ".join(map(str, choices))
+        notes.append(f"micro-batch {found.batch_size} chosen: the DP searched every size the plan may take ({sizes})")
+    notes.append("--mixed-stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)")
+    return found.but(solve_s=time.perf_counter() - start, notes=[*found.notes, *notes])
 
 
 def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
