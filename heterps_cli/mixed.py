@@ -82,8 +82,18 @@ def _measured_cap(problem: Problem, t: int, a: int, b: int) -> float:
 def most_share(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int, replicas: int) -> float:
     """The most samples one replica of row ``r``'s part may train: the largest size measured on ``t``
     (section 1f) and what its memory holds among ``replicas`` in all."""
-    cap = _measured_cap(problem, t, a, b)
-    fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
+    return share_limit(problem, t, part_limits(problem, st, r, s, t, a, b), replicas)
+
+
+def part_limits(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int) -> tuple[float, ...]:
+    """What bounds a replica's share of row ``r``'s part on ``t`` (:func:`share_limit`): its memory terms
+    and the largest size measured."""
+    return (*_memory_terms(problem, st, r, s, t, a, b), _measured_cap(problem, t, a, b))
+
+
+def share_limit(problem: Problem, t: int, limits: tuple[float, ...], replicas: int) -> float:
+    """:func:`most_share` from :func:`part_limits`."""
+    fixed, split, held, cap = limits
     room = problem.memory[t] * (1 + 1e-12) - fixed - split / replicas
     if room < 0:  # its state alone does not fit
         return 0.0

@@ -11,6 +11,8 @@ small (:data:`MOST_WORK`); elsewhere the climb of :mod:`~heterps_cli.schedulers.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -25,13 +27,13 @@ from heterps_cli.costmodel import (
     stage_throughputs,
 )
 from heterps_cli.formulas import mixed_step, run_cost
-from heterps_cli.mixed import Joined, least_slowest, most_share, part_times
+from heterps_cli.mixed import Joined, least_slowest, part_limits, part_times, share_limit
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock
 
-MOST_WORK = 2_000_000  # cell pairs the DP's transitions touch, summed over micro-batches and stage counts
+MOST_WORK = 5_000_000  # :func:`_work`'s units: about 2 s on one core (benchmarks/bench_mixed.py)
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ def why_not(problem: Problem) -> str | None:
         return "--maximal-stages"
     if (work := _work(problem)) > MOST_WORK:
         return (
-            f"its DP would touch {work:,} transitions ({problem.n_layers} layers, {_cells(problem):,} vectors of "
-            f"every type's units), more than {MOST_WORK:,}"
+            f"its DP's work ({problem.n_layers} layers, {_cells(problem):,} vectors of every type's units) is "
+            f"{work:,}, more than {MOST_WORK:,}"
         )
     return None
 
@@ -63,9 +65,13 @@ def _cells(problem: Problem) -> int:
 
 
 def _work(problem: Problem) -> int:
-    n, C = problem.n_layers, _cells(problem)
-    per_s = sum(S * n * (n + 1) // 2 for S in range(1, n + 1))
-    return len(problem.micro_batch_choices) * per_s * C * C
+    """What the DP's time grows with: its stage tables' entries (every place of every span of layers at
+    every stage count, times the vectors a stage may hold), each relaxed over up to every cell."""
+    n, B = problem.n_layers, max(problem.micro_batch_choices)
+    spans = sum(S * n * (n + 1) // 2 for S in range(1, n + 1))
+    mixed = math.comb(problem.n_types + B, B)  # vectors of at most B units: the mixed stages' bound
+    one_type = sum(min(int(x), B) for x in problem.limits) * len(problem.stage_ways)
+    return len(problem.micro_batch_choices) * spans * (mixed + one_type) * (1 + _cells(problem) // 100)
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,11 @@ def finals(problem: Problem, clock: Clock) -> list[Finals] | None:
     out = []
     for batch in problem.micro_batch_choices:
         at = problem.at_micro_batch(batch)
+        splits: dict = {}
         for S in range(1, problem.n_layers + 1):
             if clock.out_of_time():
                 return None
-            found = _run(at, S)
+            found = _run(at, S, splits)
             if found is not None:
                 out.append(found)
     return out
@@ -125,14 +132,15 @@ def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]
     return cost < best_cost or (cost == best_cost and thr > best_thr)
 
 
-def _run(problem: Problem, S: int) -> Finals | None:
-    """The DP for ``S`` stages at the problem's micro-batch (None: no plan of ``S`` stages runs)."""
+def _run(problem: Problem, S: int, splits: dict) -> Finals | None:
+    """The DP for ``S`` stages at the problem's micro-batch (None: no plan of ``S`` stages runs); ``splits``:
+    the mixed parts' best splits found so far at this micro-batch."""
     shape = tuple(int(x) + 1 for x in problem.limits)
-    tables = _stage_tables(problem, S, shape)
+    tables = _stage_tables(problem, S, shape, splits)
     if not tables:
         return None
     n, C = problem.n_layers, math.prod(shape)
-    target = _sums(shape)
+    grid = np.array(list(np.ndindex(shape)), dtype=np.int64).reshape(-1, len(shape))
     value = {(0, 0): np.where(np.arange(C) == 0, 0.0, np.inf)}  # (stages, layers) -> least slowest step per u
     for s in range(S):
         for (ss, a), cur in list(value.items()):
@@ -140,11 +148,11 @@ def _run(problem: Problem, S: int) -> Finals | None:
                 continue
             for b in range(a, n - (S - s - 1)):
                 if (s, a, b) in tables:
-                    _relax(value.setdefault((s + 1, b + 1), np.full(C, np.inf)), cur, tables[s, a, b][0], target)
+                    _relax(value.setdefault((s + 1, b + 1), np.full(C, np.inf)), cur, tables[s, a, b][0], grid, shape)
     last = value.get((S, n))
     if last is None or not np.isfinite(last).any():
         return None
-    units = np.array(list(np.ndindex(shape)), dtype=float)
+    units = grid.astype(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         thr = problem.step_samples / last
         cost = run_cost(problem.work, thr, units @ problem.prices)
@@ -152,21 +160,15 @@ def _run(problem: Problem, S: int) -> Finals | None:
     return Finals(problem, S, thr, cost, ok, value, tables)
 
 
-def _sums(shape: tuple[int, ...]) -> np.ndarray:
-    """``[C, C]``: the flat index of unit vector ``u + v`` (-1 past a type's limit)."""
-    grid = np.array(list(np.ndindex(shape)))
-    total = grid[:, None, :] + grid[None, :, :]
-    inside = (total < np.array(shape)).all(axis=2)
-    return np.where(inside, np.ravel_multi_index(tuple(np.minimum(total, np.array(shape) - 1).T), shape).T, -1)
-
-
-def _relax(out: np.ndarray, cur: np.ndarray, steps: np.ndarray, target: np.ndarray) -> None:
-    """``out[u + v] = min(out[u + v], max(cur[u], steps[v]))`` over every ``u``, ``v`` within the limits."""
+def _relax(out: np.ndarray, cur: np.ndarray, steps: np.ndarray, grid: np.ndarray, shape: tuple[int, ...]) -> None:
+    """``out[u + v] = min(out[u + v], max(cur[u], steps[v]))`` over every ``u``, ``v`` within the limits
+    (``grid[i]``: flat index ``i``'s vector of units)."""
     us, vs = np.flatnonzero(np.isfinite(cur)), np.flatnonzero(np.isfinite(steps))
-    where = target[np.ix_(us, vs)]
-    vals = np.maximum(cur[us][:, None], steps[vs][None, :])
-    keep = where >= 0
-    np.minimum.at(out, where[keep], vals[keep])
+    total = grid[us][:, None, :] + grid[vs][None, :, :]
+    keep = (total < np.array(shape)).all(axis=2)
+    where = np.ravel_multi_index(tuple(total[keep].T), shape)
+    vals = np.maximum(cur[us][:, None], steps[vs][None, :])[keep]
+    np.minimum.at(out, where, vals)
 
 
 def _back(value: dict, tables: dict, shape: tuple[int, ...], S: int, n: int, u: int) -> list:
@@ -196,7 +198,7 @@ def _back(value: dict, tables: dict, shape: tuple[int, ...], S: int, n: int, u: 
     return out[::-1]
 
 
-def _stage_tables(problem: Problem, S: int, shape: tuple[int, ...]) -> dict:
+def _stage_tables(problem: Problem, S: int, shape: tuple[int, ...], splits: dict) -> dict:
     """For every stage ``s`` of ``S`` over layers ``a..b``: each unit vector's least step (inf: none) and
     how (:class:`Option`), as ``{(s, a, b): (steps [C], {flat index: Option})}``."""
     n, T = problem.n_layers, problem.n_types
@@ -215,11 +217,11 @@ def _stage_tables(problem: Problem, S: int, shape: tuple[int, ...]) -> dict:
                 keys.append((s, a, b, t, j, again))
     st = split_stages(problem, np.array(rows))
     tables: dict = {}
-    for r, (s, a, b, t, j, again) in enumerate(keys):
-        _one_type(problem, st, r, (s, a, b, t, j, again), shape, tables)
+    _one_type(problem, st, keys, shape, tables)
+    row_of = {key: r for r, key in enumerate(keys)}
     for s, a, b in spans:
-        first = {t: keys.index((s, a, b, t, 0, False)) for t in range(T)}
-        _mixed(problem, st, S, (s, a, b), first, shape, tables)
+        first = {t: row_of[s, a, b, t, 0, False] for t in range(T)}
+        _mixed(problem, st, S, (s, a, b), first, shape, tables, splits)
     return tables
 
 
@@ -240,47 +242,53 @@ def _entry(tables: dict, key: tuple, shape: tuple[int, ...], v: tuple[int, ...],
         steps[flat], options[flat] = option.step, option
 
 
-def _one_type(problem: Problem, st, r: int, key: tuple, shape: tuple[int, ...], tables: dict) -> None:
-    """A one-type stage's steps at every replica count its type's limit allows, by the cost model."""
-    s, a, b, t, j, again = key
+def _one_type(problem: Problem, st, keys: list, shape: tuple[int, ...], tables: dict) -> None:
+    """Every row's one-type stage (``keys[r]`` = (s, a, b, type, degree index, recomputes)) at every replica
+    count its type's limit allows, its step by the cost model; all rows at once for each count."""
+    s_of = np.array([key[0] for key in keys])
+    rows = np.arange(len(keys))
+    runs = np.array([_runs(problem, key) for key in keys], dtype=bool)
+    width = np.array([int(problem.widths[key[4]]) for key in keys])
+    most = np.array([min(int(problem.limits[key[3]]) // w, problem.batch_size) for key, w in zip(keys, width)])
+    for k in range(1, int(most.max(initial=0)) + 1):
+        kk = np.full(st.valid.shape, float(k))
+        keep = replicas_keep_rules(problem, st, kk)[rows, s_of]
+        thr = stage_throughputs(problem, st, kk)[rows, s_of]
+        good = runs & keep & (k <= most) & (thr > 0) & np.isfinite(thr)
+        for r in np.flatnonzero(good):
+            s, a, b, t, j, again = keys[r]
+            v = tuple(k * int(width[r]) if x == t else 0 for x in range(problem.n_types))
+            option = Option(problem.step_samples / float(thr[r]), (j, again), ((t, k, problem.batch_size),))
+            _entry(tables, (s, a, b), shape, v, option)
+
+
+def _runs(problem: Problem, key: tuple) -> bool:
+    """Whether a stage of ``key`` = (s, a, b, type, degree index, recomputes) can run, as split_stages reads it."""
+    _, a, b, t, j, again = key
     view = problem.views[j]
-    width = int(problem.widths[j])
     if not view.runnable[a : b + 1, t].all():
-        return
-    if again and not (view.can_recompute and view.recomputable[a : b + 1, t].all()):  # as split_stages reads it
-        return
-    most = min(int(problem.limits[t]) // width, problem.batch_size)
-    for k in range(1, most + 1):
-        kk = np.ones(st.valid.shape)
-        kk[r, s] = k
-        if not replicas_keep_rules(problem, st, kk)[r, s]:
-            continue
-        thr = float(stage_throughputs(problem, st, kk)[r, s])
-        if thr > 0 and np.isfinite(thr):
-            v = tuple(k * width if x == t else 0 for x in range(problem.n_types))
-            _entry(
-                tables,
-                (s, a, b),
-                shape,
-                v,
-                Option(problem.step_samples / thr, (j, again), ((t, k, problem.batch_size),)),
-            )
+        return False
+    return not again or bool(view.can_recompute and view.recomputable[a : b + 1, t].all())
 
 
-def _mixed(problem: Problem, st, S: int, span: tuple[int, int, int], first: dict, shape: tuple[int, ...], tables: dict):
+def _mixed(problem: Problem, st, S: int, span: tuple, first: dict, shape: tuple[int, ...], tables: dict, splits: dict):
     """Every vector of two types or more at tp 1 (section 1i): its parts' best split and the step."""
     s, a, b = span
     B = problem.batch_size
     ok = [t for t in range(problem.n_types) if problem.runnable[a : b + 1, t].all()]
     times = {t: part_times(problem, st, first[t], s) for t in ok}
-    for v in np.ndindex(shape):
+    limits = {t: part_limits(problem, st, first[t], s, t, a, b) for t in ok}
+    for v in _mixed_vectors(shape, B):
         used = [t for t in range(problem.n_types) if v[t]]
         K = sum(v)
-        if len(used) < 2 or K > B or any(t not in ok for t in used):
+        if any(t not in ok for t in used):
             continue
-        most = [int(most_share(problem, st, first[t], s, t, a, b, K)) for t in used]
+        most = [int(share_limit(problem, t, limits[t], K)) for t in used]
         ks = [int(v[t]) for t in used]
-        samples = least_slowest([times[t] for t in used], most, ks, B)
+        key = (a, b, tuple(used), tuple(ks), tuple(most))  # a part's times are its layers' alone, not s's
+        if key not in splits:
+            splits[key] = least_slowest([times[t] for t in used], most, ks, B)
+        samples = splits[key]
         if samples is None:
             continue
         slowest = max(times[t][-(-n // k) - 1] for t, n, k in zip(used, samples, ks))
@@ -289,6 +297,13 @@ def _mixed(problem: Problem, st, S: int, span: tuple[int, int, int], first: dict
         step, _ = mixed_step(problem.micro_batches, S, float(slowest), sync, K, update)
         parts = sorted(zip(used, ks, samples), key=lambda p: (-p[1], p[0]))  # the most replicas own the stage
         _entry(tables, span, shape, v, Option(float(step), None, tuple(parts)))
+
+
+@functools.cache
+def _mixed_vectors(shape: tuple[int, ...], batch: int) -> tuple[tuple[int, ...], ...]:
+    """The vectors of units a mixed stage may hold: two types or more, each replica a sample of ``batch``."""
+    ranges = [range(min(n - 1, batch) + 1) for n in shape]
+    return tuple(v for v in itertools.product(*ranges) if sum(v) <= batch and sum(x > 0 for x in v) >= 2)
 
 
 def _plan(problem: Problem, chosen: list, scheduler: str, seed: int) -> Plan:
