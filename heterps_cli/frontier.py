@@ -45,7 +45,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from heterps_cli.costmodel import SLACK, throughput_floor
-from heterps_cli.errors import InfeasibleError
+from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count
 from heterps_cli.formulas import sample_hours
 from heterps_cli.objective import Objective
@@ -242,8 +242,10 @@ def _mixes(problem: Problem) -> bool:
     from heterps_cli.schedulers.mixed_optimum import why_not
     from heterps_cli.schedulers.mixing import can_mix
 
-    if can_mix(problem) is not None:
-        return False
+    if (why := can_mix(problem)) is not None:
+        if problem.pipelined:  # one type: the one-type frontier is the whole one
+            return False
+        raise InputError(None, None, "--mixed-stages", f"{why}: give --global-batch, or leave --mixed-stages out")
     if (why := why_not(problem)) is not None:
         raise TooLarge(
             "--mixed-stages",
@@ -271,8 +273,14 @@ def _mixed_frontier(problem: Problem, clock: Clock) -> Frontier:
 
     start = time.perf_counter()
     found = finals(problem, clock)
-    if found is None:
-        raise InfeasibleError("the frontier over mixed stages ran out of time (--time-limit)")
+    if found is None:  # no throughput below which the cells found so far are known to be the frontier
+        raise InputError(
+            None,
+            None,
+            "--time-limit",
+            f"{clock.limit:g} s ran out before the exact DP over mixed stages was done: raise --time-limit, or "
+            "leave --mixed-stages out",
+        )
     points = [_Point(float(f.throughput[u]), float(f.cost[u]), f, int(u)) for f in found for u in np.flatnonzero(f.ok)]
     if not points:
         fastest = max((float(np.nanmax(f.throughput)) for f in found), default=0.0)

@@ -369,4 +369,12 @@ def test_the_frontier_over_mixed_stages_and_where_it_does_not_run(tmp_path):
     big = {"cluster": "big", "resources": {"fast": {"price": 3.0, "limit": 400}, "slow": {"price": 1.0, "limit": 600}}}
     refused = runner.invoke(app, ["frontier", profile, write_yaml(tmp_path / "big.yaml", big), "--mixed-stages"])
     said = " ".join(refused.output.split())
-    assert refused.exit_code == 2 and "--mixed-stages" in said and "does not run here" in said and "Traceback" not in said
+    assert refused.exit_code == 2 and "does not run here" in said and "Traceback" not in said
+    cut = runner.invoke(app, ["frontier", profile, cluster, "--mixed-stages", "--time-limit", "0.000001"])
+    assert cut.exit_code == 2 and "--time-limit" in " ".join(cut.output.split())
+    flat = runner.invoke(app, ["frontier", profile, cluster, "--mixed-stages", "--micro-batch", "12",
+                               "--global-batch", "12"])  # fmt: skip
+    assert flat.exit_code == 0, flat.output  # one micro-batch a step: still a pipeline schedule
+    no_step = write_yaml(tmp_path / "q.yaml", TINY | {"job": {"samples": 12000}})
+    unpipelined = runner.invoke(app, ["frontier", no_step, cluster, "--mixed-stages"])
+    assert unpipelined.exit_code == 2 and "--global-batch" in " ".join(unpipelined.output.split())
