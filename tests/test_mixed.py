@@ -378,3 +378,20 @@ def test_the_frontier_over_mixed_stages_and_where_it_does_not_run(tmp_path):
     no_step = write_yaml(tmp_path / "q.yaml", TINY | {"job": {"samples": 12000}})
     unpipelined = runner.invoke(app, ["frontier", no_step, cluster, "--mixed-stages"])
     assert unpipelined.exit_code == 2 and "--global-batch" in " ".join(unpipelined.output.split())
+
+
+def test_past_the_dps_reach_a_plan_is_proven_only_within_the_bounds_gap(tmp_path):
+    """Hundreds of units of each type: the DP does not run, and the one-type optimum the climb starts from
+    is certified over one-type stages only: the plan says so and carries the bound's gap, never optimal."""
+    import json
+
+    big = {"cluster": "big", "resources": {"fast": {"price": 3.0, "limit": 400}, "slow": {"price": 1.0, "limit": 600}}}
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", big)
+    for objective in ("time", "cost"):
+        done = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", objective,
+                                   "--mixed-stages", "--json"])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        plan = json.loads(done.output)
+        said = " ".join(" ".join(plan["notes"]).split())
+        assert "no exact search over mixed stages" in said
+        assert plan["optimal"] is not True or plan.get("gap") is None and "within 0.00%" in said

@@ -69,7 +69,7 @@ def solve(
         options = dataclasses.replace(options, time_limit=budget, started=started)
     mixing = options.mixed_stages
     if mixing and name == "exact" and (found := _exact_mixed(problem, options, seed)) is not None:
-        return _mixed_certificate(problem, found)
+        return found
 
     def one(sub: Problem, opts: SolveOptions, report: Progress | None) -> Plan:
         plan = _solve_at(name, sub, seed, report, opts)
@@ -119,6 +119,8 @@ def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | N
     if len(choices := problem.micro_batch_choices) > 1:
         sizes = ", ".join(map(str, choices))
         notes.append(f"micro-batch {found.batch_size} chosen: the DP searched every size the plan may take ({sizes})")
+    if not any(s.joined for s in found.stages):
+        notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     notes.append("--mixed-stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)")
     return found.but(solve_s=time.perf_counter() - start, notes=[*found.notes, *notes])
 
@@ -136,8 +138,6 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
     if not any(s.joined for s in plan.stages):
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
-        return plan.but(notes=notes)
-    if plan.optimal:  # the DP over mixed stages
         return plan.but(notes=notes)
     if (found := proven(problem, plan)) is None:
         return plan.but(optimal=None, notes=notes)
