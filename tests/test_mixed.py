@@ -153,8 +153,11 @@ def _mixed_plan(profile, cluster, objective="time"):
 @settings(max_examples=100, **SETTINGS)
 @given(mixable(), st.sampled_from(["time", "cost"]), st.sampled_from([0.0, 0.5, 0.9]))
 def test_mixed_plans_are_within_brute_force_and_their_figures_are_the_specs(inst, objective, floor):
-    """Objective time: between the fastest one-type plan and the enumeration's fastest; cost, with a
-    throughput floor a part of the fastest one-type plan's: between their cheapest."""
+    """The exact DP's plan is the enumeration's best (time; cost with a throughput floor a part of the
+    fastest one-type plan's), the climb's (the DP switched off) between it and the best one-type plan's,
+    and every figure of both is the spec oracle's."""
+    from heterps_cli.schedulers import mixed_optimum
+
     profile, cluster = inst
     fastest = pipeline_optimum(profile, cluster, "time")
     if fastest is None:
@@ -173,6 +176,20 @@ def test_mixed_plans_are_within_brute_force_and_their_figures_are_the_specs(inst
         assert plan.cost_usd <= one_type[0] * (1 + 1e-9)
         assert math.isclose(plan.cost_usd, best[0], rel_tol=1e-9)
         assert bound(problem) <= best[0] * (1 + 1e-9)
+    saved, mixed_optimum.MOST_WORK = mixed_optimum.MOST_WORK, 0
+    try:
+        _, climbed = _mixed_plan(profile, cluster, objective)
+    finally:
+        mixed_optimum.MOST_WORK = saved
+    if objective == "time":
+        assert one_type[1] * (1 - 1e-9) <= climbed.throughput <= best[1] * (1 + 1e-9)
+    else:
+        assert best[0] * (1 - 1e-9) <= climbed.cost_usd <= one_type[0] * (1 + 1e-9)
+    for found in (plan, climbed):
+        _figures_are_the_specs(profile, cluster, found)
+
+
+def _figures_are_the_specs(profile: dict, cluster: dict, plan) -> None:
     S = len(plan.stages)
     for s, stage in enumerate(plan.stages):
         parts = [(stage.resource, stage.replicas, stage.samples or profile["batch_size"])]
