@@ -301,6 +301,12 @@ def test_a_mixed_stage_on_whole_nodes_is_rented_placed_and_checked(tmp_path):
     checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
                                   "--objective", "time"])  # fmt: skip
     assert checked.exit_code == 0, checked.output
+    import json
+
+    explained = json.loads(runner.invoke(app, [*args, "--explain", "--json"]).output)
+    rows = {(w["kind"], w["change"]): w for w in explained["what_if"]}  # f: 1 of 1 rented; s: 3 of 3
+    assert set(rows) == {("f", -1), ("s", -1)} and all(w["throughput"] for w in rows.values())
+    assert rows["f", -1]["rental"] == {"s": 3} and rows["s", -1]["rental"] == {"f": 1, "s": 2}
     placed = processes(load_plan(str(tmp_path / "plan.yaml"))[0].stages)  # what launch starts on each node
     counts: dict[str, int] = {}
     for part in [p for s in plan["stages"] for p in [s, *s.get("joined", [])]]:

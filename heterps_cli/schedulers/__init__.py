@@ -192,10 +192,9 @@ def with_what_if(problem: Problem, plan: Plan) -> Plan:
     higher or lower (:func:`.exact.what_if`). Both at the plan's micro-batch (docs/spec.md section 1f)."""
     if problem.choose_micro_batch:
         problem = problem.at_micro_batch(plan.batch_size)
-    if problem.nodes is not None and any(s.joined for s in plan.stages):
-        said = "--explain: the what-if of a rental one node larger or smaller is not computed for mixed stages yet"
-        return plan.but(notes=[*plan.notes, said])
-    if problem.nodes is not None:
+    if problem.nodes is not None and any(s.joined for s in plan.stages):  # section 1i on whole nodes
+        from heterps_cli.schedulers.mixing import nodes_what_if as what_if
+    elif problem.nodes is not None:
         from heterps_cli.schedulers.exact.rented import what_if
     elif any(s.joined for s in plan.stages):  # section 1i: the optimum over one-type stages, then mixed
         from heterps_cli.schedulers.mixing import what_if

@@ -178,6 +178,23 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
     return exact_what_if(problem, plan, then=_mixed_there)
 
 
+def nodes_what_if(problem: Problem, plan: Plan) -> list[dict]:
+    """``plan --explain`` for a plan with mixed stages on whole nodes: the rental one node larger or
+    smaller (:func:`~heterps_cli.schedulers.exact.rented.what_if`), its fastest plan found as the
+    plan's was: the exact DP over mixed stages where it runs, else the one-type optimum, then mixed."""
+    from heterps_cli.errors import InfeasibleError, TooLarge
+    from heterps_cli.schedulers.exact import solve as exact
+    from heterps_cli.schedulers.exact.rented import what_if as rented_what_if
+
+    def fastest(question: Problem) -> float | None:
+        try:
+            return _mixed_there(question, exact(question).but(scheduler=plan.scheduler)).throughput
+        except (InfeasibleError, TooLarge):
+            return None
+
+    return rented_what_if(problem, plan, fastest)
+
+
 def _mixed_there(there: Problem, found: Plan) -> Plan:
     """The plan's search on ``there``: the exact DP over mixed stages where it runs (so that one unit more
     never reads as slower), else the climb from the one-type optimum ``found``."""

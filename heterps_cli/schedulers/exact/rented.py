@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -330,11 +331,14 @@ def _over_budget(problem: Problem) -> str:
     )
 
 
-def what_if(problem: Problem, plan: Plan) -> list[dict]:
+def what_if(problem: Problem, plan: Plan, fastest: Callable[[Problem], float | None] | None = None) -> list[dict]:
     """Section 1e's what-if (``heterps plan --explain``): for each node kind, the plan's rental with one
     node of it more and one fewer, and the fastest plan on that rental with what it costs (every
     node paid for): ``{"kind", "change", "rental", "throughput", "cost_usd", "meets"}`` (throughput
-    and cost None where no plan fits on it; ``meets``: the job's required throughput and budget)."""
+    and cost None where no plan fits on it; ``meets``: the job's required throughput and budget).
+    ``fastest``: the throughput of the plan's own search on one of a rental's questions (section 1i
+    mixes), else this solver's fastest plan of one-type stages."""
+    fastest = fastest or _fastest
     nodes = problem.nodes
     assert nodes is not None and plan.rental is not None
     counts = nodes.counts(plan.rental)
@@ -346,8 +350,8 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
             if not 0 <= other[k] <= nodes.available[k] or not other.any():
                 continue
             rate = float(other @ nodes.price)
-            found = [solver_for(q, None).max_throughput()[0] for q in problem.on_rental(other)]
-            x = max((float(c.throughput) for c in found if c is not None), default=None)
+            found = [fastest(q) for q in problem.on_rental(other)]
+            x = max((f for f in found if f is not None), default=None)
             cost = None if x is None else float(run_cost(problem.work, x, rate))
             meets = x is not None and x >= throughput_floor(problem)
             if meets and problem.max_cost is not None and cost is not None:
@@ -357,3 +361,9 @@ def what_if(problem: Problem, plan: Plan) -> list[dict]:
                 {"kind": kind, "change": change, "rental": rental, "throughput": x, "cost_usd": cost, "meets": meets}
             )
     return out
+
+
+def _fastest(question: Problem) -> float | None:
+    """The throughput of the fastest plan of one-type stages on one of a rental's questions."""
+    found = solver_for(question, None).max_throughput()[0]
+    return None if found is None else float(found.throughput)
