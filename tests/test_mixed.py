@@ -240,6 +240,7 @@ def test_leftover_fast_replicas_join_the_slow_stage_and_check_passes(tmp_path):
     said = " ".join(mixed.output.split())
     assert "slow + fast" in said and "(section 1i)" in said
     assert "it mixes slow and fast" in said and "every unit of each that the limits allow" in said
+    assert "mixing reaches 36.3 samples/s, the best plan of one-type stages 25.6" in said
     explained = json.loads(runner.invoke(app, [*args, "--mixed-stages", "--explain", "--json"]).output)
     more = [row for row in explained["what_if"] if row["change"] == 1]
     assert len(more) == 2 and all(row["throughput"] >= plan["throughput"] * (1 - 1e-12) for row in more)

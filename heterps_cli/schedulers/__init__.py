@@ -13,7 +13,8 @@ import importlib
 import time
 from typing import TYPE_CHECKING
 
-from heterps_cli.errors import SearchFailed
+from heterps_cli.errors import InfeasibleError, SearchFailed
+from heterps_cli.objective import Objective
 from heterps_cli.schedulers.base import (
     Budget,
     Clock,
@@ -121,8 +122,26 @@ def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | N
         notes.append(f"micro-batch {found.batch_size} chosen: the DP searched every size the plan may take ({sizes})")
     if not any(s.joined for s in found.stages):
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
+    else:
+        notes.append(_against_one_type(problem, found, dataclasses.replace(options, mixed_stages=False), seed))
     notes.append("--mixed-stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)")
     return found.but(solve_s=time.perf_counter() - start, notes=[*found.notes, *notes])
+
+
+def _against_one_type(problem: Problem, plan: Plan, options: SolveOptions, seed: int) -> str:
+    """Why the exact plan mixes: what the best plan of one-type stages reaches, beside it."""
+    from heterps_cli.figures import count, usd
+
+    try:
+        one = solve("exact", problem, seed=seed, options=options)
+    except InfeasibleError:
+        return "--mixed-stages: no plan of one-type stages meets the job; mixing does"
+    if problem.objective is Objective.TIME:
+        return (
+            f"--mixed-stages: mixing reaches {count(plan.throughput, 1)} samples/s, the best plan of one-type stages "
+            f"{count(one.throughput, 1)}"
+        )
+    return f"--mixed-stages: mixing costs {usd(plan.cost_usd)}, the best plan of one-type stages {usd(one.cost_usd)}"
 
 
 def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
