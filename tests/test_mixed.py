@@ -245,8 +245,11 @@ def test_leftover_fast_replicas_join_the_slow_stage_and_check_passes(tmp_path):
     more = [row for row in explained["what_if"] if row["change"] == 1]
     assert len(more) == 2 and all(row["throughput"] >= plan["throughput"] * (1 - 1e-12) for row in more)
     checked = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
-                                  "--objective", "time"])  # fmt: skip
-    assert checked.exit_code == 0, checked.output
+                                  "--objective", "time", "--replan", "exact"])  # fmt: skip
+    assert checked.exit_code == 0, checked.output  # re-planned in the plan's own space: with mixed stages
+    stale = runner.invoke(app, ["check", str(tmp_path / "plan.yaml"), "--profile", profile, "--cluster", cluster,
+                                "--objective", "time", "--samples", "24000"])  # fmt: skip
+    assert stale.exit_code == 1 and "--mixed-stages --out" in " ".join(stale.output.split())
 
 
 @pytest.mark.parametrize(

@@ -373,6 +373,11 @@ def _same_what_if(written, fresh) -> bool:
     return True
 
 
+def _mixes(plan: Plan) -> bool:
+    """Whether the plan has a mixed stage (section 1i): it was planned with ``--mixed-stages``."""
+    return any(s.joined for s in plan.stages)
+
+
 def plan_command(
     profile: str,
     cluster: str,
@@ -400,6 +405,8 @@ def plan_command(
         job += f" --micro-batch {problem.batch_size}"
     if problem.maximal_stages:
         job += " --maximal-stages"
+    if _mixes(plan):  # section 1i: re-planned without it, the plan would lose its mixed stages
+        job += " --mixed-stages"
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
     stochastic = f" --seed {seed}" if seed and name not in ("exact", "greedy") else ""
@@ -641,7 +648,8 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
     name, problem = g.replan, g.problem
     assert name is not None
     try:
-        better = solve(name, problem, seed=g.seed, progress=progress, options=SolveOptions())
+        options = SolveOptions(mixed_stages=_mixes(g.plan))  # the plan's own space
+        better = solve(name, problem, seed=g.seed, progress=progress, options=options)
     except InfeasibleError as exc:
         return [Finding("replan", True, f"{name} finds no feasible plan ({exc}); the committed plan stands")]
     if better.interrupted:  # a search cut short proves nothing either way: the gate must not pass
