@@ -422,3 +422,17 @@ def test_past_the_dps_reach_a_plan_is_proven_only_within_the_bounds_gap(tmp_path
         said = " ".join(" ".join(plan["notes"]).split())
         assert "no exact search over mixed stages" in said
         assert plan["optimal"] is not True or plan.get("gap") is None and "within 0.00%" in said
+
+
+def test_diff_of_two_micro_batches_of_one_global_batch_is_one_job(tmp_path):
+    """The one-type plan chooses micro-batch 12, the mixed one 48, both of the global batch 48: one job,
+    no warning (the micro-batch is the plan's choice, section 1f); another global batch warns."""
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    args = ["plan", profile, cluster, "-s", "exact", "--objective", "time"]
+    runner.invoke(app, [*args, "-o", str(tmp_path / "one.yaml")])
+    runner.invoke(app, [*args, "--mixed-stages", "-o", str(tmp_path / "mixed.yaml")])
+    same = runner.invoke(app, ["diff", str(tmp_path / "one.yaml"), str(tmp_path / "mixed.yaml")])
+    assert same.exit_code == 0 and "different jobs" not in same.output and "+41.8%" in same.output
+    runner.invoke(app, [*args, "--global-batch", "96", "-o", str(tmp_path / "other.yaml")])
+    other = runner.invoke(app, ["diff", str(tmp_path / "one.yaml"), str(tmp_path / "other.yaml")])
+    assert other.exit_code == 0 and "global_batch 48 vs 96" in " ".join(other.output.split())

@@ -94,13 +94,15 @@ def _sweep(old: list, new: list) -> list[tuple[int | None, int | None]]:
     return pairs
 
 
-JOB_FIELDS = ("model", "cluster", "objective", "batch_size", "samples", "epochs", "min_throughput", "max_cost")
+JOB_FIELDS = ("model", "cluster", "objective", "global_batch", "samples", "epochs", "min_throughput", "max_cost")
 
 
 def incomparable(old: Plan, new: Plan) -> list[str]:
-    """Why two plans are not two answers to one question: each job setting that differs."""
+    """Why two plans are not two answers to one question: each job setting that differs. Under a global
+    batch the micro-batch (``batch_size``) is the plan's choice (docs/spec.md section 1f), not the job's."""
     out = []
-    for field in JOB_FIELDS:
+    pipelined = old.global_batch is not None or new.global_batch is not None
+    for field in JOB_FIELDS if pipelined else (*JOB_FIELDS, "batch_size"):
         a, b = getattr(old, field), getattr(new, field)
         if a != b:
             out.append(f"{field} {setting(a)} vs {setting(b)}")

@@ -287,7 +287,7 @@ def job_changes(plan: Plan, problem: Problem) -> list[str]:
 # How a plan was found, not what it is: a plan found by another search or seed still holds.
 HOW_FOUND = frozenset({"scheduler", "seed", "evaluations", "solve_s", "notes", "optimal", "gap"})
 # The job: job_changes compares these with the files and flags, so they are not stale figures.
-JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "global_batch", "precision"})
+JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "batch_size", "precision"})
 # Compared below in their own words, or judged by their own gates (feasible: limits, budget, throughput).
 OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
 
