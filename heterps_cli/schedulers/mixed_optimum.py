@@ -272,38 +272,56 @@ def _runs(problem: Problem, key: tuple) -> bool:
 
 
 def _mixed(problem: Problem, st, S: int, span: tuple, first: dict, shape: tuple[int, ...], tables: dict, splits: dict):
-    """Every vector of two types or more at tp 1 (section 1i): its parts' best split and the step."""
+    """Every vector of two types or more at tp 1 (section 1i): its parts' best split and the step. A part's
+    times, all-reduce and update are its layers' alone; only its memory (the micro-batches in flight) and
+    the bubble depend on the stage's place, so a split found once serves every ``S`` (``splits``)."""
     s, a, b = span
     B = problem.batch_size
     ok = [t for t in range(problem.n_types) if problem.runnable[a : b + 1, t].all()]
     times = {t: part_times(problem, st, first[t], s) for t in ok}
     limits = {t: part_limits(problem, st, first[t], s, t, a, b) for t in ok}
-    for v in _mixed_vectors(shape, B):
-        used = [t for t in range(problem.n_types) if v[t]]
-        K = sum(v)
+    sync = {t: float(st.sync[first[t], s]) for t in ok}
+    update = {t: float(st.update[first[t], s]) for t in ok}
+    steps, options = tables.setdefault(span, (np.full(math.prod(shape), np.inf), {}))
+    for v, flat in _mixed_vectors(shape, B):
+        used = tuple(t for t in range(problem.n_types) if v[t])
         if any(t not in ok for t in used):
             continue
-        most = [int(share_limit(problem, t, limits[t], K)) for t in used]
-        ks = [int(v[t]) for t in used]
-        key = (a, b, tuple(used), tuple(ks), tuple(most))  # a part's times are its layers' alone, not s's
+        K = sum(v)
+        ks = tuple(int(v[t]) for t in used)
+        most = tuple(int(share_limit(problem, t, limits[t], K)) for t in used)
+        key = (a, b, used, ks, most)
         if key not in splits:
-            splits[key] = least_slowest([times[t] for t in used], most, ks, B)
-        samples = splits[key]
-        if samples is None:
+            splits[key] = _split(times, sync, update, used, ks, most, B)
+        if splits[key] is None:
             continue
-        slowest = max(times[t][-(-n // k) - 1] for t, n, k in zip(used, samples, ks))
-        sync = max(float(st.sync[first[t], s]) for t in used)
-        update = max(float(st.update[first[t], s]) for t in used)
-        step, _ = mixed_step(problem.micro_batches, S, float(slowest), sync, K, update)
-        parts = sorted(zip(used, ks, samples), key=lambda p: (-p[1], p[0]))  # the most replicas own the stage
-        _entry(tables, span, shape, v, Option(float(step), None, tuple(parts)))
+        slowest, y, u, parts = splits[key]
+        step, _ = mixed_step(problem.micro_batches, S, slowest, y, K, u)
+        if step < steps[flat]:
+            steps[flat], options[flat] = float(step), Option(float(step), None, parts)
+
+
+def _split(times: dict, sync: dict, update: dict, used: tuple, ks: tuple, most: tuple, B: int) -> tuple | None:
+    """A mixed stage's best split (:func:`~heterps_cli.mixed.least_slowest`): its slowest part's time per
+    micro-batch, the slowest all-reduce and update, and its parts (the most replicas own the stage)."""
+    samples = least_slowest([times[t] for t in used], list(most), list(ks), B)
+    if samples is None:
+        return None
+    slowest = max(float(times[t][-(-n // k) - 1]) for t, n, k in zip(used, samples, ks))
+    parts = tuple(sorted(zip(used, ks, samples), key=lambda p: (-p[1], p[0])))
+    return slowest, max(sync[t] for t in used), max(update[t] for t in used), parts
 
 
 @functools.cache
-def _mixed_vectors(shape: tuple[int, ...], batch: int) -> tuple[tuple[int, ...], ...]:
-    """The vectors of units a mixed stage may hold: two types or more, each replica a sample of ``batch``."""
+def _mixed_vectors(shape: tuple[int, ...], batch: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The vectors of units a mixed stage may hold (two types or more, each replica a sample of ``batch``),
+    each with its flat index."""
     ranges = [range(min(n - 1, batch) + 1) for n in shape]
-    return tuple(v for v in itertools.product(*ranges) if sum(v) <= batch and sum(x > 0 for x in v) >= 2)
+    return tuple(
+        (v, int(np.ravel_multi_index(v, shape)))
+        for v in itertools.product(*ranges)
+        if sum(v) <= batch and sum(x > 0 for x in v) >= 2
+    )
 
 
 def _plan(problem: Problem, chosen: list, scheduler: str, seed: int) -> Plan:
