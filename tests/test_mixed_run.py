@@ -119,18 +119,3 @@ def test_a_mixed_stage_placed_on_two_nodes_launches_and_trains_as_one_process(tm
     assert measured["processes"] == 4
     reference = single_process_losses("mlp", 64, 3)
     assert max(abs(a - b) for a, b in zip(measured["losses"], reference)) < 1e-5
-
-
-def test_compare_runs_every_scheduler_with_mixed_stages_against_the_exact_mixed_optimum(tmp_path):
-    """TINY (tests/test_mixed.py): every scheduler's plan mixes as the exact DP's does, none above it."""
-    from heterps_cli.cli.app import app
-    from tests.helpers import runner, write_yaml
-    from tests.test_mixed import CLUSTER, TINY
-
-    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
-    args = ["compare", profile, cluster, "--objective", "time", "--mixed-stages", "--schedulers", "greedy,exact"]
-    done = runner.invoke(app, [*args, "--json"])
-    assert done.exit_code == 0, done.output
-    rows = {e["scheduler"]: e for e in json.loads(done.stdout)["results"]}
-    assert rows["exact"]["plan"]["optimal"] is True and rows["exact"]["plan"]["stages"][0].get("joined")
-    assert rows["greedy"]["gap"] >= -1e-12 and rows["greedy"]["throughput"] > 26  # above one-type's 25.6

@@ -106,15 +106,21 @@ def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
 def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | None:
     """Section 1i's exact optimum (:mod:`~heterps_cli.schedulers.mixed_optimum`); None where its DP does not
     run, runs out of time, or finds no plan (the one-type search then answers, or says why none exists)."""
-    from heterps_cli.schedulers.mixed_optimum import optimum, why_not
+    from heterps_cli.schedulers.mixed_optimum import best_of, finals, why_none, why_not
     from heterps_cli.schedulers.mixing import can_mix, joined_words
 
     if can_mix(problem) is not None or why_not(problem) is not None:
         return None
     start = time.perf_counter()
-    found = optimum(problem, Clock.of(options, start), "exact", seed)
-    if found is None:
+    cells = finals(problem, Clock.of(options, start))
+    if cells is None:
         return None
+    found = best_of(problem, cells, "exact", seed)
+    if found is None:  # the one-type search says why where no plan runs at all
+        said = why_none(problem, cells)
+        if said is None:
+            return None
+        raise InfeasibleError(said)
     at = problem.at_micro_batch(found.batch_size)
     notes = [joined_words(at, s) + " (section 1i)" for s in found.stages if s.joined]
     if len(choices := problem.micro_batch_choices) > 1:

@@ -113,8 +113,36 @@ def finals(problem: Problem, clock: Clock) -> list[Finals] | None:
 def optimum(problem: Problem, clock: Clock, scheduler: str, seed: int) -> Plan | None:
     """The best plan of mixed and one-type stages by the problem's objective (None: none meets the job,
     or the clock ran out, which the caller tells apart with ``clock``)."""
+    return best_of(problem, finals(problem, clock) or [], scheduler, seed)
+
+
+def why_none(problem: Problem, found: list[Finals]) -> str | None:
+    """Why no plan meets the job though some run (None where none runs): the binding constraint, and the
+    best figure a plan of mixed and one-type stages reaches."""
+    from heterps_cli.figures import count, usd
+
+    runs = [(f, u) for f in found for u in np.flatnonzero(f.throughput > 0)]  # a cell no plan reaches: 0
+    if not runs:
+        return None
+    fastest = max(float(f.throughput[u]) for f, u in runs)
+    limits = ", ".join(f"{t} <= {int(n)}" for t, n in zip(problem.types, problem.limits))
+    if fastest < problem.min_throughput * (1 - 1e-12):
+        return (
+            f"no plan reaches the required {count(problem.min_throughput, 1)} samples/s within the limits "
+            f"({limits}), mixed stages included: the fastest reaches {count(fastest, 1)} samples/s; raise the "
+            "limits, or lower the required throughput (--min-throughput)"
+        )
+    reaching = [float(f.cost[u]) for f, u in runs if f.throughput[u] >= problem.min_throughput * (1 - 1e-12)]
+    return (
+        f"no plan meets the budget of {usd(problem.max_cost or 0.0)}, mixed stages included: the cheapest plan "
+        f"that meets the rest of the job costs {usd(min(reaching))}; raise --max-cost"
+    )
+
+
+def best_of(problem: Problem, found: list[Finals], scheduler: str, seed: int) -> Plan | None:
+    """The best plan of the DP's last cells by the problem's objective (None: none meets the job)."""
     best: tuple[float, float, Finals, int] | None = None
-    for f in finals(problem, clock) or []:
+    for f in found:
         if not f.ok.any():
             continue
         order = (-f.throughput, f.cost) if problem.objective is Objective.TIME else (f.cost, -f.throughput)
