@@ -37,3 +37,21 @@ def test_an_infeasible_mixed_job_names_its_binding_constraint_and_what_mixing_re
     done = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--mixed-stages", *job])
     words = " ".join(done.output.split())
     assert done.exit_code == 3 and said in words and "mixed stages included" in words, done.output
+
+
+@pytest.mark.parametrize("scheduler", ["exact", "greedy"])
+def test_past_the_dp_a_floor_only_mixing_reaches_is_met_not_called_infeasible(tmp_path, monkeypatch, scheduler):
+    """The DP switched off, as past its reach: under a floor of 30 no one-type plan meets the job (25.6 at
+    most), so the fastest one-type plan is climbed, with replicas of the other type joined, and answers."""
+    from heterps_cli.schedulers import mixed_optimum
+
+    monkeypatch.setattr(mixed_optimum, "MOST_WORK", 0)
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    args = ["plan", profile, cluster, "-s", scheduler, "--objective", "cost", "--min-throughput", "30"]
+    assert runner.invoke(app, args).exit_code == 3  # one type a stage: none
+    done = runner.invoke(app, [*args, "--mixed-stages", "--json"])
+    assert done.exit_code == 0, done.output
+    plan = json.loads(done.output)
+    assert plan["throughput"] >= 30 and any(s.get("joined") for s in plan["stages"])
+    assert any("no plan of one-type stages meets the job" in n for n in plan["notes"])
+    assert plan["optimal"] is not True

@@ -73,7 +73,12 @@ def solve(
         return found
 
     def one(sub: Problem, opts: SolveOptions, report: Progress | None) -> Plan:
-        plan = _solve_at(name, sub, seed, report, opts)
+        try:
+            plan = _solve_at(name, sub, seed, report, opts)
+        except InfeasibleError:
+            if not mixing or (rescued := _rescued(name, sub, seed, opts)) is None:
+                raise
+            return rescued
         return _joined(sub, plan, Clock.of(opts, time.perf_counter())) if mixing else plan
 
     if len(choices) == 1:
@@ -101,6 +106,41 @@ def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
 
     mixed, said = mix(problem, plan, clock)
     return mixed.but(notes=[*mixed.notes, said]) if mixed is not plan else plan
+
+
+def _rescued(name: str, problem: Problem, seed: int, options: SolveOptions) -> Plan | None:
+    """Section 1i where no plan of one-type stages meets the job (the problem at one micro-batch): the
+    scheduler's fastest one-type plan, with replicas of other types joined as the climb joins them, if
+    that meets it (then, under objective cost, climbed cheaper); None where it does not."""
+    from heterps_cli.costmodel import schedule_of_stages
+    from heterps_cli.mixed import Joined
+    from heterps_cli.plan import make_plan
+    from heterps_cli.schedulers.mixing import can_mix, mix
+
+    if can_mix(problem) is not None:
+        return None
+    free = problem.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
+    clock = Clock.of(options, time.perf_counter())
+    try:
+        fastest, _ = mix(free, _solve_at(name, free, seed, None, options), clock)
+    except InfeasibleError:
+        return None
+    if not any(s.joined for s in fastest.stages):
+        return None
+    joined = {
+        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples) for j in s.joined)
+        for i, s in enumerate(fastest.stages)
+        if s.joined
+    }
+    schedule = schedule_of_stages(problem, fastest.stages)
+    k = [s.replicas for s in fastest.stages]
+    plan = make_plan(problem, schedule, k, scheduler=fastest.scheduler, seed=seed, joined=joined)
+    if not plan.feasible:
+        return None
+    said = "no plan of one-type stages meets the job; the fastest, with replicas of other types joined, does"
+    if problem.objective is Objective.COST:
+        plan, _ = mix(problem, plan, clock)
+    return plan.but(notes=[*plan.notes, f"--mixed-stages: {said} (section 1i)"], solve_s=fastest.solve_s)
 
 
 def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | None:
