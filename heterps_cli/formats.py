@@ -371,6 +371,13 @@ class Stage(_Strict):
         return self.replicas * (self.tp or 1)
 
     @property
+    def parts(self) -> list:
+        """Section 1i: the stage's parts in the order its ranks take them (``heterps run``'s layout): itself
+        (its own replicas), then each joined part; each with ``resource``, ``replicas``, ``samples`` and
+        ``nodes``."""
+        return [self, *(self.joined or ())]
+
+    @property
     def units_by_type(self) -> dict[str, int]:
         """Units per type: its own, and each joined part's (section 1i)."""
         out = {self.resource: self.units}
@@ -457,6 +464,16 @@ class Plan(_Strict):
     def but(self, **changes: Any) -> Plan:
         """A copy with ``changes`` (unvalidated: a plan's figures come from the cost model)."""
         return self.model_copy(update=changes)
+
+    @property
+    def mixes(self) -> bool:
+        """Whether a stage mixes types (section 1i): the plan was made with ``--mixed-stages``."""
+        return any(s.joined for s in self.stages)
+
+    @property
+    def processes(self) -> int:
+        """Every unit of every stage's every part: a process each in ``heterps run``."""
+        return sum(sum(s.units_by_type.values()) for s in self.stages)
 
     @property
     def types_used(self) -> list[str]:

@@ -98,20 +98,15 @@ def launch_for(
     ``slurm``: what the batch script asks of Slurm, and the setup and shared paths every script checks."""
     needs = needs or NodeNeeds()
     placed = all(s.nodes is not None for s in plan.stages)
-    unplaceable = {
-        "tensor-parallel replicas (tp)": (any(s.tp for s in plan.stages), "(a process per shard), or plan at tp 1"),
-    }
-    for what, (there, instead) in unplaceable.items():
-        if placed and there:
-            raise InputError(
-                plan_path,
-                None,
-                "stages",
-                f"the plan places {what} on nodes, which heterps launch does not lay out yet: run it under "
-                f"torchrun with heterps run {instead}",
-            )
-    every = sum(sum(s.units_by_type.values()) for s in plan.stages)  # section 1i: joined replicas too
-    counts = per_node(plan.stages) if placed else {"this machine": every}
+    if placed and any(s.tp for s in plan.stages):
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            "the plan places tensor-parallel replicas (tp) on nodes, which heterps launch does not lay out yet: "
+            "run it under torchrun with heterps run (a process per shard), or plan at tp 1",
+        )
+    counts = per_node(plan.stages) if placed else {"this machine": plan.processes}
     run: list[Word] = ["-m", "heterps_cli", "run", os.path.abspath(plan_path), *(["--placed"] if placed else [])]
     run += run_args
     nodes = []

@@ -29,6 +29,16 @@ class Joined:
     samples: int
 
 
+def joined_of(problem: Problem, stages) -> dict[int, tuple[Joined, ...]]:
+    r"""A plan's joined parts by stage index (its :class:`~heterps_cli.formats.Stage`\ s), as
+    :func:`~heterps_cli.plan.make_plan` takes them."""
+    return {
+        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples) for j in s.joined)
+        for i, s in enumerate(stages)
+        if s.joined
+    }
+
+
 @dataclass(frozen=True)
 class Part:
     """One type's replicas of a mixed stage and their figures (the busiest replica's, per micro-batch)."""

@@ -22,6 +22,7 @@ from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import Plan
 from heterps_cli.formulas import share
+from heterps_cli.mixed import joined_of
 from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
@@ -163,17 +164,6 @@ def _joined_misfits(problem: Problem, stage, where: str) -> list[str]:
     return out
 
 
-def _joined_of(problem: Problem, plan: Plan) -> dict:
-    """Section 1i: the plan's joined parts by stage, as :func:`~heterps_cli.plan.make_plan` takes them."""
-    from heterps_cli.mixed import Joined
-
-    return {
-        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples) for j in s.joined)
-        for i, s in enumerate(plan.stages)
-        if s.joined
-    }
-
-
 def _over_measured(problem: Problem, plan: Plan, i: int, view: Problem, t: int) -> list[str]:
     """Section 1f: a stage whose replicas each train more samples than its layers were measured at
     (fewer replicas than :func:`~heterps_cli.costmodel.share_floor` asks)."""
@@ -226,7 +216,7 @@ def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
         scheduler=plan.scheduler,
         seed=plan.seed,
         rental=_still_rentable(problem, plan),
-        joined=_joined_of(problem, plan),
+        joined=joined_of(problem, plan.stages),
     )
     if plan.what_if is not None and (problem.nodes is None or fresh.rental is not None):
         fresh = with_what_if(problem, fresh)
@@ -373,11 +363,6 @@ def _same_what_if(written, fresh) -> bool:
     return True
 
 
-def _mixes(plan: Plan) -> bool:
-    """Whether the plan has a mixed stage (section 1i): it was planned with ``--mixed-stages``."""
-    return any(s.joined for s in plan.stages)
-
-
 def plan_command(
     profile: str,
     cluster: str,
@@ -405,7 +390,7 @@ def plan_command(
         job += f" --micro-batch {problem.batch_size}"
     if problem.maximal_stages:
         job += " --maximal-stages"
-    if _mixes(plan):  # section 1i: re-planned without it, the plan would lose its mixed stages
+    if plan.mixes:  # section 1i: re-planned without it, the plan would lose its mixed stages
         job += " --mixed-stages"
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS else "exact"
@@ -648,7 +633,7 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
     name, problem = g.replan, g.problem
     assert name is not None
     try:
-        options = SolveOptions(mixed_stages=_mixes(g.plan))  # the plan's own space
+        options = SolveOptions(mixed_stages=g.plan.mixes)  # the plan's own space
         better = solve(name, problem, seed=g.seed, progress=progress, options=options)
     except InfeasibleError as exc:
         return [Finding("replan", True, f"{name} finds no feasible plan ({exc}); the committed plan stands")]

@@ -226,12 +226,7 @@ def run_plan(
 
 def _parts(stage) -> tuple[tuple[str, int, int], ...]:
     """Section 1i: a mixed stage's parts as ``(type, replicas, samples)``, its own first; () for one type."""
-    if not stage.joined:
-        return ()
-    return (
-        (stage.resource, stage.replicas, stage.samples),
-        *((j.resource, j.replicas, j.samples) for j in stage.joined),
-    )
+    return tuple((p.resource, p.replicas, p.samples) for p in stage.parts) if stage.joined else ()
 
 
 @contextmanager
@@ -412,7 +407,7 @@ def _processes(
     torchrun's ranks take (docs/guide/running.md)."""
     import torch
 
-    world = sum(sum(s.units_by_type.values()) for s in plan.stages)  # a process per shard and joined replica
+    world = plan.processes  # a process per shard and joined replica
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
         check_gpus_unshared([list(s.units_by_type.items()) for s in plan.stages], devices, torch.cuda.device_count())
     order = None

@@ -21,22 +21,15 @@ class Process:
     device_index: int  # its place among this node's replicas of its type: cuda:N for a GPU type
 
 
-def parts_of(stage) -> list:
-    """A stage's parts in the order its ranks take them (:mod:`.layout`): its own replicas, then each
-    joined part's (section 1i); each with ``resource``, ``replicas`` and ``nodes``."""
-    return [stage, *(stage.joined or ())]
-
-
 def nodes_in_order(stages) -> list[str]:
     """The nodes a placed plan uses, in the order it names them (first use, stage by stage, part by part)."""
-    return list(dict.fromkeys(node for s in stages for p in parts_of(s) for node in (p.nodes or {})))
+    return list(dict.fromkeys(node for s in stages for p in s.parts for node in (p.nodes or {})))
 
 
 def processes(stages) -> list[Process]:
-    """Every process of a placed plan, node by node in :func:`nodes_in_order`: what torchrun rank
-    ``g`` is (the plan's ``stages``: each with ``resource``, ``replicas``, ``nodes`` and its joined
-    parts')."""
-    parts = [p for s in stages for p in parts_of(s)]
+    r"""Every process of a placed plan, node by node in :func:`nodes_in_order`: what torchrun rank
+    ``g`` is (the plan's :class:`~heterps_cli.formats.Stage`\ s, each with its :attr:`parts`)."""
+    parts = [p for s in stages for p in s.parts]
     if any(p.nodes is None or sum(p.nodes.values()) != p.replicas for p in parts):
         raise ValueError("the plan does not place every replica on a node")
     on_node: dict[str, list[tuple[int, str]]] = {node: [] for node in nodes_in_order(stages)}

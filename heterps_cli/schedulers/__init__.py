@@ -113,7 +113,7 @@ def _rescued(name: str, problem: Problem, seed: int, options: SolveOptions) -> P
     scheduler's fastest one-type plan, with replicas of other types joined as the climb joins them, if
     that meets it (then, under objective cost, climbed cheaper); None where it does not."""
     from heterps_cli.costmodel import schedule_of_stages
-    from heterps_cli.mixed import Joined
+    from heterps_cli.mixed import joined_of
     from heterps_cli.plan import make_plan
     from heterps_cli.schedulers.mixing import can_mix, mix
 
@@ -125,16 +125,13 @@ def _rescued(name: str, problem: Problem, seed: int, options: SolveOptions) -> P
         fastest, _ = mix(free, _solve_at(name, free, seed, None, options), clock)
     except InfeasibleError:
         return None
-    if not any(s.joined for s in fastest.stages):
+    if not fastest.mixes:
         return None
-    joined = {
-        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples) for j in s.joined)
-        for i, s in enumerate(fastest.stages)
-        if s.joined
-    }
     schedule = schedule_of_stages(problem, fastest.stages)
     k = [s.replicas for s in fastest.stages]
-    plan = make_plan(problem, schedule, k, scheduler=fastest.scheduler, seed=seed, joined=joined)
+    plan = make_plan(
+        problem, schedule, k, scheduler=fastest.scheduler, seed=seed, joined=joined_of(problem, fastest.stages)
+    )
     if not plan.feasible:
         return None
     said = "no plan of one-type stages meets the job; the fastest, with replicas of other types joined, does"
@@ -166,7 +163,7 @@ def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | N
     if len(choices := problem.micro_batch_choices) > 1:
         sizes = ", ".join(map(str, choices))
         notes.append(f"micro-batch {found.batch_size} chosen: the DP searched every size the plan may take ({sizes})")
-    if not any(s.joined for s in found.stages):
+    if not found.mixes:
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     else:
         notes.append(_against_one_type(problem, found, dataclasses.replace(options, mixed_stages=False), seed))
@@ -200,7 +197,7 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
     notes = list(plan.notes)
     if (why := can_mix(problem)) is not None:
         return plan.but(notes=[*notes, f"--mixed-stages: {why}"])
-    if not any(s.joined for s in plan.stages):
+    if not plan.mixes:
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
         return plan.but(notes=notes)
@@ -257,11 +254,11 @@ def with_what_if(problem: Problem, plan: Plan) -> Plan:
     higher or lower (:func:`.exact.what_if`). Both at the plan's micro-batch (docs/spec.md section 1f)."""
     if problem.choose_micro_batch:
         problem = problem.at_micro_batch(plan.batch_size)
-    if problem.nodes is not None and any(s.joined for s in plan.stages):  # section 1i on whole nodes
+    if problem.nodes is not None and plan.mixes:  # section 1i on whole nodes
         from heterps_cli.schedulers.mixing import nodes_what_if as what_if
     elif problem.nodes is not None:
         from heterps_cli.schedulers.exact.rented import what_if
-    elif any(s.joined for s in plan.stages):  # section 1i: the optimum over one-type stages, then mixed
+    elif plan.mixes:  # section 1i: the optimum over one-type stages, then mixed
         from heterps_cli.schedulers.mixing import what_if
     else:
         from heterps_cli.schedulers.exact import what_if

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.costmodel import (
+    better,
     labelled,
     meets_targets,
     replicas_keep_rules,
@@ -147,17 +148,10 @@ def best_of(problem: Problem, found: list[Finals], scheduler: str, seed: int) ->
             continue
         order = (-f.throughput, f.cost) if problem.objective is Objective.TIME else (f.cost, -f.throughput)
         u = int(np.lexsort(tuple(np.where(f.ok, key, np.inf) for key in reversed(order)))[0])
-        here = (float(f.throughput[u]), float(f.cost[u]))
-        if best is None or _better(problem, here, best[:2]):
-            best = (*here, f, u)
+        thr, cost = float(f.throughput[u]), float(f.cost[u])
+        if best is None or better(problem, cost, thr, best[1], best[0]):
+            best = (thr, cost, f, u)
     return None if best is None else best[2].plan(best[3], scheduler, seed)
-
-
-def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]) -> bool:
-    (thr, cost), (best_thr, best_cost) = new, old
-    if problem.objective is Objective.TIME:
-        return thr > best_thr or (thr == best_thr and cost < best_cost)
-    return cost < best_cost or (cost == best_cost and thr > best_thr)
 
 
 def _run(problem: Problem, S: int, splits: dict) -> Finals | None:
@@ -263,9 +257,9 @@ def _row(problem: Problem, S: int, s: int, a: int, b: int, label: int) -> np.nda
     return labelled(problem.n_types, cuts)
 
 
-def _entry(tables: dict, key: tuple, shape: tuple[int, ...], v: tuple[int, ...], option: Option) -> None:
+def _entry(tables: dict, key: tuple, shape: tuple[int, ...], flat: int, option: Option) -> None:
+    """Keep ``option`` for the vector of units ``flat`` of stage ``key`` where no faster one is kept."""
     steps, options = tables.setdefault(key, (np.full(math.prod(shape), np.inf), {}))
-    flat = int(np.ravel_multi_index(v, shape))
     if option.step < steps[flat]:
         steps[flat], options[flat] = option.step, option
 
@@ -287,7 +281,7 @@ def _one_type(problem: Problem, st, keys: list, shape: tuple[int, ...], tables: 
             s, a, b, t, j, again = keys[r]
             v = tuple(k * int(width[r]) if x == t else 0 for x in range(problem.n_types))
             option = Option(problem.step_samples / float(thr[r]), (j, again), ((t, k, problem.batch_size),))
-            _entry(tables, (s, a, b), shape, v, option)
+            _entry(tables, (s, a, b), shape, int(np.ravel_multi_index(v, shape)), option)
 
 
 def _runs(problem: Problem, key: tuple) -> bool:
@@ -310,7 +304,6 @@ def _mixed(problem: Problem, st, S: int, span: tuple, first: dict, shape: tuple[
     limits = {t: part_limits(problem, st, first[t], s, t, a, b) for t in ok}
     sync = {t: float(st.sync[first[t], s]) for t in ok}
     update = {t: float(st.update[first[t], s]) for t in ok}
-    steps, options = tables.setdefault(span, (np.full(math.prod(shape), np.inf), {}))
     for v, flat in _mixed_vectors(shape, B):
         used = tuple(t for t in range(problem.n_types) if v[t])
         if any(t not in ok for t in used):
@@ -325,8 +318,7 @@ def _mixed(problem: Problem, st, S: int, span: tuple, first: dict, shape: tuple[
             continue
         slowest, y, u, parts = splits[key]
         step, _ = mixed_step(problem.micro_batches, S, slowest, y, K, u)
-        if step < steps[flat]:
-            steps[flat], options[flat] = float(step), Option(float(step), None, parts)
+        _entry(tables, span, shape, flat, Option(float(step), None, parts))
 
 
 def _split(times: dict, sync: dict, update: dict, used: tuple, ks: tuple, most: tuple, B: int) -> tuple | None:
