@@ -170,42 +170,42 @@ def _counts(most: int) -> list[int]:
 
 
 def what_if(problem: Problem, plan: Plan) -> list[dict]:
-    """``plan --explain`` for a plan with mixed stages: with each type's limit one higher and one lower, the
-    exact solver's plan over one-type stages with replicas of other types joined as :func:`mix` joins
-    them (the same search as the plan's, at its micro-batch)."""
+    """``plan --explain`` for a plan with mixed stages: with each type's limit one higher and one lower,
+    the best plan :func:`_mixed_there` finds (at the plan's micro-batch)."""
     from heterps_cli.schedulers.exact.scheduler import what_if as exact_what_if
 
-    return exact_what_if(problem, plan, then=_mixed_there)
+    return exact_what_if(problem, plan, search=lambda there: _mixed_there(there, plan))
 
 
 def nodes_what_if(problem: Problem, plan: Plan) -> list[dict]:
     """``plan --explain`` for a plan with mixed stages on whole nodes: the rental one node larger or
-    smaller (:func:`~heterps_cli.schedulers.exact.rented.what_if`), its fastest plan found as the
-    plan's was: the exact DP over mixed stages where it runs, else the one-type optimum, then mixed."""
+    smaller (:func:`~heterps_cli.schedulers.exact.rented.what_if`), its fastest plan by
+    :func:`_mixed_there` on each of the rental's questions."""
     from heterps_cli.errors import InfeasibleError, TooLarge
-    from heterps_cli.schedulers.exact import solve as exact
     from heterps_cli.schedulers.exact.rented import what_if as rented_what_if
 
     def fastest(question: Problem) -> float | None:
         try:
-            return _mixed_there(question, exact(question).but(scheduler=plan.scheduler)).throughput
+            return _mixed_there(question, plan).throughput
         except (InfeasibleError, TooLarge):
             return None
 
     return rented_what_if(problem, plan, fastest)
 
 
-def _mixed_there(there: Problem, found: Plan) -> Plan:
-    """The plan's search on ``there``: the exact DP over mixed stages where it runs (so that one unit more
-    never reads as slower), else the climb from the one-type optimum ``found``."""
+def _mixed_there(there: Problem, plan: Plan) -> Plan:
+    """The best plan on ``there`` by the exact DP over mixed stages where it runs (so that one unit more
+    never reads as slower), else the exact solver's one-type optimum climbed as :func:`mix` climbs;
+    named for ``plan``'s scheduler and seed. InfeasibleError where no plan meets the job."""
     import time
 
     from heterps_cli.errors import InfeasibleError
+    from heterps_cli.schedulers.exact import solve as exact
     from heterps_cli.schedulers.mixed_optimum import optimum, why_not
 
-    if found.scheduler != "exact" or why_not(there) is not None:
-        return mix(there, found)[0]
-    best = optimum(there, Clock(time.perf_counter()), found.scheduler, found.seed)
+    if why_not(there) is not None:
+        return mix(there, exact(there).but(scheduler=plan.scheduler, seed=plan.seed))[0]
+    best = optimum(there, Clock(time.perf_counter()), plan.scheduler, plan.seed)
     if best is None:
         raise InfeasibleError("no plan of mixed or one-type stages meets the job")
     return best

@@ -242,11 +242,11 @@ def _within_every_limit(problem: Problem, solver: StepSolver) -> tuple[Candidate
     return best, why
 
 
-def what_if(problem: Problem, plan: Plan, then: Callable[[Problem, Plan], Plan] | None = None) -> list[dict]:
+def what_if(problem: Problem, plan: Plan, search: Callable[[Problem], Plan] | None = None) -> list[dict]:
     """``plan --explain`` on a cluster priced per unit: for each type, the optimum (the problem's
     objective, by this solver) with its limit one higher and one lower: ``{"kind", "change", "limit",
     "throughput", "cost_usd", "meets"}``, throughput and cost None where no plan meets the job then.
-    ``then``: what the plan's own search does to the optimum there (section 1i joins other types)."""
+    ``search``: the plan's own search there, in place of this solver's (section 1i mixes types)."""
     out = []
     for t, name in enumerate(problem.types):
         for change in (1, -1):
@@ -256,8 +256,7 @@ def what_if(problem: Problem, plan: Plan, then: Callable[[Problem, Plan], Plan] 
                 continue
             there = problem.replace(limits=limits)
             try:
-                best = solve(there)
-                best = then(there, best) if then is not None else best
+                best = (search or solve)(there)
             except (InfeasibleError, TooLarge):
                 best = None
             out.append(
