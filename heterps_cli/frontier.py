@@ -40,7 +40,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,9 @@ from heterps_cli.schedulers.exact import infeasible_error
 from heterps_cli.schedulers.exact.kernel import Candidate
 from heterps_cli.schedulers.exact.pipeline import solver_for
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
+
+if TYPE_CHECKING:
+    from heterps_cli.schedulers.mixed_optimum import Finals
 
 PROBE_STEP = 0.02  # probes every 2% of throughput (chosen by measurement: benchmarks/bench_frontier.py)
 PROBE_AHEAD = 1.0  # ... up to twice the walk's throughput ahead of it
@@ -261,7 +264,7 @@ class _Point:
 
     throughput: float
     cost: float
-    finals: Any
+    finals: Finals
     u: int
 
 
@@ -291,12 +294,7 @@ def _mixed_frontier(problem: Problem, clock: Clock) -> Frontier:
     for i, c in enumerate(frontier):
         own = c.finals.problem.replace(objective=Objective.COST, min_throughput=c.throughput * (1 - SLACK))
         plan = c.finals.plan(c.u, "exact", 0, problem=own)
-        assert plan.feasible, "the frontier holds a plan that breaks a constraint"
-        note = (
-            f"point {i + 1} of {len(frontier)} on the cost-throughput frontier over mixed and one-type stages: the "
-            f"cheapest plan reaching {count(c.throughput, 1)} samples/s"
-        )
-        plans.append(plan.but(min_throughput=plan.throughput, notes=[*plan.notes, note]))
+        plans.append(_as_point(plan, i, len(frontier), c.throughput, " over mixed and one-type stages"))
     solve_s = time.perf_counter() - start
     plans = [p.but(solve_s=solve_s) for p in plans]
     knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
@@ -353,10 +351,15 @@ def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: flo
         optimal=True,
         rental=c.rental,
     )
+    return _as_point(plan, position, size, c.throughput)
+
+
+def _as_point(plan: Plan, position: int, size: int, throughput: float, over: str = "") -> Plan:
+    """``plan`` as point ``position`` of ``size`` on the frontier (``over``: which stages it is over)."""
     assert plan.feasible, "the frontier holds a plan that breaks a constraint"
     note = (
-        f"point {position + 1} of {size} on the cost-throughput frontier: the cheapest plan reaching "
-        f"{count(c.throughput, 1)} samples/s"
+        f"point {position + 1} of {size} on the cost-throughput frontier{over}: the cheapest plan reaching "
+        f"{count(throughput, 1)} samples/s"
     )
     # The plan's own figure, which may differ from the solver's sum in the last bit.
     return plan.but(min_throughput=plan.throughput, notes=[*plan.notes, note])

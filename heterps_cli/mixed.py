@@ -89,12 +89,6 @@ def _measured_cap(problem: Problem, t: int, a: int, b: int) -> float:
     return np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
 
 
-def most_share(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int, replicas: int) -> float:
-    """The most samples one replica of row ``r``'s part may train: the largest size measured on ``t``
-    (section 1f) and what its memory holds among ``replicas`` in all."""
-    return share_limit(problem, t, part_limits(problem, st, r, s, t, a, b), replicas)
-
-
 def part_limits(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int) -> tuple[float, ...]:
     """What bounds a replica's share of row ``r``'s part on ``t`` (:func:`share_limit`): its memory terms
     and the largest size measured."""
@@ -102,7 +96,8 @@ def part_limits(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b:
 
 
 def share_limit(problem: Problem, t: int, limits: tuple[float, ...], replicas: int) -> float:
-    """:func:`most_share` from :func:`part_limits`."""
+    """The most samples one replica of a part on ``t`` may train, ``replicas`` in the stage in all: the
+    largest size measured (section 1f) and what its memory holds (``limits``: :func:`part_limits`)."""
     fixed, split, held, cap = limits
     room = problem.memory[t] * (1 + 1e-12) - fixed - split / replicas
     if room < 0:  # its state alone does not fit
@@ -144,7 +139,7 @@ def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -
     if any(not problem.runnable[a : b + 1, t].all() for t in types):
         return None
     K = sum(k for _, k in parts)
-    most = [int(most_share(problem, st, r, s, t, a, b, K)) for r, (t, _) in enumerate(parts)]
+    most = [int(share_limit(problem, t, part_limits(problem, st, r, s, t, a, b), K)) for r, (t, _) in enumerate(parts)]
     times = [part_times(problem, st, r, s) for r in range(len(parts))]
     return least_slowest(times, most, [k for _, k in parts], problem.batch_size)
 

@@ -162,7 +162,7 @@ def _run(problem: Problem, S: int, splits: dict) -> Finals | None:
     if not tables:
         return None
     n, C = problem.n_layers, math.prod(shape)
-    grid = np.array(list(np.ndindex(shape)), dtype=np.int64).reshape(-1, len(shape))
+    grid = _grid(shape)
     value = {(0, 0): np.where(np.arange(C) == 0, 0.0, np.inf)}  # (stages, layers) -> least slowest step per u
     for s in range(S):
         for (ss, a), cur in list(value.items()):
@@ -180,6 +180,12 @@ def _run(problem: Problem, S: int, splits: dict) -> Finals | None:
         cost = run_cost(problem.work, thr, units @ problem.prices)
     ok = np.isfinite(last) & meets_targets(problem, thr, cost)
     return Finals(problem, S, thr, cost, ok, value, tables)
+
+
+@functools.cache
+def _grid(shape: tuple[int, ...]) -> np.ndarray:
+    """``[C, T]``: every vector of units, by flat index (the same for every micro-batch and stage count)."""
+    return np.array(list(np.ndindex(shape)), dtype=np.int64).reshape(-1, len(shape))
 
 
 def _relax(out: np.ndarray, cur: np.ndarray, steps: np.ndarray, grid: np.ndarray, shape: tuple[int, ...]) -> None:
