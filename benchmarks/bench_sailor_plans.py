@@ -305,13 +305,15 @@ def shape(plan: dict) -> str:
     return f"{len(parts)} stages: " + ", ".join(parts)
 
 
+EVERY = "1,2,4"
 # Issue 63's mixed clusters at its global batch, with the peer's figure (by heterps's formulas) where the
 # issue gives it: on 32 + 32 nodes, layers 0-5 on 32 V100 replicas at tp 4, then four stages of 7 layers on
 # 32 A100 GPUs each at tp 1, one sample a replica.
+# "1,2,4": the profile of one GPU with every degree (profile_every_tp), each part of each stage its own.
 MIXED = [
-    ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, (1, 4), None),
-    ("a100_40 x32 + v100 x32", {"a100_40": 32, "v100": 32}, (1, 4), 153.8),
-    ("gh200 x8 + a100_40 x8", {"gh200": 8, "a100_40": 8}, (1, 4), None),
+    ("a100_40 x8 + v100 x8", {"a100_40": 8, "v100": 8}, (1, 4, EVERY), None),
+    ("a100_40 x32 + v100 x32", {"a100_40": 32, "v100": 32}, (1, 4, EVERY), 153.8),
+    ("gh200 x8 + a100_40 x8", {"gh200": 8, "a100_40": 8}, (1, 4, EVERY), None),
 ]
 MIXED_BATCH = 2048
 
@@ -327,7 +329,7 @@ def mixed_table(folder: Path, profiles: dict) -> None:
     for name, nodes, degrees, peer in MIXED:
         for tp in degrees:
             profile, entries, profile_path = profiles[tp]
-            cluster = cluster_of(name, nodes, entries, tp)
+            cluster = cluster_of(name, nodes, entries, 1 if tp == EVERY else tp)
             cluster_path = folder / f"{cluster['cluster']}-g{MIXED_BATCH}.yaml"
             cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
             batch = ("--global-batch", str(MIXED_BATCH))
@@ -341,7 +343,7 @@ def mixed_table(folder: Path, profiles: dict) -> None:
                 cells = [name, str(tp), str(gpus), f"{plan['throughput']:,.1f}", f"{rate:,.2f}"]
                 cells += [f"{plan['batch_size']} (M {plan['micro_batches']})", shape(plan)]
             alone = "none fits" if "error" in single else f"{single['throughput']:,.1f}"
-            said = f"{peer:,.1f}" if peer and tp == 1 else "—"
+            said = f"{peer:,.1f}" if peer and tp != 4 else "—"
             print(row([*cells, f"{wall:.2f}", alone, f"{single_wall:.2f}", said]))
 
 
@@ -435,6 +437,10 @@ def main() -> None:
             path = folder / f"{profile['model']}.yaml"
             path.write_text(yaml.safe_dump(profile, sort_keys=False))
             profiles[tp] = profile, entries, path
+        every, entries = profile_every_tp(reserved)
+        path = folder / f"{every['model']}.yaml"
+        path.write_text(yaml.safe_dump(every, sort_keys=False))
+        profiles[EVERY] = every, entries, path
         for name, nodes, tp in CLUSTERS:
             profile, entries, profile_path = profiles[tp]
             cluster = cluster_of(name, nodes, entries, tp)

@@ -328,10 +328,16 @@ class Joined(_Strict):
     resource: Name
     replicas: Annotated[int, Field(ge=1, le=MAX_UNITS)]
     samples: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+    tp: Degree | None = None  # section 1h: units per replica (written only above 1)
     compute_s: NonNegative
     transfer_s: NonNegative | None = None
     memory_gb: NonNegative | None = None
     nodes: dict[Placement, Annotated[int, Field(ge=1, le=MAX_UNITS)]] | None = None  # section 1e: replicas per node
+
+    @property
+    def way(self) -> str:
+        """Its degree as output shows it after the type: " tpN" (section 1h)."""
+        return f" tp{self.tp}" if self.tp else ""
 
 
 class Stage(_Strict):
@@ -382,7 +388,7 @@ class Stage(_Strict):
         """Units per type: its own, and each joined part's (section 1i)."""
         out = {self.resource: self.units}
         for part in self.joined or ():
-            out[part.resource] = out.get(part.resource, 0) + part.replicas
+            out[part.resource] = out.get(part.resource, 0) + part.replicas * (part.tp or 1)
         return out
 
 
@@ -1085,7 +1091,7 @@ def load_plan(path: str) -> tuple[Plan, Document]:
 
 def _joined_rules(doc: Document, plan: Plan, i: int, stage: Stage) -> list:
     """Section 1i: a mixed stage's parts train the whole micro-batch, each replica a sample at least, each
-    part of its own type, at tp 1, without recomputation, under a pipeline schedule."""
+    part of its own type, without recomputation, under a pipeline schedule."""
     if stage.joined is None:
         return [doc.error(("stages", i, "samples"), "samples is given only with joined")] if stage.samples else []
     where = ("stages", i)
@@ -1094,8 +1100,8 @@ def _joined_rules(doc: Document, plan: Plan, i: int, stage: Stage) -> list:
     out = []
     if plan.global_batch is None:
         out.append(doc.error((*where, "joined"), f"stage {i} mixes types, which needs a pipeline (global_batch)"))
-    if stage.tp or stage.recompute:
-        out.append(doc.error((*where, "joined"), f"stage {i} mixes types at tp 1 without recomputation only"))
+    if stage.recompute:
+        out.append(doc.error((*where, "recompute"), f"stage {i} mixes types, which it does without recomputation only"))
     parts: list[tuple[str, int, int, tuple]] = [(stage.resource, stage.replicas, stage.samples, (*where, "samples"))]
     parts += [(j.resource, j.replicas, j.samples, (*where, "joined", n, "samples")) for n, j in enumerate(stage.joined)]
     if len({p[0] for p in parts}) < len(parts):

@@ -411,7 +411,7 @@ def layout(plan: Plan, most: int | None = None) -> str:
     first ``most - 1``, an ellipsis, the last and the count: ``cpu×34 | v100×1 | … | cpu×6 (27 stages)``;
     a mixed stage's parts joined by ``+`` (``v100×6+a100×2``)."""
     parts = [
-        "+".join([f"{s.resource}{s.way}×{s.replicas}", *(f"{j.resource}×{j.replicas}" for j in s.joined or ())])
+        "+".join([f"{s.resource}{s.way}×{s.replicas}", *(f"{j.resource}{j.way}×{j.replicas}" for j in s.joined or ())])
         for s in plan.stages
     ]
     if most is not None and len(parts) > most:

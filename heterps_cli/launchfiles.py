@@ -98,7 +98,7 @@ def launch_for(
     ``slurm``: what the batch script asks of Slurm, and the setup and shared paths every script checks."""
     needs = needs or NodeNeeds()
     placed = all(s.nodes is not None for s in plan.stages)
-    if placed and any(s.tp for s in plan.stages):
+    if placed and any(p.tp for s in plan.stages for p in s.parts):
         raise InputError(
             plan_path,
             None,

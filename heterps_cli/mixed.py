@@ -2,10 +2,11 @@
 share of every micro-batch, the stage waits for the slowest, and all of them sum their gradients in one
 ring that runs at its slowest link.
 
-A mixed stage is a one-type stage (its ``resource``, ``replicas``, now training ``samples`` of each
-micro-batch) joined by replicas of other types (:class:`Joined`). Each part's terms are those of the same
-layers as a one-type stage on the part's type (:func:`~heterps_cli.costmodel.split_stages` on the plan's
-schedule with that stage's type changed), charged at the part's busiest replica's share.
+A mixed stage is a one-type stage (its ``resource``, ``replicas``, ``tp``, now training ``samples`` of each
+micro-batch) joined by replicas of other types, each type at its own tensor-parallel degree (:class:`Joined`).
+Each part's terms are those of the same layers as a one-type stage on the part's type at the part's degree
+(:func:`~heterps_cli.costmodel.split_stages` on the plan's schedule with that stage's type and degree
+changed), charged at the part's busiest replica's share.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import Scores, Stages, replicas_keep_rules, scores_of, split_stages, stage_ids
+from heterps_cli.costmodel import Scores, Stages, replicas_keep_rules, scores_of, split_stages, stage_ids, stage_label
 from heterps_cli.formulas import activations_held, mixed_step, share
 from heterps_cli.problem import Problem
 
@@ -22,21 +23,34 @@ from heterps_cli.problem import Problem
 @dataclass(frozen=True)
 class Joined:
     """Replicas of type ``type`` (an index) in another type's stage, training ``samples`` of each
-    micro-batch between them."""
+    micro-batch between them, each replica ``tp`` units (section 1h's degree, one of the problem's)."""
 
     type: int
     replicas: int
     samples: int
+    tp: int = 1
+
+    @property
+    def units(self) -> int:
+        return self.replicas * self.tp
 
 
 def joined_of(problem: Problem, stages) -> dict[int, tuple[Joined, ...]]:
     r"""A plan's joined parts by stage index (its :class:`~heterps_cli.formats.Stage`\ s), as
     :func:`~heterps_cli.plan.make_plan` takes them."""
     return {
-        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples) for j in s.joined)
+        i: tuple(Joined(problem.types.index(j.resource), j.replicas, j.samples, j.tp or 1) for j in s.joined)
         for i, s in enumerate(stages)
         if s.joined
     }
+
+
+def with_own(problem: Problem, stages: Stages, k, s: int, joined) -> tuple[Joined, ...]:
+    """Stage ``s``'s parts: its own replicas (``k[s]`` of its type at its degree, training what the
+    ``joined`` parts leave of the micro-batch), then ``joined``."""
+    B = problem.batch_size
+    own = Joined(int(stages.type[0, s]), int(k[s]), B - sum(p.samples for p in joined), int(stages.width[0, s]))
+    return (own, *joined)
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,7 @@ class Part:
     type: int
     replicas: int
     samples: int
+    tp: int
     compute_s: float
     transfer_s: float
     memory: float  # bytes a replica holds
@@ -61,38 +76,47 @@ class MixedStage:
     throughput: float
 
 
-def _as_types(problem: Problem, schedule, s: int, types: list[int]) -> tuple[Stages, int, int, int]:
-    """The plan's schedule with stage ``s`` on each of ``types`` (one row each; tp 1, no recomputation),
-    split; and the stage's first and last layer and the plan's stage count."""
+def _as_types(problem: Problem, schedule, s: int, ways: list[tuple[int, int]]) -> tuple[Stages, int, int, int]:
+    """The plan's schedule with stage ``s`` on each of ``ways`` = (type, degree) (one row each, no
+    recomputation), split; and the stage's first and last layer and the plan's stage count."""
     base = np.asarray(schedule, dtype=np.int64)
     _, sid = stage_ids(base[None, :])
     layers = np.flatnonzero(sid[0] == s)
     a, b = int(layers[0]), int(layers[-1])
-    rows = np.repeat(base[None, :], len(types), axis=0)
-    for r, t in enumerate(types):
-        rows[r, a : b + 1] = t + problem.n_types * (s % 2)  # the stage's parity kept: the same cuts
+    rows = np.repeat(base[None, :], len(ways), axis=0)
+    T = problem.n_types
+    for r, (t, d) in enumerate(ways):  # the stage's parity kept: the same cuts
+        rows[r, a : b + 1] = int(stage_label(T, t, False, problem.degrees.index(d))) + T * (s % 2)
     return split_stages(problem, rows), a, b, int(sid[0, -1]) + 1
 
 
-def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int) -> tuple[float, float, float]:
-    """A replica's bytes of row ``r``'s part as section 1b counts them (also where no type has a memory
-    limit): what every replica holds, what all the stage's replicas split, and the activations of the
-    whole micro-batch in flight, which a replica holds its share of."""
-    fixed, split = problem.state_parts
-    activations = problem.held_once[a : b + 1].sum() + problem.shared_entry[a]
+def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, d: int, a: int, b: int):
+    """A unit's bytes of row ``r``'s part on ``t`` at degree ``d`` as section 1b counts them (also where no
+    type has a memory limit): what every replica holds, what all the stage's replicas split, and the
+    activations of the whole micro-batch in flight, which a replica holds its share of."""
+    view = problem.view_at(d)
+    fixed, split = view.state_parts
+    activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]
     held = activations_held(float(st.in_flight[r, s]), activations)
     return float(fixed[a : b + 1].sum() + problem.reserved_bytes[t]), float(split[a : b + 1].sum()), float(held)
 
 
-def _measured_cap(problem: Problem, t: int, a: int, b: int) -> float:
-    """Section 1f: the most samples a replica on ``t`` may train of layers ``a..b``."""
-    return np.inf if problem.share_cap is None else float(problem.share_cap[a : b + 1, t].min())
+def _measured_cap(problem: Problem, t: int, d: int, a: int, b: int) -> float:
+    """Section 1f: the most samples a replica on ``t`` at degree ``d`` may train of layers ``a..b``."""
+    cap = problem.view_at(d).share_cap
+    return np.inf if cap is None else float(cap[a : b + 1, t].min())
 
 
-def part_limits(problem: Problem, st: Stages, r: int, s: int, t: int, a: int, b: int) -> tuple[float, ...]:
-    """What bounds a replica's share of row ``r``'s part on ``t`` (:func:`share_limit`): its memory terms
-    and the largest size measured."""
-    return (*_memory_terms(problem, st, r, s, t, a, b), _measured_cap(problem, t, a, b))
+def _runs(problem: Problem, t: int, d: int, a: int, b: int) -> bool:
+    """Whether layers ``a..b`` run on ``t`` at degree ``d`` (section 1h: where every layer gives it)."""
+    return bool(problem.view_at(d).runnable[a : b + 1, t].all())
+
+
+def part_limits(problem: Problem, st: Stages, r: int, s: int, way: tuple[int, int], a: int, b: int):
+    """What bounds a replica's share of row ``r``'s part on ``way`` = (type, degree) (:func:`share_limit`):
+    its memory terms and the largest size measured."""
+    t, d = way
+    return (*_memory_terms(problem, st, r, s, t, d, a, b), _measured_cap(problem, t, d, a, b))
 
 
 def share_limit(problem: Problem, t: int, limits: tuple[float, ...], replicas: int) -> float:
@@ -106,42 +130,43 @@ def share_limit(problem: Problem, t: int, limits: tuple[float, ...], replicas: i
     return float(min(cap, most, problem.batch_size))
 
 
-def mixed_stage(problem: Problem, schedule, s: int, own: tuple[int, int, int], joined) -> MixedStage:
-    """Stage ``s`` of ``schedule`` with ``own`` = (type, replicas, samples) and the ``joined`` parts."""
-    wanted = [own, *((j.type, j.replicas, j.samples) for j in joined)]
-    st, a, b, S = _as_types(problem, schedule, s, [t for t, _, _ in wanted])
-    K = sum(k for _, k, _ in wanted)
+def mixed_stage(problem: Problem, schedule, s: int, parts) -> MixedStage:
+    """Stage ``s`` of ``schedule`` made of ``parts`` (:class:`Joined`, its own type's first)."""
+    st, a, b, S = _as_types(problem, schedule, s, [(p.type, p.tp) for p in parts])
+    K = sum(p.replicas for p in parts)
     B = problem.batch_size
-    parts = []
-    for r, (t, k, n) in enumerate(wanted):
+    out = []
+    for r, p in enumerate(parts):
+        t, k, n, d = p.type, p.replicas, p.samples, p.tp
         q = float(share(n, k)) / B
         micro = float(st.micro_serial[r, s] + st.micro_parallel[r, s] * q)
         transfer = float(st.transfer[r, s] * q)
-        fixed, split, held = _memory_terms(problem, st, r, s, t, a, b)
+        fixed, split, held = _memory_terms(problem, st, r, s, t, d, a, b)
         memory = fixed + split / K + held * q
-        cap = _measured_cap(problem, t, a, b)
-        fits = bool(problem.runnable[a : b + 1, t].all()) and memory <= problem.memory[t] * (1 + 1e-12)
-        fits &= n >= k and float(share(n, k)) <= cap
-        parts.append(Part(t, k, n, micro - transfer, transfer, memory, fits))
-    sync = float(max(st.sync[r, s] for r in range(len(wanted))))
-    update = float(max(st.update[r, s] for r in range(len(wanted))))
-    slowest = max(p.compute_s + p.transfer_s for p in parts)
+        fits = _runs(problem, t, d, a, b) and memory <= problem.memory[t] * (1 + 1e-12)
+        fits &= n >= k and float(share(n, k)) <= _measured_cap(problem, t, d, a, b)
+        out.append(Part(t, k, n, d, micro - transfer, transfer, memory, fits))
+    sync = float(max(st.sync[r, s] for r in range(len(parts))))
+    update = float(max(st.update[r, s] for r in range(len(parts))))
+    slowest = max(p.compute_s + p.transfer_s for p in out)
     step, comm = mixed_step(problem.micro_batches, S, slowest, sync, K, update)
-    return MixedStage(tuple(parts), float(step), float(comm), update, problem.step_samples / float(step))
+    return MixedStage(tuple(out), float(step), float(comm), update, problem.step_samples / float(step))
 
 
-def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int]]) -> list[int] | None:
-    """Section 1i: the samples of each micro-batch each part ``(type, replicas)`` of stage ``s`` trains so
-    that its slowest replica is as fast as it can be: every replica a sample at least, none above what
-    its type measured or its memory holds; None where the parts cannot train the micro-batch."""
-    types = [t for t, _ in parts]
-    st, a, b, _ = _as_types(problem, schedule, s, types)
-    if any(not problem.runnable[a : b + 1, t].all() for t in types):
+def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int, int]]) -> list[int] | None:
+    """Section 1i: the samples of each micro-batch each part ``(type, replicas, degree)`` of stage ``s``
+    trains so that its slowest replica is as fast as it can be: every replica a sample at least, none
+    above what its type measured or its memory holds; None where the parts cannot train the micro-batch."""
+    st, a, b, _ = _as_types(problem, schedule, s, [(t, d) for t, _, d in parts])
+    if any(not _runs(problem, t, d, a, b) for t, _, d in parts):
         return None
-    K = sum(k for _, k in parts)
-    most = [int(share_limit(problem, t, part_limits(problem, st, r, s, t, a, b), K)) for r, (t, _) in enumerate(parts)]
+    K = sum(k for _, k, _ in parts)
+    most = [
+        int(share_limit(problem, t, part_limits(problem, st, r, s, (t, d), a, b), K))
+        for r, (t, _, d) in enumerate(parts)
+    ]
     times = [part_times(problem, st, r, s) for r in range(len(parts))]
-    return least_slowest(times, most, [k for _, k in parts], problem.batch_size)
+    return least_slowest(times, most, [k for _, k, _ in parts], problem.batch_size)
 
 
 def part_times(problem: Problem, st: Stages, r: int, s: int) -> np.ndarray:
@@ -194,5 +219,5 @@ def mixed_scores(
         thr_s[0, s] = m.throughput
         each[0, s] = all(p.fits for p in m.parts)
         for p in m.parts[1:]:
-            used[0, p.type] += p.replicas
+            used[0, p.type] += p.replicas * p.tp
     return scores_of(problem, stages, k, thr_s, used, each, rate, sc.memory_miss)

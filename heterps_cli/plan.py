@@ -14,7 +14,7 @@ from heterps_cli.costmodel import score, split_stages
 from heterps_cli.explain import explanation
 from heterps_cli.formats import Joined, Plan, Stage
 from heterps_cli.formulas import activations_held, amdahl, ring_allreduce, whole_samples
-from heterps_cli.mixed import MixedStage, mixed_scores, mixed_stage
+from heterps_cli.mixed import MixedStage, mixed_scores, mixed_stage, with_own
 from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
@@ -100,10 +100,9 @@ def _mixed(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> d
         raise ValueError("stages mix types only under a pipeline schedule (a global batch)")
     out = {}
     for s, parts in joined.items():
-        if stages.width[0, s] > 1 or stages.recompute[0, s]:
-            raise ValueError(f"stage {s} mixes types at tp 1 without recomputation only")
-        own = problem.batch_size - sum(p.samples for p in parts)
-        out[s] = mixed_stage(problem, schedule, s, (int(stages.type[0, s]), int(k[0, s]), own), parts)
+        if stages.recompute[0, s]:
+            raise ValueError(f"stage {s} mixes types without recomputation only")
+        out[s] = mixed_stage(problem, schedule, s, with_own(problem, stages, k[0], s, parts))
     return out
 
 
@@ -116,6 +115,7 @@ def _with_parts(problem: Problem, stage: Stage, m: MixedStage, where: list | Non
             resource=problem.types[p.type],
             replicas=p.replicas,
             samples=p.samples,
+            tp=p.tp if p.tp > 1 else None,
             compute_s=p.compute_s,
             transfer_s=p.transfer_s,
             memory_gb=p.memory / 1e9,
@@ -170,7 +170,7 @@ def _placed(problem: Problem, stages, k: np.ndarray, sc, rental: dict[str, int] 
     idle |= problem.nodes.others_held(problem.nodes.counts(rental))  # section 1e: every unit the rental holds
     wanted = [(int(stages.type[0, s]), k[0, s], int(stages.width[0, s])) for s in range(S)]
     parts = [(s, p) for s in sorted(mixed) for p in mixed[s].parts[1:]]  # section 1i: placed after the stages
-    placed = place(problem.nodes, problem.types, rental, [*wanted, *((p.type, p.replicas, 1) for _, p in parts)])
+    placed = place(problem.nodes, problem.types, rental, [*wanted, *((p.type, p.replicas, p.tp) for _, p in parts)])
     where: dict[int, list] = {}
     for (s, _), nodes in zip(parts, placed[S:]):
         where.setdefault(s, []).append(nodes)

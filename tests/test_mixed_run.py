@@ -12,17 +12,20 @@ from tests.helpers import heterps
 from tests.test_run_command import MLP_LAYERS, write_plan
 
 
-def _mixed_plan(tmp_path, shares: tuple[int, int]):
-    """mlp in two stages at micro-batch 16, 4 per step: stage 0 on 2 ``cpu`` replicas training ``shares[0]``
-    samples joined by 1 ``cpu2`` replica training ``shares[1]``; stage 1 on one ``cpu``."""
-    path = write_plan(tmp_path / "plan.json", [("cpu", 2, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])], batch_size=16)
+def _mixed_plan(tmp_path, shares: tuple[int, int], replicas=(2, 1), degrees=(1, 1)):
+    """mlp in two stages at micro-batch 16, 4 per step: stage 0 on ``replicas[0]`` ``cpu`` replicas at tp
+    ``degrees[0]`` training ``shares[0]`` samples, joined by ``replicas[1]`` ``cpu2`` replicas at tp
+    ``degrees[1]`` training ``shares[1]``; stage 1 on one ``cpu``."""
+    stages = [("cpu", replicas[0], MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])]
+    path = write_plan(tmp_path / "plan.json", stages, batch_size=16)
     data = json.loads(path.read_text())
     data["stages"][1]["first"], data["stages"][1]["last"] = 4, len(MLP_LAYERS) - 1
-    data["stages"][0] |= {
-        "samples": shares[0],
-        "joined": [{"resource": "cpu2", "replicas": 1, "samples": shares[1], "compute_s": 0.01}],
-    }
-    data |= {"global_batch": 64, "micro_batches": 4, "resources": {"cpu": 3, "cpu2": 1}}
+    joined = {"resource": "cpu2", "replicas": replicas[1], "samples": shares[1], "compute_s": 0.01}
+    data["stages"][0] |= {"samples": shares[0], "joined": [joined | ({"tp": degrees[1]} if degrees[1] > 1 else {})]}
+    if degrees[0] > 1:
+        data["stages"][0]["tp"] = degrees[0]
+    units = {"cpu": replicas[0] * degrees[0] + 1, "cpu2": replicas[1] * degrees[1]}
+    data |= {"global_batch": 64, "micro_batches": 4, "resources": units}
     path.write_text(json.dumps(data))
     return path
 
@@ -39,6 +42,29 @@ def test_a_mixed_stage_trains_with_the_losses_of_one_process(tmp_path, shares):
     report = json.loads(out.read_text())
     assert report["processes"] == 4
     reference = single_process_losses("mlp", 64, 3)
+    assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("shares", "replicas", "degrees"),
+    [((10, 6), (1, 2), (2, 1)), pytest.param((6, 10), (2, 1), (1, 4), marks=pytest.mark.slow)],
+)
+def test_a_stage_whose_types_run_at_different_degrees_trains_with_the_losses_of_one_process(
+    tmp_path, shares, replicas, degrees
+):
+    """Stage 0's own part sharded 2 ways beside two whole cpu2 replicas, and whole beside a cpu2 replica
+    sharded 4 ways: each block of a sharded weight's gradient summed among its holders (section 1i), the
+    losses of one process."""
+    from heterps_cli.runtime import single_process_losses
+
+    plan = _mixed_plan(tmp_path, shares, replicas, degrees)
+    out = tmp_path / "report.json"
+    args = ["run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--steps", "4", "--warmup", "0", "--lr", "0.5"]
+    done = heterps(*args, "--max-processes", "8", "--out", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["processes"] == replicas[0] * degrees[0] + replicas[1] * degrees[1] + 1
+    reference = single_process_losses("mlp", 64, 4, lr=0.5)  # a step large enough to tell a wrong sum
     assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < 1e-5
 
 
@@ -75,10 +101,19 @@ def test_launch_starts_every_replica_of_a_mixed_stage(tmp_path):
     assert "--nproc-per-node 4" in script and "--map cpu2=cpu" in script
 
 
-@pytest.mark.slow  # three runs of four processes: about 30 s
-def test_a_mixed_run_resumes_to_the_uninterrupted_runs_losses(tmp_path):
-    plan = _mixed_plan(tmp_path, (10, 6))
-    common = ["run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--warmup", "0", "--max-processes", "4",
+@pytest.mark.slow  # three runs of four processes, then of five: about 70 s
+@pytest.mark.parametrize(
+    ("replicas", "degrees", "files"),
+    [
+        ((2, 1), (1, 1), ["stage-0.pt", "stage-1.pt"]),
+        ((1, 2), (2, 1), ["stage-0-shard-0.pt", "stage-0-shard-1.pt", "stage-0-tp1.pt", "stage-1.pt"]),
+    ],
+)
+def test_a_mixed_run_resumes_to_the_uninterrupted_runs_losses(tmp_path, replicas, degrees, files):
+    """A stage at two degrees checkpoints one replica of each (its own shards, the joined part's whole
+    weights, named for its degree), and each replica resumes from its degree's files."""
+    plan = _mixed_plan(tmp_path, (10, 6), replicas, degrees)
+    common = ["run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--warmup", "0", "--max-processes", "8",
               "--checkpoint-every", "2"]  # fmt: skip
 
     def trained(steps: int, folder: str, *more: str) -> list[float]:
@@ -91,6 +126,7 @@ def test_a_mixed_run_resumes_to_the_uninterrupted_runs_losses(tmp_path):
 
     whole = trained(6, "whole")
     trained(4, "cut")
+    assert sorted(p.name for p in (tmp_path / "cut" / "step-000004").glob("stage-*")) == files
     resumed = trained(6, "cut", "--resume")
     assert resumed == whole[4:]
 

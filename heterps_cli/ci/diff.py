@@ -35,7 +35,9 @@ class Change:
 def stage_label(stage) -> str:
     """'0-1 on cpu x34', with the memory per replica when the plan states it (section 1b)."""
     memory = f", {stage.memory_gb:.3g} GB" if getattr(stage, "memory_gb", None) else ""
-    joined = "".join(f" + {j.resource} x{j.replicas} ({j.samples})" for j in getattr(stage, "joined", None) or ())
+    joined = "".join(
+        f" + {j.resource}{j.way} x{j.replicas} ({j.samples})" for j in getattr(stage, "joined", None) or ()
+    )
     own = f" ({stage.samples})" if joined else ""
     return f"{stage.first}-{stage.last} on {stage.resource}{stage.way} x{stage.replicas}{own}{joined}{memory}"
 

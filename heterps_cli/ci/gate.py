@@ -157,10 +157,16 @@ def _joined_misfits(problem: Problem, stage, where: str) -> list[str]:
         if part.resource not in problem.types:
             out.append(f"{where} is joined by {part.resource!r}, which the cluster or profile no longer offers")
             continue
-        u = problem.types.index(part.resource)
+        u, degree = problem.types.index(part.resource), part.tp or 1
+        if degree not in problem.degrees:
+            out.append(f"{part.resource}, which joins {where}, runs at tp {degree}, which the profile no longer gives")
+            continue
+        view = problem.view_at(degree)
         for layer in range(stage.first, min(stage.last, problem.n_layers - 1) + 1):
-            if not problem.runnable[layer, u]:
-                out.append(f"layer {problem.layer_names[layer]} cannot run on {part.resource}, which joins {where}")
+            if not view.runnable[layer, u]:
+                out.append(
+                    f"layer {problem.layer_names[layer]} cannot run on {part.resource}{part.way}, which joins {where}"
+                )
     return out
 
 

@@ -107,7 +107,8 @@ MixedStagesOpt = Annotated[
         "--mixed-stages",
         metavar="",
         help="Let replicas of other types join a stage, each type training its own share of every "
-        "micro-batch (docs/spec.md section 1i; a global batch, tp 1). Default: a stage "
+        "micro-batch, each type at its own tensor-parallel degree (docs/spec.md section 1i; a global "
+        "batch). Default: a stage "
         "runs on one type.",
     ),
 ]

@@ -32,7 +32,7 @@ def bold(text: str) -> Text:
 def _on(stage) -> str:
     """A stage's type, with its tensor-parallel degree (section 1h) and ↻ where it recomputes (1g), and
     the types that join it (section 1i)."""
-    return clip(stage.resource) + stage.way + "".join(f" + {clip(j.resource)}" for j in stage.joined or ())
+    return clip(stage.resource) + stage.way + "".join(f" + {clip(j.resource)}{j.way}" for j in stage.joined or ())
 
 
 def _replicas(stage) -> str:
@@ -461,7 +461,7 @@ def print_plan_file(console: Console, plan: Plan, path: str, cluster_path: str |
     """``heterps validate PLAN [CLUSTER]``: what the plan file says, well-formed (and on the cluster's types,
     units and nodes); its figures are check's to judge."""
     layout = " | ".join(
-        f"{clip(s.resource)}×{s.replicas}" + "".join(f"+{clip(j.resource)}×{j.replicas}" for j in s.joined or ())
+        f"{clip(s.resource)}×{s.replicas}" + "".join(f"+{clip(j.resource)}{j.way}×{j.replicas}" for j in s.joined or ())
         for s in plan.stages
     )
     console.print(

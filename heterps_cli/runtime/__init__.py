@@ -191,8 +191,8 @@ def run_plan(
     meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
     meta.update(micro_batches=M, seed=seed, model=checkpoint.spec_identity(model), tp=[s.tp or 1 for s in plan.stages])
     parts = tuple(_parts(s) for s in plan.stages)
-    if any(parts):  # section 1i: a checkpoint of a mixed stage is its replicas' of those types
-        meta["parts"] = [[list(p) for p in stage] for stage in parts]
+    if any(parts):  # section 1i: a checkpoint of a mixed stage is its replicas' of those types (and degrees)
+        meta["parts"] = [[[t, k, n, *([d] if d > 1 else [])] for t, k, n, d in stage] for stage in parts]
     with _checkpoints(root, resume, meta, total, coordinating, report) as (start, resume_from):
         cfg = RunConfig(
             model=model,
@@ -224,9 +224,10 @@ def run_plan(
         return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)
 
 
-def _parts(stage) -> tuple[tuple[str, int, int], ...]:
-    """Section 1i: a mixed stage's parts as ``(type, replicas, samples)``, its own first; () for one type."""
-    return tuple((p.resource, p.replicas, p.samples) for p in stage.parts) if stage.joined else ()
+def _parts(stage) -> tuple[tuple[str, int, int, int], ...]:
+    """Section 1i: a mixed stage's parts as ``(type, replicas, samples, degree)``, its own first; () for one
+    type."""
+    return tuple((p.resource, p.replicas, p.samples, p.tp or 1) for p in stage.parts) if stage.joined else ()
 
 
 @contextmanager
@@ -384,17 +385,20 @@ def _check_model(plan: Plan, doc, model: str, input_shape: tuple[int, ...] | Non
 
 
 def _check_shardable(plan: Plan, doc, chain) -> None:
-    """A stage at tp > 1 (section 1h) holds linear layers to shard."""
+    """A stage at tp > 1 (section 1h), or whose parts run at several degrees (1i), holds linear layers to
+    shard at its largest degree."""
     from heterps_cli.runtime.sharding import shardable
 
     for i, stage in enumerate(plan.stages):
-        if not stage.tp:
+        part, degree = max(((n, p.tp or 1) for n, p in enumerate(stage.parts)), key=lambda x: x[1])
+        if degree == 1:
             continue
-        if shardable(chain.stage(stage.layers), stage.tp) is None:
+        if shardable(chain.stage(stage.layers), degree) is None:
+            field = ("stages", i, "tp") if part == 0 else ("stages", i, "joined", part - 1, "tp")
             raise doc.error(
-                ("stages", i, "tp"),
-                f"stage {i} runs at tensor-parallel degree {stage.tp}, but its layers hold no pair of linear "
-                f"layers (a Linear, element-wise layers, a Linear) whose inner width {stage.tp} divides, which is "
+                field,
+                f"stage {i} runs at tensor-parallel degree {degree}, but its layers hold no pair of linear "
+                f"layers (a Linear, element-wise layers, a Linear) whose inner width {degree} divides, which is "
                 "what heterps run shards (torch.distributed.tensor.parallel): plan that stage at tp 1",
             )
 
@@ -411,7 +415,7 @@ def _processes(
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
         check_gpus_unshared([list(s.units_by_type.items()) for s in plan.stages], devices, torch.cuda.device_count())
     order = None
-    if placed and any(s.tp for s in plan.stages):
+    if placed and any(p.tp for s in plan.stages for p in s.parts):
         raise InputError(
             plan_path, None, "--placed", "--placed does not place tensor-parallel replicas (tp in the plan) yet"
         )

@@ -2,8 +2,9 @@
 
 A checkpoint after ``k`` steps is the folder ``DIR/step-0000k``: one file per stage (per shard at tp > 1:
 that shard's part of each sharded weight and of its optimiser state, as plain tensors), written by the
-stage's first replica, holding its weights and its optimiser's state (every replica holds the same:
-they take the same step on the same summed gradient); one file per process with its random-number
+stage's first replica (in a stage of several degrees, section 1i, by the first at each degree), holding
+its weights and its optimiser's state (every replica holds the same: they take the same step on the same
+summed gradient); one file per process with its random-number
 generators' state (dropout draws differently in each); and ``complete.json``, which names the run, the
 files and their sizes.
 
@@ -56,8 +57,11 @@ def staging(root: str | Path, steps_done: int, run: str) -> Path:
     return Path(root) / f".step-{steps_done:06d}.{run}.partial"
 
 
-def stage_file(step_dir: Path, stage: int, tp: int, tp_rank: int) -> Path:
-    return step_dir / (f"stage-{stage}.pt" if tp == 1 else f"stage-{stage}-shard-{tp_rank}.pt")
+def stage_file(step_dir: Path, stage, tp: int, tp_rank: int) -> Path:
+    """Shard ``tp_rank``'s file of ``stage`` (a :class:`~.layout.StageLayout`) at degree ``tp``: a degree
+    other than its own replicas' (section 1i: a joined part's) says its degree."""
+    name = f"stage-{stage.index}" + (f"-tp{tp}" if tp != stage.degrees[0] else "")
+    return step_dir / (f"{name}.pt" if tp == 1 else f"{name}-shard-{tp_rank}.pt")
 
 
 def rng_file(step_dir: Path, rank: int) -> Path:
@@ -67,7 +71,7 @@ def rng_file(step_dir: Path, rank: int) -> Path:
 def file_names(lay) -> list[str]:
     """Every file a checkpoint of the run laid out as ``lay`` (:class:`~.layout.Layout`) holds, but the mark."""
     here = Path()
-    names = [stage_file(here, s.index, s.tp, r).name for s in lay.stages for r in range(s.tp)]
+    names = [stage_file(here, s, d, r).name for s in lay.stages for d in s.degrees for r in range(d)]
     return names + [rng_file(here, rank).name for rank in range(lay.world_size)]
 
 

@@ -68,10 +68,10 @@ def run_torchrun(cfg: RunConfig, placed: list | None = None, progress: Progress 
 def _describe(rank: int, cfg: RunConfig) -> str:
     lay = cfg.layout()
     stage, replica = lay.place(rank)
-    shard = f", shard {lay.tp_rank(rank) + 1} of {stage.tp}" if stage.tp > 1 else ""
+    shard = f", shard {lay.tp_rank(rank) + 1} of {stage.width(replica)}" if stage.width(replica) > 1 else ""
     return (
         f"worker rank {rank} (stage {stage.index}, replica {replica + 1} of {stage.replicas}{shard}, "
-        f"{stage.resource} on {cfg.devices[stage.resource]})"
+        f"{stage.kind(replica)} on {cfg.devices[stage.kind(replica)]})"
     )
 
 

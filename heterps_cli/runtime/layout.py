@@ -33,22 +33,61 @@ class StageLayout:
     layers: tuple[str, ...]
     first_rank: int
     tp: int = 1  # docs/spec.md section 1h: processes per replica, which shard its layers
-    # section 1i, a stage of several types: each replica's type and its samples of every micro-batch
+    # section 1i, a stage of several types: each replica's type, its samples of every micro-batch, its degree
     kinds: tuple[str, ...] = ()
     shares: tuple[int, ...] = ()
+    widths: tuple[int, ...] = ()
 
     def kind(self, replica: int) -> str:
         """The type replica ``replica`` runs on."""
         return self.kinds[replica] if self.kinds else self.resource
 
-    def members(self, replica: int) -> list[int]:
-        """The ranks of one replica: its ``tp`` processes (one without tensor parallelism)."""
-        first = self.first_rank + replica * self.tp
-        return list(range(first, first + self.tp))
+    def width(self, replica: int) -> int:
+        """The processes of replica ``replica`` (its tensor-parallel degree)."""
+        return self.widths[replica] if self.widths else self.tp
 
-    def data_parallel(self, tp_rank: int) -> list[int]:
-        """The ranks that hold the same shard in every replica: they sum its gradients."""
-        return [self.first_rank + r * self.tp + tp_rank for r in range(self.replicas)]
+    @property
+    def processes(self) -> int:
+        return sum(self.widths) if self.widths else self.replicas * self.tp
+
+    @property
+    def blocks(self) -> int:
+        """Into how many blocks each sharded weight's gradient is summed: its largest degree (a replica at
+        ``d`` holds ``blocks / d`` of them on each process; the degrees divide each other, section 1h)."""
+        return max(self.widths) if self.widths else self.tp
+
+    @property
+    def uneven(self) -> bool:
+        """Whether its replicas run at different degrees (section 1i)."""
+        return len(set(self.widths)) > 1
+
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        """Its replicas' degrees, each once, in replica order."""
+        return tuple(dict.fromkeys(self.widths)) if self.widths else (self.tp,)
+
+    def first_at(self, width: int) -> int:
+        """The first replica at degree ``width``."""
+        return self.widths.index(width) if self.widths else 0
+
+    def first_of(self, replica: int) -> int:
+        """The rank of replica ``replica``'s first process."""
+        return self.first_rank + (sum(self.widths[:replica]) if self.widths else replica * self.tp)
+
+    def members(self, replica: int) -> list[int]:
+        """The ranks of one replica: its processes (one without tensor parallelism)."""
+        first = self.first_of(replica)
+        return list(range(first, first + self.width(replica)))
+
+    def held_blocks(self, replica: int, tp_rank: int) -> range:
+        """The blocks (:attr:`blocks`) process ``tp_rank`` of ``replica`` holds."""
+        each = self.blocks // self.width(replica)
+        return range(tp_rank * each, (tp_rank + 1) * each)
+
+    def data_parallel(self, block: int) -> list[int]:
+        """The ranks that hold block ``block`` of the sharded weights, one in every replica: they sum its
+        gradients (at one degree, the same shard of every replica)."""
+        return [self.first_of(r) + block // (self.blocks // self.width(r)) for r in range(self.replicas)]
 
 
 @dataclass(frozen=True)
@@ -59,19 +98,19 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return sum(s.replicas * s.tp for s in self.stages)
+        return sum(s.processes for s in self.stages)
 
     def place(self, rank: int) -> tuple[StageLayout, int]:
         """The stage ``rank`` runs and its replica index within it."""
         for stage in self.stages:
-            if rank < stage.first_rank + stage.replicas * stage.tp:
-                return stage, (rank - stage.first_rank) // stage.tp
+            if rank < stage.first_rank + stage.processes:
+                return stage, next(r for r in range(stage.replicas) if rank < stage.first_of(r) + stage.width(r))
         raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
 
     def tp_rank(self, rank: int) -> int:
         """The shard ``rank`` holds within its replica (0 without tensor parallelism)."""
-        stage, _ = self.place(rank)
-        return (rank - stage.first_rank) % stage.tp
+        stage, replica = self.place(rank)
+        return rank - stage.first_of(replica)
 
     @property
     def samples(self) -> int:
@@ -94,13 +133,17 @@ class Layout:
         """``(rank, start, stop)`` for each replica of ``other`` whose shard of micro-batch ``j``
         overlaps this replica's, in rank order, its first process's rank (its tp rank 0, which sends
         for it: its shards hold the same activations); ``start, stop`` are batch indices."""
+        return [(other.first_of(r), lo, hi) for r, lo, hi in self.overlapping(stage, replica, other, j)]
+
+    def overlapping(self, stage: StageLayout, replica: int, other: StageLayout, j: int) -> list[tuple[int, int, int]]:
+        """:meth:`overlaps` by ``other``'s replica index in place of its rank."""
         a, b = self.shard(stage, replica, j)
         out = []
         for r in range(other.replicas):
             c, d = self.shard(other, r, j)
             lo, hi = max(a, c), min(b, d)
             if lo < hi:
-                out.append((other.first_rank + r * other.tp, lo, hi))
+                out.append((r, lo, hi))
         return out
 
 
@@ -109,23 +152,25 @@ def layout(
     batch_size: int,
     micro_batches: int,
     tp: tuple[int, ...] = (),
-    parts: tuple[tuple[tuple[str, int, int], ...], ...] = (),
+    parts: tuple[tuple[tuple[str, int, int, int], ...], ...] = (),
 ) -> Layout:
     """The layout of stages given as ``(resource, replicas, layer names)``, each replica ``tp[s]``
     processes (1 where not given); every stage must have at most ``batch_size`` replicas, so that
     each gets a sample of every micro-batch. ``parts[s]`` (section 1i): a mixed stage's ``(type,
-    replicas, samples)``, its own first; its replicas are every part's, each with its share."""
+    replicas, samples, degree)``, its own first; its replicas are every part's, each with its share
+    and its degree's processes."""
     out, rank = [], 0
     for i, (resource, replicas, layers) in enumerate(stages):
         width = tp[i] if i < len(tp) else 1
         mixed = parts[i] if i < len(parts) else ()
-        kinds = tuple(t for t, k, _ in mixed for _ in range(k))
-        shares = tuple(b - a for _, k, n in mixed for a, b in split(0, n, k))
+        kinds = tuple(t for t, k, _, _ in mixed for _ in range(k))
+        shares = tuple(b - a for _, k, n, _ in mixed for a, b in split(0, n, k))
+        widths = tuple(d for _, k, _, d in mixed for _ in range(k))
         if mixed and sum(shares) != batch_size:
             raise ValueError(f"stage {i}'s parts train {sum(shares)} samples, not the batch of {batch_size}")
-        count = len(kinds) or replicas
-        out.append(StageLayout(i, resource, count, tuple(layers), rank, width, kinds, shares))
-        rank += count * width
+        stage = StageLayout(i, resource, len(kinds) or replicas, tuple(layers), rank, width, kinds, shares, widths)
+        out.append(stage)
+        rank += stage.processes
     if max(s.replicas for s in out) > batch_size or micro_batches < 1:
         raise ValueError("a stage has more replicas than a batch has samples, or no micro-batches")
     return Layout(tuple(out), batch_size, micro_batches)

@@ -53,6 +53,19 @@ def shardable(module: nn.Module, tp: int) -> dict[str, str] | None:
     return pairs if pairs and not any(w % tp for w in widths) else None
 
 
+def block_dims(module: nn.Module, blocks: int) -> dict[str, int]:
+    """Section 1i: the dimension along which each parameter of ``module``'s :func:`shardable` pairs is
+    sharded, by name (a column-parallel layer's outputs: its weight's and bias's dim 0; a row-parallel
+    one's inputs: its weight's dim 1); parameters not named run whole on every shard."""
+    pairs = shardable(module, blocks) or {}
+    out = {}
+    for name, style in pairs.items():
+        out[f"{name}.weight"] = 0 if style == "colwise" else 1
+        if style == "colwise" and module.get_submodule(name).bias is not None:
+            out[f"{name}.bias"] = 0
+    return out
+
+
 @contextlib.contextmanager
 def one_shard(module: nn.Module, tp: int) -> Iterator[dict[str, str] | None]:
     """Inside, ``module`` runs as one of ``tp`` shards runs it: each :func:`shardable` pair's first linear

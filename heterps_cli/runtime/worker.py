@@ -47,7 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
-from heterps_cli.runtime.sharding import boundary_parts, local_of, part_length, shardable, whole_of
+from heterps_cli.runtime.sharding import block_dims, boundary_parts, local_of, part_length, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 
 
@@ -69,7 +69,9 @@ class RunConfig:
     timeout_s: float = 120.0
     recompute: tuple[bool, ...] = ()  # docs/spec.md section 1g: per stage (none: no stage recomputes)
     tp: tuple[int, ...] = ()  # section 1h: processes per replica, per stage (none: one each)
-    parts: tuple[tuple[tuple[str, int, int], ...], ...] = ()  # section 1i: per stage, (type, replicas, samples)
+    parts: tuple[
+        tuple[tuple[str, int, int, int], ...], ...
+    ] = ()  # section 1i: per stage, (type, replicas, samples, tp)
     task: str | None = None  # FILE.py:FACTORY (runtime.task): the user's model, data, loss and optimiser
     total_steps: int | None = None  # steps trained in all, from step 0 (default: warmup + steps)
     start_step: int = 0  # the steps a resumed run's checkpoint had done
@@ -170,13 +172,14 @@ def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> li
     return buckets
 
 
-def shard_stage(module: nn.Module, group, device: torch.device, stage) -> None:
-    """Shard ``module``'s :func:`matrix_pairs` over ``group`` (torch.distributed.tensor.parallel); the
-    rest of its layers run whole on every shard (``heterps run`` checked that it has some)."""
+def shard_stage(module: nn.Module, group, device: torch.device, stage, width: int) -> None:
+    """Shard ``module``'s :func:`matrix_pairs` over ``group``, ``width`` processes
+    (torch.distributed.tensor.parallel); the rest of its layers run whole on every shard (``heterps run``
+    checked that it has some)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    pairs = shardable(module, stage.tp)
+    pairs = shardable(module, width)
     assert pairs is not None, f"stage {stage.index} has no linear layers to shard"
     mesh = DeviceMesh.from_group(group, device.type)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -224,17 +227,23 @@ class _Replica:
         self.stage, self.replica = lay.place(rank)
         self.tp_rank = lay.tp_rank(rank)
         stage = self.stage
+        self.width = stage.width(self.replica)
         self.device = device_for(cfg.devices[stage.kind(self.replica)], local_rank)
         # Every rank creates every stage's groups, in the same order (torch.distributed requires it): per
-        # stage and shard, the replicas that sum its gradients; per replica at tp > 1, its shards.
-        sync_groups, shard_groups = {}, {}
+        # stage and block, the replicas that sum its gradients; per replica at tp > 1, its shards; per stage
+        # of several degrees, all its processes, which sum what every shard holds whole.
+        sync_groups, shard_groups, whole_groups = {}, {}, {}
         for s in lay.stages:
             on_gpus = all(cfg.devices[s.kind(r)].startswith("cuda") for r in range(s.replicas))
             backend = "nccl" if on_gpus else "gloo"  # section 1i: a stage on CPUs and GPUs sums on the hosts
-            for i in range(s.tp) if s.replicas > 1 else ():
+            for i in range(s.blocks) if s.replicas > 1 else ():
                 sync_groups[s.index, i] = dist.new_group(s.data_parallel(i), backend=backend)
-            for r in range(s.replicas) if s.tp > 1 else ():
-                shard_groups[s.index, r] = dist.new_group(s.members(r), backend=backend)
+            for r in range(s.replicas):
+                if s.width(r) > 1:
+                    shard_groups[s.index, r] = dist.new_group(s.members(r), backend=backend)
+            if s.uneven:
+                everyone = list(range(s.first_rank, s.first_rank + s.processes))
+                whole_groups[s.index] = dist.new_group(everyone, backend=backend)
         torch.manual_seed(cfg.seed)
         self.baseline = baseline_memory(self.device)
         self.task = self.samples = None
@@ -246,8 +255,9 @@ class _Replica:
             model = load_model(cfg.model, lay.samples, cfg.input_shape)
         chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
         self.module = chain.stage(stage.layers).to(self.device).train()
-        if stage.tp > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
-            shard_stage(self.module, shard_groups[stage.index, self.replica], self.device, stage)
+        self.dims = block_dims(self.module, stage.blocks) if stage.uneven else {}
+        if self.width > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
+            shard_stage(self.module, shard_groups[stage.index, self.replica], self.device, stage, self.width)
         self.shard_group = shard_groups.get((stage.index, self.replica))
         # section 1g: keep the stage's input only, and run its forward again in the backward pass
         self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
@@ -256,10 +266,15 @@ class _Replica:
         else:
             self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        self.group = sync_groups.get((stage.index, self.tp_rank))
+        held = stage.held_blocks(self.replica, self.tp_rank)
+        self.group = sync_groups.get((stage.index, held[0]))
+        # section 1i: at several degrees, each block of a sharded weight is summed among its holders
+        self.block_groups = [sync_groups[stage.index, j] for j in held] if stage.uneven else []
+        self.whole_group = whole_groups.get(stage.index)
         # A sharded parameter's gradient is a DTensor, which a flat bucket cannot view: summed one by one.
-        self.params = params if stage.tp > 1 else []
-        self.buckets = gradient_buckets(params, self.device) if self.group is not None and stage.tp == 1 else []
+        self.params = params if stage.blocks > 1 else []
+        one_by_one = self.group is None or stage.blocks > 1
+        self.buckets = gradient_buckets(params, self.device) if not one_by_one else []
         self.last = stage.index == len(lay.stages) - 1
         self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
         self.after = lay.stages[stage.index + 1] if not self.last else None
@@ -289,12 +304,13 @@ class _Replica:
     def receive(self, source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
         """This process's part of each overlapping replica's tensor, from the shard of it that sends that
         part; at tp > 1 the replica's shards then gather the whole inside the node (section 1h)."""
-        pieces, waited, d = [], 0.0, self.stage.tp
-        for src, lo, hi in self.lay.overlaps(self.stage, self.replica, source_stage, j):
+        pieces, waited, d = [], 0.0, self.width
+        for r, lo, hi in self.lay.overlapping(self.stage, self.replica, source_stage, j):
             shape = (hi - lo, *boundary.shape)
             mine = torch.empty(part_length(shape, d) if d > 1 else shape, dtype=boundary.dtype)
             start = time.perf_counter()
-            dist.recv(mine, src=src + self.tp_rank % source_stage.tp, tag=tag)
+            src = source_stage.first_of(r) + self.tp_rank % source_stage.width(r)
+            dist.recv(mine, src=src, tag=tag)
             if d > 1:
                 mine = mine.to(self.device)
                 parts = [torch.empty_like(mine) for _ in range(d)]
@@ -310,11 +326,11 @@ class _Replica:
         replica's shards hold the same activations and gradients at its boundaries, so they share the
         sends: part ``c`` from shard ``c mod tp``."""
         host = tensor.detach().cpu()
-        for first, lo, hi in self.lay.overlaps(self.stage, self.replica, target_stage, j):
-            parts = boundary_parts(host[lo - offset : hi - offset], target_stage.tp)
+        for r, lo, hi in self.lay.overlapping(self.stage, self.replica, target_stage, j):
+            parts = boundary_parts(host[lo - offset : hi - offset], target_stage.width(r))
             for c, part in enumerate(parts):
-                if c % self.stage.tp == self.tp_rank:
-                    self.handles.append(dist.isend(part, dst=first + c, tag=tag))
+                if c % self.width == self.tp_rank:
+                    self.handles.append(dist.isend(part, dst=target_stage.first_of(r) + c, tag=tag))
 
     def data(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The task's samples of micro-batch ``j`` this replica runs, on the device; the step's are read
@@ -400,7 +416,9 @@ class _Replica:
         start = time.perf_counter()
         for bucket in self.buckets:
             dist.all_reduce(bucket, group=self.group)
-        if self.group is not None:  # section 1h: each shard's gradients, with the same shard of the others
+        if self.block_groups:
+            self.sum_blocks()
+        elif self.group is not None:  # section 1h: each shard's gradients, with the same shard of the others
             for p in self.params:
                 if p.grad is not None:
                     dist.all_reduce(local_of(p.grad), group=self.group)
@@ -423,11 +441,32 @@ class _Replica:
         if self.task is not None and self.last:
             self.tell(index, wall)
 
+    def sum_blocks(self) -> None:
+        """Section 1i, a stage whose replicas run at several degrees: each block of a sharded weight's
+        gradient summed among the processes that hold it, one per replica; a weight every shard holds whole,
+        among all the stage's processes, each a ``1/tp`` of its replica's (the degrees are powers of two:
+        exact)."""
+        for name, p in self.module.named_parameters():
+            if p.grad is None:
+                continue
+            grad = local_of(p.grad)
+            dim = self.dims.get(name)
+            if dim is None:
+                grad.div_(self.width)
+                dist.all_reduce(grad, group=self.whole_group)
+                continue
+            for chunk, group in zip(grad.tensor_split(len(self.block_groups), dim=dim), self.block_groups):
+                block = chunk.contiguous()
+                dist.all_reduce(block, group=group)
+                chunk.copy_(block)
+
     def tell(self, index: int, wall: float) -> None:
         """The step's loss over all its samples (the last stage's replicas' shares summed), said by the
         last stage's first process: on standard error under torchrun, to the launcher locally."""
         loss = torch.tensor([self.acc["loss"]], device=self.device)  # NCCL sums a GPU stage's: on its GPU
-        if self.group is not None:
+        if self.whole_group is not None:  # section 1i: every process of the stage, each its replica's 1/tp
+            dist.all_reduce(loss.div_(self.width), group=self.whole_group)
+        elif self.group is not None:
             dist.all_reduce(loss, group=self.group)
         if not self.reporting:
             return
@@ -449,8 +488,8 @@ class _Replica:
         assert self.cfg.checkpoint_dir is not None and self.run_id is not None
         root, run = self.cfg.checkpoint_dir, self.run_id
         where = checkpoint.staging(root, steps_done, run)
-        if self.replica == 0:
-            mine = checkpoint.stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
+        if self.replica == self.stage.first_at(self.width):  # section 1i: one replica of each degree
+            mine = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
             checkpoint.save(checkpoint.stage_state(self.module, self.optimiser), mine, run, steps_done)
         checkpoint.save(_generators(self.device), checkpoint.rng_file(where, self.rank), run, steps_done)
         dist.barrier()
@@ -462,7 +501,7 @@ class _Replica:
         import heterps_cli.runtime.checkpoint as checkpoint
 
         mark = checkpoint.read_mark(where)
-        path = checkpoint.stage_file(where, self.stage.index, self.stage.tp, self.tp_rank)
+        path = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
         checkpoint.load_stage_state(self.module, self.optimiser, checkpoint.read(path, mark), path)
         path = checkpoint.rng_file(where, self.rank)
         checkpoint.set_generators(checkpoint.read(path, mark), self.device, path)

@@ -106,7 +106,8 @@ def solve(
         count = len(population) - len(elite)
         mothers, fathers = population[_tournament(fitness, count, rng)], population[_tournament(fitness, count, rng)]
         crossed = np.where((rng.random(count) < CROSSOVER)[:, None], crossover(mothers, fathers, rng), mothers)
-        children = np.stack([mutate(problem, row, rng) for row in crossed])
+        # a population no larger than its elite (a space of a few schedules) breeds no children
+        children = np.stack([mutate(problem, row, rng) for row in crossed]) if count else population[:0]
         population = _within_budget(np.concatenate([elite, children]), evaluate, budget, len(elite))
         scored = evaluate(population)
         dry = dry + 1 if evaluate.evaluations == before else 0

@@ -40,11 +40,11 @@ MOST_WORK = 5_000_000  # :func:`_work`'s units: about 2 s on one core (benchmark
 @dataclass(frozen=True)
 class Option:
     """How a stage reaches its step with a vector of units: one type's ``way`` (degree index, recomputes)
-    and replicas, or mixed ``parts`` ``(type, replicas, samples)`` at tp 1."""
+    and replicas, or mixed ``parts`` ``(type, replicas, samples, degree)``, none recomputing."""
 
     step: float
     way: tuple[int, bool] | None
-    parts: tuple[tuple[int, int, int], ...]
+    parts: tuple[tuple[int, int, int, int], ...]
 
 
 def why_not(problem: Problem) -> str | None:
@@ -70,7 +70,8 @@ def _work(problem: Problem) -> int:
     every stage count, times the vectors a stage may hold), each relaxed over up to every cell."""
     n, B = problem.n_layers, max(problem.micro_batch_choices)
     spans = sum(S * n * (n + 1) // 2 for S in range(1, n + 1))
-    mixed = math.comb(problem.n_types + B, B)  # vectors of at most B units: the mixed stages' bound
+    most = B * max(problem.degrees)  # a mixed stage's units: B replicas at most, each of at most D units
+    mixed = min(math.comb(problem.n_types + most, most), _cells(problem)) * len(problem.degrees) ** problem.n_types
     one_type = sum(min(int(x), B) for x in problem.limits) * len(problem.stage_ways)
     return len(problem.micro_batch_choices) * spans * (mixed + one_type) * (1 + _cells(problem) // 100)
 
@@ -248,7 +249,9 @@ def _stage_tables(problem: Problem, S: int, shape: tuple[int, ...], splits: dict
     _one_type(problem, st, keys, shape, tables)
     row_of = {key: r for r, key in enumerate(keys)}
     for s, a, b in spans:
-        first = {t: row_of[s, a, b, t, 0, False] for t in range(T)}
+        first = {
+            (t, problem.degrees[j]): row_of[s, a, b, t, j, False] for t in range(T) for j, again in ways if not again
+        }
         _mixed(problem, st, S, (s, a, b), first, shape, tables, splits)
     return tables
 
@@ -286,7 +289,8 @@ def _one_type(problem: Problem, st, keys: list, shape: tuple[int, ...], tables: 
         for r in np.flatnonzero(good):
             s, a, b, t, j, again = keys[r]
             v = tuple(k * int(width[r]) if x == t else 0 for x in range(problem.n_types))
-            option = Option(problem.step_samples / float(thr[r]), (j, again), ((t, k, problem.batch_size),))
+            parts = ((t, k, problem.batch_size, int(width[r])),)
+            option = Option(problem.step_samples / float(thr[r]), (j, again), parts)
             _entry(tables, (s, a, b), shape, int(np.ravel_multi_index(v, shape)), option)
 
 
@@ -300,53 +304,58 @@ def _runs(problem: Problem, key: tuple) -> bool:
 
 
 def _mixed(problem: Problem, st, S: int, span: tuple, first: dict, shape: tuple[int, ...], tables: dict, splits: dict):
-    """Every vector of two types or more at tp 1 (section 1i): its parts' best split and the step. A part's
-    times, all-reduce and update are its layers' alone; only its memory (the micro-batches in flight) and
-    the bubble depend on the stage's place, so a split found once serves every ``S`` (``splits``)."""
+    """Every vector of two types or more, each type's units at each degree that divides them (section 1i):
+    its parts' best split and the step. A part's times, all-reduce and update are its layers' alone; only
+    its memory (the micro-batches in flight) and the bubble depend on the stage's place, so a split found
+    once serves every ``S`` (``splits``)."""
     s, a, b = span
     B = problem.batch_size
-    ok = [t for t in range(problem.n_types) if problem.runnable[a : b + 1, t].all()]
-    times = {t: part_times(problem, st, first[t], s) for t in ok}
-    limits = {t: part_limits(problem, st, first[t], s, t, a, b) for t in ok}
-    sync = {t: float(st.sync[first[t], s]) for t in ok}
-    update = {t: float(st.update[first[t], s]) for t in ok}
-    for v, flat in _mixed_vectors(shape, B):
+    ways = [(t, d) for (t, d) in first if problem.view_at(d).runnable[a : b + 1, t].all()]
+    times = {w: part_times(problem, st, first[w], s) for w in ways}
+    limits = {w: part_limits(problem, st, first[w], s, w, a, b) for w in ways}
+    sync = {w: float(st.sync[first[w], s]) for w in ways}
+    update = {w: float(st.update[first[w], s]) for w in ways}
+    for v, flat in _mixed_vectors(shape, B * max(problem.degrees)):
         used = tuple(t for t in range(problem.n_types) if v[t])
-        if any(t not in ok for t in used):
-            continue
-        K = sum(v)
-        ks = tuple(int(v[t]) for t in used)
-        most = tuple(int(share_limit(problem, t, limits[t], K)) for t in used)
-        key = (a, b, used, ks, most)
-        if key not in splits:
-            splits[key] = _split(times, sync, update, used, ks, most, B)
-        if splits[key] is None:
-            continue
-        slowest, y, u, parts = splits[key]
-        step, _ = mixed_step(problem.micro_batches, S, slowest, y, K, u)
-        _entry(tables, span, shape, flat, Option(float(step), None, parts))
+        degrees = [[d for d in problem.degrees if v[t] % d == 0 and (t, d) in times] for t in used]
+        for ds in itertools.product(*degrees):
+            ks = tuple(int(v[t]) // d for t, d in zip(used, ds))
+            K = sum(ks)
+            if K > B:
+                continue
+            parts = tuple(zip(used, ds))
+            most = tuple(int(share_limit(problem, t, limits[t, d], K)) for t, d in parts)
+            key = (a, b, parts, ks, most)
+            if key not in splits:
+                splits[key] = _split(times, sync, update, parts, ks, most, B)
+            if splits[key] is None:
+                continue
+            slowest, y, u, chosen = splits[key]
+            step, _ = mixed_step(problem.micro_batches, S, slowest, y, K, u)
+            _entry(tables, span, shape, flat, Option(float(step), None, chosen))
 
 
-def _split(times: dict, sync: dict, update: dict, used: tuple, ks: tuple, most: tuple, B: int) -> tuple | None:
-    """A mixed stage's best split (:func:`~heterps_cli.mixed.least_slowest`): its slowest part's time per
-    micro-batch, the slowest all-reduce and update, and its parts (the most replicas own the stage)."""
-    samples = least_slowest([times[t] for t in used], list(most), list(ks), B)
+def _split(times: dict, sync: dict, update: dict, ways: tuple, ks: tuple, most: tuple, B: int) -> tuple | None:
+    """A mixed stage's best split (:func:`~heterps_cli.mixed.least_slowest`) of parts on ``ways`` = (type,
+    degree) of ``ks`` replicas: its slowest part's time per micro-batch, the slowest all-reduce and update,
+    and its parts ``(type, replicas, samples, degree)`` (the most replicas own the stage)."""
+    samples = least_slowest([times[w] for w in ways], list(most), list(ks), B)
     if samples is None:
         return None
-    slowest = max(float(times[t][-(-n // k) - 1]) for t, n, k in zip(used, samples, ks))
-    parts = tuple(sorted(zip(used, ks, samples), key=lambda p: (-p[1], p[0])))
-    return slowest, max(sync[t] for t in used), max(update[t] for t in used), parts
+    slowest = max(float(times[w][-(-n // k) - 1]) for w, n, k in zip(ways, samples, ks))
+    parts = sorted(((t, k, n, d) for (t, d), k, n in zip(ways, ks, samples)), key=lambda p: (-p[1], p[0]))
+    return slowest, max(sync[w] for w in ways), max(update[w] for w in ways), tuple(parts)
 
 
 @functools.cache
-def _mixed_vectors(shape: tuple[int, ...], batch: int) -> tuple[tuple[tuple[int, ...], int], ...]:
-    """The vectors of units a mixed stage may hold (two types or more, each replica a sample of ``batch``),
-    each with its flat index."""
-    ranges = [range(min(n - 1, batch) + 1) for n in shape]
+def _mixed_vectors(shape: tuple[int, ...], most: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The vectors of units a mixed stage may hold (two types or more, at most ``most`` units), each with
+    its flat index."""
+    ranges = [range(min(n - 1, most) + 1) for n in shape]
     return tuple(
         (v, int(np.ravel_multi_index(v, shape)))
         for v in itertools.product(*ranges)
-        if sum(v) <= batch and sum(x > 0 for x in v) >= 2
+        if sum(v) <= most and sum(x > 0 for x in v) >= 2
     )
 
 
@@ -355,11 +364,11 @@ def _plan(problem: Problem, chosen: list, scheduler: str, seed: int) -> Plan:
     T = problem.n_types
     cuts, replicas, joined = [], [], {}
     for s, (a, b, option) in enumerate(chosen):
-        t, k, _ = option.parts[0]
-        j, again = option.way or (0, False)
+        t, k, _, d = option.parts[0]
+        j, again = option.way or (problem.degrees.index(d), False)
         cuts.append((a, b + 1, int(stage_label(T, t, again, j))))
         replicas.append(k)
         if len(option.parts) > 1:
-            joined[s] = tuple(Joined(u, m, n) for u, m, n in option.parts[1:])
+            joined[s] = tuple(Joined(u, m, n, d) for u, m, n, d in option.parts[1:])
     schedule = labelled(T, cuts)
     return make_plan(problem, schedule, replicas, scheduler=scheduler, seed=seed, joined=joined, optimal=True)

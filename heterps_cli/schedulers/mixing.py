@@ -15,7 +15,7 @@ import numpy as np
 
 from heterps_cli.costmodel import schedule_of_stages, score, split_stages
 from heterps_cli.figures import usd
-from heterps_cli.mixed import Joined, balanced, mixed_scores, mixed_stage
+from heterps_cli.mixed import Joined, balanced, mixed_scores, mixed_stage, with_own
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -84,11 +84,11 @@ def _better(problem: Problem, new: tuple[float, float], old: tuple[float, float]
 def joined_words(problem: Problem, stage) -> str:
     """Who joins a plan's mixed ``stage``, and what each part trains, in words."""
     B = problem.batch_size
-    others = ", ".join(f"{p.replicas} {p.resource} replica(s) train {p.samples}" for p in stage.joined)
+    others = ", ".join(f"{p.replicas} {p.resource}{p.way} replica(s) train {p.samples}" for p in stage.joined)
     return (
         f"layers {stage.first}-{stage.last}: {others} of each micro-batch of {B} beside {stage.replicas} "
-        f"{stage.resource} replica(s), which train {stage.samples}, each type's share as large as keeps it no "
-        "slower than the stage's slowest part"
+        f"{stage.resource}{stage.way} replica(s), which train {stage.samples}, each type's share as large as keeps "
+        "it no slower than the stage's slowest part"
     )
 
 
@@ -98,7 +98,7 @@ def _scores(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
     kk[0, : len(k)] = k
     sc = score(problem, stages, kk)
     if joined:
-        parts = {s: mixed_stage(problem, schedule, s, _own(problem, stages, kk, s, j), j) for s, j in joined.items()}
+        parts = {s: mixed_stage(problem, schedule, s, with_own(problem, stages, k, s, j)) for s, j in joined.items()}
         sc = mixed_scores(problem, stages, sc, parts)
     return sc
 
@@ -109,10 +109,6 @@ def _score(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> t
     return (float(sc.throughput[0]), float(sc.cost[0])) if sc.feasible[0] else None
 
 
-def _own(problem: Problem, stages, k: np.ndarray, s: int, parts: tuple[Joined, ...]) -> tuple[int, int, int]:
-    return int(stages.type[0, s]), int(k[0, s]), problem.batch_size - sum(p.samples for p in parts)
-
-
 def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
     """Every move of the climb (this module's rule), as (replicas per stage, joined parts)."""
     sc = _scores(problem, schedule, stages, k, joined)
@@ -120,43 +116,50 @@ def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
     timed = problem.objective is Objective.TIME
     targets = [int(np.argmin(sc.stage_throughput[0, : len(k)]))] if timed else range(len(k))
     for b in targets:
-        if stages.width[0, b] > 1 or stages.recompute[0, b]:
+        if stages.recompute[0, b]:
             continue
-        own_type = int(stages.type[0, b])
+        own_type, width = int(stages.type[0, b]), int(stages.width[0, b])
         have = {p.type: p for p in joined.get(b, ())}
         # time: the stage grows by its own type's idle units too; cost: it gives up some of its own
-        owns = (0, *_counts(int(free[own_type]))) if timed else (0, *(-r for r in _counts(int(k[b]) - 1)))
+        owns = (0, *_counts(int(free[own_type]) // width)) if timed else (0, *(-r for r in _counts(int(k[b]) - 1)))
         for u in range(problem.n_types):
             if u == own_type:
                 continue
-            sources: list[tuple[int | None, int]] = [(None, int(free[u]))]  # (donor stage, units it can give)
+            # (donor stage or None, the units it can give, in lots of) the donor's replica's units
+            sources: list[tuple[int | None, int, int]] = [(None, int(free[u]), 1)]
             if timed:
                 sources += [
-                    (s, int(k[s]) - 1) for s in range(len(k)) if s != b and stages.type[0, s] == u and s not in joined
+                    (s, (int(k[s]) - 1) * int(stages.width[0, s]), int(stages.width[0, s]))
+                    for s in range(len(k))
+                    if s != b and stages.type[0, s] == u and s not in joined
                 ]
-            for donor, most in sources:
-                for e in _counts(most):
-                    for grow in owns:
-                        move = (b, u, e, donor, grow)
-                        yield from _joined_move(problem, schedule, stages, k, joined, move, have)
+            for d in problem.degrees if u not in have else (have[u].tp,):
+                for donor, most, lot in sources:
+                    for e in _counts(most // d):
+                        if (e * d) % lot:
+                            continue
+                        for grow in owns:
+                            move = (b, u, e, d, donor, grow)
+                            yield from _joined_move(problem, schedule, stages, k, joined, move, have)
 
 
 def _joined_move(problem: Problem, schedule, stages, k: np.ndarray, joined: dict, move: tuple, have: dict):
-    """The plan with ``move`` = (stage, type, replicas of it, donor stage or None, own replicas added)
-    made, its stage's micro-batch split :func:`~heterps_cli.mixed.balanced` (nothing where it cannot be)."""
-    b, u, e, donor, grow = move
-    other = [(p.type, p.replicas) for p in joined.get(b, ()) if p.type != u]
+    """The plan with ``move`` = (stage, type, replicas of it, their degree, donor stage or None, own replicas
+    added) made, its stage's micro-batch split :func:`~heterps_cli.mixed.balanced` (nothing where it
+    cannot be)."""
+    b, u, e, d, donor, grow = move
+    other = [(p.type, p.replicas, p.tp) for p in joined.get(b, ()) if p.type != u]
     count = e + (have[u].replicas if u in have else 0)
-    parts = [(int(stages.type[0, b]), int(k[b]) + grow), *other, (u, count)]
+    parts = [(int(stages.type[0, b]), int(k[b]) + grow, int(stages.width[0, b])), *other, (u, count, d)]
     samples = balanced(problem, schedule, b, parts)
     if samples is None:
         return
     new_k = k.copy()
     new_k[b] += grow
     if donor is not None:
-        new_k[donor] -= e
+        new_k[donor] -= e * d // int(stages.width[0, donor])
     new_joined = dict(joined)
-    new_joined[b] = tuple(Joined(t, r, n) for (t, r), n in zip(parts[1:], samples[1:]))
+    new_joined[b] = tuple(Joined(t, r, n, w) for (t, r, w), n in zip(parts[1:], samples[1:]))
     yield new_k, new_joined
 
 
