@@ -91,6 +91,22 @@ def test_a_mixed_stage_whose_shares_miss_the_batch_is_refused_naming_it(tmp_path
     assert "stages[0].samples" in said and "15 samples" in said and "Traceback" not in said
 
 
+def test_a_joined_part_at_a_degree_with_nothing_to_shard_is_refused_naming_it(tmp_path):
+    """Stage 1 holds one ReLU: its joined cpu2 replica at tp 2 has no pair of linear layers to shard."""
+    plan = _mixed_plan(tmp_path, (10, 6), (2, 1), (1, 2))
+    data = json.loads(plan.read_text())
+    mixed, rest = data["stages"]
+    data["stages"] = [
+        {**rest, "layers": ["0"], "first": 0, "last": 0},
+        {**mixed, "layers": ["1"], "first": 1, "last": 1},
+        {**rest, "layers": MLP_LAYERS[2:], "first": 2, "last": len(MLP_LAYERS) - 1},
+    ]
+    plan.write_text(json.dumps(data))
+    done = heterps("run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--steps", "1", "--max-processes", "8")
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "stages[1].joined[0].tp" in said and "no pair of linear layers" in said, said
+
+
 def test_launch_starts_every_replica_of_a_mixed_stage(tmp_path):
     """One machine: torchrun starts the joined replica too (4 processes), and maps each type's device."""
     plan = _mixed_plan(tmp_path, (10, 6))
