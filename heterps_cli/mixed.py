@@ -30,10 +30,6 @@ class Joined:
     samples: int
     tp: int = 1
 
-    @property
-    def units(self) -> int:
-        return self.replicas * self.tp
-
 
 def joined_of(problem: Problem, stages) -> dict[int, tuple[Joined, ...]]:
     r"""A plan's joined parts by stage index (its :class:`~heterps_cli.formats.Stage`\ s), as
