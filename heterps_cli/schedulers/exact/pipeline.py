@@ -28,6 +28,7 @@ grid is dropped when its walk ends, so the walks hold one grid at a time.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 from collections.abc import Callable
@@ -77,12 +78,32 @@ def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.
     return pipeline_step(problem.micro_batches, stages, micro_serial, micro_parallel, sync, update)
 
 
-# The fewest replicas, by problem and then by the bytes they are computed from (compared whole, so a hit
-# is the same computation): every stage count's grid, and every rental of whole nodes (a problem of its
-# own), asks the same few, and their whole-sample bisection was a sixth of the exact solver's time at 64
-# nodes (issue 64).
+# The fewest replicas, by problem and then by a digest of the bytes they are computed from: every stage
+# count's grid, and every rental of whole nodes (a problem of its own), asks the same few, and their
+# whole-sample bisection was a sixth of the exact solver's time at 64 nodes (issue 64). Bounded in bytes:
+# a grid of 256 layers and 4 types is 2 MB.
 _BY_PROBLEM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_BY_BYTES: dict = {}
+MOST_KEPT_BYTES = 256_000_000
+
+
+class _Kept:
+    """Arrays by key, the oldest dropped first past :data:`MOST_KEPT_BYTES`."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[bytes, np.ndarray] = {}
+        self.nbytes = 0
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        return self.arrays.get(key)
+
+    def keep(self, key: bytes, found: np.ndarray) -> None:
+        while self.arrays and self.nbytes + found.nbytes > MOST_KEPT_BYTES:
+            self.nbytes -= self.arrays.pop(next(iter(self.arrays))).nbytes
+        self.arrays[key] = found
+        self.nbytes += found.nbytes
+
+
+_BY_DIGEST = _Kept()
 
 
 def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) -> np.ndarray:
@@ -112,13 +133,14 @@ def _fewest(problem: Problem, held: float, again: bool) -> np.ndarray:
             held_bytes = activations_held(held, activations)
         split = state_split + held_bytes
     fixed, split, held_bytes = np.broadcast_arrays(fixed, split, held_bytes)
-    key = (problem.batch_size, *(np.ascontiguousarray(a).tobytes() for a in (fixed, split, held_bytes, problem.memory)))
-    if (found := _BY_BYTES.get(key)) is None:
+    digest = hashlib.blake2b(str((problem.batch_size, fixed.shape)).encode())
+    for part in (fixed, split, held_bytes, problem.memory):
+        digest.update(np.ascontiguousarray(part, dtype=float).tobytes())
+    key = digest.digest()
+    if (found := _BY_DIGEST.get(key)) is None:
         with np.errstate(over="ignore", invalid="ignore"):
             found = min_memory_replicas(fixed, split, problem.memory[None, None, :], held_bytes, problem.batch_size)
-        if len(_BY_BYTES) >= 1024:
-            _BY_BYTES.pop(next(iter(_BY_BYTES)))
-        _BY_BYTES[key] = found
+        _BY_DIGEST.keep(key, found)
     return found
 
 
