@@ -385,3 +385,34 @@ def test_a_global_batch_no_size_nor_multiple_divides_is_refused_as_input(tmp_pat
         said = ("no micro-batch divides the global batch 7", "7 is not a whole number of micro-batches of any")
         assert result.exit_code == 2 and any(words in shown for words in said), shown
         assert ("--global-batch:" if where else "job.global_batch:") in shown and "internal" not in shown
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(several_sizes(), st.integers(0, 2**32 - 1))
+def test_on_whole_nodes_the_fastest_micro_batch_is_found_though_others_only_seek_a_faster_plan(inst, seed):
+    """Objective time on nodes: once one micro-batch has a plan, the others are only asked for a faster
+    one (ExactOptions.at_least); the plan is still the fastest of each micro-batch's own exact plan."""
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.schedulers import solve
+    from tests.helpers import problem_from_dicts
+
+    profile, cluster = inst
+    rng = np.random.default_rng(seed)
+    nodes = {}
+    for t, res in cluster["resources"].items():
+        held = int(rng.integers(1, 3))
+        price = round(float(res["price"]) * held, 2)
+        nodes[f"{t}_node"] = {"price": price, "units": {t: held}, "available": -(-int(res["limit"]) // held)}
+        del res["price"], res["limit"]
+    cluster["nodes"] = nodes
+    problem = problem_from_dicts(profile, cluster, objective="time")
+    each = []
+    for b in problem.micro_batch_choices:
+        try:
+            each.append(solve("exact", problem.at_micro_batch(b)).throughput)
+        except InfeasibleError:
+            continue
+    if not each:
+        return
+    plan = solve("exact", problem)
+    assert plan.optimal and math.isclose(plan.throughput, max(each), rel_tol=1e-9)

@@ -54,7 +54,7 @@ class SearchOptions(SolveOptions):
 
 @dataclass(frozen=True)
 class ExactOptions(SolveOptions):
-    """exact: with objective time (no budget, no nodes), only a plan at least ``at_least`` samples/s
+    """exact: with objective time (no budget), only a plan at least ``at_least`` samples/s
     fast is wanted, InfeasibleError when there is none (section 1f's choice of micro-batch prunes
     the choices that cannot beat the best plan found at another)."""
 
