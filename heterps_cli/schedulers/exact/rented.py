@@ -14,8 +14,9 @@ The walk goes down the menu, cheapest first, with a throughput ``target``:
   ``target`` becomes just above ``X``;
 * objective ``cost`` stops when ``rate x work / X_max`` (``X_max``: the fastest plan on any
   rental, found on :func:`widest_rentals`) passes the best cost, since no later rental can cost
-  less; objective ``time`` starts at ``target = X_max`` and stops at the first rental that reaches
-  it; with ``--max-cost`` it stops when that floor passes the budget.
+  less; objective ``time`` wants the first rental that reaches ``X_max`` and finds it by bisection
+  (:meth:`_Walk._cheapest_reaching`: one that cannot reach it rules out every rental it holds); with
+  ``--max-cost`` it stops when that floor passes the budget.
 
 Why it is exact: let P* be an optimal plan on its rental R*, and R' the menu's rental that is or
 beats R*. When the walk reaches R', either ``target`` is at most P*'s throughput, so R' reaches it
@@ -110,6 +111,8 @@ class _Walk:
         # x_max within SLACK: the fastest plan's own figure can sit an ulp above what a grid's test of
         # "reaches X" grants at exactly X (a pipeline's relaxation rounds the other way).
         top = self.x_max * (1 - SLACK)
+        if by_time and p.max_cost is None and (found := self._cheapest_reaching(top)) is not None:
+            return found
         target = top if by_time and p.max_cost is None else throughput_floor(p)
         best: Plan | None = None
         cannot: list[int] = []  # rows known not to reach target (nor any higher one)
@@ -155,6 +158,38 @@ class _Walk:
         if best is None:
             raise InfeasibleError(_over_budget(p))
         return best
+
+    def _cheapest_reaching(self, top: float) -> Plan | None:
+        """Objective time: the plan on the first rental of the menu that reaches ``top``, found by
+        bisection. Each question is the middle of the rentals still open: cheaper than the first known to
+        reach it, and held by none known not to (:func:`_no_better`); one that reaches closes every
+        dearer rental, one that does not closes those it holds. On a menu of one kind of node that is a
+        binary search (docs/exact.md section 7). None where its plan is not the fastest (then the walk
+        goes down the menu as for any target)."""
+        menu = self.menu
+        cannot: list[int] = []
+        first: tuple[int, _Lazy] | None = None  # the cheapest rental known to reach top, and its question
+        while True:
+            end = first[0] if first is not None else len(menu.rate)
+            open_ = [r for r in range(end) if not (cannot and _no_better(menu, r, np.array(cannot)))]
+            if not open_ or (self.clock.out_of_time() and first is not None):
+                self.stopped_at = open_[0] if open_ else None
+                break
+            row = open_[len(open_) // 2]
+            if self.progress is not None:
+                self.progress(f"exact: {len(open_):,} rentals left to bisect", completed=len(menu.rate) - len(open_))
+            self.asked += 1
+            reaching = next((q for q in self._questions(menu.counts[row]) if q.reachable(top)), None)
+            if reaching is None:
+                cannot.append(row)
+            else:
+                first = (row, reaching)
+        if first is None:
+            return None
+        cand = first[1].cheapest(top)
+        assert cand is not None, "the rental reaches the target"
+        plan = self._plan(cand, first[0])
+        return plan if plan.feasible and plan.throughput >= self.x_max * (1 - SLACK) else None
 
     def _fastest_of_all(self) -> float:
         """The fastest throughput any rental reaches (its widest rentals hold the answer); raises
