@@ -124,11 +124,12 @@ def pareto_frontier(
     found: list[tuple[Candidate, Problem]] = []
     failed: list[InfeasibleError] = []
     steps, cut_at = 0, None
-    for i, batch in enumerate(choices):
+    for i, batch in enumerate(sorted(choices, reverse=True)):  # largest first: most often the fastest plans
         left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start)) / (len(choices) - i)
         sub = problem.at_micro_batch(batch)
-        try:
-            candidates, evaluations, cut = _candidates(sub, progress, left)
+        try:  # on nodes a later choice's walk skips what an earlier one already beats (not once a walk is cut)
+            known = [c for c, _ in found] if cut_at is None else []
+            candidates, evaluations, cut = _candidates(sub, progress, left, known)
         except InfeasibleError as exc:
             failed.append(exc)
             continue
@@ -137,6 +138,7 @@ def pareto_frontier(
         cut_at = cut if cut_at is None or (cut is not None and cut < cut_at) else cut_at
     if not found:
         raise failed[0] if len(failed) == 1 else InfeasibleError("; ".join(map(str, failed)))
+    found.sort(key=lambda pair: pair[1].batch_size)  # of equal plans, the smallest micro-batch's is kept
     if cut_at is not None:  # exact up to where the first walk stopped, for every micro-batch
         found = [(c, sub) for c, sub in found if c.throughput <= cut_at]
     where = {id(c): sub for c, sub in found}
@@ -148,12 +150,13 @@ def pareto_frontier(
 
 
 def _candidates(
-    problem: Problem, progress: Progress | None, time_limit: float | None
+    problem: Problem, progress: Progress | None, time_limit: float | None, known: list[Candidate]
 ) -> tuple[list[Candidate], int, float | None]:
     """The frontier's plans at the problem's own micro-batch (within ``max_cost``), the exact
-    solver's evaluations, and where the time limit cut the walk (None: it finished)."""
+    solver's evaluations, and where the time limit cut the walk (None: it finished). ``known``: plans
+    already on the frontier (whole nodes: a plan one of them beats is not looked for)."""
     if problem.nodes is not None:
-        return _rented_candidates(problem, progress, time_limit)
+        return _rented_candidates(problem, progress, time_limit, known)
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
     walker = solver_for(problem, None, relax=False)  # a frontier of relaxed plans would not be exact
     floor = throughput_floor(problem)
@@ -173,13 +176,13 @@ def _candidates(
 
 
 def _rented_candidates(
-    problem: Problem, progress: Progress | None, time_limit: float | None
+    problem: Problem, progress: Progress | None, time_limit: float | None, known: list[Candidate]
 ) -> tuple[list[Candidate], int, float | None]:
     """Section 1e: :func:`_candidates` over rentals of whole nodes
     (:func:`.schedulers.exact.rented.frontier_candidates`)."""
     from heterps_cli.schedulers.exact.rented import frontier_candidates
 
-    found, cut_at = frontier_candidates(problem, progress, Clock(time.perf_counter(), time_limit))
+    found, cut_at = frontier_candidates(problem, progress, Clock(time.perf_counter(), time_limit), known)
     frontier = _pareto(found)
     if problem.max_cost is not None:
         frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]

@@ -101,6 +101,7 @@ class _Walk:
         self.relaxed = False  # some rental's question needed more states than the DP holds
         self.x_max = 0.0
         self.at_least = 0.0  # objective time: only a plan at least this fast is wanted (InfeasibleError: none)
+        self.known: list[tuple[float, float]] = []  # the frontier's: (rate, throughput) of plans found already
         self.tables: dict[tuple, StepSolver] = {}  # a solver per set of question terms, for its stage table
 
     def run(self) -> Plan:
@@ -122,6 +123,8 @@ class _Walk:
                 p.max_cost is not None and floor > p.max_cost * (1 + SLACK)
             ):
                 break
+            if self.every:  # a plan no faster than one already found at no higher rate is beaten
+                target = max(target, self._beaten_below(float(menu.rate[row])))
             if self.every and target > self.x_max * (1 + SLACK):
                 break  # the fastest plan is found
             if cannot and _no_better(menu, row, np.array(cannot)):
@@ -155,9 +158,16 @@ class _Walk:
             if by_time and plan.throughput >= self.x_max * (1 - SLACK) and plan.feasible:
                 break  # the fastest any rental reaches, on the cheapest rental that reaches it
             target = float(np.nextafter(plan.throughput, np.inf))
+        if best is None and self.known:
+            raise InfeasibleError("every plan here is beaten by one the frontier already holds")
         if best is None:
             raise InfeasibleError(_over_budget(p))
         return best
+
+    def _beaten_below(self, rate: float) -> float:
+        """Just above the fastest of :attr:`known` at a rate of at most ``rate`` (0: none)."""
+        fastest = max((x for r, x in self.known if r <= rate * (1 + 1e-12)), default=0.0)
+        return float(np.nextafter(fastest, np.inf)) if fastest > 0 else 0.0
 
     def _cheapest_reaching(self, top: float) -> Plan | None:
         """Objective time: the plan on the first rental of the menu that reaches ``top``, found by
@@ -250,7 +260,7 @@ class _Walk:
 
 
 def frontier_candidates(
-    problem: Problem, progress: Progress | None, clock: Clock
+    problem: Problem, progress: Progress | None, clock: Clock, known: list[Candidate] | None = None
 ) -> tuple[list[Candidate], float | None]:
     """Section 1e's frontier: the fastest plan of every rental the walk stops at, priced by its rental,
     and the throughput up to which they are exact when the clock stopped the walk (None: it finished).
@@ -261,6 +271,7 @@ def frontier_candidates(
     early, every rental left is dearer than the one the fastest plan found runs on, so no plan there
     as slow as that one beats it: the candidates are exact up to its throughput."""
     walk = _Walk(problem.replace(objective=Objective.COST), 0, progress, clock, every=True)
+    walk.known = [(c.rate, c.throughput) for c in known or ()]
     walk.run()
     cut_at = max(c.throughput for c in walk.found) if walk.stopped_at is not None and walk.found else None
     return walk.found, cut_at
