@@ -1,7 +1,7 @@
 """Issue 64's benchmark: how long the whole ``heterps plan`` command takes on the peer planner's problems in
 the grown space, and how close the seeds' schedulers come to the certified optimum there.
 
-    python benchmarks/bench_planning.py              # exact, mixed and frontier rows (a few minutes)
+    python benchmarks/bench_planning.py              # exact, mixed and frontier rows (under a minute)
     python benchmarks/bench_planning.py --seeds 0-3  # also rl (the default) and tapp at each seed (long)
     python benchmarks/bench_planning.py --keep DIR   # keep the profile and clusters it writes
 
