@@ -103,7 +103,7 @@ def _measured_cap(problem: Problem, t: int, d: int, a: int, b: int) -> float:
     return np.inf if cap is None else float(cap[a : b + 1, t].min())
 
 
-def _runs(problem: Problem, t: int, d: int, a: int, b: int) -> bool:
+def runs_at(problem: Problem, t: int, d: int, a: int, b: int) -> bool:
     """Whether layers ``a..b`` run on ``t`` at degree ``d`` (section 1h: where every layer gives it)."""
     return bool(problem.view_at(d).runnable[a : b + 1, t].all())
 
@@ -139,7 +139,7 @@ def mixed_stage(problem: Problem, schedule, s: int, parts) -> MixedStage:
         transfer = float(st.transfer[r, s] * q)
         fixed, split, held = _memory_terms(problem, st, r, s, t, d, a, b)
         memory = fixed + split / K + held * q
-        fits = _runs(problem, t, d, a, b) and memory <= problem.memory[t] * (1 + 1e-12)
+        fits = runs_at(problem, t, d, a, b) and memory <= problem.memory[t] * (1 + 1e-12)
         fits &= n >= k and float(share(n, k)) <= _measured_cap(problem, t, d, a, b)
         out.append(Part(t, k, n, d, micro - transfer, transfer, memory, fits))
     sync = float(max(st.sync[r, s] for r in range(len(parts))))
@@ -154,7 +154,7 @@ def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int, int
     trains so that its slowest replica is as fast as it can be: every replica a sample at least, none
     above what its type measured or its memory holds; None where the parts cannot train the micro-batch."""
     st, a, b, _ = _as_types(problem, schedule, s, [(t, d) for t, _, d in parts])
-    if any(not _runs(problem, t, d, a, b) for t, _, d in parts):
+    if any(not runs_at(problem, t, d, a, b) for t, _, d in parts):
         return None
     K = sum(k for _, k, _ in parts)
     most = [

@@ -28,7 +28,7 @@ from heterps_cli.costmodel import (
     stage_throughputs,
 )
 from heterps_cli.formulas import mixed_step, run_cost
-from heterps_cli.mixed import Joined, least_slowest, part_limits, part_times, share_limit
+from heterps_cli.mixed import Joined, least_slowest, part_limits, part_times, runs_at, share_limit
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -297,9 +297,9 @@ def _one_type(problem: Problem, st, keys: list, shape: tuple[int, ...], tables: 
 def _runs(problem: Problem, key: tuple) -> bool:
     """Whether a stage of ``key`` = (s, a, b, type, degree index, recomputes) can run, as split_stages reads it."""
     _, a, b, t, j, again = key
-    view = problem.views[j]
-    if not view.runnable[a : b + 1, t].all():
+    if not runs_at(problem, t, problem.degrees[j], a, b):
         return False
+    view = problem.views[j]
     return not again or bool(view.can_recompute and view.recomputable[a : b + 1, t].all())
 
 
@@ -310,7 +310,7 @@ def _mixed(problem: Problem, st, S: int, span: tuple, first: dict, shape: tuple[
     once serves every ``S`` (``splits``)."""
     s, a, b = span
     B = problem.batch_size
-    ways = [(t, d) for (t, d) in first if problem.view_at(d).runnable[a : b + 1, t].all()]
+    ways = [(t, d) for (t, d) in first if runs_at(problem, t, d, a, b)]
     times = {w: part_times(problem, st, first[w], s) for w in ways}
     limits = {w: part_limits(problem, st, first[w], s, w, a, b) for w in ways}
     sync = {w: float(st.sync[first[w], s]) for w in ways}
