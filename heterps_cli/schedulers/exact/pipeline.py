@@ -114,17 +114,20 @@ def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) ->
     if not np.isfinite(problem.memory).any():
         return np.ones((n1, n1, len(held), T))
     memo = _BY_PROBLEM.setdefault(problem, {})
-    for h in dict.fromkeys(float(h) for h in held):
-        if (again, h) not in memo:
-            memo[again, h] = _fewest(problem, h, again)
+    missing = [h for h in dict.fromkeys(float(h) for h in held) if (again, h) not in memo]
+    if missing:  # the terms that do not depend on the micro-batches held, once
+        state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
+        fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
+        terms = (fixed, state_split, activation_spans(problem))
+        for h in missing:
+            memo[again, h] = _fewest(problem, terms, h, again)
     return np.stack([memo[again, float(h)] for h in held], axis=2)
 
 
-def _fewest(problem: Problem, held: float, again: bool) -> np.ndarray:
-    """``[i, j, t]``: :func:`_memory_replicas` at one count of micro-batches held."""
-    state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-    activations = activation_spans(problem)
-    fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
+def _fewest(problem: Problem, terms: tuple, held: float, again: bool) -> np.ndarray:
+    """``[i, j, t]``: :func:`_memory_replicas` at one count of micro-batches held (``terms``: the stages'
+    fixed and split training state and their activations, ``[i, j, t]`` each)."""
+    fixed, state_split, activations = terms
     with np.errstate(over="ignore", invalid="ignore"):
         if again:  # by the stage's first layer j
             inputs = np.append(problem.stage_inputs, 0.0)[None, :, None]
