@@ -134,9 +134,7 @@ class _Walk:
                 break
             if self.progress is not None:
                 self.progress(f"exact: rental {row + 1:,} of {len(menu.rate):,}", completed=row, total=len(menu.rate))
-            questions = self._questions(menu.counts[row])
-            self.asked += 1
-            reaching = next((q for q in questions if q.reachable(target)), None)
+            questions, reaching = self._ask(row, target)
             if reaching is None:
                 cannot.append(row)
                 continue
@@ -164,6 +162,12 @@ class _Walk:
             raise InfeasibleError(_over_budget(p))
         return best
 
+    def _ask(self, row: int, target: float) -> tuple[list[_Lazy], _Lazy | None]:
+        """Rental ``row``'s questions, and the first that reaches ``target`` (None: the rental does not)."""
+        self.asked += 1
+        questions = self._questions(self.menu.counts[row])
+        return questions, next((q for q in questions if q.reachable(target)), None)
+
     def _beaten_below(self, rate: float) -> float:
         """Just above the fastest of :attr:`known` at a rate of at most ``rate`` (0: none)."""
         fastest = max((x for r, x in self.known if r <= rate * (1 + 1e-12)), default=0.0)
@@ -188,8 +192,7 @@ class _Walk:
             row = open_[len(open_) // 2]
             if self.progress is not None:
                 self.progress(f"exact: {len(open_):,} rentals left to bisect", completed=len(menu.rate) - len(open_))
-            self.asked += 1
-            reaching = next((q for q in self._questions(menu.counts[row]) if q.reachable(top)), None)
+            _, reaching = self._ask(row, top)
             if reaching is None:
                 cannot.append(row)
             else:
