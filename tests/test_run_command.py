@@ -116,21 +116,25 @@ def test_layout_sends_each_sample_once_to_its_owner(replicas, batch, micro):
             assert owned == list(range(*lay.micro(j)))  # each sample of the micro-batch, once
             assert all(lay.shard(stage, r, j)[1] > lay.shard(stage, r, j)[0] for r in range(stage.replicas))
         for left, right in zip(lay.stages, lay.stages[1:]):
-            sent = {(left.first_rank + r, *o) for r in range(left.replicas) for o in lay.overlaps(left, r, right, j)}
-            got = {
-                (src, right.first_rank + r, lo, hi)
-                for r in range(right.replicas)
-                for src, lo, hi in lay.overlaps(right, r, left, j)
+            sent = {
+                (left.first_of(r), right.first_of(d), lo, hi)
+                for r in range(left.replicas)
+                for d, lo, hi in lay.overlapping(left, r, right, j)
             }
-            assert {(src, dst, lo, hi) for src, dst, lo, hi in sent} == got
+            got = {
+                (left.first_of(src), right.first_of(r), lo, hi)
+                for r in range(right.replicas)
+                for src, lo, hi in lay.overlapping(right, r, left, j)
+            }
+            assert sent == got
             for dst_r in range(right.replicas):  # brute force: who owns each sample on both sides
                 for i in range(*lay.shard(right, dst_r, j)):
                     owner = next(
                         r for r in range(left.replicas) if lay.shard(left, r, j)[0] <= i < lay.shard(left, r, j)[1]
                     )
                     assert any(
-                        src == left.first_rank + owner and lo <= i < hi
-                        for src, lo, hi in lay.overlaps(right, dst_r, left, j)
+                        left.first_of(src) == left.first_rank + owner and lo <= i < hi
+                        for src, lo, hi in lay.overlapping(right, dst_r, left, j)
                     )
 
 

@@ -129,14 +129,10 @@ class Layout:
         first = start + sum(stage.shares[:replica])
         return first, first + stage.shares[replica]
 
-    def overlaps(self, stage: StageLayout, replica: int, other: StageLayout, j: int) -> list[tuple[int, int, int]]:
-        """``(rank, start, stop)`` for each replica of ``other`` whose shard of micro-batch ``j``
-        overlaps this replica's, in rank order, its first process's rank (its tp rank 0, which sends
-        for it: its shards hold the same activations); ``start, stop`` are batch indices."""
-        return [(other.first_of(r), lo, hi) for r, lo, hi in self.overlapping(stage, replica, other, j)]
-
     def overlapping(self, stage: StageLayout, replica: int, other: StageLayout, j: int) -> list[tuple[int, int, int]]:
-        """:meth:`overlaps` by ``other``'s replica index in place of its rank."""
+        """``(r, start, stop)`` for each replica ``r`` of ``other`` whose shard of micro-batch ``j`` overlaps
+        this replica's, in order; ``start, stop`` are batch indices. Its first process (its tp rank 0) is at
+        ``other.first_of(r)``."""
         a, b = self.shard(stage, replica, j)
         out = []
         for r in range(other.replicas):
