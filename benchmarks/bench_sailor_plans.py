@@ -347,12 +347,10 @@ def mixed_table(folder: Path, profiles: dict) -> None:
             print(row([*cells, f"{wall:.2f}", alone, f"{single_wall:.2f}", said]))
 
 
-def every_tp_table(folder: Path, reserved: float, fixed: dict) -> None:
+def every_tp_table(folder: Path, fixed: dict) -> None:
     """Issue 48's table: on GH200 nodes, each stage's degree chosen (tp 1, 2, 4 all offered) against
     the best plan at each one degree, and the peer's plans."""
-    profile, entries = profile_every_tp(reserved)
-    path = folder / f"{profile['model']}.yaml"
-    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    profile, entries, path = fixed["profiles"][EVERY]
     print()
     columns = ("cluster", "heterps, tp chosen", "tp 1", "tp 2", "tp 4", "peer", "chosen / best one tp")
     print(header([(c, "l") for c in (*columns, "plan (tp, ↻ per stage)", "command s")]))
@@ -463,7 +461,7 @@ def main() -> None:
                 peer_cells = [f"{figure:,.1f}" + ("" if fits else " (breaks memory)"), f"{ratio:.3f}"]
             print(row(cells + peer_cells))
         mixed_table(folder, profiles)
-        every_tp_table(folder, reserved, fixed)
+        every_tp_table(folder, fixed)
 
 
 if __name__ == "__main__":
