@@ -18,8 +18,8 @@ answer, and :class:`PipelineSolver` answers them so; the walks over ``X`` are
 ``M + S - 1`` micro-batches of the model's slowest layer on all of its type's units, so only
 the stage counts that can reach ``X`` are asked, and their grids are built when first asked.
 
-The two objectives' walks run one stage count at a time instead (:func:`min_cost_by_stages`,
-:func:`max_throughput_by_stages`): the optimum is the best of each grid's optimum, since a plan of
+The two objectives' walks run one stage count at a time instead (:func:`.walks.min_cost_by_stages`,
+:func:`.walks.max_throughput_by_stages`): the optimum is the best of each grid's optimum, since a plan of
 ``s`` stages is charged exactly in grid ``s`` and no less in any other. Before grid ``S`` is built, a
 relaxation bounds every plan of ``S`` stages or more (:func:`at_least_grid`: ``M + S - 1`` slots, one
 micro-batch in flight), and once it cannot beat the best plan found, no larger ``S`` can either. Each
@@ -31,11 +31,9 @@ from __future__ import annotations
 import hashlib
 import math
 import weakref
-from collections.abc import Callable
 
 import numpy as np
 
-import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.costmodel import (
     SLACK,
     min_memory_replicas,
@@ -43,7 +41,6 @@ from heterps_cli.costmodel import (
     share_floor_spans,
     split_stages,
     stage_label,
-    throughput_floor,
 )
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
@@ -358,95 +355,6 @@ class PipelineSolver(StepSolver):
         so this is the per-type figure's best over types and worst over layers, bit for bit)."""
         with np.errstate(divide="ignore"):
             return float(np.float64(self.p.batch_size) / self.slowest_layer)
-
-    def min_cost(
-        self, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
-    ) -> tuple[Candidate | None, float]:
-        """:func:`.walks.min_cost` one stage count at a time (:func:`min_cost_by_stages`)."""
-        return min_cost_by_stages(self, out_of_time, incumbent)
-
-    def max_throughput(
-        self, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
-    ) -> tuple[Candidate | None, float]:
-        """:func:`.walks.max_throughput` one stage count at a time (:func:`max_throughput_by_stages`)."""
-        return max_throughput_by_stages(self, out_of_time, at_least)
-
-
-def min_cost_by_stages(
-    solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
-) -> tuple[Candidate | None, float]:
-    """:func:`.walks.min_cost` one stage count at a time (the module's docstring).
-
-    For each ``S``, the cheapest plan of the relaxation :meth:`PipelineSolver.at_least` comes first: no plan of
-    ``S`` stages or more costs less. When that plan is itself within every limit and memory and
-    no dearer in its real figures, it beats every plan of ``S`` stages or more, and the search
-    ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
-    ``S`` is walked exactly, pruned by the best plan so far."""
-    floor = throughput_floor(solver.p)
-    best = incumbent
-
-    def keep(found: Candidate) -> None:
-        nonlocal best
-        if best is None or (found.cost, -found.throughput) < (best.cost, -best.throughput):
-            best = found
-
-    for S in solver.stage_counts(floor):
-        relaxed = solver.at_least(S)
-        least, bound = relaxed.min_cost(out_of_time, incumbent=best)  # bound: on every plan of S stages or more
-        if least is None or least is best:
-            break  # none of S stages or more reaches the floor, or beats the best
-        if bound < least.cost * (1 - SLACK):  # out of time
-            if best is not None:
-                return best, min(best.cost, bound)
-        else:
-            witness, real = scored(solver.p, relaxed, least)
-            if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
-                keep(witness)
-                break
-        sub = walking(solver, S)
-        found, proven = sub.min_cost(out_of_time, incumbent=best)
-        if found is not None and found is not best:
-            keep(true_candidate(solver.p, sub, found))
-        solver.drop(S)
-        # Out of time inside grid S (the plan's real figures may differ from the grid's in the last bit).
-        if best is not None and proven < best.cost * (1 - SLACK):
-            rest = solver.at_least(S + 1).lower_bound(floor) if S < solver.most else math.inf
-            return best, min(best.cost, proven, rest)
-    return best, (best.cost if best is not None else math.inf)
-
-
-def max_throughput_by_stages(
-    solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
-) -> tuple[Candidate | None, float]:
-    """:func:`.walks.max_throughput` one stage count at a time (the module's docstring): grid
-    ``S`` is only searched for plans at least as fast as the best of the grids before it (and
-    as ``at_least``); a finished search's answer is kept (an infeasible throughput asks it again
-    for its message)."""
-    if solver.fastest is not None:
-        found = solver.fastest[0]
-        return solver.fastest if found is None or found.throughput >= at_least else (None, 0.0)
-    best: Candidate | None = None
-    for S in range(1, solver.most + 1):
-        target = at_least if best is None else best.throughput
-        if not solver.at_least(S).reachable(target):
-            break  # none of S stages or more is as fast
-        if best is not None and out_of_time():
-            return best, max(best.throughput, solver.slot_bound(S))
-        sub = walking(solver, S)
-        lo = sub.reaching(target)  # the bisection's exact finish finds the cheapest of a tie
-        if lo is not None:
-            found, hi = walks.bisect(sub, lo, out_of_time, solver.slot_bound(S))
-            found = true_candidate(solver.p, sub, found)
-            if best is None or (-found.throughput, found.cost) < (-best.throughput, best.cost):
-                best = found
-            if out_of_time():
-                solver.drop(S)
-                return best, max(best.throughput, hi, solver.slot_bound(S + 1))
-        solver.drop(S)
-    if at_least > 0:  # not the fastest of all when none reaches at_least: not kept
-        return best, (best.throughput if best is not None else 0.0)
-    solver.fastest = best, (best.throughput if best is not None else 0.0)
-    return solver.fastest
 
 
 def true_candidate(problem: Problem, sub: StepSolver, cand: Candidate) -> Candidate:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.costmodel import label_parts, throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
@@ -27,7 +28,7 @@ def more_units(problem: Problem, nodes: bool = False) -> str:
     give_up = f"Lower the required throughput (--min-throughput) or {more_of}"
     more = problem.replace(limits=problem.limits * MORE_UNITS, min_throughput=0.0, max_cost=None, nodes=None)
     try:
-        best, _ = solver_for(more.replace(objective=Objective.TIME), None).max_throughput()
+        best, _ = walks.max_throughput(solver_for(more.replace(objective=Objective.TIME), None))
     except TooLarge:
         best = None
     if best is None:

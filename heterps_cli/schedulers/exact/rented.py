@@ -34,6 +34,7 @@ from dataclasses import replace
 
 import numpy as np
 
+import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.costmodel import SLACK, throughput_floor
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.figures import count, usd
@@ -300,7 +301,7 @@ class _Lazy:
         return self.solver.cheapest(target)
 
     def max_throughput(self, at_least: float = 0.0):
-        return self.solver.max_throughput(at_least=at_least)
+        return walks.max_throughput(self.solver, at_least=at_least)
 
     @property
     def fastest_found(self) -> Candidate | None:
@@ -419,5 +420,5 @@ def what_if(problem: Problem, plan: Plan, fastest: Callable[[Problem], float | N
 
 def _fastest(question: Problem) -> float | None:
     """The throughput of the fastest plan of one-type stages on one of a rental's questions."""
-    found = solver_for(question, None).max_throughput()[0]
+    found = walks.max_throughput(solver_for(question, None))[0]
     return None if found is None else float(found.throughput)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.bounds import within
 from heterps_cli.costmodel import (
     meets_targets,
@@ -40,7 +41,7 @@ from heterps_cli.schedulers.exact.step import (
 
 def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
     """Explain why no plan meets the constraints, with the best figure that can be reached."""
-    fastest, _ = solver.max_throughput()
+    fastest, _ = walks.max_throughput(solver)
     if fastest is None:
         blocked = _memory_blocked(problem)
         if blocked is not None:
@@ -57,7 +58,7 @@ def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:
             f"({_limits(problem)}); the fastest possible plan reaches {count(fastest.throughput, 1)} samples/s "
             f"(costing {usd(fastest.cost)}). {fix}."
         )
-    cheapest, _ = solver_for(problem.replace(objective=Objective.COST, max_cost=None), None).min_cost()
+    cheapest, _ = walks.min_cost(solver_for(problem.replace(objective=Objective.COST, max_cost=None), None))
     assert cheapest is not None, "the fastest plan meets the throughput, so a cheapest one exists"
     assert problem.max_cost is not None, "within the limits and the throughput, only the budget can rule a plan out"
     return InfeasibleError(
@@ -74,7 +75,7 @@ def _nothing_fits(problem: Problem) -> str:
 
     def fits(p: Problem) -> bool:
         loose = p.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
-        return solver_for(loose, None).max_throughput()[0] is not None
+        return walks.max_throughput(solver_for(loose, None))[0] is not None
 
     if np.isfinite(problem.memory).any() and fits(
         problem.replace(memory=np.full(problem.n_types, np.inf), reserved=None)
@@ -188,18 +189,18 @@ def solve(
     out_of_time = Clock.of(options, start).out_of_time
     solver = solver_for(problem, progress)
     if problem.objective is Objective.COST:
-        best, bound = solver.min_cost(out_of_time)
+        best, bound = walks.min_cost(solver, out_of_time)
         if best is not None and not meets_targets(problem, best.throughput, best.cost):
             best = None
     elif isinstance(options, ExactOptions) and options.at_least > 0 and problem.max_cost is None:
-        best, bound = solver.max_throughput(out_of_time, at_least=options.at_least)
+        best, bound = walks.max_throughput(solver, out_of_time, at_least=options.at_least)
         if best is None:
             raise InfeasibleError(f"no plan reaches {count(options.at_least, 1)} samples/s")
         if best.throughput < throughput_floor(problem):
             best = None
     else:
-        search = solver.max_throughput if problem.max_cost is None else solver.max_throughput_within_budget
-        best, bound = search(out_of_time)
+        search = walks.max_throughput if problem.max_cost is None else walks.max_throughput_within_budget
+        best, bound = search(solver, out_of_time)
         if best is not None and best.throughput < throughput_floor(problem):
             best = None
     if best is None:

@@ -15,11 +15,8 @@ rising ``X`` cheaply, which :mod:`.walks` and :mod:`heterps_cli.frontier` walk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.costmodel import SLACK, labelled, meets_targets
 from heterps_cli.figures import count
 from heterps_cli.formulas import run_cost, sample_hours, stage_throughput
@@ -166,26 +163,6 @@ class StepSolver:
 
     def speed_bound(self) -> float:
         return speed_bound(self.p)
-
-    # -- the walks over targets (:mod:`.walks`), which a pipelined solver does its own way -----
-
-    def min_cost(
-        self, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
-    ) -> tuple[Candidate | None, float]:
-        """The cheapest plan and a proven lower bound on the optimum's cost (:func:`.walks.min_cost`)."""
-        return walks.min_cost(self, out_of_time, incumbent)
-
-    def max_throughput(
-        self, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
-    ) -> tuple[Candidate | None, float]:
-        """The fastest plan within the limits and a proven upper bound (:func:`.walks.max_throughput`)."""
-        return walks.max_throughput(self, out_of_time, at_least)
-
-    def max_throughput_within_budget(
-        self, out_of_time: Callable[[], bool] = lambda: False
-    ) -> tuple[Candidate | None, float]:
-        """The fastest plan within max_cost and an upper bound (:func:`.walks.max_throughput_within_budget`)."""
-        return walks.max_throughput_within_budget(self, out_of_time)
 
 
 def _repair(solver: StepSolver, K: np.ndarray, stages, tracked: set[int]) -> Candidate | None:

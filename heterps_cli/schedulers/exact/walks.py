@@ -10,18 +10,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from heterps_cli.costmodel import SLACK, throughput_floor
 from heterps_cli.schedulers.exact.kernel import Candidate
-
-if TYPE_CHECKING:
-    from heterps_cli.schedulers.exact.step import StepSolver
+from heterps_cli.schedulers.exact.pipeline import PipelineSolver, scored, true_candidate, walking
+from heterps_cli.schedulers.exact.step import StepSolver
 
 
 def min_cost(
+    solver: StepSolver, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
+) -> tuple[Candidate | None, float]:
+    """The cheapest plan within the limits and a proven lower bound on the optimum's cost; a pipelined
+    solver's one stage count at a time (:func:`min_cost_by_stages`)."""
+    if isinstance(solver, PipelineSolver):
+        return min_cost_by_stages(solver, out_of_time, incumbent)
+    return _min_cost(solver, out_of_time, incumbent)
+
+
+def max_throughput(
+    solver: StepSolver, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
+) -> tuple[Candidate | None, float]:
+    """The fastest plan within the limits and a proven upper bound on its throughput; a pipelined
+    solver's one stage count at a time (:func:`max_throughput_by_stages`)."""
+    if isinstance(solver, PipelineSolver):
+        return max_throughput_by_stages(solver, out_of_time, at_least)
+    return _max_throughput(solver, out_of_time, at_least)
+
+
+def _min_cost(
     solver: StepSolver, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
 ) -> tuple[Candidate | None, float]:
     """The cheapest plan, and a proven lower bound on the optimum's cost: the plan's own cost
@@ -88,7 +106,7 @@ def _walk(
     return best, target, False
 
 
-def max_throughput(
+def _max_throughput(
     solver: StepSolver, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
 ) -> tuple[Candidate | None, float]:
     """Fastest plan within the limits (cheapest among the fastest), ignoring max_cost, and a
@@ -151,3 +169,80 @@ def max_throughput_within_budget(
         if best is not None and out_of_time():
             return best, solver.speed_bound()
     return best, best.throughput if best is not None else 0.0
+
+
+def min_cost_by_stages(
+    solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, incumbent: Candidate | None = None
+) -> tuple[Candidate | None, float]:
+    """:func:`min_cost` one stage count at a time (the docstring of :mod:`.pipeline`).
+
+    For each ``S``, the cheapest plan of the relaxation :meth:`PipelineSolver.at_least` comes first: no plan of
+    ``S`` stages or more costs less. When that plan is itself within every limit and memory and
+    no dearer in its real figures, it beats every plan of ``S`` stages or more, and the search
+    ends; when it does not beat the best plan so far, neither does any of them. Otherwise grid
+    ``S`` is walked exactly, pruned by the best plan so far."""
+    floor = throughput_floor(solver.p)
+    best = incumbent
+
+    def keep(found: Candidate) -> None:
+        nonlocal best
+        if best is None or (found.cost, -found.throughput) < (best.cost, -best.throughput):
+            best = found
+
+    for S in solver.stage_counts(floor):
+        relaxed = solver.at_least(S)
+        least, bound = _min_cost(relaxed, out_of_time, incumbent=best)  # bound: on every plan of S stages or more
+        if least is None or least is best:
+            break  # none of S stages or more reaches the floor, or beats the best
+        if bound < least.cost * (1 - SLACK):  # out of time
+            if best is not None:
+                return best, min(best.cost, bound)
+        else:
+            witness, real = scored(solver.p, relaxed, least)
+            if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
+                keep(witness)
+                break
+        sub = walking(solver, S)
+        found, proven = _min_cost(sub, out_of_time, incumbent=best)
+        if found is not None and found is not best:
+            keep(true_candidate(solver.p, sub, found))
+        solver.drop(S)
+        # Out of time inside grid S (the plan's real figures may differ from the grid's in the last bit).
+        if best is not None and proven < best.cost * (1 - SLACK):
+            rest = solver.at_least(S + 1).lower_bound(floor) if S < solver.most else math.inf
+            return best, min(best.cost, proven, rest)
+    return best, (best.cost if best is not None else math.inf)
+
+
+def max_throughput_by_stages(
+    solver: PipelineSolver, out_of_time: Callable[[], bool] = lambda: False, at_least: float = 0.0
+) -> tuple[Candidate | None, float]:
+    """:func:`max_throughput` one stage count at a time (the docstring of :mod:`.pipeline`): grid
+    ``S`` is only searched for plans at least as fast as the best of the grids before it (and
+    as ``at_least``); a finished search's answer is kept (an infeasible throughput asks it again
+    for its message)."""
+    if solver.fastest is not None:
+        found = solver.fastest[0]
+        return solver.fastest if found is None or found.throughput >= at_least else (None, 0.0)
+    best: Candidate | None = None
+    for S in range(1, solver.most + 1):
+        target = at_least if best is None else best.throughput
+        if not solver.at_least(S).reachable(target):
+            break  # none of S stages or more is as fast
+        if best is not None and out_of_time():
+            return best, max(best.throughput, solver.slot_bound(S))
+        sub = walking(solver, S)
+        lo = sub.reaching(target)  # the bisection's exact finish finds the cheapest of a tie
+        if lo is not None:
+            found, hi = bisect(sub, lo, out_of_time, solver.slot_bound(S))
+            found = true_candidate(solver.p, sub, found)
+            if best is None or (-found.throughput, found.cost) < (-best.throughput, best.cost):
+                best = found
+            if out_of_time():
+                solver.drop(S)
+                return best, max(best.throughput, hi, solver.slot_bound(S + 1))
+        solver.drop(S)
+    if at_least > 0:  # not the fastest of all when none reaches at_least: not kept
+        return best, (best.throughput if best is not None else 0.0)
+    solver.fastest = best, (best.throughput if best is not None else 0.0)
+    return solver.fastest
