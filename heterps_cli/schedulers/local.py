@@ -44,6 +44,7 @@ from heterps_cli.costmodel import PARITIES, label_parts, stage_label
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.progress import Progress, quiet
+from heterps_cli.schedulers.cuts import RunCutter, cut_scored
 from heterps_cli.schedulers.scoring import (
     Best,
     Evaluator,
@@ -495,6 +496,7 @@ def polish(
     out_of_time: Callable[[], bool] = lambda: False,
     progress: Progress | None = None,
     name: str = "local search",
+    cutter: RunCutter | None = None,
 ) -> bool:
     """Local search from each of ``starts``, then iterated local search; improves ``best`` in place.
     True when it stopped at its budget, :data:`SEARCH_CELLS` (``out_of_time()`` stops it too).
@@ -513,6 +515,7 @@ def polish(
     of window sweeps instead of 2 s).
     """
     search = _Polish(problem, evaluate, best, reference, out_of_time, progress or quiet, name)
+    search.cutter = cutter
     for begin in starts:
         if search.stop() and best.schedule is not None:
             break
@@ -542,6 +545,7 @@ class _Polish:
         # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
         # it is kept up to date here rather than found again in the whole cache for every kick.
         self.least_bad: list = []  # [reward, schedule] once the kicks need it
+        self.cutter: RunCutter | None = None  # each schedule also scored by its runs cut exactly (cuts.py)
         self.scored_before = evaluate.evaluations
         self.budget = search_budget(problem.n_layers)
 
@@ -555,8 +559,8 @@ class _Polish:
         problem, best, reference, least_bad = self.problem, self.best, self.reference, self.least_bad
 
         def score(rows: np.ndarray) -> np.ndarray:
-            scored = self.evaluate(rows)
-            best.offer(problem, rows, scored)
+            kept, scored = cut_scored(self.evaluate, self.cutter, rows, best, reference)
+            best.offer(problem, kept, scored)
             self.report(
                 f"{self.name}: local search · {self.evaluate.evaluations - self.scored_before:,} schedules scored "
                 f"(at most {self.budget:,}) · best {best.shown}"

@@ -23,6 +23,7 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, TrainingOptions, quiet
+from heterps_cli.schedulers.cuts import RunCutter, cut_scored
 from heterps_cli.schedulers.local import budget_note, polish, polish_starts
 from heterps_cli.schedulers.names import DEFAULT_STEPS, default_batch
 from heterps_cli.schedulers.optimiser import Adam
@@ -70,6 +71,9 @@ class Config:
     # Start a new agent (a new pool, pre-trained again) once the agent's samples have not improved on
     # its own best for this many steps, while as many steps remain (0: never).
     restart_after: int = 0
+    # Score each sample by its runs cut into stages exactly (cuts.RunCutter), not by its maximal runs
+    # only, where that exact step is cheap: the agent then learns type orders whose best cut wins.
+    cut_runs: bool = True
 
 
 class Agent(Protocol):
@@ -172,6 +176,7 @@ class _Training:
         self.agent = make_agent()
         self.optimiser = Adam(self.agent.parameters(), lr=cfg.lr)
         self.best, self.evaluate = Best(problem.objective), Evaluator(problem)
+        self.cutter = RunCutter.of(problem) if cfg.cut_runs else None
         self.learned = Best(problem.objective)  # the agent's own samples only: the learning curve
         # The pool's cost grows with its schedules times their layers: on 2,000 layers 1,024 random
         # schedules took 18 s to provision, and random ones that long are poor targets anyway. Up to
@@ -196,14 +201,19 @@ class _Training:
         pool = np.concatenate(
             [heuristic_schedules(self.problem), random_schedules(self.problem, self.pool_size, self.rng)]
         )
-        scores = self.evaluate(pool)
+        pool, scores = self.score(pool)
         self.best.offer(self.problem, pool, scores)
         return pool, scores
+
+    def score(self, schedules: np.ndarray, reference: Reference | None = None) -> tuple[np.ndarray, Provisioned]:
+        """:func:`~.cuts.cut_scored` with this run's cutter and best plan."""
+        return cut_scored(self.evaluate, self.cutter, schedules, self.best, reference)
 
     def pretrain_on_pool(self, completed: int = 0) -> float:
         """Fit the agent to the pool's elite; the seconds a training step may take, by the last one's."""
         cfg, pool = self.cfg, self.pool
-        elite = torch.from_numpy(pool[np.argsort(-self.pool_reward, kind="stable")[: max(8, len(pool) // 20)]])
+        elite = pool[np.argsort(-self.pool_reward, kind="stable")[: max(8, len(pool) // 20)]]
+        elite = torch.from_numpy(elite % self.problem.n_types)  # the type order (the cuts are not its to choose)
         took = 0.0
         for step in range(cfg.pretrain_steps if self.pretrain else 0):
             if self.run.out_of_time(took):
@@ -269,8 +279,7 @@ class _Training:
         """One REINFORCE step on a batch of the agent's samples."""
         problem, cfg = self.problem, self.cfg
         actions, logp, entropy = self.agent.sample(self.batch, self.generator)
-        schedules = actions.numpy()
-        scores = self.evaluate(schedules)
+        schedules, scores = self.score(actions.numpy(), self.reference)
         self.best.offer(problem, schedules, scores)
         self.own.offer(problem, schedules, scores)
         if self.own.key < self.own_key:
@@ -289,8 +298,9 @@ class _Training:
         if reward.max() > self.leader_reward:
             self.leader, self.leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
         model = self.own.schedule if self.own.schedule is not None or not cfg.imitate_leader else self.leader
-        if model is not None and cfg.imitation > 0:
-            loss = loss - cfg.imitation * self.agent.log_prob(torch.from_numpy(model)[None]).mean()
+        if model is not None and cfg.imitation > 0:  # the type order: the cut is not the agent's to choose
+            types = torch.from_numpy(model % problem.n_types)[None]
+            loss = loss - cfg.imitation * self.agent.log_prob(types).mean()
         self.step_on(loss)
         feasible = f"{scores.feasible.mean():.0%} feasible"
         self.report(
@@ -306,8 +316,8 @@ class _Training:
     def polish(self) -> None:
         problem, cfg, run = self.problem, self.cfg, self.run
         sampled_feasible = self.best.schedule is not None  # before the polish: the pool or the agent found one
-        greedy = self.agent.greedy()
-        self.best.offer(problem, greedy, self.evaluate(greedy))
+        greedy, scores = self.score(self.agent.greedy(), self.reference)
+        self.best.offer(problem, greedy, scores)
         self.report(f"{self.name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
         try:
             stopped = polish(
@@ -324,6 +334,7 @@ class _Training:
                 out_of_time=run.out_of_time,
                 progress=self.report,
                 name=self.name,
+                cutter=self.cutter,
             )
             if stopped and not run.out_of_time():
                 run.notes.append(budget_note(problem))

@@ -146,6 +146,24 @@ class Evaluator:
         )
 
 
+def take_rows(a: Provisioned, b: Provisioned, take: np.ndarray) -> Provisioned:
+    """Per schedule, ``b``'s scores where ``take``, else ``a``'s (two scorings of one batch's rows)."""
+    width = max(a.replicas.shape[1], b.replicas.shape[1])
+    replicas = np.zeros((len(take), width))
+    replicas[:, : a.replicas.shape[1]] = a.replicas
+    replicas[take] = 0.0
+    replicas[take, : b.replicas.shape[1]] = b.replicas[take]
+    miss = None if a.memory_miss is None or b.memory_miss is None else np.where(take, b.memory_miss, a.memory_miss)
+    return Provisioned(
+        np.where(take, b.feasible, a.feasible),
+        np.where(take, b.cost, a.cost),
+        np.where(take, b.throughput, a.throughput),
+        np.where(take[:, None], b.used, a.used),
+        replicas,
+        miss,
+    )
+
+
 def single_nodes(problem: Problem) -> list[tuple[Problem, float]]:
     """Section 1e: for each node kind with links, the question one node of it asks
     (:meth:`Problem.on_rental`) and its price an hour. A plan that fits one such node runs faster
@@ -379,7 +397,7 @@ def rewards_to_go(
     _, sid = stage_ids(schedules)
     S = scores.replicas.shape[1]
     stype = np.zeros((B, S), dtype=np.int64)
-    stype[np.arange(B)[:, None], sid] = schedules
+    stype[np.arange(B)[:, None], sid] = label_parts(problem.n_types, schedules)[0]
     rate = problem.prices[stype] * scores.replicas  # [B, S], 0 past a row's stages
     togo = np.cumsum(rate[:, ::-1], axis=1)[:, ::-1]  # from stage s on
     owner = np.concatenate([np.zeros((B, 1), dtype=np.int64), sid[:, :-1]], axis=1)  # layer i - 1's stage
