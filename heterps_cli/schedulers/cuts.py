@@ -63,62 +63,74 @@ def cut_exactly(problem: Problem, plan: Plan, time_limit: float | None) -> Plan:
     )
 
 
-# Stage cells ((layers + 1)^2 x types) up to which the training loop cuts its samples' runs exactly
-# (RunCutter): a grid refill per target is then a few milliseconds; 577 layers x 3 types.
-CUT_CELLS = 1_000_000
+# The training loop cuts its samples' runs exactly (RunCutter) where every run's best cut at a target,
+# (layers + 1)^3 x types / 2 DP cells, is at most this: 0.1 s a target at 160 layers of 3 types.
+CUT_CELLS = 8_000_000
 
 
 class RunCutter:
     """The exact step inside a search's loop: each sampled schedule's runs of one type cut into stages
     (docs/spec.md section 1: neighbouring stages may share a type) at the least price rate that reaches
-    a throughput, by the exact solver's replica grid and a DP over each schedule's own cuts. The
-    searches then rank a type order by a plan of its best cut, not of its maximal runs only. Type limits
-    are left to the exact provisioning that scores the cut schedule."""
+    a throughput. The rate is a sum over stages, so each run's best cut is its own: at each target, one
+    DP over the exact solver's replica grid gives every span's best cut on every type, and a schedule's
+    cut is its runs' (type limits are left to the exact provisioning that scores the cut schedule)."""
 
     def __init__(self, problem: Problem):
         from heterps_cli.schedulers.exact.grid import ReplicaGrid
         from heterps_cli.schedulers.exact.kernel import Chain, stage_table
 
         self.p = problem
-        self.grids = [ReplicaGrid(problem, stage_table(problem), Chain.of_types(problem.n_types)) for _ in range(2)]
+        self.grid = ReplicaGrid(problem, stage_table(problem), Chain.of_types(problem.n_types))
+        self.spans: dict[float, tuple[np.ndarray, np.ndarray]] = {}  # by target: best and back (see _spans)
 
     @staticmethod
     def of(problem: Problem) -> RunCutter | None:
         """A cutter where the exact step is one DP over stage boundaries at a throughput (no pipeline,
         no nodes, no tensor parallelism, stages not kept maximal) and cheap; else None."""
         simple = not (problem.pipelined or problem.nodes is not None or problem.maximal_stages)
-        small = (problem.n_layers + 1) ** 2 * problem.n_types <= CUT_CELLS
+        small = (problem.n_layers + 1) ** 3 * problem.n_types / 2 <= CUT_CELLS
         return RunCutter(problem) if simple and small and len(problem.views) == 1 else None
 
-    def __call__(self, types: np.ndarray, target: float, which: int = 0) -> np.ndarray:
+    def _spans(self, target: float) -> tuple[np.ndarray, np.ndarray]:
+        """``best[j0, i, t]``: the least price rate of layers ``j0..i-1`` on ``t`` cut into stages that each
+        reach ``target`` (inf: none); ``back[j0, i, t]``: where that cut's last stage starts."""
+        if target not in self.spans:
+            if len(self.spans) >= 4:  # the floor and the best plan's throughput, as it moves
+                self.spans.pop(next(iter(self.spans)))
+            self.grid.replicas(target)
+            rate = self.grid.rate  # [i, j, t]: stage j..i-1 on t, inf where it cannot reach the target
+            n1, T = rate.shape[0], rate.shape[2]
+            best = np.full((n1, n1, T), np.inf)
+            best[np.arange(n1), np.arange(n1)] = 0.0
+            back = np.zeros((n1, n1, T), dtype=np.int64)
+            for i in range(1, n1):
+                total = best[:i, :i, :] + rate[i, :i, :][None]  # [j0, j, t]: the last stage j..i-1
+                back[:i, i, :] = total.argmin(axis=1)
+                best[:i, i, :] = np.take_along_axis(total, back[:i, i : i + 1, :], axis=1)[:, 0, :]
+            self.spans[target] = best, back
+        return self.spans[target]
+
+    def __call__(self, types: np.ndarray, target: float) -> np.ndarray:
         """``[B, n]`` schedules of types cut at ``target`` (labels that keep the cut stages apart, as
-        :func:`~heterps_cli.costmodel.labelled`); a row none of whose cuts reaches it stays as it was.
-        ``which`` grid serves the target (each keeps its last target: walks upwards are cheap)."""
+        :func:`~heterps_cli.costmodel.labelled`); a row some run of which no cut lets reach it stays as
+        it was."""
+        best, back = self._spans(target)
         B, n = types.shape
-        grid = self.grids[which]
-        grid.replicas(target)
-        rate = grid.rate  # [i, j, t]: stage j..i-1 on t, inf where it cannot reach the target
         starts = np.ones((B, n), dtype=bool)
         starts[:, 1:] = types[:, 1:] != types[:, :-1]
-        run = np.cumsum(starts, axis=1)
-        f = np.full((B, n + 1), np.inf)
-        f[:, 0] = 0.0
-        back = np.zeros((B, n + 1), dtype=np.int64)
-        for i in range(1, n + 1):
-            same = run[:, :i] == run[:, i - 1 : i]  # stage j..i-1 stays in one run
-            cost = rate[i, :i, :][np.arange(i)[None, :], types[:, i - 1 : i]]  # [B, i]
-            total = np.where(same, f[:, :i] + cost, np.inf)
-            back[:, i] = total.argmin(axis=1)
-            f[:, i] = total[np.arange(B), back[:, i]]
-        out = types.copy()
-        for b in np.flatnonzero(np.isfinite(f[:, n])):
-            i, cuts = n, []
-            while i > 0:
-                cuts.append((int(back[b, i]), i))
-                i = int(back[b, i])
-            for s, (j, i) in enumerate(reversed(cuts)):
-                out[b, j:i] = types[b, j] + self.p.n_types * (s % 2)
-        return out
+        row, first = np.nonzero(starts)  # every run, row by row
+        end = np.append(first[1:], n)
+        end[np.append(row[1:] != row[:-1], True)] = n  # a row's last run ends at the last layer
+        t = types[row, first]
+        reached = np.ones(B, dtype=bool)
+        np.logical_and.at(reached, row, np.isfinite(best[first, end, t]))
+        cut = np.zeros((B, n + 1), dtype=bool)
+        at = end.copy()
+        while (going := at > first).any():  # walk each run's cut back from its end
+            at[going] = back[first[going], at[going], t[going]]
+            cut[row[going], at[going]] = True
+        parity = (np.cumsum(cut[:, :n], axis=1) - 1) % 2
+        return np.where(reached[:, None], types + self.p.n_types * parity, types)
 
 
 def cut_scored(
@@ -137,8 +149,8 @@ def cut_scored(
     if best.schedule is not None:
         time = problem.objective is Objective.TIME
         targets.append(float(np.nextafter(best.throughput, np.inf)) if time else best.throughput)
-    for which, target in enumerate(x for x in targets if x > 0):
-        cut = cutter(types, target, which)
+    for target in (x for x in targets if x > 0):
+        cut = cutter(types, target)
         cut_scores = evaluate(cut)
         take = rewards(problem, cut_scores, reference) > rewards(problem, scores, reference)
         schedules, scores = np.where(take[:, None], cut, schedules), take_rows(scores, cut_scores, take)
