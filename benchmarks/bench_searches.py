@@ -103,7 +103,8 @@ def summary(rows: list[dict], search: str) -> str:
 def table(rows: list[dict], seeds: list[int]) -> str:
     columns = [("problem", "l"), ("search", "l"), *((f"seed {s}", "r") for s in seeds), ("median s", "r")]
     cells = []
-    keys = sorted({(r["problem"], r["search"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    order = {name: i for i, name in enumerate(problems())}
+    keys = sorted({(r["problem"], r["search"]) for r in rows}, key=lambda k: (k[1], order.get(k[0], len(order))))
     for problem, search in keys:
         runs = {r["seed"]: r for r in rows if r["problem"] == problem and r["search"] == search}
         seconds = sorted(r["seconds"] for r in runs.values())

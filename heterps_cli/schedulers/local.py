@@ -512,10 +512,10 @@ def polish(
     With ``repair_again``, when the kicks' best plan uses all of some type (objective cost), the price
     repair runs once more from it. With ``windows``, :func:`window_search` from the best plan comes last
     (greedy, the quick first answer, leaves both out: from its plans a 64-layer, 4-type model took 12 s
-    of window sweeps instead of 2 s).
+    of window sweeps instead of 2 s). With a ``cutter`` (rl's and tapp's), every schedule is scored as
+    the better of itself and its runs cut exactly (:func:`~.cuts.cut_scored`).
     """
-    search = _Polish(problem, evaluate, best, reference, out_of_time, progress or quiet, name)
-    search.cutter = cutter
+    search = _Polish(problem, evaluate, best, reference, out_of_time, progress or quiet, name, cutter)
     for begin in starts:
         if search.stop() and best.schedule is not None:
             break
@@ -539,13 +539,13 @@ def polish(
 class _Polish:
     """:func:`polish`'s state and phases: descents, the price repair and the kicks, within one budget."""
 
-    def __init__(self, problem, evaluate, best, reference, out_of_time, report, name):
+    def __init__(self, problem, evaluate, best, reference, out_of_time, report, name, cutter=None):
         self.problem, self.evaluate, self.best, self.reference = problem, evaluate, best, reference
         self.out_of_time, self.report, self.name = out_of_time, report, name
+        self.cutter: RunCutter | None = cutter  # each schedule also scored by its runs cut exactly (cuts.py)
         # While no plan is feasible, the kicks start from the best-rewarded schedule scored so far;
         # it is kept up to date here rather than found again in the whole cache for every kick.
         self.least_bad: list = []  # [reward, schedule] once the kicks need it
-        self.cutter: RunCutter | None = None  # each schedule also scored by its runs cut exactly (cuts.py)
         self.scored_before = evaluate.evaluations
         self.budget = search_budget(problem.n_layers)
 
