@@ -26,8 +26,11 @@ def test_ctr_prints_all_six_rows_and_nothing_beats_exact(runner, tmp_path):
     for r in rows.values():
         assert r["cost_usd"] >= exact["cost_usd"] * (1 - 1e-9)
         assert r["gap"] >= -1e-9
-    # genetic and random get rl's budget (random can use all of it: CTR has 1,024 schedules)
-    assert rows["random"]["evaluations"] == rows["rl"]["evaluations"]
+    # genetic and random get rl's budget. rl's count includes its samples' exactly cut schedules, which
+    # may pass the 1,024 type schedules of CTR's 10 layers on 2 types: random then says it ran out.
+    random = rows["random"]
+    ran_out = any("distinct schedules found" in note for note in random["plan"]["notes"])
+    assert random["evaluations"] == rows["rl"]["evaluations"] or (ran_out and random["evaluations"] <= 1024)
     assert rows["genetic"]["evaluations"] <= rows["rl"]["evaluations"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
