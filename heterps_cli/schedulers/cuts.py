@@ -1,10 +1,14 @@
 """The heuristics' plans in the whole plan space (docs/spec.md section 1): a search chooses each
 layer's type, and the exact solver then cuts each run of one type into stages (neighbouring stages may
 share a type) and provisions them, on the problem with every layer held to the type the search chose
-except those within :data:`NEAR` layers of a change of type, which may take any type. The searches
-score schedules of maximal runs, as the papers do, and so may change type only to cut a run into
-two stages (one layer on another type between two runs of one type): the freedom at the changes lets
-the exact step undo that. This last step alone is exact."""
+except those within :data:`NEAR` layers of a change of type, which may take any type. genetic,
+greedy and random score schedules of maximal runs, as the papers do, and so may change type only to
+cut a run into two stages (one layer on another type between two runs of one type): the freedom at
+the changes lets the exact step undo that. This last step alone is exact.
+
+rl and tapp also cut inside their loop: every schedule they score is scored as well with its runs cut
+exactly at a throughput (:class:`RunCutter`, :func:`cut_scored`), so that a type order is ranked by
+its best cut (docs/schedulers/rl.md)."""
 
 from __future__ import annotations
 
