@@ -17,7 +17,7 @@ from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import solve
 from heterps_cli.schedulers.cuts import RunCutter
 from tests.helpers import instance_dicts, problem_from_dicts
-from tests.oracle import partitions_of, spec_figures
+from tests.oracle import partitions_of, spec_figures, stages_of
 from tests.strategies import SETTINGS, hardware_instances
 
 
@@ -40,18 +40,6 @@ def _rate(profile: dict, cluster: dict, stages, target: float) -> float:
             return math.inf
         rate += cluster["resources"][t]["price"] * k
     return rate
-
-
-def _stages_of_labels(names: list[str], labels: np.ndarray) -> list:
-    """A labelled schedule's stages: maximal runs of one label."""
-    types = label_parts(len(names), labels)[0]
-    out: list = []
-    for i, label in enumerate(labels):
-        if out and labels[i - 1] == label:
-            out[-1][1].append(i)
-        else:
-            out.append((names[int(types[i])], [i]))
-    return out
 
 
 @settings(max_examples=100, **SETTINGS)
@@ -82,7 +70,8 @@ def test_each_schedules_runs_are_cut_at_the_least_rate_that_reaches_the_throughp
     if math.isinf(best):
         assert (cut == types).all(), "no cut reaches the throughput: the schedule stays as it was"
         return
-    assert math.isclose(_rate(profile, cluster, _stages_of_labels(names, cut), target), best, rel_tol=1e-9)
+    stages = [(names[label % problem.n_types], layers) for label, layers in stages_of(cut.tolist())]
+    assert math.isclose(_rate(profile, cluster, stages, target), best, rel_tol=1e-9)
 
 
 @pytest.mark.slow

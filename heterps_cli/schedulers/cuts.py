@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from heterps_cli.costmodel import better, schedule_of_stages, throughput_floor
+from heterps_cli.costmodel import better, schedule_of_stages, stage_ids, throughput_floor
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective
@@ -120,9 +120,7 @@ class RunCutter:
         it was."""
         best, back = self._spans(target)
         B, n = types.shape
-        starts = np.ones((B, n), dtype=bool)
-        starts[:, 1:] = types[:, 1:] != types[:, :-1]
-        row, first = np.nonzero(starts)  # every run, row by row
+        row, first = np.nonzero(stage_ids(types)[0])  # every run, row by row
         end = np.append(first[1:], n)
         end[np.append(row[1:] != row[:-1], True)] = n  # a row's last run ends at the last layer
         t = types[row, first]
