@@ -101,6 +101,21 @@ def bound(problem: Problem) -> float | None:
     return float(found.fun) if found.status == 0 else None
 
 
+def pace_ceiling(problem: Problem) -> float:
+    """No plan at the problem's micro-batch ``B`` is faster than this: every replica trains at least one
+    sample of each micro-batch (at most ``B`` replicas share it), so a replica of a stage holding layer
+    ``l`` takes at least ``oct (1 - alpha) + oct alpha / B`` of ``l`` per micro-batch on its type and degree
+    (section 1f), and a step of ``M`` micro-batches at least ``M`` times that (sections 1 and 1d). Whatever
+    else a plan adds (transfers, fill and drain, the all-reduce, recomputation) only slows it."""
+    B = problem.batch_size
+    pace = np.full(problem.n_layers, np.inf)  # each layer's least time per micro-batch, any type and degree
+    for view in problem.views:
+        serial, parallel, _, _ = view.parts
+        pace = np.minimum(pace, np.where(view.runnable, serial + parallel / B, np.inf).min(axis=1))
+    slowest = float(pace.max()) if pace.size else 0.0
+    return 0.0 if not np.isfinite(slowest) else (np.inf if slowest <= 0 else B / slowest)
+
+
 def proven(problem: Problem, plan) -> tuple[float, str] | None:
     """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
     where the bound has no answer."""

@@ -53,8 +53,14 @@ def best_micro_batch(
             asked = ExactOptions(**{**vars(asked), "at_least": fastest})
             beaten.add(batch)
         report = _prefixed(progress, f"micro-batch {batch:,} ({i + 1} of {len(choices)})")
+        sub = problem.at_micro_batch(batch)
+        if (why := _out_of_reach(sub, fastest)) is not None:
+            failed[batch] = InfeasibleError(why)
+            if problem.objective is Objective.TIME:
+                beaten.add(batch)
+            continue
         try:
-            plan = solve_one(problem.at_micro_batch(batch), asked, report)
+            plan = solve_one(sub, asked, report)
         except InfeasibleError as exc:
             failed[batch] = exc
             continue
@@ -68,6 +74,22 @@ def best_micro_batch(
     best = _best(problem, found)
     unasked = "the time limit ran out" if out_of_time else "interrupted"
     return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
+
+
+def _out_of_reach(problem: Problem, fastest: float) -> str | None:
+    """Why no plan at this micro-batch can be chosen, where :func:`~heterps_cli.bounds.pace_ceiling` proves
+    it without a search: none reaches the throughput the job needs or, under objective time, passes
+    ``fastest`` (a plan already found); None where one may."""
+    from heterps_cli.bounds import pace_ceiling
+    from heterps_cli.costmodel import throughput_floor
+
+    need = max(throughput_floor(problem), fastest if problem.objective is Objective.TIME else 0.0)
+    if not need > 0 or (ceiling := pace_ceiling(problem)) >= need * (1 - 1e-9):
+        return None
+    return (
+        f"no plan at micro-batch {problem.batch_size:,} passes {count(ceiling, 1)} samples/s (each replica trains at "
+        f"least one sample of a micro-batch, at its slowest layer's pace), short of {count(need, 1)}"
+    )
 
 
 def _best(problem: Problem, found: dict[int, Plan]) -> int:

@@ -219,7 +219,9 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
     solver's one-type plan with ``e`` of that type's units held back, then :func:`mix`\\ ed on the whole
     cluster (those units free to join): a plan whose best mixed neighbour cuts the stages otherwise than
     the one-type optimum is often reached from one of these (``plan`` at its micro-batch, already mixed).
-    Without nodes only."""
+    Without nodes only. The optimum with ``e`` held back is also the optimum with more held back while it
+    fits within that limit (a plan of a smaller space that was the best of a larger one), so it is then
+    neither solved for again nor climbed from again."""
     from heterps_cli.errors import InfeasibleError, TooLarge
     from heterps_cli.schedulers.exact import solve as exact
 
@@ -227,20 +229,31 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
         return plan
     problem = problem.at_micro_batch(plan.batch_size)
     best, said = plan, ""
-    for t in range(problem.n_types):
+    for t, name in enumerate(problem.types):
+        start: Plan | None = None
         for e in _counts(int(problem.limits[t]) - 1):
             if clock is not None and clock.out_of_time():
                 return best if not said else best.but(notes=[*best.notes, said])
             limits = problem.limits.copy()
             limits[t] -= e
+            if start is not None and _units_of(start, name) <= limits[t]:
+                continue
             try:
                 start = exact(problem.replace(limits=limits))
-            except (InfeasibleError, TooLarge):
+            except InfeasibleError:  # none with e held back: none with more
+                break
+            except TooLarge:
+                start = None
                 continue
             mixed, words = mix(problem, start.but(scheduler=plan.scheduler, seed=plan.seed), clock)
             if mixed.feasible and _better(
                 problem, (mixed.throughput, mixed.cost_usd), (best.throughput, best.cost_usd)
             ):
                 best = mixed.but(notes=[n for n in plan.notes if "(section 1i)" not in n], solve_s=plan.solve_s)
-                said = f"{words}, from the one-type optimum with {e} {problem.types[t]} unit(s) held back"
+                said = f"{words}, from the one-type optimum with {e} {name} unit(s) held back"
     return best if not said else best.but(notes=[*best.notes, said])
+
+
+def _units_of(plan: Plan, name: str) -> int:
+    """The units of type ``name`` a one-type plan holds."""
+    return sum(stage.units for stage in plan.stages if stage.resource == name)

@@ -1,6 +1,11 @@
 """The exact solver's replica grid at a bottleneck throughput (docs/exact.md section 2): for every
 contiguous stage and DP type, the fewest replicas reaching the target, what they give, their price
-rate and their share of the cost bound. The DP (:mod:`.kernel`) runs over these arrays."""
+rate and their share of the cost bound. The DP (:mod:`.kernel`) runs over these arrays.
+
+A replica count only grows with the target, so a grid is raised to a higher target by recomputing only
+the cells that fall short of it; a bisection, which also asks lower targets than the last, raises the
+grid of the highest target below the one asked that it kept (:data:`SNAPSHOTS`) rather than filling a new
+one (docs/exact.md section 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ from heterps_cli.costmodel import cost_lower_bound, min_replicas
 from heterps_cli.formulas import stage_throughput
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact.kernel import Chain, Table
+
+SNAPSHOTS = 3  # grids kept at earlier targets: a bisection needs the one at its floor
+SNAPSHOT_CELLS = 1_000_000  # a grid larger keeps none: each copy is four arrays of 8 bytes a cell
 
 
 class ReplicaGrid:
@@ -28,20 +36,40 @@ class ReplicaGrid:
         self.reach: np.ndarray = np.empty(0)  # their throughput
         self.rate: np.ndarray = np.empty(0)  # their price rate
         self.bound: np.ndarray = np.empty(0)  # costmodel.cost_lower_bound per stage
+        self.kept: list[tuple[float, tuple[np.ndarray, ...]]] = []  # (target, copies of the four arrays)
 
     def replicas(self, target: float) -> np.ndarray:
         """``K[i, j, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
         within its type's limit and memory (inf: none). Read-only; valid until the next call."""
-        if self.target is None or target < self.target:
+        if self.target is not None and target < self.target:
+            below = [kept for kept in self.kept if kept[0] <= target]
+            if below:
+                self.target, arrays = max(below, key=lambda kept: kept[0])
+                for mine, copy in zip((self.K, self.reach, self.rate, self.bound), arrays):
+                    np.copyto(mine, copy)
+            else:
+                self.target = None
+        if self.target is None:
             self._fill(target)
         elif target > self.target:
-            # Walks go upwards: only cells whose throughput falls short of the new target change.
-            # Replica counts only grow with the target, so the others keep theirs exactly.
+            self._keep()
+            # Only cells whose throughput falls short of the new target change; replica counts only
+            # grow with the target, so the others keep theirs exactly.
             cells = np.flatnonzero(self.reach < target)
             if cells.size:
                 self._raise(cells, target)
         self.target = target
         return self.K
+
+    def _keep(self) -> None:
+        """Keep a copy of the grid at its target, for a later question below the next one."""
+        if self.K.size > SNAPSHOT_CELLS or any(kept[0] == self.target for kept in self.kept):
+            return
+        assert self.target is not None
+        self.kept = [
+            *self.kept[-(SNAPSHOTS - 1) :],
+            (self.target, tuple(a.copy() for a in (self.K, self.reach, self.rate, self.bound))),
+        ]
 
     def _fill(self, target: float) -> None:
         """The whole grid for ``target``, a block of ends at a time: the temporaries of the closed
