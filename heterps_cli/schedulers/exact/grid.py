@@ -5,7 +5,7 @@ rate and their share of the cost bound. The DP (:mod:`.kernel`) runs over these 
 A replica count only grows with the target, so a grid is raised to a higher target by recomputing only
 the cells that fall short of it; a bisection, which also asks lower targets than the last, raises the
 grid of the highest target below the one asked that it kept (:data:`SNAPSHOTS`) rather than filling a new
-one (docs/exact.md section 2)."""
+one (docs/exact.md section 3, "Speed")."""
 
 from __future__ import annotations
 

@@ -289,73 +289,57 @@ def chain_dp_limited(
     return _backtrack(K, f, g, weight, axis, t, cell, chain)
 
 
-def _shifts(dims: tuple[int, ...]) -> list[list[tuple[tuple, tuple]]]:
-    """``shifts[a][k]``: the (destination, source) index pairs that add ``k`` units along tracked axis ``a``."""
-    shifts = []
-    for a, d in enumerate(dims):
-        pairs = []
-        for k in range(d):
-            dst, src = [slice(None)] * len(dims), [slice(None)] * len(dims)
-            dst[a], src[a] = slice(k, None), slice(0, d - k)
-            pairs.append((tuple(dst), tuple(src)))
-        shifts.append(pairs)
-    return shifts
+GATHER_CELLS = 2_000_000  # values one gather of the limited DP holds at once (16 MB)
 
 
 def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dims: tuple[int, ...], chain: Chain):
     """The forward pass of :func:`chain_dp_limited`: ``f[i, t, *units]`` and ``g`` as in :func:`chain_dp`.
 
-    For a fixed end ``i`` and type ``t``, the feasible starts ``j`` are cut into
-    runs of consecutive starts with equal replica count (a stage needs fewer
-    replicas the shorter it is, so runs are long): each run is reduced with one
-    ``min`` and shifted once along its type's units axis. This loop is the
-    solver's hot path: the runs are found for all ``(i, t)`` at once up front,
-    so that the loop itself makes only the numpy calls that do arithmetic.
+    For each end ``i``, every feasible (start ``j``, type ``t``) is one row of a gather: ``g[j, t]``
+    shifted by the stage's units along ``t``'s axis (or plus its weighted replicas where ``t`` is not
+    tracked), and ``f[i, t]`` the least of its rows. This loop is the solver's hot path: one gather and
+    one grouped ``min`` per end, however many starts, types and replica counts (docs/exact.md section 3,
+    "Speed").
     """
     n1, _, T = K.shape
-    shape = (n1, T) + dims
-    f = np.full(shape, np.inf)
-    g = np.full(shape, np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
-    g[(0, slice(None)) + (0,) * len(dims)] = np.where(chain.starts, 0.0, np.inf)
-    others = chain.before
-    # Every feasible (i, t, j), sorted by end, type and start; a run starts where any of them
-    # breaks (another end or type, a gap in the starts, another replica count).
+    C = math.prod(dims)
+    f = np.full((n1, T, C), np.inf)
+    g = np.full((n1, T, C), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
+    g[0, :, 0] = np.where(chain.starts, 0.0, np.inf)
+    # the types that may come before each type, each set once with the types it comes before (a
+    # pipeline's stages at one place share theirs)
+    sets: dict[tuple[int, ...], list[int]] = {}
+    for t, rest in enumerate(chain.before):
+        if rest:
+            sets.setdefault(tuple(rest), []).append(t)
+    before = [(list(rest), types) for rest, types in sets.items()]
+    cell = np.arange(C)
+    # each cell's units along each tracked axis, and a last row of zeros for the untracked types
+    coords = np.vstack([*(c.ravel() for c in np.indices(dims)), np.zeros(C, dtype=np.int64)])
+    strides = np.append(np.cumprod((1, *dims[::-1]))[-2::-1], 0)  # C order; the untracked row: 0
+    along = np.array([axis.get(t, len(dims)) for t in range(T)])  # each type's row of coords
+    units = np.where(along < len(dims), chain.widths, 0)  # a replica's units along its axis
+    added = np.where(along < len(dims), 0.0, weight)  # an untracked type's weight per replica
     Kt = K.transpose(0, 2, 1)  # [i, t, j]
-    ii, tt, jj = np.nonzero(np.isfinite(Kt))
-    kk = Kt[ii, tt, jj].astype(np.int64)
-    pair = ii * T + tt
-    cut = np.ones(len(jj) + 1, dtype=bool)
-    cut[1:-1] = (pair[1:] != pair[:-1]) | (jj[1:] != jj[:-1] + 1) | (kk[1:] != kk[:-1])
-    starts = np.flatnonzero(cut)
-    run_k = kk[starts[:-1]].tolist()
-    run_lo, run_hi = jj[starts[:-1]].tolist(), (jj[starts[1:] - 1] + 1).tolist()
-    pair_first = np.searchsorted(pair[starts[:-1]], np.arange(n1 * T + 1)).tolist()
-    shifts = _shifts(dims)
-    width = chain.widths.tolist()
-    least = np.minimum.reduce
+    rows = max(1, GATHER_CELLS // C)
     for i in range(1, n1):
-        for t in range(T):
-            first, last = pair_first[i * T + t], pair_first[i * T + t + 1]
-            if first == last:
-                continue
-            out = f[i, t]
-            along = axis.get(t)
-            for r in range(first, last):
-                k, lo, hi = run_k[r], run_lo[r], run_hi[r]
-                group = g[lo, t] if hi - lo == 1 else least(g[lo:hi, t], axis=0)
-                if along is None:
-                    np.minimum(out, group + weight[t] * k, out=out)
-                elif k * width[t] < dims[along]:  # section 1h: a replica's units along its type's axis
-                    dst, src = shifts[along][k * width[t]]
-                    np.minimum(out[dst], group[src], out=out[dst])
-        fi = f[i]
-        for t in range(T):
-            rest = others[t]
-            if rest:
-                np.minimum(fi[rest[0]], fi[rest[-1]], out=g[i, t])
-                for u in rest[1:-1]:
-                    np.minimum(g[i, t], fi[u], out=g[i, t])
-    return f, g
+        tt, jj = np.nonzero(np.isfinite(Kt[i, :, :i]))  # sorted by type, then start
+        if not tt.size:
+            continue
+        k = Kt[i, tt, jj]
+        shift = (k * units[tt]).astype(np.int64)
+        for lo in range(0, tt.size, rows):
+            ts, js, ss = tt[lo : lo + rows], jj[lo : lo + rows], shift[lo : lo + rows]
+            source = cell[None, :] - (ss * strides[along[ts]])[:, None]
+            fits = coords[along[ts]] >= ss[:, None]
+            values = np.where(fits, g[js[:, None], ts[:, None], np.maximum(source, 0)], np.inf)
+            values += (added[ts] * k[lo : lo + rows])[:, None]
+            first = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
+            present = ts[first]
+            f[i, present] = np.minimum(f[i, present], np.minimum.reduceat(values, first, axis=0))
+        for rest, types in before:
+            g[i, types] = f[i, rest].min(axis=0)
+    return f.reshape((n1, T, *dims)), g.reshape((n1, T, *dims))
 
 
 def _backtrack(
