@@ -265,3 +265,57 @@ def test_the_limit_aware_dp_is_the_cheapest_chain_within_the_limits(seed, n, cap
         used[t] += K[i, j, t]
     assert (used <= limits).all()
     assert math.isclose(float(prices @ used), want, rel_tol=1e-12)
+
+
+def _cheapest_on_chain(K, prices, limits, chain):
+    """:func:`_cheapest_chain_by_enumeration` on a :class:`~kernel.Chain`: DP types of resource types
+    ``chain.base``, each replica ``chain.widths`` units of it, and which may start, end and follow which."""
+    n1, _, P = K.shape
+    best = None
+
+    def walk(j, last, used, rate):
+        nonlocal best
+        if j == n1 - 1:
+            if chain.ends[last]:
+                best = rate if best is None else min(best, rate)
+            return
+        for i in range(j + 1, n1):
+            for t in range(P):
+                k, b = K[i, j, t], chain.base[t]
+                allowed = chain.starts[t] if last < 0 else chain.follows[last, t]
+                if not allowed or not np.isfinite(k) or used[b] + k * chain.widths[t] > limits[b]:
+                    continue
+                used[b] += k * chain.widths[t]
+                walk(i, t, used, rate + prices[t] * k)
+                used[b] -= k * chain.widths[t]
+
+    walk(0, -1, np.zeros(len(limits)), 0.0)
+    return best
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.booleans())
+def test_the_limit_aware_dp_on_a_chain_of_ways_is_the_cheapest_within_the_limits(seed, n, capped):
+    """The same on DP types that are ways of running a type (section 1h's degrees: a replica of 1 or 2
+    units), with drawn rules for which may start, end and follow which (as a pipeline's places)."""
+    rng = np.random.default_rng(seed)
+    base, widths = np.array([0, 0, 1, 1, 2]), rng.choice([1, 2], size=5)
+    P = len(base)
+    chain = kernel.Chain(base, rng.random((P, P)) < 0.6, rng.random(P) < 0.8, rng.random(P) < 0.8, None, widths)
+    K = rng.integers(1, 3, size=(n + 1, n + 1, P)).astype(float)
+    K[rng.random(K.shape) < 0.2] = np.inf
+    K[np.triu_indices(n + 1)] = np.inf
+    prices = rng.choice([0.5, 1.0, 3.0], size=3)[base] * widths  # a replica's: its units at its type's price
+    limits = rng.integers(1, 7, size=3)
+    tracked, cap = ([0, 1], 2) if capped else ([0, 1, 2], None)
+    want = _cheapest_on_chain(K, prices, limits, chain)
+    stages = kernel.chain_dp_limited(K, prices, limits, tracked, cap, chain)
+    if want is None:
+        assert stages is None
+        return
+    assert stages is not None and stages[0][0] == 0 and stages[-1][1] == n
+    used = np.zeros(3)
+    for j, i, t in stages:
+        used[base[t]] += K[i, j, t] * widths[t]
+    assert (used <= limits).all()
+    assert math.isclose(sum(prices[t] * K[i, j, t] for j, i, t in stages), want, rel_tol=1e-12)
