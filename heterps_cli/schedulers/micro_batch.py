@@ -56,7 +56,7 @@ def best_micro_batch(
         sub = problem.at_micro_batch(batch)
         if (why := _out_of_reach(sub, fastest)) is not None:
             failed[batch] = InfeasibleError(why)
-            if problem.objective is Objective.TIME:
+            if problem.objective is Objective.TIME and fastest > 0:  # else none meets the job's floor there
                 beaten.add(batch)
             continue
         try:
