@@ -481,6 +481,10 @@ class Plan(_Strict):
         """Every unit of every stage's every part: a process each in ``heterps run``."""
         return sum(sum(s.units_by_type.values()) for s in self.stages)
 
+    def units_of(self, resource: str) -> int:
+        """The units of type ``resource`` the plan's replicas hold, joined parts included (tp: d each)."""
+        return sum(s.units_by_type.get(resource, 0) for s in self.stages)
+
     @property
     def types_used(self) -> list[str]:
         """Every type the plan's replicas run on, in stage order, each once (section 1i's joined too)."""

@@ -237,7 +237,7 @@ def _still_rentable(problem: Problem, plan: Plan) -> dict[str, int] | None:
     if nodes is None or not rental or any(kind not in nodes.names for kind in rental):
         return None
     counts = nodes.counts(rental)
-    used = np.array([sum(s.units_by_type.get(t, 0) for s in plan.stages) for t in problem.types])  # tp: d each
+    used = np.array([plan.units_of(t) for t in problem.types])
     if (counts > nodes.available).any() or (counts @ nodes.units < used).any():
         return None
     return dict(rental)

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from heterps_cli.costmodel import better, schedule_of_stages, stage_ids, throughput_floor
+from heterps_cli.costmodel import better, label_parts, schedule_of_stages, stage_ids, throughput_floor
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective
@@ -146,7 +146,7 @@ def cut_scored(
     if cutter is None:
         return schedules, scores
     problem = cutter.p
-    reference, types = reference or Reference.of(scores), schedules % problem.n_types
+    reference, types = reference or Reference.of(scores), label_parts(problem.n_types, schedules)[0]
     targets = [throughput_floor(problem)]
     if best.schedule is not None:
         time = problem.objective is Objective.TIME

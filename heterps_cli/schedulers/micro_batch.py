@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from heterps_cli.bounds import pace_ceiling
+from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import InfeasibleError, SearchGaveUp
 from heterps_cli.figures import count, usd
 from heterps_cli.formats import Plan
@@ -80,9 +82,6 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
     """Why no plan at this micro-batch can be chosen, where :func:`~heterps_cli.bounds.pace_ceiling` proves
     it without a search: none reaches the throughput the job needs or, under objective time, passes
     ``fastest`` (a plan already found); None where one may."""
-    from heterps_cli.bounds import pace_ceiling
-    from heterps_cli.costmodel import throughput_floor
-
     need = max(throughput_floor(problem), fastest if problem.objective is Objective.TIME else 0.0)
     if not need > 0 or (ceiling := pace_ceiling(problem)) >= need * (1 - 1e-9):
         return None

@@ -236,7 +236,7 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
                 return best if not said else best.but(notes=[*best.notes, said])
             limits = problem.limits.copy()
             limits[t] -= e
-            if start is not None and _units_of(start, name) <= limits[t]:
+            if start is not None and start.units_of(name) <= limits[t]:
                 continue
             try:
                 start = exact(problem.replace(limits=limits))
@@ -252,8 +252,3 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
                 best = mixed.but(notes=[n for n in plan.notes if "(section 1i)" not in n], solve_s=plan.solve_s)
                 said = f"{words}, from the one-type optimum with {e} {name} unit(s) held back"
     return best if not said else best.but(notes=[*best.notes, said])
-
-
-def _units_of(plan: Plan, name: str) -> int:
-    """The units of type ``name`` a one-type plan holds."""
-    return sum(stage.units for stage in plan.stages if stage.resource == name)

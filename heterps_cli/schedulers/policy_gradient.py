@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from heterps_cli.costmodel import label_parts
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
@@ -213,7 +214,7 @@ class _Training:
         """Fit the agent to the pool's elite; the seconds a training step may take, by the last one's."""
         cfg, pool = self.cfg, self.pool
         elite = pool[np.argsort(-self.pool_reward, kind="stable")[: max(8, len(pool) // 20)]]
-        elite = torch.from_numpy(elite % self.problem.n_types)  # the type order (the cuts are not its to choose)
+        elite = torch.from_numpy(label_parts(self.problem.n_types, elite)[0])  # the type order, not the cuts
         took = 0.0
         for step in range(cfg.pretrain_steps if self.pretrain else 0):
             if self.run.out_of_time(took):
@@ -299,7 +300,7 @@ class _Training:
             self.leader, self.leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
         model = self.own.schedule if self.own.schedule is not None or not cfg.imitate_leader else self.leader
         if model is not None and cfg.imitation > 0:  # the type order: the cut is not the agent's to choose
-            types = torch.from_numpy(model % problem.n_types)[None]
+            types = torch.from_numpy(label_parts(problem.n_types, model)[0])[None]
             loss = loss - cfg.imitation * self.agent.log_prob(types).mean()
         self.step_on(loss)
         feasible = f"{scores.feasible.mean():.0%} feasible"
