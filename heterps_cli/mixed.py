@@ -72,18 +72,32 @@ class MixedStage:
     throughput: float
 
 
-def _as_types(problem: Problem, schedule, s: int, ways: list[tuple[int, int]]) -> tuple[Stages, int, int, int]:
-    """The plan's schedule with stage ``s`` on each of ``ways`` = (type, degree) (one row each, no
-    recomputation), split; and the stage's first and last layer and the plan's stage count."""
-    base = np.asarray(schedule, dtype=np.int64)
-    _, sid = stage_ids(base[None, :])
-    layers = np.flatnonzero(sid[0] == s)
-    a, b = int(layers[0]), int(layers[-1])
-    rows = np.repeat(base[None, :], len(ways), axis=0)
-    T = problem.n_types
-    for r, (t, d) in enumerate(ways):  # the stage's parity kept: the same cuts
-        rows[r, a : b + 1] = int(stage_label(T, t, False, problem.degrees.index(d))) + T * (s % 2)
-    return split_stages(problem, rows), a, b, int(sid[0, -1]) + 1
+class Splits:
+    """Stage ``s`` of one schedule on each of ``ways`` = (type, degree) (one row each, no recomputation),
+    split; and the stage's first and last layer and the schedule's stage count. Kept per ``(s, ways)``:
+    a climb (:mod:`~heterps_cli.schedulers.mixing`) asks for the same few hundreds of times."""
+
+    def __init__(self, problem: Problem, schedule) -> None:
+        self.problem = problem
+        self.schedule = np.asarray(schedule, dtype=np.int64)
+        self._kept: dict[tuple, tuple[Stages, int, int, int]] = {}
+
+    def __call__(self, s: int, ways: list[tuple[int, int]]) -> tuple[Stages, int, int, int]:
+        key = (s, tuple(ways))
+        if key not in self._kept:
+            self._kept[key] = self._split(s, ways)
+        return self._kept[key]
+
+    def _split(self, s: int, ways: list[tuple[int, int]]) -> tuple[Stages, int, int, int]:
+        problem, base = self.problem, self.schedule
+        _, sid = stage_ids(base[None, :])
+        layers = np.flatnonzero(sid[0] == s)
+        a, b = int(layers[0]), int(layers[-1])
+        rows = np.repeat(base[None, :], len(ways), axis=0)
+        T = problem.n_types
+        for r, (t, d) in enumerate(ways):  # the stage's parity kept: the same cuts
+            rows[r, a : b + 1] = int(stage_label(T, t, False, problem.degrees.index(d))) + T * (s % 2)
+        return split_stages(problem, rows), a, b, int(sid[0, -1]) + 1
 
 
 def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, d: int, a: int, b: int):
@@ -126,9 +140,10 @@ def share_limit(problem: Problem, t: int, limits: tuple[float, ...], replicas: i
     return float(min(cap, most, problem.batch_size))
 
 
-def mixed_stage(problem: Problem, schedule, s: int, parts) -> MixedStage:
-    """Stage ``s`` of ``schedule`` made of ``parts`` (:class:`Joined`, its own type's first)."""
-    st, a, b, S = _as_types(problem, schedule, s, [(p.type, p.tp) for p in parts])
+def mixed_stage(problem: Problem, schedule, s: int, parts, splits: Splits | None = None) -> MixedStage:
+    """Stage ``s`` of ``schedule`` made of ``parts`` (:class:`Joined`, its own type's first); ``splits``:
+    the schedule's, where they are kept."""
+    st, a, b, S = (splits or Splits(problem, schedule))(s, [(p.type, p.tp) for p in parts])
     K = sum(p.replicas for p in parts)
     B = problem.batch_size
     out = []
@@ -149,11 +164,13 @@ def mixed_stage(problem: Problem, schedule, s: int, parts) -> MixedStage:
     return MixedStage(tuple(out), float(step), float(comm), update, problem.step_samples / float(step))
 
 
-def balanced(problem: Problem, schedule, s: int, parts: list[tuple[int, int, int]]) -> list[int] | None:
+def balanced(
+    problem: Problem, schedule, s: int, parts: list[tuple[int, int, int]], splits: Splits | None = None
+) -> list[int] | None:
     """Section 1i: the samples of each micro-batch each part ``(type, replicas, degree)`` of stage ``s``
     trains so that its slowest replica is as fast as it can be: every replica a sample at least, none
     above what its type measured or its memory holds; None where the parts cannot train the micro-batch."""
-    st, a, b, _ = _as_types(problem, schedule, s, [(t, d) for t, _, d in parts])
+    st, a, b, _ = (splits or Splits(problem, schedule))(s, [(t, d) for t, _, d in parts])
     if any(not runs_at(problem, t, d, a, b) for t, _, d in parts):
         return None
     K = sum(k for _, k, _ in parts)

@@ -125,3 +125,41 @@ def test_a_micro_batch_no_plan_can_win_is_not_searched_and_the_note_says_so(tmp_
     assert plan["throughput"] == pytest.approx(8 / 4.5) and "1: none as fast" in chosen
     alone = CliRunner().invoke(app, [*args, "--micro-batch", "1"])  # asked alone, it has a plan, slower
     assert alone.exit_code == 0 and json.loads(alone.output)["throughput"] == pytest.approx(1 / 4.5)
+
+
+def test_the_pace_ceiling_counts_the_boundary_a_pipeline_stage_waits_for(tmp_path):
+    """Two layers of 1 s a micro-batch of 8 each (a sample a replica), their boundary 16 s a replica away
+    over a 1 Gb/s link: no plan cuts there, so the ceiling is one stage's 8 samples in 2 s, which 8 replicas
+    reach, where each layer's pace alone would allow 8."""
+    times = {"oct": 8.0, "odt": 0.0, "alpha": 1.0, "beta": 0.0, "batches": {1: {"oct": 1.0, "odt": 0.0}}}
+    layers = [
+        {"name": f"l{i}", "type": "fc", "input_size": 1e9, "weight_size": 1.0, "times": {"gpu": times}} for i in (0, 1)
+    ]
+    profile = {"model": "m", "batch_size": 8, "job": {"samples": 64.0, "global_batch": 8}, "layers": layers}
+    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 16, "bandwidth_gbps": 1.0}}}
+    problem = problem_from_dicts(profile, cluster, objective="time").at_micro_batch(8)
+    assert pace_ceiling(problem) == pytest.approx(8 / 2.0)
+    args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)]
+    done = CliRunner().invoke(app, [*args, "-s", "exact", "--objective", "time", "--micro-batch", "8", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["throughput"] == pytest.approx(pace_ceiling(problem))
+
+
+def test_the_pace_ceiling_is_reached_where_the_best_plan_cuts_at_a_boundary(tmp_path):
+    """Two layers of 1 s a sample on one replica (micro-batch 1, 1,000 a step), their boundary 0.5 s away:
+    two stages of 1.5 s each beat one of 2 s, and reach the ceiling but for the pipeline's fill and drain."""
+    times = {"oct": 1.0, "odt": 0.0, "alpha": 1.0, "beta": 0.0}
+    layers = [
+        {"name": f"l{i}", "type": "fc", "input_size": 3.125e7, "weight_size": 1.0, "times": {"gpu": times}}
+        for i in (0, 1)
+    ]
+    profile = {"model": "m", "batch_size": 1, "job": {"samples": 1e4, "global_batch": 1000}, "layers": layers}
+    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 2, "bandwidth_gbps": 1.0}}}
+    problem = problem_from_dicts(profile, cluster, objective="time").at_micro_batch(1)
+    assert pace_ceiling(problem) == pytest.approx(1 / 1.5)
+    args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)]
+    done = CliRunner().invoke(app, [*args, "-s", "exact", "--objective", "time", "--micro-batch", "1", "--json"])
+    assert done.exit_code == 0, done.output
+    plan = json.loads(done.output)
+    assert len(plan["stages"]) == 2
+    assert plan["throughput"] == pytest.approx(pace_ceiling(problem) * 1000 / 1001)

@@ -119,6 +119,8 @@ def _rescued(name: str, problem: Problem, seed: int, options: SolveOptions) -> P
 
     if can_mix(problem) is not None:
         return None
+    if problem.objective is Objective.TIME and not problem.min_throughput and problem.max_cost is None:
+        return None  # the search that failed was this one: no one-type plan at all, none to join
     free = problem.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
     clock = Clock.of(options, time.perf_counter())
     try:

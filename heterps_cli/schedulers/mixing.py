@@ -15,7 +15,7 @@ import numpy as np
 
 from heterps_cli.costmodel import schedule_of_stages, score, split_stages
 from heterps_cli.figures import usd
-from heterps_cli.mixed import Joined, balanced, mixed_scores, mixed_stage, with_own
+from heterps_cli.mixed import Joined, Splits, balanced, mixed_scores, mixed_stage, with_own
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
@@ -41,15 +41,16 @@ def mix(problem: Problem, plan: Plan, clock: Clock | None = None) -> tuple[Plan,
     problem = problem.at_micro_batch(plan.batch_size)
     schedule = schedule_of_stages(problem, plan.stages)
     stages = split_stages(problem, schedule[None, :])
+    splits = Splits(problem, schedule)
     k = np.array([float(s.replicas) for s in plan.stages])
     joined: dict[int, tuple[Joined, ...]] = {}
-    best = _score(problem, schedule, stages, k, joined)
+    best = _score(splits, stages, k, joined)
     start = best
     for _ in range(MOST_STEPS):
         if (clock is not None and clock.out_of_time()) or best is None:
             break
-        moves = _moves(problem, schedule, stages, k, joined)
-        scored = ((_score(problem, schedule, stages, kk, jj), kk, jj) for kk, jj in moves)
+        moves = _moves(splits, stages, k, joined)
+        scored = ((_score(splits, stages, kk, jj), kk, jj) for kk, jj in moves)
         found = max(scored, key=lambda c: _key(problem, c[0]), default=None)
         if found is None or found[0] is None or not _better(problem, found[0], best):
             break
@@ -92,26 +93,30 @@ def joined_words(problem: Problem, stage) -> str:
     )
 
 
-def _scores(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
+def _scores(splits: Splits, stages, k: np.ndarray, joined: dict):
     """The plan's scores with its mixed stages (:func:`~heterps_cli.mixed.mixed_scores`)."""
+    problem, schedule = splits.problem, splits.schedule
     kk = np.zeros(stages.valid.shape)
     kk[0, : len(k)] = k
     sc = score(problem, stages, kk)
     if joined:
-        parts = {s: mixed_stage(problem, schedule, s, with_own(problem, stages, k, s, j)) for s, j in joined.items()}
+        parts = {
+            s: mixed_stage(problem, schedule, s, with_own(problem, stages, k, s, j), splits) for s, j in joined.items()
+        }
         sc = mixed_scores(problem, stages, sc, parts)
     return sc
 
 
-def _score(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> tuple[float, float] | None:
+def _score(splits: Splits, stages, k: np.ndarray, joined: dict) -> tuple[float, float] | None:
     """The plan's throughput and cost (None where it breaks a constraint)."""
-    sc = _scores(problem, schedule, stages, k, joined)
+    sc = _scores(splits, stages, k, joined)
     return (float(sc.throughput[0]), float(sc.cost[0])) if sc.feasible[0] else None
 
 
-def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
+def _moves(splits: Splits, stages, k: np.ndarray, joined: dict):
     """Every move of the climb (this module's rule), as (replicas per stage, joined parts)."""
-    sc = _scores(problem, schedule, stages, k, joined)
+    problem = splits.problem
+    sc = _scores(splits, stages, k, joined)
     free = problem.limits - sc.used[0]
     timed = problem.objective is Objective.TIME
     targets = [int(np.argmin(sc.stage_throughput[0, : len(k)]))] if timed else range(len(k))
@@ -140,10 +145,10 @@ def _moves(problem: Problem, schedule, stages, k: np.ndarray, joined: dict):
                             continue
                         for grow in owns:
                             move = (b, u, e, d, donor, grow)
-                            yield from _joined_move(problem, schedule, stages, k, joined, move, have)
+                            yield from _joined_move(splits, stages, k, joined, move, have)
 
 
-def _joined_move(problem: Problem, schedule, stages, k: np.ndarray, joined: dict, move: tuple, have: dict):
+def _joined_move(splits: Splits, stages, k: np.ndarray, joined: dict, move: tuple, have: dict):
     """The plan with ``move`` = (stage, type, replicas of it, their degree, donor stage or None, own replicas
     added) made, its stage's micro-batch split :func:`~heterps_cli.mixed.balanced` (nothing where it
     cannot be)."""
@@ -151,7 +156,7 @@ def _joined_move(problem: Problem, schedule, stages, k: np.ndarray, joined: dict
     other = [(p.type, p.replicas, p.tp) for p in joined.get(b, ()) if p.type != u]
     count = e + (have[u].replicas if u in have else 0)
     parts = [(int(stages.type[0, b]), int(k[b]) + grow, int(stages.width[0, b])), *other, (u, count, d)]
-    samples = balanced(problem, schedule, b, parts)
+    samples = balanced(splits.problem, splits.schedule, b, parts, splits)
     if samples is None:
         return
     new_k = k.copy()
