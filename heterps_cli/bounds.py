@@ -101,41 +101,6 @@ def bound(problem: Problem) -> float | None:
     return float(found.fun) if found.status == 0 else None
 
 
-def pace_ceiling(problem: Problem) -> float:
-    """No plan at the problem's micro-batch ``B`` is faster than this: every replica trains at least one
-    sample of each micro-batch (at most ``B`` replicas share it), so a replica of a stage holding layer
-    ``l`` takes at least ``oct (1 - alpha) + oct alpha / B`` of each of its layers per micro-batch on its
-    type and degree (section 1f), and a step of ``M`` micro-batches at least ``M`` times that (sections 1
-    and 1d). Under a pipeline a replica also waits for its share of the stage's boundary transfers and
-    their messages' latency, and pays its type's pass start (section 1d), so the stage holding ``l`` is no
-    faster than the least of those over every run of layers ``a..b`` around ``l`` (each term at the least
-    any type and degree gives). Whatever else a plan adds (fill and drain, the all-reduce, recomputation,
-    memory) only slows it."""
-    B = problem.batch_size
-    pace = np.full(problem.n_layers, np.inf)  # each layer's least time per micro-batch, any type and degree
-    for view in problem.views:
-        serial, parallel, _, _ = view.parts
-        pace = np.minimum(pace, np.where(view.runnable, serial + parallel / B, np.inf).min(axis=1))
-    if problem.pipelined and pace.size and np.isfinite(pace).all():
-        pace = _around(problem, pace)
-    slowest = float(pace.max()) if pace.size else 0.0
-    return 0.0 if not np.isfinite(slowest) else (np.inf if slowest <= 0 else B / slowest)
-
-
-def _around(problem: Problem, pace: np.ndarray) -> np.ndarray:
-    """Per layer ``l``: the least time per micro-batch of a replica of any stage ``a..b`` holding it,
-    ``Σ_{a..b} pace + edge[a] + edge[b + 1] + start``, where ``edge`` is a boundary's transfer at a share of
-    one sample and its messages' latency. The sum splits into a term of ``a`` and one of ``b``, so the least
-    over ``a ≤ l`` and over ``b ≥ l`` are a running minimum each."""
-    start, _, message = problem.fixed_costs
-    rate = min(float(view.boundary_rate.min()) for view in problem.views)
-    edge = problem.boundary_bytes * rate / problem.batch_size + problem.boundary_messages * float(message.min())
-    before = np.concatenate([[0.0], np.cumsum(pace)])  # time of layers 0..i-1
-    left = np.minimum.accumulate(edge[:-1] - before[:-1])
-    right = np.minimum.accumulate((before[1:] + edge[1:])[::-1])[::-1]
-    return left + right + float(start.min())
-
-
 def proven(problem: Problem, plan) -> tuple[float, str] | None:
     """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
     where the bound has no answer."""

@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heterps_cli.bounds import pace_ceiling
 from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import InfeasibleError, SearchGaveUp
 from heterps_cli.figures import count, usd
 from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective
+from heterps_cli.pace import pace_ceiling, units_short
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
 
@@ -79,15 +79,25 @@ def best_micro_batch(
 
 
 def _out_of_reach(problem: Problem, fastest: float) -> str | None:
-    """Why no plan at this micro-batch can be chosen, where :func:`~heterps_cli.bounds.pace_ceiling` proves
-    it without a search: none reaches the throughput the job needs or, under objective time, passes
-    ``fastest`` (a plan already found); None where one may."""
+    """Why no plan at this micro-batch can be chosen, where :mod:`~heterps_cli.pace` proves it without a
+    search: none reaches the throughput the job needs or, under objective time, passes ``fastest`` (a plan
+    already found); None where one may."""
     need = max(throughput_floor(problem), fastest if problem.objective is Objective.TIME else 0.0)
-    if not need > 0 or (ceiling := pace_ceiling(problem)) >= need * (1 - 1e-9):
+    if not need > 0:
         return None
+    B = f"{problem.batch_size:,}"
+    if (ceiling := pace_ceiling(problem)) < need * (1 - 1e-9):
+        return (
+            f"no plan at micro-batch {B} passes {count(ceiling, 1)} samples/s (each replica trains at least one "
+            f"sample of a micro-batch, at its slowest layer's pace), short of {count(need, 1)}"
+        )
+    if (short := units_short(problem, need * (1 - 1e-9))) is None:
+        return None
+    weighed = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
     return (
-        f"no plan at micro-batch {problem.batch_size:,} passes {count(ceiling, 1)} samples/s (each replica trains at "
-        f"least one sample of a micro-batch, at its slowest layer's pace), short of {count(need, 1)}"
+        f"no plan at micro-batch {B} reaches {count(need, 1)} samples/s: each replica trains at most what it can "
+        f"in {B} / {count(need, 1)} s and at least one sample, so its stages need at least {count(short.need, 1)} "
+        f"units, the cluster has {count(short.have, 1)} (each type's units weighed: {weighed})"
     )
 
 

@@ -297,29 +297,33 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
 
     For each end ``i``, every feasible (start ``j``, type ``t``) is one row of a gather: ``g[j, t]``
     shifted by the stage's units along ``t``'s axis (or plus its weighted replicas where ``t`` is not
-    tracked), and ``f[i, t]`` the least of its rows. This loop is the solver's hot path: one gather and
-    one grouped ``min`` per end, however many starts, types and replica counts (docs/exact.md section 3,
-    "Speed").
+    tracked), and ``f[i, t]`` the least of its rows. ``g`` is kept with ``dims`` cells of inf before each
+    tracked axis, so that a shift past the axis's start reads inf and a row is one flat gather. This loop
+    is the solver's hot path: one gather and one grouped ``min`` per end, however many starts, types and
+    replica counts (docs/exact.md section 3, "Speed").
     """
     n1, _, T = K.shape
     C = math.prod(dims)
+    padded = tuple(2 * d for d in dims)
+    P = math.prod(padded)
     f = np.full((n1, T, C), np.inf)
-    g = np.full((n1, T, C), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
-    g[0, :, 0] = np.where(chain.starts, 0.0, np.inf)
+    g = np.full((n1 * T, P), np.inf)  # g[j * T + t]: best f[j, t'] over t' != t (the next stage is on t)
+    pstrides = np.append(np.cumprod((1, *padded[::-1]))[-2::-1], 0)  # C order; the untracked row: 0
+    inner = sum((np.asarray(c).ravel() + d) * pstrides[a] for a, (c, d) in enumerate(zip(np.indices(dims), dims)))
+    inner = np.asarray(inner, dtype=np.int64).ravel() if dims else np.zeros(1, dtype=np.int64)
+    g[np.flatnonzero(chain.starts), inner[0]] = 0.0  # g[0, t] at no units
     # the types that may come before each type, each set once with the types it comes before (a
     # pipeline's stages at one place share theirs)
     sets: dict[tuple[int, ...], list[int]] = {}
     for t, rest in enumerate(chain.before):
         if rest:
             sets.setdefault(tuple(rest), []).append(t)
-    before = [(list(rest), types) for rest, types in sets.items()]
-    cell = np.arange(C)
-    # each cell's units along each tracked axis, and a last row of zeros for the untracked types
-    coords = np.vstack([*(c.ravel() for c in np.indices(dims)), np.zeros(C, dtype=np.int64)])
-    strides = np.append(np.cumprod((1, *dims[::-1]))[-2::-1], 0)  # C order; the untracked row: 0
-    along = np.array([axis.get(t, len(dims)) for t in range(T)])  # each type's row of coords
+    before = [(list(rest), np.array(types)) for rest, types in sets.items()]
+    along = np.array([axis.get(t, len(dims)) for t in range(T)])  # each type's axis, len(dims): untracked
     units = np.where(along < len(dims), chain.widths, 0)  # a replica's units along its axis
+    reach = np.append(np.array(dims, dtype=np.int64), 0)  # a shift this far reads only the padding
     added = np.where(along < len(dims), 0.0, weight)  # an untracked type's weight per replica
+    flat_g = g.ravel()
     Kt = K.transpose(0, 2, 1)  # [i, t, j]
     rows = max(1, GATHER_CELLS // C)
     for i in range(1, n1):
@@ -327,19 +331,20 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
         if not tt.size:
             continue
         k = Kt[i, tt, jj]
-        shift = (k * units[tt]).astype(np.int64)
+        shift = np.minimum((k * units[tt]).astype(np.int64), reach[along[tt]])
+        offset = (jj * T + tt) * P - shift * pstrides[along[tt]]
         for lo in range(0, tt.size, rows):
-            ts, js, ss = tt[lo : lo + rows], jj[lo : lo + rows], shift[lo : lo + rows]
-            source = cell[None, :] - (ss * strides[along[ts]])[:, None]
-            fits = coords[along[ts]] >= ss[:, None]
-            values = np.where(fits, g[js[:, None], ts[:, None], np.maximum(source, 0)], np.inf)
-            values += (added[ts] * k[lo : lo + rows])[:, None]
+            ts = tt[lo : lo + rows]
+            values = flat_g[offset[lo : lo + rows, None] + inner[None, :]]
+            if (plus := added[ts] * k[lo : lo + rows]).any():
+                values += plus[:, None]
             first = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
             present = ts[first]
             f[i, present] = np.minimum(f[i, present], np.minimum.reduceat(values, first, axis=0))
         for rest, types in before:
-            g[i, types] = f[i, rest].min(axis=0)
-    return f.reshape((n1, T, *dims)), g.reshape((n1, T, *dims))
+            g[(i * T + types)[:, None], inner[None, :]] = f[i, rest].min(axis=0)
+    shaped = g.reshape((n1, T, *padded))[(slice(None), slice(None), *(slice(d, None) for d in dims))]
+    return f.reshape((n1, T, *dims)), shaped
 
 
 def _backtrack(
