@@ -237,6 +237,8 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
     for t, name in enumerate(problem.types):
         start: Plan | None = None
         for e in _counts(int(problem.limits[t]) - 1):
+            if e & (e - 1):  # a power of two (section 1i), not all but one of the units
+                continue
             if clock is not None and clock.out_of_time():
                 return best if not said else best.but(notes=[*best.notes, said])
             limits = problem.limits.copy()
