@@ -4,6 +4,7 @@ the grown space, and how close the seeds' schedulers come to the certified optim
     python benchmarks/bench_planning.py              # exact, mixed and frontier rows (under a minute)
     python benchmarks/bench_planning.py --seeds 0-3  # also rl (the default) and tapp at each seed (long)
     python benchmarks/bench_planning.py --keep DIR   # keep the profile and clusters it writes
+    python benchmarks/bench_planning.py --repeat 3   # each exact and frontier row the median of 3 runs
 
 The problems come from the shared GPT-Neo-2.7B data as ``bench_sailor_plans.py`` builds them: the
 profile whose unit is one GPU with every layer's times at tp 1, 2 and 4 and forward times (so every
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,17 +52,20 @@ MIXED = (
 )
 
 
-def command(*args: str, timeout: float = 3600) -> tuple[dict, float]:
+def command(*args: str, timeout: float = 3600, repeat: int = 1) -> tuple[dict, float]:
     """``heterps ARGS --json`` in a new process: its JSON (or its error, where it answers none or refuses)
-    and its wall time."""
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "heterps_cli", *args, "--json"], capture_output=True, text=True, timeout=timeout
-    )
-    wall = time.perf_counter() - start
-    if done.returncode not in (0, 2, 3):
-        raise SystemExit(f"heterps {' '.join(args)} failed:\n{done.stderr}")
-    return (json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()}), wall
+    and its wall time, the median of ``repeat`` runs (the machine's speed wanders by a third)."""
+    walls = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "heterps_cli", *args, "--json"], capture_output=True, text=True, timeout=timeout
+        )
+        walls.append(time.perf_counter() - start)
+        if done.returncode not in (0, 2, 3):
+            raise SystemExit(f"heterps {' '.join(args)} failed:\n{done.stderr}")
+    found = json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()}
+    return found, statistics.median(walls)
 
 
 def seeds_of(text: str) -> list[int]:
@@ -87,12 +92,13 @@ def problems(folder: Path) -> list[tuple[str, Path, Path, tuple[str, ...]]]:
     return out
 
 
-def exact_rows(rows) -> dict:
+def exact_rows(rows, repeat: int = 1) -> dict:
     """The exact plan of every problem: its figures, its certificate and the command's time."""
     print(header([(c, "l") for c in ("problem", "samples/s", "certified", "plan", "command s")]))
     found = {}
     for name, profile, cluster, extra in rows:
-        plan, wall = command("plan", str(profile), str(cluster), "-s", "exact", "--objective", "time", *extra)
+        args = ("plan", str(profile), str(cluster), "-s", "exact", "--objective", "time", *extra)
+        plan, wall = command(*args, repeat=repeat)
         found[name] = plan
         if "error" in plan:
             print(row([name, "none fits", "—", " ".join(plan["error"].split())[:100], f"{wall:.2f}"]))
@@ -102,13 +108,13 @@ def exact_rows(rows) -> dict:
     return found
 
 
-def frontier_rows(rows) -> None:
+def frontier_rows(rows, repeat: int = 1) -> None:
     print()
     print(header([(c, "l") for c in ("problem", "frontier points", "command s")]))
     for name, profile, cluster, extra in rows:
         if name != f"gh200 x{GH200_NODES[-1]} nodes" and "--mixed-stages" not in extra:
             continue
-        found, wall = command("frontier", str(profile), str(cluster), *extra)
+        found, wall = command("frontier", str(profile), str(cluster), *extra, repeat=repeat)
         points = " ".join(found["error"].split())[:100] if "error" in found else str(len(found["plans"]))
         print(row([name, points, f"{wall:.2f}"]))
 
@@ -133,13 +139,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", type=Path, help="keep the profile and clusters in this folder")
     parser.add_argument("--seeds", help="also run rl and tapp at these seeds, e.g. 0-3")
+    parser.add_argument("--repeat", type=int, default=1, help="time each exact and frontier row N times (median)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         rows = problems(folder)
-        exact = exact_rows(rows)
-        frontier_rows(rows)
+        exact = exact_rows(rows, args.repeat)
+        frontier_rows(rows, args.repeat)
         if args.seeds:
             scheduler_rows(rows, exact, seeds_of(args.seeds))
 
