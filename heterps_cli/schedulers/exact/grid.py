@@ -4,8 +4,8 @@ rate and their share of the cost bound. The DP (:mod:`.kernel`) runs over these 
 
 A replica count only grows with the target, so a grid is raised to a higher target by recomputing only
 the cells that fall short of it; a bisection, which also asks lower targets than the last, raises the
-grid of the highest target below the one asked that it kept (:data:`SNAPSHOTS`) rather than filling a new
-one (docs/exact.md section 3, "Speed")."""
+grid of the highest target below the one asked that it kept (:data:`SNAPSHOTS`, from its first question
+below on) rather than filling a new one (docs/exact.md section 3, "Speed")."""
 
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ class ReplicaGrid:
         self.rate: np.ndarray = np.empty(0)  # their price rate
         self.bound: np.ndarray = np.empty(0)  # costmodel.cost_lower_bound per stage
         self.kept: list[tuple[float, tuple[np.ndarray, ...]]] = []  # (target, copies of the four arrays)
+        self.descended = False  # asked below its target once: a bisection, which copies pay for
 
     def replicas(self, target: float) -> np.ndarray:
         """``K[i, j, t]``: the fewest replicas with which stage ``j..i-1`` on ``t`` reaches ``target``
         within its type's limit and memory (inf: none). Read-only; valid until the next call."""
         if self.target is not None and target < self.target:
+            self.descended = True
             below = [kept for kept in self.kept if kept[0] <= target]
             if below:
                 self.target, arrays = max(below, key=lambda kept: kept[0])
@@ -62,8 +64,9 @@ class ReplicaGrid:
         return self.K
 
     def _keep(self) -> None:
-        """Keep a copy of the grid at its target, for a later question below the next one."""
-        if self.K.size > SNAPSHOT_CELLS or any(kept[0] == self.target for kept in self.kept):
+        """Keep a copy of the grid at its target, for a later question below the next one (once a question
+        went below: a walk only rises, and copying at every step took a tenth of a frontier's time)."""
+        if not self.descended or self.K.size > SNAPSHOT_CELLS or any(kept[0] == self.target for kept in self.kept):
             return
         assert self.target is not None
         self.kept = [
