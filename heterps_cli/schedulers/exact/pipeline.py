@@ -61,25 +61,35 @@ from heterps_cli.schedulers.exact.kernel import (
 )
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
+# The fewest replicas, by problem and then by a digest of the bytes they are computed from: every stage
+# count's grid, and every rental of whole nodes (a problem of its own), asks the same few, and their
+# whole-sample bisection was a sixth of the exact solver's time at 64 nodes (issue 64). Bounded in bytes:
+# a grid of 256 layers and 4 types is 2 MB. By problem too, the stages' terms that no stage count changes.
+_BY_PROBLEM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``[i, j, t]``: the serial and parallel parts of stage ``j..i-1``'s step on ``t`` in a plan of
     ``stages`` stages (``T_s(k) = serial + parallel / k``), and the per-sample part of ``parallel``;
     ``again``: the stage recomputes its activations (section 1g)."""
-    serial, parallel = problem.recompute_parts if again else problem.parts[:2]
-    micro_parallel = spans(parallel) + boundary_transfer(problem)
-    start, latency, message = problem.fixed_costs
-    messages = problem.boundary_messages[:, None, None] + problem.boundary_messages[None, :, None]  # out at i, in at j
-    sync, update = spans(problem.odt) + latency, spans(problem.update_times)
-    micro_serial = spans(serial) + start + message * messages
-    return pipeline_step(problem.micro_batches, stages, micro_serial, micro_parallel, sync, update)
+    return pipeline_step(problem.micro_batches, stages, *_micro_terms(problem, again))
 
 
-# The fewest replicas, by problem and then by a digest of the bytes they are computed from: every stage
-# count's grid, and every rental of whole nodes (a problem of its own), asks the same few, and their
-# whole-sample bisection was a sixth of the exact solver's time at 64 nodes (issue 64). Bounded in bytes:
-# a grid of 256 layers and 4 types is 2 MB.
-_BY_PROBLEM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _micro_terms(problem: Problem, again: bool) -> tuple[np.ndarray, ...]:
+    """``[i, j, t]`` each: a stage's serial and parallel time a micro-batch, its all-reduce between two
+    replicas and its optimiser step, whatever the stage count (kept per problem: every grid asks)."""
+    memo = _BY_PROBLEM.setdefault(problem, {})
+    if ("micro", again) not in memo:
+        serial, parallel = problem.recompute_parts if again else problem.parts[:2]
+        micro_parallel = spans(parallel) + boundary_transfer(problem)
+        start, latency, message = problem.fixed_costs
+        messages = problem.boundary_messages[:, None, None] + problem.boundary_messages[None, :, None]  # out i, in j
+        sync, update = spans(problem.odt) + latency, spans(problem.update_times)
+        micro_serial = spans(serial) + start + message * messages
+        memo["micro", again] = _frozen(micro_serial, micro_parallel, sync, update)
+    return memo["micro", again]
+
+
 MOST_KEPT_BYTES = 256_000_000
 
 
@@ -144,9 +154,20 @@ def _fewest(problem: Problem, terms: tuple, held: float, again: bool) -> np.ndar
     return found
 
 
+def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``arrays`` made read-only, as kept for every later grid."""
+    for array in arrays:
+        array.flags.writeable = False
+    return arrays
+
+
 def _ok(problem: Problem, again: bool) -> np.ndarray:
-    """``[i, j, t]``: stage ``j..i-1`` may run on ``t`` (section 1g: and recompute there)."""
-    return runnable_spans(problem.replace(runnable=problem.recomputable) if again else problem)
+    """``[i, j, t]``: stage ``j..i-1`` may run on ``t`` (section 1g: and recompute there); kept per problem."""
+    memo = _BY_PROBLEM.setdefault(problem, {})
+    if ("ok", again) not in memo:
+        where = problem.replace(runnable=problem.recomputable) if again else problem
+        (memo["ok", again],) = _frozen(runnable_spans(where))
+    return memo["ok", again]
 
 
 def _labels(problem: Problem) -> np.ndarray:
@@ -168,7 +189,10 @@ def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tupl
     for j, again in problem.stage_ways:
         view = problem.views[j]
         fewest = _memory_replicas(view, held, again)
-        if (floor := share_floor_spans(view)) is not None:  # section 1f: each replica's share was measured
+        memo = _BY_PROBLEM.setdefault(view, {})
+        if "floor" not in memo:
+            memo["floor"] = None if (floor := share_floor_spans(view)) is None else _frozen(floor)[0]
+        if (floor := memo["floor"]) is not None:  # section 1f: each replica's share was measured
             fewest = np.maximum(fewest, floor[:, :, None, :])
         out.append(_step_terms(view, stages, again) + (_ok(view, again), fewest))
     return out
