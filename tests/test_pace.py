@@ -88,40 +88,37 @@ def test_a_micro_batch_no_plan_can_win_is_not_searched_and_the_note_says_so(tmp_
     assert alone.exit_code == 0 and json.loads(alone.output)["throughput"] == pytest.approx(1 / 4.5)
 
 
+def _linked(tmp_path, times: dict, input_size: float, batches: tuple[int, int, int], limit: int):
+    """Two layers of ``times`` on one type whose units have a 1 Gb/s link, ``input_size`` bytes a sample
+    crossing their boundary; ``batches`` = (the profile's size, the global batch, the micro-batch): the
+    problem at that micro-batch and the exact plan there."""
+    size, global_batch, micro = batches
+    layer = {"type": "fc", "input_size": input_size, "weight_size": 1.0, "times": {"gpu": times}}
+    job = {"samples": 1e4, "global_batch": global_batch}
+    profile = {"model": "m", "batch_size": size, "job": job, "layers": [{"name": f"l{i}", **layer} for i in (0, 1)]}
+    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": limit, "bandwidth_gbps": 1.0}}}
+    args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)]
+    done = CliRunner().invoke(app, [*args, "-s", "exact", "--objective", "time", "--micro-batch", str(micro), "--json"])
+    assert done.exit_code == 0, done.output
+    return problem_from_dicts(profile, cluster, objective="time").at_micro_batch(micro), json.loads(done.output)
+
+
 def test_the_pace_ceiling_counts_the_boundary_a_pipeline_stage_waits_for(tmp_path):
     """Two layers of 1 s a micro-batch of 8 each (a sample a replica), their boundary 16 s a replica away
     over a 1 Gb/s link: no plan cuts there, so the ceiling is one stage's 8 samples in 2 s, which 8 replicas
     reach, where each layer's pace alone would allow 8."""
     times = {"oct": 8.0, "odt": 0.0, "alpha": 1.0, "beta": 0.0, "batches": {1: {"oct": 1.0, "odt": 0.0}}}
-    layers = [
-        {"name": f"l{i}", "type": "fc", "input_size": 1e9, "weight_size": 1.0, "times": {"gpu": times}} for i in (0, 1)
-    ]
-    profile = {"model": "m", "batch_size": 8, "job": {"samples": 64.0, "global_batch": 8}, "layers": layers}
-    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 16, "bandwidth_gbps": 1.0}}}
-    problem = problem_from_dicts(profile, cluster, objective="time").at_micro_batch(8)
+    problem, plan = _linked(tmp_path, times, 1e9, (8, 8, 8), limit=16)
     assert pace_ceiling(problem) == pytest.approx(8 / 2.0)
-    args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)]
-    done = CliRunner().invoke(app, [*args, "-s", "exact", "--objective", "time", "--micro-batch", "8", "--json"])
-    assert done.exit_code == 0, done.output
-    assert json.loads(done.output)["throughput"] == pytest.approx(pace_ceiling(problem))
+    assert plan["throughput"] == pytest.approx(pace_ceiling(problem))
 
 
 def test_the_pace_ceiling_is_reached_where_the_best_plan_cuts_at_a_boundary(tmp_path):
     """Two layers of 1 s a sample on one replica (micro-batch 1, 1,000 a step), their boundary 0.5 s away:
     two stages of 1.5 s each beat one of 2 s, and reach the ceiling but for the pipeline's fill and drain."""
     times = {"oct": 1.0, "odt": 0.0, "alpha": 1.0, "beta": 0.0}
-    layers = [
-        {"name": f"l{i}", "type": "fc", "input_size": 3.125e7, "weight_size": 1.0, "times": {"gpu": times}}
-        for i in (0, 1)
-    ]
-    profile = {"model": "m", "batch_size": 1, "job": {"samples": 1e4, "global_batch": 1000}, "layers": layers}
-    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 2, "bandwidth_gbps": 1.0}}}
-    problem = problem_from_dicts(profile, cluster, objective="time").at_micro_batch(1)
+    problem, plan = _linked(tmp_path, times, 3.125e7, (1, 1000, 1), limit=2)
     assert pace_ceiling(problem) == pytest.approx(1 / 1.5)
-    args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)]
-    done = CliRunner().invoke(app, [*args, "-s", "exact", "--objective", "time", "--micro-batch", "1", "--json"])
-    assert done.exit_code == 0, done.output
-    plan = json.loads(done.output)
     assert len(plan["stages"]) == 2
     assert plan["throughput"] == pytest.approx(pace_ceiling(problem) * 1000 / 1001)
 
