@@ -294,10 +294,11 @@ def _cheapest_on_chain(K, prices, limits, chain):
 
 
 @settings(max_examples=150, **SETTINGS)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.booleans())
-def test_the_limit_aware_dp_on_a_chain_of_ways_is_the_cheapest_within_the_limits(seed, n, capped):
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.booleans(), st.booleans())
+def test_the_limit_aware_dp_on_a_chain_of_ways_is_the_cheapest_within_the_limits(seed, n, capped, tight):
     """The same on DP types that are ways of running a type (section 1h's degrees: a replica of 1 or 2
-    units), with drawn rules for which may start, end and follow which (as a pipeline's places)."""
+    units), with drawn rules for which may start, end and follow which (as a pipeline's places); ``tight``:
+    the state's budget holds its tables but not the padded one, so the DP masks the shifts instead."""
     rng = np.random.default_rng(seed)
     base, widths = np.array([0, 0, 1, 1, 2]), rng.choice([1, 2], size=5)
     P = len(base)
@@ -309,7 +310,10 @@ def test_the_limit_aware_dp_on_a_chain_of_ways_is_the_cheapest_within_the_limits
     limits = rng.integers(1, 7, size=3)
     tracked, cap = ([0, 1], 2) if capped else ([0, 1, 2], None)
     want = _cheapest_on_chain(K, prices, limits, chain)
-    stages = kernel.chain_dp_limited(K, prices, limits, tracked, cap, chain)
+    with pytest.MonkeyPatch.context() as patch:
+        if tight:
+            patch.setattr(kernel, "MAX_STATE_CELLS", (n + 1) * P * math.prod(int(limits[t]) + 1 for t in tracked))
+        stages = kernel.chain_dp_limited(K, prices, limits, tracked, cap, chain)
     if want is None:
         assert stages is None
         return

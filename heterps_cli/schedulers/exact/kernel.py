@@ -297,20 +297,24 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
 
     For each end ``i``, every feasible (start ``j``, type ``t``) is one row of a gather: ``g[j, t]``
     shifted by the stage's units along ``t``'s axis (or plus its weighted replicas where ``t`` is not
-    tracked), and ``f[i, t]`` the least of its rows. ``g`` is kept with ``dims`` cells of inf before each
-    tracked axis, so that a shift past the axis's start reads inf and a row is one flat gather. This loop
-    is the solver's hot path: one gather and one grouped ``min`` per end, however many starts, types and
-    replica counts (docs/exact.md section 3, "Speed").
+    tracked), and ``f[i, t]`` the least of its rows. Where it fits the budget of one table, ``g`` is kept
+    with ``dims`` cells of inf before each tracked axis, so that a shift past the axis's start reads inf
+    and a row is one flat gather (a third faster); else a mask drops those cells. This loop is the
+    solver's hot path: one gather and one grouped ``min`` per end, however many starts, types and replica
+    counts (docs/exact.md section 3, "Speed").
     """
     n1, _, T = K.shape
     C = math.prod(dims)
-    padded = tuple(2 * d for d in dims)
+    wide = n1 * T * math.prod(2 * d for d in dims) <= MAX_STATE_CELLS
+    pad = dims if wide else tuple(0 for _ in dims)
+    padded = tuple(d + p for d, p in zip(dims, pad))
     P = math.prod(padded)
     f = np.full((n1, T, C), np.inf)
     g = np.full((n1 * T, P), np.inf)  # g[j * T + t]: best f[j, t'] over t' != t (the next stage is on t)
     pstrides = np.append(np.cumprod((1, *padded[::-1]))[-2::-1], 0)  # C order; the untracked row: 0
-    inner = sum((np.asarray(c).ravel() + d) * pstrides[a] for a, (c, d) in enumerate(zip(np.indices(dims), dims)))
-    inner = np.asarray(inner, dtype=np.int64).ravel() if dims else np.zeros(1, dtype=np.int64)
+    # each cell's units along each tracked axis, and a last row of zeros for the untracked types
+    coords = np.vstack([*(c.ravel() for c in np.indices(dims)), np.zeros(C, dtype=np.int64)])
+    inner = (coords[:-1] + np.array(pad, dtype=np.int64)[:, None]).T @ pstrides[:-1]  # where each cell is in g
     g[np.flatnonzero(chain.starts), inner[0]] = 0.0  # g[0, t] at no units
     # the types that may come before each type, each set once with the types it comes before (a
     # pipeline's stages at one place share theirs)
@@ -335,7 +339,12 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
         offset = (jj * T + tt) * P - shift * pstrides[along[tt]]
         for lo in range(0, tt.size, rows):
             ts = tt[lo : lo + rows]
-            values = flat_g[offset[lo : lo + rows, None] + inner[None, :]]
+            at = offset[lo : lo + rows, None] + inner[None, :]
+            if wide:
+                values = flat_g[at]
+            else:
+                fits = coords[along[ts]] >= shift[lo : lo + rows, None]
+                values = np.where(fits, flat_g[np.where(fits, at, 0)], np.inf)
             if (plus := added[ts] * k[lo : lo + rows]).any():
                 values += plus[:, None]
             first = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
@@ -343,7 +352,7 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
             f[i, present] = np.minimum(f[i, present], np.minimum.reduceat(values, first, axis=0))
         for rest, types in before:
             g[(i * T + types)[:, None], inner[None, :]] = f[i, rest].min(axis=0)
-    shaped = g.reshape((n1, T, *padded))[(slice(None), slice(None), *(slice(d, None) for d in dims))]
+    shaped = g.reshape((n1, T, *padded))[(slice(None), slice(None), *(slice(p, None) for p in pad))]
     return f.reshape((n1, T, *dims)), shaped
 
 
