@@ -103,6 +103,13 @@ def bound(problem: Problem) -> float | None:
 
 def proven(problem: Problem, plan) -> tuple[float, str] | None:
     """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
-    where the bound has no answer."""
+    where the bound has no answer. Under objective time and a pipeline, the bound is also held to each
+    micro-batch's pace ceiling and the units its throughput needs (:func:`~heterps_cli.pace.speed_bound`)."""
     best = bound(problem.at_micro_batch(plan.batch_size))
-    return None if best is None else within(problem.objective, plan.cost_usd, plan.throughput, best)
+    if best is None:
+        return None
+    if problem.objective is Objective.TIME and problem.pipelined and plan.throughput > 0:
+        from heterps_cli.pace import speed_bound
+
+        best = max(plan.throughput, min(best, speed_bound(problem, plan.throughput, best)))
+    return within(problem.objective, plan.cost_usd, plan.throughput, best)

@@ -169,3 +169,24 @@ def _kinds(problem: Problem) -> _Kinds:
             rows["message"].append(float(message[t]))
             rows["rate"].append(float(view.boundary_rate[t]))
     return _Kinds(**{name: np.array(values) for name, values in rows.items()})
+
+
+BISECTION = 1e-3  # how close the units bound's least ruled-out throughput is found
+
+
+def speed_bound(problem: Problem, reached: float, cap: float) -> float:
+    """No plan at any micro-batch the problem may choose is faster than this: at each choice the least of
+    ``cap`` (a bound known already), its pace ceiling and the least throughput its units bound rules out
+    (found to within :data:`BISECTION`). ``reached``: a plan's throughput, where the search starts."""
+    proven, start = 0.0, reached * (1 + BISECTION)
+    for batch in problem.micro_batch_choices:
+        sub = problem.at_micro_batch(batch)
+        top, lo = min(cap, pace_ceiling(sub)), max(proven, start)
+        if top <= lo or units_short(sub, lo) is not None:  # none at this choice passes top, or lo
+            proven = max(proven, min(top, lo))
+            continue
+        while top > lo * (1 + BISECTION):  # top is ruled out (or the cap), lo is not
+            mid = float(np.sqrt(lo * top))
+            lo, top = (lo, mid) if units_short(sub, mid) is not None else (mid, top)
+        proven = max(proven, top)
+    return proven

@@ -5,6 +5,7 @@ mixed), attained where nothing else slows a plan, and the micro-batch they prove
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
-from heterps_cli.pace import pace_ceiling, units_short
+from heterps_cli.pace import pace_ceiling, speed_bound, units_short
 from tests.helpers import problem_from_dicts, write_yaml
 from tests.oracle import pipeline_optimum
 from tests.strategies import SETTINGS
@@ -29,6 +30,8 @@ def _within_the_ceiling(profile, cluster, optimum) -> None:
     if optimum is not None:
         assert optimum[1] <= pace_ceiling(problem) * (1 + 1e-9)
         assert units_short(problem, optimum[1] * (1 - 1e-9)) is None
+        # the certificate's bound, its bisection started well below the optimum
+        assert speed_bound(problem, optimum[1] / 4, math.inf) >= optimum[1] * (1 - 1e-9)
 
 
 @settings(max_examples=60, **SETTINGS)
