@@ -1,6 +1,7 @@
-"""What no plan at one micro-batch can pass (heterps_cli.pace): the pace ceiling and the units a throughput
-needs, never past the optimum that brute-force enumeration finds on small instances (pipelined, sharded,
-mixed), attained where nothing else slows a plan, and the micro-batch they prove unable to win not searched."""
+"""What no plan at one micro-batch can pass (heterps_cli.pace): the pace ceiling, the units a throughput
+needs and the certificate's bound made of them, never past the optimum that brute-force enumeration finds on
+small instances (pipelined, sharded, mixed), attained where nothing else slows a plan, and the micro-batch
+they prove unable to win not searched."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from tests.test_tensor_parallel import sharded
 
 
 def _within_the_ceiling(profile, cluster, optimum) -> None:
-    """The optimum passes neither bound: not the ceiling, and its own throughput is within the units."""
+    """The optimum passes no bound: not the ceiling, its own throughput is within the units, and the
+    certificate's bound is no lower."""
     problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
     if optimum is not None:
         assert optimum[1] <= pace_ceiling(problem) * (1 + 1e-9)
