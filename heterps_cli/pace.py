@@ -178,10 +178,14 @@ def speed_bound(problem: Problem, reached: float, cap: float) -> float:
     """No plan at any micro-batch the problem may choose is faster than this: at each choice the least of
     ``cap`` (a bound known already), its pace ceiling and the least throughput its units bound rules out
     (found to within :data:`BISECTION`). ``reached``: a plan's throughput, where the search starts."""
+    if not reached > 0:
+        return cap
     proven, start = 0.0, reached * (1 + BISECTION)
     for batch in problem.micro_batch_choices:
         sub = problem.at_micro_batch(batch)
         top, lo = min(cap, pace_ceiling(sub)), max(proven, start)
+        if not np.isfinite(top):  # nothing bounds this choice
+            return np.inf
         if top <= lo or units_short(sub, lo) is not None:  # none at this choice passes top, or lo
             proven = max(proven, min(top, lo))
             continue
