@@ -232,8 +232,7 @@ class Validated:
 def _beyond_exact(problem, seed: int, progress, options, exc: TooLarge) -> Plan:
     """A problem too large for the exact solver's tables is answered, not refused (issue 63): the greedy
     search's plan with its proven gap to :func:`~heterps_cli.bounds.bound`, and why exact could not."""
-    from heterps_cli.bounds import proven
-    from heterps_cli.objective import Objective
+    from heterps_cli.bounds import by_micro_batch, proven
 
     given = options or SolveOptions()  # exact's own fields are for exact: greedy reads the time limit alone
     plan = solve("greedy", problem, seed=seed, progress=progress, options=SolveOptions(given.time_limit, given.started))
@@ -242,7 +241,7 @@ def _beyond_exact(problem, seed: int, progress, options, exc: TooLarge) -> Plan:
         return plan.but(notes=[said, *plan.notes])
     gap, words = found
     by = "by each layer's least work per sample on the units the cluster has"
-    if problem.pipelined and problem.objective is Objective.TIME:
+    if by_micro_batch(problem):
         by += " and what each micro-batch's replicas can pass"
     note = f"{said}; {by}, {words} (--scheduler rl may find a better plan)"
     return plan.but(notes=[note, *plan.notes], gap=gap, optimal=False)

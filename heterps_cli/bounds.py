@@ -101,6 +101,12 @@ def bound(problem: Problem) -> float | None:
     return float(found.fun) if found.status == 0 else None
 
 
+def by_micro_batch(problem: Problem) -> bool:
+    """Whether :func:`proven` also holds the bound to each micro-batch's pace and units: objective time
+    under a pipeline."""
+    return problem.objective is Objective.TIME and problem.pipelined
+
+
 def proven(problem: Problem, plan) -> tuple[float, str] | None:
     """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
     where the bound has no answer. Under objective time and a pipeline, the bound is also held to each
@@ -108,7 +114,7 @@ def proven(problem: Problem, plan) -> tuple[float, str] | None:
     best = bound(problem.at_micro_batch(plan.batch_size))
     if best is None:
         return None
-    if problem.objective is Objective.TIME and problem.pipelined and plan.throughput > 0:
+    if by_micro_batch(problem) and plan.throughput > 0:
         from heterps_cli.pace import speed_bound
 
         best = max(plan.throughput, min(best, speed_bound(problem, plan.throughput, best)))

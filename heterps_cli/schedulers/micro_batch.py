@@ -43,7 +43,7 @@ def best_micro_batch(
     # Largest first: where the exact solver asks only for a plan faster than the best so far, the
     # largest micro-batches, which run a sample fastest, leave the others least to search.
     out_of_time = False
-    unsearched: list[tuple[int, SolveOptions, Progress | None]] = []  # proven short of the job's floor
+    unsearched: list[tuple[int, Problem, SolveOptions, Progress | None]] = []  # proven short of the job's floor
     for i, batch in enumerate(sorted(choices, reverse=True)):
         left = clock.left()
         if left is not None and left <= 0 and (found or failed):  # the rest unasked: the limit holds
@@ -62,7 +62,7 @@ def best_micro_batch(
             if problem.objective is Objective.TIME and fastest > 0:  # else none meets the job's floor there
                 beaten.add(batch)
             else:
-                unsearched.append((batch, asked, report))
+                unsearched.append((batch, sub, asked, report))
             continue
         try:
             plan = solve_one(sub, asked, report)
@@ -73,7 +73,7 @@ def best_micro_batch(
         if plan.interrupted:  # Ctrl-C: the best so far, the other sizes unasked
             break
     if not found:
-        _search_after_all(problem, unsearched, solve_one, found, failed)
+        _search_after_all(unsearched, solve_one, found, failed)
     if not found:
         # a search that gave up where a plan may exist says so (exit 5), as at one micro-batch
         gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
@@ -83,12 +83,12 @@ def best_micro_batch(
     return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
 
 
-def _search_after_all(problem: Problem, unsearched: list, solve_one: SolveOne, found: dict, failed: dict) -> None:
+def _search_after_all(unsearched: list, solve_one: SolveOne, found: dict, failed: dict) -> None:
     """Where no choice has a plan, the choices a bound proved short of the job's floor are searched after
     all, so that the error says what the fastest plan there reaches and what caps it, not only the bound."""
-    for batch, asked, report in unsearched:
+    for batch, sub, asked, report in unsearched:
         try:  # the bound says it raises
-            found[batch] = solve_one(problem.at_micro_batch(batch), dataclasses.replace(asked, started=None), report)
+            found[batch] = solve_one(sub, dataclasses.replace(asked, started=None), report)
         except InfeasibleError as exc:
             failed[batch] = exc
 

@@ -78,16 +78,27 @@ def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.
 def _micro_terms(problem: Problem, again: bool) -> tuple[np.ndarray, ...]:
     """``[i, j, t]`` each: a stage's serial and parallel time a micro-batch, its all-reduce between two
     replicas and its optimiser step, whatever the stage count (kept per problem: every grid asks)."""
-    memo = _BY_PROBLEM.setdefault(problem, {})
-    if ("micro", again) not in memo:
+
+    def make() -> tuple[np.ndarray, ...]:
         serial, parallel = problem.recompute_parts if again else problem.parts[:2]
         micro_parallel = spans(parallel) + boundary_transfer(problem)
         start, latency, message = problem.fixed_costs
         messages = problem.boundary_messages[:, None, None] + problem.boundary_messages[None, :, None]  # out i, in j
         sync, update = spans(problem.odt) + latency, spans(problem.update_times)
-        micro_serial = spans(serial) + start + message * messages
-        memo["micro", again] = _frozen(micro_serial, micro_parallel, sync, update)
-    return memo["micro", again]
+        return spans(serial) + start + message * messages, micro_parallel, sync, update
+
+    return _kept(problem, ("micro", again), make)
+
+
+def _kept(problem: Problem, key, make):
+    """``make()``, once per problem and ``key``: its arrays read-only, as every later grid reads them."""
+    memo = _BY_PROBLEM.setdefault(problem, {})
+    if key not in memo:
+        found = make()
+        for array in found if isinstance(found, tuple) else () if found is None else (found,):
+            array.flags.writeable = False
+        memo[key] = found
+    return memo[key]
 
 
 MOST_KEPT_BYTES = 256_000_000
@@ -154,20 +165,13 @@ def _fewest(problem: Problem, terms: tuple, held: float, again: bool) -> np.ndar
     return found
 
 
-def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``arrays`` made read-only, as kept for every later grid."""
-    for array in arrays:
-        array.flags.writeable = False
-    return arrays
-
-
 def _ok(problem: Problem, again: bool) -> np.ndarray:
     """``[i, j, t]``: stage ``j..i-1`` may run on ``t`` (section 1g: and recompute there); kept per problem."""
-    memo = _BY_PROBLEM.setdefault(problem, {})
-    if ("ok", again) not in memo:
-        where = problem.replace(runnable=problem.recomputable) if again else problem
-        (memo["ok", again],) = _frozen(runnable_spans(where))
-    return memo["ok", again]
+
+    def make() -> np.ndarray:
+        return runnable_spans(problem.replace(runnable=problem.recomputable) if again else problem)
+
+    return _kept(problem, ("ok", again), make)
 
 
 def _labels(problem: Problem) -> np.ndarray:
@@ -189,10 +193,8 @@ def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tupl
     for j, again in problem.stage_ways:
         view = problem.views[j]
         fewest = _memory_replicas(view, held, again)
-        memo = _BY_PROBLEM.setdefault(view, {})
-        if "floor" not in memo:
-            memo["floor"] = None if (floor := share_floor_spans(view)) is None else _frozen(floor)[0]
-        if (floor := memo["floor"]) is not None:  # section 1f: each replica's share was measured
+        floor = _kept(view, "floor", lambda view=view: share_floor_spans(view))
+        if floor is not None:  # section 1f: each replica's share was measured
             fewest = np.maximum(fewest, floor[:, :, None, :])
         out.append(_step_terms(view, stages, again) + (_ok(view, again), fewest))
     return out
