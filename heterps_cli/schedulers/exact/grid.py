@@ -18,6 +18,7 @@ from heterps_cli.schedulers.exact.kernel import Chain, Table
 
 SNAPSHOTS = 3  # grids kept at earlier targets: a bisection needs the one at its floor
 SNAPSHOT_CELLS = 1_000_000  # a grid larger keeps none: each copy is four arrays of 8 bytes a cell
+FILLS_KEPT = 4  # limit-free fills a table keeps (the targets a walk over rentals asks each of them)
 
 
 class ReplicaGrid:
@@ -75,32 +76,58 @@ class ReplicaGrid:
         ]
 
     def _fill(self, target: float) -> None:
-        """The whole grid for ``target``, a block of ends at a time: the temporaries of the closed
-        form then take a block's memory, not the grid's (a 2,000-layer grid is 96 MB per array)."""
-        t = self.tab
-        shape = t.sc.shape
+        """The whole grid for ``target``. A small one is the table's limit-free fill at ``target`` (made
+        once for every solver sharing the table: :attr:`.kernel.Table.fills`) with this type's limit
+        applied; a large one is filled a block of ends at a time, so that the temporaries of the closed
+        form take a block's memory, not the grid's (a 2,000-layer grid is 96 MB per array)."""
+        shape = self.tab.sc.shape
         if self.K.shape != shape:
             self.K, self.reach, self.rate, self.bound = (np.empty(shape) for _ in range(4))
-        block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
-        for lo in range(0, shape[0], block):
-            rows = slice(lo, lo + block)
-            K = min_replicas(
-                t.sc[rows],
-                t.pc[rows],
-                t.sd[rows],
-                t.pd[rows],
-                self.p.step_samples,
-                target,
-                t.min_k[rows],
-                t.ps[rows],
-                self.p.batch_size,
-            )
-            K = np.where(t.ok[rows] & (K <= self.unit_limit[None, None, :]), K, np.inf)
-            cells = np.arange(lo * shape[1] * shape[2], lo * shape[1] * shape[2] + K.size)
-            self.K[rows] = K
-            self.reach[rows] = self._throughput(cells, K.ravel()).reshape(K.shape)
-            self.rate[rows] = self._priced(K, self.type_index)
-            self.bound[rows] = self._per_stage_bound(K, self.reach[rows], self.type_index)
+        mine = (self.K, self.reach, self.rate, self.bound)
+        if self.K.size > SNAPSHOT_CELLS:
+            block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
+            for lo in range(0, shape[0], block):
+                rows = slice(lo, lo + block)
+                for array, part in zip(mine, self._filled(rows, target, self.unit_limit)):
+                    array[rows] = part
+            return
+        free = self._limit_free(target)
+        fits = free[0] <= self.unit_limit[None, None, :]  # inf (no count reaches it) never fits
+        for array, part in zip(mine, free):
+            np.copyto(array, np.where(fits, part, np.inf))
+
+    def _limit_free(self, target: float) -> tuple[np.ndarray, ...]:
+        """The four arrays at ``target`` were no type limited, kept on the table for the next solver."""
+        key = (target, self.p.step_samples, self.p.batch_size, self.price.tobytes())
+        fills = self.tab.fills
+        if key not in fills:
+            while len(fills) >= FILLS_KEPT:
+                del fills[next(iter(fills))]
+            fills[key] = self._filled(slice(None), target, np.full(len(self.price), np.inf))
+            for array in fills[key]:
+                array.flags.writeable = False
+        return fills[key]
+
+    def _filled(self, rows: slice, target: float, limit: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``K``, ``reach``, ``rate`` and ``bound`` of the stages ending at ``rows``, at most ``limit``
+        replicas of each DP type."""
+        t = self.tab
+        K = min_replicas(
+            t.sc[rows],
+            t.pc[rows],
+            t.sd[rows],
+            t.pd[rows],
+            self.p.step_samples,
+            target,
+            t.min_k[rows],
+            t.ps[rows],
+            self.p.batch_size,
+        )
+        K = np.where(t.ok[rows] & (K <= limit[None, None, :]), K, np.inf)
+        lo = range(t.sc.shape[0])[rows].start
+        cells = np.arange(lo * K.shape[1] * K.shape[2], lo * K.shape[1] * K.shape[2] + K.size)
+        reach = self._throughput(cells, K.ravel()).reshape(K.shape)
+        return K, reach, self._priced(K, self.type_index), self._per_stage_bound(K, reach, self.type_index)
 
     def _raise(self, cells: np.ndarray, target: float) -> None:
         t = self.tab

@@ -251,6 +251,7 @@ class PipelineSolver(StepSolver):
         progress: Progress | None,
         relax: bool = True,
         grids: dict[int, tuple[Table, Chain]] | None = None,
+        floor_grids: dict[int, tuple[Table, Chain]] | None = None,
     ):
         self.p = problem
         self.progress = progress
@@ -259,6 +260,7 @@ class PipelineSolver(StepSolver):
         self.most = most_stages(problem)
         # Grids by stage count S; another solver of the same problem may share them (read-only).
         self.grids: dict[int, tuple[Table, Chain]] = {} if grids is None else grids
+        self.floor_grids: dict[int, tuple[Table, Chain]] = {} if floor_grids is None else floor_grids  # by S
         self.subs: dict[int, StepSolver] = {}
         self.floors: dict[int, StepSolver] = {}  # by S: the solver on at_least_grid(S)
         # What the solvers of dropped grids found (see the properties below).
@@ -298,7 +300,9 @@ class PipelineSolver(StepSolver):
         """The solver on :func:`at_least_grid`: its "no plan reaches X" and its cost bounds hold for
         every plan of ``S`` stages or more."""
         if S not in self.floors:
-            table, chain = at_least_grid(self.p, S)
+            if S not in self.floor_grids:
+                self.floor_grids[S] = at_least_grid(self.p, S)
+            table, chain = self.floor_grids[S]
             self.floors[S] = StepSolver(self.p, None, table, self.relax, chain)
         return self.floors[S]
 
@@ -437,8 +441,11 @@ def _cells(problem: Problem, stages: int) -> int:
 def solver_for(
     problem: Problem, progress: Progress | None = None, relax: bool = True, like: StepSolver | None = None
 ) -> StepSolver:
-    """The exact solver's question-answerer for ``problem``'s model; sharing the stage grids of ``like``,
+    """The exact solver's question-answerer for ``problem``'s model; sharing the stage grids (and their
+    relaxations) of ``like``,
     a solver of the same problem, when given (they are only read)."""
     if problem.pipelined:
-        return PipelineSolver(problem, progress, relax, like.grids if isinstance(like, PipelineSolver) else None)
+        if isinstance(like, PipelineSolver):
+            return PipelineSolver(problem, progress, relax, like.grids, like.floor_grids)
+        return PipelineSolver(problem, progress, relax)
     return StepSolver(problem, progress, like.tab if like is not None else None, relax=relax)
