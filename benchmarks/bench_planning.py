@@ -5,6 +5,7 @@ the grown space, and how close the seeds' schedulers come to the certified optim
     python benchmarks/bench_planning.py --seeds 0-3  # also rl (the default) and tapp at each seed (long)
     python benchmarks/bench_planning.py --keep DIR   # keep the profile and clusters it writes
     python benchmarks/bench_planning.py --repeat 3   # each exact and frontier row the median of 3 runs
+    python benchmarks/bench_planning.py --baseline DIR  # also time another checkout's commands, alternately
 
 The problems come from the shared GPT-Neo-2.7B data as ``bench_sailor_plans.py`` builds them: the
 profile whose unit is one GPU with every layer's times at tp 1, 2 and 4 and forward times (so every
@@ -12,6 +13,11 @@ degree, recomputation and every micro-batch the profile measured are offered), o
 GPUs (8-64 nodes), and on the mixed clusters of issue 63 (A100-40 + V100-16 nodes, GH200 + A100-40) with
 ``--mixed-stages`` at global batch 2,048. Each row times the whole command (a new process: imports, reading
 the files, the search, writing JSON), as a user waits for it.
+
+This machine's speed wanders (two to three times slower on some days than on others), so a figure is
+comparable with another day's only beside a fixed reference: ``--baseline DIR`` runs each exact and
+frontier command of a checkout of other code (``git worktree add DIR a0cf5a3``, the code whose rows
+docs/benchmarks.md gives for 2026-11-27) alternately with this one's, and prints both.
 
 Targets (issue 64): the exact plan under 1 s at 64 GH200 nodes with every choice offered, under 3 s with
 mixed stages on 64 + 64 nodes of two types, ``heterps frontier`` on the same under 30 s; rl within 2% of
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -52,20 +59,40 @@ MIXED = (
 )
 
 
-def command(*args: str, timeout: float = 3600, repeat: int = 1) -> tuple[dict, float]:
-    """``heterps ARGS --json`` in a new process: its JSON (or its error, where it answers none or refuses)
-    and its wall time, the median of ``repeat`` runs (the machine's speed wanders by a third)."""
+def command(*args: str, timeout: float = 3600, repeat: int = 1, where: Path | None = None) -> tuple[dict, float]:
+    """``heterps ARGS --json`` in a new process (of the checkout at ``where``; None: this one): its JSON
+    (or its error, where it answers none or refuses) and its wall time, the median of ``repeat`` runs."""
     walls = []
+    env = None if where is None else {**os.environ, "PYTHONPATH": str(where)}
     for _ in range(repeat):
         start = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "heterps_cli", *args, "--json"], capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-m", "heterps_cli", *args, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=where,
+            env=env,
         )
         walls.append(time.perf_counter() - start)
         if done.returncode not in (0, 2, 3):
             raise SystemExit(f"heterps {' '.join(args)} failed:\n{done.stderr}")
     found = json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()}
     return found, statistics.median(walls)
+
+
+def beside(*args: str, repeat: int, baseline: Path | None) -> tuple[dict, float, str]:
+    """:func:`command` here, and with a ``baseline`` checkout also there, alternately (its median wall
+    time as a column: "" without one)."""
+    if baseline is None:
+        found, wall = command(*args, repeat=repeat)
+        return found, wall, ""
+    walls, others = [], []
+    for _ in range(repeat):
+        found, wall = command(*args)
+        walls.append(wall)
+        others.append(command(*args, where=baseline)[1])
+    return found, statistics.median(walls), f"{statistics.median(others):.2f}"
 
 
 def seeds_of(text: str) -> list[int]:
@@ -92,31 +119,34 @@ def problems(folder: Path) -> list[tuple[str, Path, Path, tuple[str, ...]]]:
     return out
 
 
-def exact_rows(rows, repeat: int = 1) -> dict:
+def exact_rows(rows, repeat: int = 1, baseline: Path | None = None) -> dict:
     """The exact plan of every problem: its figures, its certificate and the command's time."""
-    print(header([(c, "l") for c in ("problem", "samples/s", "certified", "plan", "command s")]))
+    columns = ["problem", "samples/s", "certified", "plan", "command s"] + (["baseline s"] if baseline else [])
+    print(header([(c, "l") for c in columns]))
     found = {}
     for name, profile, cluster, extra in rows:
         args = ("plan", str(profile), str(cluster), "-s", "exact", "--objective", "time", *extra)
-        plan, wall = command(*args, repeat=repeat)
+        plan, wall, other = beside(*args, repeat=repeat, baseline=baseline)
         found[name] = plan
+        times = [f"{wall:.2f}"] + ([other] if baseline else [])
         if "error" in plan:
-            print(row([name, "none fits", "—", " ".join(plan["error"].split())[:100], f"{wall:.2f}"]))
+            print(row([name, "none fits", "—", " ".join(plan["error"].split())[:100], *times]))
             continue
         proof = "optimal" if plan.get("optimal") else f"within {100 * (plan.get('gap') or 0):.1f}%"
-        print(row([name, f"{plan['throughput']:,.1f}", proof, shape(plan), f"{wall:.2f}"]))
+        print(row([name, f"{plan['throughput']:,.1f}", proof, shape(plan), *times]))
     return found
 
 
-def frontier_rows(rows, repeat: int = 1) -> None:
+def frontier_rows(rows, repeat: int = 1, baseline: Path | None = None) -> None:
     print()
-    print(header([(c, "l") for c in ("problem", "frontier points", "command s")]))
+    columns = ["problem", "frontier points", "command s"] + (["baseline s"] if baseline else [])
+    print(header([(c, "l") for c in columns]))
     for name, profile, cluster, extra in rows:
         if name != f"gh200 x{GH200_NODES[-1]} nodes" and "--mixed-stages" not in extra:
             continue
-        found, wall = command("frontier", str(profile), str(cluster), *extra, repeat=repeat)
+        found, wall, other = beside("frontier", str(profile), str(cluster), *extra, repeat=repeat, baseline=baseline)
         points = " ".join(found["error"].split())[:100] if "error" in found else str(len(found["plans"]))
-        print(row([name, points, f"{wall:.2f}"]))
+        print(row([name, points, f"{wall:.2f}"] + ([other] if baseline else [])))
 
 
 def scheduler_rows(rows, exact: dict, seeds: list[int]) -> None:
@@ -140,13 +170,14 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the profile and clusters in this folder")
     parser.add_argument("--seeds", help="also run rl and tapp at these seeds, e.g. 0-3")
     parser.add_argument("--repeat", type=int, default=1, help="time each exact and frontier row N times (median)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of other code, timed alternately with this one")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         rows = problems(folder)
-        exact = exact_rows(rows, args.repeat)
-        frontier_rows(rows, args.repeat)
+        exact = exact_rows(rows, args.repeat, args.baseline)
+        frontier_rows(rows, args.repeat, args.baseline)
         if args.seeds:
             scheduler_rows(rows, exact, seeds_of(args.seeds))
 
