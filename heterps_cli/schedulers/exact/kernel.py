@@ -79,6 +79,22 @@ class Chain:
         """For each DP type, the DP types whose stage may come right before it."""
         return [np.flatnonzero(self.follows[:, t]).tolist() for t in range(len(self.base))]
 
+    @cached_property
+    def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Where the DP types fall into groups that share the types that may come before them, those
+        sets pairwise disjoint (a pipeline's places: section 1d): the sets one after another, where each
+        starts, and each DP type's group (-1: nothing comes before it); None where the sets overlap."""
+        sets: dict[tuple[int, ...], int] = {}
+        owner = np.full(len(self.base), -1, dtype=np.int64)
+        for t, rest in enumerate(self.before):
+            if rest:
+                owner[t] = sets.setdefault(tuple(rest), len(sets))
+        order = [u for rest in sets for u in rest]
+        if not order or len(set(order)) < len(order):
+            return None
+        starts = np.cumsum([0] + [len(rest) for rest in sets])[:-1]
+        return np.array(order, dtype=np.int64), starts, owner
+
 
 # Cells of the stage grid ((layers + 1)^2 x types) the solver may hold: each costs about 90 bytes
 # over the table and the grid's arrays (2,000 x 3 layers: 12 M cells, 1.1 GB measured), so this
@@ -216,18 +232,23 @@ def chain_dp(C: np.ndarray, chain: Chain | None = None):
     n1, _, T = C.shape
     chain = chain or Chain.of_types(T, True)
     f = np.full((n1, T), np.inf)
-    g = np.full((n1, T), np.inf)  # g[j, t]: best f[j, t'] over t' != t (the next stage is on t)
+    g = np.full((n1, T), np.inf)  # g[j, t]: best f[j, t'] over the t' that may come before t
     g[0] = np.where(chain.starts, 0.0, np.inf)
     arg_j = np.zeros((n1, T), dtype=np.int64)
-    prev_t = np.zeros((n1, T), dtype=np.int64)
     others = chain.follows.T  # [t, t']: t' may come before t
+    groups = chain.groups
+    least = np.full(len(groups[1]) + 1 if groups is not None else 0, np.inf)  # each group's, then inf
     cols = np.arange(T)
     for i in range(1, n1):
         total = g[:i] + C[i, :i]
         j = total.argmin(axis=0)
         arg_j[i], f[i] = j, total[j, cols]
-        choice = np.where(others, f[i][None, :], np.inf)
-        prev_t[i], g[i] = choice.argmin(axis=1), choice.min(axis=1)
+        if groups is not None:  # one minimum per group: a pipeline's T x places types, not their square
+            order, starts, owner = groups
+            np.minimum.reduceat(f[i, order], starts, out=least[:-1])
+            g[i] = least[owner]
+        else:
+            g[i] = np.where(others, f[i][None, :], np.inf).min(axis=1)
     last = np.where(chain.ends, f[-1], np.inf)
     t = int(last.argmin())
     value = float(f[-1, t])
@@ -237,7 +258,9 @@ def chain_dp(C: np.ndarray, chain: Chain | None = None):
     while i > 0:
         j = int(arg_j[i, t])
         stages.append((j, i, t))
-        t, i = int(prev_t[j, t]), j
+        if j > 0:  # the first of the types that may come before t to hold g's value, as argmin picks
+            t = next(u for u in chain.before[t] if f[j, u] == g[j, t])
+        i = j
     return value, stages[::-1]
 
 

@@ -348,16 +348,15 @@ class PipelineSolver(StepSolver):
             self.progress(f"exact: DP {self.evaluations} at {count(target, 1)} samples/s, up to {len(counts)} stages")
         best: Candidate | None = None
         for S in counts:
-            if best is not None:
-                floor = self.at_least(S)
-                floor.replicas(target)
-                least_rate, _ = chain_dp(floor.grid.rate, floor.chain)  # over every plan of S stages or more
-                if least_rate * (1 - SLACK) > best.rate:
-                    break
+            floor = self.at_least(S)
+            floor.replicas(target)
+            least_rate, _ = chain_dp(floor.grid.rate, floor.chain)  # over every plan of S stages or more
+            if least_rate == math.inf or (best is not None and least_rate * (1 - SLACK) > best.rate):
+                break  # none of S stages or more reaches the target, or is as cheap as the best
             sub = self.sub(S)
             cand = sub.cheapest(target)
-            if cand is None:
-                continue
+            if cand is None or (best is not None and cand.rate > best.rate):
+                continue  # scoring keeps the DP's rate: only a tie needs the real throughput
             cand = true_candidate(self.p, sub, cand)
             if best is None or (cand.rate, -cand.throughput) < (best.rate, -best.throughput):
                 best = cand
