@@ -348,11 +348,13 @@ class PipelineSolver(StepSolver):
             self.progress(f"exact: DP {self.evaluations} at {count(target, 1)} samples/s, up to {len(counts)} stages")
         best: Candidate | None = None
         for S in counts:
-            floor = self.at_least(S)
-            floor.replicas(target)
-            least_rate, _ = chain_dp(floor.grid.rate, floor.chain)  # over every plan of S stages or more
-            if least_rate == math.inf or (best is not None and least_rate * (1 - SLACK) > best.rate):
-                break  # none of S stages or more reaches the target, or is as cheap as the best
+            floor = self.at_least(S)  # its answers hold for every plan of S stages or more
+            if best is None and not floor.reachable(target):
+                break
+            if best is not None:
+                floor.replicas(target)
+                if chain_dp(floor.grid.rate, floor.chain)[0] * (1 - SLACK) > best.rate:
+                    break
             sub = self.sub(S)
             cand = sub.cheapest(target)
             if cand is None or (best is not None and cand.rate > best.rate):
