@@ -6,6 +6,7 @@ the grown space, and how close the seeds' schedulers come to the certified optim
     python benchmarks/bench_planning.py --keep DIR   # keep the profile and clusters it writes
     python benchmarks/bench_planning.py --repeat 3   # each exact and frontier row the median of 3 runs
     python benchmarks/bench_planning.py --baseline DIR  # also time another checkout's commands, alternately
+    python benchmarks/bench_planning.py --resolution 0.02  # also each two-type cluster's frontier within 2%
 
 The problems come from the shared GPT-Neo-2.7B data as ``bench_sailor_plans.py`` builds them: the
 profile whose unit is one GPU with every layer's times at tp 1, 2 and 4 and forward times (so every
@@ -137,16 +138,28 @@ def exact_rows(rows, repeat: int = 1, baseline: Path | None = None) -> dict:
     return found
 
 
-def frontier_rows(rows, repeat: int = 1, baseline: Path | None = None) -> None:
+def frontier_rows(rows, repeat: int = 1, baseline: Path | None = None, resolution: float | None = None) -> None:
+    """``heterps frontier`` on 64 GH200 nodes and with ``--mixed-stages`` on the two-type clusters; with a
+    ``resolution``, also the two-type clusters' one-type frontier within it (its exact walk does not end
+    in minutes there)."""
     print()
-    columns = ["problem", "frontier points", "command s"] + (["baseline s"] if baseline else [])
+    columns = ["problem", "frontier points", "up to samples/s", "command s"] + (["baseline s"] if baseline else [])
     print(header([(c, "l") for c in columns]))
+    asked = []  # (row name, the command's arguments, whether the baseline runs it too)
     for name, profile, cluster, extra in rows:
-        if name != f"gh200 x{GH200_NODES[-1]} nodes" and "--mixed-stages" not in extra:
-            continue
-        found, wall, other = beside("frontier", str(profile), str(cluster), *extra, repeat=repeat, baseline=baseline)
-        points = " ".join(found["error"].split())[:100] if "error" in found else str(len(found["plans"]))
-        print(row([name, points, f"{wall:.2f}"] + ([other] if baseline else [])))
+        if name == f"gh200 x{GH200_NODES[-1]} nodes" or "--mixed-stages" in extra:
+            asked.append((name, (str(profile), str(cluster), *extra), True))
+        if resolution is not None and "--mixed-stages" in extra:
+            one_type = [a for a in extra if a != "--mixed-stages"]
+            args = (str(profile), str(cluster), *one_type, "--resolution", str(resolution))
+            asked.append((f"{name}, one-type, within {resolution:g}", args, False))  # older code has no option
+    for name, args, both in asked:
+        found, wall, other = beside("frontier", *args, repeat=repeat, baseline=baseline if both else None)
+        if "error" in found:
+            points, fastest = " ".join(found["error"].split())[:100], "—"
+        else:
+            points, fastest = str(len(found["plans"])), f"{found['plans'][-1]['throughput']:,.1f}"
+        print(row([name, points, fastest, f"{wall:.2f}"] + ([other or "—"] if baseline else [])))
 
 
 def scheduler_rows(rows, exact: dict, seeds: list[int]) -> None:
@@ -171,13 +184,14 @@ def main() -> None:
     parser.add_argument("--seeds", help="also run rl and tapp at these seeds, e.g. 0-3")
     parser.add_argument("--repeat", type=int, default=1, help="time each exact and frontier row N times (median)")
     parser.add_argument("--baseline", type=Path, help="a checkout of other code, timed alternately with this one")
+    parser.add_argument("--resolution", type=float, help="also the two-type clusters' frontiers within this fraction")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         rows = problems(folder)
         exact = exact_rows(rows, args.repeat, args.baseline)
-        frontier_rows(rows, args.repeat, args.baseline)
+        frontier_rows(rows, args.repeat, args.baseline, args.resolution)
         if args.seeds:
             scheduler_rows(rows, exact, seeds_of(args.seeds))
 

@@ -97,15 +97,20 @@ def frontier(
     time_limit: float | None = None,
     progress: Progress | None = None,
     mixed_stages: bool = False,
+    resolution: float = 0.0,
 ) -> Frontier:
     """``heterps frontier``: every Pareto-optimal plan from the cheapest meeting ``job.min_throughput``
     to the fastest (within ``job.max_cost``); ``job.objective`` plays no part. ``time_limit``
     (seconds) stops the walk where it is, with the frontier exact up to there. ``mixed_stages``: over
-    mixed stages too (docs/spec.md section 1i), where the exact DP over them runs."""
+    mixed stages too (docs/spec.md section 1i), where the exact DP over them runs. ``resolution`` > 0:
+    for every plan, one at most that fraction slower and dearer, rather than every Pareto-optimal plan
+    (docs/spec.md section 1c)."""
     from heterps_cli.frontier import pareto_frontier
 
     problem = _problem(job, profile_path, cluster_path)
-    return pareto_frontier(problem, progress=progress, time_limit=time_limit, mixed_stages=mixed_stages)
+    return pareto_frontier(
+        problem, progress=progress, time_limit=time_limit, mixed_stages=mixed_stages, resolution=resolution
+    )
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ class Frontier:
     steps: int  # exact-solver evaluations the walk took
     solve_s: float
     cut_at: float | None = None  # the time limit stopped the walk here: exact up to it, nothing faster
+    resolution: float = 0.0  # > 0: every plan is matched by one here at most this much slower and dearer
 
     @property
     def knee_plan(self) -> int | None:
@@ -101,12 +102,18 @@ class Frontier:
             "steps": self.steps,
             "solve_s": self.solve_s,
             "cut_at": self.cut_at,
+            "resolution": self.resolution,
             "plans": [plan.to_dict() for plan in self.plans],
         }
 
 
 def pareto_frontier(
-    problem: Problem, *, progress: Progress | None = None, time_limit: float | None = None, mixed_stages: bool = False
+    problem: Problem,
+    *,
+    progress: Progress | None = None,
+    time_limit: float | None = None,
+    mixed_stages: bool = False,
+    resolution: float = 0.0,
 ) -> Frontier:
     """Every Pareto-optimal plan from the cheapest reaching ``min_throughput`` to the fastest
     (within ``max_cost`` when given); raises InfeasibleError, as ``plan`` does, when there is none.
@@ -116,7 +123,9 @@ def pareto_frontier(
     With ``time_limit`` (seconds), a walk still going then stops: the plans up to the throughput
     it reached are exactly the frontier's there (the walk rises), and :attr:`Frontier.cut_at` says
     where it stopped. ``mixed_stages``: over mixed and one-type stages together (docs/spec.md section 1i),
-    from the DP of :mod:`~heterps_cli.schedulers.mixed_optimum`, where it runs (TooLarge where not)."""
+    from the DP of :mod:`~heterps_cli.schedulers.mixed_optimum`, where it runs (TooLarge where not).
+    ``resolution`` > 0: not every Pareto-optimal plan, but for every plan one at most that fraction slower
+    and dearer (:func:`_coarse_walk`); the walks over rentals of whole nodes and over mixed stages stay exact."""
     start = time.perf_counter()
     if mixed_stages and _mixes(problem):
         return _mixed_frontier(problem, Clock(start, time_limit))
@@ -129,7 +138,7 @@ def pareto_frontier(
         sub = problem.at_micro_batch(batch)
         try:  # on nodes a later choice's walk skips what an earlier one already beats (not once a walk is cut)
             known = [c for c, _ in found] if cut_at is None else []
-            candidates, evaluations, cut = _candidates(sub, progress, left, known)
+            candidates, evaluations, cut = _candidates(sub, progress, left, known, resolution)
         except InfeasibleError as exc:
             failed.append(exc)
             continue
@@ -144,17 +153,20 @@ def pareto_frontier(
     where = {id(c): sub for c, sub in found}
     frontier = _pareto([c for c, _ in found])
     solve_s = time.perf_counter() - start
-    plans = tuple(_plan(where[id(c)], c, i, len(frontier), solve_s) for i, c in enumerate(frontier))
+    coarse = resolution if problem.nodes is None else 0.0  # rentals are walked exactly
+    plans = tuple(_plan(where[id(c)], c, i, len(frontier), solve_s, coarse) for i, c in enumerate(frontier))
     knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
-    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, steps, solve_s, cut_at)
+    size = len(plans)
+    return Frontier(problem, plans, tuple(range(size)), size, knee_at, steps, solve_s, cut_at, coarse)
 
 
 def _candidates(
-    problem: Problem, progress: Progress | None, time_limit: float | None, known: list[Candidate]
+    problem: Problem, progress: Progress | None, time_limit: float | None, known: list[Candidate], resolution: float
 ) -> tuple[list[Candidate], int, float | None]:
     """The frontier's plans at the problem's own micro-batch (within ``max_cost``), the exact
     solver's evaluations, and where the time limit cut the walk (None: it finished). ``known``: plans
-    already on the frontier (whole nodes: a plan one of them beats is not looked for)."""
+    already on the frontier (whole nodes: a plan one of them beats is not looked for); ``resolution``:
+    see :func:`pareto_frontier`."""
     if problem.nodes is not None:
         return _rented_candidates(problem, progress, time_limit, known)
     deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
@@ -163,8 +175,13 @@ def _candidates(
     first = walker.cheapest(floor)
     if first is None:
         raise infeasible_error(problem, walker)
-    prober = solver_for(problem, None, relax=False, like=walker)
-    found, cut_at = _walk(walker, prober, first, progress, deadline)
+    if resolution > 0:
+        found, cut_at = _coarse_walk(walker, first, floor, resolution, progress, deadline)
+        evaluations = walker.evaluations
+    else:
+        prober = solver_for(problem, None, relax=False, like=walker)
+        found, cut_at = _walk(walker, prober, first, progress, deadline)
+        evaluations = walker.evaluations + prober.evaluations
     if cut_at is not None:  # probes ran ahead of the walk: past it, a plan may be beaten by one unseen
         found = [c for c in found if c.throughput <= cut_at]
     frontier = _pareto(found)
@@ -172,7 +189,7 @@ def _candidates(
         frontier = [c for c in frontier if c.cost <= problem.max_cost * (1 + SLACK)]
         if not frontier:
             raise infeasible_error(problem, walker)
-    return frontier, walker.evaluations + prober.evaluations, cut_at
+    return frontier, evaluations, cut_at
 
 
 def _rented_candidates(
@@ -239,6 +256,30 @@ def _walk(
                 completed=math.log(current.throughput / lo),
                 total=max(math.log(top / lo), math.log(current.throughput / lo)),
             )
+
+
+def _coarse_walk(
+    walker: StepSolver, first: Candidate, floor: float, resolution: float, progress: Progress | None, deadline: float
+) -> tuple[list[Candidate], float | None]:
+    """The cheapest plan reaching each of rising targets ``x``, from ``first`` (the cheapest reaching
+    ``floor``): each next target the larger of ``x (1 + resolution)`` and just above the last plan's
+    throughput, until no plan reaches it. A plan ``P`` of throughput ``y`` lies between two targets
+    ``x <= y < x'``; the plan ``Q`` found at ``x`` has no higher price rate than ``P`` (which reaches ``x``) and
+    either reaches ``y`` (then it is as fast and no dearer) or ``x' = x (1 + resolution) > y``, so that
+    ``Q`` is faster than ``y / (1 + resolution)`` and costs less than ``1 + resolution`` times ``P``
+    (docs/spec.md section 1c). With the throughput the walk had reached if ``deadline`` stopped it."""
+    found, current, target = [first], first, floor
+    while True:
+        if time.perf_counter() > deadline:
+            return found, current.throughput
+        target = max(target * (1 + resolution), float(np.nextafter(current.throughput, np.inf)))
+        step = walker.cheapest(target)
+        if step is None:
+            return found, None
+        found.append(step)
+        current = step
+        if progress is not None:
+            progress(f"frontier: {count(current.throughput, 0)} samples/s, {len(found):,} plans")
 
 
 def _mixes(problem: Problem) -> bool:
@@ -341,8 +382,9 @@ def _pareto(found: list[F]) -> list[F]:
     return kept[::-1]
 
 
-def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: float) -> Plan:
-    """A frontier point as a plan file: the answer to ``plan --scheduler exact --min-throughput`` its throughput."""
+def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: float, resolution: float) -> Plan:
+    """A frontier point as a plan file: the answer to ``plan --scheduler exact --min-throughput`` its
+    throughput (with a ``resolution``, a point of a frontier within it, not proven the cheapest there)."""
     own = problem.replace(objective=Objective.COST, min_throughput=c.throughput)
     plan = make_plan(
         own,
@@ -351,19 +393,26 @@ def _plan(problem: Problem, c: Candidate, position: int, size: int, solve_s: flo
         scheduler="exact",
         seed=0,
         solve_s=solve_s,
-        optimal=True,
+        optimal=resolution == 0,
         rental=c.rental,
     )
-    return _as_point(plan, position, size, c.throughput)
+    return _as_point(plan, position, size, c.throughput, resolution=resolution)
 
 
-def _as_point(plan: Plan, position: int, size: int, throughput: float, over: str = "") -> Plan:
+def _as_point(plan: Plan, position: int, size: int, throughput: float, over: str = "", resolution: float = 0.0) -> Plan:
     """``plan`` as point ``position`` of ``size`` on the frontier (``over``: which stages it is over)."""
     assert plan.feasible, "the frontier holds a plan that breaks a constraint"
-    note = (
-        f"point {position + 1} of {size} on the cost-throughput frontier{over}: the cheapest plan reaching "
-        f"{count(throughput, 1)} samples/s"
-    )
+    if resolution > 0:
+        within = f"{100 * resolution:g}%"
+        note = (
+            f"point {position + 1} of {size} on the cost-throughput frontier at a resolution of {within}: "
+            f"every plan is matched by a point at most {within} slower and {within} dearer"
+        )
+    else:
+        note = (
+            f"point {position + 1} of {size} on the cost-throughput frontier{over}: the cheapest plan reaching "
+            f"{count(throughput, 1)} samples/s"
+        )
     # The plan's own figure, which may differ from the solver's sum in the last bit.
     return plan.but(min_throughput=plan.throughput, notes=[*plan.notes, note])
 

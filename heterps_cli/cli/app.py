@@ -39,6 +39,7 @@ from heterps_cli.cli.options import (
     job_from,
     non_negative_number,
     positive_number,
+    resolution_fraction,
     scheduler_list,
 )
 from heterps_cli.cli.profile_commands import profile_app
@@ -273,6 +274,14 @@ _FrontierPlotOpt = Annotated[
         show_default=False,
     ),
 ]
+_FrontierResolutionOpt = Annotated[
+    float,
+    typer.Option(
+        callback=resolution_fraction,
+        help="List, for every plan, one at most this fraction slower and dearer (0.05: 5%), instead of every "
+        "Pareto-optimal plan: on clusters of hundreds of units the exact frontier has thousands. 0: exact.",
+    ),
+]
 _FrontierTimeLimitOpt = Annotated[
     float,
     typer.Option(
@@ -301,8 +310,10 @@ def frontier(
     plot: _FrontierPlotOpt = None,
     time_limit: _FrontierTimeLimitOpt = FRONTIER_TIME_LIMIT,
     mixed_stages: MixedStagesOpt = False,
+    resolution: _FrontierResolutionOpt = 0.0,
 ) -> None:
-    """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact)."""
+    """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact,
+    or within --resolution)."""
     _one_stdout(as_json, plot)
     with exit_codes():
         from heterps_cli import api
@@ -323,6 +334,7 @@ def frontier(
                 time_limit=time_limit,
                 progress=report,
                 mixed_stages=mixed_stages,
+                resolution=resolution,
             )
         kept = whole if points is None else thin(whole, points)
         if plot is not None:

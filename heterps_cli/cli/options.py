@@ -49,6 +49,13 @@ def non_negative_number(value: float | None) -> float | None:
     return fraction(value)
 
 
+def resolution_fraction(value: float) -> float:
+    """``frontier --resolution``: a fraction from 0 (exact) to below 1."""
+    if not (0 <= value < 1):
+        raise typer.BadParameter(f"must be a fraction from 0 (exact) to below 1, such as 0.05 (got {number(value)})")
+    return fraction(value) or 0.0
+
+
 def fraction(value: float | None) -> float | None:
     # As in the files: a subnormal figure is no setting, and dividing by it overflows.
     if value is not None and value != 0 and abs(value) < sys.float_info.min:

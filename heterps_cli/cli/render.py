@@ -594,18 +594,26 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120
         )
     elif len(frontier.plans) < frontier.size:
         notes.append(Text(f"{len(frontier.plans)} of {frontier.size:,} plans, as --points asked", style="dim"))
-    notes.append(
-        Text(
-            f"exact: each plan is the cheapest reaching its throughput, and no throughput between two rows costs "
-            f"less than the faster row ({frontier.steps:,} solver steps, {frontier.solve_s:.2f} s)",
-            style="dim",
+    steps = f"{frontier.steps:,} solver steps, {frontier.solve_s:.2f} s"
+    within = f"{100 * frontier.resolution:g}%"
+    if frontier.resolution > 0:
+        said = (
+            f"at a resolution of {within}: every plan is matched by a row at most {within} slower and {within} "
+            f"dearer ({steps}; leave --resolution out for every Pareto-optimal plan)"
         )
-    )
+    else:
+        said = (
+            "exact: each plan is the cheapest reaching its throughput, and no throughput between two rows costs "
+            f"less than the faster row ({steps})"
+        )
+    notes.append(Text(said, style="dim"))
     if frontier.cut_at is not None:
+        held = f"within {within}" if frontier.resolution > 0 else "exact"
         notes.append(
             Text(
-                f"stopped at the time limit: the frontier above is exact up to {count(frontier.cut_at, 1)} samples/s; "
-                "faster plans were not explored (raise --time-limit)",
+                f"stopped at the time limit: the frontier above is {held} up to {count(frontier.cut_at, 1)} "
+                "samples/s; faster plans were not explored (raise --time-limit"
+                + (")" if frontier.resolution > 0 else ", or give --resolution 0.05)"),
                 style="yellow",
             )
         )
