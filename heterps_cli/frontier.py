@@ -297,7 +297,8 @@ def _mixes(problem: Problem) -> bool:
         raise TooLarge(
             "--mixed-stages",
             f"the frontier over mixed stages comes from an exact DP, which does not run here: {why}; "
-            "plan one point with heterps plan --mixed-stages --min-throughput X, or leave --mixed-stages out",
+            "plan one point with heterps plan --mixed-stages --min-throughput X, or leave --mixed-stages out "
+            "(on hundreds of units, with --resolution 0.02)",
         )
     return True
 

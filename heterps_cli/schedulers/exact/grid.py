@@ -19,6 +19,7 @@ from heterps_cli.schedulers.exact.kernel import Chain, Table
 SNAPSHOTS = 3  # grids kept at earlier targets: a bisection needs the one at its floor
 SNAPSHOT_CELLS = 1_000_000  # a grid larger keeps none: each copy is four arrays of 8 bytes a cell
 FILLS_KEPT = 4  # limit-free fills a table keeps (the targets a walk over rentals asks each of them)
+FILL_CELLS = 250_000  # a grid larger keeps none on its table (each fill: four arrays of 8 bytes a cell)
 
 
 class ReplicaGrid:
@@ -76,15 +77,15 @@ class ReplicaGrid:
         ]
 
     def _fill(self, target: float) -> None:
-        """The whole grid for ``target``. A small one is the table's limit-free fill at ``target`` (made
-        once for every solver sharing the table: :attr:`.kernel.Table.fills`) with this type's limit
-        applied; a large one is filled a block of ends at a time, so that the temporaries of the closed
-        form take a block's memory, not the grid's (a 2,000-layer grid is 96 MB per array)."""
+        """The whole grid for ``target``. On a small table that keeps fills (:attr:`.kernel.Table.fills`),
+        its limit-free fill at ``target``, made once for every solver sharing it, with this solver's limits
+        applied; else filled a block of ends at a time, so that the temporaries of the closed form take a
+        block's memory, not the grid's (a 2,000-layer grid is 96 MB per array)."""
         shape = self.tab.sc.shape
         if self.K.shape != shape:
             self.K, self.reach, self.rate, self.bound = (np.empty(shape) for _ in range(4))
         mine = (self.K, self.reach, self.rate, self.bound)
-        if self.K.size > SNAPSHOT_CELLS:
+        if self.K.size > FILL_CELLS or self.tab.fills is None:
             block = max(1, 2_000_000 // max(1, shape[1] * shape[2]))
             for lo in range(0, shape[0], block):
                 rows = slice(lo, lo + block)
@@ -97,9 +98,11 @@ class ReplicaGrid:
             np.copyto(array, np.where(fits, part, np.inf))
 
     def _limit_free(self, target: float) -> tuple[np.ndarray, ...]:
-        """The four arrays at ``target`` were no type limited, kept on the table for the next solver."""
+        """The four arrays at ``target`` with no type's limit applied, kept on the table for the solvers
+        that share it."""
         key = (target, self.p.step_samples, self.p.batch_size, self.price.tobytes())
         fills = self.tab.fills
+        assert fills is not None, "only a table that keeps fills is filled limit-free"
         if key not in fills:
             while len(fills) >= FILLS_KEPT:
                 del fills[next(iter(fills))]

@@ -38,9 +38,10 @@ class Table:
     ok: np.ndarray  # j < i and every layer of the stage can run on t
     min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
     ps: np.ndarray  # the part of pc that is per sample (section 1's whole samples): pc but under section 1d
-    # Grids filled on this table before any type's limit applies (:mod:`.grid`), by target: every
-    # rental of whole nodes shares the table, asks the same targets, and differs only in its limits.
-    fills: dict = field(default_factory=dict, repr=False, compare=False)
+    # Grids filled on this table before any type's limit applies (:mod:`.grid`), by target, where solvers
+    # that differ only in their limits share it (the rentals of whole nodes, which ask the same targets);
+    # None: not kept.
+    fills: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from heterps_cli.schedulers.exact.kernel import (
     most_stages,
     runnable_spans,
     spans,
+    stage_table,
 )
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
@@ -252,8 +253,10 @@ class PipelineSolver(StepSolver):
         relax: bool = True,
         grids: dict[int, tuple[Table, Chain]] | None = None,
         floor_grids: dict[int, tuple[Table, Chain]] | None = None,
+        shared: bool = False,
     ):
         self.p = problem
+        self.shared = shared  # solvers that differ only in their limits share its tables: they keep fills
         self.progress = progress
         self.relax = relax
         self.evaluations = 0
@@ -301,7 +304,8 @@ class PipelineSolver(StepSolver):
         every plan of ``S`` stages or more."""
         if S not in self.floors:
             if S not in self.floor_grids:
-                self.floor_grids[S] = at_least_grid(self.p, S)
+                table, chain = at_least_grid(self.p, S)
+                self.floor_grids[S] = _kept_fills(table, self.shared), chain
             table, chain = self.floor_grids[S]
             self.floors[S] = StepSolver(self.p, None, table, self.relax, chain)
         return self.floors[S]
@@ -319,7 +323,8 @@ class PipelineSolver(StepSolver):
         if S not in self.subs:
             if S not in self.grids:
                 _room_for(self.p, self.grids, [S])
-                self.grids[S] = stage_grid(self.p, S)
+                table, chain = stage_grid(self.p, S)
+                self.grids[S] = _kept_fills(table, self.shared), chain
             table, chain = self.grids[S]
             self.subs[S] = StepSolver(self.p, None, table, self.relax, chain)
         return self.subs[S]
@@ -353,7 +358,9 @@ class PipelineSolver(StepSolver):
                 break
             if best is not None:
                 floor.replicas(target)
-                if chain_dp(floor.grid.rate, floor.chain)[0] * (1 - SLACK) > best.rate:
+                # S stages or more, each at least the relaxation's cheapest stage: a bound that grows with S
+                least = max(chain_dp(floor.grid.rate, floor.chain)[0], S * float(floor.grid.rate.min()))
+                if least * (1 - SLACK) > best.rate:
                     break
             sub = self.sub(S)
             cand = sub.cheapest(target)
@@ -439,14 +446,26 @@ def _cells(problem: Problem, stages: int) -> int:
     return (problem.n_layers + 1) ** 2 * problem.n_types * len(problem.stage_ways) * stages
 
 
+def _kept_fills(table: Table, shared: bool) -> Table:
+    """``table``, keeping its limit-free fills where solvers that differ only in their limits share it."""
+    if shared:
+        table.fills = {}
+    return table
+
+
 def solver_for(
-    problem: Problem, progress: Progress | None = None, relax: bool = True, like: StepSolver | None = None
+    problem: Problem,
+    progress: Progress | None = None,
+    relax: bool = True,
+    like: StepSolver | None = None,
+    shared: bool = False,
 ) -> StepSolver:
     """The exact solver's question-answerer for ``problem``'s model; sharing the stage grids (and their
-    relaxations) of ``like``,
-    a solver of the same problem, when given (they are only read)."""
+    relaxations) of ``like``, a solver of the same terms, when given (they are only read). ``shared``: the
+    tables it builds will be shared by solvers that differ only in their limits (rentals of whole nodes)."""
     if problem.pipelined:
         if isinstance(like, PipelineSolver):
-            return PipelineSolver(problem, progress, relax, like.grids, like.floor_grids)
-        return PipelineSolver(problem, progress, relax)
-    return StepSolver(problem, progress, like.tab if like is not None else None, relax=relax)
+            return PipelineSolver(problem, progress, relax, like.grids, like.floor_grids, shared)
+        return PipelineSolver(problem, progress, relax, shared=shared)
+    table = like.tab if like is not None else _kept_fills(stage_table(problem), shared)
+    return StepSolver(problem, progress, table, relax=relax)

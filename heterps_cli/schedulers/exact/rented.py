@@ -234,7 +234,7 @@ class _Walk:
         same terms (links, and the types it has units of): most rentals differ only in their limits."""
         key = (question.odt.tobytes(), question.bandwidth.tobytes(), (question.limits > 0).tobytes())
         like = self.tables.get(key)
-        solver = solver_for(question, None, relax=not self.every, like=like)
+        solver = solver_for(question, None, relax=not self.every, like=like, shared=True)
         grids = most_stages(question) if question.pipelined else 1  # a pipeline keeps a grid per stage count
         if like is None and (question.n_layers + 1) ** 2 * question.n_types * grids <= TABLE_CACHE_CELLS:
             self.tables[key] = solver
