@@ -269,6 +269,7 @@ def _coarse_walk(
     ``Q`` is faster than ``y / (1 + resolution)`` and costs less than ``1 + resolution`` times ``P``
     (docs/spec.md section 1c). With the throughput the walk had reached if ``deadline`` stopped it."""
     found, current, target = [first], first, floor
+    lo, bound = first.throughput, walker.speed_bound()
     while True:
         if time.perf_counter() > deadline:
             return found, current.throughput
@@ -278,8 +279,10 @@ def _coarse_walk(
             return found, None
         found.append(step)
         current = step
-        if progress is not None:
-            progress(f"frontier: {count(current.throughput, 0)} samples/s, {len(found):,} plans")
+        if progress is not None:  # on a log scale of throughput, up to the bound no plan passes
+            done = math.log(current.throughput / lo) if lo > 0 else None
+            total = max(math.log(bound / lo), done) if done is not None and math.isfinite(bound) else None
+            progress(f"frontier: {count(current.throughput, 0)} samples/s, {len(found):,} plans", done, total)
 
 
 def _mixes(problem: Problem) -> bool:
