@@ -81,20 +81,28 @@ class Chain:
         return [np.flatnonzero(self.follows[:, t]).tolist() for t in range(len(self.base))]
 
     @cached_property
-    def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Where the DP types fall into groups that share the types that may come before them, those
-        sets pairwise disjoint (a pipeline's places: section 1d): the sets one after another, where each
-        starts, and each DP type's group (-1: nothing comes before it); None where the sets overlap."""
-        sets: dict[tuple[int, ...], int] = {}
-        owner = np.full(len(self.base), -1, dtype=np.int64)
+    def shared_before(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The DP types grouped by the types that may come before them, each set once: (that set, the
+        types it comes before). A pipeline's stages at one place share theirs (section 1d)."""
+        sets: dict[tuple[int, ...], list[int]] = {}
         for t, rest in enumerate(self.before):
             if rest:
-                owner[t] = sets.setdefault(tuple(rest), len(sets))
-        order = [u for rest in sets for u in rest]
-        if not order or len(set(order)) < len(order):
+                sets.setdefault(tuple(rest), []).append(t)
+        return [(np.array(rest, dtype=np.int64), np.array(types, dtype=np.int64)) for rest, types in sets.items()]
+
+    @cached_property
+    def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:attr:`shared_before` where its sets are pairwise disjoint (a pipeline's places): the sets one
+        after another, where each starts, and each DP type's group (-1: nothing comes before it); None
+        where the sets overlap."""
+        owner = np.full(len(self.base), -1, dtype=np.int64)
+        for g, (_, types) in enumerate(self.shared_before):
+            owner[types] = g
+        order = np.concatenate([rest for rest, _ in self.shared_before]) if self.shared_before else np.empty(0)
+        if not order.size or np.unique(order).size < order.size:
             return None
-        starts = np.cumsum([0] + [len(rest) for rest in sets])[:-1]
-        return np.array(order, dtype=np.int64), starts, owner
+        starts = np.cumsum([0] + [len(rest) for rest, _ in self.shared_before])[:-1]
+        return order.astype(np.int64), starts, owner
 
 
 # Cells of the stage grid ((layers + 1)^2 x types) the solver may hold: each costs about 90 bytes
@@ -343,13 +351,6 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
     coords = np.vstack([*(c.ravel() for c in np.indices(dims)), np.zeros(C, dtype=np.int64)])
     inner = (coords[:-1] + np.array(pad, dtype=np.int64)[:, None]).T @ pstrides[:-1]  # where each cell is in g
     g[np.flatnonzero(chain.starts), inner[0]] = 0.0  # g[0, t] at no units
-    # the types that may come before each type, each set once with the types it comes before (a
-    # pipeline's stages at one place share theirs)
-    sets: dict[tuple[int, ...], list[int]] = {}
-    for t, rest in enumerate(chain.before):
-        if rest:
-            sets.setdefault(tuple(rest), []).append(t)
-    before = [(list(rest), np.array(types)) for rest, types in sets.items()]
     along = np.array([axis.get(t, len(dims)) for t in range(T)])  # each type's axis, len(dims): untracked
     units = np.where(along < len(dims), chain.widths, 0)  # a replica's units along its axis
     reach = np.append(np.array(dims, dtype=np.int64), 0)  # a shift this far reads only the padding
@@ -377,7 +378,7 @@ def _limited_tables(K: np.ndarray, weight: np.ndarray, axis: dict[int, int], dim
             first = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
             present = ts[first]
             f[i, present] = np.minimum(f[i, present], np.minimum.reduceat(values, first, axis=0))
-        for rest, types in before:
+        for rest, types in chain.shared_before:  # each set of predecessors once
             g[(i * T + types)[:, None], inner[None, :]] = f[i, rest].min(axis=0)
     shaped = g.reshape((n1, T, *padded))[(slice(None), slice(None), *(slice(p, None) for p in pad))]
     return f.reshape((n1, T, *dims)), shaped
