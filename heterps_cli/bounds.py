@@ -19,6 +19,7 @@ import numpy as np
 from heterps_cli.figures import count, usd
 from heterps_cli.formulas import SECONDS_PER_HOUR
 from heterps_cli.objective import Objective
+from heterps_cli.pace import speed_bound
 from heterps_cli.problem import Problem
 
 
@@ -115,7 +116,5 @@ def proven(problem: Problem, plan) -> tuple[float, str] | None:
     if best is None:
         return None
     if by_micro_batch(problem) and plan.throughput > 0:
-        from heterps_cli.pace import speed_bound
-
         best = max(plan.throughput, min(best, speed_bound(problem, plan.throughput, best)))
     return within(problem.objective, plan.cost_usd, plan.throughput, best)

@@ -168,13 +168,18 @@ def _joined_move(splits: Splits, stages, k: np.ndarray, joined: dict, move: tupl
     yield new_k, new_joined
 
 
-def _counts(most: int) -> list[int]:
-    """1, 2, 4, ... up to ``most``, and ``most`` itself."""
+def _powers(most: int) -> list[int]:
+    """1, 2, 4, ... up to ``most``."""
     out, e = [], 1
-    while e < most:
+    while e <= most:
         out.append(e)
         e *= 2
-    return [*out, most] if most >= 1 else []
+    return out
+
+
+def _counts(most: int) -> list[int]:
+    """1, 2, 4, ... up to ``most``, and ``most`` itself."""
+    return [*(e for e in _powers(most) if e < most), most] if most >= 1 else []
 
 
 def what_if(problem: Problem, plan: Plan) -> list[dict]:
@@ -236,9 +241,7 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
     best, said = plan, ""
     for t, name in enumerate(problem.types):
         start: Plan | None = None
-        for e in _counts(int(problem.limits[t]) - 1):
-            if e & (e - 1):  # a power of two (section 1i), not all but one of the units
-                continue
+        for e in _powers(int(problem.limits[t]) - 1):  # section 1i: a power of two, never all the units
             if clock is not None and clock.out_of_time():
                 return best if not said else best.but(notes=[*best.notes, said])
             limits = problem.limits.copy()

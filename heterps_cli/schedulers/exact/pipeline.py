@@ -354,9 +354,10 @@ class PipelineSolver(StepSolver):
         best: Candidate | None = None
         for S in counts:
             floor = self.at_least(S)  # its answers hold for every plan of S stages or more
-            if best is None and not floor.reachable(target):
-                break
-            if best is not None:
+            if best is None:
+                if not floor.reachable(target):
+                    break
+            else:
                 floor.replicas(target)
                 # S stages or more, each at least the relaxation's cheapest stage: a bound that grows with S
                 least = max(chain_dp(floor.grid.rate, floor.chain)[0], S * float(floor.grid.rate.min()))
