@@ -1,15 +1,16 @@
 """Profiles of many batch sizes (docs/spec.md section 1f): a plan's wall time against its budget, and the
 time to read the file.
 
-    python benchmarks/bench_batch_sizes.py          # the cases below (about 4 minutes on 2 cores)
+    python benchmarks/bench_batch_sizes.py          # the cases below (about 6 minutes on 2 cores)
     python benchmarks/bench_batch_sizes.py --json
 
 Each profile is a bundled one with times at every batch size from 1 to ``sizes`` (each a share of the
 profile's own, by its Amdahl terms), and a global batch of 720,720 (240 divisors, 107 of them sizes
 such a profile measures), so a plan chooses among a hundred micro-batches. Each run is a fresh
 ``heterps plan`` process measured by GNU time (wall seconds and peak resident memory, reading the
-files included). The bar (issue 62): every scheduler within its time limit (the default budget where
-none is given) + 10% + 2 s, whatever the file; reading is part of the time.
+files included). The bar (issue 62): every scheduler within its time limit (the guard where none is
+given, schedulers.guard_time_limit: without a limit a search's budget is a count of steps) + 10% + 2 s,
+whatever the file; reading is part of the time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from benchmarks.bench_scale import held  # noqa: E402
 from benchmarks.tables import markdown  # noqa: E402
 
 GLOBAL_BATCH = 720_720
-# profile, batch sizes 1..N, cluster, scheduler, --time-limit (None: the default budget)
+# profile, batch sizes 1..N, cluster, scheduler, --time-limit (None: the default count, and the guard)
 CASES = [
     ("ctr", 1343, "paper", "rl", None),
     ("ctr", 1343, "paper", "exact", 10),
@@ -66,7 +67,7 @@ def read_seconds(path: Path) -> float:
 
 
 def run(case, folder: Path) -> dict:
-    from heterps_cli.schedulers import default_time_limit
+    from heterps_cli.schedulers import guard_time_limit
 
     name, sizes, cluster, scheduler, limit = case
     profile = many_sizes(name, sizes, folder)
@@ -75,7 +76,7 @@ def run(case, folder: Path) -> dict:
     done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True, timeout=1800)
     wall, kb = done.stderr.strip().splitlines()[-1].split()
     layers = len(yaml.safe_load((ROOT / "profiles" / f"{name}.yaml").read_text())["layers"])
-    budget = limit if limit is not None else default_time_limit(layers)
+    budget = limit if limit is not None else guard_time_limit(layers)
     row = {"profile": f"{name} × {sizes:,} sizes", "mb": profile.stat().st_size / 1e6, "cluster": cluster}
     row |= {"scheduler": scheduler, "limit": limit, "budget": budget, "seconds": float(wall)}
     row |= {"peak_mb": int(kb) / 1024, "exit": done.returncode, "read_s": read_seconds(profile)}
@@ -95,7 +96,7 @@ COLUMNS += [("micro-batches not asked", "r")]
 def table(rows: list[dict]) -> str:
     cells = []
     for r in rows:
-        limit = f"{r['limit']:g}" if r["limit"] is not None else f"{r['budget']:g} (default)"
+        limit = f"{r['limit']:g}" if r["limit"] is not None else f"{r['budget']:g} (guard)"
         within = "yes" if held(r["seconds"], r["budget"]) else "**no**"
         cells.append(
             [r["profile"], f"{r['mb']:.1f}", r["cluster"], r["scheduler"], limit, f"{r['seconds']:.1f}", within]

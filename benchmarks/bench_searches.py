@@ -9,7 +9,7 @@ The problems: the benchmark instances with 3 types (benchmarks/instances: 8-64 l
 memory, bandwidth; generated from seed 1), and held-out chains the searches were never tuned on
 (benchmarks/generate.py at seed 2: 40 and 64 layers x 3 types, loose, tight, memory and bandwidth,
 a tight one's target 85% of its fastest plan, as make_instances does). rl runs under each problem's
-own objective (cost), tapp under objective time (its paper's); both with the default time budget.
+own objective (cost), tapp under objective time (its paper's); both with the default budget (120 steps).
 The issue's targets: rl within 2% of the optimum on >= 95% of runs and within 5% on every run; tapp
 within 5% of the fastest plan on all problems but one.
 """

@@ -384,17 +384,18 @@ def test_a_batch_past_this_machines_memory_is_bad_input(runner, tmp_path):
     assert result.exit_code == 2 and "this machine can hold" in result.stderr, result.output
 
 
-def test_every_search_has_a_default_budget_linear_in_the_model(runner, monkeypatch):
+def test_every_search_has_a_guard_linear_in_the_model(runner, monkeypatch):
     # plan (rl) on a 50,000-layer profile gave no answer after 15 minutes; exact refuses in seconds.
     from heterps_cli import schedulers
 
-    assert schedulers.default_time_limit(50_000) == 560.0 and schedulers.default_time_limit(0) == 60.0
-    monkeypatch.setattr(schedulers, "DEFAULT_BUDGET_S", 0.05)
+    assert schedulers.guard_time_limit(50_000) == 3100.0 and schedulers.guard_time_limit(0) == 600.0
+    monkeypatch.setattr(schedulers, "GUARD_S", 0.05)
     for name in ("rl", "tapp"):  # genetic and random end sooner on ctr, by convergence or by its few schedules
         result = runner.invoke(app, ["plan", CTR, PAPER, "-s", name, "--json"])
         assert result.exit_code == 0, result.output
         notes = json.loads(result.stdout)["notes"]
-        assert any("the time limit was the default budget for 10 layers" in n for n in notes), (name, notes)
+        assert any("the time limit was the guard for 10 layers" in n for n in notes), (name, notes)
+        assert any("depends on the machine's speed" in n for n in notes), (name, notes)
 
 
 @pytest.mark.parametrize("flag", ["--min-throughput", "--max-cost", "--samples"])

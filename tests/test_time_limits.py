@@ -104,25 +104,57 @@ def _sizes_profile(tmp_path, sizes=(256, 512, 1024, 2048)) -> str:
     return str(path)
 
 
-def test_the_default_budget_is_one_for_the_whole_plan_shared_over_its_micro_batches(tmp_path, monkeypatch):
-    """A profile of 1,343 batch sizes took rl past 200 s against 60: each choice had the whole budget."""
+def _given(monkeypatch) -> list:
+    """The options each micro-batch's search is given, as :func:`schedulers.solve` records them."""
     from heterps_cli import schedulers
 
-    given: list[float] = []
+    given: list = []
     real = schedulers._solve_at
 
     def recorded(name, problem, seed, progress, options):
-        given.append(options.time_limit)
+        given.append(options)
         return real(name, problem, seed, progress, options)
 
     monkeypatch.setattr(schedulers, "_solve_at", recorded)
+    return given
+
+
+@pytest.mark.parametrize("name", ["rl", "random"])
+def test_the_default_budget_is_a_count_shared_over_the_micro_batches(tmp_path, monkeypatch, name):
+    """A wall-clock default made rl stop at 76-100 of its 120 steps on a slow day: plans that depended
+    on the machine. The count: the most steps (evaluations) up to the default whose cells, over all
+    the micro-batches, fit the budget, found here by trying every count."""
+    from heterps_cli import schedulers
+    from heterps_cli.schedulers import names
+
+    monkeypatch.setattr(names, "TRAINING_CELLS", 6 * 8 * 10 * 37 + 5)  # 37 steps of 8 schedules fit
+    monkeypatch.setattr(names, "EVALUATION_CELLS", 6 * 10 * 333 + 5)
+    given = _given(monkeypatch)
     problem = load_problem(_sizes_profile(tmp_path), str(ROOT / "clusters/paper.yaml"))
-    n = len(problem.micro_batch_choices)
-    assert n == 6  # five measured sizes, and 8,192, twice the largest
-    schedulers.solve("greedy", problem)
-    budget = schedulers.default_time_limit(problem.n_layers)
-    assert len(given) == n  # each what is left of one budget over the choices left, never a budget of its own
-    assert all(limit <= budget / (n - i) + 1e-9 for i, limit in enumerate(given)), (given, budget)
+    assert len(problem.micro_batch_choices) == 6 and problem.n_layers == 10  # five measured sizes, and 8,192
+    options = schedulers.options_for(name, batch=8) if name == "rl" else None
+    schedulers.solve(name, problem, options=options)
+    assert len(given) == 6
+    if name == "rl":
+        fits = [s for s in range(1, 121) if 6 * s * 8 * 10 <= names.TRAINING_CELLS]
+        assert {o.steps for o in given} == {max(fits)} == {37}
+    else:
+        fits = [e for e in range(1, 6001) if 6 * e * 10 <= names.EVALUATION_CELLS]
+        assert {o.evaluations for o in given} == {max(fits)} == {333}
+    guard = schedulers.guard_time_limit(problem.n_layers)
+    assert all(o.guard and o.time_limit <= guard for o in given)
+    assert given[0].time_limit > guard / 2  # the guard is the whole plan's, not shared out
+
+
+def test_the_default_budget_gives_the_plan_its_count_gives_on_any_machine(runner):
+    """Without --time-limit the plan is the one its default count of steps gives: the same on a machine
+    of any speed (the guard, ten minutes, is far off)."""
+    args = ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"), "-s", "tapp", "--json"]
+    default = runner.invoke(app, args)
+    counted = runner.invoke(app, [*args, "--steps", "120", "--time-limit", "1e6"])
+    assert default.exit_code == counted.exit_code == 0, default.output + counted.output
+    fields = ("stages", "cost_usd", "throughput", "evaluations")
+    assert [json.loads(default.stdout)[k] for k in fields] == [json.loads(counted.stdout)[k] for k in fields]
 
 
 def test_micro_batches_left_when_the_time_limit_has_run_out_are_not_asked_and_the_plan_says_so(runner, tmp_path):

@@ -61,13 +61,9 @@ def solve(
     (docs/spec.md section 1f), the best of the plans it finds at each choice."""
     choices = problem.micro_batch_choices
     options = options or SolveOptions()
-    budget = None
+    guard = None
     if name != "exact" and options.time_limit is None:  # exact refuses what it cannot finish
-        # One budget for the whole search, shared out over the micro-batches: not one per choice, which
-        # took a profile of 1,343 batch sizes' rl past 200 s against 60.
-        budget = default_time_limit(problem.n_layers)
-        started = options.started if options.started is not None else time.perf_counter()
-        options = dataclasses.replace(options, time_limit=budget, started=started)
+        options, guard = _default_budget(name, problem, options)
     mixing = options.mixed_stages
     if mixing and name == "exact" and (found := _exact_mixed(problem, options, seed)) is not None:
         return found
@@ -97,7 +93,7 @@ def solve(
             if (why := why_not(problem)) is not None:
                 plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
         plan = _mixed_certificate(problem, plan)
-    return _said_budget(plan, problem, budget)
+    return _said_guard(plan, problem, guard)
 
 
 def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:
@@ -227,27 +223,49 @@ def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None,
     return plan
 
 
-def _said_budget(plan: Plan, problem: Problem, budget: float | None) -> Plan:
-    """Where the default budget cut the search short, the plan's notes say what it was."""
-    if budget is None or not any("time limit" in note for note in plan.notes):
+def _default_budget(name: str, problem: Problem, options: SolveOptions) -> tuple[SolveOptions, float]:
+    """``options`` with the default budget a search without --time-limit takes, a count of steps or
+    evaluations at each micro-batch (:func:`.names.default_steps`), and the guard: seconds after which
+    a search gone far past that budget stops anyway (the whole search's, not shared out)."""
+    from heterps_cli.schedulers.base import OPTIONS, SearchOptions, TrainingOptions
+    from heterps_cli.schedulers.names import default_batch, default_evaluations, default_steps
+
+    kind = OPTIONS[name]
+    if not isinstance(options, kind):
+        options = kind(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+    layers, choices = problem.n_layers, len(problem.micro_batch_choices)
+    if isinstance(options, TrainingOptions) and options.steps is None:
+        batch = options.batch if options.batch is not None else default_batch(layers)
+        options = dataclasses.replace(options, steps=default_steps(layers, batch, choices))
+    if isinstance(options, SearchOptions) and options.evaluations is None:
+        options = dataclasses.replace(options, evaluations=default_evaluations(layers, choices))
+    guard = guard_time_limit(layers)
+    started = options.started if options.started is not None else time.perf_counter()
+    return dataclasses.replace(options, time_limit=guard, started=started, guard=True), guard
+
+
+def _said_guard(plan: Plan, problem: Problem, guard: float | None) -> Plan:
+    """Where the guard stopped a search without --time-limit, the plan's notes say so."""
+    if guard is None or not any("time limit" in note for note in plan.notes):
         return plan
     note = (
-        f"the time limit was the default budget for {problem.n_layers:,} layers, {DEFAULT_BUDGET_S:g} s + "
-        f"{1000 * DEFAULT_BUDGET_PER_LAYER_S:g} ms a layer = {budget:,.0f} s (--time-limit sets another)"
+        f"the time limit was the guard for {problem.n_layers:,} layers, {GUARD_S:g} s + "
+        f"{1000 * GUARD_PER_LAYER_S:g} ms a layer = {guard:,.0f} s, which a search without --time-limit "
+        "reaches only far past its default budget; this plan depends on the machine's speed "
+        "(--time-limit sets another limit, --steps or --evaluations a smaller budget)"
     )
     return plan.but(notes=[*plan.notes, note])
 
 
-# Without --time-limit a search (every scheduler but exact) stops after this budget, linear in the
-# model: the bundled models and the benchmark instances finish far inside it, so their plans stay
-# deterministic; a 1,000-layer model's rl took 177 s and a 50,000-layer one never ended.
-DEFAULT_BUDGET_S = 60.0
-DEFAULT_BUDGET_PER_LAYER_S = 0.01
+# Without --time-limit a search (every scheduler but exact) has a budget of steps or evaluations
+# (names.default_steps), and this guard: a 50,000-layer model's rl never ended without one.
+GUARD_S = 600.0
+GUARD_PER_LAYER_S = 0.05
 
 
-def default_time_limit(n_layers: int) -> float:
-    """Seconds a search may take when no time limit is given (see :data:`DEFAULT_BUDGET_S`)."""
-    return DEFAULT_BUDGET_S + DEFAULT_BUDGET_PER_LAYER_S * n_layers
+def guard_time_limit(n_layers: int) -> float:
+    """Seconds a search without --time-limit may take at most (see :data:`GUARD_S`)."""
+    return GUARD_S + GUARD_PER_LAYER_S * n_layers
 
 
 def with_what_if(problem: Problem, plan: Plan) -> Plan:

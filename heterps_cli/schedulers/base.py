@@ -43,6 +43,9 @@ class SolveOptions:
     started: float | None = None
     # section 1i: replicas of other types may join a stage (plan --mixed-stages)
     mixed_stages: bool = False
+    # The time limit is the guard of a search without --time-limit (schedulers.guard_time_limit): the
+    # whole search's, not shared out over the micro-batches, as a limit the user sets is.
+    guard: bool = False
 
 
 @dataclass(frozen=True)

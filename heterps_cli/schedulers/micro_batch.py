@@ -49,7 +49,7 @@ def best_micro_batch(
         if left is not None and left <= 0 and (found or failed):  # the rest unasked: the limit holds
             out_of_time = True
             break
-        share = None if left is None else max(0.0, left) / (len(choices) - i)
+        share = None if left is None else max(0.0, left) / (1 if options.guard else len(choices) - i)
         asked = dataclasses.replace(options, time_limit=share, started=time.perf_counter())
         fastest = max((p.throughput for p in found.values() if p.feasible), default=0.0)
         if exact and problem.objective is Objective.TIME and problem.max_cost is None and fastest > 0:
