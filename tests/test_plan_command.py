@@ -272,9 +272,9 @@ def test_a_plan_that_splits_a_batch_into_a_few_samples_says_it_rests_on_alpha(tm
 def test_a_problem_too_large_for_the_exact_tables_is_answered_not_refused(monkeypatch):
     """Issue 63: plan --scheduler exact past the solver's memory gives the greedy search's plan, said to be
     uncertified, with exit 0; the same problem within the limit is certified."""
-    import heterps_cli.schedulers.exact.kernel as kernel
+    import heterps_cli.schedulers.exact.terms as terms
 
-    monkeypatch.setattr(kernel, "MAX_GRID_CELLS", 1)
+    monkeypatch.setattr(terms, "MAX_GRID_CELLS", 1)
     plan = _plan_json(CTR, PAPER)
     assert plan["scheduler"] == "greedy" and plan["optimal"] is False
     assert "the exact solver cannot hold this problem" in plan["notes"][0]

@@ -67,9 +67,9 @@ def test_a_search_out_of_time_and_plans_says_so_without_running_exact(monkeypatc
 
 def test_a_search_on_a_model_too_long_for_exact_does_not_point_to_it(monkeypatch, tmp_path, runner):
     from heterps_cli.schedulers import exact
-    from heterps_cli.schedulers.exact import kernel
+    from heterps_cli.schedulers.exact import terms
 
-    monkeypatch.setattr(kernel, "MAX_GRID_CELLS", 100)  # chain16x2: 17 x 17 x 2 = 578 cells
+    monkeypatch.setattr(terms, "MAX_GRID_CELLS", 100)  # chain16x2: 17 x 17 x 2 = 578 cells
     monkeypatch.setattr(exact, "solve", lambda *a, **k: pytest.fail("exact ran on a model too long for it"))
     tight = INSTANCES / "chain16x2-tight.profile.yaml", INSTANCES / "chain16x2-tight.cluster.yaml"
     for limit in ([], ["--time-limit", "1e-9"]):

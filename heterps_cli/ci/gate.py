@@ -594,7 +594,7 @@ def _max_cost(g: Gate, fresh: Plan) -> Finding | None:
 def _cheapest(problem: Problem) -> str | None:
     """exact, which finds a plan within the budget whenever one exists (a heuristic may not); the
     plan's own scheduler (None) where the model is too long for exact."""
-    from heterps_cli.schedulers.exact.kernel import too_large
+    from heterps_cli.schedulers.exact.terms import too_large
 
     return None if too_large(problem) else "exact"
 

@@ -127,7 +127,8 @@ _PlanEvaluationsOpt = Annotated[
     int | None,
     typer.Option(
         min=1,
-        help=f"genetic, random: cost-model evaluations (default {DEFAULT_EVALUATIONS:,}).",
+        help=f"genetic, random: cost-model evaluations at each micro-batch (default {DEFAULT_EVALUATIONS:,}, "
+        "fewer on a long model or many micro-batches).",
         show_default=False,
         rich_help_panel="Search budget",
     ),

@@ -208,7 +208,8 @@ StepsOpt = Annotated[
     int | None,
     typer.Option(
         min=0,
-        help=f"rl, tapp: training steps (default {DEFAULT_STEPS}).",
+        help=f"rl, tapp: training steps at each micro-batch (default {DEFAULT_STEPS}, fewer on a long model "
+        "or many micro-batches; never seconds, so the plan is the same on any machine).",
         show_default=False,
         rich_help_panel="Search budget",
     ),

@@ -81,7 +81,8 @@ class RunCutter:
 
     def __init__(self, problem: Problem):
         from heterps_cli.schedulers.exact.grid import ReplicaGrid
-        from heterps_cli.schedulers.exact.kernel import Chain, stage_table
+        from heterps_cli.schedulers.exact.kernel import Chain
+        from heterps_cli.schedulers.exact.terms import stage_table
 
         self.p = problem
         self.grid = ReplicaGrid(problem, stage_table(problem), Chain.of_types(problem.n_types))

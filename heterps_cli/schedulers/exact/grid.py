@@ -14,7 +14,8 @@ import numpy as np
 from heterps_cli.costmodel import cost_lower_bound, min_replicas
 from heterps_cli.formulas import stage_throughput
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.exact.kernel import Chain, Table
+from heterps_cli.schedulers.exact.kernel import Chain
+from heterps_cli.schedulers.exact.terms import Table
 
 SNAPSHOTS = 3  # grids kept at earlier targets: a bisection needs the one at its floor
 SNAPSHOT_CELLS = 1_000_000  # a grid larger keeps none: each copy is four arrays of 8 bytes a cell

@@ -1,47 +1,28 @@
-"""The stage grid and the shortest-path DP over stage boundaries that the exact solver runs.
-
-``Table`` holds the cost terms of every contiguous stage (layers ``j..i-1`` on a type);
-:func:`chain_dp` is the recurrence of docs/exact.md section 3, and :func:`chain_dp_limited`
-the same with the units of binding types in the state. :mod:`.step` asks them its questions.
+"""The shortest-path DP over stage boundaries that the exact solver runs, on the stage terms of
+:mod:`.terms`: :class:`Chain` says which stage may follow which, :func:`chain_dp` is the recurrence of
+docs/exact.md section 3, and :func:`chain_dp_limited` the same with the units of binding types in the
+state. :mod:`.step` asks them its questions.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from heterps_cli.costmodel import min_memory_replicas, share_floor_spans
 from heterps_cli.errors import TooLarge
 from heterps_cli.problem import Problem
+
+if TYPE_CHECKING:
+    from heterps_cli.schedulers.exact.terms import Table
 
 # Cells (boundaries x types x tracked unit counts) the limit-aware DP may hold: its two tables take
 # 16 bytes a cell, 0.96 GB (1,000 x 4 layers with loose limits needs 48 M: 13 s, 1.3 GB in all).
 # Past it, the solver relaxes the largest limits instead (StepSolver.cheapest).
 MAX_STATE_CELLS = 60_000_000
-
-
-@dataclass
-class Table:
-    """Cost terms of every contiguous stage: index ``[i, j, t]`` = layers ``j..i-1`` on type ``t``.
-
-    End first: the DP reads all the stages that end at one boundary at a time, and
-    in this order they are contiguous (twice as fast at 1,000 layers)."""
-
-    sc: np.ndarray
-    pc: np.ndarray
-    sd: np.ndarray
-    pd: np.ndarray  # with the stage-boundary transfer (section 1b), which depends on j, i and t only
-    ok: np.ndarray  # j < i and every layer of the stage can run on t
-    min_k: np.ndarray  # the fewest replicas whose memory fits (section 1b; 1 without a limit, inf: none)
-    ps: np.ndarray  # the part of pc that is per sample (section 1's whole samples): pc but under section 1d
-    # Grids filled on this table before any type's limit applies (:mod:`.grid`), by target, where solvers
-    # that differ only in their limits share it (the rentals of whole nodes, which ask the same targets);
-    # None: not kept.
-    fills: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -103,115 +84,6 @@ class Chain:
             return None
         starts = np.cumsum([0] + [len(rest) for rest, _ in self.shared_before])[:-1]
         return order.astype(np.int64), starts, owner
-
-
-# Cells of the stage grid ((layers + 1)^2 x types) the solver may hold: each costs about 90 bytes
-# over the table and the grid's arrays (2,000 x 3 layers: 12 M cells, 1.1 GB measured), so this
-# keeps it under 2 GB.
-MAX_GRID_CELLS = 20_000_000
-
-
-def most_stages(problem: Problem) -> int:
-    """No plan has more stages than layers, nor than units (each stage takes one at least)."""
-    return int(min(problem.n_layers, problem.limits.sum()))
-
-
-def grid_cells(problem: Problem) -> int:
-    """Stage cells the solver's largest grid holds: its one grid, or under a pipeline schedule
-    (section 1d, :mod:`.pipeline`, whose walks hold one stage count's grid at a time) the grid of
-    the most stages, on that many times the types."""
-    cells = (problem.n_layers + 1) ** 2 * problem.n_types
-    if problem.pipelined:  # each way a stage may run: sections 1g and 1h
-        cells *= most_stages(problem) * len(problem.stage_ways)
-    return cells
-
-
-def too_large(problem: Problem) -> bool:
-    """Whether the model is too long for the exact solver's stage grid (:data:`MAX_GRID_CELLS`)."""
-    return grid_cells(problem) > MAX_GRID_CELLS
-
-
-def activation_spans(problem: Problem) -> np.ndarray:
-    """``[i, j, 1]``: the activation bytes of one (micro-)batch that stage ``j..i-1`` holds, a tensor two
-    of its layers keep counted once, its first layer's own copy of its input included (section 1b)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return spans(problem.held_once[:, None]) + problem.shared_entry[None, :, None]
-
-
-def spans(per_layer: np.ndarray) -> np.ndarray:
-    """``[i, j]``: the sum over layers ``j..i-1``, added up from ``j`` as a plan's own figures are.
-    A difference of prefix sums loses a stage's small times beside a huge one earlier in the
-    chain (9.2e18 + 0.002 - 9.2e18 = 0), and then a plan that breaks a constraint looks fine.
-    Read-only: the same figures give the same array (a node search asks them once per rental)."""
-    per_layer = np.ascontiguousarray(per_layer, dtype=float)
-    if (per_layer.shape[0] + 1) ** 2 * per_layer.shape[1] > SPANS_CACHED:
-        return _spans_of(per_layer)
-    return _spans(per_layer.shape, per_layer.tobytes())
-
-
-SPANS_CACHED = 250_000  # cells (2 MB) up to which spans are kept: 64 of them hold 128 MB at most
-
-
-@functools.lru_cache(maxsize=64)
-def _spans(shape: tuple[int, ...], data: bytes) -> np.ndarray:
-    return _spans_of(np.frombuffer(data).reshape(shape))
-
-
-def _spans_of(per_layer: np.ndarray) -> np.ndarray:
-    n1 = per_layer.shape[0] + 1
-    out = np.zeros((n1, n1, per_layer.shape[1]))
-    with np.errstate(over="ignore"):  # inf where sizes overflow: ruled out below
-        for j in range(n1 - 1):
-            out[j + 1 :, j] = np.cumsum(per_layer[j:], axis=0)
-    out.flags.writeable = False
-    return out
-
-
-def boundary_transfer(problem: Problem) -> np.ndarray:
-    """``[i, j, t]``: section 1b's ``X_s`` of stage ``j..i-1`` on ``t`` at the view's degree (section 1h;
-    0 without bandwidths)."""
-    n1 = problem.n_layers + 1
-    if not np.isfinite(problem.bandwidth).any():
-        return np.zeros((n1, n1, problem.n_types))
-    bytes_ = problem.boundary_bytes  # into the stage before layer j, out of it before layer i (a sum: symmetric)
-    return (bytes_[:, None, None] + bytes_[None, :, None]) * problem.boundary_rate[None, None, :]
-
-
-def runnable_spans(problem: Problem) -> np.ndarray:
-    """``[i, j, t]``: ``j < i``, and every layer of stage ``j..i-1`` can run on ``t``."""
-    n1 = problem.n_layers + 1
-    below = np.tril(np.ones((n1, n1), dtype=bool), k=-1)[:, :, None]  # j < i
-    return below & (spans((~problem.runnable).astype(float)) == 0)
-
-
-def stage_table(problem: Problem) -> Table:
-    n, T = problem.n_layers, problem.n_types
-    if too_large(problem):
-        cells = (n + 1) ** 2 * T
-        raise TooLarge(
-            "exact scheduler",
-            f"the exact solver would hold {cells:,} stage cells for {n:,} layers x {T} types (about "
-            f"{cells * 90 / 1e9:.1f} GB), more than it may use ({MAX_GRID_CELLS:,}); use --scheduler greedy or rl, "
-            "or profile the model at a coarser granularity (fewer, larger layers)",
-        )
-    ok = runnable_spans(problem)
-    sc, pc, sd, pd = (spans(part) for part in problem.parts)
-    ps = pc
-    if np.isfinite(problem.bandwidth).any():
-        pd = pd + boundary_transfer(problem)
-    min_k = np.ones((n + 1, n + 1, T))
-    if np.isfinite(problem.memory).any():
-        fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-        activations = activation_spans(problem)
-        with np.errstate(over="ignore", invalid="ignore"):
-            split = state_split + activations
-        if problem.reserved is not None:
-            fixed = fixed + problem.reserved_bytes[None, None, :]
-        with np.errstate(invalid="ignore"):
-            min_k = min_memory_replicas(fixed, split, problem.memory[None, None, :], activations, problem.batch_size)
-    if (floor := share_floor_spans(problem)) is not None:  # section 1f: each replica's share was measured
-        min_k = np.maximum(min_k, floor)
-    return Table(sc, pc, sd, pd, ok, min_k, ps)
 
 
 @dataclass

@@ -28,218 +28,26 @@ grid is dropped when its walk ends, so the walks hold one grid at a time.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import weakref
 
 import numpy as np
 
-from heterps_cli.costmodel import (
-    SLACK,
-    min_memory_replicas,
-    score,
-    share_floor_spans,
-    split_stages,
-    stage_label,
-)
+from heterps_cli.costmodel import SLACK, score, split_stages
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
-from heterps_cli.formulas import activations_held, amdahl, pipeline_slots, pipeline_step
+from heterps_cli.formulas import amdahl, pipeline_slots
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
-from heterps_cli.schedulers.exact.kernel import (
+from heterps_cli.schedulers.exact.kernel import Candidate, Chain, chain_dp
+from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
+from heterps_cli.schedulers.exact.terms import (
     MAX_GRID_CELLS,
-    Candidate,
-    Chain,
     Table,
-    activation_spans,
-    boundary_transfer,
-    chain_dp,
+    at_least_grid,
     most_stages,
-    runnable_spans,
-    spans,
+    stage_grid,
     stage_table,
 )
-from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
-
-# The fewest replicas, by problem and then by a digest of the bytes they are computed from: every stage
-# count's grid, and every rental of whole nodes (a problem of its own), asks the same few, and their
-# whole-sample bisection was a sixth of the exact solver's time at 64 nodes (issue 64). Bounded in bytes:
-# a grid of 256 layers and 4 types is 2 MB. By problem too, the stages' terms that no stage count changes.
-_BY_PROBLEM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _step_terms(problem: Problem, stages: int, again: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``[i, j, t]``: the serial and parallel parts of stage ``j..i-1``'s step on ``t`` in a plan of
-    ``stages`` stages (``T_s(k) = serial + parallel / k``), and the per-sample part of ``parallel``;
-    ``again``: the stage recomputes its activations (section 1g)."""
-    return pipeline_step(problem.micro_batches, stages, *_micro_terms(problem, again))
-
-
-def _micro_terms(problem: Problem, again: bool) -> tuple[np.ndarray, ...]:
-    """``[i, j, t]`` each: a stage's serial and parallel time a micro-batch, its all-reduce between two
-    replicas and its optimiser step, whatever the stage count (kept per problem: every grid asks)."""
-
-    def make() -> tuple[np.ndarray, ...]:
-        serial, parallel = problem.recompute_parts if again else problem.parts[:2]
-        micro_parallel = spans(parallel) + boundary_transfer(problem)
-        start, latency, message = problem.fixed_costs
-        messages = problem.boundary_messages[:, None, None] + problem.boundary_messages[None, :, None]  # out i, in j
-        sync, update = spans(problem.odt) + latency, spans(problem.update_times)
-        return spans(serial) + start + message * messages, micro_parallel, sync, update
-
-    return _kept(problem, ("micro", again), make)
-
-
-def _kept(problem: Problem, key, make):
-    """``make()``, once per problem and ``key``: its arrays read-only, as every later grid reads them."""
-    memo = _BY_PROBLEM.setdefault(problem, {})
-    if key not in memo:
-        found = make()
-        for array in found if isinstance(found, tuple) else () if found is None else (found,):
-            array.flags.writeable = False
-        memo[key] = found
-    return memo[key]
-
-
-MOST_KEPT_BYTES = 256_000_000
-
-
-class _Kept:
-    """Arrays by key, the oldest dropped first past :data:`MOST_KEPT_BYTES`."""
-
-    def __init__(self) -> None:
-        self.arrays: dict[bytes, np.ndarray] = {}
-        self.nbytes = 0
-
-    def get(self, key: bytes) -> np.ndarray | None:
-        return self.arrays.get(key)
-
-    def keep(self, key: bytes, found: np.ndarray) -> None:
-        while self.arrays and self.nbytes + found.nbytes > MOST_KEPT_BYTES:
-            self.nbytes -= self.arrays.pop(next(iter(self.arrays))).nbytes
-        self.arrays[key] = found
-        self.nbytes += found.nbytes
-
-
-_BY_DIGEST = _Kept()
-
-
-def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) -> np.ndarray:
-    """``[i, j, p, t]``: the fewest replicas of stage ``j..i-1`` on ``t`` that hold ``held[p]``
-    micro-batches of activations each within the type's memory (1 without a limit, inf: none); with
-    ``again`` (section 1g), the inputs of ``held[p]`` micro-batches and one micro-batch's activations."""
-    n1, T = problem.n_layers + 1, problem.n_types
-    if not np.isfinite(problem.memory).any():
-        return np.ones((n1, n1, len(held), T))
-    memo = _BY_PROBLEM.setdefault(problem, {})
-    missing = [h for h in dict.fromkeys(float(h) for h in held) if (again, h) not in memo]
-    if missing:  # the terms that do not depend on the micro-batches held, once
-        state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-        fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
-        terms = (fixed, state_split, activation_spans(problem))
-        for h in missing:
-            memo[again, h] = _fewest(problem, terms, h, again)
-    return np.stack([memo[again, float(h)] for h in held], axis=2)
-
-
-def _fewest(problem: Problem, terms: tuple, held: float, again: bool) -> np.ndarray:
-    """``[i, j, t]``: :func:`_memory_replicas` at one count of micro-batches held (``terms``: the stages'
-    fixed and split training state and their activations, ``[i, j, t]`` each)."""
-    fixed, state_split, activations = terms
-    with np.errstate(over="ignore", invalid="ignore"):
-        if again:  # by the stage's first layer j
-            inputs = np.append(problem.stage_inputs, 0.0)[None, :, None]
-            held_bytes = activations_held(held, activations, inputs)
-        else:
-            held_bytes = activations_held(held, activations)
-        split = state_split + held_bytes
-    fixed, split, held_bytes = np.broadcast_arrays(fixed, split, held_bytes)
-    digest = hashlib.blake2b(str((problem.batch_size, fixed.shape)).encode())
-    for part in (fixed, split, held_bytes, problem.memory):
-        digest.update(np.ascontiguousarray(part, dtype=float).tobytes())
-    key = digest.digest()
-    if (found := _BY_DIGEST.get(key)) is None:
-        with np.errstate(over="ignore", invalid="ignore"):
-            found = min_memory_replicas(fixed, split, problem.memory[None, None, :], held_bytes, problem.batch_size)
-        _BY_DIGEST.keep(key, found)
-    return found
-
-
-def _ok(problem: Problem, again: bool) -> np.ndarray:
-    """``[i, j, t]``: stage ``j..i-1`` may run on ``t`` (section 1g: and recompute there); kept per problem."""
-
-    def make() -> np.ndarray:
-        return runnable_spans(problem.replace(runnable=problem.recomputable) if again else problem)
-
-    return _kept(problem, ("ok", again), make)
-
-
-def _labels(problem: Problem) -> np.ndarray:
-    """The stage label of each type in each variant (:attr:`Problem.stage_ways`), variant-major."""
-    T = problem.n_types
-    return np.concatenate([stage_label(T, np.arange(T), again, j) for j, again in problem.stage_ways])
-
-
-def _widths(problem: Problem) -> np.ndarray:
-    """A replica's units of each type in each variant (:attr:`Problem.stage_ways`), variant-major
-    (section 1h)."""
-    return np.repeat(problem.widths[[j for j, _ in problem.stage_ways]], problem.n_types)
-
-
-def _variant_terms(problem: Problem, stages: int, held: np.ndarray) -> list[tuple[np.ndarray, ...]]:
-    """Per variant: the serial, parallel and per-sample step terms, where a stage may run, and the
-    fewest replicas holding ``held[p]`` micro-batches (``[i, j, p, t]``), on the variant's degree."""
-    out: list[tuple[np.ndarray, ...]] = []
-    for j, again in problem.stage_ways:
-        view = problem.views[j]
-        fewest = _memory_replicas(view, held, again)
-        floor = _kept(view, "floor", lambda view=view: share_floor_spans(view))
-        if floor is not None:  # section 1f: each replica's share was measured
-            fewest = np.maximum(fewest, floor[:, :, None, :])
-        out.append(_step_terms(view, stages, again) + (_ok(view, again), fewest))
-    return out
-
-
-def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
-    """The stage table and chain for plans of at most ``stages`` stages: DP type ``((r - 1) V + v) T + t``
-    is a stage on ``t`` with ``r`` stages from it to the last, run the ``v``-th way
-    (:attr:`Problem.stage_ways`: a tensor-parallel degree, recomputing its activations or not)."""
-    n1, T = problem.n_layers + 1, problem.n_types
-    V = len(problem.stage_ways)
-    places = np.arange(1, stages + 1)  # r
-    held = np.minimum(places, problem.micro_batches)
-    terms = _variant_terms(problem, stages, held)
-    min_k = np.stack([t[4] for t in terms], axis=3)  # [i, j, r, v, t]
-    sc, pc, ps, ok = (np.tile(np.concatenate(a, axis=2), (1, 1, stages)) for a in zip(*(t[:4] for t in terms)))
-    zeros = np.zeros((n1, n1, T * V * stages))
-    table = Table(sc, pc, zeros, zeros, ok, min_k.reshape(n1, n1, stages * V * T), ps)
-    base = np.tile(np.arange(T), stages * V)
-    place = np.repeat(places, V * T)
-    follows = place[None, :] == place[:, None] - 1
-    if problem.maximal_stages:  # the papers' space: never one type twice in a row
-        follows &= base[:, None] != base[None, :]
-    label, width = np.tile(_labels(problem), stages), np.tile(_widths(problem), stages)
-    return table, Chain(base, follows, np.ones(T * V * stages, dtype=bool), place == 1, label, width)
-
-
-def at_least_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
-    """A relaxation of every plan of ``stages`` stages or more, on the resource types themselves (and
-    each way a stage may run, sections 1g and 1h): each stage charged ``M + stages - 1`` slots and one
-    micro-batch in flight. A plan of ``S >= stages`` stages needs no fewer replicas in its own grid
-    than here (its slots and micro-batches in flight are no fewer), so what no plan reaches here, or a
-    bound on cost here, holds for all of them."""
-    n1, T = problem.n_layers + 1, problem.n_types
-    V = len(problem.stage_ways)
-    terms = [t[:4] + (t[4][:, :, 0, :],) for t in _variant_terms(problem, stages, np.ones(1))]
-    sc, pc, ps, ok, min_k = (np.concatenate(a, axis=2) for a in zip(*terms))
-    zeros = np.zeros((n1, n1, T * V))
-    table = Table(sc, pc, zeros, zeros, ok, min_k, ps)
-    plain = Chain.of_types(T, problem.maximal_stages)
-    base = np.tile(np.arange(T), V)
-    follows = np.tile(plain.follows, (V, V))
-    every = np.ones(len(base), dtype=bool)
-    return table, Chain(base, follows, every, every, _labels(problem), _widths(problem))
 
 
 class PipelineSolver(StepSolver):

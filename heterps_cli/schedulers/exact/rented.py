@@ -44,10 +44,11 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
-from heterps_cli.schedulers.exact.kernel import Candidate, most_stages
+from heterps_cli.schedulers.exact.kernel import Candidate
 from heterps_cli.schedulers.exact.pipeline import solver_for
 from heterps_cli.schedulers.exact.reach import more_units
 from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
+from heterps_cli.schedulers.exact.terms import most_stages
 
 
 def solve(

@@ -25,18 +25,12 @@ from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
-from heterps_cli.schedulers.exact.kernel import (
-    MAX_STATE_CELLS,
-    Candidate,
-    too_large,
-)
+from heterps_cli.schedulers.exact.kernel import MAX_STATE_CELLS, Candidate
 from heterps_cli.schedulers.exact.pipeline import solver_for
 from heterps_cli.schedulers.exact.reach import more_units
 from heterps_cli.schedulers.exact.rented import solve as solve_rented
-from heterps_cli.schedulers.exact.step import (
-    StepSolver,
-    schedule_of,
-)
+from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
+from heterps_cli.schedulers.exact.terms import too_large
 
 
 def infeasible_error(problem: Problem, solver: StepSolver) -> InfeasibleError:

@@ -27,15 +27,14 @@ from heterps_cli.schedulers.exact.kernel import (
     MAX_STATE_CELLS,
     Candidate,
     Chain,
-    Table,
     chain_dp,
     limit_state,
     limited_dp,
     overused,
-    stage_table,
     state_cells,
     units_used,
 )
+from heterps_cli.schedulers.exact.terms import Table, stage_table
 
 PENALTY_DOUBLINGS = 12  # penalty doublings that look for a plan within every limit at one relaxed step
 
