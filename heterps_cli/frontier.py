@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, throughput_floor
+from heterps_cli.costmodel import SLACK, meets_targets, throughput_floor
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count
 from heterps_cli.formulas import sample_hours
@@ -81,6 +81,8 @@ class Frontier:
     solve_s: float
     cut_at: float | None = None  # the time limit stopped the walk here: exact up to it, nothing faster
     resolution: float = 0.0  # > 0: every plan is matched by one here at most this much slower and dearer
+    # --mixed-stages where its exact DP does not run: what the points are (the one-type frontier, climbed)
+    climbed: str | None = None
 
     @property
     def knee_plan(self) -> int | None:
@@ -103,6 +105,7 @@ class Frontier:
             "solve_s": self.solve_s,
             "cut_at": self.cut_at,
             "resolution": self.resolution,
+            "climbed": self.climbed,
             "plans": [plan.to_dict() for plan in self.plans],
         }
 
@@ -127,8 +130,12 @@ def pareto_frontier(
     ``resolution`` > 0: not every Pareto-optimal plan, but for every plan one at most that fraction slower
     and dearer (:func:`_coarse_walk`); the walks over rentals of whole nodes and over mixed stages stay exact."""
     start = time.perf_counter()
-    if mixed_stages and _mixes(problem):
+    mixes = _mixes(problem) if mixed_stages else False
+    if mixes is True:
         return _mixed_frontier(problem, Clock(start, time_limit))
+    if isinstance(mixes, str):  # the DP does not run: the one-type frontier, each point climbed
+        one_type = pareto_frontier(problem, progress=progress, time_limit=time_limit, resolution=resolution)
+        return _climbed(one_type, mixes, Clock(start, time_limit))
     choices = problem.micro_batch_choices
     found: list[tuple[Candidate, Problem]] = []
     failed: list[InfeasibleError] = []
@@ -285,10 +292,9 @@ def _coarse_walk(
             progress(f"frontier: {count(current.throughput, 0)} samples/s, {len(found):,} plans", done, total)
 
 
-def _mixes(problem: Problem) -> bool:
-    """Whether a stage may mix types here (else the one-type frontier is the whole one); TooLarge where it
-    may, but the DP does not run."""
-    from heterps_cli.errors import TooLarge
+def _mixes(problem: Problem) -> bool | str:
+    """Whether a stage may mix types here (False: the one-type frontier is the whole one), and where it may
+    but the exact DP over mixed stages does not run, why not."""
     from heterps_cli.schedulers.mixed_optimum import why_not
     from heterps_cli.schedulers.mixing import can_mix
 
@@ -296,14 +302,57 @@ def _mixes(problem: Problem) -> bool:
         if problem.pipelined:  # one type: the one-type frontier is the whole one
             return False
         raise InputError(None, None, "--mixed-stages", f"{why}: give --global-batch, or leave --mixed-stages out")
-    if (why := why_not(problem)) is not None:
-        raise TooLarge(
-            "--mixed-stages",
-            f"the frontier over mixed stages comes from an exact DP, which does not run here: {why}; "
-            "plan one point with heterps plan --mixed-stages --min-throughput X, or leave --mixed-stages out "
-            "(on hundreds of units, with --resolution 0.02)",
-        )
-    return True
+    return why_not(problem) or True
+
+
+@dataclass(frozen=True)
+class _Climbed:
+    """A plan of the climbed frontier, by the figures :func:`_pareto` reads."""
+
+    throughput: float
+    cost: float
+    plan: Plan
+
+
+def _climbed(one_type: Frontier, why: str, clock: Clock) -> Frontier:
+    """Section 1i's frontier where its exact DP does not run (``why``): every point of the one-type
+    frontier climbed as ``plan --mixed-stages`` climbs a plan (:func:`~.schedulers.mixing.mix`: cheaper at
+    its throughput, and faster at its cost), and the Pareto set of them all. Not proven: a plan of mixed
+    stages that no climb reaches may beat a point, so every point is ``optimal: false``."""
+    from heterps_cli.schedulers.mixing import mix
+
+    problem = one_type.problem
+    found = [_Climbed(p.throughput, p.cost_usd, p) for p in one_type.plans]
+    for point in one_type.plans:
+        at = problem.at_micro_batch(point.batch_size)
+        cheaper = at.replace(objective=Objective.COST, min_throughput=point.throughput * (1 - SLACK), max_cost=None)
+        faster = at.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=point.cost_usd * (1 + SLACK))
+        for asked in (cheaper, faster):
+            plan, _ = mix(asked, point, clock)
+            if plan.mixes and meets_targets(problem, plan.throughput, plan.cost_usd):
+                found.append(_Climbed(plan.throughput, plan.cost_usd, plan))
+    frontier = _pareto(found)
+    mixed = sum(c.plan.mixes for c in frontier)
+    said = (
+        f"--mixed-stages: the exact DP over mixed stages does not run here ({why}), so these are the points of "
+        f"the frontier of one-type stages, each climbed as plan --mixed-stages climbs a plan (replicas of other "
+        f"types joining its stages, cheaper at its throughput or faster at its cost): {mixed} of "
+        f"{len(frontier)} mix; not proven, a plan of mixed stages no climb reaches may beat one"
+    )
+    within = f" at a resolution of {100 * one_type.resolution:g}%" if one_type.resolution > 0 else ""
+    solve_s = time.perf_counter() - clock.started
+    plans = []
+    for i, c in enumerate(frontier):
+        own = [n for n in c.plan.notes if not n.startswith("point ")]
+        where = f"point {i + 1} of {len(frontier)} on the cost-throughput frontier of one-type stages{within}, climbed"
+        # the question each point answers, as every frontier's: the cheapest reaching its own throughput
+        figures = {"objective": Objective.COST, "min_throughput": c.plan.throughput, "max_cost": problem.max_cost}
+        figures |= {"solve_s": solve_s, "optimal": False, "gap": None}
+        plans.append(c.plan.but(**figures, notes=[*own, where, said]))
+    knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
+    n = len(plans)
+    kept = replace(one_type, plans=tuple(plans), positions=tuple(range(n)), size=n, knee=knee_at, climbed=said)
+    return replace(kept, solve_s=solve_s)
 
 
 @dataclass(frozen=True)

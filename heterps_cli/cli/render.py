@@ -596,17 +596,20 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120
         notes.append(Text(f"{len(frontier.plans)} of {frontier.size:,} plans, as --points asked", style="dim"))
     steps = f"{frontier.steps:,} solver steps, {frontier.solve_s:.2f} s"
     within = f"{100 * frontier.resolution:g}%"
+    over, plan = (" over one-type stages", "one-type plan") if frontier.climbed is not None else ("", "plan")
     if frontier.resolution > 0:
         said = (
-            f"at a resolution of {within}: every plan is matched by a row at most {within} slower and {within} "
-            f"dearer ({steps}; leave --resolution out for every Pareto-optimal plan)"
+            f"at a resolution of {within}{over}: every {plan} is matched by a row at most {within} slower and "
+            f"{within} dearer ({steps}; leave --resolution out for every Pareto-optimal plan)"
         )
     else:
         said = (
-            "exact: each plan is the cheapest reaching its throughput, and no throughput between two rows costs "
-            f"less than the faster row ({steps})"
+            f"exact{over}: each {plan} is the cheapest reaching its throughput, and no throughput between two rows "
+            f"costs less than the faster row ({steps})"
         )
     notes.append(Text(said, style="dim"))
+    if frontier.climbed is not None:
+        notes.append(Text(frontier.climbed, style="yellow"))
     if frontier.cut_at is not None:
         held = f"within {within}" if frontier.resolution > 0 else "exact"
         notes.append(
