@@ -6,7 +6,7 @@ the grown space, and how close the seeds' schedulers come to the certified optim
     python benchmarks/bench_planning.py --keep DIR   # keep the profile and clusters it writes
     python benchmarks/bench_planning.py --repeat 3   # each exact and frontier row the median of 3 runs
     python benchmarks/bench_planning.py --baseline DIR  # also time another checkout's commands, alternately
-    python benchmarks/bench_planning.py --resolution 0.02  # also each two-type cluster's frontier within 2%
+    python benchmarks/bench_planning.py --resolution 0.02  # also --mixed-stages frontiers within 2%
 
 The problems come from the shared GPT-Neo-2.7B data as ``bench_sailor_plans.py`` builds them: the
 profile whose unit is one GPU with every layer's times at tp 1, 2 and 4 and forward times (so every
@@ -139,20 +139,19 @@ def exact_rows(rows, repeat: int = 1, baseline: Path | None = None) -> dict:
 
 
 def frontier_rows(rows, repeat: int = 1, baseline: Path | None = None, resolution: float | None = None) -> None:
-    """``heterps frontier`` on 64 GH200 nodes and with ``--mixed-stages`` on the two-type clusters; with a
-    ``resolution``, also the two-type clusters' one-type frontier within it (its exact walk does not end
-    in minutes there)."""
+    """``heterps frontier`` on 64 GH200 nodes; with a ``resolution``, also ``--mixed-stages`` on the two-type
+    clusters within it: past the exact DP over mixed stages, the one-type frontier climbed, whose exact walk
+    does not end in minutes there."""
     print()
     columns = ["problem", "frontier points", "up to samples/s", "command s"] + (["baseline s"] if baseline else [])
     print(header([(c, "l") for c in columns]))
     asked = []  # (row name, the command's arguments, whether the baseline runs it too)
     for name, profile, cluster, extra in rows:
-        if name == f"gh200 x{GH200_NODES[-1]} nodes" or "--mixed-stages" in extra:
+        if name == f"gh200 x{GH200_NODES[-1]} nodes":
             asked.append((name, (str(profile), str(cluster), *extra), True))
         if resolution is not None and "--mixed-stages" in extra:
-            one_type = [a for a in extra if a != "--mixed-stages"]
-            args = (str(profile), str(cluster), *one_type, "--resolution", str(resolution))
-            asked.append((f"{name}, one-type, within {resolution:g}", args, False))  # older code has no option
+            args = (str(profile), str(cluster), *extra, "--resolution", str(resolution))
+            asked.append((f"{name}, --mixed-stages within {resolution:g}", args, False))  # older code has no option
     for name, args, both in asked:
         found, wall, other = beside("frontier", *args, repeat=repeat, baseline=baseline if both else None)
         if "error" in found:
@@ -184,7 +183,7 @@ def main() -> None:
     parser.add_argument("--seeds", help="also run rl and tapp at these seeds, e.g. 0-3")
     parser.add_argument("--repeat", type=int, default=1, help="time each exact and frontier row N times (median)")
     parser.add_argument("--baseline", type=Path, help="a checkout of other code, timed alternately with this one")
-    parser.add_argument("--resolution", type=float, help="also the two-type clusters' frontiers within this fraction")
+    parser.add_argument("--resolution", type=float, help="also --mixed-stages frontiers within this fraction")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
