@@ -231,8 +231,9 @@ def _default_budget(name: str, problem: Problem, options: SolveOptions) -> tuple
     from heterps_cli.schedulers.names import default_batch, default_evaluations, default_steps
 
     kind = OPTIONS[name]
-    if not isinstance(options, kind):
-        options = kind(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+    if not isinstance(options, kind):  # another scheduler's options: the fields both have
+        shared = [f.name for f in dataclasses.fields(kind) if hasattr(options, f.name)]
+        options = kind(**{field: getattr(options, field) for field in shared})
     layers, choices = problem.n_layers, len(problem.micro_batch_choices)
     if isinstance(options, TrainingOptions) and options.steps is None:
         batch = options.batch if options.batch is not None else default_batch(layers)
