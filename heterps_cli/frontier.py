@@ -344,7 +344,7 @@ def _climbed(one_type: Frontier, why: str, clock: Clock) -> Frontier:
     plans = []
     for i, c in enumerate(frontier):
         own = [n for n in c.plan.notes if not n.startswith("point ")]
-        where = f"point {i + 1} of {len(frontier)} on the cost-throughput frontier of one-type stages{within}, climbed"
+        where = f"point {i + 1} of {len(frontier)} on the one-type frontier{within} and its points climbed"
         # the question each point answers, as every frontier's: the cheapest reaching its own throughput
         figures = {"objective": Objective.COST, "min_throughput": c.plan.throughput, "max_cost": problem.max_cost}
         figures |= {"solve_s": solve_s, "optimal": False, "gap": None}
