@@ -163,3 +163,19 @@ def test_micro_batches_left_when_the_time_limit_has_run_out_are_not_asked_and_th
     assert result.exit_code == 0, result.output
     notes = " ".join(json.loads(result.stdout)["notes"])
     assert "not asked (the time limit ran out)" in notes and "micro-batch 8,192 chosen" in notes  # asked first
+
+
+def test_a_search_is_not_run_where_the_exact_solver_proves_no_plan_fits(runner, tmp_path, monkeypatch):
+    """rl trained 20-30 s at each micro-batch whose plans all break memory, then failed, and the exact
+    solver said why: now it says so first, in milliseconds, with the same words."""
+    from heterps_cli import schedulers
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "cluster: small\nresources:\n  cpu: {price: 0.04, limit: 480, memory_gb: 0.000001}\n"
+        "  v100: {price: 2.42, limit: 32, memory_gb: 0.000001}\n"
+    )
+    monkeypatch.setattr(schedulers, "solver", lambda name: pytest.fail(f"{name} ran where no plan fits"))
+    for name in ("rl", "tapp", "genetic", "greedy", "random"):
+        result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(cluster), "-s", name])
+        assert result.exit_code == 3 and "memory" in result.stderr, result.output

@@ -209,6 +209,8 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
 def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions) -> Plan:
     """:func:`solve` at the problem's own micro-batch."""
     start = time.perf_counter()
+    if name != "exact" and (proof := _none_fits(problem)) is not None:
+        raise proof
     try:
         plan = solver(name)(problem, seed=seed, progress=progress, options=options)
     except SearchFailed as exc:
@@ -221,6 +223,37 @@ def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None,
 
         plan = cut_exactly(problem, plan, Clock.of(options, start).left())
     return plan
+
+
+# A throughput every plan that fits reaches (samples/s): whether any plan fits is whether one reaches it.
+ANY_PLAN = 1e-9
+
+
+def _none_fits(problem: Problem) -> InfeasibleError | None:
+    """The exact solver's proof that no plan fits the problem's limits and memory, whatever its targets;
+    None where one fits, or where its tables are too large to ask. A search there would train (rl: 20-30 s
+    at each of 4 of 12 micro-batches of GPT-Neo on 8 + 8 nodes) only to fail, and this proof would then
+    explain why. One question, :data:`ANY_PLAN`, on every unit the cluster has (on whole nodes, on each
+    rental as fast as any other)."""
+    from heterps_cli.errors import TooLarge
+    from heterps_cli.schedulers.exact import solve as exact
+    from heterps_cli.schedulers.exact.pipeline import solver_for
+    from heterps_cli.schedulers.exact.rented import widest_rentals
+    from heterps_cli.schedulers.exact.terms import too_large
+
+    if too_large(problem):
+        return None
+    loose = problem.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
+    asked = [loose] if loose.nodes is None else [q for c in widest_rentals(loose.nodes) for q in loose.on_rental(c)]
+    try:
+        if any(solver_for(q).reachable(ANY_PLAN) for q in asked):
+            return None
+        exact(loose)  # raises, saying why
+    except InfeasibleError as exc:
+        return exc
+    except TooLarge:
+        return None
+    return None
 
 
 def _default_budget(name: str, problem: Problem, options: SolveOptions) -> tuple[SolveOptions, float]:
