@@ -227,21 +227,24 @@ def _solve_at(name: str, problem: Problem, seed: int, progress: Progress | None,
 
 # A throughput every plan that fits reaches (samples/s): whether any plan fits is whether one reaches it.
 ANY_PLAN = 1e-9
+# Stage cells (terms.grid_cells) up to which that is asked: four times GPT-Neo's on 64 + 64 nodes with every
+# degree and recomputation. Past it the tables take seconds and a GB to build (2,000 layers x 3 types).
+SCREEN_CELLS = 2_000_000
 
 
 def _none_fits(problem: Problem) -> InfeasibleError | None:
     """The exact solver's proof that no plan fits the problem's limits and memory, whatever its targets;
-    None where one fits, or where its tables are too large to ask. A search there would train (rl: 20-30 s
-    at each of 4 of 12 micro-batches of GPT-Neo on 8 + 8 nodes) only to fail, and this proof would then
-    explain why. One question, :data:`ANY_PLAN`, on every unit the cluster has (on whole nodes, on each
-    rental as fast as any other)."""
+    None where one fits, or where its tables are large (:data:`SCREEN_CELLS`). A search there would train
+    (rl: 20-30 s at each of 4 of 12 micro-batches of GPT-Neo on 8 + 8 nodes) only to fail, and this proof
+    would then explain why. One question, :data:`ANY_PLAN`, on every unit the cluster has (on whole nodes,
+    on each rental as fast as any other)."""
     from heterps_cli.errors import TooLarge
     from heterps_cli.schedulers.exact import solve as exact
     from heterps_cli.schedulers.exact.pipeline import solver_for
     from heterps_cli.schedulers.exact.rented import widest_rentals
-    from heterps_cli.schedulers.exact.terms import too_large
+    from heterps_cli.schedulers.exact.terms import grid_cells
 
-    if too_large(problem):
+    if grid_cells(problem) > SCREEN_CELLS:
         return None
     loose = problem.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
     asked = [loose] if loose.nodes is None else [q for c in widest_rentals(loose.nodes) for q in loose.on_rental(c)]
