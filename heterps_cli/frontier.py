@@ -323,10 +323,10 @@ def _climbed(one_type: Frontier, why: str, clock: Clock) -> Frontier:
 
     problem = one_type.problem
     found = [_Climbed(p.throughput, p.cost_usd, p) for p in one_type.plans]
-    for point in one_type.plans:
-        at = problem.at_micro_batch(point.batch_size)
-        cheaper = at.replace(objective=Objective.COST, min_throughput=point.throughput * (1 - SLACK), max_cost=None)
-        faster = at.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=point.cost_usd * (1 + SLACK))
+    for point in one_type.plans:  # mix takes each at the point's own micro-batch
+        at_least, at_most = point.throughput * (1 - SLACK), point.cost_usd * (1 + SLACK)
+        cheaper = problem.replace(objective=Objective.COST, min_throughput=at_least, max_cost=None)
+        faster = problem.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=at_most)
         for asked in (cheaper, faster):
             plan, _ = mix(asked, point, clock)
             if plan.mixes and meets_targets(problem, plan.throughput, plan.cost_usd):
@@ -350,9 +350,15 @@ def _climbed(one_type: Frontier, why: str, clock: Clock) -> Frontier:
         figures |= {"solve_s": solve_s, "optimal": False, "gap": None}
         plans.append(c.plan.but(**figures, notes=[*own, where, said]))
     knee_at = knee([c.throughput for c in frontier], [c.cost for c in frontier])
-    n = len(plans)
-    kept = replace(one_type, plans=tuple(plans), positions=tuple(range(n)), size=n, knee=knee_at, climbed=said)
-    return replace(kept, solve_s=solve_s)
+    return replace(
+        one_type,
+        plans=tuple(plans),
+        positions=tuple(range(len(plans))),
+        size=len(plans),
+        knee=knee_at,
+        solve_s=solve_s,
+        climbed=said,
+    )
 
 
 @dataclass(frozen=True)
