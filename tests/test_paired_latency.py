@@ -5,6 +5,7 @@ the partner included, is what a step pays."""
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import time
 
 import torch
@@ -42,7 +43,13 @@ def _latencies(together: int) -> dict[int, float | None]:
     try:
         for p in procs:
             p.start()
-        got = dict(out.get(timeout=120) for _ in procs)
+        got = {}
+        for _ in procs:
+            try:
+                index, latency = out.get(timeout=120)
+            except queue.Empty:
+                raise AssertionError(f"got {got}; exit codes {[p.exitcode for p in procs]}") from None
+            got[index] = latency
     finally:
         for p in procs:
             p.join(10)
@@ -55,9 +62,15 @@ def _latencies(together: int) -> dict[int, float | None]:
 def test_a_pair_charges_its_all_reduce_and_the_wait_for_the_partner_and_an_odd_one_out_has_none():
     """Process 1 reaches every all-reduce 30 ms before process 0 and waits there: a step of the pair then
     spends 30 ms more in the all-reduce on one of the two, 15 ms on the mean of both, beyond the
-    all-reduce itself (milliseconds here). Both get the same figure; with three processes, the third has
-    no partner."""
-    got = _latencies(3)
-    assert got[2] is None
-    assert got[0] == got[1]
+    all-reduce itself (milliseconds here). Both get the same figure; processes 2 and 3, neither lagging,
+    pair apart from them and wait for nothing of theirs. The last of an odd wave has no partner and meets
+    nobody."""
+    got = _latencies(4)
+    assert got[0] == got[1] and got[2] == got[3]
     assert got[0] is not None and LAG_S / 2 * 0.9 <= got[0] < LAG_S / 2 + 0.01, got
+    assert got[2] is not None and got[2] < LAG_S / 4, got
+
+
+def test_the_last_of_an_odd_wave_has_no_partner_and_meets_nobody():
+    model = Model("lagging", torch.nn.Linear(8, 8), (torch.randn(4, 8),))
+    assert paired_latency(model, "cpu", None, 1e9, port=free_port(), index=4, together=5) is None

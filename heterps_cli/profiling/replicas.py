@@ -50,29 +50,54 @@ def paired_latency(
     together: int,
 ) -> float | None:
     """This process's pair's all-reduce latency beyond its bytes (s), or None where it has no partner
-    (the last of an odd wave) or the pair could not meet. Every process of the wave must call it."""
+    (the last of an odd wave) or the pair could not meet. Every process of the wave calls it; process 0
+    hosts the store the pairs meet at."""
     import torch.distributed as dist
 
+    paired = together - together % 2
+    if index >= paired:
+        return None
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=index,
-            world_size=together,
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            is_master=index == 0,
             timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+            wait_for_workers=False,
         )
     except (RuntimeError, ValueError, OSError):
         return None
     try:
-        pairs = [dist.new_group([i, i + 1]) for i in range(0, together - 1, 2)]  # every process makes every group
-        if index // 2 >= len(pairs):
-            return None
-        return _timed(model, device, loss, bandwidth, pairs[index // 2])
+        # each pair its own group on one store: no mesh over the whole wave, no group the odd one must join
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"pair-{index // 2}", store),
+            rank=index % 2,
+            world_size=2,
+            timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+        )
+        try:
+            return _timed(model, device, loss, bandwidth)
+        finally:
+            dist.destroy_process_group()
+    except (RuntimeError, ValueError, OSError):  # the pair could not meet, or the partner died
+        return None
     finally:
-        dist.destroy_process_group()
+        _leave(store, index, paired)
 
 
-def _timed(model: Model, device: str, loss: Loss | None, bandwidth: float, pair) -> float:
+def _leave(store, index: int, paired: int) -> None:
+    """Process 0 hosts the store every pair meets at: it stays until every pair is done with it."""
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    try:
+        store.add("left", 1)
+        while index == 0 and store.add("left", 0) < paired and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except (RuntimeError, OSError):  # the host is gone: nothing to wait for
+        pass
+
+
+def _timed(model: Model, device: str, loss: Loss | None, bandwidth: float) -> float:
     import torch.distributed as dist
 
     threads = torch.get_num_threads()
@@ -82,17 +107,17 @@ def _timed(model: Model, device: str, loss: Loss | None, bandwidth: float, pair)
         bucket = torch.ones(max(size // 4, 1))
         step = statistics.median(step_times(model, device, 2, warmup=1, loss=loss))
         wanted = torch.tensor([min(max(int(SECONDS / max(step, 1e-6)), STEPS_AT_LEAST), STEPS_AT_MOST)])
-        dist.all_reduce(wanted, op=dist.ReduceOp.MIN, group=pair)  # as many in both, the slower one's
+        dist.all_reduce(wanted, op=dist.ReduceOp.MIN)  # as many in both, the slower one's
         times = []
         for i in range(int(wanted) + 1):
             step_times(model, device, 1, warmup=0, loss=loss)
             start = time.perf_counter()
-            dist.all_reduce(bucket, group=pair)
+            dist.all_reduce(bucket)
             if i:  # the first meets a partner still finishing its profile
                 times.append(time.perf_counter() - start)
         mine = torch.tensor(times, dtype=torch.float64)
         both = [torch.zeros_like(mine) for _ in range(2)]
-        dist.all_gather(both, mine, group=pair)
+        dist.all_gather(both, mine)
     finally:
         torch.set_num_threads(threads)
     spent = (both[0].mean() + both[1].mean()) / 2
