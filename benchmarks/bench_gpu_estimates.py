@@ -11,8 +11,9 @@ Measured data:
   micro-batch 1 to 64. The A100 and GH200 runs reach 66-141 TFLOP/s on the blocks, above the fp32 peaks
   (19.5, 67): they ran their products on tensor cores (TF32), so they are estimated at ``--precision
   tf32``; the V100 has no TF32 (``fp32``).
-* ``benchmarks/data/gpu/h200-*-layers.json``: the same shapes timed on an H200 by
-  ``bench_gpu_layers.py`` at fp32, tf32, bf16 and fp16, and products of many shapes.
+* ``benchmarks/data/gpu/h200-*.json``, ``h100-*.json``: the same shapes, and OPT-350M's, OPT-30B's and a
+  7B's at sequence 8,192, timed on the H200s and the H100 the device tool lent, by ``bench_gpu_layers.py``
+  at fp32, tf32, bf16 and fp16, and products of many shapes.
 
 The model estimated is ``benchmarks/gpt.py:gpt_neo`` (a user's plain PyTorch GPT of GPT-Neo's shapes,
 Megatron's unfused attention and dropout 0.1); for the H200 rows, ``bench_gpu_layers``'s block (no
@@ -158,32 +159,44 @@ def spread(ratios: list[float]) -> str:
     return f"median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
 
 
-def h200_table() -> tuple[str, list[float], list[float]]:
-    """bench_gpu_layers' embedding, block and head (final norm, logits, cross-entropy) on the H200 at each
-    precision and micro-batch, GPT-Neo's shapes and the 7B's at sequence 8,192: measured and estimated;
-    the ratios of the blocks, and of the embeddings and heads."""
+def gpu_tables() -> tuple[str, str, list[float], list[float]]:
+    """bench_gpu_layers' embedding, block and head (final norm, logits, cross-entropy) on the lent H200s and
+    H100 at each precision and micro-batch, every model whose layers were timed (GPT-Neo's shapes, OPT-350M's,
+    OPT-30B's, the 7B's at sequence 8,192): each row measured and estimated, and per (model, GPU, precision)
+    the spread of the ratios; the blocks' ratios, and the embeddings' and heads'."""
     from benchmarks.gpt import SHAPES
 
     catalogue = load_catalogue(str(CATALOGUE))
     rows = [
-        "| shape | layer | precision | attention | micro-batch | measured ms | estimated ms | ratio |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        "| shape | GPU | layer | precision | attention | micro-batch | measured ms | estimated ms | ratio |",
+        "|---|---|---|---|---|---:|---:|---:|---:|",
     ]
-    blocks, ends = [], []
-    for path in sorted(H200.parent.glob("h200-*.json")):
+    blocks, ends, groups = [], [], {}
+    for path in sorted(H200.parent.glob("h*.json")):
         data = json.loads(path.read_text())
         if "layers" not in data or "shape" not in data:
             continue
+        gpu = path.name.split("-")[0]  # the catalogue's name of the GPU it ran on
         shape = next(name for name, s in SHAPES.items() if s.hidden == data["shape"]["hidden"])
         for r in data["layers"]:
             w = h200_layer(shape, r["layer"], r["batch"], r["precision"], r["attention"] == "sdpa")
-            e = Pricer(catalogue.devices["h200"], catalogue, r["precision"]).seconds(w, r["layer"])
+            e = Pricer(catalogue.devices[gpu], catalogue, r["precision"]).seconds(w, r["layer"])
             (blocks if r["layer"] == "block" else ends).append(e / r["step_s"])
+            precision = r["precision"] + (" sdpa" if r["attention"] == "sdpa" else "")
+            groups.setdefault((shape, gpu, precision, r["layer"]), []).append(e / r["step_s"])
             rows.append(
-                f"| {shape} | {r['layer']} | {r['precision']} | {r['attention']} | {r['batch']} | "
+                f"| {shape} | {gpu} | {r['layer']} | {r['precision']} | {r['attention']} | {r['batch']} | "
                 f"{r['step_s'] * 1e3:.2f} | {e * 1e3:.2f} | {e / r['step_s']:.2f} |"
             )
-    return "\n".join(rows), blocks, ends
+    summary = [
+        "| shape | GPU | precision | blocks: median (range) | embeddings | heads |",
+        "|---|---|---|---|---|---|",
+    ]
+    for shape, gpu, precision in sorted({k[:3] for k in groups}):
+        cells = [groups.get((shape, gpu, precision, layer)) for layer in ("block", "embedding", "head")]
+        shown = [f"{statistics.median(c):.2f} ({min(c):.2f}-{max(c):.2f})" if c else "-" for c in cells]
+        summary.append(f"| {shape} | {gpu} | {precision} | {' | '.join(shown)} |")
+    return "\n".join(rows), "\n".join(summary), blocks, ends
 
 
 def h200_layer(shape: str, layer: str, batch: int, precision: str, sdpa: bool) -> Work:
@@ -265,9 +278,11 @@ def main() -> None:
     start = time.perf_counter()
     print(sailor_tables())
     print()
-    table, blocks, ends = h200_table()
+    table, summary, blocks, ends = gpu_tables()
     print(table)
-    print(f"\nH200 blocks estimated / measured: {spread(blocks)}; embeddings and heads: {spread(ends)}")
+    print()
+    print(summary)
+    print(f"\nH200 and H100 blocks estimated / measured: {spread(blocks)}; embeddings and heads: {spread(ends)}")
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

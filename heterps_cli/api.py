@@ -290,16 +290,20 @@ def measure(
     progress: Progress | None = None,
     loss: str = "mse",
     optimizer: str = "sgd",
+    precision: str | None = None,
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
     (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch), the last layer's with ``loss``
-    (:data:`~heterps_cli.runtime.synthetic.LOSSES`), each layer's update with ``optimizer``."""
+    (:data:`~heterps_cli.runtime.synthetic.LOSSES`), each layer's update with ``optimizer``, at ``precision``
+    (:mod:`~heterps_cli.profiling.precision`; None: as the model is, and the profile says none)."""
     from heterps_cli.formats import check_name
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.profiling.measure import measure as measure_model
+    from heterps_cli.profiling.precision import check_precision
     from heterps_cli.profiling.processes import measure_in_processes
 
     resource = check_name(resource, "--as")
+    check_precision(precision, device)  # before the model loads
     if progress is not None:
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
@@ -313,6 +317,7 @@ def measure(
             progress=progress,
             loss=loss,
             optimizer=optimizer,
+            precision=precision,
         )
     return measure_in_processes(
         model,
@@ -328,6 +333,7 @@ def measure(
         progress=progress,
         loss=loss,
         optimizer=optimizer,
+        precision=precision,
     )
 
 

@@ -247,3 +247,32 @@ def test_the_benchmarks_megatron_last_layer_is_a_norm_and_a_cross_entropy_over_t
         args = (torch.randn(2, 5, 16), torch.randint(0, 16, (2, 5)))
         w = est.work(Call("last", SailorLast(Shape(hidden=16, heads=2, sequence=5)), args, {}, ((True, False), {})))
     assert {"exp", "div_", "mul_"} <= {op.name.split(".")[0] for op in w.ops}
+
+
+class _Fused(nn.Module):
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_is_counted_as_its_products_and_a_causal_mask_keeps_half_and_the_diagonal(causal):
+    """Two heads of 8 queries and 8 keys of 4 dimensions: the scores (8 x 8 x 4 multiply-adds a head) and
+    their weighted sum (as many) forward; five such products backward (the scores recomputed, the gradients
+    of the weights, of the values, of the queries and of the keys); a causal mask keeps query i's keys
+    0..i, 36 of the 64 scores."""
+    with abstract():
+        q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+        w = est.work(Call("attention", _Fused(causal), (q, k, v), {}, ((True, True, True), {})), loss="none")
+    flops = {op.name: op.flops for op in w.ops if op.flops}
+    kept = sum(j <= i for i in range(8) for j in range(8)) / 64 if causal else 1.0
+    products = 2 * 2 * (2 * 8 * 8 * 4)  # heads x (scores + weighted sum) x 2 x multiply-adds
+    assert flops == pytest.approx(
+        {
+            "_scaled_dot_product_flash_attention_for_cpu": products * kept,
+            "_scaled_dot_product_flash_attention_for_cpu_backward": 2.5 * products * kept,
+        }
+    )

@@ -113,10 +113,11 @@ TpOpt = Annotated[
 PrecisionOpt = Annotated[
     Precision | None,
     typer.Option(
-        help="--estimate: what the model trains at. fp32 is PyTorch's default (products at the fp32 peak, "
+        help="What the model trains at, measured (every forward under autocast for bf16 and fp16; TF32 "
+        "switched on for tf32, a GPU's) or estimated. fp32 is PyTorch's default (products at the fp32 peak, "
         "convolutions at TF32 where the device has it); tf32 puts fp32 products on the TF32 peak too; bf16 and "
         "fp16 run the model under autocast, as mixed-precision training does. The profile says which. "
-        "[default: fp32]",
+        "[default: fp32 estimated; measured: the model as it is, and the profile says none]",
         show_default=False,
     ),
 ]
@@ -297,7 +298,6 @@ def profile_command(
                 "--calibrate": calibrate,
                 "--calibrate-on": calibrate_on,
                 "--tp": tp or None,
-                "--precision": precision,
             },
             measuring_only={
                 "--device": device is not Device.cpu,
@@ -343,6 +343,7 @@ def profile_command(
                 progress=report,
                 loss=(loss or Loss.mse).value,
                 optimizer=optimizer.value,
+                precision=None if precision is None else precision.value,
             )
         write_output(out_file, text)
         if out_file == "-":

@@ -134,6 +134,31 @@ def _dims(name: str, args: tuple, out) -> tuple[tuple[int, int, int, int] | None
     return None, False
 
 
+def _fused_attention_flops(name: str, args: tuple, kwargs: dict) -> float:
+    """Fused attention as the fake tensors run it (the CPU's kernel, which flop_counter does not count):
+    the products of its scores and of their weights, forward or backward, as flop_counter counts a GPU's
+    flash attention; under a causal mask only the scores it keeps, as the kernels skip the masked tiles."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+    if name == "_scaled_dot_product_flash_attention_for_cpu" and len(shapes) >= 3:
+        causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
+        flops, (queries, keys) = sdpa_flop_count(*shapes[:3]), shapes[:2]
+    elif name == "_scaled_dot_product_flash_attention_for_cpu_backward" and len(shapes) >= 4:
+        causal = args[7] if len(args) > 7 else kwargs.get("is_causal", False)
+        flops, (queries, keys) = sdpa_backward_flop_count(*shapes[:4]), shapes[1:3]
+    else:
+        return 0.0
+    return float(flops) * (kept_by_causal_mask(queries[-2], keys[-2]) if causal else 1.0)
+
+
+def kept_by_causal_mask(queries: int, keys: int) -> float:
+    """The share of the scores a causal mask keeps: query i sees keys 0..i (PyTorch's is_causal)."""
+    if queries <= keys:
+        return (queries + 1) / (2 * keys)
+    return (keys * (keys + 1) / 2 + (queries - keys) * keys) / (queries * keys)
+
+
 class Recorder(TorchDispatchMode):
     """Records each operator dispatched inside it (:class:`Op`)."""
 
@@ -150,7 +175,10 @@ class Recorder(TorchDispatchMode):
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         counter = flop_registry.get(func.overloadpacket)
-        flops = float(counter(*args, **kwargs, out_val=out)) if counter is not None else 0.0
+        if counter is not None:
+            flops = float(counter(*args, **kwargs, out_val=out))
+        else:
+            flops = _fused_attention_flops(name, args, kwargs)
         dims, conv = _dims(name, args, out) if flops else (None, False)
         # a *_like operator reads its input's shape, not its values
         moved = (0.0 if name.endswith("_like") else sum(_bytes(t) for t in inputs)) + sum(_bytes(t) for t in outputs)

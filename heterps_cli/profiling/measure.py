@@ -59,6 +59,7 @@ from heterps_cli.profiling.granularity import settle
 from heterps_cli.profiling.links import Link, link_bandwidth
 from heterps_cli.profiling.load import Load, advice, between, snapshot
 from heterps_cli.profiling.models import Call, Model, bytes_of, detached, kind, model_error, model_from_spec, trace
+from heterps_cli.profiling.precision import check_precision, training_at
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
     FIT_TRIALS,
@@ -146,6 +147,7 @@ class Profiled:
     chain: bool | None = None  # docs/spec.md section 2: whether heterps run can cut between any two layers
     load: Load | None = None  # how busy the machine was while it measured (:mod:`.load`)
     idle_latency: float | None = None  # the idle link's all-reduce latency, where pairs timed all_reduce_latency
+    precision: str | None = None  # docs/spec.md section 2: what the layers were timed at (None: not stated)
 
     @property
     def total_oct(self) -> float:
@@ -170,19 +172,23 @@ def measure(
     progress: Progress | None = None,
     loss: str = "mse",
     optimizer: str = "sgd",
+    precision: str | None = None,
 ) -> Profiled:
     """Measure every layer of ``model`` (see the module docstring); ``link``: the link as the caller
     measured it (else measured here, or given by ``link_gbps``); ``loss``: the loss a training
     step takes of the model's output (:func:`~heterps_cli.runtime.synthetic.output_loss`; ``mse``,
     what ``heterps run`` trains without a task), timed as the last layer's; ``optimizer``: the one whose
-    step each layer's ``update`` times (:data:`~.timing.OPTIMIZERS`)."""
+    step each layer's ``update`` times (:data:`~.timing.OPTIMIZERS`); ``precision``: what the model trains
+    at (:mod:`.precision`; None: as it is, and the profile says none)."""
     report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
+    check_precision(precision, device)
     B0, started = len(model.inputs[0]), snapshot()
     taken = output_loss(loss, B0)
     report("tracing the model")
-    calls, notes = traced(model)
+    with training_at(precision, device, [model.module]):  # each layer's recorded input is what it gets then
+        calls, notes = traced(model)
     if link is None:
         link = link_bandwidth(device, link_gbps, report, notes)
     bandwidth = link.bandwidth
@@ -200,29 +206,32 @@ def measure(
     layers = []
     current: list[Call] = []  # the layer being run, for the error message
     try:
-        if device == "cpu":
-            torch.set_num_threads(1)  # one unit of cpu is one core
-        report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
-        try:
-            step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1, loss=taken))
-        except SIGNALLED:
-            raise
-        except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
-            raise model_error(model, exc, "the model's forward and backward pass failed") from None
-        times, forwards, starts, updates = _time_layers(
-            calls, device, repetitions, report, total, current, taken, optimizer
-        )
-        report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
-        shares = _share_times(calls, device, B0, current, taken)
-        for i, call in enumerate(calls):
-            current[:] = [call]
-            at_shares = {k: v[i] for k, v in shares.items()}
-            layer = _layer(call, B0, times[i], bandwidth, device, at_shares, statistics.median(updates[i]))
-            # each run's forward is part of its total, so the medians keep that order (section 1g)
-            layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
-        current[:] = []
-        layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
-        report("done", completed=total, total=total)
+        with training_at(precision, device, [model.module, *(call.module for call in calls)]):
+            if device == "cpu":
+                torch.set_num_threads(1)  # one unit of cpu is one core
+            report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
+            try:
+                step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1, loss=taken))
+            except SIGNALLED:
+                raise
+            except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
+                raise model_error(model, exc, "the model's forward and backward pass failed") from None
+            times, forwards, starts, updates = _time_layers(
+                calls, device, repetitions, report, total, current, taken, optimizer
+            )
+            report(
+                "alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total
+            )
+            shares = _share_times(calls, device, B0, current, taken)
+            for i, call in enumerate(calls):
+                current[:] = [call]
+                at_shares = {k: v[i] for k, v in shares.items()}
+                layer = _layer(call, B0, times[i], bandwidth, device, at_shares, statistics.median(updates[i]))
+                # each run's forward is part of its total, so the medians keep that order (section 1g)
+                layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
+            current[:] = []
+            layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
+            report("done", completed=total, total=total)
     except InputError:
         raise
     except SIGNALLED:
@@ -249,6 +258,7 @@ def measure(
         optimizer=optimizer,
         chain=model.chain,
         load=between(started, snapshot()),
+        precision=precision,
     )
 
 

@@ -55,6 +55,7 @@ def measure_in_processes(
     progress: Progress | None = None,
     loss: str = "mse",
     optimizer: str = "sgd",
+    precision: str | None = None,
 ) -> Profiled:
     """``processes`` independent profiles of the model ``spec``, each in a fresh Python process (one after
     another, or ``concurrent`` at a time), combined."""
@@ -76,6 +77,7 @@ def measure_in_processes(
         "granularity": granularity,
         "loss": loss,
         "optimizer": optimizer,
+        "precision": precision,
     }
     started = snapshot()
     runs = _run_all(args, processes, concurrent, report)
@@ -310,6 +312,7 @@ def _worker(args: dict, out: Path) -> int:
             link=Link(**args["link"]) if args.get("link") else None,
             loss=args.get("loss", "mse"),
             optimizer=args.get("optimizer", "sgd"),
+            precision=args.get("precision"),
         )
         if meet is not None:  # the pairs meet once every process is done: none waits idle beside one timing
             _busy_until_all_done(meet, args["index"], args["together"], model, args["device"])

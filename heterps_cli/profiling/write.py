@@ -191,6 +191,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"sum of the layers' oct {p.total_oct:.4g} s; a whole-model forward+backward step {p.step:.4g} s "
         f"(ratio {p.total_oct / p.step:.2f}: code between modules is in the step only, and each layer's "
         "forward is a call of its own here)",
+        *([f"precision {p.precision}: {MEASURED_AT[p.precision]}"] if p.precision is not None else []),
         *([p.load.describe()] if p.load is not None else []),
         *p.notes,
         *(f"profile again: {why}" for why in p.advice),
@@ -204,7 +205,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         costs["all_reduce_latency"] = p.all_reduce_latency
     if p.transfer_latency is not None:
         costs["transfer_latency"] = p.transfer_latency
-    return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs}, chain=p.chain)
+    return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs}, chain=p.chain, precision=p.precision)
 
 
 def _row(layer: LayerProfile, resource: str, comment: str, degrees: dict[int, LayerProfile] | None = None) -> LayerRow:
@@ -298,6 +299,12 @@ def estimated_text(e: Estimated) -> str:
     return render(e.model, e.batch_size, rows, header, precision=e.precision, chain=e.chain)
 
 
+MEASURED_AT = {  # heterps profile --precision (profiling.precision)
+    "fp32": "timed as PyTorch trains by default, fp32 products (convolutions with TF32 on a GPU)",
+    "tf32": "timed with TF32 products and convolutions",
+    "bf16": "every forward timed under bf16 autocast; weights, their gradients and the optimiser's step in fp32",
+    "fp16": "every forward timed under fp16 autocast; weights, their gradients and the optimiser's step in fp32",
+}
 PRECISION_SAID = {
     "fp32": "PyTorch's default, fp32 products at the fp32 peak, fp32 convolutions at TF32 where the device has it",
     "tf32": "fp32 tensors, products and convolutions at the TF32 peak (torch.backends.cuda.matmul.allow_tf32)",
