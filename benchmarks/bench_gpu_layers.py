@@ -17,6 +17,12 @@ Three tables, written as one JSON file (``benchmarks/data/gpu/`` keeps the ones 
   precision, as TFLOP/s: how the efficiency a device reaches depends on a product's size.
 * **memory**: the bandwidth of a copy and of element-wise work, and what one small kernel and one
   small layer cost in launch and framework time.
+* **kernels** (``--kernels``): every CUDA kernel of one block's forward and of its backward under
+  ``torch.profiler``, per precision: where a block's time goes, kernel by kernel (issue 65: the
+  estimate is 15-30% fast on Hopper's tensor-core blocks, in the backward at tf32, in both passes in
+  half precision, by an amount that follows the attention's score elements).
+* **layouts** (``--kernels``): the block's products with their operands laid out as a linear layer's
+  forward (both contiguous along k), its input's gradient and its weight's gradient run them.
 
 The shared GPT-Neo layer times (``../shared/fidelity/sailor-gpt-neo``) cover V100, A100 and GH200;
 a table from another GPU checks an estimate on a device it was not fitted on (issue 49).
@@ -175,6 +181,80 @@ def one_matmul(shape: tuple[int, int, int, int], prec: str, device: str, timer: 
     }
 
 
+def kernel_table(s: Shape, batch: int, prec: str, sdpa: bool, device: str) -> dict[str, list[dict]]:
+    """One block's forward and, apart, its backward under torch.profiler (after a warm-up step): each
+    kernel's microseconds on the device (on the cpu, a smoke run: each operator's own time)."""
+    torch.manual_seed(0)
+    layer = Block(s, sdpa).to(device)
+    hidden = torch.randn(batch, s.sequence, s.hidden, device=device, requires_grad=True)
+    grad = torch.randn(batch, s.sequence, s.hidden, device=device)
+
+    def forward() -> torch.Tensor:
+        with precision(prec, device):
+            return layer(hidden)
+
+    forward().backward(grad)
+    passes = {"forward": _profiled(forward, device)}
+    y = forward()
+    passes["backward"] = _profiled(lambda: y.backward(grad), device)
+    return passes
+
+
+def _profiled(run, device: str) -> list[dict]:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    if cuda:  # the kernels themselves: an operator's device time counts its children's kernels again
+        return [
+            {"name": e.key, "us": e.self_device_time_total, "count": e.count}
+            for e in prof.key_averages()
+            if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+        ]
+    return [
+        {"name": e.key, "us": e.self_cpu_time_total, "count": e.count}
+        for e in prof.key_averages()
+        if e.self_cpu_time_total > 0
+    ]
+
+
+def layout_table(s: Shape, batch: int, prec: str, timer: Timer, device: str) -> list[dict]:
+    """The block's linear products at ``batch`` samples in the three layouts a linear layer runs them:
+    forward x @ W.t() (both operands contiguous along k), the input's gradient g @ W, the weight's
+    gradient g.t() @ x."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(prec, torch.float32)
+    tokens, rows = batch * s.sequence, []
+    for n, k in ((3 * s.hidden, s.hidden), (s.hidden, s.hidden), (4 * s.hidden, s.hidden), (s.hidden, 4 * s.hidden)):
+        x = torch.randn(tokens, k, device=device, dtype=dtype)
+        w = torch.randn(n, k, device=device, dtype=dtype)
+        g = torch.randn(tokens, n, device=device, dtype=dtype)
+        runs = {
+            "forward": lambda x=x, w=w: x @ w.t(),
+            "input_grad": lambda g=g, w=w: g @ w,
+            "weight_grad": lambda g=g, x=x: g.t() @ x,
+        }
+        for name, run in runs.items():
+            with precision(prec if prec in ("fp32", "tf32") else "tf32", device):
+                seconds = timer.median(run)
+            flops = 2 * tokens * n * k
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "n": n,
+                    "k": k,
+                    "precision": prec,
+                    "layout": name,
+                    "seconds": seconds,
+                    "tflops": flops / seconds / 1e12,
+                }
+            )
+    return rows
+
+
 def memory_table(device: str, timer: Timer, small: bool) -> dict:
     """Copy and element-wise bandwidth (bytes read + written), and launch and framework overheads."""
     n = (1 << 16) if small else (1 << 28)
@@ -210,6 +290,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt-neo-2.7b")
     parser.add_argument("--no-matmul", action="store_true", help="leave out the products per shape")
+    parser.add_argument(
+        "--kernels", action="store_true", help="only the kernels of a block per precision and the products per layout"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     s = Shape(hidden=64, heads=4, sequence=32, vocab=500) if args.small else SHAPES[args.shape]
@@ -227,6 +310,20 @@ def main() -> None:
     def save() -> None:
         args.out.write_text(json.dumps(report, indent=1))
 
+    if args.kernels:
+        report["kernels"], report["layouts"] = [], []
+        for batch in (int(b) for b in args.batches.split(",")):
+            wanted = PRECISIONS if args.device == "cuda" else ("fp32", "bf16")
+            for prec, sdpa in [(p, False) for p in wanted] + [("bf16", True)]:
+                passes = kernel_table(s, batch, prec, sdpa, args.device)
+                report["kernels"].append({"batch": batch, "precision": prec, "sdpa": sdpa, **passes})
+                took = {k: f"{sum(r['us'] for r in v) / 1e3:.2f} ms" for k, v in passes.items()}
+                print(f"kernels b={batch} {prec} sdpa={sdpa}: {took}", flush=True)
+            for prec in wanted:
+                report["layouts"] += layout_table(s, batch, prec, timer, args.device)
+            save()
+        print(f"wrote {args.out}", file=sys.stderr)
+        return
     report["memory"] = memory_table(args.device, timer, args.small)
     print(json.dumps(report["memory"]), flush=True)
     save()
