@@ -291,50 +291,48 @@ def measure(
     loss: str = "mse",
     optimizer: str = "sgd",
     precision: str | None = None,
+    tp: tuple[int, ...] = (),
 ) -> Profiled:
     """``heterps profile``: measure a PyTorch model's layers here as ``resource``
     (:class:`~heterps_cli.profiling.measure.Profiled`; imports torch), the last layer's with ``loss``
     (:data:`~heterps_cli.runtime.synthetic.LOSSES`), each layer's update with ``optimizer``, at ``precision``
-    (:mod:`~heterps_cli.profiling.precision`; None: as the model is, and the profile says none)."""
+    (:mod:`~heterps_cli.profiling.precision`; None: as the model is, and the profile says none), and at
+    each tensor-parallel degree of ``tp`` (:mod:`~heterps_cli.profiling.tensor_parallel`)."""
     from heterps_cli.formats import check_name
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.profiling.measure import measure as measure_model
     from heterps_cli.profiling.precision import check_precision
     from heterps_cli.profiling.processes import measure_in_processes
+    from heterps_cli.profiling.tensor_parallel import check_degrees, with_degrees
 
     resource = check_name(resource, "--as")
     check_precision(precision, device)  # before the model loads
+    check_degrees(tp, device)
     if progress is not None:
         progress(f"loading {model}")
     loaded = load_model(model, batch_size, input_shape, granularity)  # here too: its errors name the user's lines
+    timing: dict[str, Any] = {"device": device, "repetitions": repetitions, "loss": loss, "precision": precision}
     if processes == 1 and concurrent is None:
-        return measure_model(
-            loaded,
-            resource,
-            device=device,
-            repetitions=repetitions,
-            link_gbps=link_gbps,
-            progress=progress,
-            loss=loss,
-            optimizer=optimizer,
-            precision=precision,
+        measured = measure_model(
+            loaded, resource, link_gbps=link_gbps, progress=progress, optimizer=optimizer, **timing
         )
-    return measure_in_processes(
-        model,
-        batch_size,
-        input_shape,
-        resource,
-        device=device,
-        repetitions=repetitions,
-        link_gbps=link_gbps,
-        processes=processes,
-        granularity=granularity,
-        concurrent=concurrent,
-        progress=progress,
-        loss=loss,
-        optimizer=optimizer,
-        precision=precision,
-    )
+    else:
+        measured = measure_in_processes(
+            model,
+            batch_size,
+            input_shape,
+            resource,
+            link_gbps=link_gbps,
+            processes=processes,
+            granularity=granularity,
+            concurrent=concurrent,
+            progress=progress,
+            optimizer=optimizer,
+            **timing,
+        )
+    shape = list(input_shape) if input_shape else None
+    args = {"spec": model, "batch_size": batch_size, "input_shape": shape, "granularity": granularity, **timing}
+    return with_degrees(measured, loaded, args, tp, progress)
 
 
 def estimate(

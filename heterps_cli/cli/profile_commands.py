@@ -102,9 +102,10 @@ TpOpt = Annotated[
     typer.Option(
         "--tp",
         metavar="D1,D2,...",
-        help="--estimate: also estimate each layer at these tensor-parallel degrees (docs/spec.md section 1h: "
-        "one shard of its pairs of linear layers, as heterps run shards them, and their all-reduces over the "
-        "device's in-node link), so a plan can choose a degree per stage.",
+        help="Also profile each layer at these tensor-parallel degrees (docs/spec.md section 1h: one shard of "
+        "its pairs of linear layers, as heterps run shards them, and their all-reduces), so a plan can choose a "
+        "degree per stage: measured in as many processes, one per cpu core or GPU; estimated over the device's "
+        "in-node link.",
         callback=parse_degrees,
         show_default=False,
     ),
@@ -297,7 +298,6 @@ def profile_command(
                 "--catalogue": catalogue,
                 "--calibrate": calibrate,
                 "--calibrate-on": calibrate_on,
-                "--tp": tp or None,
             },
             measuring_only={
                 "--device": device is not Device.cpu,
@@ -344,6 +344,7 @@ def profile_command(
                 loss=(loss or Loss.mse).value,
                 optimizer=optimizer.value,
                 precision=None if precision is None else precision.value,
+                tp=cast(tuple, tp),
             )
         write_output(out_file, text)
         if out_file == "-":

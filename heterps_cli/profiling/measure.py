@@ -148,6 +148,7 @@ class Profiled:
     load: Load | None = None  # how busy the machine was while it measured (:mod:`.load`)
     idle_latency: float | None = None  # the idle link's all-reduce latency, where pairs timed all_reduce_latency
     precision: str | None = None  # docs/spec.md section 2: what the layers were timed at (None: not stated)
+    degrees: dict[int, list[LayerProfile]] = field(default_factory=dict)  # --tp: per degree, one unit's layers
 
     @property
     def total_oct(self) -> float:

@@ -123,7 +123,7 @@ def _run_all(args: dict, processes: int, concurrent: int | None, report: Progres
                     completed=wave,
                     total=processes,
                 )
-                _run_together(args, outs[wave : wave + concurrent], first=wave, of=processes)
+                run_together(args, outs[wave : wave + concurrent], first=wave, of=processes)
         else:
             for i, out in enumerate(outs):
                 report(
@@ -134,8 +134,8 @@ def _run_all(args: dict, processes: int, concurrent: int | None, report: Progres
     return runs
 
 
-def _command(args: dict, out: Path) -> list[str]:
-    return [sys.executable, "-m", "heterps_cli.profiling.processes", json.dumps(args), str(out)]
+def _command(args: dict, out: Path, module: str = __name__) -> list[str]:
+    return [sys.executable, "-m", module, json.dumps(args), str(out)]
 
 
 def _check_concurrent(device: str, processes: int, concurrent: int) -> None:
@@ -153,16 +153,16 @@ def _check_concurrent(device: str, processes: int, concurrent: int) -> None:
         raise InputError(None, None, "--processes", f"must be a multiple of --concurrent {concurrent}, {why}")
 
 
-def _run_together(args: dict, outs: list[Path], first: int = 0, of: int | None = None) -> None:
-    """The profiling processes of one wave started at once and waited for; all of them ended on an error
-    or Ctrl-C (``first``, ``of``: their numbers among all, for an error)."""
+def run_together(args: dict, outs: list[Path], first: int = 0, of: int | None = None, module: str = __name__) -> None:
+    """The profiling processes of one wave (``python -m module``) started at once and waited for; all of
+    them ended on an error or Ctrl-C (``first``, ``of``: their numbers among all, for an error)."""
     started: list[subprocess.Popen] = []
     meet = tempfile.mkdtemp(prefix="heterps-wave-")
     port = free_port()  # where the wave's pairs meet to time their all-reduce (profiling.replicas)
     try:
         with sigint_ignored():  # only this process answers Ctrl-C, by ending them (finally)
             for i, out in enumerate(outs):
-                command = _command({**args, "meet": meet, "together": len(outs), "index": i, "port": port}, out)
+                command = _command({**args, "meet": meet, "together": len(outs), "index": i, "port": port}, out, module)
                 started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for i, proc in enumerate(started):
             _, err = proc.communicate()

@@ -196,10 +196,18 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         *p.notes,
         *(f"profile again: {why}" for why in p.advice),
     ]
+    if p.degrees:
+        header.append(
+            f"tp {', '.join(map(str, p.degrees))}: one unit of a replica at that degree (spec section 1h), timed in "
+            "as many processes, each with one shard of the layer's pairs of linear layers as heterps run shards "
+            "them, their all-reduces included; the slowest unit's median; a layer with no pair is its time at 1"
+        )
     rows = []
-    for layer in p.layers:
+    for i, layer in enumerate(p.layers):
         why = "; ".join(f"{f}: {r}" for f, r in layer.estimated.items())
-        rows.append(_row(layer, p.resource, f"estimated: {why}" if why else ""))
+        rows.append(
+            _row(layer, p.resource, f"estimated: {why}" if why else "", {d: p.degrees[d][i] for d in p.degrees})
+        )
     costs = {"pass_start": p.pass_start}
     if p.all_reduce_latency is not None:
         costs["all_reduce_latency"] = p.all_reduce_latency

@@ -172,7 +172,7 @@ def gradient_buckets(params: Sequence[torch.Tensor], device: torch.device) -> li
     return buckets
 
 
-def shard_stage(module: nn.Module, group, device: torch.device, stage, width: int) -> None:
+def shard_stage(module: nn.Module, group, device: torch.device, what: str, width: int) -> None:
     """Shard ``module``'s :func:`matrix_pairs` over ``group``, ``width`` processes
     (torch.distributed.tensor.parallel); the rest of its layers run whole on every shard (``heterps run``
     checked that it has some)."""
@@ -180,7 +180,7 @@ def shard_stage(module: nn.Module, group, device: torch.device, stage, width: in
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     pairs = shardable(module, width)
-    assert pairs is not None, f"stage {stage.index} has no linear layers to shard"
+    assert pairs is not None, f"{what} has no linear layers to shard"
     mesh = DeviceMesh.from_group(group, device.type)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     parallelize_module(module, mesh, {name: styles[style]() for name, style in pairs.items()})
@@ -257,7 +257,9 @@ class _Replica:
         self.module = chain.stage(stage.layers).to(self.device).train()
         self.dims = block_dims(self.module, stage.blocks) if stage.uneven else {}
         if self.width > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
-            shard_stage(self.module, shard_groups[stage.index, self.replica], self.device, stage, self.width)
+            shard_stage(
+                self.module, shard_groups[stage.index, self.replica], self.device, f"stage {stage.index}", self.width
+            )
         self.shard_group = shard_groups.get((stage.index, self.replica))
         # section 1g: keep the stage's input only, and run its forward again in the backward pass
         self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
