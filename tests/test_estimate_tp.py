@@ -142,10 +142,8 @@ def test_bad_degrees_exit_2(tmp_path, extra, field, message):
     assert not (tmp_path / "p.yaml").exists()
 
 
-def test_tp_goes_with_estimate_and_a_device_with_an_in_node_link(tmp_path):
+def test_tp_estimated_needs_a_device_with_an_in_node_link(tmp_path):
     out = str(tmp_path / "p.yaml")
-    result = _cli(["measure", "mlp", "--as", "cpu", "--batch-size", "4", "--tp", "2", "--out", out], expect=2)
-    assert "--tp goes with --estimate" in result.output
     result = _cli(["estimate", "mlp", "cpu", "--as", "cpu", "--batch-size", "4", "--tp", "2", "--out", out], expect=2)
     assert "--tp" in result.output and "no link_gbps" in result.output
     assert not (tmp_path / "p.yaml").exists()

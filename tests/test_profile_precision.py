@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch
-import yaml
 from torch import nn
 
 from heterps_cli.cli.app import app
 from heterps_cli.formats import load_profile
 from heterps_cli.profiling.precision import training_at
-from tests.helpers import runner
+from tests.helpers import plan_and_check, runner
 
 FACTORY = """
 import torch
@@ -36,14 +35,8 @@ def test_a_bf16_profile_keeps_half_the_bytes_says_its_precision_and_plans_with_i
     assert "every forward timed under bf16 autocast" in out.read_text()
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("cluster: one\nresources:\n  cpu: {price: 0.04, limit: 4}\n")
-    planned = tmp_path / "plan.yaml"
-    result = runner.invoke(app, ["plan", str(out), str(cluster), "--samples", "1e5", "-s", "exact", "-o", str(planned)])
-    assert result.exit_code == 0, result.output
-    assert yaml.safe_load(planned.read_text())["precision"] == "bf16"
-    checked = runner.invoke(
-        app, ["check", str(planned), "--profile", str(out), "--cluster", str(cluster)] + ["--samples", "1e5"]
-    )
-    assert checked.exit_code == 0, checked.output
+    planned = plan_and_check(str(out), str(cluster), tmp_path / "plan.yaml", "--samples", "1e5")
+    assert planned["precision"] == "bf16"
 
 
 def test_tf32_on_the_cpu_is_refused_before_anything_is_measured(tmp_path):

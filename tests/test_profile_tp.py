@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-import yaml
 
 from heterps_cli.cli.app import app
 from heterps_cli.formats import load_profile
-from tests.helpers import runner
+from tests.helpers import plan_and_check, runner
 
 FACTORY = """
 import torch
@@ -58,10 +57,7 @@ def test_blocks_are_timed_as_two_shards_and_the_rest_as_at_one_and_the_profile_p
     assert "tp 2: one unit of a replica" in out.read_text()
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("cluster: one\nresources:\n  cpu: {price: 0.04, limit: 4}\n")
-    planned = tmp_path / "plan.yaml"
-    result = runner.invoke(app, ["plan", str(out), str(cluster), "--samples", "1e5", "-s", "exact", "-o", str(planned)])
-    assert result.exit_code == 0, result.output
-    assert yaml.safe_load(planned.read_text())["stages"]
+    assert plan_and_check(str(out), str(cluster), tmp_path / "plan.yaml", "--samples", "1e5")["stages"]
 
 
 def test_a_degree_above_the_units_here_is_refused_before_anything_runs(tmp_path):

@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,10 +27,10 @@ import torch
 
 from heterps_cli.errors import InputError
 from heterps_cli.profiling.measure import LayerProfile, Profiled, layer_profile, load_model, traced
-from heterps_cli.profiling.models import Call, Model, tensors_of
+from heterps_cli.profiling.models import Call, Model
 from heterps_cli.profiling.precision import training_at
 from heterps_cli.profiling.processes import run_together
-from heterps_cli.profiling.timing import Loss, synchronise, with_loss
+from heterps_cli.profiling.timing import Loss, timed
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard, shardable
 from heterps_cli.runtime.synthetic import output_loss
@@ -108,22 +107,8 @@ def _at_degree(call: Call, layer: LayerProfile, times: list[float] | None, d: in
 def _timed_shard(module: torch.nn.Module, call: Call, device: str, runs: int, loss: Loss | None) -> list[float]:
     """The medians of the forward-and-backward and of the forward alone, over ``runs`` after :data:`WARMUP`;
     every process of the degree runs as many, so their all-reduces pair up."""
-    totals, forwards = [], []
-    for i in range(WARMUP + runs):
-        args, kwargs = call.fresh(device)
-        module.zero_grad(set_to_none=False)
-        synchronise(device)
-        start = time.perf_counter()
-        out = with_loss(module(*args, **kwargs), loss)
-        synchronise(device)
-        middle = time.perf_counter()
-        outs = [o for o in tensors_of(out) if o.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-        synchronise(device)
-        if i >= WARMUP:
-            totals.append(time.perf_counter() - start)
-            forwards.append(middle - start)
+    forwards: list[float] = []
+    totals = timed(module, lambda: call.fresh(device), device, runs, WARMUP, loss, forwards)
     return [statistics.median(totals), statistics.median(forwards)]
 
 

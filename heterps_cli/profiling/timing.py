@@ -88,9 +88,11 @@ def timed(
     repetitions: int,
     warmup: int,
     loss: Loss | None = None,
+    forwards: list[float] | None = None,
 ) -> list[float]:
     """Seconds of ``module``'s forward on ``inputs()``, ``loss`` of its output where given, then the
-    backward (ones as the gradient of each output); ``repetitions`` runs after ``warmup``. The
+    backward (ones as the gradient of each output); ``repetitions`` runs after ``warmup``; into
+    ``forwards``, where given, each run's forward alone (the device waited for after it). The
     parameter gradients are zeroed before each run, not dropped: the backward then adds into them,
     as every micro-batch of a training step does (an add over the weights that a fresh gradient
     skips; docs/fidelity.md)."""
@@ -106,6 +108,10 @@ def timed(
         synchronise(device)
         start = time.perf_counter()
         out = with_loss(module(*args, **kwargs), loss)
+        if forwards is not None:
+            synchronise(device)
+            if i >= warmup:
+                forwards.append(time.perf_counter() - start)
         outs = [o for o in tensors_of(out) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
