@@ -88,7 +88,9 @@ def one_shard(module: nn.Module, tp: int) -> Iterator[dict[str, str] | None]:
                 outputs //= tp
             else:
                 inputs //= tp
-            part = nn.Linear(inputs, outputs, bias=whole.bias is not None, dtype=whole.weight.dtype)
+            part = nn.Linear(
+                inputs, outputs, bias=whole.bias is not None, dtype=whole.weight.dtype, device=whole.weight.device
+            )
             setattr(parent, leaf, part.requires_grad_(whole.weight.requires_grad))
         yield pairs
     finally:
