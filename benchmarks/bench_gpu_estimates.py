@@ -3,6 +3,7 @@ operator, held against GPUs it was not fitted on.
 
     python benchmarks/bench_gpu_estimates.py            # the tables (a minute)
     python benchmarks/bench_gpu_estimates.py --fit      # how the catalogue's fitted efficiencies come about
+    python benchmarks/bench_gpu_estimates.py --passes   # each block's forward and backward apart
 
 Measured data:
 
@@ -164,30 +165,20 @@ def gpu_tables() -> tuple[str, str, list[float], list[float]]:
     H100 at each precision and micro-batch, every model whose layers were timed (GPT-Neo's shapes, OPT-350M's,
     OPT-30B's, the 7B's at sequence 8,192): each row measured and estimated, and per (model, GPU, precision)
     the spread of the ratios; the blocks' ratios, and the embeddings' and heads'."""
-    from benchmarks.gpt import SHAPES
-
-    catalogue = load_catalogue(str(CATALOGUE))
     rows = [
         "| shape | GPU | layer | precision | attention | micro-batch | measured ms | estimated ms | ratio |",
         "|---|---|---|---|---|---:|---:|---:|---:|",
     ]
     blocks, ends, groups = [], [], {}
-    for path in sorted(H200.parent.glob("h*.json")):
-        data = json.loads(path.read_text())
-        if "layers" not in data or "shape" not in data:
-            continue
-        gpu = path.name.split("-")[0]  # the catalogue's name of the GPU it ran on
-        shape = next(name for name, s in SHAPES.items() if s.hidden == data["shape"]["hidden"])
-        for r in data["layers"]:
-            w = h200_layer(shape, r["layer"], r["batch"], r["precision"], r["attention"] == "sdpa")
-            e = Pricer(catalogue.devices[gpu], catalogue, r["precision"]).seconds(w, r["layer"])
-            (blocks if r["layer"] == "block" else ends).append(e / r["step_s"])
-            precision = r["precision"] + (" sdpa" if r["attention"] == "sdpa" else "")
-            groups.setdefault((shape, gpu, precision, r["layer"]), []).append(e / r["step_s"])
-            rows.append(
-                f"| {shape} | {gpu} | {r['layer']} | {r['precision']} | {r['attention']} | {r['batch']} | "
-                f"{r['step_s'] * 1e3:.2f} | {e * 1e3:.2f} | {e / r['step_s']:.2f} |"
-            )
+    for shape, gpu, r, w, pricer in timed_layers():
+        e = pricer.seconds(w, r["layer"])
+        (blocks if r["layer"] == "block" else ends).append(e / r["step_s"])
+        precision = r["precision"] + (" sdpa" if r["attention"] == "sdpa" else "")
+        groups.setdefault((shape, gpu, precision, r["layer"]), []).append(e / r["step_s"])
+        rows.append(
+            f"| {shape} | {gpu} | {r['layer']} | {r['precision']} | {r['attention']} | {r['batch']} | "
+            f"{r['step_s'] * 1e3:.2f} | {e * 1e3:.2f} | {e / r['step_s']:.2f} |"
+        )
     summary = [
         "| shape | GPU | precision | blocks: median (range) | embeddings | heads |",
         "|---|---|---|---|---|---|",
@@ -197,6 +188,45 @@ def gpu_tables() -> tuple[str, str, list[float], list[float]]:
         shown = [f"{statistics.median(c):.2f} ({min(c):.2f}-{max(c):.2f})" if c else "-" for c in cells]
         summary.append(f"| {shape} | {gpu} | {precision} | {' | '.join(shown)} |")
     return "\n".join(rows), "\n".join(summary), blocks, ends
+
+
+def timed_layers():
+    """Each layer bench_gpu_layers timed on a lent GPU (``benchmarks/data/gpu/h*.json``): its shape's name,
+    the GPU's catalogue name, the row, its work counted, and the GPU's pricer at the row's precision."""
+    from benchmarks.gpt import SHAPES
+
+    catalogue = load_catalogue(str(CATALOGUE))
+    for path in sorted(H200.parent.glob("h*.json")):
+        data = json.loads(path.read_text())
+        if "layers" not in data or "shape" not in data:
+            continue
+        gpu = path.name.split("-")[0]  # the catalogue's name of the GPU it ran on
+        shape = next(name for name, s in SHAPES.items() if s.hidden == data["shape"]["hidden"])
+        for r in data["layers"]:
+            w = h200_layer(shape, r["layer"], r["batch"], r["precision"], r["attention"] == "sdpa")
+            yield shape, gpu, r, w, Pricer(catalogue.devices[gpu], catalogue, r["precision"])
+
+
+def passes_table() -> str:
+    """Every timed block's forward and backward apart, measured and estimated, and of the estimate its
+    products' kernels and its memory-bound ones: which pass, and which kind of work, the estimate misses."""
+    rows = [
+        "| shape | GPU | precision | attention | micro-batch | forward measured ms | estimated (products + rest) "
+        "| backward measured ms | estimated (products + rest) |",
+        "|---|---|---|---|---:|---:|---|---:|---|",
+    ]
+    for shape, gpu, r, w, pricer in timed_layers():
+        if r["layer"] != "block":
+            continue
+        cells = []
+        for measured, ops in ((r["forward_s"], w.ops[: w.ahead]), (r["backward_s"], w.ops[w.ahead :])):
+            products = sum(pricer.core(op, "block") for op in ops if op.flops)
+            rest = sum(pricer.core(op, "block") for op in ops if not op.flops)
+            cells.append(
+                f"{measured * 1e3:.2f} | {(products + rest) * 1e3:.2f} ({products * 1e3:.2f} + {rest * 1e3:.2f})"
+            )
+        rows.append(f"| {shape} | {gpu} | {r['precision']} | {r['attention']} | {r['batch']} | {' | '.join(cells)} |")
+    return "\n".join(rows)
 
 
 def h200_layer(shape: str, layer: str, batch: int, precision: str, sdpa: bool) -> Work:
@@ -271,9 +301,13 @@ def fit() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fit", action="store_true", help="print how the catalogue's fitted figures come about")
+    parser.add_argument("--passes", action="store_true", help="each timed block's forward and backward apart")
     args = parser.parse_args()
     if args.fit:
         print(fit())
+        return
+    if args.passes:
+        print(passes_table())
         return
     start = time.perf_counter()
     print(sailor_tables())
