@@ -190,49 +190,19 @@ def measure(
     report("tracing the model")
     with training_at(precision, device, [model.module]):  # each layer's recorded input is what it gets then
         calls, notes = traced(model)
-    if link is None:
-        link = link_bandwidth(device, link_gbps, report, notes)
+    link = link if link is not None else link_bandwidth(device, link_gbps, report, notes)
     bandwidth = link.bandwidth
-    if not steady_allocator():
-        notes.append(
-            "the C library is not glibc: the allocator could not be kept from returning memory "
-            "to the system, so repeat profiles may differ more on layers with large tensors"
-        )
-    model.module.to(device)
-    if device != "cpu":  # a copy from host memory each run would empty the GPU's queue before every layer
-        for call in calls:
-            call.args, call.kwargs = detached(call.args, device), detached(call.kwargs, device)
+    notes += _allocator_notes()
+    placed(model, calls, device)
     threads = torch.get_num_threads()
-    total = (ROUNDS + 1) * len(calls)  # the timed rounds, then one alpha fit per layer
-    layers = []
     current: list[Call] = []  # the layer being run, for the error message
     try:
         with training_at(precision, device, [model.module, *(call.module for call in calls)]):
             if device == "cpu":
                 torch.set_num_threads(1)  # one unit of cpu is one core
-            report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
-            try:
-                step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1, loss=taken))
-            except SIGNALLED:
-                raise
-            except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
-                raise model_error(model, exc, "the model's forward and backward pass failed") from None
-            times, forwards, starts, updates = _time_layers(
-                calls, device, repetitions, report, total, current, taken, optimizer
+            step, layers, starts = _timed_layers(
+                model, calls, device, repetitions, bandwidth, taken, optimizer, report, current
             )
-            report(
-                "alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total
-            )
-            shares = _share_times(calls, device, B0, current, taken)
-            for i, call in enumerate(calls):
-                current[:] = [call]
-                at_shares = {k: v[i] for k, v in shares.items()}
-                layer = _layer(call, B0, times[i], bandwidth, device, at_shares, statistics.median(updates[i]))
-                # each run's forward is part of its total, so the medians keep that order (section 1g)
-                layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
-            current[:] = []
-            layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
-            report("done", completed=total, total=total)
     except InputError:
         raise
     except SIGNALLED:
@@ -261,6 +231,62 @@ def measure(
         load=between(started, snapshot()),
         precision=precision,
     )
+
+
+def _allocator_notes() -> list[str]:
+    if steady_allocator():
+        return []
+    return [
+        "the C library is not glibc: the allocator could not be kept from returning memory "
+        "to the system, so repeat profiles may differ more on layers with large tensors"
+    ]
+
+
+def placed(model: Model, calls: list[Call], device: str) -> None:
+    """The model and each layer's recorded inputs moved to ``device``, traced where they were: a copy from
+    host memory each run would empty the GPU's queue before every layer."""
+    model.module.to(device)
+    if device != "cpu":
+        for call in calls:
+            call.args, call.kwargs = detached(call.args, device), detached(call.kwargs, device)
+
+
+def _timed_layers(
+    model: Model,
+    calls: list[Call],
+    device: str,
+    repetitions: int,
+    bandwidth: float,
+    loss: Loss | None,
+    optimizer: str,
+    report: Progress,
+    current: list[Call],
+) -> tuple[float, list[LayerProfile], list[float]]:
+    """The whole model's step (the warm-up's median), each layer's profile and each backward pass's start:
+    the warm-up steps, the timed rounds, the alpha fit at each batch share; ``current`` holds the layer
+    running."""
+    B0, total = len(model.inputs[0]), (ROUNDS + 1) * len(calls)  # the timed rounds, then one alpha fit a layer
+    report(f"warming up: {WARMUP_STEPS} whole-model steps", completed=0, total=total)
+    try:
+        step = statistics.median(step_times(model, device, WARMUP_STEPS, warmup=1, loss=loss))
+    except SIGNALLED:
+        raise
+    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
+        raise model_error(model, exc, "the model's forward and backward pass failed") from None
+    times, forwards, starts, updates = _time_layers(calls, device, repetitions, report, total, current, loss, optimizer)
+    report("alpha fit: every layer in step order at each batch share", completed=ROUNDS * len(calls), total=total)
+    shares = _share_times(calls, device, B0, current, loss)
+    layers = []
+    for i, call in enumerate(calls):
+        current[:] = [call]
+        at_shares = {k: v[i] for k, v in shares.items()}
+        layer = _layer(call, B0, times[i], bandwidth, device, at_shares, statistics.median(updates[i]))
+        # each run's forward is part of its total, so the medians keep that order (section 1g)
+        layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
+    current[:] = []
+    layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
+    report("done", completed=total, total=total)
+    return step, layers, starts
 
 
 def with_shared(layers: list[LayerProfile], shared: list[float], B0: int) -> list[LayerProfile]:

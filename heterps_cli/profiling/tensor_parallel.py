@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.measure import LayerProfile, Profiled, layer_profile, load_model, traced
-from heterps_cli.profiling.models import Call, Model, detached
+from heterps_cli.profiling.measure import LayerProfile, Profiled, layer_profile, load_model, placed, traced
+from heterps_cli.profiling.models import Call, Model
 from heterps_cli.profiling.precision import training_at
 from heterps_cli.profiling.processes import run_together
 from heterps_cli.profiling.timing import Loss, timed
@@ -70,9 +70,7 @@ def with_degrees(
     model.module.to("cpu")  # traced where its inputs are, then moved, as measure() does
     with training_at(measured.precision, device, [model.module]):
         calls, _ = traced(model)
-    model.module.to(device)
-    for call in calls:
-        call.args, call.kwargs = detached(call.args, device), detached(call.kwargs, device)
+    placed(model, calls, device)
     found: dict[int, list[LayerProfile]] = {}
     for n, d in enumerate(degrees):
         report(f"tp {d}: {d} processes, one shard each", completed=n, total=len(degrees))
