@@ -287,18 +287,12 @@ def profile_command(
     """
     with exit_codes():
         from heterps_cli import api
-        from heterps_cli.cli.render_measured import profile_view
-        from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
 
         sizes = _sizes(batch_size, batch_sizes)
         profile_flags_agree(
             {"--as": as_type, "--batch-size": sizes, "--out": out_file},
             estimating=estimate is not None,
-            estimating_only={
-                "--catalogue": catalogue,
-                "--calibrate": calibrate,
-                "--calibrate-on": calibrate_on,
-            },
+            estimating_only={"--catalogue": catalogue, "--calibrate": calibrate, "--calibrate-on": calibrate_on},
             measuring_only={
                 "--device": device is not Device.cpu,
                 "--processes": processes != 1,
@@ -311,7 +305,7 @@ def profile_command(
         if concurrent is not None and processes == 1:
             processes = concurrent  # one wave
         if estimate is not None:
-            job = _Estimate(
+            _Estimate(
                 model,
                 as_type,
                 sizes,
@@ -324,43 +318,43 @@ def profile_command(
                 precision,
                 loss,
                 optimizer=optimizer,
-            )
-            job.run(granularity, out_file)
+            ).run(granularity, out_file)
             return
-
+        options = {
+            "device": device.value,
+            "input_shape": cast(tuple[int, ...] | None, input_shape),  # the callback parsed it
+            "repetitions": repetitions,
+            "link_gbps": link_gbps,
+            "processes": processes,
+            "granularity": granularity.value,
+            "concurrent": concurrent,
+            "loss": (loss or Loss.mse).value,
+            "optimizer": optimizer.value,
+            "precision": None if precision is None else precision.value,
+            "tp": cast(tuple, tp),
+        }
         with progress_bar() as report, users_prints_to_stderr():
-            text, measured = api.measure_sizes(
-                model,
-                as_type,
-                sizes,
-                device=device.value,
-                input_shape=cast(tuple[int, ...] | None, input_shape),  # the callback parsed it
-                repetitions=repetitions,
-                link_gbps=link_gbps,
-                processes=processes,
-                granularity=granularity.value,
-                concurrent=concurrent,
-                progress=report,
-                loss=(loss or Loss.mse).value,
-                optimizer=optimizer.value,
-                precision=None if precision is None else precision.value,
-                tp=cast(tuple, tp),
-            )
+            text, measured = api.measure_sizes(model, as_type, sizes, progress=report, **options)
         write_output(out_file, text)
-        if out_file == "-":
-            return
-        out.print(profile_view(measured, NOISY_CV))
-        out.print(
-            Text(f"wrote {out_file}" + (f" (batch sizes {', '.join(map(str, sizes))})" if len(sizes) > 1 else ""))
+        if out_file != "-":
+            _show_measured(measured, out_file, sizes)
+
+
+def _show_measured(measured, out_file: str, sizes: tuple[int, ...]) -> None:
+    """The measured profile's table, where it went, and what to run next."""
+    from heterps_cli.cli.render_measured import profile_view
+    from heterps_cli.profiling.measure import NOISY_CV  # imports torch: only here
+
+    out.print(profile_view(measured, NOISY_CV))
+    out.print(Text(f"wrote {out_file}" + (f" (batch sizes {', '.join(map(str, sizes))})" if len(sizes) > 1 else "")))
+    out.print(
+        Text(
+            f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
+            "(a measured profile has no job section: --samples is the samples per epoch; merge profiles "
+            "of other types first with heterps profile merge)",
+            style="dim",
         )
-        out.print(
-            Text(
-                f"next: heterps validate {out_file} CLUSTER, then heterps plan {out_file} CLUSTER --samples N "
-                "(a measured profile has no job section: --samples is the samples per epoch; merge profiles "
-                "of other types first with heterps profile merge)",
-                style="dim",
-            )
-        )
+    )
 
 
 def _sizes(batch_size: int | None, batch_sizes: object) -> tuple[int, ...] | None:
