@@ -353,63 +353,33 @@ def split_stages(problem: Problem, schedules) -> Stages:
         raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
     starts, sid = stage_ids(sched)
     sched, again, degree = label_parts(problem.n_types, sched)  # per layer
-    views = problem.views
-    if degree.max(initial=0) >= len(views):
-        raise ValueError(f"a label names tensor-parallel degree {int(degree.max())}, the problem has {len(views)}")
+    if degree.max(initial=0) >= len(problem.views):
+        raise ValueError(
+            f"a label names tensor-parallel degree {int(degree.max())}, the problem has {len(problem.views)}"
+        )
     S = int(sid.max()) + 1
     flat = (np.arange(B)[:, None] * S + sid).ravel()
-    layers = np.arange(n)[None, :]
-
-    def pick(get) -> np.ndarray:
-        """``[B, n]``: each layer's figure (``get(view)``, ``[n, T]`` or ``[n]``) at its stage's degree."""
-        out = None
-        for j, view in enumerate(views):
-            here = degree == j
-            if j and not here.any():
-                continue
-            part = get(view)
-            value = np.broadcast_to(part[layers, sched] if part.ndim == 2 else part[layers], (B, n))
-            out = value if out is None else np.where(here, value, out)
-        assert out is not None
-        return out
-
+    pick = _Picker(problem.views, sched, degree)
     per_layer = [pick(lambda v, i=i: v.parts[i]) for i in range(4)]  # [B, n] each
     if again.any():  # section 1g: a recomputing stage's compute holds its forward twice
         per_layer[:2] = [
             np.where(again, pick(lambda v, i=i: v.recompute_parts[i]), c) for i, c in enumerate(per_layer[:2])
         ]
-    sums = [np.bincount(flat, weights=part.ravel(), minlength=B * S).reshape(B, S) for part in per_layer]
-    rows = np.broadcast_to(np.arange(B)[:, None], (B, n))
-    stype = np.zeros((B, S), dtype=np.int64)
-    stype[rows, sid] = sched
-    recompute = np.zeros((B, S), dtype=bool)
-    recompute[rows, sid] = again
-    sdegree = np.zeros((B, S), dtype=np.int64)
-    sdegree[rows, sid] = degree
-    width = problem.widths[sdegree]
-    first = np.zeros((B, S), dtype=np.int64)
-    first[rows[starts], sid[starts]] = np.broadcast_to(layers, (B, n))[starts]
-    last = np.zeros((B, S), dtype=np.int64)
-    last[rows, sid] = np.broadcast_to(layers, (B, n))  # later layers overwrite earlier ones
+    sc, pc, sd, pd = (np.bincount(flat, weights=part.ravel(), minlength=B * S).reshape(B, S) for part in per_layer)
+    at = _StageOf(sid, S)
+    stype, recompute, sdegree = at.value(sched), at.value(again), at.value(degree)
+    first, last = at.first(starts), at.last()
     valid = np.arange(S)[None, :] <= sid[:, -1:]
     runnable = np.asarray(pick(lambda v: v.runnable).all(axis=1))
     if again.any():  # section 1g: every layer of a recomputing stage has a forward time, under a pipeline
         runnable &= (~again | pick(lambda v: v.recomputable & v.can_recompute)).all(axis=1)
-    sc, pc, sd, pd = sums
     transfer = _transfer(problem, valid, first, last, stype, sdegree)
     zeros: np.ndarray = np.zeros((B, S))
     in_flight: np.ndarray = np.ones((B, S))
     micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)
     ps = pc
     if problem.pipelined:
-        sync, update = (
-            np.bincount(flat, weights=pick(get).ravel(), minlength=B * S).reshape(B, S)
-            for get in (lambda v: v.odt, lambda v: v.update_times)
-        )
-        start, latency, message = (np.where(valid, fixed[stype], 0.0) for fixed in problem.fixed_costs)
-        messages = problem.boundary_messages[first] + problem.boundary_messages[last + 1]
-        # odt: the all-reduce between two replicas (beta unused)
-        micro = (sc + start + message * messages, pc + transfer, sync + latency, update)
+        micro = _micro_terms(problem, pick, flat, (sc, pc), valid, stype, first, last, transfer)
         sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:
@@ -419,7 +389,7 @@ def split_stages(problem: Problem, schedules) -> Stages:
         mem_fixed, mem_split, mem_act, min_k = _memory(
             problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
         )
-    if any(view.share_cap is not None for view in views):  # section 1f: no replica trains above a measured size
+    if any(view.share_cap is not None for view in problem.views):  # section 1f: no replica above a measured size
         most = np.ones(B * S)
         np.maximum.at(most, flat, pick(share_floor).ravel())
         min_k = np.maximum(min_k, np.where(valid, most.reshape(B, S), 1.0))
@@ -443,8 +413,70 @@ def split_stages(problem: Problem, schedules) -> Stages:
         ps,
         mem_act,
         recompute,
-        width,
+        problem.widths[sdegree],
     )
+
+
+class _Picker:
+    """``pick(get)``: ``[B, n]``, each layer's figure (``get(view)``, ``[n, T]`` or ``[n]``) on its type at its
+    stage's tensor-parallel degree."""
+
+    def __init__(self, views, sched: np.ndarray, degree: np.ndarray):
+        self.views, self.sched, self.degree = views, sched, degree
+        self.layers = np.arange(sched.shape[1])[None, :]
+
+    def __call__(self, get) -> np.ndarray:
+        out = None
+        for j, view in enumerate(self.views):
+            here = self.degree == j
+            if j and not here.any():
+                continue
+            part = get(view)
+            value = part[self.layers, self.sched] if part.ndim == 2 else part[self.layers]
+            value = np.broadcast_to(value, self.sched.shape)
+            out = value if out is None else np.where(here, value, out)
+        assert out is not None
+        return out
+
+
+class _StageOf:
+    """Per-layer ``[B, n]`` figures as per-stage ``[B, S]`` ones (stage ids ``sid``)."""
+
+    def __init__(self, sid: np.ndarray, S: int):
+        B, n = sid.shape
+        self.sid, self.shape = sid, (B, S)
+        self.rows = np.broadcast_to(np.arange(B)[:, None], (B, n))
+        self.layers = np.broadcast_to(np.arange(n)[None, :], (B, n))
+
+    def value(self, per_layer: np.ndarray) -> np.ndarray:
+        """Each stage's value, which all its layers share (a later layer's written over an earlier's)."""
+        out = np.zeros(self.shape, dtype=per_layer.dtype)
+        out[self.rows, self.sid] = per_layer
+        return out
+
+    def first(self, starts: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.shape, dtype=np.int64)
+        out[self.rows[starts], self.sid[starts]] = self.layers[starts]
+        return out
+
+    def last(self) -> np.ndarray:
+        return self.value(self.layers.astype(np.int64))
+
+
+def _micro_terms(problem: Problem, pick, flat, computes, valid, stype, first, last, transfer):
+    """Section 1d's terms per stage and micro-batch: serial and parallel compute (with the stage's fixed
+    start and its boundary messages' latency, and its transfer), the gradient sync with its latency, and
+    the update."""
+    B, S = valid.shape
+    sc, pc = computes
+    sync, update = (
+        np.bincount(flat, weights=pick(get).ravel(), minlength=B * S).reshape(B, S)
+        for get in (lambda v: v.odt, lambda v: v.update_times)
+    )
+    start, latency, message = (np.where(valid, fixed[stype], 0.0) for fixed in problem.fixed_costs)
+    messages = problem.boundary_messages[first] + problem.boundary_messages[last + 1]
+    # odt: the all-reduce between two replicas (beta unused)
+    return sc + start + message * messages, pc + transfer, sync + latency, update
 
 
 @dataclass
