@@ -347,17 +347,8 @@ def split_stages(problem: Problem, schedules) -> Stages:
     """Group each schedule's layers into stages and sum their cost terms, all in numpy. A stage is a
     maximal run of one label: a type, plus ``n_types`` on every other stage (:func:`labelled`), plus
     its recomputation and tensor-parallel degree (:func:`stage_label`)."""
-    sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
-    B, n = sched.shape
-    if n != problem.n_layers:
-        raise ValueError(f"schedules have {n} layers, the problem {problem.n_layers}")
-    starts, sid = stage_ids(sched)
-    sched, again, degree = label_parts(problem.n_types, sched)  # per layer
-    if degree.max(initial=0) >= len(problem.views):
-        raise ValueError(
-            f"a label names tensor-parallel degree {int(degree.max())}, the problem has {len(problem.views)}"
-        )
-    S = int(sid.max()) + 1
+    starts, sid, sched, again, degree = _stages_and_labels(problem, schedules)
+    B, S = sid.shape[0], int(sid.max()) + 1
     flat = (np.arange(B)[:, None] * S + sid).ravel()
     pick = _Picker(problem.views, sched, degree)
     per_layer = [pick(lambda v, i=i: v.parts[i]) for i in range(4)]  # [B, n] each
@@ -370,29 +361,18 @@ def split_stages(problem: Problem, schedules) -> Stages:
     stype, recompute, sdegree = at.value(sched), at.value(again), at.value(degree)
     first, last = at.first(starts), at.last()
     valid = np.arange(S)[None, :] <= sid[:, -1:]
-    runnable = np.asarray(pick(lambda v: v.runnable).all(axis=1))
-    if again.any():  # section 1g: every layer of a recomputing stage has a forward time, under a pipeline
-        runnable &= (~again | pick(lambda v: v.recomputable & v.can_recompute)).all(axis=1)
+    runnable = _runnable(pick, again)
     transfer = _transfer(problem, valid, first, last, stype, sdegree)
     zeros: np.ndarray = np.zeros((B, S))
-    in_flight: np.ndarray = np.ones((B, S))
+    in_flight, ps = np.ones((B, S)), pc
     micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)
-    ps = pc
     if problem.pipelined:
         micro = _micro_terms(problem, pick, flat, (sc, pc), valid, stype, first, last, transfer)
         sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:
         pd = pd + transfer
-    mem_fixed, mem_split, mem_act, min_k = zeros, zeros, zeros, np.ones((B, S))
-    if np.isfinite(problem.memory).any():
-        mem_fixed, mem_split, mem_act, min_k = _memory(
-            problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
-        )
-    if any(view.share_cap is not None for view in problem.views):  # section 1f: no replica above a measured size
-        most = np.ones(B * S)
-        np.maximum.at(most, flat, pick(share_floor).ravel())
-        min_k = np.maximum(min_k, np.where(valid, most.reshape(B, S), 1.0))
+    mem_fixed, mem_split, mem_act, min_k = _memory_terms(problem, flat, valid, first, stype, in_flight, recompute, pick)
     return Stages(
         sched,
         sc,
@@ -415,6 +395,21 @@ def split_stages(problem: Problem, schedules) -> Stages:
         recompute,
         problem.widths[sdegree],
     )
+
+
+def _stages_and_labels(problem: Problem, schedules):
+    """Where each schedule's stages start and each layer's stage (:func:`stage_ids`), then each layer's
+    type, recomputation and tensor-parallel degree (:func:`label_parts`), checked against the problem."""
+    sched = np.atleast_2d(np.asarray(schedules, dtype=np.int64))
+    if sched.shape[1] != problem.n_layers:
+        raise ValueError(f"schedules have {sched.shape[1]} layers, the problem {problem.n_layers}")
+    starts, sid = stage_ids(sched)
+    sched, again, degree = label_parts(problem.n_types, sched)
+    if degree.max(initial=0) >= len(problem.views):
+        raise ValueError(
+            f"a label names tensor-parallel degree {int(degree.max())}, the problem has {len(problem.views)}"
+        )
+    return starts, sid, sched, again, degree
 
 
 class _Picker:
@@ -461,6 +456,33 @@ class _StageOf:
 
     def last(self) -> np.ndarray:
         return self.value(self.layers.astype(np.int64))
+
+
+def _runnable(pick, again: np.ndarray) -> np.ndarray:
+    """``[B]``: whether every layer runs where its schedule puts it, and, in a recomputing stage (section
+    1g, under a pipeline), has a forward time."""
+    runnable = np.asarray(pick(lambda v: v.runnable).all(axis=1))
+    if again.any():
+        runnable &= (~again | pick(lambda v: v.recomputable & v.can_recompute)).all(axis=1)
+    return runnable
+
+
+def _memory_terms(problem: Problem, flat, valid, first, stype, in_flight, recompute, pick):
+    """Section 1b's memory per stage (what every replica holds, what splits across them, the activations)
+    and the fewest replicas each stage needs, for its memory and (section 1f) so that no replica trains
+    above a size measured on its type."""
+    B, S = valid.shape
+    zeros = np.zeros((B, S))
+    mem_fixed, mem_split, mem_act, min_k = zeros, zeros, zeros, np.ones((B, S))
+    if np.isfinite(problem.memory).any():
+        mem_fixed, mem_split, mem_act, min_k = _memory(
+            problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
+        )
+    if any(view.share_cap is not None for view in problem.views):
+        most = np.ones(B * S)
+        np.maximum.at(most, flat, pick(share_floor).ravel())
+        min_k = np.maximum(min_k, np.where(valid, most.reshape(B, S), 1.0))
+    return mem_fixed, mem_split, mem_act, min_k
 
 
 def _micro_terms(problem: Problem, pick, flat, computes, valid, stype, first, last, transfer):

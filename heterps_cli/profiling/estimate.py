@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -388,21 +389,12 @@ def estimate(
         degrees: dict[int, list[LayerProfile]] = {}
         sharded: dict[int, list[Sharded]] = {}
         for n, d in enumerate(tp):
-            degrees[d], sharded[d] = [], []
-            for i, (call, layer) in enumerate(zip(calls, layers)):
-                with one_shard(call.module, d) as pairs:
-                    if pairs is None:  # runs whole on every unit: as at tp 1
-                        degrees[d].append(layer)
-                        sharded[d].append(Sharded(0))
-                        continue
-                    w = counted((n + 1) * len(calls) + i, call, f"tp {d}: ")
-                    with autocast(precision):
-                        ahead, back = all_reduced(call, pairs)
-                        forward_s = ring(ahead, d, device)
-                        reduce_s = forward_s + ring(back, d, device)
-                        shard = price.layer(call, w, communication=(forward_s, reduce_s))
-                degrees[d].append(dataclasses.replace(shard, input_saved=min(layer.input_saved, shard.activation_size)))
-                sharded[d].append(Sharded(len(pairs) // 2, ahead + back, reduce_s))
+            first = (n + 1) * len(calls)  # the progress bar's count of the layers before this degree's
+            found = [
+                _one_unit(call, layer, d, functools.partial(counted, first + i, call, f"tp {d}: "), price)
+                for i, (call, layer) in enumerate(zip(calls, layers))
+            ]
+            degrees[d], sharded[d] = [unit for unit, _ in found], [how for _, how in found]
     except SIGNALLED:
         raise
     except InputError:
@@ -431,6 +423,25 @@ def estimate(
         optimizer,
         model.chain,
     )
+
+
+def _one_unit(
+    call: Call, layer: LayerProfile, d: int, count: Callable[[], Work], price: _Pricing
+) -> tuple[LayerProfile, Sharded]:
+    """One unit's profile of ``layer`` at degree ``d`` and how it was found: as at 1 where nothing of it
+    shards, else one shard counted (``count()``) and priced with its all-reduces over the in-node link."""
+    device, precision = price.pricer.device, price.pricer.precision
+    with one_shard(call.module, d) as pairs:
+        if pairs is None:  # runs whole on every unit: as at tp 1
+            return layer, Sharded(0)
+        w = count()
+        with autocast(precision):
+            ahead, back = all_reduced(call, pairs)
+            forward_s = ring(ahead, d, device)
+            reduce_s = forward_s + ring(back, d, device)
+            shard = price.layer(call, w, communication=(forward_s, reduce_s))
+    unit = dataclasses.replace(shard, input_saved=min(layer.input_saved, shard.activation_size))
+    return unit, Sharded(len(pairs) // 2, ahead + back, reduce_s)
 
 
 def _half_slower(precision: str, estimates: list[Estimate]) -> list[str]:
