@@ -56,28 +56,16 @@ def make_plan(
         sc = mixed_scores(problem, stages, sc, mixed, rate=sc.rate)
     out, idle, where = _placed(problem, stages, k, sc, rental, mixed)
     out = [_with_parts(problem, stage, mixed[s], where.get(s)) if s in mixed else stage for s, stage in enumerate(out)]
-    pipelined = bool(problem.micro_batches)
     plan = Plan.model_construct(
-        model=problem.model,
-        cluster=problem.cluster,
-        objective=problem.objective,
+        **_job_fields(problem),
         scheduler=scheduler,
         seed=seed,
-        batch_size=problem.batch_size,
-        samples=problem.samples,
-        epochs=problem.epochs,
-        min_throughput=problem.min_throughput,
-        max_cost=problem.max_cost,
         stages=out,
         **_per_type(problem, cluster_bandwidth, sc.used[0]),
         rental=rental,
         rate_usd_per_hour=float(sc.rate[0]) if rental is not None else None,
         idle_units=idle,
         link_gbps=links,
-        global_batch=problem.batch_size * problem.micro_batches if pipelined else None,
-        maximal_stages=True if problem.maximal_stages else None,
-        precision=problem.precision,
-        micro_batches=problem.micro_batches if pipelined else None,
         throughput=float(sc.throughput[0]),
         bottleneck=int(sc.bottleneck[0]),
         time_s=float(sc.time_s[0]),
@@ -89,6 +77,26 @@ def make_plan(
         solve_s=solve_s,
     ).of_run(dict(zip(problem.types, problem.units)), interrupted)
     return plan.but(explanation=list(explanation(problem, plan))) if np.isfinite(plan.throughput) else plan
+
+
+def _job_fields(problem: Problem) -> dict:
+    """The plan's fields that repeat the job it answers: the model, the cluster, the objective and the
+    targets, the batch (and under a pipeline its global batch and micro-batches), the precision."""
+    pipelined = bool(problem.micro_batches)
+    return {
+        "model": problem.model,
+        "cluster": problem.cluster,
+        "objective": problem.objective,
+        "batch_size": problem.batch_size,
+        "samples": problem.samples,
+        "epochs": problem.epochs,
+        "min_throughput": problem.min_throughput,
+        "max_cost": problem.max_cost,
+        "global_batch": problem.batch_size * problem.micro_batches if pipelined else None,
+        "maximal_stages": True if problem.maximal_stages else None,
+        "precision": problem.precision,
+        "micro_batches": problem.micro_batches if pipelined else None,
+    }
 
 
 def _mixed(problem: Problem, schedule, stages, k: np.ndarray, joined: dict) -> dict[int, MixedStage]:

@@ -360,6 +360,13 @@ def print_summary(
             for t, c in profile.fixed.items()
         )
         console.print(Text(f"  fixed costs per stage (docs/spec.md section 1d, with a global batch): {given}"))
+    console.print(_types_table(profile, types, cluster))
+    if cluster is not None:
+        _print_cluster_fit(console, cluster, cluster_path, types)
+
+
+def _types_table(profile: Profile, types: list[str], cluster: Cluster | None) -> Table:
+    """Per resource type: the layers it times, their total OCT and ODT, and the cluster's price and limit."""
     table = Table(header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("resource")
     table.add_column("runs layers")
@@ -379,33 +386,35 @@ def print_summary(
         if cluster is not None:
             row += list(_price_and_limit(cluster, t)) if t in cluster.resources else ["[dim]not in cluster[/]", ""]
         table.add_row(*row)
-    console.print(table)
-    if cluster is not None:
-        unused = [t for t in cluster.resources if t not in types]
-        ignored = [t for t in types if t not in cluster.resources]
+    return table
+
+
+def _print_cluster_fit(console: Console, cluster: Cluster, cluster_path: str | None, types: list[str]) -> None:
+    """The cluster's line, and the types that one of the profile and the cluster has and the other lacks."""
+    unused = [t for t in cluster.resources if t not in types]
+    ignored = [t for t in types if t not in cluster.resources]
+    console.print(
+        Text.assemble(
+            ("✓", "bold green"),
+            f" {clip(cluster_path or '')}: cluster ",
+            bold(cluster.cluster),
+            f", {plural(len(cluster.resources), 'resource type')}",
+        )
+    )
+    if ignored:
         console.print(
             Text.assemble(
-                ("✓", "bold green"),
-                f" {clip(cluster_path or '')}: cluster ",
-                bold(cluster.cluster),
-                f", {plural(len(cluster.resources), 'resource type')}",
+                ("  note:", "yellow"),
+                f" profiled types not in the cluster are ignored when planning: {', '.join(clip(t) for t in ignored)}",
             )
         )
-        if ignored:
-            console.print(
-                Text.assemble(
-                    ("  note:", "yellow"),
-                    " profiled types not in the cluster are ignored when "
-                    f"planning: {', '.join(clip(t) for t in ignored)}",
-                )
+    if unused:
+        console.print(
+            Text.assemble(
+                ("  note:", "yellow"),
+                f" cluster types the profile never times cannot be used: {', '.join(clip(t) for t in unused)}",
             )
-        if unused:
-            console.print(
-                Text.assemble(
-                    ("  note:", "yellow"),
-                    f" cluster types the profile never times cannot be used: {', '.join(clip(t) for t in unused)}",
-                )
-            )
+        )
 
 
 def print_cluster(console: Console, cluster: Cluster, path: str) -> None:
