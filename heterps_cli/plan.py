@@ -57,7 +57,7 @@ def make_plan(
     out, idle, where = _placed(problem, stages, k, sc, rental, mixed)
     out = [_with_parts(problem, stage, mixed[s], where.get(s)) if s in mixed else stage for s, stage in enumerate(out)]
     plan = Plan.model_construct(
-        **_job_fields(problem),
+        **job_fields(problem),
         scheduler=scheduler,
         seed=seed,
         stages=out,
@@ -79,7 +79,7 @@ def make_plan(
     return plan.but(explanation=list(explanation(problem, plan))) if np.isfinite(plan.throughput) else plan
 
 
-def _job_fields(problem: Problem) -> dict:
+def job_fields(problem: Problem) -> dict:
     """The plan's fields that repeat the job it answers: the model, the cluster, the objective and the
     targets, the batch (and under a pipeline its global batch and micro-batches), the precision."""
     pipelined = bool(problem.micro_batches)

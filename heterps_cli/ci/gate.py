@@ -24,7 +24,7 @@ from heterps_cli.formats import Plan
 from heterps_cli.formulas import share
 from heterps_cli.mixed import joined_of
 from heterps_cli.objective import Objective
-from heterps_cli.plan import make_plan
+from heterps_cli.plan import job_fields, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve, with_what_if
 
@@ -253,18 +253,7 @@ def job_changes(plan: Plan, problem: Problem) -> list[str]:
     The gate's truth is those files and flags, never the plan: a plan made for fewer
     samples, a lower required throughput or another objective must not pass for this job.
     """
-    now: dict[str, Any] = {
-        "model": problem.model,
-        "cluster": problem.cluster,
-        "objective": problem.objective,
-        "batch_size": problem.batch_size,
-        "samples": problem.samples,
-        "epochs": problem.epochs,
-        "min_throughput": problem.min_throughput,
-        "global_batch": problem.step_samples if problem.pipelined else None,  # section 1d
-        "maximal_stages": True if problem.maximal_stages else None,
-        "precision": problem.precision,
-    }
+    now: dict[str, Any] = {k: v for k, v in job_fields(problem).items() if k not in ("max_cost", "micro_batches")}
     if plan.max_cost is not None:  # a budget the plan was made under must still be the budget
         now["max_cost"] = problem.max_cost
     out = []
