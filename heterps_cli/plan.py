@@ -82,7 +82,7 @@ def make_plan(
 def job_fields(problem: Problem) -> dict:
     """The plan's fields that repeat the job it answers: the model, the cluster, the objective and the
     targets, the batch (and under a pipeline its global batch and micro-batches), the precision."""
-    pipelined = bool(problem.micro_batches)
+    pipelined = problem.pipelined
     return {
         "model": problem.model,
         "cluster": problem.cluster,
@@ -92,7 +92,7 @@ def job_fields(problem: Problem) -> dict:
         "epochs": problem.epochs,
         "min_throughput": problem.min_throughput,
         "max_cost": problem.max_cost,
-        "global_batch": problem.batch_size * problem.micro_batches if pipelined else None,
+        "global_batch": problem.step_samples if pipelined else None,
         "maximal_stages": True if problem.maximal_stages else None,
         "precision": problem.precision,
         "micro_batches": problem.micro_batches if pipelined else None,

@@ -188,8 +188,7 @@ def measure(
     B0, started = len(model.inputs[0]), snapshot()
     taken = output_loss(loss, B0)
     report("tracing the model")
-    with training_at(precision, device, [model.module]):  # each layer's recorded input is what it gets then
-        calls, notes = traced(model)
+    calls, notes = traced_at(model, precision, device)
     link = link if link is not None else link_bandwidth(device, link_gbps, report, notes)
     bandwidth = link.bandwidth
     notes += _allocator_notes()
@@ -231,6 +230,13 @@ def measure(
         load=between(started, snapshot()),
         precision=precision,
     )
+
+
+def traced_at(model: Model, precision: str | None, device: str) -> tuple[list[Call], list[str]]:
+    """:func:`traced`, each layer's recorded input what it gets when the model trains at ``precision``
+    (:mod:`.precision`: a layer after a product gets a half-precision tensor under bf16)."""
+    with training_at(precision, device, [model.module]):
+        return traced(model)
 
 
 def _allocator_notes() -> list[str]:

@@ -138,12 +138,17 @@ def _command(args: dict, out: Path, module: str = __name__) -> list[str]:
     return [sys.executable, "-m", module, json.dumps(args), str(out)]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: as many cpu units as can be busy at once here."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _check_concurrent(device: str, processes: int, concurrent: int) -> None:
     """Exit 2 unless ``concurrent`` cpu processes at a time can run ``processes`` in whole waves here."""
     if device != "cpu":
         why = "on cuda one device is one unit, so there is nothing to run beside it"
         raise InputError(None, None, "--concurrent", f"--concurrent runs several cpu units at once; {why}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if not 2 <= concurrent <= cores:
         why = f"2 or more, and at most the {cores} cores this process may use (got {concurrent})"
         raise InputError(None, None, "--concurrent", f"the processes at a time, one per core: {why}")

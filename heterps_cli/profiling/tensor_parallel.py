@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -26,10 +25,10 @@ from pathlib import Path
 import torch
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.measure import LayerProfile, Profiled, layer_profile, load_model, placed, traced
+from heterps_cli.profiling.measure import LayerProfile, Profiled, layer_profile, load_model, placed, traced_at
 from heterps_cli.profiling.models import Call, Model
 from heterps_cli.profiling.precision import training_at
-from heterps_cli.profiling.processes import run_together
+from heterps_cli.profiling.processes import run_together, usable_cores
 from heterps_cli.profiling.timing import Loss, timed
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard, shardable
@@ -46,8 +45,7 @@ def check_degrees(degrees: tuple[int, ...], device: str) -> None:
     if device == "cuda":
         have, what = (torch.cuda.device_count() if torch.cuda.is_available() else 0), "GPUs torch sees here"
     else:
-        have = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        what = "cores this process may use"
+        have, what = usable_cores(), "cores this process may use"
     if max(degrees) > have:
         raise InputError(
             None,
@@ -68,8 +66,7 @@ def with_degrees(
     report = progress or quiet
     device = measured.device
     model.module.to("cpu")  # traced where its inputs are, then moved, as measure() does
-    with training_at(measured.precision, device, [model.module]):
-        calls, _ = traced(model)
+    calls, _ = traced_at(model, measured.precision, device)
     placed(model, calls, device)
     found: dict[int, list[LayerProfile]] = {}
     for n, d in enumerate(degrees):
@@ -136,8 +133,7 @@ def _unit(args: dict, out: Path) -> None:
     else:
         torch.set_num_threads(1)  # one unit of cpu is one core
     model = load_model(args["spec"], args["batch_size"], tuple(args["input_shape"] or ()) or None, args["granularity"])
-    with training_at(args.get("precision"), device, [model.module]):
-        calls, _ = traced(model)
+    calls, _ = traced_at(model, args.get("precision"), device)
     dist.init_process_group(
         "nccl" if device == "cuda" else "gloo",
         init_method=f"tcp://127.0.0.1:{args['port']}",
