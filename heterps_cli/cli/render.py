@@ -541,8 +541,6 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120
     ``thinned_by_default``: the table shows fewer plans than the frontier has because
     no ``--points`` was given, which the footer says. ``width``: the terminal's, which every row fits;
     None (a file or a pipe, read later or by a program) cuts nothing."""
-    from heterps_cli.frontier import KNEE_RULE, layout
-
     p = frontier.problem
     title = Text.assemble(
         bold(p.model),
@@ -554,23 +552,7 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120
     numeric: dict[str, Any] = dict(justify="right", no_wrap=True)
     figures = ("#", "samples/s", "faster", "time", "cost", "dearer")
     base = frontier.plans[0] if frontier.positions[0] == 0 else None
-    rows = []
-    for position, plan in zip(frontier.positions, frontier.plans):
-        knee = position == frontier.knee
-        faster = dearer = "—"
-        if base is not None and position > 0:
-            faster = f"+{100 * (plan.throughput / base.throughput - 1):.1f}%"
-            dearer = f"+{100 * (plan.cost_usd / base.cost_usd - 1):.1f}%" if base.cost_usd > 0 else "—"
-        shown = [
-            f"{position + 1}{' ◆' if knee else ''}",
-            count(plan.throughput, 1 if plan.throughput < 1000 else 0),
-            faster,
-            duration(plan.time_s),
-            usd(plan.cost_usd),
-            dearer,
-        ]
-        words = ", ".join(f"{clip(t)} {count(n)}" for t, n in plan.resources.items() if n)
-        rows.append((knee, shown, words, f"{len(plan.stages)}: {layout(plan, STAGES)}"))
+    rows = _frontier_rows(frontier, base)
     for name in figures:
         table.add_column(name, min_width=len(name), **numeric)
     # One line per plan at any width (pipes and CI logs are 80 columns): the figures whole, the two
@@ -588,7 +570,38 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120
     table.add_column("stages", no_wrap=True, overflow="ellipsis", max_width=stages_width)
     for knee, shown, words, stages in rows:
         table.add_row(*shown, Text(words), Text(stages), style="bold" if knee else None)
-    notes = [Text("faster, dearer: against plan 1, the cheapest", style="dim")] if base is not None else []
+    return Group(table, *_frontier_notes(frontier, base is not None, thinned_by_default))
+
+
+def _frontier_rows(frontier, base) -> list[tuple[bool, list[str], str, str]]:
+    """Each plan's row: whether it is the knee, its figures, its resources and its stages."""
+    from heterps_cli.frontier import layout
+
+    rows = []
+    for position, plan in zip(frontier.positions, frontier.plans):
+        knee = position == frontier.knee
+        faster = dearer = "—"
+        if base is not None and position > 0:
+            faster = f"+{100 * (plan.throughput / base.throughput - 1):.1f}%"
+            dearer = f"+{100 * (plan.cost_usd / base.cost_usd - 1):.1f}%" if base.cost_usd > 0 else "—"
+        shown = [
+            f"{position + 1}{' ◆' if knee else ''}",
+            count(plan.throughput, 1 if plan.throughput < 1000 else 0),
+            faster,
+            duration(plan.time_s),
+            usd(plan.cost_usd),
+            dearer,
+        ]
+        words = ", ".join(f"{clip(t)} {count(n)}" for t, n in plan.resources.items() if n)
+        rows.append((knee, shown, words, f"{len(plan.stages)}: {layout(plan, STAGES)}"))
+    return rows
+
+
+def _frontier_notes(frontier, against_cheapest: bool, thinned_by_default: bool) -> list[Text]:
+    """The lines under the frontier's table: what its columns mean, how much of it is shown, how exact it is."""
+    from heterps_cli.frontier import KNEE_RULE
+
+    notes = [Text("faster, dearer: against plan 1, the cheapest", style="dim")] if against_cheapest else []
     if frontier.knee is not None:
         notes.append(Text(f"◆ knee (plan {frontier.knee + 1}): {KNEE_RULE}", style="dim"))
     else:
@@ -629,7 +642,7 @@ def frontier_view(frontier, *, thinned_by_default: bool, width: int | None = 120
                 style="yellow",
             )
         )
-    return Group(table, *notes)
+    return notes
 
 
 def findings_view(plan_path: str, findings) -> Group:
