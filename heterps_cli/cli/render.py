@@ -64,6 +64,14 @@ def _ranges(indices: list[int]) -> str:
 
 
 def plan_view(plan: Plan, width: int = 120) -> Group:
+    table, summary = _stages_table(plan, width), _plan_summary(plan)
+    hardware = _hardware_view(plan)
+    extra = [hardware] if hardware is not None else []
+    return Group(table, *extra, summary, *([what_if_view(plan)] if plan.what_if is not None else []))
+
+
+def _stages_table(plan: Plan, width: int) -> Table:
+    """A row per stage, the bottleneck marked; the layer names give way to the terminal's width."""
     title = Text.assemble(
         bold(plan.model), " on ", bold(plan.cluster), f" · objective {plan.objective} · scheduler {plan.scheduler}"
     )
@@ -106,6 +114,11 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
         table.caption = f"{table.caption}; ↻ recomputes its activations in the backward pass (docs/spec.md section 1g)"
     if any(s.tp for s in plan.stages):
         table.caption = f"{table.caption}; tpN: each replica is N units of one node, tensor-parallel (section 1h)"
+    return table
+
+
+def _plan_summary(plan: Plan) -> Table:
+    """What the plan reaches and costs, how it was solved, and what it assumes."""
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
@@ -138,9 +151,7 @@ def plan_view(plan: Plan, width: int = 120) -> Group:
     assumed = assumptions(plan)
     if assumed:
         summary.add_row("assumes", Text(assumed, style="yellow"))
-    hardware = _hardware_view(plan)
-    extra = [hardware] if hardware is not None else []
-    return Group(table, *extra, summary, *([what_if_view(plan)] if plan.what_if is not None else []))
+    return summary
 
 
 def what_if_view(plan: Plan) -> Group:

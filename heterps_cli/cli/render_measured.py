@@ -88,6 +88,11 @@ def profile_view(measured, noisy_cv: float) -> Group:
             f"{100 * layer.cv:.0f}%" + (" noisy" if flag else ""),
             style="yellow" if flag else None,
         )
+    return Group(table, *_profile_lines(measured, noisy, noisy_cv))
+
+
+def _profile_lines(measured, noisy: int, noisy_cv: float) -> list[Text]:
+    """The lines under a measured profile's table: the step it adds up to, the fixed costs, the warnings."""
     total = measured.total_oct
     lines = [
         Text(
@@ -132,7 +137,7 @@ def profile_view(measured, noisy_cv: float) -> Group:
         lines.append(Text(measured.load.describe()))
     lines += [Text(f"note: {n}") for n in measured.notes]
     lines += [Text(f"profile again: {why}", style="bold yellow") for why in measured.advice]
-    return Group(table, *lines)
+    return lines
 
 
 def _cpu_type(name: str) -> bool:
