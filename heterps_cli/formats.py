@@ -812,69 +812,11 @@ def _profile_of(doc: Document) -> Profile:
                 )
             )
         seen.setdefault(layer.name, i)
-        if layer.input_saved > layer.activation_size:
-            problems.append(
-                doc.error(
-                    ("layers", i, "input_saved"),
-                    f"{number(layer.input_saved)} is more than the layer's activation_size "
-                    f"({number(layer.activation_size)}): it is the part of it the layer before also keeps",
-                )
-            )
-        if i == 0 and layer.input_saved:
-            problems.append(doc.error(("layers", 0, "input_saved"), "the first layer has no layer before it: give 0"))
+        problems += _saved_problems(doc, ("layers", i), layer, "the layer's activation_size")
         for d, sizes in (layer.tp or {}).items():
-            if sizes.input_saved > sizes.activation_size:
-                problems.append(
-                    doc.error(
-                        ("layers", i, "tp", d, "input_saved"),
-                        f"{number(sizes.input_saved)} is more than its activation_size "
-                        f"({number(sizes.activation_size)}): it is the part of it the layer before also keeps",
-                    )
-                )
-            if i == 0 and sizes.input_saved:
-                problems.append(
-                    doc.error(("layers", 0, "tp", d, "input_saved"), "the first layer has no layer before it: give 0")
-                )
+            problems += _saved_problems(doc, ("layers", i, "tp", d), sizes, "its activation_size")
         for resource, entry in layer.times.items():
-            for frac in ("alpha", "beta"):
-                if getattr(entry, frac) is None and getattr(layer, frac) is None:
-                    problems.append(
-                        doc.error(
-                            ("layers", i, "times", resource),
-                            f"no {frac}: give the layer a default '{frac}' or this entry its own",
-                        )
-                    )
-            shards: list[tuple[tuple, ShardTime]] = [((), entry)]
-            shards += [(("tp", d), shard) for d, shard in (entry.tp or {}).items()]
-            for d, _ in (entry.tp or {}).items():
-                if d not in (layer.tp or {}):
-                    problems.append(
-                        doc.error(
-                            ("layers", i, "times", resource, "tp", d),
-                            f"times at tp {d} need the layer's sizes there: give layers[{i}].tp[{d}] with one "
-                            "unit's weight_size (and activation_size, input_saved) at that degree",
-                        )
-                    )
-            for inside, shard in shards:
-                where = ("layers", i, "times", resource, *inside)
-                sized: list[tuple[int, ShardTime | BatchTime]] = [(profile.batch_size, shard)]
-                for size, at in [*sized, *(shard.batches or {}).items()]:
-                    if at.forward is not None and at.forward > at.oct:
-                        problems.append(
-                            doc.error(
-                                (*where, *(("batches", size) if at is not shard else ()), "forward"),
-                                f"{number(at.forward)} s is more than the entry's oct ({number(at.oct)} s), of "
-                                "which it is the forward pass's part",
-                            )
-                        )
-                if profile.batch_size in (shard.batches or {}):
-                    problems.append(
-                        doc.error(
-                            (*where, "batches", profile.batch_size),
-                            f"batch {profile.batch_size} is the profile's batch_size, whose times are the entry's "
-                            "own oct and odt: give each size once",
-                        )
-                    )
+            problems += _entry_problems(profile, doc, i, resource, entry)
     problems += _degree_chains(profile, doc)
     timed = profile.types
     for t in profile.fixed or {}:
@@ -893,6 +835,68 @@ def _profile_of(doc: Document) -> Profile:
             problems.append(doc.error(("job", "global_batch"), str(exc)))
     _raise_all(problems)
     return profile
+
+
+def _saved_problems(doc: Document, where: tuple, sizes, whose: str) -> list[InputError]:
+    """A layer's (or one tensor-parallel unit's) input_saved: part of its activation, none on the first layer."""
+    problems = []
+    if sizes.input_saved > sizes.activation_size:
+        problems.append(
+            doc.error(
+                (*where, "input_saved"),
+                f"{number(sizes.input_saved)} is more than {whose} "
+                f"({number(sizes.activation_size)}): it is the part of it the layer before also keeps",
+            )
+        )
+    if where[1] == 0 and sizes.input_saved:
+        problems.append(doc.error((*where, "input_saved"), "the first layer has no layer before it: give 0"))
+    return problems
+
+
+def _entry_problems(profile: Profile, doc: Document, i: int, resource: str, entry) -> list[InputError]:
+    """One layer's times on one type: its fractions given, its degrees sized, forward within oct, sizes once."""
+    layer = profile.layers[i]
+    problems = []
+    for frac in ("alpha", "beta"):
+        if getattr(entry, frac) is None and getattr(layer, frac) is None:
+            problems.append(
+                doc.error(
+                    ("layers", i, "times", resource),
+                    f"no {frac}: give the layer a default '{frac}' or this entry its own",
+                )
+            )
+    shards: list[tuple[tuple, ShardTime]] = [((), entry)]
+    shards += [(("tp", d), shard) for d, shard in (entry.tp or {}).items()]
+    for d, _ in (entry.tp or {}).items():
+        if d not in (layer.tp or {}):
+            problems.append(
+                doc.error(
+                    ("layers", i, "times", resource, "tp", d),
+                    f"times at tp {d} need the layer's sizes there: give layers[{i}].tp[{d}] with one "
+                    "unit's weight_size (and activation_size, input_saved) at that degree",
+                )
+            )
+    for inside, shard in shards:
+        where = ("layers", i, "times", resource, *inside)
+        sized: list[tuple[int, ShardTime | BatchTime]] = [(profile.batch_size, shard)]
+        for size, at in [*sized, *(shard.batches or {}).items()]:
+            if at.forward is not None and at.forward > at.oct:
+                problems.append(
+                    doc.error(
+                        (*where, *(("batches", size) if at is not shard else ()), "forward"),
+                        f"{number(at.forward)} s is more than the entry's oct ({number(at.oct)} s), of "
+                        "which it is the forward pass's part",
+                    )
+                )
+        if profile.batch_size in (shard.batches or {}):
+            problems.append(
+                doc.error(
+                    (*where, "batches", profile.batch_size),
+                    f"batch {profile.batch_size} is the profile's batch_size, whose times are the entry's "
+                    "own oct and odt: give each size once",
+                )
+            )
+    return problems
 
 
 def _degree_chains(profile: Profile, doc: Document) -> list[InputError]:
