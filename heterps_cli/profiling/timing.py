@@ -204,9 +204,8 @@ def step_order_times(
     cut to ``samples`` of the batch: :func:`share`) and timed on its own, then every layer's backward
     in reverse, in one call (:func:`backward_marks`). A layer then finds the caches as a step leaves
     them, the other layers' weights, gradients and activations passing through between its forward
-    and its backward; timed alone in a loop, it finds its own still cached, which on this machine's
-    CPU made mlp's layers add up to 8.7 ms at batch 32 where a whole step took 10.7 ms
-    (docs/fidelity.md); on cuda nothing waits for the GPU between layers (:class:`Clock`). On a share
+    and its backward; timed alone in a loop, it finds its own still cached and runs faster than in
+    a step (docs/fidelity.md); on cuda nothing waits for the GPU between layers (:class:`Clock`). On a share
     of the batch, a layer that raises gets its exception instead of times, and the others go on
     (elsewhere it raises); ``current`` holds the layer running. ``forwards``, when given, gets each
     layer's forward seconds of every timed run too (docs/spec.md section 1g), and ``starts`` each timed
@@ -230,29 +229,7 @@ def step_order_times(
     for run in range(warmup + repetitions):
         for grad in grads_of:
             grad.zero_()
-        outputs: list = [None] * len(calls)
-        marks: list[list] = [[] for _ in calls]  # (start, end) of its forward, then of its backward
-        for i, call in enumerate(calls):
-            if isinstance(out[i], Exception):
-                continue
-            if current is not None:
-                current[:] = [call]
-            args, kwargs = call.fresh(device, *inputs[i])
-            try:
-                start = clock.mark()
-                outputs[i] = call.module(*args, **kwargs)
-                marks[i].append((start, clock.mark()))
-                if loss is not None and i == len(calls) - 1:
-                    start = clock.mark()
-                    outputs[i] = with_loss(outputs[i], loss)
-                    marks[i].append((start, clock.mark()))
-            except MemoryError:
-                raise
-            except Exception as exc:  # the user's layer on a share of its batch
-                if shares is None:
-                    raise
-                out[i] = exc
-                continue
+        outputs, marks = _forwards_in_order(calls, inputs, out, clock, device, current, loss, raising=shares is None)
         spans, opening = backward_marks(calls, outputs, clock, current)
         for i, span in spans.items():
             marks[i].append(span)
@@ -260,19 +237,63 @@ def step_order_times(
         stepped = stepping.step(clock) if stepping is not None else []
         synchronise(device)
         if run >= warmup:
+            _keep_run(clock, marks, out, forwards)
             if updates is not None:
                 for i, taken in enumerate(stepped):
                     updates[i].append(clock.seconds(*taken) if taken is not None else 0.0)
-            for i, times in enumerate(out):
-                if not isinstance(times, Exception):
-                    times.append(sum(clock.seconds(a, b) for a, b in marks[i]))
-                    if forwards is not None:
-                        forwards[i].append(clock.seconds(*marks[i][0]))
             if starts is not None and opening is not None:
                 starts.append(clock.seconds(*opening))
     if stepping is not None:
         stepping.restore()
     return out
+
+
+def _forwards_in_order(
+    calls: list[Call],
+    inputs: list,
+    out: list[list[float] | Exception],
+    clock: Clock,
+    device: str,
+    current: list[Call] | None,
+    loss: Loss | None,
+    raising: bool,
+) -> tuple[list, list[list]]:
+    """One run's forward passes in the model's order, each marked by ``clock``: each layer's output and
+    its (start, end) marks (the loss's too, on the last layer). A layer whose entry in ``out`` is an
+    exception is skipped; unless ``raising``, one that raises gets its exception there."""
+    outputs: list = [None] * len(calls)
+    marks: list[list] = [[] for _ in calls]  # (start, end) of its forward, then of its backward
+    for i, call in enumerate(calls):
+        if isinstance(out[i], Exception):
+            continue
+        if current is not None:
+            current[:] = [call]
+        args, kwargs = call.fresh(device, *inputs[i])
+        try:
+            start = clock.mark()
+            outputs[i] = call.module(*args, **kwargs)
+            marks[i].append((start, clock.mark()))
+            if loss is not None and i == len(calls) - 1:
+                start = clock.mark()
+                outputs[i] = with_loss(outputs[i], loss)
+                marks[i].append((start, clock.mark()))
+        except MemoryError:
+            raise
+        except Exception as exc:  # the user's layer on a share of its batch
+            if raising:
+                raise
+            out[i] = exc
+    return outputs, marks
+
+
+def _keep_run(clock: Clock, marks: list[list], out: list[list[float] | Exception], forwards) -> None:
+    """One timed run's seconds: each layer's forward and backward (and loss) into ``out``, its forward
+    alone into ``forwards``."""
+    for i, times in enumerate(out):
+        if not isinstance(times, Exception):
+            times.append(sum(clock.seconds(a, b) for a, b in marks[i]))
+            if forwards is not None:
+                forwards[i].append(clock.seconds(*marks[i][0]))
 
 
 class StepOrderUpdates:
