@@ -61,6 +61,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ from heterps_cli.profiling.measure import (
     weight_bytes,
     with_shared,
 )
-from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, model_error, tensors_of
+from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, layers_run_alone, tensors_of
 from heterps_cli.profiling.timing import shared_with_previous, with_loss
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard
@@ -373,55 +374,70 @@ def estimate(
         last = i % len(calls) == len(calls) - 1
         return work(call, precision, loss if last else "none", device.processor == "gpu")
 
-    try:
-        works = [counted(i, call, "") for i, call in enumerate(calls)]
-        factors: dict[str, float] = {}
-        calibrated_on = None
-        if calibrate is not None:
-            on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
-            factors = fit(calls, works, measured, Pricer(catalogue.devices[on], catalogue))
-            calibrated_on = f"{calibrate} ({on})"
-        price = _Pricing(Pricer(device, catalogue, precision), factors, B0, optimizer)
-        with autocast(precision):  # the sizes kept for the backward are those of the precision
-            layers = [price.layer(call, w) for call, w in zip(calls, works)]
-            layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
-        estimates = [price.how(call, w) for call, w in zip(calls, works)]
-        degrees: dict[int, list[LayerProfile]] = {}
-        sharded: dict[int, list[Sharded]] = {}
-        for n, d in enumerate(tp):
-            first = (n + 1) * len(calls)  # the progress bar's count of the layers before this degree's
-            found = [
-                _one_unit(call, layer, d, functools.partial(counted, first + i, call, f"tp {d}: "), price)
-                for i, (call, layer) in enumerate(zip(calls, layers))
-            ]
-            degrees[d], sharded[d] = [unit for unit, _ in found], [how for _, how in found]
-    except SIGNALLED:
-        raise
-    except InputError:
-        raise
-    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
-        raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
+    with layers_run_alone(model, current):
+        priced = _priced(calls, counted, model, catalogue, device, tp, precision, optimizer, calibrate, calibrate_on)
     report("done", completed=steps, total=steps)
-    notes += _half_slower(precision, estimates)
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(
-        model.name,
-        resource,
-        device_name,
-        device,
-        B0,
-        layers,
-        estimates,
-        factors,
-        calibrated_on,
-        shown,
-        notes,
-        precision,
-        loss,
-        degrees,
-        sharded,
-        optimizer,
-        model.chain,
+        model=model.name,
+        resource=resource,
+        device=device_name,
+        spec=device,
+        batch_size=B0,
+        catalogue=shown,
+        notes=notes + _half_slower(precision, priced["estimates"]),
+        precision=precision,
+        loss=loss,
+        optimizer=optimizer,
+        chain=model.chain,
+        **priced,
+    )
+
+
+def _priced(
+    calls: list[Call],
+    counted: Callable[..., Work],
+    model: Model,
+    catalogue: Catalogue,
+    device: DeviceSpec,
+    tp: tuple[int, ...],
+    precision: str,
+    optimizer: str,
+    calibrate: str | None,
+    calibrate_on: str | None,
+) -> dict[str, Any]:
+    """Every layer counted (``counted(i, call, what)``) and priced on ``device``, at degree 1 and at each
+    of ``tp``; calibrated first on ``calibrate``'s measured profile when given: :class:`Estimated`'s
+    fields of the layers."""
+    B0 = len(model.inputs[0])
+    works = [counted(i, call, "") for i, call in enumerate(calls)]
+    factors: dict[str, float] = {}
+    calibrated_on = None
+    if calibrate is not None:
+        on, measured = _calibration(calibrate, calibrate_on, calls, B0, catalogue)
+        factors = fit(calls, works, measured, Pricer(catalogue.devices[on], catalogue))
+        calibrated_on = f"{calibrate} ({on})"
+    price = _Pricing(Pricer(device, catalogue, precision), factors, B0, optimizer)
+    with autocast(precision):  # the sizes kept for the backward are those of the precision
+        layers = [price.layer(call, w) for call, w in zip(calls, works)]
+        layers = with_shared(layers, shared_with_previous(model, calls, "cpu"), B0)
+    estimates = [price.how(call, w) for call, w in zip(calls, works)]
+    degrees: dict[int, list[LayerProfile]] = {}
+    sharded: dict[int, list[Sharded]] = {}
+    for n, d in enumerate(tp):
+        first = (n + 1) * len(calls)  # the progress bar's count of the layers before this degree's
+        found = [
+            _one_unit(call, layer, d, functools.partial(counted, first + i, call, f"tp {d}: "), price)
+            for i, (call, layer) in enumerate(zip(calls, layers))
+        ]
+        degrees[d], sharded[d] = [unit for unit, _ in found], [how for _, how in found]
+    return dict(
+        layers=layers,
+        estimates=estimates,
+        calibration=factors,
+        calibrated_on=calibrated_on,
+        degrees=degrees,
+        sharded=sharded,
     )
 
 

@@ -58,7 +58,17 @@ from heterps_cli.formats import check_name
 from heterps_cli.profiling.granularity import settle
 from heterps_cli.profiling.links import Link, link_bandwidth
 from heterps_cli.profiling.load import Load, advice, between, snapshot
-from heterps_cli.profiling.models import Call, Model, bytes_of, detached, kind, model_error, model_from_spec, trace
+from heterps_cli.profiling.models import (
+    Call,
+    Model,
+    bytes_of,
+    detached,
+    kind,
+    layers_run_alone,
+    model_error,
+    model_from_spec,
+    trace,
+)
 from heterps_cli.profiling.precision import check_precision, training_at
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
@@ -181,33 +191,25 @@ def measure(
     what ``heterps run`` trains without a task), timed as the last layer's; ``optimizer``: the one whose
     step each layer's ``update`` times (:data:`~.timing.OPTIMIZERS`); ``precision``: what the model trains
     at (:mod:`.precision`; None: as it is, and the profile says none)."""
-    report = progress or quiet
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     check_precision(precision, device)
-    B0, started = len(model.inputs[0]), snapshot()
+    report, B0, started = progress or quiet, len(model.inputs[0]), snapshot()
     taken = output_loss(loss, B0)
     report("tracing the model")
     calls, notes = traced_at(model, precision, device)
     link = link if link is not None else link_bandwidth(device, link_gbps, report, notes)
-    bandwidth = link.bandwidth
     notes += _allocator_notes()
     placed(model, calls, device)
-    threads = torch.get_num_threads()
+    threads, modules = torch.get_num_threads(), [model.module, *(call.module for call in calls)]
     current: list[Call] = []  # the layer being run, for the error message
     try:
-        with training_at(precision, device, [model.module, *(call.module for call in calls)]):
+        with layers_run_alone(model, current), training_at(precision, device, modules):
             if device == "cpu":
                 torch.set_num_threads(1)  # one unit of cpu is one core
             step, layers, starts = _timed_layers(
-                model, calls, device, repetitions, bandwidth, taken, optimizer, report, current
+                model, calls, device, repetitions, link.bandwidth, taken, optimizer, report, current
             )
-    except InputError:
-        raise
-    except SIGNALLED:
-        raise
-    except BaseException as exc:  # the user's code: sys.exit and its own BaseExceptions too
-        raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
     finally:
         torch.set_num_threads(threads)
     return Profiled(
@@ -215,7 +217,7 @@ def measure(
         resource,
         device,
         B0,
-        bandwidth,
+        link.bandwidth,
         link.how,
         ROUNDS * -(-repetitions // ROUNDS),
         layers,

@@ -3,12 +3,13 @@ layers and the calls a forward pass makes to them (docs/guide/profiling.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,19 @@ def model_error(model: Model, exc: BaseException, what: str) -> InputError:
         "MODEL" if where is None else None,
         f"{what}: {failure(exc)}" + ("" if where else f" (model {model.name})"),
     )
+
+
+@contextlib.contextmanager
+def layers_run_alone(model: Model, current: list) -> Iterator[None]:
+    """While the model's layers run one by one: a failure of the user's code (sys.exit and its own
+    BaseExceptions too) is an exit-2 error naming the layer running (``current[0]``) and the user's line;
+    our own errors and signals pass as they are."""
+    try:
+        yield
+    except (InputError, *SIGNALLED):
+        raise
+    except BaseException as exc:
+        raise model_error(model, exc, f"layer {current[0].name if current else '?'} failed when run alone") from None
 
 
 def failure(exc: BaseException) -> str:

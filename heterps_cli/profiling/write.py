@@ -239,6 +239,34 @@ def _entry_of(layer: LayerProfile) -> Entry:
 
 def estimated_text(e: Estimated) -> str:
     """The profile file of an estimate: every entry says it is one, and how it was found."""
+    header = _estimated_header(e)
+    rows = []
+    for i, (layer, x) in enumerate(zip(e.layers, e.estimates)):
+        how = (
+            f"estimated: on {e.device}, {x.work.flops:.3g} flops"
+            + (f" at {x.peak} x{x.efficiency:.2g}" if x.work.flops else "")
+            + f", {x.work.bytes:.3g} bytes, {x.work.kernels} operators"
+            + (" (calibrated)" if e.calibrated_on else "")
+        )
+        shards = "; ".join(
+            f"tp {d}: "
+            + (
+                f"{s[i].pairs} pair{'s' if s[i].pairs > 1 else ''} split, {s[i].reduced:.3g} bytes all-reduced "
+                f"in {s[i].reduce_s * 1e3:.3g} ms"
+                if s[i].pairs
+                else "no pair to split, whole on every unit"
+            )
+            for d, s in e.sharded.items()
+        )
+        rows.append(
+            _row(layer, e.resource, how + (f"; {shards}" if shards else ""), {d: e.degrees[d][i] for d in e.degrees})
+        )
+    return render(e.model, e.batch_size, rows, header, precision=e.precision, chain=e.chain)
+
+
+def _estimated_header(e: Estimated) -> list[str]:
+    """The estimate's header lines: the device's figures, the formulas each field was priced by, the
+    calibration and the tensor-parallel degrees, and the estimate's own notes."""
     spec = e.spec
     peaks = ", ".join(
         f"{getattr(spec.tflops, p):g} {p}" for p in ("fp32", "tf32", "fp16", "bf16") if getattr(spec.tflops, p)
@@ -283,28 +311,7 @@ def estimated_text(e: Estimated) -> str:
             "a layer with no such pair runs whole on every unit (its times and sizes as at tp 1)"
         )
     header += e.notes
-    rows = []
-    for i, (layer, x) in enumerate(zip(e.layers, e.estimates)):
-        how = (
-            f"estimated: on {e.device}, {x.work.flops:.3g} flops"
-            + (f" at {x.peak} x{x.efficiency:.2g}" if x.work.flops else "")
-            + f", {x.work.bytes:.3g} bytes, {x.work.kernels} operators"
-            + (" (calibrated)" if e.calibrated_on else "")
-        )
-        shards = "; ".join(
-            f"tp {d}: "
-            + (
-                f"{s[i].pairs} pair{'s' if s[i].pairs > 1 else ''} split, {s[i].reduced:.3g} bytes all-reduced "
-                f"in {s[i].reduce_s * 1e3:.3g} ms"
-                if s[i].pairs
-                else "no pair to split, whole on every unit"
-            )
-            for d, s in e.sharded.items()
-        )
-        rows.append(
-            _row(layer, e.resource, how + (f"; {shards}" if shards else ""), {d: e.degrees[d][i] for d in e.degrees})
-        )
-    return render(e.model, e.batch_size, rows, header, precision=e.precision, chain=e.chain)
+    return header
 
 
 MEASURED_AT = {  # heterps profile --precision (profiling.precision)
@@ -371,21 +378,53 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
             if line.startswith("# ") and not line.startswith("# merged by")
         ]
         _same_model(prof, doc, first, paths[0])
-        if prof.precision is not None:  # a profile that says none (a measured one) joins any
-            said_precision = said_precision or (prof.precision, path)
-            if prof.precision != said_precision[0]:
-                raise doc.error(
-                    ("precision",),
-                    f"precision {prof.precision!r} differs from {said_precision[0]!r} in {said_precision[1]}: "
-                    "times at two precisions are two models (estimate both at one --precision, then merge)",
-                )
+        said_precision = _one_precision(prof, doc, path, said_precision)
         _take_shard_sizes(prof, doc, rows, sizes_by, path)
         _take_times(prof, doc, rows, sized, owner, path, text_lines[path], paths[0])
     batch_size = _common_size(sized, owner)
+    fixed = _fixed_costs([prof for prof, _ in loaded], batch_size)
+    _nest_sizes(rows, sized, owner, batch_size)
+    given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
+    return render(
+        first.model,
+        batch_size,
+        rows,
+        header,
+        state_factor=first.state_factor if "state_factor" in given else None,
+        job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
+        precision=said_precision[0] if said_precision else None,
+        fixed=fixed or None,
+        chain=_chain_of([prof for prof, _ in loaded]),
+    )
+
+
+def _one_precision(prof: Profile, doc, path: str, said: tuple[str, str] | None) -> tuple[str, str] | None:
+    """The first precision a profile states and its file, once ``prof`` is checked against it: a profile
+    that states none (a measured one) joins any; two precisions are refused."""
+    if prof.precision is None:
+        return said
+    said = said or (prof.precision, path)
+    if prof.precision != said[0]:
+        raise doc.error(
+            ("precision",),
+            f"precision {prof.precision!r} differs from {said[0]!r} in {said[1]}: "
+            "times at two precisions are two models (estimate both at one --precision, then merge)",
+        )
+    return said
+
+
+def _fixed_costs(profiles: list[Profile], batch_size: int) -> dict[str, dict[str, float]]:
+    """Each type's fixed costs as the first profile giving them says, a profile at ``batch_size`` first."""
     fixed: dict[str, dict[str, float]] = {}
-    for prof, _ in sorted(loaded, key=lambda pd: pd[0].batch_size != batch_size):  # that size's first
+    for prof in sorted(profiles, key=lambda prof: prof.batch_size != batch_size):  # that size's first
         for t, costs in (prof.fixed or {}).items():
             fixed.setdefault(t, {k: v for k, v in dict(costs).items() if k in costs.model_fields_set})
+    return fixed
+
+
+def _nest_sizes(rows: list[LayerRow], sized: list[dict[str, dict[int, Entry]]], owner: dict, batch_size: int) -> None:
+    """Each layer's entry per type at ``batch_size``, with every other size under its ``batches`` (and its
+    tensor-parallel degrees' under theirs): a degree must be at ``batch_size`` too."""
     for i, (row, times) in enumerate(zip(rows, sized)):
         for t, by_size in times.items():
             main = by_size.pop(batch_size)
@@ -403,18 +442,6 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
                     assert main.tp is not None
                     main.tp[d].batches = (main.tp[d].batches or {}) | {size: shard}
             row.times[t] = main
-    given = first.model_fields_set  # a default stays unwritten, so plain merges read as before
-    return render(
-        first.model,
-        batch_size,
-        rows,
-        header,
-        state_factor=first.state_factor if "state_factor" in given else None,
-        job={k: v for k, v in vars(first.job).items() if v is not None} if "job" in given else None,
-        precision=said_precision[0] if said_precision else None,
-        fixed=fixed or None,
-        chain=_chain_of([prof for prof, _ in loaded]),
-    )
 
 
 def _chain_of(profiles: list[Profile]) -> bool | None:

@@ -30,13 +30,20 @@ DEFAULT_WARMUP = 2  # steps a run without a task takes first and does not measur
 
 
 def check_options(
-    model: str | None, task: str | None, checkpoint_dir: str | None, checkpoint_every: int | None, resume: bool
+    model: str | None,
+    task: str | None,
+    checkpoint_dir: str | None,
+    checkpoint_every: int | None,
+    resume: bool,
+    timeout_s: float | None = None,
 ) -> None:
-    """What ``heterps run`` and ``heterps launch`` refuse of their options before any work: a model beside
-    a task, checkpoint options without a folder, a model or task file that is not there, a checkpoint
-    folder no save could use (:func:`.checkpoint.check_folder`)."""
+    """What ``heterps run`` and ``heterps launch`` refuse of their options before any work: a timeout
+    out of range, a model beside a task, checkpoint options without a folder, a model or task file that
+    is not there, a checkpoint folder no save could use (:func:`.checkpoint.check_folder`)."""
     import heterps_cli.runtime.checkpoint as checkpoint
 
+    if timeout_s is not None and not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole ms, up to a day here
+        raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
     if task is not None and model is not None:
         raise InputError(None, None, "--task", "a task gives its own model: leave --model out")
     if (checkpoint_every is not None or resume) and checkpoint_dir is None:
@@ -164,7 +171,8 @@ def run_plan(
     defaults to the one the plan names. With ``task`` (:mod:`.task`), the user's model, data, loss and
     optimiser train for ``steps`` steps in all (the first ``warmup`` of this run unmeasured); without,
     synthetic data trains for ``warmup`` + ``steps``. ``checkpoint_dir`` (:mod:`.checkpoint`): save
-    every ``checkpoint_every`` steps and after the last; ``resume``: start from the newest there."""
+    every ``checkpoint_every`` steps and after the last; ``resume``: start from the newest there.
+    (Over 60 lines by its signature alone: ``heterps run``'s options, one a line.)"""
     import heterps_cli.runtime.checkpoint as checkpoint
     from heterps_cli.formats import load_plan
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
@@ -172,13 +180,10 @@ def run_plan(
     from heterps_cli.runtime.worker import RunConfig
 
     report = progress or quiet
-    if not 1.0 <= timeout_s <= 86_400.0:  # gloo counts whole milliseconds, up to a day here
-        raise InputError(None, None, "timeout", f"must be 1 to 86,400 seconds (got {timeout_s!r})")
-    check_options(model, task, checkpoint_dir, checkpoint_every, resume)
+    check_options(model, task, checkpoint_dir, checkpoint_every, resume, timeout_s)
     plan, doc = load_plan(plan_path)
     model = task or model or plan.model  # a measured profile names its model as --model spells it
-    types = plan.types_used
-    devices = devices_for(types, mapping or {})
+    devices = devices_for(plan.types_used, mapping or {})
     env = torchrun_env()
     under_torchrun, coordinating = env is not None, env is None or env[0] == 0
     order = _processes(plan, plan_path, devices, placed, max_processes, under_torchrun)
@@ -187,18 +192,12 @@ def run_plan(
     M = micro_batches if micro_batches is not None else plan.micro_batches or default_micro_batches(len(plan.stages))
     check_runnable(plan, doc, model, task, input_shape=input_shape, micro_batches=M, seed=seed)
     total = steps if task is not None else warmup + steps
-    stages = tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages)
-    meta = {"stages": [[r, k, list(layers)] for r, k, layers in stages], "batch_size": plan.batch_size}
-    meta.update(micro_batches=M, seed=seed, model=checkpoint.spec_identity(model), tp=[s.tp or 1 for s in plan.stages])
-    parts = tuple(_parts(s) for s in plan.stages)
-    if any(parts):  # section 1i: a checkpoint of a mixed stage is its replicas' of those types (and degrees)
-        meta["parts"] = [[[t, k, n, *([d] if d > 1 else [])] for t, k, n, d in stage] for stage in parts]
+    shape = _shape(plan)
+    meta = _checkpoint_meta(shape, M, seed, checkpoint.spec_identity(model))
     with _checkpoints(root, resume, meta, total, coordinating, report) as (start, resume_from):
         cfg = RunConfig(
             model=model,
             input_shape=input_shape,
-            batch_size=plan.batch_size,
-            stages=stages,
             devices=devices,
             micro_batches=M,  # section 1d: the plan's own M unless given
             steps=steps,
@@ -207,9 +206,7 @@ def run_plan(
             seed=seed,
             lr=lr,
             timeout_s=timeout_s,
-            recompute=tuple(bool(s.recompute) for s in plan.stages),
-            tp=tuple(s.tp or 1 for s in plan.stages),
-            parts=parts,
+            **shape,
             task=task,
             total_steps=total,
             start_step=start,
@@ -222,6 +219,27 @@ def run_plan(
         if result is None:
             return None
         return build_report(plan_path, plan, model, result["ranks"], cfg.layout().micro_batches, task)
+
+
+def _shape(plan) -> dict:
+    """The plan's stages as :class:`~.worker.RunConfig` holds them: their types, replicas and layers, the
+    batch, and per stage whether it recomputes, its tensor-parallel degree and (section 1i) its parts."""
+    return {
+        "batch_size": plan.batch_size,
+        "stages": tuple((s.resource, s.replicas, tuple(s.layers)) for s in plan.stages),
+        "recompute": tuple(bool(s.recompute) for s in plan.stages),
+        "tp": tuple(s.tp or 1 for s in plan.stages),
+        "parts": tuple(_parts(s) for s in plan.stages),
+    }
+
+
+def _checkpoint_meta(shape: dict, micro_batches: int, seed: int, model: str) -> dict:
+    """What a checkpoint says of the run that wrote it, for a resumed run to match."""
+    meta = {"stages": [[r, k, list(layers)] for r, k, layers in shape["stages"]], "batch_size": shape["batch_size"]}
+    meta.update(micro_batches=micro_batches, seed=seed, model=model, tp=list(shape["tp"]))
+    if any(shape["parts"]):  # section 1i: a checkpoint of a mixed stage is its replicas' of those types (and degrees)
+        meta["parts"] = [[[t, k, n, *([d] if d > 1 else [])] for t, k, n, d in stage] for stage in shape["parts"]]
+    return meta
 
 
 def _parts(stage) -> tuple[tuple[str, int, int, int], ...]:

@@ -213,12 +213,42 @@ def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
     return replica.result()
 
 
+def _process_groups(lay: Layout, devices: dict[str, str]) -> tuple[dict, dict, dict]:
+    """Every rank creates every stage's groups, in the same order (torch.distributed requires it): per
+    stage and block, the replicas that sum its gradients; per replica at tp > 1, its shards; per stage
+    of several degrees, all its processes, which sum what every shard holds whole."""
+    sync_groups, shard_groups, whole_groups = {}, {}, {}
+    for s in lay.stages:
+        on_gpus = all(devices[s.kind(r)].startswith("cuda") for r in range(s.replicas))
+        backend = "nccl" if on_gpus else "gloo"  # section 1i: a stage on CPUs and GPUs sums on the hosts
+        for i in range(s.blocks) if s.replicas > 1 else ():
+            sync_groups[s.index, i] = dist.new_group(s.data_parallel(i), backend=backend)
+        for r in range(s.replicas):
+            if s.width(r) > 1:
+                shard_groups[s.index, r] = dist.new_group(s.members(r), backend=backend)
+        if s.uneven:
+            everyone = list(range(s.first_rank, s.first_rank + s.processes))
+            whole_groups[s.index] = dist.new_group(everyone, backend=backend)
+    return sync_groups, shard_groups, whole_groups
+
+
+def _model_of(cfg: RunConfig, lay: Layout):
+    """The whole model every process builds (its stage is cut from it): the task's, with the task and its
+    samples, or the zoo's or the user's module (no task, no samples)."""
+    from heterps_cli.profiling.measure import load_model
+
+    if cfg.task is not None:
+        from heterps_cli.runtime.task import load_task_model
+
+        return load_task_model(cfg.task, lay.batch_size, lay.samples, cfg.seed)
+    return None, load_model(cfg.model, lay.samples, cfg.input_shape), None
+
+
 class _Replica:
     """One rank: a replica of one stage, its neighbours in the pipeline, and what it measured."""
 
     def __init__(self, rank: int, cfg: RunConfig, local_rank: int | None):
         from heterps_cli.profiling.granularity import use_layers
-        from heterps_cli.profiling.measure import load_model
         from heterps_cli.runtime.chain import trace_chain
 
         torch.set_num_threads(cfg.threads)
@@ -229,30 +259,10 @@ class _Replica:
         stage = self.stage
         self.width = stage.width(self.replica)
         self.device = device_for(cfg.devices[stage.kind(self.replica)], local_rank)
-        # Every rank creates every stage's groups, in the same order (torch.distributed requires it): per
-        # stage and block, the replicas that sum its gradients; per replica at tp > 1, its shards; per stage
-        # of several degrees, all its processes, which sum what every shard holds whole.
-        sync_groups, shard_groups, whole_groups = {}, {}, {}
-        for s in lay.stages:
-            on_gpus = all(cfg.devices[s.kind(r)].startswith("cuda") for r in range(s.replicas))
-            backend = "nccl" if on_gpus else "gloo"  # section 1i: a stage on CPUs and GPUs sums on the hosts
-            for i in range(s.blocks) if s.replicas > 1 else ():
-                sync_groups[s.index, i] = dist.new_group(s.data_parallel(i), backend=backend)
-            for r in range(s.replicas):
-                if s.width(r) > 1:
-                    shard_groups[s.index, r] = dist.new_group(s.members(r), backend=backend)
-            if s.uneven:
-                everyone = list(range(s.first_rank, s.first_rank + s.processes))
-                whole_groups[s.index] = dist.new_group(everyone, backend=backend)
+        sync_groups, shard_groups, whole_groups = _process_groups(lay, cfg.devices)
         torch.manual_seed(cfg.seed)
         self.baseline = baseline_memory(self.device)
-        self.task = self.samples = None
-        if cfg.task is not None:
-            from heterps_cli.runtime.task import load_task_model
-
-            self.task, model, self.samples = load_task_model(cfg.task, lay.batch_size, lay.samples, cfg.seed)
-        else:
-            model = load_model(cfg.model, lay.samples, cfg.input_shape)
+        self.task, model, self.samples = _model_of(cfg, lay)
         chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
         self.module = chain.stage(stage.layers).to(self.device).train()
         self.dims = block_dims(self.module, stage.blocks) if stage.uneven else {}
@@ -277,17 +287,7 @@ class _Replica:
         self.params = params if stage.blocks > 1 else []
         one_by_one = self.group is None or stage.blocks > 1
         self.buckets = gradient_buckets(params, self.device) if not one_by_one else []
-        self.last = stage.index == len(lay.stages) - 1
-        self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
-        self.after = lay.stages[stage.index + 1] if not self.last else None
-        self.incoming = chain.output_after(self.before.layers[-1]) if self.before else None
-        self.outgoing = chain.output_after(stage.layers[-1])
-        # The synthetic data sits on the device from the start, as a loader that prefetches leaves it: the
-        # model charges no input loading, and a pageable copy per micro-batch took mlp's H100 step 1.5x.
-        synthetic = self.task is None
-        target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if self.last and synthetic else None
-        self.target = target.to(self.device) if target is not None else None
-        self.inputs = model.inputs[0].to(self.device) if stage.index == 0 and synthetic else model.inputs[0]
+        self._neighbours(chain, model, cfg)
         self.cfg, self.step_index = cfg, 0
         self.read_step = -1  # the step whose samples are read, and each micro-batch's
         self.read: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -302,6 +302,22 @@ class _Replica:
         self.handles: list = []  # this step's sends, waited on before the all-reduce
         self.kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
         self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0, "data": 0.0}  # this step's sums
+
+    def _neighbours(self, chain, model, cfg: RunConfig) -> None:
+        """The stages before and after this one and the tensors crossing to them; the synthetic data and
+        target, on the stages that read them."""
+        lay, stage = self.lay, self.stage
+        self.last = stage.index == len(lay.stages) - 1
+        self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
+        self.after = lay.stages[stage.index + 1] if not self.last else None
+        self.incoming = chain.output_after(self.before.layers[-1]) if self.before else None
+        self.outgoing = chain.output_after(stage.layers[-1])
+        # The synthetic data sits on the device from the start, as a loader that prefetches leaves it: the
+        # model charges no input loading, and a pageable copy per micro-batch took mlp's H100 step 1.5x.
+        synthetic = self.task is None
+        target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if self.last and synthetic else None
+        self.target = target.to(self.device) if target is not None else None
+        self.inputs = model.inputs[0].to(self.device) if stage.index == 0 and synthetic else model.inputs[0]
 
     def receive(self, source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
         """This process's part of each overlapping replica's tensor, from the shard of it that sends that
