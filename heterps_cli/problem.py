@@ -510,12 +510,7 @@ def build_problem(
     samples = samples if samples is not None else profile.job.samples
     if samples is None:
         raise ValueError("samples per epoch are not given: the profile has no job.samples")
-    if not types:
-        raise ValueError("the cluster offers none of the resource types the profile times")
-    own = _per_degree(profile, types)
-    if not own["runnable"].any(axis=1).all():
-        layer = profile.layers[int(np.argmin(own["runnable"].any(axis=1)))]
-        raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
+    own = _runnable(profile, types)
     res = [cluster.resources[t] for t in types]
     nodes = _nodes(cluster, types)
     prices, limits = _prices_and_limits(res, nodes)
@@ -552,6 +547,17 @@ def build_problem(
     if len(tables) > 1:
         _check_covered(problem)
     return problem
+
+
+def _runnable(profile: Profile, types: tuple[str, ...]) -> dict:
+    """The profile's per-degree tables on ``types`` (:func:`_per_degree`), once every layer can run on one."""
+    if not types:
+        raise ValueError("the cluster offers none of the resource types the profile times")
+    own = _per_degree(profile, types)
+    if not own["runnable"].any(axis=1).all():
+        layer = profile.layers[int(np.argmin(own["runnable"].any(axis=1)))]
+        raise ValueError(f"layer {layer.name!r} can run on none of the cluster's resource types")
+    return own
 
 
 def _check_covered(problem: Problem) -> None:

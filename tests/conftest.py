@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from tests.helpers import ROOT
 from tests.helpers import runner as cli_runner
+from tests.profile_models import FACTORY as PROFILE_MODELS
 
 CTR, PAPER = str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml")
 QUICK_TRAINING = ["--steps", "15", "--batch", "16"]
@@ -30,6 +31,14 @@ os.environ.pop("COLUMNS", None)
 @pytest.fixture(scope="session")
 def runner() -> CliRunner:
     return cli_runner
+
+
+@pytest.fixture()
+def factory(tmp_path) -> Path:
+    """A user's file of the small models the profile tests measure (tests/profile_models.py)."""
+    path = tmp_path / "models.py"
+    path.write_text(PROFILE_MODELS)
+    return path
 
 
 @pytest.fixture()

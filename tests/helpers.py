@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -247,3 +248,81 @@ def guide_commands(page: str, files: list[str], folder: Path) -> list[str]:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, folder / name)
     return found.group(1).strip().splitlines()
+
+
+def profile_cli(args: list[str], expect: int = 0):
+    """``heterps profile ARGS`` through the CLI runner: its exit code ``expect``, and no traceback."""
+    from heterps_cli.cli.app import app
+
+    result = runner.invoke(app, ["profile", *args])
+    assert result.exit_code == expect, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+# -- heterps run's tests: plans of the zoo's mlp, and the processes a run leaves ----------------------
+
+MLP_LAYERS = [str(i) for i in range(7)]  # nn.Sequential: fc, relu, fc, relu, fc, relu, fc
+
+
+def write_plan(path: Path, stages: list[tuple[str, int, list[str]]], batch_size: int = 64, model: str = "mlp") -> Path:
+    """A plan file as heterps plan writes it (the run reads its stages; the figures are the prediction)."""
+    rows = [
+        {
+            "first": MLP_LAYERS.index(layers[0]) if layers[0] in MLP_LAYERS else 0,
+            "last": MLP_LAYERS.index(layers[-1]) if layers[-1] in MLP_LAYERS else 0,
+            "layers": layers,
+            "resource": resource,
+            "replicas": replicas,
+            "compute_s": 0.01,
+            "comm_s": 0.001,
+            "throughput": batch_size / 0.01,
+        }
+        for resource, replicas, layers in stages
+    ]
+    units: dict[str, int] = {}
+    for resource, replicas, _ in stages:
+        units[resource] = units.get(resource, 0) + replicas
+    plan = {
+        "model": model,
+        "cluster": "here",
+        "objective": "time",
+        "scheduler": "exact",
+        "seed": 0,
+        "batch_size": batch_size,
+        "samples": 1000,
+        "epochs": 1,
+        "min_throughput": 0,
+        "stages": rows,
+        "resources": units,
+        "throughput": batch_size / 0.01,
+        "bottleneck": 0,
+        "time_s": 1,
+        "cost_usd": 1,
+        "feasible": True,
+        "solve_s": 0,
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes still alive in ``session`` (Linux /proc)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found

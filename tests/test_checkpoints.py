@@ -16,8 +16,7 @@ import torch
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
 from heterps_cli.runtime import checkpoint
-from tests.helpers import ROOT, runner
-from tests.test_run_command import write_plan
+from tests.helpers import ROOT, runner, write_plan
 
 META = {"stages": [["cpu", 1, ["0"]]], "batch_size": 4, "micro_batches": 2, "seed": 0, "model": "m", "tp": [1]}
 NAMES = ["stage-0.pt", "rng-0.pt"]

@@ -142,7 +142,7 @@ def test_the_blocks_oct_add_up_to_a_whole_step():
 def test_launch_refuses_a_plan_that_cuts_where_run_cannot_before_writing_a_file(runner, tmp_path):
     """A plan of a profile from before profiles said chain (or a hand-made one): launch traces the model as
     every node's run would, and refuses the cut inside a residual block, naming the fix."""
-    from tests.test_run_command import write_plan
+    from tests.helpers import write_plan
 
     leaves = list(layers_of(load_model("resnet", 4)).values())
     plan = write_plan(tmp_path / "plan.json", [("cpu", 1, leaves[:10]), ("cpu", 1, leaves[10:])], model="resnet")

@@ -20,8 +20,7 @@ from heterps_cli.cli.app import app
 from heterps_cli.formats import load_plan
 from heterps_cli.runtime import single_process_losses
 from heterps_cli.runtime.placement import per_node, processes
-from tests.helpers import PLACED, PLACED_MAP, ROOT, VGG16_TASK, runner
-from tests.test_run_command import MLP_LAYERS, session_processes, write_plan
+from tests.helpers import MLP_LAYERS, PLACED, PLACED_MAP, ROOT, VGG16_TASK, runner, session_processes, write_plan
 
 BUNDLED = PLACED
 CLASSIFY = ROOT / "docs/guide/classify.py"

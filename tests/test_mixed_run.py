@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers import heterps
-from tests.test_run_command import MLP_LAYERS, write_plan
+from tests.helpers import MLP_LAYERS, heterps, write_plan
 
 
 def _mixed_plan(tmp_path, shares: tuple[int, int], replicas=(2, 1), degrees=(1, 1)):

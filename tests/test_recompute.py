@@ -108,8 +108,7 @@ def test_run_recomputes_a_stage_with_the_same_losses(tmp_path):
     import json
 
     from heterps_cli.runtime import single_process_losses
-    from tests.helpers import heterps
-    from tests.test_run_command import MLP_LAYERS, write_plan
+    from tests.helpers import MLP_LAYERS, heterps, write_plan
 
     plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu2", 1, MLP_LAYERS[4:])])
     data = json.loads(plan.read_text())

@@ -13,8 +13,7 @@ import pytest
 
 from heterps_cli.cli.app import app
 from heterps_cli.runtime.report import RunReport
-from tests.helpers import ROOT, runner
-from tests.test_run_command import write_plan
+from tests.helpers import ROOT, runner, write_plan
 
 CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
 ONE_STAGE = [("cpu", 1, ["0", "1", "2", "3", "4"])]

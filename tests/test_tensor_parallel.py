@@ -262,7 +262,7 @@ def test_check_refuses_a_degree_the_profile_no_longer_gives(tmp_path):
 
 def _tp_plan(tmp_path, name: str, stages, degrees, model: str = "mlp", batch: int = 64):
     """A plan file of ``stages`` (resource, replicas, layers) whose stages run at ``degrees``."""
-    from tests.test_run_command import write_plan
+    from tests.helpers import write_plan
 
     path = write_plan(tmp_path / f"{name}.json", stages, batch_size=batch, model=model)
     data = json.loads(path.read_text())
@@ -292,8 +292,7 @@ def test_run_shards_linear_pairs_with_the_losses_of_one_process(tmp_path):
     """mlp with both stages at tp 2, and with stage 0 at two replicas of tp 2 (data parallel over
     sharded replicas): torch.distributed.tensor.parallel on gloo, the single-process losses."""
     from heterps_cli.runtime import single_process_losses
-    from tests.helpers import heterps
-    from tests.test_run_command import MLP_LAYERS
+    from tests.helpers import MLP_LAYERS, heterps
 
     reference = single_process_losses("mlp", 64 * 16, 3)
     for name, replicas, degrees in (("tp", 1, [2, 2]), ("dp_tp", 2, [2, 1])):

@@ -21,8 +21,7 @@ from torch.utils.data import Dataset
 from heterps_cli.cli.app import app
 from heterps_cli.runtime import checkpoint, task_losses
 from heterps_cli.runtime.task import Samples
-from tests.helpers import ROOT, guide_commands, runner
-from tests.test_run_command import session_processes, write_plan
+from tests.helpers import ROOT, guide_commands, runner, session_processes, write_plan
 
 CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
 TWO_STAGES = [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])]

@@ -126,43 +126,7 @@ def build_report(
     figures, per batch of the plan's ``batch_size`` (a step runs ``micro_batches`` of them)."""
     B, M = plan.batch_size, micro_batches
     ranks = split_sync(ranks)
-    stages = []
-    for s, stage in enumerate(plan.stages):
-        mine = [r for r in ranks if r["stage"] == s]
-        compute = max(_mean(r["compute"]) for r in mine) / M
-        wait = statistics.fmean(_mean(r["wait"]) for r in mine) / M
-        sync = statistics.fmean(_mean(r["sync"]) for r in mine) / M
-        wall = statistics.fmean(_mean(r["wall"]) for r in mine) / M
-        data = statistics.fmean(_mean(r.get("data", [])) for r in mine) / M
-        update = statistics.fmean(_mean(r.get("update", [])) for r in mine) / M
-        busy = compute + sync
-        heaviest = max(mine, key=lambda r: r.get("peak_memory", 0.0))  # the replica whose peak the stage reports
-        stages.append(
-            StageReport(
-                index=s,
-                resource=stage.resource,
-                replicas=stage.replicas,
-                device=mine[0]["device"],
-                first=stage.layers[0],
-                last=stage.layers[-1],
-                predicted_compute_s=stage.compute_s,
-                predicted_comm_s=stage.comm_s / plan.micro_batches if plan.micro_batches else stage.comm_s,
-                predicted_throughput=stage.throughput,
-                compute_s=compute,
-                wait_s=wait,
-                sync_s=sync,
-                idle_s=max(0.0, wall - compute - wait - sync - data - update),
-                throughput=B / busy if busy > 0 else float("inf"),
-                predicted_memory_gb=stage.memory_gb,
-                peak_memory_gb=heaviest.get("peak_memory", 0.0) / 1e9,
-                peak_memory_how=mine[0].get("peak_memory_how", ""),
-                baseline_memory_gb=heaviest.get("baseline_memory", 0.0) / 1e9,
-                tp=stage.tp or 1,
-                data_s=data,
-                update_s=update,
-                predicted_update_s=(stage.update_s or 0.0) / M,
-            )
-        )
+    stages = [_stage_report(plan, s, [r for r in ranks if r["stage"] == s], M) for s in range(len(plan.stages))]
     steps = len(ranks[0]["wall"])
     elapsed = max(sum(r["wall"]) for r in ranks)
     last = len(plan.stages) - 1
@@ -186,4 +150,42 @@ def build_report(
         stages=stages,
         first_step=ranks[0].get("first_step", 0),
         task=task,
+    )
+
+
+def _stage_report(plan: Plan, s: int, mine: list[dict], M: int) -> StageReport:
+    """Stage ``s``'s figures from its ranks' (``mine``): the slowest replica's compute, the others' means,
+    per batch of the plan's ``batch_size``."""
+    stage = plan.stages[s]
+    compute = max(_mean(r["compute"]) for r in mine) / M
+    wait = statistics.fmean(_mean(r["wait"]) for r in mine) / M
+    sync = statistics.fmean(_mean(r["sync"]) for r in mine) / M
+    wall = statistics.fmean(_mean(r["wall"]) for r in mine) / M
+    data = statistics.fmean(_mean(r.get("data", [])) for r in mine) / M
+    update = statistics.fmean(_mean(r.get("update", [])) for r in mine) / M
+    busy = compute + sync
+    heaviest = max(mine, key=lambda r: r.get("peak_memory", 0.0))  # the replica whose peak the stage reports
+    return StageReport(
+        index=s,
+        resource=stage.resource,
+        replicas=stage.replicas,
+        device=mine[0]["device"],
+        first=stage.layers[0],
+        last=stage.layers[-1],
+        predicted_compute_s=stage.compute_s,
+        predicted_comm_s=stage.comm_s / plan.micro_batches if plan.micro_batches else stage.comm_s,
+        predicted_throughput=stage.throughput,
+        compute_s=compute,
+        wait_s=wait,
+        sync_s=sync,
+        idle_s=max(0.0, wall - compute - wait - sync - data - update),
+        throughput=plan.batch_size / busy if busy > 0 else float("inf"),
+        predicted_memory_gb=stage.memory_gb,
+        peak_memory_gb=heaviest.get("peak_memory", 0.0) / 1e9,
+        peak_memory_how=mine[0].get("peak_memory_how", ""),
+        baseline_memory_gb=heaviest.get("baseline_memory", 0.0) / 1e9,
+        tp=stage.tp or 1,
+        data_s=data,
+        update_s=update,
+        predicted_update_s=(stage.update_s or 0.0) / M,
     )
