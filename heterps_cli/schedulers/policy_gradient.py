@@ -158,15 +158,16 @@ def train(
     with the best objective key among the agent's own samples (cost, or minus
     throughput; inf while none is feasible): the learning curve.
     """
-    training = _Training(problem, cfg, make_agent, name, seed, start, pretrain, progress or quiet, on_step)
+    report = progress or quiet
+    training = _Training(problem, cfg, make_agent, name, seed, start, pretrain, report, on_step)
     training.learn()
-    training.polish()
+    _polish(problem, cfg, training.agent, training.run, training.cutter, report, name)
     return training.agent, training.run
 
 
 class _Training:
-    """One run of :func:`train`, phase by phase: pre-training on a pool (phase 1), REINFORCE on the
-    agent's own samples (phase 2), then the polish."""
+    """One run of :func:`train`'s training, phase by phase: pre-training on a pool (phase 1), then
+    REINFORCE on the agent's own samples (phase 2); :func:`_polish` follows."""
 
     def __init__(self, problem, cfg, make_agent, name, seed, start, pretrain, report, on_step):
         self.problem, self.cfg, self.make_agent, self.name = problem, cfg, make_agent, name
@@ -179,9 +180,7 @@ class _Training:
         self.best, self.evaluate = Best(problem.objective), Evaluator(problem)
         self.cutter = RunCutter.of(problem) if cfg.cut_runs else None
         self.learned = Best(problem.objective)  # the agent's own samples only: the learning curve
-        # The pool's cost grows with its schedules times their layers: on 2,000 layers 1,024 random
-        # schedules took 18 s to provision, and random ones that long are poor targets anyway. Up to
-        # 244 layers (every benchmark instance) the pool is cfg.pool, as before.
+        # The pool's cost grows with its schedules times their layers (docs/schedulers/rl.md).
         self.pool_size = min(cfg.pool, max(64, POOL_LAYERS // problem.n_layers))
         self.pool, self.scores = self.draw_pool()
         self.reference = Reference.of(self.scores)
@@ -241,8 +240,8 @@ class _Training:
         self.own_key, self.improved = self.own.key, step
 
     def restart(self, step: int) -> None:
-        """A new agent from a new pool. Measured: the agent's best comes by step 5-20 and then stays to
-        step 120 (chain64x2, chain64x3, chain32x2-tight); a new one often finds another stage structure."""
+        """A new agent from a new pool: an agent settles on one stage structure, and a new one often finds
+        another (docs/schedulers/rl.md)."""
         self.report(f"{self.name}: no better sample in {self.cfg.restart_after} steps, starting a new agent")
         self.agent = self.make_agent()
         self.optimiser = Adam(self.agent.parameters(), lr=self.cfg.lr)
@@ -288,14 +287,7 @@ class _Training:
         if self.on_step is not None:
             self.learned.offer(problem, schedules, scores)
         reward = rewards(problem, scores, self.reference)
-        if logp.dim() == 2 and cfg.credit_to_go and problem.objective is Objective.COST:
-            advantage = rank_advantage(rewards_to_go(problem, schedules, scores, self.reference, reward))
-            loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
-        else:
-            logp = logp.sum(dim=1) if logp.dim() == 2 else logp
-            loss = -(torch.from_numpy(rank_advantage(reward)).float() * logp).mean()
-        beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
-        loss = loss - beta * entropy.mean()
+        loss = _policy_loss(problem, cfg, step, logp, entropy, schedules, scores, self.reference, reward)
         if reward.max() > self.leader_reward:
             self.leader, self.leader_reward = schedules[int(reward.argmax())].copy(), float(reward.max())
         model = self.own.schedule if self.own.schedule is not None or not cfg.imitate_leader else self.leader
@@ -312,36 +304,60 @@ class _Training:
         if self.on_step is not None:
             self.on_step(step + 1, self.learned.key)
 
-    # -- polish: the greedy decode, then a local search from the most promising schedules -----------
 
-    def polish(self) -> None:
-        problem, cfg, run = self.problem, self.cfg, self.run
-        sampled_feasible = self.best.schedule is not None  # before the polish: the pool or the agent found one
-        greedy, scores = self.score(self.agent.greedy(), self.reference)
-        self.best.offer(problem, greedy, scores)
-        self.report(f"{self.name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
-        try:
-            stopped = polish(
-                problem,
-                self.evaluate,
-                self.best,
-                self.reference,
-                self.rng,
-                starts=polish_starts(problem, self.evaluate, self.reference, cfg.polish_starts),
-                kicks=cfg.kicks,
-                extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
-                windows=True,
-                repair_again=True,
-                out_of_time=run.out_of_time,
-                progress=self.report,
-                name=self.name,
-                cutter=self.cutter,
-            )
-            if stopped and not run.out_of_time():
-                run.notes.append(budget_note(problem))
-        except KeyboardInterrupt:
-            run.interrupted = True
-            run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")
+def _polish(problem: Problem, cfg: Config, agent, run: Run, cutter, report: Progress, name: str) -> None:
+    """After training: the agent's greedy decode, then a local search from the most promising schedules
+    (:func:`~.local.polish`), more of it where nothing feasible was sampled."""
+    sampled_feasible = run.best.schedule is not None  # before the polish: the pool or the agent found one
+    greedy, scores = cut_scored(run.evaluate, cutter, agent.greedy(), run.best, run.reference)
+    run.best.offer(problem, greedy, scores)
+    report(f"{name}: polishing the best schedules", completed=cfg.steps, total=cfg.steps)
+    try:
+        stopped = polish(
+            problem,
+            run.evaluate,
+            run.best,
+            run.reference,
+            run.rng,
+            starts=polish_starts(problem, run.evaluate, run.reference, cfg.polish_starts),
+            kicks=cfg.kicks,
+            extra_kicks=0 if sampled_feasible else cfg.extra_kicks,
+            windows=True,
+            repair_again=True,
+            out_of_time=run.out_of_time,
+            progress=report,
+            name=name,
+            cutter=cutter,
+        )
+        if stopped and not run.out_of_time():
+            run.notes.append(budget_note(problem))
+    except KeyboardInterrupt:
+        run.interrupted = True
+        run.notes.append("polish interrupted (Ctrl-C): the best plan found so far")
+
+
+def _policy_loss(
+    problem: Problem,
+    cfg: Config,
+    step: int,
+    logp: torch.Tensor,
+    entropy: torch.Tensor,
+    schedules: np.ndarray,
+    scores: Provisioned,
+    reference: Reference,
+    reward: np.ndarray,
+) -> torch.Tensor:
+    """REINFORCE's loss on one batch of samples: rank-normalised advantages (under the cost objective,
+    each layer's choice credited with the reward to go: :func:`rewards_to_go`), less this step's share
+    of the decaying entropy bonus."""
+    if logp.dim() == 2 and cfg.credit_to_go and problem.objective is Objective.COST:
+        advantage = rank_advantage(rewards_to_go(problem, schedules, scores, reference, reward))
+        loss = -(torch.from_numpy(advantage).float() * logp).sum(dim=1).mean()
+    else:
+        logp = logp.sum(dim=1) if logp.dim() == 2 else logp
+        loss = -(torch.from_numpy(rank_advantage(reward)).float() * logp).mean()
+    beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
+    return loss - beta * entropy.mean()
 
 
 def finish(problem: Problem, run: Run, *, name: str, seed: int) -> Plan:

@@ -50,6 +50,19 @@ from heterps_cli.schedulers.exact.terms import (
 )
 
 
+def _slowest_layer(problem: Problem) -> float:
+    """The least time of the slowest layer's micro-batch: every stage holds some layer, and runs it no
+    faster than on all of its type's units, at any degree (section 1h)."""
+    fastest = np.full(problem.oct.shape, np.inf)
+    for view in problem.views:
+        serial, parallel, _, _ = view.parts
+        most = (problem.limits // view.degree)[None, :].astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alone = np.where(view.runnable & (most > 0), amdahl(serial, parallel, np.maximum(most, 1)), np.inf)
+        fastest = np.minimum(fastest, alone)
+    return float(fastest.min(axis=1).max())
+
+
 class PipelineSolver(StepSolver):
     """:class:`StepSolver`'s questions answered over every stage count that can reach the throughput
     asked (see the module's docstring); a stage count's grid is built when a question first needs it."""
@@ -78,15 +91,7 @@ class PipelineSolver(StepSolver):
         self.dropped_relaxed: set[int] = set()
         self.dropped_found: list[tuple[StepSolver, Candidate]] = []
         self.fastest: tuple[Candidate | None, float] | None = None  # max_throughput's, once finished
-        fastest = np.full(problem.oct.shape, np.inf)
-        for view in problem.views:  # section 1h: at any degree, on as many replicas as the type holds
-            serial, parallel, _, _ = view.parts
-            most = (problem.limits // view.degree)[None, :].astype(float)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                alone = np.where(view.runnable & (most > 0), amdahl(serial, parallel, np.maximum(most, 1)), np.inf)
-            fastest = np.minimum(fastest, alone)
-        # Every stage holds some layer, and runs a micro-batch of it no faster than on all of its type's units.
-        self.slowest_layer = float(fastest.min(axis=1).max())
+        self.slowest_layer = _slowest_layer(problem)
 
     def stage_counts(self, target: float) -> range:
         """The stage counts ``S`` whose plans can reach ``target``: a stage's step is at least

@@ -64,7 +64,7 @@ def solve(
     notes: tuple[str, ...] = (
         f"{walk.asked:,} of {len(walk.menu.rate):,} rentals that no other beats on price, units and links were asked "
         "whether they reach the throughput, and "
-        f"{walk.fastest_asked:,} for their fastest plan (docs/exact.md section 7)",
+        f"{walk.questions.fastest_asked:,} for their fastest plan (docs/exact.md section 7)",
     )
     gap = None
     if walk.stopped_at is not None:
@@ -77,12 +77,12 @@ def solve(
         notes += (
             f"exact stopped at the --time-limit before asking every rental: within {100 * gap:.2f}% of the optimum",
         )
-    if walk.relaxed:
+    if walk.questions.relaxed:
         notes += (
             "exact relaxed a limit on some rental (honouring it needs more states than the DP holds), "
             "so it could not prove this plan optimal",
         )
-    optimal = gap is None and not walk.relaxed
+    optimal = gap is None and not walk.questions.relaxed
     plan = best.but(optimal=optimal, gap=gap, notes=list(notes), solve_s=time.perf_counter() - start)
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan
@@ -98,13 +98,11 @@ class _Walk:
         self.found: list[Candidate] = []
         self.menu = problem.nodes.menu
         self.asked = 0
-        self.fastest_asked = 0
         self.stopped_at: int | None = None
-        self.relaxed = False  # some rental's question needed more states than the DP holds
         self.x_max = 0.0
         self.at_least = 0.0  # objective time: only a plan at least this fast is wanted (InfeasibleError: none)
         self.known: list[tuple[float, float]] = []  # the frontier's: (rate, throughput) of plans found already
-        self.tables: dict[tuple, StepSolver] = {}  # a solver per set of question terms, for its stage table
+        self.questions = _Questions(problem, every)
 
     def run(self) -> Plan:
         p, menu = self.p, self.menu
@@ -140,7 +138,7 @@ class _Walk:
             if reaching is None:
                 cannot.append(row)
                 continue
-            cand = self._fastest(questions, target) if target < top else reaching.cheapest(target)
+            cand = self.questions.fastest(questions, target) if target < top else reaching.cheapest(target)
             assert cand is not None, "the rental reaches the target"
             plan = self._plan(cand, row)
             if self.every:
@@ -167,7 +165,7 @@ class _Walk:
     def _ask(self, row: int, target: float) -> tuple[list[_Lazy], _Lazy | None]:
         """Rental ``row``'s questions, and the first that reaches ``target`` (None: the rental does not)."""
         self.asked += 1
-        questions = self._questions(self.menu.counts[row])
+        questions = self.questions.of(self.menu.counts[row])
         return questions, next((q for q in questions if q.reachable(target)), None)
 
     def _beaten_below(self, rate: float) -> float:
@@ -215,7 +213,7 @@ class _Walk:
         fastest = None
         for counts in widest_rentals(p.nodes):
             above = float(np.nextafter(fastest.throughput, np.inf)) if fastest is not None else self.at_least
-            found = self._fastest(self._questions(counts), above)
+            found = self.questions.fastest(self.questions.of(counts), above)
             if found is not None and (fastest is None or found.throughput > fastest.throughput):
                 fastest = found
         if fastest is None and self.at_least > 0:
@@ -226,36 +224,6 @@ class _Walk:
             every_node = p.on_rental(p.nodes.available)[-1]  # every node, over the network
             raise InfeasibleError(f"{_too_slow(p, fastest.throughput)}. {more_units(every_node, nodes=True)}.")
         return fastest.throughput
-
-    def _questions(self, counts: np.ndarray) -> list[_Lazy]:
-        return [_Lazy(self, q) for q in self.p.on_rental(counts)]
-
-    def _solver(self, question: Problem):
-        """A solver for one rental's question, sharing the stage table of an earlier question with the
-        same terms (links, and the types it has units of): most rentals differ only in their limits."""
-        key = (question.odt.tobytes(), question.bandwidth.tobytes(), (question.limits > 0).tobytes())
-        like = self.tables.get(key)
-        solver = solver_for(question, None, relax=not self.every, like=like, shared=True)
-        grids = most_stages(question) if question.pipelined else 1  # a pipeline keeps a grid per stage count
-        if like is None and (question.n_layers + 1) ** 2 * question.n_types * grids <= TABLE_CACHE_CELLS:
-            self.tables[key] = solver
-        return solver
-
-    def _fastest(self, questions: list, at_least: float = 0.0) -> Candidate | None:
-        """The fastest plan over a rental's questions (each one's fastest: the rental's fastest), where
-        one is at least ``at_least`` fast; each question after the first only searches above the
-        fastest found so far."""
-        self.fastest_asked += 1
-        best = None
-        for solver in questions:
-            above = float(np.nextafter(best.throughput, np.inf)) if best is not None else at_least
-            cand, _ = solver.max_throughput(at_least=above)
-            if cand is not None and not cand.within:  # the DP relaxed a limit: the best plan found within all
-                self.relaxed = True
-                cand = solver.fastest_found
-            if cand is not None and (best is None or cand.throughput > best.throughput):
-                best = cand
-        return best
 
     def _plan(self, cand: Candidate, row: int) -> Plan:
         assert self.p.nodes is not None
@@ -282,17 +250,59 @@ def frontier_candidates(
     return walk.found, cut_at
 
 
+class _Questions:
+    """The questions rentals ask and their solvers; a solver shares the stage table of an earlier
+    question with the same terms."""
+
+    def __init__(self, problem: Problem, every: bool):
+        self.p, self.every = problem, every
+        self.fastest_asked = 0
+        self.relaxed = False  # some rental's question needed more states than the DP holds
+        self.tables: dict[tuple, StepSolver] = {}  # a solver per set of question terms, for its stage table
+
+    def of(self, counts: np.ndarray) -> list[_Lazy]:
+        """The questions of a rental of ``counts`` nodes (:meth:`Problem.on_rental`), each solved when asked."""
+        return [_Lazy(self, q) for q in self.p.on_rental(counts)]
+
+    def solver(self, question: Problem):
+        """A solver for one rental's question, sharing the stage table of an earlier question with the
+        same terms (links, and the types it has units of): most rentals differ only in their limits."""
+        key = (question.odt.tobytes(), question.bandwidth.tobytes(), (question.limits > 0).tobytes())
+        like = self.tables.get(key)
+        solver = solver_for(question, None, relax=not self.every, like=like, shared=True)
+        grids = most_stages(question) if question.pipelined else 1  # a pipeline keeps a grid per stage count
+        if like is None and (question.n_layers + 1) ** 2 * question.n_types * grids <= TABLE_CACHE_CELLS:
+            self.tables[key] = solver
+        return solver
+
+    def fastest(self, questions: list, at_least: float = 0.0) -> Candidate | None:
+        """The fastest plan over a rental's questions (each one's fastest: the rental's fastest), where
+        one is at least ``at_least`` fast; each question after the first only searches above the
+        fastest found so far."""
+        self.fastest_asked += 1
+        best = None
+        for solver in questions:
+            above = float(np.nextafter(best.throughput, np.inf)) if best is not None else at_least
+            cand, _ = solver.max_throughput(at_least=above)
+            if cand is not None and not cand.within:  # the DP relaxed a limit: the best plan found within all
+                self.relaxed = True
+                cand = solver.fastest_found
+            if cand is not None and (best is None or cand.throughput > best.throughput):
+                best = cand
+        return best
+
+
 class _Lazy:
     """One of a rental's questions, its solver made when first asked (most rentals are settled by
     their first question)."""
 
-    def __init__(self, walk: _Walk, question: Problem):
-        self.walk, self.question, self._solver = walk, question, None
+    def __init__(self, questions: _Questions, question: Problem):
+        self.questions, self.question, self._solver = questions, question, None
 
     @property
     def solver(self):
         if self._solver is None:
-            self._solver = self.walk._solver(self.question)
+            self._solver = self.questions.solver(self.question)
         return self._solver
 
     def reachable(self, target: float) -> bool:
