@@ -1,7 +1,7 @@
 """Fixtures the test files share: the CLI runner, the bundled files, Ctrl-C mid-search, a trained policy.
 
 Plain builders of test data (random instances, brute-force optima) live in
-tests/helpers.py and tests/oracle.py: they are called inside hypothesis
+tests/helpers.py and tests/oracle/: they are called inside hypothesis
 strategies and loops, where a fixture cannot go.
 """
 

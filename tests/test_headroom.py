@@ -40,7 +40,7 @@ def _tight(seed: int, n: int = 6, T: int = 3, hardware: bool = False):
 @pytest.mark.parametrize("hardware", [False, True])
 def test_no_schedule_with_a_feasible_plan_is_ever_masked(hardware):
     """Every schedule of small random instances, feasibility decided by enumerating every replica
-    vector (tests/oracle.py, docs/spec.md's formulas): a schedule with a feasible plan is allowed at every
+    vector (tests/oracle/, docs/spec.md's formulas): a schedule with a feasible plan is allowed at every
     layer. And the mask is not empty talk: it rules out some schedules that have none."""
     masked_infeasible = checked = 0
     for seed in range(10):

@@ -1,5 +1,5 @@
 """The exact cut inside the searches' loop (schedulers/cuts.py, RunCutter): a schedule's runs cut at the
-least price rate that reaches a throughput, against every cut of those runs enumerated (tests/oracle.py),
+least price rate that reaches a throughput, against every cut of those runs enumerated (tests/oracle/),
 and the searches reaching an optimum whose type order only wins once its runs are cut."""
 
 from __future__ import annotations

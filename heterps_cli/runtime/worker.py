@@ -29,6 +29,7 @@ the pieces).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -92,12 +93,18 @@ class RunConfig:
 
 @dataclass
 class Times:
+    """Each measured step's seconds, by what they were spent on (:mod:`.report` reads them)."""
+
     compute: list[float] = field(default_factory=list)
     wait: list[float] = field(default_factory=list)
     sync: list[float] = field(default_factory=list)
     data: list[float] = field(default_factory=list)
     update: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
+
+    def add(self, compute: float, wait: float, sync: float, data: float, update: float, wall: float) -> None:
+        for kept, seconds in zip(dataclasses.fields(self), (compute, wait, sync, data, update, wall)):
+            getattr(self, kept.name).append(seconds)
 
 
 def device_for(name: str, local_rank: int | None) -> torch.device:
@@ -208,7 +215,7 @@ def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
                 torch.cuda.reset_peak_memory_stats(replica.device)
         replica.step(step, measured=step >= measured_from)
         if cfg.checkpoint_dir and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == last):
-            replica.save(step + 1)
+            replica.checkpoints.save(replica.module, replica.optimiser, step + 1)
     dist.barrier()
     return replica.result()
 
@@ -244,80 +251,15 @@ def _model_of(cfg: RunConfig, lay: Layout):
     return None, load_model(cfg.model, lay.samples, cfg.input_shape), None
 
 
-class _Replica:
-    """One rank: a replica of one stage, its neighbours in the pipeline, and what it measured."""
+class _Boundaries:
+    """This process's sends and receives across its stage's boundaries: with each overlapping replica of
+    the stage before and after, its part of the micro-batch (section 1h: a sharded replica's shards
+    share the sends, and gather what they receive inside the node)."""
 
-    def __init__(self, rank: int, cfg: RunConfig, local_rank: int | None):
-        from heterps_cli.profiling.granularity import use_layers
-        from heterps_cli.runtime.chain import trace_chain
-
-        torch.set_num_threads(cfg.threads)
-        self.rank, self.lay = rank, cfg.layout()
-        lay = self.lay
-        self.stage, self.replica = lay.place(rank)
-        self.tp_rank = lay.tp_rank(rank)
-        stage = self.stage
-        self.width = stage.width(self.replica)
-        self.device = device_for(cfg.devices[stage.kind(self.replica)], local_rank)
-        sync_groups, shard_groups, whole_groups = _process_groups(lay, cfg.devices)
-        torch.manual_seed(cfg.seed)
-        self.baseline = baseline_memory(self.device)
-        self.task, model, self.samples = _model_of(cfg, lay)
-        chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
-        self.module = chain.stage(stage.layers).to(self.device).train()
-        self.dims = block_dims(self.module, stage.blocks) if stage.uneven else {}
-        if self.width > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
-            shard_stage(
-                self.module, shard_groups[stage.index, self.replica], self.device, f"stage {stage.index}", self.width
-            )
-        self.shard_group = shard_groups.get((stage.index, self.replica))
-        # section 1g: keep the stage's input only, and run its forward again in the backward pass
-        self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
-        if self.task is not None:
-            self.optimiser = self.task.optimizer(self.module.parameters())
-        else:
-            self.optimiser = torch.optim.SGD(self.module.parameters(), lr=cfg.lr)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        held = stage.held_blocks(self.replica, self.tp_rank)
-        self.group = sync_groups.get((stage.index, held[0]))
-        # section 1i: at several degrees, each block of a sharded weight is summed among its holders
-        self.block_groups = [sync_groups[stage.index, j] for j in held] if stage.uneven else []
-        self.whole_group = whole_groups.get(stage.index)
-        # A sharded parameter's gradient is a DTensor, which a flat bucket cannot view: summed one by one.
-        self.params = params if stage.blocks > 1 else []
-        one_by_one = self.group is None or stage.blocks > 1
-        self.buckets = gradient_buckets(params, self.device) if not one_by_one else []
-        self._neighbours(chain, model, cfg)
-        self.cfg, self.step_index = cfg, 0
-        self.read_step = -1  # the step whose samples are read, and each micro-batch's
-        self.read: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
-        if cfg.resume_from is not None:
-            self.restore(Path(cfg.resume_from))
-        self.run_id = _run_id() if cfg.checkpoint_dir else None
-        self.M = lay.micro_batches
-        self.warm = min(len(lay.stages) - 1 - stage.index, self.M)  # 1F1B: forwards before the first backward
-        self.times = Times()
-        self.losses: list[float] = []
+    def __init__(self, lay: Layout, stage, replica: int, tp_rank: int, device: torch.device, shard_group):
+        self.lay, self.stage, self.replica, self.tp_rank = lay, stage, replica, tp_rank
+        self.width, self.device, self.shard_group = stage.width(replica), device, shard_group
         self.handles: list = []  # this step's sends, waited on before the all-reduce
-        self.kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
-        self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0, "data": 0.0}  # this step's sums
-
-    def _neighbours(self, chain, model, cfg: RunConfig) -> None:
-        """The stages before and after this one and the tensors crossing to them; the synthetic data and
-        target, on the stages that read them."""
-        lay, stage = self.lay, self.stage
-        self.last = stage.index == len(lay.stages) - 1
-        self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
-        self.after = lay.stages[stage.index + 1] if not self.last else None
-        self.incoming = chain.output_after(self.before.layers[-1]) if self.before else None
-        self.outgoing = chain.output_after(stage.layers[-1])
-        # The synthetic data sits on the device from the start, as a loader that prefetches leaves it: the
-        # model charges no input loading, and a pageable copy per micro-batch took mlp's H100 step 1.5x.
-        synthetic = self.task is None
-        target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed) if self.last and synthetic else None
-        self.target = target.to(self.device) if target is not None else None
-        self.inputs = model.inputs[0].to(self.device) if stage.index == 0 and synthetic else model.inputs[0]
 
     def receive(self, source_stage, j: int, tag: int, boundary) -> tuple[torch.Tensor, float]:
         """This process's part of each overlapping replica's tensor, from the shard of it that sends that
@@ -350,116 +292,43 @@ class _Replica:
                 if c % self.width == self.tp_rank:
                     self.handles.append(dist.isend(part, dst=target_stage.first_of(r) + c, tag=tag))
 
-    def data(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The task's samples of micro-batch ``j`` this replica runs, on the device; the step's are read
-        at its first micro-batch, in one read (:meth:`~.task.Samples.take_each`). ``data``: the time."""
-        assert self.samples is not None
-        start = time.perf_counter()
-        if self.read_step != self.step_index:
-            shards = [self.lay.shard(self.stage, self.replica, i) for i in range(self.M)]
-            self.read = self.samples.take_each(self.step_index, shards)
-            self.read_step = self.step_index
-        x, y = self.read[j]
-        x, y = x.to(self.device), y.to(self.device)
-        self.acc["data"] += time.perf_counter() - start
-        return x, y
-
-    def forward(self, j: int) -> None:
-        a, b = self.lay.shard(self.stage, self.replica, j)
-        target = None
-        if self.task is not None and (self.before is None or self.last):
-            x, target = self.data(j)
-        if self.before is None:
-            x = x if self.task is not None else self.inputs[a:b]
-        else:
-            x, waited = self.receive(self.before, j, j, self.incoming)
-            self.acc["wait"] += waited
-            if x.is_floating_point():
-                x.requires_grad_(True)
-        _synchronise(self.device)
-        start = time.perf_counter()
-        y = checkpoint(self.module, x, use_reentrant=False) if self.recompute else self.module(x)
-        if self.last and self.task is not None:  # a mean over the shard, weighted to its share of the step
-            y = self.task.loss(y, target) * ((b - a) / self.lay.samples)
-        elif self.last:
-            assert self.target is not None
-            y = per_sample_loss(y, self.target[a:b], self.lay.samples)
-        _synchronise(self.device)
-        self.acc["compute"] += time.perf_counter() - start
-        if self.last:
-            self.acc["loss"] += float(y.detach())
-        else:
-            self.send(y, a, self.after, j, j)
-        self.kept[j] = (x, y, a)
-
-    def backward(self, j: int) -> None:
-        x, y, a = self.kept.pop(j)  # its activations are freed once its backward is done
-        gradient = None
-        if self.after is not None and self.outgoing.dtype.is_floating_point:
-            gradient, waited = self.receive(self.after, j, self.M + j, self.outgoing)
-            self.acc["wait"] += waited
-        _synchronise(self.device)
-        start = time.perf_counter()
-        if y.requires_grad and (self.last or gradient is not None):
-            y.backward(gradient)
-        _synchronise(self.device)
-        self.acc["compute"] += time.perf_counter() - start
-        if self.before is not None and x.is_floating_point():
-            grad = x.grad if x.grad is not None else torch.zeros_like(x)
-            self.send(grad, a, self.before, j, self.M + j)
-
-    def step(self, index: int, measured: bool) -> None:
-        """Step ``index``: 1F1B over the micro-batches, the sends, the stage's all-reduce, the update."""
-        self.step_index = index
-        self.acc.update(compute=0.0, wait=0.0, loss=0.0, data=0.0)
-        began = time.perf_counter()
-        self.handles.clear()
-        self.kept.clear()
-        M, warm = self.M, self.warm
-        # 1F1B (docs/spec.md section 1d): `warm` forwards, then one forward and one backward in turn,
-        # then the remaining backwards; micro-batches go backward in the order they went forward.
-        for j in range(warm):
-            self.forward(j)
-        for j in range(warm, M):
-            self.forward(j)
-            self.backward(j - warm)
-        for j in range(M - warm, M):
-            self.backward(j)
+    def wait(self) -> float:
+        """The seconds until this step's sends are received (waiting on them, like a receive)."""
         start = time.perf_counter()
         for handle in self.handles:
-            handle.wait()  # done once the neighbour has received: waiting on it, like a receive
-        self.acc["wait"] += time.perf_counter() - start
-        # No barrier first, as a trainer has none: this also counts the wait for the stage's slowest
-        # replica, which the report takes apart (report.split_sync).
-        start = time.perf_counter()
+            handle.wait()
+        self.handles.clear()
+        return time.perf_counter() - start
+
+
+class _Sums:
+    """What this process sums with the others of its stage: the gradients after a step's backward
+    passes, and the step's loss."""
+
+    def __init__(self, module: nn.Module, dims: dict, stage, held: Sequence[int], width: int, device, sync, whole):
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.module, self.dims, self.width = module, dims, width
+        self.group = sync.get((stage.index, held[0]))
+        # section 1i: at several degrees, each block of a sharded weight is summed among its holders
+        self.block_groups = [sync[stage.index, j] for j in held] if stage.uneven else []
+        self.whole_group = whole.get(stage.index)
+        # A sharded parameter's gradient is a DTensor, which a flat bucket cannot view: summed one by one.
+        self.params = params if stage.blocks > 1 else []
+        one_by_one = self.group is None or stage.blocks > 1
+        self.buckets = gradient_buckets(params, device) if not one_by_one else []
+
+    def gradients(self) -> None:
+        """Every gradient summed among the replicas that hold it."""
         for bucket in self.buckets:
             dist.all_reduce(bucket, group=self.group)
         if self.block_groups:
-            self.sum_blocks()
+            self.blocks()
         elif self.group is not None:  # section 1h: each shard's gradients, with the same shard of the others
             for p in self.params:
                 if p.grad is not None:
                     dist.all_reduce(local_of(p.grad), group=self.group)
-        _synchronise(self.device)
-        sync = time.perf_counter() - start
-        start = time.perf_counter()
-        self.optimiser.step()
-        self.optimiser.zero_grad(set_to_none=False)
-        _synchronise(self.device)
-        update = time.perf_counter() - start
-        self.losses.append(self.acc["loss"])
-        wall = time.perf_counter() - began
-        if measured:
-            self.times.compute.append(self.acc["compute"])
-            self.times.wait.append(self.acc["wait"])
-            self.times.sync.append(sync)
-            self.times.data.append(self.acc["data"])
-            self.times.update.append(update)
-            self.times.wall.append(wall)
-        if self.task is not None and self.last:
-            self.tell(index, wall)
 
-    def sum_blocks(self) -> None:
+    def blocks(self) -> None:
         """Section 1i, a stage whose replicas run at several degrees: each block of a sharded weight's
         gradient summed among the processes that hold it, one per replica; a weight every shard holds whole,
         among all the stage's processes, each a ``1/tp`` of its replica's (the degrees are powers of two:
@@ -478,29 +347,62 @@ class _Replica:
                 dist.all_reduce(block, group=group)
                 chunk.copy_(block)
 
-    def tell(self, index: int, wall: float) -> None:
-        """The step's loss over all its samples (the last stage's replicas' shares summed), said by the
-        last stage's first process: on standard error under torchrun, to the launcher locally."""
-        loss = torch.tensor([self.acc["loss"]], device=self.device)  # NCCL sums a GPU stage's: on its GPU
+    def loss(self, loss: torch.Tensor) -> None:
+        """The step's loss summed over the last stage's replicas' shares, in place."""
         if self.whole_group is not None:  # section 1i: every process of the stage, each its replica's 1/tp
             dist.all_reduce(loss.div_(self.width), group=self.whole_group)
         elif self.group is not None:
             dist.all_reduce(loss, group=self.group)
-        if not self.reporting:
-            return
-        line = (
-            f"step {index + 1}/{self.cfg.last_step}: loss {float(loss):.6g}, "
-            f"{self.lay.samples / wall:,.1f} samples/s at the last stage"
-        )
-        if self.cfg.progress_file is None:
-            print(f"heterps run: {line}", file=sys.stderr, flush=True)
-        else:
-            with open(self.cfg.progress_file, "a") as f:
-                f.write(line + "\n")
 
-    def save(self, steps_done: int) -> None:
-        """A checkpoint after ``steps_done`` steps (:mod:`.checkpoint`): the stage's first replica writes
-        its weights and optimiser state, every process its generators' state, then rank 0 completes it."""
+
+class _TaskData:
+    """The task's samples this replica trains, a step's read at its first micro-batch, in one read
+    (:meth:`~.task.Samples.take_each`)."""
+
+    def __init__(self, samples, lay: Layout, stage, replica: int, device: torch.device):
+        self.samples, self.lay, self.stage, self.replica, self.device = samples, lay, stage, replica, device
+        self.read_step = -1  # the step whose samples are read, and each micro-batch's
+        self.read: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def take(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Micro-batch ``j`` of step ``step``: its inputs and targets, on the device, and the seconds that
+        took."""
+        start = time.perf_counter()
+        if self.read_step != step:
+            shards = [self.lay.shard(self.stage, self.replica, i) for i in range(self.lay.micro_batches)]
+            self.read = self.samples.take_each(step, shards)
+            self.read_step = step
+        x, y = self.read[j]
+        x, y = x.to(self.device), y.to(self.device)
+        return x, y, time.perf_counter() - start
+
+
+class _Synthetic:
+    """The data of a run without a task: the model's example inputs, on the first stage, and a fixed
+    target, on the last, each on the device from the start, as a loader that prefetches leaves them (a
+    pageable copy per micro-batch took mlp's H100 step 1.5x)."""
+
+    def __init__(self, inputs: torch.Tensor | None, target: torch.Tensor | None, lay: Layout, stage, replica: int):
+        self.inputs, self.target, self.lay, self.stage, self.replica = inputs, target, lay, stage, replica
+
+    def take(self, step: int, j: int) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """Micro-batch ``j``'s inputs (on the first stage) and target (on the last): every step's the same."""
+        a, b = self.lay.shard(self.stage, self.replica, j)
+        inputs = self.inputs[a:b] if self.inputs is not None else None
+        return inputs, self.target[a:b] if self.target is not None else None, 0.0
+
+
+class _Checkpoints:
+    """This process's part of the run's checkpoints (:mod:`.checkpoint`)."""
+
+    def __init__(self, cfg: RunConfig, rank: int, stage, replica: int, tp_rank: int, device: torch.device):
+        self.cfg, self.rank, self.stage, self.replica, self.tp_rank = cfg, rank, stage, replica, tp_rank
+        self.width, self.device = stage.width(replica), device
+        self.run_id = _run_id() if cfg.checkpoint_dir else None
+
+    def save(self, module: nn.Module, optimiser, steps_done: int) -> None:
+        """A checkpoint after ``steps_done`` steps: the stage's first replica writes its weights and
+        optimiser state, every process its generators' state, then rank 0 completes it."""
         import heterps_cli.runtime.checkpoint as checkpoint
 
         assert self.cfg.checkpoint_dir is not None and self.run_id is not None
@@ -508,21 +410,189 @@ class _Replica:
         where = checkpoint.staging(root, steps_done, run)
         if self.replica == self.stage.first_at(self.width):  # section 1i: one replica of each degree
             mine = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
-            checkpoint.save(checkpoint.stage_state(self.module, self.optimiser), mine, run, steps_done)
+            checkpoint.save(checkpoint.stage_state(module, optimiser), mine, run, steps_done)
         checkpoint.save(_generators(self.device), checkpoint.rng_file(where, self.rank), run, steps_done)
         dist.barrier()
         if self.rank == 0:
-            names = checkpoint.file_names(self.lay)
+            names = checkpoint.file_names(self.cfg.layout())
             checkpoint.complete(root, steps_done, run, names, dict(self.cfg.checkpoint_meta))
 
-    def restore(self, where: Path) -> None:
+    def restore(self, module: nn.Module, optimiser, where: Path) -> None:
+        """The weights, optimiser state and generators of checkpoint folder ``where``."""
         import heterps_cli.runtime.checkpoint as checkpoint
 
         mark = checkpoint.read_mark(where)
         path = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
-        checkpoint.load_stage_state(self.module, self.optimiser, checkpoint.read(path, mark), path)
+        checkpoint.load_stage_state(module, optimiser, checkpoint.read(path, mark), path)
         path = checkpoint.rng_file(where, self.rank)
         checkpoint.set_generators(checkpoint.read(path, mark), self.device, path)
+
+
+def _say(cfg: RunConfig, line: str) -> None:
+    """A step's line: on standard error under torchrun, to the launcher's progress file locally."""
+    if cfg.progress_file is None:
+        print(f"heterps run: {line}", file=sys.stderr, flush=True)
+    else:
+        with open(cfg.progress_file, "a") as f:
+            f.write(line + "\n")
+
+
+def _data_of(
+    samples, chain, model, cfg: RunConfig, lay: Layout, stage, replica: int, device: torch.device
+) -> _TaskData | _Synthetic:
+    """What this replica trains on: the task's ``samples``, or without a task (None), the model's example
+    inputs on the first stage and a fixed random target on the last (:func:`~.synthetic.target_for`)."""
+    if samples is not None:
+        return _TaskData(samples, lay, stage, replica, device)
+    last = stage.index == len(lay.stages) - 1
+    target = target_for(chain.outputs[-1].shape, lay.samples, cfg.seed).to(device) if last else None
+    inputs = model.inputs[0].to(device) if stage.index == 0 else None
+    return _Synthetic(inputs, target, lay, stage, replica)
+
+
+def _timed(device: torch.device, *work) -> float:
+    """The seconds ``work`` takes, each in turn, the device's queue included."""
+    start = time.perf_counter()
+    for part in work:
+        part()
+    _synchronise(device)
+    return time.perf_counter() - start
+
+
+class _Replica:
+    """One rank: a replica of one stage, its neighbours in the pipeline, and what it measured."""
+
+    def __init__(self, rank: int, cfg: RunConfig, local_rank: int | None):
+        from heterps_cli.profiling.granularity import use_layers
+        from heterps_cli.runtime.chain import trace_chain
+
+        torch.set_num_threads(cfg.threads)
+        lay = self.lay = cfg.layout()
+        stage, self.replica = lay.place(rank)
+        self.rank, self.stage, self.tp_rank, self.width = rank, stage, lay.tp_rank(rank), stage.width(self.replica)
+        self.device = device_for(cfg.devices[stage.kind(self.replica)], local_rank)
+        sync_groups, shard_groups, whole_groups = _process_groups(lay, cfg.devices)
+        torch.manual_seed(cfg.seed)
+        self.baseline = baseline_memory(self.device)
+        self.task, model, samples = _model_of(cfg, lay)
+        chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
+        self.module = chain.stage(stage.layers).to(self.device).train()
+        dims = block_dims(self.module, stage.blocks) if stage.uneven else {}  # of the weights whole
+        shard_group = shard_groups.get((stage.index, self.replica))
+        if self.width > 1:  # section 1h: the stage's matrix pairs sharded over this replica's processes
+            shard_stage(self.module, shard_group, self.device, f"stage {stage.index}", self.width)
+        # section 1g: keep the stage's input only, and run its forward again in the backward pass
+        self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
+        weights = self.module.parameters()
+        self.optimiser = self.task.optimizer(weights) if self.task is not None else torch.optim.SGD(weights, lr=cfg.lr)
+        held = stage.held_blocks(self.replica, self.tp_rank)
+        self.sums = _Sums(self.module, dims, stage, held, self.width, self.device, sync_groups, whole_groups)
+        self.boundaries = _Boundaries(lay, stage, self.replica, self.tp_rank, self.device, shard_group)
+        self._neighbours(chain)
+        self.cfg, self.step_index = cfg, 0
+        self.data = _data_of(samples, chain, model, cfg, lay, stage, self.replica, self.device)
+        self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
+        self.checkpoints = _Checkpoints(cfg, rank, stage, self.replica, self.tp_rank, self.device)
+        if cfg.resume_from is not None:
+            self.checkpoints.restore(self.module, self.optimiser, Path(cfg.resume_from))
+        self.M = lay.micro_batches
+        self.warm = min(len(lay.stages) - 1 - stage.index, self.M)  # 1F1B: forwards before the first backward
+        self.times = Times()
+        self.losses: list[float] = []
+        self.kept: dict[int, tuple] = {}  # micro-batch -> (input, output, first sample): forward done, backward not
+        self.acc = {"compute": 0.0, "wait": 0.0, "loss": 0.0, "data": 0.0}  # this step's sums
+
+    def _neighbours(self, chain) -> None:
+        """The stages before and after this one and the tensors crossing to them."""
+        lay, stage = self.lay, self.stage
+        self.last = stage.index == len(lay.stages) - 1
+        self.before = lay.stages[stage.index - 1] if stage.index > 0 else None
+        self.after = lay.stages[stage.index + 1] if not self.last else None
+        self.incoming = chain.output_after(self.before.layers[-1]) if self.before else None
+        self.outgoing = chain.output_after(stage.layers[-1])
+
+    def forward(self, j: int) -> None:
+        a, b = self.lay.shard(self.stage, self.replica, j)
+        x, target = None, None
+        if self.before is None or self.last:
+            x, target, took = self.data.take(self.step_index, j)
+            self.acc["data"] += took
+        if self.before is not None:
+            x, waited = self.boundaries.receive(self.before, j, j, self.incoming)
+            self.acc["wait"] += waited
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        _synchronise(self.device)
+        start = time.perf_counter()
+        y = checkpoint(self.module, x, use_reentrant=False) if self.recompute else self.module(x)
+        if self.last and self.task is not None:  # a mean over the shard, weighted to its share of the step
+            y = self.task.loss(y, target) * ((b - a) / self.lay.samples)
+        elif self.last:
+            assert target is not None
+            y = per_sample_loss(y, target, self.lay.samples)
+        _synchronise(self.device)
+        self.acc["compute"] += time.perf_counter() - start
+        if self.last:
+            self.acc["loss"] += float(y.detach())
+        else:
+            self.boundaries.send(y, a, self.after, j, j)
+        self.kept[j] = (x, y, a)
+
+    def backward(self, j: int) -> None:
+        x, y, a = self.kept.pop(j)  # its activations are freed once its backward is done
+        gradient = None
+        if self.after is not None and self.outgoing.dtype.is_floating_point:
+            gradient, waited = self.boundaries.receive(self.after, j, self.M + j, self.outgoing)
+            self.acc["wait"] += waited
+        _synchronise(self.device)
+        start = time.perf_counter()
+        if y.requires_grad and (self.last or gradient is not None):
+            y.backward(gradient)
+        _synchronise(self.device)
+        self.acc["compute"] += time.perf_counter() - start
+        if self.before is not None and x.is_floating_point():
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)
+            self.boundaries.send(grad, a, self.before, j, self.M + j)
+
+    def step(self, index: int, measured: bool) -> None:
+        """Step ``index``: 1F1B over the micro-batches, the sends, the stage's all-reduce, the update."""
+        self.step_index = index
+        self.acc.update(compute=0.0, wait=0.0, loss=0.0, data=0.0)
+        began = time.perf_counter()
+        self.kept.clear()
+        M, warm = self.M, self.warm
+        # 1F1B (docs/spec.md section 1d): `warm` forwards, then one forward and one backward in turn,
+        # then the remaining backwards; micro-batches go backward in the order they went forward.
+        for j in range(warm):
+            self.forward(j)
+        for j in range(warm, M):
+            self.forward(j)
+            self.backward(j - warm)
+        for j in range(M - warm, M):
+            self.backward(j)
+        self.acc["wait"] += self.boundaries.wait()
+        # No barrier first, as a trainer has none: this also counts the wait for the stage's slowest
+        # replica, which the report takes apart (report.split_sync).
+        sync = _timed(self.device, self.sums.gradients)
+        update = _timed(self.device, self.optimiser.step, lambda: self.optimiser.zero_grad(set_to_none=False))
+        self.losses.append(self.acc["loss"])
+        wall = time.perf_counter() - began
+        if measured:
+            self.times.add(self.acc["compute"], self.acc["wait"], sync, self.acc["data"], update, wall)
+        if self.task is not None and self.last:
+            self.tell(index, wall)
+
+    def tell(self, index: int, wall: float) -> None:
+        """The step's loss over all its samples (the last stage's replicas' shares summed), said by the
+        last stage's first process: on standard error under torchrun, to the launcher locally."""
+        loss = torch.tensor([self.acc["loss"]], device=self.device)  # NCCL sums a GPU stage's: on its GPU
+        self.sums.loss(loss)
+        if self.reporting:
+            _say(
+                self.cfg,
+                f"step {index + 1}/{self.cfg.last_step}: loss {float(loss):.6g}, "
+                f"{self.lay.samples / wall:,.1f} samples/s at the last stage",
+            )
 
     def result(self) -> dict:
         peak, how = peak_memory(self.device)
@@ -536,12 +606,7 @@ class _Replica:
             "tp_rank": self.tp_rank,
             "device": str(self.device),
             "losses": self.losses,
-            "compute": self.times.compute,
-            "wait": self.times.wait,
-            "sync": self.times.sync,
-            "data": self.times.data,
-            "update": self.times.update,
-            "wall": self.times.wall,
+            **dataclasses.asdict(self.times),
             "first_step": self.cfg.start_step,
         }
 
