@@ -45,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from heterps_cli.formats import Efficiencies, load_catalogue  # noqa: E402
+from heterps_cli.formats import Efficiencies  # noqa: E402
+from heterps_cli.loading import load_catalogue  # noqa: E402
 from heterps_cli.profiling.counting import Work, abstract  # noqa: E402
 from heterps_cli.profiling.estimate import CATALOGUE, Pricer, work  # noqa: E402
 from heterps_cli.profiling.measure import load_model, traced  # noqa: E402

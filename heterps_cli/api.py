@@ -180,7 +180,7 @@ def check(
 
     ``job.max_cost`` and ``job.min_throughput``, when given, are also gates the plan must meet."""
     from heterps_cli.ci.gate import Gate, Increase, gate, percent
-    from heterps_cli.formats import load_plan
+    from heterps_cli.loading import load_plan
 
     committed, _ = load_plan(plan_path)
     baseline = load_plan(baseline_path)[0] if baseline_path is not None else None
@@ -217,7 +217,7 @@ class PlanDiff:
 def diff(old_path: str, new_path: str) -> PlanDiff:
     """``heterps diff``: two plan files side by side."""
     from heterps_cli.ci.diff import diff_plans, incomparable
-    from heterps_cli.formats import load_plan
+    from heterps_cli.loading import load_plan
 
     old, _ = load_plan(old_path)
     new, _ = load_plan(new_path)
@@ -255,7 +255,7 @@ def _beyond_exact(problem, seed: int, progress, options, exc: TooLarge) -> Plan:
 def validate(path: str, cluster_path: str | None = None) -> Validated:
     """``heterps validate``: a profile, a cluster or a plan alone, checked against its format; or a
     profile or a plan and a cluster, checked against each other too."""
-    from heterps_cli.formats import check_pair, check_plan_on_cluster, check_plannable, load_any, load_with_cluster
+    from heterps_cli.loading import check_pair, check_plan_on_cluster, check_plannable, load_any, load_with_cluster
 
     if cluster_path is None:
         kind, found, doc = load_any(path)
@@ -298,7 +298,7 @@ def measure(
     (:data:`~heterps_cli.runtime.synthetic.LOSSES`), each layer's update with ``optimizer``, at ``precision``
     (:mod:`~heterps_cli.profiling.precision`; None: as the model is, and the profile says none), and at
     each tensor-parallel degree of ``tp`` (:mod:`~heterps_cli.profiling.tensor_parallel`)."""
-    from heterps_cli.formats import check_name
+    from heterps_cli.loading import check_name
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.profiling.measure import measure as measure_model
     from heterps_cli.profiling.precision import check_precision
@@ -354,7 +354,7 @@ def estimate(
 ):
     """``heterps profile --estimate``: an estimate of the model's layers on catalogue device ``device``,
     operator by operator (:class:`~heterps_cli.profiling.estimate.Estimated`; imports torch)."""
-    from heterps_cli.formats import check_name
+    from heterps_cli.loading import check_name
     from heterps_cli.profiling.estimate import estimate_spec
 
     resource = check_name(resource, "--as")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heterps_cli.errors import InputError
-from heterps_cli.formats import Catalogue, Cluster, InstanceCatalogue, load_catalogue, load_instances
+from heterps_cli.formats import Catalogue, Cluster, InstanceCatalogue
+from heterps_cli.loading import load_catalogue, load_instances
 from heterps_cli.yamlio import dump_yaml
 
 CATALOGUE = Path(__file__).with_name("instances.yaml")

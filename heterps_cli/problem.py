@@ -16,8 +16,9 @@ import numpy as np
 from heterps_cli.batches import Measured, choices, measured
 from heterps_cli.errors import InputError, TooLarge
 from heterps_cli.figures import number
-from heterps_cli.formats import Cluster, Profile, check_pair, load_pair, micro_batches, usable_types
+from heterps_cli.formats import Cluster, Profile
 from heterps_cli.formulas import SECONDS_PER_HOUR, run_cost
+from heterps_cli.loading import check_pair, load_pair, micro_batches, usable_types
 from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.problem_terms import SLACK as SLACK

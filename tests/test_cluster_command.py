@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_cluster
+from heterps_cli.loading import load_cluster
 from tests.helpers import ROOT, refused, runner
 
 CATALOGUE = ROOT / "heterps_cli/instances.yaml"

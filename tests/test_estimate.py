@@ -11,7 +11,7 @@ import yaml
 from torch import nn
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_catalogue, load_profile
+from heterps_cli.loading import load_catalogue, load_profile
 from heterps_cli.profiling import estimate as est
 from heterps_cli.profiling.models import Call, Model, trace
 from tests.helpers import runner

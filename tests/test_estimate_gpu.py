@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_profile
+from heterps_cli.loading import load_profile
 from heterps_cli.profiling import estimate as est
 from heterps_cli.profiling.counting import abstract
 from heterps_cli.profiling.models import Call

@@ -12,7 +12,7 @@ from torch import nn
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
-from heterps_cli.formats import load_catalogue, load_profile
+from heterps_cli.loading import load_catalogue, load_profile
 from heterps_cli.profiling import estimate as est
 from heterps_cli.profiling.models import Call
 from heterps_cli.runtime.sharding import one_shard

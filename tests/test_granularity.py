@@ -9,7 +9,7 @@ from torch import nn
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
-from heterps_cli.formats import load_profile
+from heterps_cli.loading import load_profile
 from heterps_cli.profiling import models
 from heterps_cli.profiling.granularity import blocks, breaks, record_calls, settle, use_layers
 from heterps_cli.profiling.measure import load_model

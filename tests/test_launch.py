@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_plan
+from heterps_cli.loading import load_plan
 from heterps_cli.runtime import single_process_losses
 from heterps_cli.runtime.placement import per_node, processes
 from tests.helpers import MLP_LAYERS, PLACED, PLACED_MAP, ROOT, VGG16_TASK, runner, session_processes, write_plan

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from heterps_cli.bounds import bound
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_plan
+from heterps_cli.loading import load_plan
 from heterps_cli.runtime.placement import processes
 from heterps_cli.schedulers import SolveOptions, solve
 from tests.helpers import problem_from_dicts, write_yaml

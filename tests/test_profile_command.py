@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_profile
+from heterps_cli.loading import load_profile
 from heterps_cli.profiling import measure
 from tests.helpers import layers_over_step, profile_cli, runner
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_profile
+from heterps_cli.loading import load_profile
 from heterps_cli.profiling.precision import training_at
 from tests.helpers import plan_and_check, runner
 

@@ -11,7 +11,7 @@ import pytest
 
 from heterps_cli.cli.app import app
 from heterps_cli.errors import InputError
-from heterps_cli.formats import load_profile
+from heterps_cli.loading import load_profile
 from heterps_cli.profiling import measure
 from heterps_cli.profiling.processes import combine
 from tests.helpers import children, profile_cli, runner, session_processes

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from heterps_cli.cli.app import app
-from heterps_cli.formats import load_profile
+from heterps_cli.loading import load_profile
 from tests.helpers import plan_and_check, runner
 
 FACTORY = """

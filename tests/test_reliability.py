@@ -59,7 +59,7 @@ def test_merge_keeps_state_factor_and_job(runner, tmp_path):
     merged = tmp_path / "m.yaml"
     result = runner.invoke(app, ["profile", "merge", str(a), str(b), "-o", str(merged)])
     assert result.exit_code == 0, result.output
-    from heterps_cli.formats import load_profile
+    from heterps_cli.loading import load_profile
 
     profile, _ = load_profile(str(merged))
     assert profile.state_factor == 16
@@ -280,7 +280,7 @@ def test_diff_of_two_long_plans_is_linear(runner, tmp_path):
 
 def test_the_sweep_pairs_as_the_alignment_does_when_ranges_match():
     from heterps_cli.ci.diff import _sweep, pair_stages
-    from heterps_cli.formats import load_plan
+    from heterps_cli.loading import load_plan
 
     plan, _ = load_plan(PLAN)
     stages = list(plan.stages)

@@ -40,7 +40,7 @@ def cluster_command(
     """
     with exit_codes():
         from heterps_cli import instances as catalogue_of
-        from heterps_cli.formats import check_name
+        from heterps_cli.loading import check_name
 
         if not instances:
             out.print(listing_table(catalogue_of.listing(catalogue)))

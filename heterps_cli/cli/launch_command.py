@@ -117,8 +117,8 @@ def launch_command(
     """
     with exit_codes():
         from heterps_cli.errors import InputError
-        from heterps_cli.formats import load_plan
         from heterps_cli.launchfiles import launch_for, node_needs
+        from heterps_cli.loading import load_plan
         from heterps_cli.runtime import DEFAULT_WARMUP, check_options, check_runnable, mapped, parse_map
         from heterps_cli.slurm import SlurmOptions, check_feature, check_time
 

@@ -66,7 +66,8 @@ from typing import Any
 import torch
 
 from heterps_cli.errors import SIGNALLED, InputError
-from heterps_cli.formats import Catalogue, DeviceSpec, load_catalogue
+from heterps_cli.formats import Catalogue, DeviceSpec
+from heterps_cli.loading import load_catalogue
 from heterps_cli.profiling.counting import AsOnGPU, Op, Recorder, Work, abstract, autocast
 from heterps_cli.profiling.measure import (
     ALPHA_DEFAULTS,
@@ -307,7 +308,7 @@ def _calibration(
     """The catalogue device whose measurement in the profile ``path`` calibrates the estimate, and each
     layer's measured oct on it: the profile must be of the same layers at the same batch size (else an
     exit-2 error naming it)."""
-    from heterps_cli.formats import load_profile
+    from heterps_cli.loading import load_profile
 
     profile, doc = load_profile(path)
     names = [layer.name for layer in profile.layers]

@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from heterps_cli.errors import SIGNALLED, InputError
-from heterps_cli.formats import check_name
+from heterps_cli.loading import check_name
 from heterps_cli.profiling.granularity import settle
 from heterps_cli.profiling.links import Link, link_bandwidth
 from heterps_cli.profiling.load import Load, advice, between, snapshot

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from heterps_cli.errors import InputError
 from heterps_cli.figures import exact
-from heterps_cli.formats import Profile, load_profile
+from heterps_cli.formats import Profile
+from heterps_cli.loading import load_profile
 from heterps_cli.profiling.estimate import UPDATE_KERNELS, UPDATE_PASSES, Estimated
 from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, LayerProfile, Profiled, python_path_note
 from heterps_cli.yamlio import Document

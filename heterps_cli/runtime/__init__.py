@@ -174,7 +174,7 @@ def run_plan(
     every ``checkpoint_every`` steps and after the last; ``resume``: start from the newest there.
     (Over 60 lines by its signature alone: ``heterps run``'s options, one a line.)"""
     import heterps_cli.runtime.checkpoint as checkpoint
-    from heterps_cli.formats import load_plan
+    from heterps_cli.loading import load_plan
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
     from heterps_cli.runtime.report import build_report
     from heterps_cli.runtime.worker import RunConfig
@@ -425,7 +425,7 @@ def _processes(
     plan: Plan, plan_path: str, devices: dict[str, str], placed: bool, max_processes: int | None, under_torchrun: bool
 ) -> list[Process] | None:
     """Refuse a plan these processes cannot run (a GPU shared, too many processes; a replica with no
-    sample is refused where the plan is read, formats.load_plan); with ``placed``, the order
+    sample is refused where the plan is read, loading.load_plan); with ``placed``, the order
     torchrun's ranks take (docs/guide/running.md)."""
     import torch
 
