@@ -120,6 +120,8 @@ COMMANDS = ("plan", "frontier", "compare", "profile_command", "merge_command", "
 # What a command may use besides its one api call: rendering, output formats and option types.
 RENDERING = {
     "heterps_cli.cli.render",
+    "heterps_cli.cli.render_ci",
+    "heterps_cli.cli.render_files",
     "heterps_cli.cli.render_measured",
     "heterps_cli.ci.report",
     "heterps_cli.yamlio",  # dump_yaml: the plan file's text

@@ -140,7 +140,7 @@ def check(
     with exit_codes():
         from heterps_cli import api
         from heterps_cli.ci.report import findings_json, findings_markdown, github_annotations
-        from heterps_cli.cli.render import findings_view
+        from heterps_cli.cli.render_ci import findings_view
 
         with progress_bar() as report:
             findings = api.check(
@@ -184,7 +184,7 @@ def diff(
     with exit_codes():
         from heterps_cli import api
         from heterps_cli.ci.report import diff_annotations, diff_json, diff_markdown
-        from heterps_cli.cli.render import diff_view
+        from heterps_cli.cli.render_ci import diff_view
 
         result = api.diff(str(old_plan), str(new_plan))
         changes, warnings = result.changes, result.warnings
@@ -217,7 +217,7 @@ def validate(
     """Check a profile, a cluster or a plan file, or a profile or a plan against a cluster, and summarise it."""
     with exit_codes():
         from heterps_cli import api
-        from heterps_cli.cli.render import print_cluster, print_plan_file, print_summary
+        from heterps_cli.cli.render_files import print_cluster, print_plan_file, print_summary
 
         read = api.validate(str(file), str(cluster) if cluster is not None else None)
         if read.kind == "cluster":
