@@ -60,10 +60,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tables import header, row  # noqa: E402
-from heterps_cli.costmodel import labelled  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.plan import make_plan  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
+from heterps_cli.stages import labelled  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "sailor-gpt-neo" / "sailor"
 MODEL, GPU, TP, GPUS_PER_NODE = "GPT-Neo-2.7", "GH-96", "4", 4

@@ -58,10 +58,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_fidelity_gpu import CALIBRATION, bandwidth, measured_reserved  # noqa: E402
 from benchmarks.tables import header, row  # noqa: E402
-from heterps_cli.costmodel import labelled  # noqa: E402
 from heterps_cli.formats import Cluster, Profile  # noqa: E402
 from heterps_cli.plan import make_plan  # noqa: E402
 from heterps_cli.problem import build_problem  # noqa: E402
+from heterps_cli.stages import labelled  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "sailor-gpt-neo" / "sailor"
 MODEL, GLOBAL_BATCH = "GPT-Neo-2.7", 1024

@@ -5,7 +5,7 @@ ring that runs at its slowest link.
 A mixed stage is a one-type stage (its ``resource``, ``replicas``, ``tp``, now training ``samples`` of each
 micro-batch) joined by replicas of other types, each type at its own tensor-parallel degree (:class:`Joined`).
 Each part's terms are those of the same layers as a one-type stage on the part's type at the part's degree
-(:func:`~heterps_cli.costmodel.split_stages` on the plan's schedule with that stage's type and degree
+(:func:`~heterps_cli.stages.split_stages` on the plan's schedule with that stage's type and degree
 changed), charged at the part's busiest replica's share.
 """
 
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import Scores, Stages, replicas_keep_rules, scores_of, split_stages, stage_ids, stage_label
+from heterps_cli.costmodel import Scores, replicas_keep_rules, scores_of
 from heterps_cli.formulas import activations_held, mixed_step, share
 from heterps_cli.problem import Problem
+from heterps_cli.stages import Stages, split_stages, stage_ids, stage_label
 
 
 @dataclass(frozen=True)

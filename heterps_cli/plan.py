@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import score, split_stages
+from heterps_cli.costmodel import score
 from heterps_cli.explain import explanation
 from heterps_cli.formats import Joined, Plan, Stage
 from heterps_cli.formulas import activations_held, amdahl, ring_allreduce, whole_samples
@@ -18,6 +18,7 @@ from heterps_cli.mixed import MixedStage, mixed_scores, mixed_stage, with_own
 from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
+from heterps_cli.stages import split_stages
 
 
 def make_plan(

@@ -7,10 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from heterps_cli.costmodel import min_replicas, provision, score, split_stages
+from heterps_cli.costmodel import provision, score
 from heterps_cli.formulas import stage_throughput
 from heterps_cli.objective import Objective
 from heterps_cli.plan import make_plan
+from heterps_cli.replica_counts import min_replicas
+from heterps_cli.stages import split_stages
 from tests.helpers import instance_dicts, problem_from_dicts, random_instance
 from tests.oracle import brute_force, spec_figures
 

@@ -107,7 +107,7 @@ def test_exact_matches_brute_force_with_memory_and_transfer(inst, objective):
 
 def test_memory_binds_in_the_generated_instances():
     """The generator makes memory bind (more replicas, or a type ruled out) as well as not."""
-    from heterps_cli.costmodel import min_memory_replicas
+    from heterps_cli.replica_counts import min_memory_replicas
 
     seen = set()
     for seed in range(60):

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from heterps_cli.cli.app import app
-from heterps_cli.costmodel import provision, split_stages
+from heterps_cli.costmodel import provision
 from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import local, scoring
 from heterps_cli.schedulers.names import BATCH_LAYERS, DEFAULT_BATCH, MIN_BATCH, default_batch
+from heterps_cli.stages import split_stages
 
 INSTANCES = Path(__file__).resolve().parents[1] / "benchmarks" / "instances"
 PROFILE, CLUSTER = str(INSTANCES / "chain16x3.profile.yaml"), str(INSTANCES / "chain16x3.cluster.yaml")

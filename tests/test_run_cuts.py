@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.make_instances import paths
-from heterps_cli.costmodel import label_parts
 from heterps_cli.problem import load_problem
 from heterps_cli.schedulers import solve
 from heterps_cli.schedulers.cuts import RunCutter
+from heterps_cli.stages import label_parts
 from tests.helpers import instance_dicts, problem_from_dicts
 from tests.oracle import partitions_of, spec_figures, stages_of
 from tests.strategies import SETTINGS, hardware_instances

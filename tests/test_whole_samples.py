@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
-from heterps_cli.costmodel import next_whole
 from heterps_cli.errors import InfeasibleError
+from heterps_cli.replica_counts import next_whole
 from heterps_cli.runtime.layout import layout
 from heterps_cli.schedulers import exact, solve
 from heterps_cli.yamlio import load_yaml

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from heterps_cli.ci import diff
-from heterps_cli.costmodel import SLACK, schedule_of_stages, share_floor
+from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import Plan
@@ -26,7 +26,9 @@ from heterps_cli.mixed import joined_of
 from heterps_cli.objective import Objective
 from heterps_cli.plan import job_fields, make_plan
 from heterps_cli.problem import Problem
+from heterps_cli.replica_counts import share_floor
 from heterps_cli.schedulers import SCHEDULERS, Progress, SolveOptions, solve, with_what_if
+from heterps_cli.stages import schedule_of_stages
 
 FIGURE_TOL = 1e-6  # written figures are rounded by no writer of ours; 1e-6 forgives a hand-copied file
 
@@ -172,7 +174,7 @@ def _joined_misfits(problem: Problem, stage, where: str) -> list[str]:
 
 def _over_measured(problem: Problem, plan: Plan, i: int, view: Problem, t: int) -> list[str]:
     """Section 1f: a stage whose replicas each train more samples than its layers were measured at
-    (fewer replicas than :func:`~heterps_cli.costmodel.share_floor` asks)."""
+    (fewer replicas than :func:`~heterps_cli.replica_counts.share_floor` asks)."""
     stage = plan.stages[i]
     if view.share_cap is None or stage.last >= problem.n_layers:
         return []

@@ -108,10 +108,10 @@ def _rescued(name: str, problem: Problem, seed: int, options: SolveOptions) -> P
     """Section 1i where no plan of one-type stages meets the job (the problem at one micro-batch): the
     scheduler's fastest one-type plan, with replicas of other types joined as the climb joins them, if
     that meets it (then, under objective cost, climbed cheaper); None where it does not."""
-    from heterps_cli.costmodel import schedule_of_stages
     from heterps_cli.mixed import joined_of
     from heterps_cli.plan import make_plan
     from heterps_cli.schedulers.mixing import can_mix, mix
+    from heterps_cli.stages import schedule_of_stages
 
     if can_mix(problem) is not None:
         return None

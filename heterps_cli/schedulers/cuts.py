@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from heterps_cli.costmodel import better, label_parts, schedule_of_stages, stage_ids, throughput_floor
+from heterps_cli.costmodel import better, throughput_floor
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective
@@ -24,6 +24,7 @@ from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import SolveOptions
 from heterps_cli.schedulers.scoring import Best, Evaluator, Provisioned, Reference, rewards, take_rows
+from heterps_cli.stages import label_parts, schedule_of_stages, stage_ids
 
 NEAR = 2  # layers each side of a change of type that the exact step may put on any type
 
@@ -117,7 +118,7 @@ class RunCutter:
 
     def __call__(self, types: np.ndarray, target: float) -> np.ndarray:
         """``[B, n]`` schedules of types cut at ``target`` (labels that keep the cut stages apart, as
-        :func:`~heterps_cli.costmodel.labelled`); a row some run of which no cut lets reach it stays as
+        :func:`~heterps_cli.stages.labelled`); a row some run of which no cut lets reach it stays as
         it was."""
         best, back = self._spans(target)
         B, n = types.shape

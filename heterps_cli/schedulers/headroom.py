@@ -27,7 +27,7 @@ from heterps_cli.costmodel import throughput_floor
 from heterps_cli.problem import Problem
 
 # Lower bounds are rounded down by this relative margin so that float rounding never masks a type
-# that the cost model's exact count (costmodel.min_replicas) would accept.
+# that the cost model's exact count (replica_counts.min_replicas) would accept.
 MARGIN = 1e-9
 
 

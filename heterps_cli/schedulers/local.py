@@ -16,7 +16,7 @@ the search back to the cheap moves (variable neighbourhood descent).
 
 Outside the papers' space (docs/spec.md section 1) the cheap moves also cut a stage in two
 on its type, join two neighbouring stages on one type, and put a stage on another type without
-joining a neighbour: its schedules hold stage labels (:func:`heterps_cli.costmodel.labelled`, a type
+joining a neighbour: its schedules hold stage labels (:func:`heterps_cli.stages.labelled`, a type
 plus a multiple of the number of types), so that two neighbouring stages on one type stay two.
 
 The search climbs a score that ranks feasible plans by the objective and
@@ -40,7 +40,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heterps_cli.costmodel import PARITIES, label_parts, stage_label
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.progress import Progress, quiet
@@ -53,6 +52,7 @@ from heterps_cli.schedulers.scoring import (
     rewards,
     signature,
 )
+from heterps_cli.stages import PARITIES, label_parts, stage_label
 
 SEGMENT = 12  # longest run of layers the wide move recolours
 # The most one polish may score, in schedules x layers: a round of moves scores ~n schedules of n

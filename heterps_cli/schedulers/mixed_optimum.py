@@ -18,21 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import (
-    better,
-    labelled,
-    meets_targets,
-    replicas_keep_rules,
-    split_stages,
-    stage_label,
-    stage_throughputs,
-)
+from heterps_cli.costmodel import better, meets_targets, replicas_keep_rules, stage_throughputs
 from heterps_cli.formulas import mixed_step, run_cost
 from heterps_cli.mixed import Joined, least_slowest, part_limits, part_times, runs_at, share_limit
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock
+from heterps_cli.stages import labelled, split_stages, stage_label
 
 MOST_WORK = 5_000_000  # :func:`_work`'s units: about 2 s on one core (benchmarks/bench_mixed.py)
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import schedule_of_stages, score, split_stages
+from heterps_cli.costmodel import score
 from heterps_cli.figures import usd
 from heterps_cli.mixed import Joined, Splits, balanced, mixed_scores, mixed_stage, with_own
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock
+from heterps_cli.stages import schedule_of_stages, split_stages
 
 MOST_STEPS = 64  # joins of the slowest stage; each step tries every type, count and source
 

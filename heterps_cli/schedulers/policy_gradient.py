@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from heterps_cli.costmodel import label_parts
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
@@ -40,6 +39,7 @@ from heterps_cli.schedulers.scoring import (
     rewards,
     rewards_to_go,
 )
+from heterps_cli.stages import label_parts
 
 HINT = "give it more --steps"
 

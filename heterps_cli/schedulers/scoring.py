@@ -20,17 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.costmodel import (
-    Scores,
-    better,
-    degree_label,
-    label_parts,
-    meets_targets,
-    provision,
-    split_stages,
-    stage_ids,
-    stage_label,
-)
+from heterps_cli.costmodel import Scores, better, meets_targets, provision
 from heterps_cli.errors import SearchFailed
 from heterps_cli.formulas import run_cost, sample_hours
 from heterps_cli.objective import Objective
@@ -38,6 +28,7 @@ from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SearchOptions, SolveOptions, quiet
 from heterps_cli.schedulers.names import DEFAULT_EVALUATIONS
+from heterps_cli.stages import degree_label, label_parts, split_stages, stage_ids, stage_label
 
 CAP = 4.0  # feasible rewards lie in [-CAP, 0); infeasible ones below -CAP - 1
 # Under objective time, cost only breaks ties: 1% dearer weighs as much as 0.001% slower.

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import cost_lower_bound, min_replicas
+from heterps_cli.costmodel import cost_lower_bound
 from heterps_cli.formulas import stage_throughput
 from heterps_cli.problem import Problem
+from heterps_cli.replica_counts import min_replicas
 from heterps_cli.schedulers.exact.kernel import Chain
 from heterps_cli.schedulers.exact.terms import Table
 

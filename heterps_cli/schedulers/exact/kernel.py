@@ -34,8 +34,8 @@ class Chain:
     follows: np.ndarray  # [P, P] bool: a stage on [a] may come right before one on [b]
     starts: np.ndarray  # [P] bool: may run the first layer
     ends: np.ndarray  # [P] bool: may run the last layer
-    # [P] the stage label of each DP type in a schedule (costmodel.labelled): its type, plus
-    # costmodel.recompute_label where the stage recomputes its activations (section 1g); None: base
+    # [P] the stage label of each DP type in a schedule (stages.labelled): its type, plus
+    # stages.recompute_label where the stage recomputes its activations (section 1g); None: base
     label: np.ndarray | None = None
     # [P] section 1h: the units of its type one replica of each DP type holds (None: one each)
     width: np.ndarray | None = None

@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, score, split_stages
+from heterps_cli.costmodel import SLACK, score
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
 from heterps_cli.formulas import amdahl, pipeline_slots
@@ -48,6 +48,7 @@ from heterps_cli.schedulers.exact.terms import (
     stage_grid,
     stage_table,
 )
+from heterps_cli.stages import split_stages
 
 
 def _slowest_layer(problem: Problem) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import label_parts, throughput_floor
+from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
 from heterps_cli.objective import Objective
@@ -15,6 +15,7 @@ from heterps_cli.plan import make_plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.exact.pipeline import solver_for
 from heterps_cli.schedulers.exact.step import schedule_of
+from heterps_cli.stages import label_parts
 
 MORE_UNITS = 100  # an infeasible throughput is tried again on this many times every limit
 

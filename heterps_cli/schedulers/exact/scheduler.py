@@ -15,10 +15,7 @@ import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.bounds import within
-from heterps_cli.costmodel import (
-    meets_targets,
-    throughput_floor,
-)
+from heterps_cli.costmodel import meets_targets, throughput_floor
 from heterps_cli.errors import InfeasibleError, SearchGaveUp, TooLarge
 from heterps_cli.figures import count, number, usd
 from heterps_cli.objective import Objective

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, labelled, meets_targets
+from heterps_cli.costmodel import SLACK, meets_targets
 from heterps_cli.figures import count
 from heterps_cli.formulas import run_cost, sample_hours, stage_throughput
 from heterps_cli.problem import Problem
@@ -35,6 +35,7 @@ from heterps_cli.schedulers.exact.kernel import (
     units_used,
 )
 from heterps_cli.schedulers.exact.terms import Table, stage_table
+from heterps_cli.stages import labelled
 
 PENALTY_DOUBLINGS = 12  # penalty doublings that look for a plan within every limit at one relaxed step
 

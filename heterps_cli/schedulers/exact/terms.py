@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heterps_cli.costmodel import min_memory_replicas, share_floor_spans, stage_label
 from heterps_cli.errors import TooLarge
 from heterps_cli.formulas import activations_held, pipeline_step
 from heterps_cli.problem import Problem
+from heterps_cli.replica_counts import min_memory_replicas, share_floor_spans
 from heterps_cli.schedulers.exact.kernel import Chain
+from heterps_cli.stages import stage_label
 
 
 @dataclass
