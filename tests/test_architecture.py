@@ -1,4 +1,5 @@
-"""The shape of the code: no import cycles, a thin command line over heterps_cli.api, a usable library."""
+"""The shape of the code: no import cycles, a thin command line over heterps_cli.api, a usable library,
+and the sizes docs/development.md keeps."""
 
 from __future__ import annotations
 
@@ -192,3 +193,47 @@ def test_build_problem_takes_plain_validated_models():
     assert problem.n_layers == len(profile.layers) and problem.min_throughput == 1.0
     with pytest.raises(ValueError, match="objective"):
         build_problem(profile, cluster, objective="speed")
+
+
+# docs/development.md: a library function at most 60 lines (or its docstring says why it is longer), a
+# command at most 80, a class at most 150, a test file at most 450.
+FUNCTION_LINES, COMMAND_LINES, CLASS_LINES, TEST_FILE_LINES = 60, 80, 150, 450
+
+
+def _commands() -> set[tuple[str, str]]:
+    """(module, function) of every command the CLI registers, in groups too."""
+    from heterps_cli.cli.app import app
+
+    found, apps = set(), [app]
+    while apps:
+        typer_app = apps.pop()
+        found |= {(c.callback.__module__, c.callback.__name__) for c in typer_app.registered_commands if c.callback}
+        apps += [group.typer_instance for group in typer_app.registered_groups if group.typer_instance]
+    return found
+
+
+def test_functions_and_classes_keep_their_sizes():
+    commands, over = _commands(), []
+    assert ("heterps_cli.cli.app", "plan") in commands and len(commands) >= 10
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1 if hasattr(node, "lineno") else 0
+            if isinstance(node, ast.ClassDef) and lines > CLASS_LINES:
+                over.append(f"{module}.{node.name}: a class of {lines} lines")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                most = COMMAND_LINES if (module, node.name) in commands else FUNCTION_LINES
+                said = f"over {FUNCTION_LINES} lines" in (ast.get_docstring(node) or "").lower()
+                if lines > most and not (said and most == FUNCTION_LINES):
+                    over.append(f"{module}.{node.name}: {lines} lines")
+    assert not over, over
+
+
+def test_test_files_keep_under_450_lines():
+    tests = Path(__file__).resolve().parent
+    over = [
+        f"{p.relative_to(tests)}: {n}"
+        for p in tests.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > TEST_FILE_LINES
+    ]
+    assert not over, over
