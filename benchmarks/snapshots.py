@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -61,10 +62,17 @@ def blanked(text: str) -> str:
 
 
 def write(folder: Path, quick: bool) -> None:
+    """Every snapshot into ``folder``, which must be new or empty (a file left from another run would
+    compare as this one's). The files are named relative to the checkout, so that the snapshots of two
+    checkouts (a worktree of the commit before, and yours) compare as they are."""
+    folder = folder.resolve()
+    if folder.exists() and any(folder.iterdir()):
+        sys.exit(f"error: {folder} is not empty: give a new folder")
     folder.mkdir(parents=True, exist_ok=True)
+    os.chdir(ROOT)
     start = time.perf_counter()
-    for profile in sorted((ROOT / "profiles").glob("*.yaml")):
-        for cluster in sorted((ROOT / "clusters").glob("*.yaml")):
+    for profile in sorted(Path("profiles").glob("*.yaml")):
+        for cluster in sorted(Path("clusters").glob("*.yaml")):
             for scheduler in SCHEDULERS:
                 began = time.perf_counter()
                 for name, text in answers(profile, cluster, scheduler, quick).items():
