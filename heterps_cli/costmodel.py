@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.formulas import run_cost, sample_hours, stage_throughput, stretch
+from heterps_cli.formulas import SLACK, run_cost, sample_hours, stage_throughput, stretch
 from heterps_cli.objective import Objective
-from heterps_cli.problem import SLACK, Problem
+from heterps_cli.problem import Problem
 from heterps_cli.replica_counts import memory_need, min_replicas, next_whole
 from heterps_cli.stages import Stages
 

@@ -8,9 +8,18 @@ import numpy as np
 
 from heterps_cli.costmodel import stage_throughputs
 from heterps_cli.figures import count, usd
-from heterps_cli.formulas import amdahl, pipeline_slots, ring_allreduce, share, step_parts, stretch, whole_samples
+from heterps_cli.formulas import (
+    SLACK,
+    amdahl,
+    pipeline_slots,
+    ring_allreduce,
+    share,
+    step_parts,
+    stretch,
+    whole_samples,
+)
 from heterps_cli.objective import Objective
-from heterps_cli.problem import SLACK, Problem
+from heterps_cli.problem import Problem
 from heterps_cli.replica_counts import next_whole
 from heterps_cli.stages import schedule_of_stages, split_stages
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 SECONDS_PER_HOUR = 3600.0
+# Relative slack for constraint checks, so a plan that meets a limit to the last
+# bit in one summation order is not declared infeasible in another.
+SLACK = 1e-12
 
 
 def amdahl(serial, parallel, k):

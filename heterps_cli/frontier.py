@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, meets_targets, throughput_floor
+from heterps_cli.costmodel import meets_targets, throughput_floor
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count
-from heterps_cli.formulas import sample_hours
+from heterps_cli.formulas import SLACK, sample_hours
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem

@@ -21,7 +21,6 @@ from heterps_cli.formulas import SECONDS_PER_HOUR, run_cost
 from heterps_cli.loading import check_pair, load_pair, micro_batches, usable_types
 from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
-from heterps_cli.problem_terms import SLACK as SLACK
 from heterps_cli.problem_terms import DegreeViews, MemoryTerms, RentalQuestions, TransferTerms
 from heterps_cli.yamlio import Document
 

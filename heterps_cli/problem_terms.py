@@ -17,14 +17,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from heterps_cli.formulas import SLACK
 from heterps_cli.objective import Objective
 
 if TYPE_CHECKING:
     from heterps_cli.problem import Problem
-
-# Relative slack for constraint checks, so a plan that meets a limit to the last
-# bit in one summation order is not declared infeasible in another.
-SLACK = 1e-12
 
 
 class DegreeViews:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.formulas import amdahl, share, stage_throughput, whole_samples
-from heterps_cli.problem import SLACK, Problem
+from heterps_cli.formulas import SLACK, amdahl, share, stage_throughput, whole_samples
+from heterps_cli.problem import Problem
 
 
 def _need(serial, parallel, tau):

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 
 from heterps_cli.ci import diff
-from heterps_cli.costmodel import SLACK
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.figures import count, exact, number, plural, setting, signed_usd, usd
 from heterps_cli.formats import Plan
-from heterps_cli.formulas import share
+from heterps_cli.formulas import SLACK, share
 from heterps_cli.mixed import joined_of
 from heterps_cli.objective import Objective
 from heterps_cli.plan import job_fields, make_plan

@@ -395,8 +395,8 @@ class _Synthetic:
 class _Checkpoints:
     """This process's part of the run's checkpoints (:mod:`.checkpoint`)."""
 
-    def __init__(self, cfg: RunConfig, rank: int, stage, replica: int, tp_rank: int, device: torch.device):
-        self.cfg, self.rank, self.stage, self.replica, self.tp_rank = cfg, rank, stage, replica, tp_rank
+    def __init__(self, cfg: RunConfig, lay: Layout, rank: int, stage, replica: int, tp_rank: int, device: torch.device):
+        self.cfg, self.lay, self.rank, self.stage, self.replica, self.tp_rank = cfg, lay, rank, stage, replica, tp_rank
         self.width, self.device = stage.width(replica), device
         self.run_id = _run_id() if cfg.checkpoint_dir else None
 
@@ -414,7 +414,7 @@ class _Checkpoints:
         checkpoint.save(_generators(self.device), checkpoint.rng_file(where, self.rank), run, steps_done)
         dist.barrier()
         if self.rank == 0:
-            names = checkpoint.file_names(self.cfg.layout())
+            names = checkpoint.file_names(self.lay)
             checkpoint.complete(root, steps_done, run, names, dict(self.cfg.checkpoint_meta))
 
     def restore(self, module: nn.Module, optimiser, where: Path) -> None:
@@ -492,7 +492,7 @@ class _Replica:
         self.cfg, self.step_index = cfg, 0
         self.data = _data_of(samples, chain, model, cfg, lay, stage, self.replica, self.device)
         self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
-        self.checkpoints = _Checkpoints(cfg, rank, stage, self.replica, self.tp_rank, self.device)
+        self.checkpoints = _Checkpoints(cfg, lay, rank, stage, self.replica, self.tp_rank, self.device)
         if cfg.resume_from is not None:
             self.checkpoints.restore(self.module, self.optimiser, Path(cfg.resume_from))
         self.M = lay.micro_batches

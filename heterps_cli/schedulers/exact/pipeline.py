@@ -32,10 +32,10 @@ import math
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, score
+from heterps_cli.costmodel import score
 from heterps_cli.errors import TooLarge
 from heterps_cli.figures import count
-from heterps_cli.formulas import amdahl, pipeline_slots
+from heterps_cli.formulas import SLACK, amdahl, pipeline_slots
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
 from heterps_cli.schedulers.exact.kernel import Candidate, Chain, chain_dp

@@ -35,10 +35,10 @@ from dataclasses import replace
 import numpy as np
 
 import heterps_cli.schedulers.exact.walks as walks
-from heterps_cli.costmodel import SLACK, throughput_floor
+from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import InfeasibleError, TooLarge
 from heterps_cli.figures import count, usd
-from heterps_cli.formulas import run_cost
+from heterps_cli.formulas import SLACK, run_cost
 from heterps_cli.nodes import Menu, Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan

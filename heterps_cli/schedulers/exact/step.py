@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, meets_targets
+from heterps_cli.costmodel import meets_targets
 from heterps_cli.figures import count
-from heterps_cli.formulas import run_cost, sample_hours, stage_throughput
+from heterps_cli.formulas import SLACK, run_cost, sample_hours, stage_throughput
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress
 from heterps_cli.schedulers.exact.grid import ReplicaGrid

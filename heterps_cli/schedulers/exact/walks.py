@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heterps_cli.costmodel import SLACK, throughput_floor
+from heterps_cli.costmodel import throughput_floor
+from heterps_cli.formulas import SLACK
 from heterps_cli.schedulers.exact.kernel import Candidate
 from heterps_cli.schedulers.exact.pipeline import PipelineSolver, scored, true_candidate, walking
 from heterps_cli.schedulers.exact.step import StepSolver
