@@ -233,6 +233,15 @@ class FixedCosts(_Strict):
     transfer_latency: NonNegative = 0.0  # s of a message across a stage boundary beyond its bytes
 
 
+class TiedTensor(_Strict):
+    """Section 1j: one tensor several layers hold (a tied embedding and output head, a shared buffer)."""
+
+    tensor: Name  # its name in its first holder: LAYER.PATH
+    kind: Literal["parameter", "buffer"] = "parameter"
+    bytes: NonNegative
+    layers: Annotated[list[Name], Field(min_length=2)]  # its holders, by name, in the profile's order
+
+
 class Profile(_Strict):
     model: Name
     batch_size: BatchSize
@@ -242,6 +251,7 @@ class Profile(_Strict):
     precision: Precision | None = None  # section 2: what the times assume the model trains at
     chain: bool | None = None  # section 2: whether heterps run can cut between any two layers (None: unknown)
     fixed: Annotated[dict[Name, FixedCosts], Field(min_length=1)] | None = None  # section 1d, per type
+    ties: list[TiedTensor] | None = None  # section 1j: tensors several layers hold
     layers: Annotated[list[Layer], Field(min_length=1)]
 
     @property
@@ -359,6 +369,8 @@ class Stage(_Strict):
     # section 1i: replicas of other types in the stage, and the samples of each micro-batch its own train
     joined: Annotated[list[Joined], Field(min_length=1)] | None = None
     samples: Annotated[int, Field(ge=1, le=MAX_BATCH)] | None = None
+    # section 1j: s per step keeping the tied tensors it shares with other stages one (in update_s or comm_s)
+    tied_s: NonNegative | None = None
 
     @property
     def way(self) -> str:
@@ -532,6 +544,7 @@ PLAN_ONLY_WHERE_GIVEN = (
 )
 STAGE_ONLY_WHERE_GIVEN = (
     "transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute", "tp", "joined", "samples",
+    "tied_s",
 )  # fmt: skip
 
 

@@ -237,8 +237,42 @@ def _profile_of(doc: Document) -> Profile:
             micro_batches(profile.job.global_batch, profile.sizes, "job.global_batch")
         except ValueError as exc:
             problems.append(doc.error(("job", "global_batch"), str(exc)))
+    problems += _tie_problems(profile, doc, seen)
     _raise_all(problems)
     return profile
+
+
+def _tie_problems(profile: Profile, doc: Document, index: dict[str, int]) -> list[InputError]:
+    """Section 1j: each tie's holders are layers of the profile, each once, in the profile's order; a tied
+    parameter fits in its first holder's weight_size, which counts it; a tensor is tied once."""
+    problems, named = [], set()
+    for k, tie in enumerate(profile.ties or []):
+        where = ("ties", k)
+        if tie.tensor in named:
+            problems.append(
+                doc.error((*where, "tensor"), f"{tie.tensor!r} is tied twice: give one entry with every holder")
+            )
+        named.add(tie.tensor)
+        unknown = [name for name in tie.layers if name not in index]
+        if unknown:
+            problems.append(doc.error((*where, "layers"), f"{unknown[0]!r} is not a layer of the profile"))
+            continue
+        at = [index[name] for name in tie.layers]
+        if len(set(at)) != len(at) or at != sorted(at):
+            problems.append(
+                doc.error((*where, "layers"), "list each holder once, in the order of the profile's layers")
+            )
+            continue
+        first = profile.layers[at[0]]
+        if tie.kind == "parameter" and tie.bytes > first.weight_size * (1 + 1e-12):
+            problems.append(
+                doc.error(
+                    (*where, "bytes"),
+                    f"{number(tie.bytes)} is more than the weight_size of its first holder {first.name!r} "
+                    f"({number(first.weight_size)}), which counts the tensor once for all its holders",
+                )
+            )
+    return problems
 
 
 def _saved_problems(doc: Document, where: tuple, sizes, whose: str) -> list[InputError]:

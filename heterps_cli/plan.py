@@ -19,6 +19,7 @@ from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.stages import split_stages
+from heterps_cli.ties import split_terms
 
 
 def make_plan(
@@ -245,24 +246,21 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     width = int(stages.width[0, s])  # section 1h: the sizes are one unit's share at the stage's degree
     view = problem.view_at(width)
     state_fixed, state_split = view.state_parts
+    own = state_fixed[a : b + 1].sum() + float(problem.tie_state(a, b))  # section 1j: a tied parameter's copy
     # a stage holds once what two of its layers save; its first layer's share is its own copy
     activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]
     again = bool(stages.recompute[0, s])  # section 1g
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
         held = activations_held(in_flight, activations, problem.stage_inputs[a] if again else None)
-        memory = float(
-            amdahl(state_fixed[a : b + 1].sum() + reserved[t], whole(state_split[a : b + 1].sum() + held, held), kk)
-        )
+        memory = float(amdahl(own + reserved[t], whole(state_split[a : b + 1].sum() + held, held), kk))
         micro = stages.micro_parallel[0, s]
         compute = float(amdahl(stages.micro_serial[0, s], whole(micro, micro), kk)) - transfer
         comm = float(ring_allreduce(stages.sync[0, s], kk))
         step = amdahl(stages.sc[0, s], whole(stages.pc[0, s], stages.ps[0, s]), kk)
         pipeline = {"update_s": float(stages.update[0, s]), "step_s": float(step), "in_flight": in_flight}
     else:
-        memory = float(
-            amdahl(state_fixed[a : b + 1].sum(), whole(state_split[a : b + 1].sum() + activations, activations), kk)
-        )
+        memory = float(amdahl(own, whole(state_split[a : b + 1].sum() + activations, activations), kk))
         if problem.reserved is not None:
             memory += float(reserved[t])
         compute = float(amdahl(stages.sc[0, s], whole(stages.pc[0, s], stages.ps[0, s]), kk))
@@ -280,5 +278,14 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
         memory_gb=memory / 1e9,
         recompute=True if again else None,
         tp=width if width > 1 else None,
+        **_tied(problem, a, b, t),
         **pipeline,
     )
+
+
+def _tied(problem: Problem, a: int, b: int, t: int) -> dict[str, float]:
+    """Section 1j: ``tied_s``, the seconds per step stage ``a..b`` on ``t`` spends keeping the tensors it
+    shares with other stages one, where it shares any."""
+    if not problem.ties or not split_terms(problem.ties, a, b)[1]:
+        return {}
+    return {"tied_s": float(problem.tie_seconds(a, b, t))}

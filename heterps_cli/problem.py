@@ -22,6 +22,7 @@ from heterps_cli.loading import check_pair, load_pair, micro_batches, usable_typ
 from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
 from heterps_cli.problem_terms import DegreeViews, MemoryTerms, RentalQuestions, TransferTerms
+from heterps_cli.ties import Held
 from heterps_cli.yamlio import Document
 
 
@@ -93,6 +94,8 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
     # they receive (None: the type's bandwidth), and whether a node's units share one network link
     gather_link: np.ndarray | None = None
     shared_link: np.ndarray | None = None
+    # section 1j: tensors several layers hold, each counted in its first holder's weight_size
+    ties: tuple[Held, ...] = ()
 
     @property
     def pipelined(self) -> bool:
@@ -383,6 +386,10 @@ def _tensor(profile: Profile, main: Problem, steps: int | None) -> dict[int, Pro
         fields = _per_degree(profile.at_degree(d, offered), main.types)
         if main.batch_size != profile.batch_size:  # at the main problem's micro-batch, as it is
             fields |= _at_batch(fields["measured"], main.batch_size, main.layer_names, steps, partial=True)
+        holders = [i for tie in main.ties for i in tie.layers]
+        if holders:  # section 1j: a tied tensor's holders run at tp 1, where heterps run keeps it one
+            fields["runnable"] = fields["runnable"].copy()
+            fields["runnable"][holders] = False
         out[d] = dataclasses.replace(main, **fields, tensor=None, degree=d)
     return out
 
@@ -528,7 +535,17 @@ def _layers(profile: Profile) -> dict:
             else None
         ),
         "sharded": np.array([layer.sharded for layer in layers], dtype=bool),
+        "ties": _ties(profile),
     }
+
+
+def _ties(profile: Profile) -> tuple[Held, ...]:
+    """Section 1j: the profile's ties, their holders by index."""
+    index = {layer.name: i for i, layer in enumerate(profile.layers)}
+    return tuple(
+        Held(tie.tensor, tie.kind, float(tie.bytes), tuple(index[name] for name in tie.layers))
+        for tie in profile.ties or []
+    )
 
 
 def _nodes(cluster: Cluster, types: tuple[str, ...]) -> Nodes | None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from heterps_cli.formulas import SLACK
 from heterps_cli.objective import Objective
+from heterps_cli.ties import copy_bytes, split_terms
 
 if TYPE_CHECKING:
     from heterps_cli.problem import Problem
@@ -128,6 +129,12 @@ class MemoryTerms:
             state = self.state_factor * self.weight_size
         return np.where(self.sharded, 0.0, state), np.where(self.sharded, state, 0.0)
 
+    def tie_state(self: Problem, first, last) -> np.ndarray:
+        """Section 1j: the training-state bytes stage ``first..last`` holds, every replica, for copies of
+        tied parameters its layers' ``weight_size`` leaves out (zeros without ties)."""
+        with np.errstate(over="ignore"):
+            return self.state_factor * copy_bytes(self.ties, first, last)
+
     @cached_property
     def activation_bytes(self: Problem) -> np.ndarray:
         """Per layer, the bytes one (micro-)batch keeps for its backward pass, split across the replicas."""
@@ -179,6 +186,19 @@ class TransferTerms:
             self.all_reduce_latency if self.all_reduce_latency is not None else zeros,
             self.transfer_latency if self.transfer_latency is not None else zeros,
         )
+
+    def tie_seconds(self: Problem, first, last, stype) -> np.ndarray:
+        """Section 1j: the seconds per step stage ``first..last`` on type ``stype`` spends keeping the tied
+        tensors it shares with other stages one: their bytes (:func:`~heterps_cli.ties.split_terms`) over
+        the type's link, and under a pipeline schedule an all-reduce latency each. 0 without ties, and
+        for bytes where the type gives no bandwidth (as activations across a boundary)."""
+        moved, count = split_terms(self.ties, first, last)
+        free = ~np.isfinite(self.bandwidth)
+        with np.errstate(divide="ignore"):
+            rate = np.where(free, 0.0, 1.0 / self.bandwidth)
+        latency = self.fixed_costs[1] if self.pipelined else np.zeros(self.n_types)  # section 1d's only
+        with np.errstate(over="ignore", invalid="ignore"):
+            return moved * rate[stype] + count * latency[stype]
 
     @cached_property
     def boundary_messages(self: Problem) -> np.ndarray:

@@ -132,12 +132,13 @@ def _pipelined(problem: Problem, micro, sid: np.ndarray, valid: np.ndarray):
 
 
 def _memory(
-    problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, first, stype, in_flight, recompute, pick
+    problem: Problem, flat: np.ndarray, shape: tuple[int, int], valid, bounds, stype, in_flight, recompute, pick
 ):
     """Section 1b: per stage, the bytes every replica holds, the bytes split across them (with section
     1d's micro-batches in flight), the activations among those, and the fewest replicas whose memory
     fits. ``pick(view -> [n] array)``: each layer's figure at its stage's degree (section 1h)."""
     B, S = shape
+    first, last = bounds
 
     def summed(part):
         return np.bincount(flat, weights=part.ravel(), minlength=B * S).reshape(B, S)
@@ -153,6 +154,8 @@ def _memory(
                 recompute, activations_held(in_flight, activations, inputs), activations_held(in_flight, activations)
             )
         mem_fixed = summed(pick(lambda v: v.state_parts[0]))
+        if problem.ties:  # section 1j: a stage's own copy of a tied parameter its first holder counts
+            mem_fixed = mem_fixed + np.where(valid, problem.tie_state(first, np.where(valid, last, 0)), 0.0)
         mem_split = summed(pick(lambda v: v.state_parts[1])) + activations
     if problem.reserved is not None:
         mem_fixed = mem_fixed + np.where(valid, problem.reserved_bytes[stype], 0.0)
@@ -183,13 +186,17 @@ def split_stages(problem: Problem, schedules) -> Stages:
     zeros: np.ndarray = np.zeros((B, S))
     in_flight, ps = np.ones((B, S)), pc
     micro: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (zeros, zeros, zeros, zeros)
+    tied = np.where(valid, problem.tie_seconds(first, last, stype), 0.0) if problem.ties else zeros  # section 1j
     if problem.pipelined:
         micro = _micro_terms(problem, pick, flat, (sc, pc), valid, stype, first, last, transfer)
+        micro = (*micro[:3], micro[3] + tied)  # once a step, after the flush, as the optimiser step
         sc, pc, ps, in_flight = _pipelined(problem, micro, sid, valid)
         sd = pd = zeros
     else:
-        pd = pd + transfer
-    mem_fixed, mem_split, mem_act, min_k = _memory_terms(problem, flat, valid, first, stype, in_flight, recompute, pick)
+        pd, sd = pd + transfer, sd + tied
+    mem_fixed, mem_split, mem_act, min_k = _memory_terms(
+        problem, flat, valid, (first, last), stype, in_flight, recompute, pick
+    )
     return Stages(
         sched,
         sc,
@@ -284,16 +291,16 @@ def _runnable(pick, again: np.ndarray) -> np.ndarray:
     return runnable
 
 
-def _memory_terms(problem: Problem, flat, valid, first, stype, in_flight, recompute, pick):
+def _memory_terms(problem: Problem, flat, valid, bounds, stype, in_flight, recompute, pick):
     """Section 1b's memory per stage (what every replica holds, what splits across them, the activations)
     and the fewest replicas each stage needs, for its memory and (section 1f) so that no replica trains
-    above a size measured on its type."""
+    above a size measured on its type; ``bounds``: each stage's first and last layer."""
     B, S = valid.shape
     zeros = np.zeros((B, S))
     mem_fixed, mem_split, mem_act, min_k = zeros, zeros, zeros, np.ones((B, S))
     if np.isfinite(problem.memory).any():
         mem_fixed, mem_split, mem_act, min_k = _memory(
-            problem, flat, (B, S), valid, first, stype, in_flight, recompute, pick
+            problem, flat, (B, S), valid, bounds, stype, in_flight, recompute, pick
         )
     if any(view.share_cap is not None for view in problem.views):
         most = np.ones(B * S)

@@ -75,11 +75,13 @@ from heterps_cli.profiling.measure import (
     LayerProfile,
     layer_profile,
     load_model,
+    tied_layers,
     traced,
     weight_bytes,
     with_shared,
 )
 from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, layers_run_alone, tensors_of
+from heterps_cli.profiling.ties import Tie
 from heterps_cli.profiling.timing import shared_with_previous, with_loss
 from heterps_cli.progress import Progress, quiet
 from heterps_cli.runtime.sharding import one_shard
@@ -244,6 +246,7 @@ class Estimated:
     sharded: dict[int, list[Sharded]] = field(default_factory=dict)  # --tp: per degree, how
     optimizer: str = "sgd"  # whose step each layer's update prices
     chain: bool | None = None  # docs/spec.md section 2: whether heterps run can cut between any two layers
+    ties: list[Tie] = field(default_factory=list)  # docs/spec.md section 1j: tensors several layers hold
 
     @property
     def total_oct(self) -> float:
@@ -378,6 +381,7 @@ def estimate(
     with layers_run_alone(model, current):
         priced = _priced(calls, counted, model, catalogue, device, tp, precision, optimizer, calibrate, calibrate_on)
     report("done", completed=steps, total=steps)
+    priced["layers"], ties = tied_layers(calls, priced["layers"])
     shown = path if catalogue_path is not None else "built in (heterps_cli/profiling/devices.yaml)"
     return Estimated(
         model=model.name,
@@ -391,6 +395,7 @@ def estimate(
         loss=loss,
         optimizer=optimizer,
         chain=model.chain,
+        ties=ties,
         **priced,
     )
 

@@ -70,6 +70,7 @@ from heterps_cli.profiling.models import (
     trace,
 )
 from heterps_cli.profiling.precision import check_precision, training_at
+from heterps_cli.profiling.ties import Tie, find_ties, once_bytes
 from heterps_cli.profiling.timing import (
     FIT_SPLITS,
     FIT_TRIALS,
@@ -159,6 +160,7 @@ class Profiled:
     idle_latency: float | None = None  # the idle link's all-reduce latency, where pairs timed all_reduce_latency
     precision: str | None = None  # docs/spec.md section 2: what the layers were timed at (None: not stated)
     degrees: dict[int, list[LayerProfile]] = field(default_factory=dict)  # --tp: per degree, one unit's layers
+    ties: list[Tie] = field(default_factory=list)  # docs/spec.md section 1j: tensors several layers hold
 
     @property
     def total_oct(self) -> float:
@@ -195,7 +197,6 @@ def measure(
         raise InputError(None, None, "device", "cuda was asked for, but torch sees no CUDA device here")
     check_precision(precision, device)
     report, B0, started = progress or quiet, len(model.inputs[0]), snapshot()
-    taken = output_loss(loss, B0)
     report("tracing the model")
     calls, notes = traced_at(model, precision, device)
     link = link if link is not None else link_bandwidth(device, link_gbps, report, notes)
@@ -207,8 +208,8 @@ def measure(
         with layers_run_alone(model, current), training_at(precision, device, modules):
             if device == "cpu":
                 torch.set_num_threads(1)  # one unit of cpu is one core
-            step, layers, starts = _timed_layers(
-                model, calls, device, repetitions, link.bandwidth, taken, optimizer, report, current
+            step, layers, starts, ties = _timed_layers(
+                model, calls, device, repetitions, link.bandwidth, output_loss(loss, B0), optimizer, report, current
             )
     finally:
         torch.set_num_threads(threads)
@@ -231,7 +232,30 @@ def measure(
         chain=model.chain,
         load=between(started, snapshot()),
         precision=precision,
+        ties=ties,
     )
+
+
+def tied_layers(calls: list[Call], layers: list[LayerProfile]) -> tuple[list[LayerProfile], list[Tie]]:
+    """Section 1j: the tensors several of the traced layers hold, and the layers with each counted once."""
+    ties = find_ties([call.module for call in calls], [call.name for call in calls])
+    return counted_once(layers, ties), ties
+
+
+def counted_once(layers: list[LayerProfile], ties: list[Tie]) -> list[LayerProfile]:
+    """Section 1j: each tied parameter's bytes in its first holder's ``weight_size`` only; a later holder's
+    all-reduce (``odt``, as big as its weights) and optimiser step (``update``) shrink with its weights,
+    since the tensor is summed and stepped once."""
+    extra = once_bytes(ties, len(layers))
+    out = []
+    for layer, tied in zip(layers, extra):
+        if not tied:
+            out.append(layer)
+            continue
+        kept = max(layer.weight_size - tied, 0.0)
+        share = kept / layer.weight_size if layer.weight_size else 0.0
+        out.append(dataclasses.replace(layer, weight_size=kept, odt=layer.odt * share, update=layer.update * share))
+    return out
 
 
 def traced_at(model: Model, precision: str | None, device: str) -> tuple[list[Call], list[str]]:
@@ -269,8 +293,9 @@ def _timed_layers(
     optimizer: str,
     report: Progress,
     current: list[Call],
-) -> tuple[float, list[LayerProfile], list[float]]:
-    """The whole model's step (the warm-up's median), each layer's profile and each backward pass's start:
+) -> tuple[float, list[LayerProfile], list[float], list[Tie]]:
+    """The whole model's step (the warm-up's median), each layer's profile, each backward pass's start and
+    the tensors several layers hold (section 1j, each counted once in the layers' weights):
     the warm-up steps, the timed rounds, the alpha fit at each batch share; ``current`` holds the layer
     running."""
     B0, total = len(model.inputs[0]), (ROUNDS + 1) * len(calls)  # the timed rounds, then one alpha fit a layer
@@ -292,9 +317,9 @@ def _timed_layers(
         # each run's forward is part of its total, so the medians keep that order (section 1g)
         layers.append(dataclasses.replace(layer, forward=statistics.median(forwards[i])))
     current[:] = []
-    layers = with_shared(layers, shared_with_previous(model, calls, device), B0)
+    layers, ties = tied_layers(calls, with_shared(layers, shared_with_previous(model, calls, device), B0))
     report("done", completed=total, total=total)
-    return step, layers, starts
+    return step, layers, starts, ties
 
 
 def with_shared(layers: list[LayerProfile], shared: list[float], B0: int) -> list[LayerProfile]:

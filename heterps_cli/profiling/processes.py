@@ -37,6 +37,7 @@ from heterps_cli.errors import InputError
 from heterps_cli.profiling.links import Link, free_port, link_bandwidth, sigint_ignored
 from heterps_cli.profiling.load import Load, between, snapshot
 from heterps_cli.profiling.measure import LayerProfile, Profiled, load_model, measure
+from heterps_cli.profiling.ties import Tie
 from heterps_cli.progress import Progress, quiet
 
 
@@ -294,7 +295,9 @@ def _median_given(values: list[float | None]) -> float | None:
 
 def from_dict(data: dict) -> Profiled:
     load = Load(**data["load"]) if data.get("load") else None
-    return Profiled(**{**data, "layers": [LayerProfile(**layer) for layer in data["layers"]], "load": load})
+    ties = [Tie(**{**t, "holders": tuple(tuple(h) for h in t["holders"])}) for t in data.get("ties", [])]
+    layers = [LayerProfile(**layer) for layer in data["layers"]]
+    return Profiled(**{**data, "layers": layers, "load": load, "ties": ties})
 
 
 def _worker(args: dict, out: Path) -> int:

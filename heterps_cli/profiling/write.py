@@ -24,6 +24,7 @@ from heterps_cli.formats import Profile
 from heterps_cli.loading import load_profile
 from heterps_cli.profiling.estimate import UPDATE_KERNELS, UPDATE_PASSES, Estimated
 from heterps_cli.profiling.measure import MAX_RUNS, MIN_SECONDS, LayerProfile, Profiled, python_path_note
+from heterps_cli.profiling.ties import Tie
 from heterps_cli.yamlio import Document
 
 
@@ -79,6 +80,7 @@ def render(
     precision: str | None = None,
     fixed: dict[str, dict[str, float]] | None = None,
     chain: bool | None = None,
+    ties: list[Tie] | None = None,
 ) -> str:
     _refuse_what_no_profile_holds(layers)
     lines = [f"# {h}" for h in header]
@@ -97,6 +99,7 @@ def render(
             f"  {json.dumps(t)}: {{{', '.join(f'{k}: {_number(v)}' for k, v in costs.items())}}}"
             for t, costs in fixed.items()
         ]
+    lines += tie_lines(ties or [], [row.name for row in layers])
     lines.append("layers:")
     for row in layers:
         lines += [
@@ -121,6 +124,19 @@ def render(
                 for d, x in sorted(row.tp.items())
             ]
     return "\n".join(lines) + "\n"
+
+
+def tie_lines(ties: list[Tie], names: list[str]) -> list[str]:
+    """Section 1j: the profile's ``ties``, each tensor with its holders by layer name."""
+    if not ties:
+        return []
+    lines = ["ties:  # tensors several layers hold (spec section 1j): counted once, in the first holder's weight_size"]
+    for tie in ties:
+        held = ", ".join(json.dumps(names[i]) for i in tie.layers)
+        lines.append(
+            f"  - {{tensor: {json.dumps(tie.tensor)}, kind: {tie.kind}, bytes: {_number(tie.bytes)}, layers: [{held}]}}"
+        )
+    return lines
 
 
 def _refuse_what_no_profile_holds(layers: list[LayerRow]) -> None:
@@ -209,12 +225,18 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         rows.append(
             _row(layer, p.resource, f"estimated: {why}" if why else "", {d: p.degrees[d][i] for d in p.degrees})
         )
+    fixed = {p.resource: _fixed_of(p)}
+    return render(p.model, p.batch_size, rows, header, fixed=fixed, chain=p.chain, precision=p.precision, ties=p.ties)
+
+
+def _fixed_of(p: Profiled) -> dict[str, float]:
+    """Section 1d's fixed costs the profile measured on its type."""
     costs = {"pass_start": p.pass_start}
     if p.all_reduce_latency is not None:
         costs["all_reduce_latency"] = p.all_reduce_latency
     if p.transfer_latency is not None:
         costs["transfer_latency"] = p.transfer_latency
-    return render(p.model, p.batch_size, rows, header, fixed={p.resource: costs}, chain=p.chain, precision=p.precision)
+    return costs
 
 
 def _row(layer: LayerProfile, resource: str, comment: str, degrees: dict[int, LayerProfile] | None = None) -> LayerRow:
@@ -262,7 +284,7 @@ def estimated_text(e: Estimated) -> str:
         rows.append(
             _row(layer, e.resource, how + (f"; {shards}" if shards else ""), {d: e.degrees[d][i] for d in e.degrees})
         )
-    return render(e.model, e.batch_size, rows, header, precision=e.precision, chain=e.chain)
+    return render(e.model, e.batch_size, rows, header, precision=e.precision, chain=e.chain, ties=e.ties)
 
 
 def _estimated_header(e: Estimated) -> list[str]:
@@ -396,7 +418,28 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
         precision=said_precision[0] if said_precision else None,
         fixed=fixed or None,
         chain=_chain_of([prof for prof, _ in loaded]),
+        ties=_ties_of(loaded, paths),
     )
+
+
+def _ties_of(loaded: list[tuple[Profile, Document]], paths: list[str]) -> list[Tie]:
+    """Section 1j: the ties the profiles record, which describe the model: the same in every profile that
+    records any (one written by hand may record none)."""
+    said = [(prof, doc, path) for (prof, doc), path in zip(loaded, paths) if prof.ties]
+    if not said:
+        return []
+    first, _, first_path = said[0]
+
+    def key(prof: Profile) -> list:
+        return sorted((t.tensor, t.kind, t.bytes, tuple(t.layers)) for t in prof.ties or [])
+
+    for prof, doc, _ in said[1:]:
+        if key(prof) != key(first):
+            raise doc.error(
+                ("ties",), f"the ties differ from those of {first_path}: profiles of one model record the same"
+            )
+    index = {layer.name: i for i, layer in enumerate(first.layers)}
+    return [Tie(t.tensor, t.kind, t.bytes, tuple((index[name], "") for name in t.layers)) for t in first.ties or []]
 
 
 def _one_precision(prof: Profile, doc, path: str, said: tuple[str, str] | None) -> tuple[str, str] | None:

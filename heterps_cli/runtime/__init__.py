@@ -361,6 +361,7 @@ def _check_task(plan: Plan, doc, task: str, micro_batches: int, seed: int) -> No
     from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
     from heterps_cli.runtime.task import load_task_model
+    from heterps_cli.runtime.tied import check_plan_ties
 
     torch.manual_seed(seed)
     loaded, model, samples = load_task_model(task, plan.batch_size, plan.batch_size * micro_batches, seed)
@@ -368,6 +369,7 @@ def _check_task(plan: Plan, doc, task: str, micro_batches: int, seed: int) -> No
     chain = trace_chain(use_layers(model, names))
     check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
     _check_shardable(plan, doc, chain)
+    check_plan_ties(plan, doc, chain)
     x, y = samples.take(0, 0, min(2, plan.batch_size))  # what the data raise is said by Samples
     try:
         loss = loaded.loss(chain.stage(chain.names)(x), y)
@@ -394,12 +396,14 @@ def _check_model(plan: Plan, doc, model: str, input_shape: tuple[int, ...] | Non
     from heterps_cli.profiling.granularity import use_layers
     from heterps_cli.profiling.measure import load_model
     from heterps_cli.runtime.chain import check_plan_layers, trace_chain
+    from heterps_cli.runtime.tied import check_plan_ties
 
     torch.manual_seed(seed)
     names = [name for s in plan.stages for name in s.layers]
     chain = trace_chain(use_layers(load_model(model, plan.batch_size, input_shape), names))
     check_plan_layers(chain, [s.layers for s in plan.stages], doc.path)
     _check_shardable(plan, doc, chain)
+    check_plan_ties(plan, doc, chain)
 
 
 def _check_shardable(plan: Plan, doc, chain) -> None:

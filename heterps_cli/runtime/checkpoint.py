@@ -341,7 +341,8 @@ def _remove(path: Path) -> None:
 def stage_state(module: nn.Module, optimiser: torch.optim.Optimizer) -> dict:
     """What a stage's file holds: its weights and its optimiser's state, each DTensor as this process's own
     shard, a plain tensor (a DTensor pickles its device mesh, which names this run's process group)."""
-    return _local({"model": module.state_dict(), "optimizer": optimiser.state_dict()})
+    order = [name for name, _ in module.named_parameters()]  # the optimiser's indices, by name (section 1j)
+    return _local({"model": module.state_dict(), "optimizer": optimiser.state_dict(), "parameter_order": order})
 
 
 def _local(state):

@@ -57,6 +57,9 @@ class RunReport:
     stages: list[StageReport]
     first_step: int = 0  # steps done before this run (a resumed run's checkpoint): losses[0] is step first_step + 1
     task: str | None = None  # heterps run --task: the user's model, data, loss and optimiser
+    # section 1j: per tensor that several stages hold, how many processes hold a copy, and how many
+    # distinct values those copies had at the end (1: bit-equal, one tensor)
+    tied: dict[str, dict[str, int]] | None = None
 
     @property
     def ratio(self) -> float:
@@ -150,7 +153,18 @@ def build_report(
         stages=stages,
         first_step=ranks[0].get("first_step", 0),
         task=task,
+        tied=_tied_copies(ranks),
     )
+
+
+def _tied_copies(ranks: list[dict]) -> dict[str, dict[str, int]] | None:
+    """Section 1j: each tensor several stages hold, its copies and their distinct values at the end (each
+    rank's digest of its copy's bytes)."""
+    seen: dict[str, list[str]] = {}
+    for r in ranks:
+        for name, digest in (r.get("tied") or {}).items():
+            seen.setdefault(name, []).append(digest)
+    return {name: {"copies": len(d), "values": len(set(d))} for name, d in seen.items()} or None
 
 
 def _stage_report(plan: Plan, s: int, mine: list[dict], M: int) -> StageReport:

@@ -50,6 +50,7 @@ from torch.utils.checkpoint import checkpoint
 from heterps_cli.runtime.layout import Layout, layout
 from heterps_cli.runtime.sharding import block_dims, boundary_parts, local_of, part_length, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
+from heterps_cli.runtime.tied import TiedSums, broadcast_buffers, drop_copies, fill_copies
 
 
 @dataclass(frozen=True)
@@ -215,9 +216,10 @@ def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
                 torch.cuda.reset_peak_memory_stats(replica.device)
         replica.step(step, measured=step >= measured_from)
         if cfg.checkpoint_dir and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == last):
+            replica.sums.tied.check_equal()
             replica.checkpoints.save(replica.module, replica.optimiser, step + 1)
     dist.barrier()
-    return replica.result()
+    return {**replica.result(), "tied": replica.sums.tied.digests()}  # section 1j: is each tied tensor one?
 
 
 def _process_groups(lay: Layout, devices: dict[str, str]) -> tuple[dict, dict, dict]:
@@ -305,10 +307,15 @@ class _Sums:
     """What this process sums with the others of its stage: the gradients after a step's backward
     passes, and the step's loss."""
 
-    def __init__(self, module: nn.Module, dims: dict, stage, held: Sequence[int], width: int, device, sync, whole):
-        params = [p for p in module.parameters() if p.requires_grad]
+    def __init__(
+        self, module: nn.Module, dims: dict, stage, held: Sequence[int], width: int, device, sync, whole, tied
+    ):
+        self.tied = tied  # section 1j: the tensors this stage shares with others, summed over all their holders
+        params = [p for p in module.parameters() if p.requires_grad and id(p) not in tied.held]
         self.module, self.dims, self.width = module, dims, width
         self.group = sync.get((stage.index, held[0]))
+        self.source = stage.data_parallel(held[0])[0]  # the first replica's, whose buffers every replica takes
+        self.versions: dict[int, int] = {}
         # section 1i: at several degrees, each block of a sharded weight is summed among its holders
         self.block_groups = [sync[stage.index, j] for j in held] if stage.uneven else []
         self.whole_group = whole.get(stage.index)
@@ -327,6 +334,15 @@ class _Sums:
             for p in self.params:
                 if p.grad is not None:
                     dist.all_reduce(local_of(p.grad), group=self.group)
+        self.tied.gradients()
+        self.buffers()
+
+    def buffers(self) -> None:
+        """Once the step's forwards are done: the first replica's buffers where a forward changed them, and
+        each buffer shared with other stages as its first holder's stage has it (section 1j)."""
+        if self.group is not None:
+            broadcast_buffers(self.module, self.group, self.source, self.versions)
+        self.tied.after_step()
 
     def blocks(self) -> None:
         """Section 1i, a stage whose replicas run at several degrees: each block of a sharded weight's
@@ -395,9 +411,9 @@ class _Synthetic:
 class _Checkpoints:
     """This process's part of the run's checkpoints (:mod:`.checkpoint`)."""
 
-    def __init__(self, cfg: RunConfig, lay: Layout, rank: int, stage, replica: int, tp_rank: int, device: torch.device):
+    def __init__(self, cfg: RunConfig, lay: Layout, rank: int, stage, replica: int, tp_rank: int, device, crossing):
         self.cfg, self.lay, self.rank, self.stage, self.replica, self.tp_rank = cfg, lay, rank, stage, replica, tp_rank
-        self.width, self.device = stage.width(replica), device
+        self.width, self.device, self.crossing = stage.width(replica), device, crossing
         self.run_id = _run_id() if cfg.checkpoint_dir else None
 
     def save(self, module: nn.Module, optimiser, steps_done: int) -> None:
@@ -410,7 +426,8 @@ class _Checkpoints:
         where = checkpoint.staging(root, steps_done, run)
         if self.replica == self.stage.first_at(self.width):  # section 1i: one replica of each degree
             mine = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
-            checkpoint.save(checkpoint.stage_state(module, optimiser), mine, run, steps_done)
+            state = drop_copies(checkpoint.stage_state(module, optimiser), module, self.crossing, self.stage.index)
+            checkpoint.save(state, mine, run, steps_done)
         checkpoint.save(_generators(self.device), checkpoint.rng_file(where, self.rank), run, steps_done)
         dist.barrier()
         if self.rank == 0:
@@ -423,7 +440,13 @@ class _Checkpoints:
 
         mark = checkpoint.read_mark(where)
         path = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
-        checkpoint.load_stage_state(module, optimiser, checkpoint.read(path, mark), path)
+
+        def stage_state(index: int) -> dict:  # section 1j: a tied tensor is in its first holder's stage file
+            other = checkpoint.stage_file(where, self.lay.stages[index], 1, 0)
+            return checkpoint.read(other, mark)
+
+        state = fill_copies(checkpoint.read(path, mark), stage_state)
+        checkpoint.load_stage_state(module, optimiser, state, path)
         path = checkpoint.rng_file(where, self.rank)
         checkpoint.set_generators(checkpoint.read(path, mark), self.device, path)
 
@@ -483,16 +506,16 @@ class _Replica:
             shard_stage(self.module, shard_group, self.device, f"stage {stage.index}", self.width)
         # section 1g: keep the stage's input only, and run its forward again in the backward pass
         self.recompute = bool(cfg.recompute and cfg.recompute[stage.index])
-        weights = self.module.parameters()
+        weights, held = self.module.parameters(), stage.held_blocks(self.replica, self.tp_rank)
         self.optimiser = self.task.optimizer(weights) if self.task is not None else torch.optim.SGD(weights, lr=cfg.lr)
-        held = stage.held_blocks(self.replica, self.tp_rank)
-        self.sums = _Sums(self.module, dims, stage, held, self.width, self.device, sync_groups, whole_groups)
+        tied = TiedSums(chain, lay, stage, self.module, cfg.devices)  # section 1j: tensors other stages hold
+        self.sums = _Sums(self.module, dims, stage, held, self.width, self.device, sync_groups, whole_groups, tied)
         self.boundaries = _Boundaries(lay, stage, self.replica, self.tp_rank, self.device, shard_group)
         self._neighbours(chain)
         self.cfg, self.step_index = cfg, 0
         self.data = _data_of(samples, chain, model, cfg, lay, stage, self.replica, self.device)
         self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
-        self.checkpoints = _Checkpoints(cfg, lay, rank, stage, self.replica, self.tp_rank, self.device)
+        self.checkpoints = _Checkpoints(cfg, lay, rank, stage, self.replica, self.tp_rank, self.device, tied.crossing)
         if cfg.resume_from is not None:
             self.checkpoints.restore(self.module, self.optimiser, Path(cfg.resume_from))
         self.M = lay.micro_batches

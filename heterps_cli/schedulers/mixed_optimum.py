@@ -46,6 +46,8 @@ def why_not(problem: Problem) -> str | None:
         return "on whole nodes the units are the rental's"
     if problem.maximal_stages:
         return "--maximal-stages"
+    if problem.ties:
+        return "the model has tied tensors (section 1j)"
     if (work := _work(problem)) > MOST_WORK:
         return (
             f"its DP's work ({problem.n_layers} layers, {_cells(problem):,} vectors of every type's units) is "

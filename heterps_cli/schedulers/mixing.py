@@ -31,6 +31,8 @@ def can_mix(problem: Problem) -> str | None:
         return "the cluster has one type"
     if not problem.pipelined:
         return "mixed stages need a pipeline schedule (a global batch)"
+    if problem.ties:
+        return "the model has tied tensors (section 1j), whose holders heterps run keeps in stages of one type"
     return None
 
 

@@ -40,7 +40,9 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
             x = 2 * B0 * moved / (resource["bandwidth_gbps"] * 1e9 / 8)
         d += x * share(B0, k) / B0
         sf = profile.get("state_factor", 4.0)
-        mem = 0.0
+        tied_s, copies, _ = _tied(profile, cluster, t, list(range(a_, b_ + 1)), 1, False)  # 1j
+        d += tied_s
+        mem = sf * copies
         for i, layer in enumerate(layers[a_ : b_ + 1]):
             w = sf * layer["weight_size"]
             held = layer.get("activation_size", 0.0) - (layer.get("input_saved", 0.0) if i else 0.0)
@@ -67,6 +69,34 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
         "memory_gb": memory,
         "memory_fits": all(fits),
     }
+
+
+def _tied(
+    profile: dict, cluster: dict, t: str, ls: list[int], d: int, pipelined: bool = True
+) -> tuple[float, float, bool]:
+    """Section 1j for one stage on ``t`` over layers ``ls`` at degree ``d``: the seconds per step it spends
+    keeping tensors it shares with other stages one (a parameter's gradient all-reduced, twice its bytes;
+    a buffer broadcast, its bytes; over the type's link, with its all-reduce latency each), the bytes of
+    tied parameters it holds that its layers' weight_size leaves out (a copy, where it holds a holder but
+    not the first), and whether it may run them (a holder only at tp 1)."""
+    names = [layer["name"] for layer in profile["layers"]]
+    res = cluster["resources"][t]
+    bw = res["bandwidth_gbps"] * 1e9 / 8 if res.get("bandwidth_gbps") else None
+    latency = profile.get("fixed", {}).get(t, {}).get("all_reduce_latency", 0.0) if pipelined else 0.0
+    seconds, copies, ok = 0.0, 0.0, True
+    for tie in profile.get("ties", []):
+        holders = [names.index(name) for name in tie["layers"]]
+        mine = [h for h in holders if h in ls]
+        if not mine:
+            continue
+        ok &= d == 1
+        kind = tie.get("kind", "parameter")
+        if kind == "parameter" and holders[0] not in ls:
+            copies += tie["bytes"]
+        if len(mine) < len(holders):
+            moved = (2 if kind == "parameter" else 1) * tie["bytes"]
+            seconds += (moved / bw if bw else 0.0) + latency
+    return seconds, copies, ok
 
 
 def stages_of(schedule) -> list:

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from tests.oracle.paper import _better, pareto, partitions_of, share, stages_of
+from tests.oracle.paper import _better, _tied, pareto, partitions_of, share, stages_of
 
 
 def _at_degree(layer: dict, t: str, d: int) -> tuple[dict | None, dict]:
@@ -85,10 +85,12 @@ def pipeline_figures(
             bw = res["bandwidth_gbps"] * 1e9 / 8
             c += 2 * share(B0, k) * moved / bw / (1 if res.get("shared_link") else d)
             c += share(B0, k) * moved * (d - 1) / d / bw
-        step.append((M + S - 1) * c + 2 * y * (k - 1) / k + u)
         sf = profile.get("state_factor", 4.0)
+        tied_u, tied_mem, tied_ok = _tied(profile, cluster, t, ls, d)
+        can &= tied_ok
+        step.append((M + S - 1) * c + 2 * y * (k - 1) / k + u + tied_u)
         held = min(S - s, M)
-        mem = (res.get("memory_reserved_gb") or 0.0) * 1e9
+        mem = (res.get("memory_reserved_gb") or 0.0) * 1e9 + sf * tied_mem
         if recompute[s]:  # its input, for every micro-batch in flight
             mem += held * share(B0, k) * layers[ls[0]]["input_size"]
         for layer in ls:

@@ -114,6 +114,17 @@ def boundary_transfer(problem: Problem) -> np.ndarray:
     return (bytes_[:, None, None] + bytes_[None, :, None]) * problem.boundary_rate[None, None, :]
 
 
+def tie_spans(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Section 1j, ``[i, j, 1]`` and ``[i, j, t]``: the training state stage ``j..i-1`` holds for copies of
+    tied parameters, and the seconds per step it spends keeping the tensors it shares with other stages
+    one (zeros without ties)."""
+    n1, T = problem.n_layers + 1, problem.n_types
+    if not problem.ties:
+        return np.zeros((n1, n1, 1)), np.zeros((n1, n1, T))
+    first, last = np.arange(n1)[None, :, None], np.arange(n1)[:, None, None] - 1
+    return problem.tie_state(first, last), problem.tie_seconds(first, last, np.arange(T)[None, None, :])
+
+
 def runnable_spans(problem: Problem) -> np.ndarray:
     """``[i, j, t]``: ``j < i``, and every layer of stage ``j..i-1`` can run on ``t``."""
     n1 = problem.n_layers + 1
@@ -136,9 +147,12 @@ def stage_table(problem: Problem) -> Table:
     ps = pc
     if np.isfinite(problem.bandwidth).any():
         pd = pd + boundary_transfer(problem)
+    tied_state, tied_seconds = tie_spans(problem)
+    sd = sd + tied_seconds
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
         fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
+        fixed = fixed + tied_state
         activations = activation_spans(problem)
         with np.errstate(over="ignore", invalid="ignore"):
             split = state_split + activations
@@ -174,7 +188,7 @@ def _micro_terms(problem: Problem, again: bool) -> tuple[np.ndarray, ...]:
         micro_parallel = spans(parallel) + boundary_transfer(problem)
         start, latency, message = problem.fixed_costs
         messages = problem.boundary_messages[:, None, None] + problem.boundary_messages[None, :, None]  # out i, in j
-        sync, update = spans(problem.odt) + latency, spans(problem.update_times)
+        sync, update = spans(problem.odt) + latency, spans(problem.update_times) + tie_spans(problem)[1]
         return spans(serial) + start + message * messages, micro_parallel, sync, update
 
     return _kept(problem, ("micro", again), make)
@@ -225,6 +239,7 @@ def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) ->
     missing = [h for h in dict.fromkeys(float(h) for h in held) if (again, h) not in memo]
     if missing:  # the terms that do not depend on the micro-batches held, once
         state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
+        state_fixed = state_fixed + tie_spans(problem)[0]
         fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
         terms = (fixed, state_split, activation_spans(problem))
         for h in missing:
