@@ -239,7 +239,7 @@ class TiedTensor(_Strict):
     tensor: Name  # its name in its first holder: LAYER.PATH
     kind: Literal["parameter", "buffer"] = "parameter"
     bytes: NonNegative
-    layers: Annotated[list[Name], Field(min_length=2)]  # its holders, by name, in the profile's order
+    layers: list[Name]  # its holders, by name, in the profile's order: two or more (loading checks)
 
 
 class Profile(_Strict):

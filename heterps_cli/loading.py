@@ -7,6 +7,8 @@ goes with (a plan's or a profile's cluster).
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Callable
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -254,8 +256,9 @@ def _tie_problems(profile: Profile, doc: Document, index: dict[str, int]) -> lis
             )
         named.add(tie.tensor)
         unknown = [name for name in tie.layers if name not in index]
-        if unknown:
-            problems.append(doc.error((*where, "layers"), f"{unknown[0]!r} is not a layer of the profile"))
+        if len(tie.layers) < 2 or unknown:
+            why = f"{unknown[0]!r} is not a layer of the profile" if unknown else "a tie has two holders or more"
+            problems.append(doc.error((*where, "layers"), why))
             continue
         at = [index[name] for name in tie.layers]
         if len(set(at)) != len(at) or at != sorted(at):
@@ -264,7 +267,9 @@ def _tie_problems(profile: Profile, doc: Document, index: dict[str, int]) -> lis
             )
             continue
         first = profile.layers[at[0]]
-        if tie.kind == "parameter" and tie.bytes > first.weight_size * (1 + 1e-12):
+        if not math.isfinite(2.0 * tie.bytes * profile.state_factor):  # what a stage moves and holds of it
+            problems.append(doc.error((*where, "bytes"), f"{number(tie.bytes)} bytes overflow what a stage holds"))
+        elif tie.kind == "parameter" and tie.bytes > first.weight_size * (1 + 1e-12):
             problems.append(
                 doc.error(
                     (*where, "bytes"),
@@ -651,6 +656,36 @@ def check_plannable(profile: Profile, doc: Document) -> None:
         )
 
 
+def _check_names_meet(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
+    """A profile type no cluster type matches beside a cluster type the profile has no times on is most
+    likely one type named twice (``a100`` and ``a100-40gb``): a plan would leave that hardware out without a
+    word, so it is refused, naming both sets and the likely pairs."""
+    timed = set(profile.types)
+    unmatched = [t for t in profile.types if t not in cluster.resources]
+    untimed = [t for t in cluster.resources if t not in timed]
+    if not unmatched or not untimed:
+        return
+    pairs = [f"{p!r} -> {c!r}" for p in unmatched for c in untimed if _alike(p, c)]
+    likely = f"; likely the same: {', '.join(pairs)}" if pairs else ""
+    raise pdoc.error(
+        ("layers",),
+        f"the profile's type{'s' if len(unmatched) > 1 else ''} {', '.join(map(repr, unmatched))} "
+        f"{'are' if len(unmatched) > 1 else 'is'} in no cluster type of {cdoc.path}, and the cluster's "
+        f"{', '.join(map(repr, untimed))} {'have' if len(untimed) > 1 else 'has'} no times in the profile{likely}. "
+        "A plan would leave that hardware out: name each type alike in both files (profile it again with "
+        "--as NAME, as heterps cluster and the device catalogue name it, or rename the cluster's type), or take "
+        "out of the cluster the types the profile does not time",
+    )
+
+
+def _alike(a: str, b: str) -> bool:
+    """Two type names that likely name one kind of device: one the other's first part (``a100``,
+    ``a100-40gb``), or close in spelling."""
+    x, y = a.lower(), b.lower()
+    head = re.split(r"[-_. ]", x)[0] == re.split(r"[-_. ]", y)[0]
+    return head or difflib.SequenceMatcher(None, x, y).ratio() >= 0.75
+
+
 def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
     """An error naming the profile's line if its layers make no plan (:func:`check_plannable`) or the
     cluster offers no type some layer can run on."""
@@ -664,6 +699,7 @@ def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Documen
                 f"the profile's type {t!r} is the cluster's {other!r} ({cdoc.path}) written with other characters "
                 "of the same meaning (Unicode NFKC): heterps would take them as two types; write them alike",
             )
+    _check_names_meet(profile, pdoc, cluster, cdoc)
     types = usable_types(profile, cluster)
     if not types:
         profiled = sorted(profile.types)

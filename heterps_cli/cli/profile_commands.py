@@ -283,7 +283,7 @@ def profile_command(
     """Measure a PyTorch model's layers on this machine and write a profile, or estimate them elsewhere.
 
     [bold]heterps profile MODEL --as TYPE --batch-size B0 --out P.yaml[/] measures;
-    [bold]heterps profile MODEL --as a100 --estimate a100-80gb --batch-size B0 --out P.yaml[/] estimates.
+    [bold]heterps profile MODEL --as a100-80gb --estimate a100-80gb --batch-size B0 --out P.yaml[/] estimates.
     """
     with exit_codes():
         from heterps_cli import api
@@ -419,8 +419,8 @@ def estimate_command(
 ) -> None:
     """Estimate a PyTorch model's layers on a device you do not have and write a profile.
 
-    [bold]heterps profile estimate MODEL a100-80gb --as a100 --batch-size B0 --out P.yaml[/] is
-    [bold]heterps profile MODEL --estimate a100-80gb --as a100 --batch-size B0 --out P.yaml[/].
+    [bold]heterps profile estimate MODEL a100-80gb --as a100-80gb --batch-size B0 --out P.yaml[/] is
+    [bold]heterps profile MODEL --estimate a100-80gb --as a100-80gb --batch-size B0 --out P.yaml[/].
     """
     with exit_codes():
         if calibrate_on is not None and calibrate is None:

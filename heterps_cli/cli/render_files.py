@@ -61,6 +61,14 @@ def print_summary(
             for t, c in profile.fixed.items()
         )
         console.print(Text(f"  fixed costs per stage (docs/spec.md section 1d, with a global batch): {given}"))
+    for tie in profile.ties or []:  # section 1j
+        console.print(
+            Text(
+                f"  tied {tie.kind} {clip(tie.tensor)} ({number(tie.bytes)} bytes), held by layers "
+                f"{', '.join(clip(name) for name in tie.layers)}: counted once; a plan keeps its holders at tp 1 "
+                "and sums its gradient across the stages that hold it (docs/spec.md section 1j)"
+            )
+        )
     console.print(_types_table(profile, types, cluster))
     if cluster is not None:
         _print_cluster_fit(console, cluster, cluster_path, types)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +51,13 @@ VIEWS = {
 }
 # Operators that only allocate: no kernel touches the memory until another operator writes it.
 ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+# Operators that compute (products, factorisations, fused recurrent or convolution kernels) but that
+# torch.utils.flop_counter has no formula for: priced by their bytes alone, their arithmetic missing, so an
+# estimate names them (recurrent modules have their own formulas: :mod:`.recurrent`).
+COMPUTES = re.compile(
+    r"rnn|lstm|gru|conv|fft|linalg|cholesky|svd|_qr|eig|solve|inverse|cudnn|mkldnn|miopen|_scaled_mm|cdist|"
+    r"grid_sampler|ctc_loss|embedding_bag|einsum|tensordot"
+)
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # docs/spec.md section 2's precision
 HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -64,7 +72,9 @@ class Op:
     bytes: float
     dtype: str
     dims: tuple[int, int, int, int] | None = None
-    conv: bool = False
+    conv: bool = False  # a cuDNN kernel (a convolution, a recurrent layer's): TF32 under fp32 (estimate.peak_of)
+    kind: str | None = None  # the layer kind whose efficiency a product reaches, where not its layer's
+    unpriced: bool = False  # it computes, but no formula counts its FLOPs (:data:`COMPUTES`)
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,15 @@ class Work:
     @property
     def kernels(self) -> int:
         return len(self.ops)
+
+    @property
+    def unpriced(self) -> dict[str, int]:
+        """The operators that compute but have no FLOP formula, by name, with how many times each runs."""
+        out: dict[str, int] = {}
+        for op in self.ops:
+            if op.unpriced:
+                out[op.name] = out.get(op.name, 0) + 1
+        return out
 
     @property
     def forward(self) -> Work:
@@ -160,11 +179,22 @@ def kept_by_causal_mask(queries: int, keys: int) -> float:
 
 
 class Recorder(TorchDispatchMode):
-    """Records each operator dispatched inside it (:class:`Op`)."""
+    """Records each operator dispatched inside it (:class:`Op`); ``active`` holds the recorders entered,
+    the innermost last, which a recurrent layer's stand-in records its kernels into (:mod:`.recurrent`)."""
+
+    active: list[Recorder] = []
 
     def __init__(self):
         super().__init__()
         self.ops: list[Op] = []
+
+    def __enter__(self):
+        Recorder.active.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        Recorder.active.remove(self)
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -182,7 +212,8 @@ class Recorder(TorchDispatchMode):
         dims, conv = _dims(name, args, out) if flops else (None, False)
         # a *_like operator reads its input's shape, not its values
         moved = (0.0 if name.endswith("_like") else sum(_bytes(t) for t in inputs)) + sum(_bytes(t) for t in outputs)
-        self.ops.append(Op(name, flops, moved, _dtype(inputs), dims, conv))
+        unpriced = not flops and counter is None and bool(COMPUTES.search(name))
+        self.ops.append(Op(name, flops, moved, _dtype(inputs), dims, conv, unpriced=unpriced))
         return out
 
 

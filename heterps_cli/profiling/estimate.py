@@ -81,6 +81,7 @@ from heterps_cli.profiling.measure import (
     with_shared,
 )
 from heterps_cli.profiling.models import Call, Model, bytes_of, failure, kind, layers_run_alone, tensors_of
+from heterps_cli.profiling.recurrent import priced_recurrent
 from heterps_cli.profiling.ties import Tie
 from heterps_cli.profiling.timing import shared_with_previous, with_loss
 from heterps_cli.progress import Progress, quiet
@@ -100,7 +101,7 @@ def work(call: Call, precision: str = "fp32", loss: str = "none", gpu: bool = Tr
     for p in call.module.parameters():  # the backward adds into gradients kept from the last micro-batch
         p.grad = torch.zeros_like(p) if p.requires_grad else None
     recorder = Recorder()
-    with recorder, AsOnGPU() if gpu else contextlib.nullcontext():
+    with recorder, priced_recurrent(call.module), AsOnGPU() if gpu else contextlib.nullcontext():
         with autocast(precision):
             out = call.module(*args, **kwargs)
             outs = [o for o in tensors_of(out) if o.requires_grad]
@@ -191,7 +192,8 @@ class Pricer:
         peak = peak_of(op, self.precision, self.device)
         catalogue = self.catalogue
         half = getattr(catalogue.matmul_half_dim, peak) if catalogue.matmul_half_dim else None
-        reached = compute_efficiency(self.device, catalogue, peak, layer_kind) * shape_factor(op.dims, half)
+        efficiency = compute_efficiency(self.device, catalogue, peak, op.kind or layer_kind)
+        reached = efficiency * shape_factor(op.dims, half)
         misaligned = getattr(catalogue.matmul_misaligned, peak) if catalogue.matmul_misaligned else None
         if misaligned is not None and not aligned(op.dims, 2 if peak in ("bf16", "fp16") else 4):
             reached *= misaligned
@@ -212,6 +214,7 @@ class Estimate:
     peak: str
     efficiency: float
     host_bound: bool = False  # a GPU layer whose host time (framework and launches) exceeds its kernels'
+    unpriced_s: float = 0.0  # the seconds its operators with no FLOP formula are priced at, by bytes alone
 
 
 @dataclass(frozen=True)
@@ -292,15 +295,17 @@ def update_estimate(weights: float, device: DeviceSpec, catalogue: Catalogue, op
 
 def fit(calls: list[Call], works: list[Work], measured: dict[str, float], pricer: Pricer) -> dict[str, float]:
     """Per layer kind, the median of measured / estimated time over that kind's layers; "other" is the
-    median over all layers (for kinds the measurement did not see)."""
+    median over all layers (for kinds the measurement did not see) but those with operators no formula
+    prices (:attr:`~.counting.Work.unpriced`), whose miss is their own."""
     ratios: dict[str, list[float]] = {}
+    everything = []
     for call, w in zip(calls, works):
         layer_kind = kind(call.module)
         estimated = pricer.seconds(w, layer_kind)
         if estimated > 0:
             ratios.setdefault(layer_kind, []).append(measured[call.name] / estimated)
+            everything += [] if w.unpriced else [measured[call.name] / estimated]
     factors = {k: max(statistics.median(v), 1e-3) for k, v in ratios.items()}
-    everything = [r for v in ratios.values() for r in v]
     factors["other"] = max(statistics.median(everything), 1e-3) if everything else 1.0
     return factors
 
@@ -390,7 +395,7 @@ def estimate(
         spec=device,
         batch_size=B0,
         catalogue=shown,
-        notes=notes + _half_slower(precision, priced["estimates"]),
+        notes=notes + _half_slower(precision, priced["estimates"]) + unpriced_notes(calls, priced),
         precision=precision,
         loss=loss,
         optimizer=optimizer,
@@ -464,6 +469,22 @@ def _one_unit(
             shard = price.layer(call, w, communication=(forward_s, reduce_s))
     unit = dataclasses.replace(shard, input_saved=min(layer.input_saved, shard.activation_size))
     return unit, Sharded(len(pairs) // 2, ahead + back, reduce_s)
+
+
+def unpriced_notes(calls: list[Call], priced: dict[str, Any]) -> list[str]:
+    """Each layer whose operators compute without a FLOP formula: which, and the time they are priced at
+    (their bytes alone), of the layer's: its arithmetic is missing from the figure."""
+    out = []
+    for call, layer, x in zip(calls, priced["layers"], priced["estimates"]):
+        if unpriced := x.work.unpriced:
+            ops = ", ".join(f"{name} x{count}" for name, count in unpriced.items())
+            out.append(
+                f"layer {call.name}: {ops} compute{'s' if len(unpriced) == 1 else ''} with no FLOP formula, priced "
+                f"by bytes alone at {x.unpriced_s * 1e3:.3g} ms of the layer's {layer.oct * 1e3:.3g} ms: its "
+                "arithmetic is missing from the estimate, which may be far too fast; measure the layer "
+                "(heterps profile --as TYPE) or merge a measured profile"
+            )
+    return out
 
 
 def _half_slower(precision: str, estimates: list[Estimate]) -> list[str]:
@@ -572,7 +593,8 @@ class _Pricing:
     def how(self, call: Call, w: Work) -> Estimate:
         layer_kind = kind(call.module)
         efficiency = self.pricer.efficiency(w, layer_kind) / self._factor(layer_kind)
-        return Estimate(w, self.pricer.peaks(w), efficiency, self.pricer.host_bound(w, layer_kind))
+        unpriced = sum(self.pricer.core(op, layer_kind) for op in w.ops if op.unpriced) * self._factor(layer_kind)
+        return Estimate(w, self.pricer.peaks(w), efficiency, self.pricer.host_bound(w, layer_kind), unpriced)
 
 
 def all_reduced(call: Call, pairs: dict[str, str]) -> tuple[float, float]:

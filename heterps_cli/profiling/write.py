@@ -270,6 +270,12 @@ def estimated_text(e: Estimated) -> str:
             + (f" at {x.peak} x{x.efficiency:.2g}" if x.work.flops else "")
             + f", {x.work.bytes:.3g} bytes, {x.work.kernels} operators"
             + (" (calibrated)" if e.calibrated_on else "")
+            + (
+                f"; no FLOP formula for {', '.join(x.work.unpriced)}, "
+                f"priced by bytes alone ({x.unpriced_s * 1e3:.3g} ms)"
+                if x.work.unpriced
+                else ""
+            )
         )
         shards = "; ".join(
             f"tp {d}: "

@@ -151,16 +151,29 @@ def _in_place(collective, tensor: torch.Tensor, group) -> None:
         tensor.copy_(host)
 
 
-def broadcast_buffers(module: nn.Module, group, src: int, versions: dict[int, int]) -> None:
-    """The stage's first replica's value of every buffer a forward pass changed (an in-place update moves a
-    tensor's version counter, as batch normalisation's running statistics), in every replica; ``versions``
-    holds each buffer's counter as last seen, the same on every replica since they run the same code."""
-    for b in module.buffers():
-        seen = versions.get(id(b))
-        now = b._version
-        if seen is not None and now != seen:
-            dist.broadcast(b, src=src, group=group)
-        versions[id(b)] = b._version
+class ReplicaBuffers:
+    """A stage's buffers kept its first replica's, as DDP's ``broadcast_buffers`` keeps rank 0's: after the
+    first step every replica learns which buffers a step changes (batch normalisation's running statistics
+    and counter; a constant mask changes in none), agreed among them with one all-reduce so that all take
+    part in the same broadcasts, and from then on those are broadcast from the first replica every step."""
+
+    def __init__(self, module: nn.Module, group, source: int):
+        self.group, self.source = group, source
+        self.buffers = [b for b in module.buffers() if b is not None]
+        self.before: list[torch.Tensor] | None = [b.detach().clone() for b in self.buffers] if group else None
+        self.changing: list[torch.Tensor] = []
+
+    def after_step(self) -> None:
+        if self.group is None:
+            return
+        if self.before is not None:  # the first step: which buffers does a step change, on any replica?
+            changed = [not torch.equal(a, b) for a, b in zip(self.before, self.buffers)]
+            flags = torch.tensor(changed or [False], dtype=torch.int32)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            self.changing = [b for b, flag in zip(self.buffers, flags.tolist()) if flag]
+            self.before = None
+        for b in self.changing:
+            _in_place(lambda t, group: dist.broadcast(t, src=self.source, group=group), b, self.group)
 
 
 def drop_copies(state: dict, module: nn.Module, crossing: list[Crossing], stage_index: int) -> dict:

@@ -50,7 +50,7 @@ from torch.utils.checkpoint import checkpoint
 from heterps_cli.runtime.layout import Layout, layout
 from heterps_cli.runtime.sharding import block_dims, boundary_parts, local_of, part_length, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
-from heterps_cli.runtime.tied import TiedSums, broadcast_buffers, drop_copies, fill_copies
+from heterps_cli.runtime.tied import ReplicaBuffers, TiedSums, drop_copies, fill_copies
 
 
 @dataclass(frozen=True)
@@ -314,11 +314,15 @@ class _Sums:
         params = [p for p in module.parameters() if p.requires_grad and id(p) not in tied.held]
         self.module, self.dims, self.width = module, dims, width
         self.group = sync.get((stage.index, held[0]))
-        self.source = stage.data_parallel(held[0])[0]  # the first replica's, whose buffers every replica takes
-        self.versions: dict[int, int] = {}
         # section 1i: at several degrees, each block of a sharded weight is summed among its holders
         self.block_groups = [sync[stage.index, j] for j in held] if stage.uneven else []
         self.whole_group = whole.get(stage.index)
+        # section 1j: the first replica's buffers; at several degrees (1i) among all the stage's processes
+        self.replica_buffers = (
+            ReplicaBuffers(module, self.whole_group, stage.first_rank)
+            if stage.uneven
+            else ReplicaBuffers(module, self.group, stage.data_parallel(held[0])[0])
+        )
         # A sharded parameter's gradient is a DTensor, which a flat bucket cannot view: summed one by one.
         self.params = params if stage.blocks > 1 else []
         one_by_one = self.group is None or stage.blocks > 1
@@ -340,8 +344,7 @@ class _Sums:
     def buffers(self) -> None:
         """Once the step's forwards are done: the first replica's buffers where a forward changed them, and
         each buffer shared with other stages as its first holder's stage has it (section 1j)."""
-        if self.group is not None:
-            broadcast_buffers(self.module, self.group, self.source, self.versions)
+        self.replica_buffers.after_step()
         self.tied.after_step()
 
     def blocks(self) -> None:
