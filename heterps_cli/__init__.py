@@ -31,6 +31,7 @@ _EXPORTS = {
     "InfeasibleError": "heterps_cli.errors",
     "Job": "heterps_cli.api",
     "Task": "heterps_cli.runtime.task",
+    "one_layer_each": "heterps_cli.runtime.stacked",
     "api": "heterps_cli",
     "main": "heterps_cli.cli.entry",
 }
@@ -48,6 +49,7 @@ __all__ = [
     "InfeasibleError",
     "Job",
     "Task",
+    "one_layer_each",
     "api",
 ]
 
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from heterps_cli.errors import InfeasibleError, InputError
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem, build_problem, load_problem
+    from heterps_cli.runtime.stacked import one_layer_each
     from heterps_cli.runtime.task import Task
     from heterps_cli.schedulers import SCHEDULERS, SolveOptions, solve
 

@@ -9,6 +9,7 @@ EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERNAL = 4  # a bug in heterps: not a failed check (1), so CI cannot mistake one for the other
 EXIT_NOT_FOUND = 5  # a search found no plan and nothing proved that none exists: not 3, which is that proof
+EXIT_WORKER_LOST = 6  # heterps run: a worker was killed (a signal, the kernel's OOM killer) or vanished mid-run
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 EXIT_TERMINATED = 143  # SIGTERM
 
@@ -56,6 +57,11 @@ class InputError(Exception):
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+class WorkerLost(Exception):
+    """A process of a run ended without a word mid-run (exit 6, not the exit 2 of bad input): killed by a
+    signal, or an exit code and no error; the message says how to continue."""
 
 
 class TooLarge(InputError):

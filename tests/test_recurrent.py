@@ -123,3 +123,41 @@ def test_an_operator_with_no_flop_formula_is_named(tmp_path):
     said = " ".join(result.stdout.split())
     assert "layer 1: _fft_r2c x1" in said and "no FLOP formula" in said and "measure the layer" in said
     assert "no FLOP formula for _fft_r2c" in out.read_text()
+
+
+@pytest.mark.parametrize(("kind", "options"), CASES)
+def test_a_stacked_recurrent_module_as_one_module_per_layer_computes_the_same(kind, options):
+    from heterps_cli import one_layer_each
+
+    stacked = kind(12, 16, **options).eval()
+    x = torch.randn(3, 5, 12)
+    y = x
+    layers = one_layer_each(stacked)
+    assert len(layers) == stacked.num_layers
+    for layer in layers:
+        y = layer.eval()(y)
+    assert torch.allclose(y, stacked(x)[0], atol=1e-6)
+
+
+SPLIT_LSTM = """
+import torch
+from torch import nn
+from heterps_cli import one_layer_each
+
+def model(batch_size=8):
+    net = nn.Sequential(nn.Linear(6, 16), *one_layer_each(nn.LSTM(16, 16, num_layers=3, batch_first=True)),
+                        nn.Linear(16, 2))
+    return net, torch.randn(batch_size, 10, 6)
+"""
+
+
+def test_a_plan_can_cut_between_the_layers_of_a_stacked_lstm(tmp_path):
+    path = tmp_path / "split.py"
+    path.write_text(SPLIT_LSTM)
+    out = tmp_path / "p.yaml"
+    result = heterps("profile", "estimate", f"{path}:model", "cpu", "--as", "cpu", "--batch-size", "8",
+                     "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    profile = yaml.safe_load(out.read_text())
+    kinds = [layer["type"] for layer in profile["layers"]]
+    assert profile["chain"] is True and kinds == ["fc", "onelayer", "onelayer", "onelayer", "fc"]

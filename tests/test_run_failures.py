@@ -66,8 +66,43 @@ def test_a_killed_worker_ends_the_run_with_its_story(tmp_path):
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert code == 2 and time.monotonic() - started < 15
+    assert code == 6 and time.monotonic() - started < 15  # not 2, which says the input was bad
     assert "killed by SIGKILL" in stderr and "Traceback" not in stderr, stderr
+    assert "no --checkpoint-dir was given" in " ".join(stderr.split())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts processes through Linux /proc")
+def test_a_worker_killed_after_a_checkpoint_says_the_resume_command_that_continues(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 1, MLP_LAYERS[:4]), ("cpu", 1, MLP_LAYERS[4:])])
+    args = [str(plan), "--task", str(tmp_path / "task.py") + ":task", "--steps", "100000", "--checkpoint-dir",
+            str(tmp_path / "ck"), "--checkpoint-every", "1"]  # fmt: skip
+    (tmp_path / "task.py").write_text(MLP_TASK)
+    process = _start(tmp_path, *args)
+    try:
+        victim = _workers(process, 2)[0]
+        deadline = time.monotonic() + 60
+        while not any((tmp_path / "ck").glob("step-*/complete.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(victim, signal.SIGKILL)
+        code, stderr = _ended(process, within=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    said = " ".join(stderr.split())
+    assert code == 6 and "killed by SIGKILL" in said, said
+    assert "is complete: continue with heterps run" in said and "--checkpoint-every 1 --resume" in said, said
+
+
+MLP_TASK = """
+import torch
+from heterps_cli import Task
+from heterps_cli.profiling.zoo import mlp
+
+def task():
+    data = torch.utils.data.TensorDataset(torch.randn(512, 784), torch.randint(0, 10, (512,)))
+    return Task(model=mlp(2)[0], data=data, loss=torch.nn.functional.cross_entropy)
+"""
 
 
 @pytest.mark.slow

@@ -143,7 +143,7 @@ def _plan_summary(plan: Plan) -> Table:
         summary.add_row("precision", Text(f"{plan.precision}: the profile's times assume it; train at it"))
     verdict = "optimal (certified by the exact solver)" if plan.optimal else f"{plan.scheduler}, not proved optimal"
     if plan.gap is not None:
-        verdict = f"{plan.scheduler}, not proved optimal: within {100 * plan.gap:.2f}% of the optimum (proven)"
+        verdict = f"{plan.scheduler}, not proved optimal: {certificate(plan)}"
     scored = f" · {plan.evaluations:,} schedules scored" if plan.evaluations else ""
     summary.add_row("solved in", f"{plan.solve_s:.2f} s · {verdict}{scored}")
     for i, why in enumerate(plan.explanation or ()):
@@ -154,6 +154,22 @@ def _plan_summary(plan: Plan) -> Table:
     if assumed:
         summary.add_row("assumes", Text(assumed, style="yellow"))
     return summary
+
+
+def certificate(plan: Plan) -> str:
+    """What a plan's proven ``gap`` says, in words a user can act on: the bound itself, and how far the plan
+    may be from the optimum where that is a useful figure (a gap past half the plan's figure says little
+    of where the optimum lies between the two)."""
+    gap = float(plan.gap or 0.0)
+    if plan.objective == "time":
+        bound = f"no plan is faster than {count(plan.throughput / (1 - gap), 1)} samples/s" if gap < 1 else ""
+    else:
+        bound = f"no plan costs less than {usd(plan.cost_usd / (1 + gap))}"
+    if not bound:
+        return "no useful bound on the optimum was proven"
+    if gap <= 0.5:
+        return f"{bound}, so it is within {100 * gap:.2f}% of the optimum"
+    return f"{bound} (proven): a weak bound, the optimum lies between that and this plan"
 
 
 def what_if_view(plan: Plan) -> Group:

@@ -21,9 +21,11 @@ from heterps_cli.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
+    EXIT_WORKER_LOST,
     InfeasibleError,
     InputError,
     SearchGaveUp,
+    WorkerLost,
 )
 from heterps_cli.untrusted import printable
 
@@ -56,6 +58,9 @@ def exit_codes():
     except InputError as exc:
         print_error("error: ", exc.lines())
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except WorkerLost as exc:
+        print_error("run stopped: ", [str(exc)])
+        raise typer.Exit(EXIT_WORKER_LOST) from None
     except SearchGaveUp as exc:  # before InfeasibleError, its base: no proof, so not exit 3
         print_error("no plan found: ", [str(exc)])
         raise typer.Exit(EXIT_NOT_FOUND) from None

@@ -89,6 +89,10 @@ def _factory(where: str, name: str) -> Callable:
             module = importlib.util.module_from_spec(spec)
             # registered before it runs, as an import would: a dataclass in it looks its module up there
             sys.modules[spec.name] = module
+            # its folder on the import path, as `python FILE.py` puts it: a module beside it imports
+            folder = str(path.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
             try:
                 spec.loader.exec_module(module)
             except BaseException:
@@ -164,6 +168,13 @@ def _user_error(where: str, name: str | None, exc: BaseException, what: str) -> 
     line = _user_line(where, exc) if where.endswith(".py") else None
     subject = f"factory {name}()" if name else "the module"
     said = failure(exc) if isinstance(exc, SystemExit) else f"{what} {failure(exc)}"  # "raised" an exit reads wrong
+    if isinstance(exc, ModuleNotFoundError):
+        said += (
+            f" (the folder of {where} is on the import path: a module elsewhere needs its folder in PYTHONPATH, "
+            "on every node too, or the package installed)"
+            if where.endswith(".py")
+            else " (put its folder in PYTHONPATH, on every node too, or install the package)"
+        )
     return InputError(where, line, name, f"{subject} {said}")
 
 

@@ -25,7 +25,7 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from heterps_cli.errors import InputError
+from heterps_cli.errors import InputError, WorkerLost
 from heterps_cli.figures import plural
 from heterps_cli.profiling.links import free_port
 from heterps_cli.progress import Progress, quiet
@@ -86,8 +86,36 @@ def _failure(process, rank: int, cfg: RunConfig, out: Path) -> tuple[int, str]:
     code = process.exitcode
     if code is not None and code < 0:
         name = signal.Signals(-code).name
-        return 0, f"{_describe(rank, cfg)} was killed by {name}"
+        why = " (the kernel kills so when memory runs out)" if name == "SIGKILL" else ""
+        return 0, f"{_describe(rank, cfg)} was killed by {name}{why}"
     return 0, f"{_describe(rank, cfg)} exited with code {code}"
+
+
+def _lost(cause: str, cfg: RunConfig, out: Path, rank: int) -> Exception:
+    """The run's error for a worker's failure: the worker's own message (exit 2) where it left one, else
+    :class:`WorkerLost` (exit 6) with how to continue: the ``--resume`` command where a checkpoint is
+    complete, else the same command again."""
+    if (out / f"rank{rank}.err").exists():
+        return InputError(None, None, None, cause)
+    import shlex
+    import sys
+
+    from heterps_cli.runtime.checkpoint import latest
+
+    again = ["heterps", *sys.argv[1:]]
+    if cfg.checkpoint_dir is None:
+        how = f"no --checkpoint-dir was given, so nothing was kept: run it again ({shlex.join(again)})"
+    else:
+        try:
+            found = latest(cfg.checkpoint_dir, {})
+        except InputError:
+            found = None
+        if found is None:
+            how = f"no checkpoint was complete yet: run it again as it was ({shlex.join(again)})"
+        else:
+            resume = again if "--resume" in again else [*again, "--resume"]
+            how = f"the checkpoint after step {found[0]} is complete: continue with {shlex.join(resume)}"
+    return WorkerLost(f"{cause}; {how}")
 
 
 def _still_running(pending: dict) -> tuple[bool, dict]:
@@ -179,8 +207,8 @@ def launch_local(cfg: RunConfig, progress: Progress | None = None) -> dict:
                 if any_failed:
                     time.sleep(0.2)  # let the echoes of a failure land, so the root cause can be told apart
                     failed = [(r, p) for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
-                    causes = sorted(_failure(p, r, cfg, out) for r, p in failed)
-                    raise InputError(None, None, None, causes[0][1])
+                    causes = sorted((*_failure(p, r, cfg, out), r) for r, p in failed)
+                    raise _lost(causes[0][1], cfg, out, causes[0][2])
             _tell_new(told, told_up_to, report)  # the last steps, written since the last look
             return json.loads((out / "result.json").read_text())
         finally:
