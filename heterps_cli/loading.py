@@ -657,33 +657,29 @@ def check_plannable(profile: Profile, doc: Document) -> None:
 
 
 def _check_names_meet(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:
-    """A profile type no cluster type matches beside a cluster type the profile has no times on is most
-    likely one type named twice (``a100`` and ``a100-40gb``): a plan would leave that hardware out without a
-    word, so it is refused, naming both sets and the likely pairs."""
+    """A profile type no cluster type matches beside a cluster type the profile has no times on, the two
+    names alike (``a100`` and ``a100-40gb``), is most likely one device named twice: a plan would leave
+    it out without a word, so it is refused, naming both sets and the likely pairs."""
     timed = set(profile.types)
     unmatched = [t for t in profile.types if t not in cluster.resources]
     untimed = [t for t in cluster.resources if t not in timed]
-    if not unmatched or not untimed:
+    pairs = [f"{p!r} and {c!r}" for p in unmatched for c in untimed if _alike(p, c)]
+    if not pairs:
         return
-    pairs = [f"{p!r} -> {c!r}" for p in unmatched for c in untimed if _alike(p, c)]
-    likely = f"; likely the same: {', '.join(pairs)}" if pairs else ""
     raise pdoc.error(
         ("layers",),
-        f"the profile's type{'s' if len(unmatched) > 1 else ''} {', '.join(map(repr, unmatched))} "
-        f"{'are' if len(unmatched) > 1 else 'is'} in no cluster type of {cdoc.path}, and the cluster's "
-        f"{', '.join(map(repr, untimed))} {'have' if len(untimed) > 1 else 'has'} no times in the profile{likely}. "
-        "A plan would leave that hardware out: name each type alike in both files (profile it again with "
-        "--as NAME, as heterps cluster and the device catalogue name it, or rename the cluster's type), or take "
-        "out of the cluster the types the profile does not time",
+        f"the profile times {', '.join(map(repr, unmatched))}, which {cdoc.path} does not offer, and the cluster "
+        f"offers {', '.join(map(repr, untimed))}, which the profile does not time; likely one device named twice: "
+        f"{', '.join(pairs)}. A plan would leave that hardware out: name each type alike in both files (profile "
+        "it again with --as NAME, the device catalogue's and heterps cluster's names, or rename the cluster's "
+        "type)",
     )
 
 
 def _alike(a: str, b: str) -> bool:
-    """Two type names that likely name one kind of device: one the other's first part (``a100``,
-    ``a100-40gb``), or close in spelling."""
-    x, y = a.lower(), b.lower()
-    head = re.split(r"[-_. ]", x)[0] == re.split(r"[-_. ]", y)[0]
-    return head or difflib.SequenceMatcher(None, x, y).ratio() >= 0.75
+    """Two type names that likely name one device: the same first part, before a dash, underscore, dot or
+    space (``a100``, ``A100_40GB``, ``a100-40gb``; ``v100`` and ``h100`` are two devices)."""
+    return re.split(r"[-_. ]", a.lower())[0] == re.split(r"[-_. ]", b.lower())[0]
 
 
 def check_pair(profile: Profile, pdoc: Document, cluster: Cluster, cdoc: Document) -> None:

@@ -125,6 +125,7 @@ def test_exit_code_table_matches_the_code():
         errors.EXIT_INFEASIBLE,
         errors.EXIT_INTERNAL,
         errors.EXIT_NOT_FOUND,
+        errors.EXIT_WORKER_LOST,
     }
 
 

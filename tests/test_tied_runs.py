@@ -159,3 +159,23 @@ def test_batch_normalisation_on_replicas_keeps_the_first_replicas_statistics_as_
     for name in ("1.running_mean", "1.running_var"):
         assert torch.allclose(saved[name], state[name], rtol=1e-5, atol=1e-7)
     assert int(saved["1.num_batches_tracked"]) == int(state["1.num_batches_tracked"]) == 12 * M
+
+
+@pytest.mark.slow  # a measured profile: about 10 s
+def test_the_training_guides_tied_model_commands_run_as_written(tmp_path, monkeypatch):
+    import re
+    import shlex
+    import shutil
+
+    text = (ROOT / "docs/guide/training.md").read_text()
+    section = text[text.index("## Tied weights") :]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None
+    (tmp_path / "docs/guide").mkdir(parents=True)
+    shutil.copy(ROOT / "docs/guide/tiedgpt.py", tmp_path / "docs/guide/tiedgpt.py")
+    monkeypatch.chdir(tmp_path)
+    for line in block.group(1).strip().splitlines():
+        result = runner.invoke(app, shlex.split(line)[1:])
+        assert result.exit_code == 0, (line, result.output)
+    assert "tied parameter 0.tok.weight" in " ".join(result.output.split())
+    assert yaml.safe_load((tmp_path / "tied.yaml").read_text())["ties"][0]["layers"] == ["0", "3"]
