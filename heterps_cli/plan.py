@@ -8,6 +8,8 @@ checkable in the same way.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from heterps_cli.costmodel import score
@@ -283,7 +285,7 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     )
 
 
-def _tied(problem: Problem, a: int, b: int, t: int) -> dict[str, float]:
+def _tied(problem: Problem, a: int, b: int, t: int) -> dict[str, Any]:
     """Section 1j: ``tied_s``, the seconds per step stage ``a..b`` on ``t`` spends keeping the tensors it
     shares with other stages one, where it shares any."""
     if not problem.ties or not split_terms(problem.ties, a, b)[1]:

@@ -10,6 +10,7 @@ layers is each but the last one's output dropout.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -33,13 +34,16 @@ def one_layer_each(rnn: nn.RNNBase) -> list[OneLayer]:
     directions = 2 if rnn.bidirectional else 1
     for k in range(rnn.num_layers):
         inputs = rnn.input_size if k == 0 else (rnn.proj_size or rnn.hidden_size) * directions
-        options = {"bias": rnn.bias, "batch_first": rnn.batch_first, "bidirectional": rnn.bidirectional}
+        options: dict[str, object] = {"bias": rnn.bias, "batch_first": rnn.batch_first}
+        options["bidirectional"] = rnn.bidirectional
         if isinstance(rnn, nn.LSTM):
             options["proj_size"] = rnn.proj_size
         if isinstance(rnn, nn.RNN):
             options["nonlinearity"] = rnn.nonlinearity
-        layer = type(rnn)(inputs, rnn.hidden_size, num_layers=1, **options)
-        layer.to(device=rnn.weight_ih_l0.device, dtype=rnn.weight_ih_l0.dtype)
+        layer = type(rnn)(inputs, rnn.hidden_size, num_layers=1, **options)  # type: ignore[arg-type]
+        first = rnn.weight_ih_l0
+        assert isinstance(first, torch.Tensor)
+        layer.to(device=first.device, dtype=first.dtype)
         for name, p in layer.named_parameters():
             source = getattr(rnn, name.replace("_l0", f"_l{k}"))
             p.data.copy_(source.data)
