@@ -7,6 +7,8 @@ import itertools
 import math
 
 import numpy as np
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -115,3 +117,43 @@ def test_without_a_pipeline_schedule_a_tie_is_charged_as_the_spec_says(inst, obj
         assert math.isclose(stage.memory_gb, memory, rel_tol=1e-9, abs_tol=1e-15)
     figure, want = (plan.throughput, expected[1]) if objective == "time" else (plan.cost_usd, expected[0])
     assert math.isclose(figure, want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _split_pair(tmp_path, ties: bool):
+    """Two layers, each fast on its own type, sharing a tensor: the best plan puts them on two stages."""
+    layer = {"type": "fc", "input_size": 64.0, "weight_size": 4e6, "alpha": 0.9, "beta": 0.0}
+    profile = {
+        "model": "pair",
+        "batch_size": 32,
+        "job": {"samples": 1e6, "global_batch": 128},
+        "layers": [
+            {**layer, "name": "embed", "times": {"a": {"oct": 0.01, "odt": 0.001}, "b": {"oct": 0.5, "odt": 0.001}}},
+            {**layer, "name": "head", "times": {"a": {"oct": 0.5, "odt": 0.001}, "b": {"oct": 0.01, "odt": 0.001}}},
+        ],
+    }
+    if ties:
+        profile["ties"] = [{"tensor": "embed.weight", "bytes": 2e6, "layers": ["embed", "head"]}]
+    cluster = {"cluster": "c", "resources": {t: {"price": 1.0, "limit": 2, "memory_gb": 1, "bandwidth_gbps": 10}
+                                             for t in ("a", "b")}}  # fmt: skip
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    return str(tmp_path / "p.yaml"), str(tmp_path / "c.yaml")
+
+
+def test_check_recomputes_a_split_tie_and_fails_a_plan_made_without_it(tmp_path, runner):
+    from heterps_cli.cli.app import app
+
+    profile, cluster = _split_pair(tmp_path, ties=True)
+    out = tmp_path / "plan.yaml"
+    made = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    plan = yaml.safe_load(out.read_text())
+    assert [s["layers"] for s in plan["stages"]] == [["embed"], ["head"]]
+    # each stage moves twice the tie's bytes over its 10 Gbit/s link once a step
+    assert all(s["tied_s"] == pytest.approx(2 * 2e6 / (10e9 / 8)) for s in plan["stages"])
+    assert plan["stages"][1]["memory_gb"] > plan["stages"][0]["memory_gb"]  # the head's own copy
+    args = ["check", str(out), "--profile", profile, "--cluster", cluster, "--objective", "time"]
+    assert runner.invoke(app, args).exit_code == 0
+    _split_pair(tmp_path, ties=False)
+    stale = runner.invoke(app, args)
+    assert stale.exit_code == 1 and "stale" in stale.output, stale.output
