@@ -215,7 +215,8 @@ def test_a_job_killed_at_a_random_step_resumes_to_the_losses_and_weights_of_an_u
     finally:
         for pid in session_processes(killed.pid):
             os.kill(pid, signal.SIGKILL)
-    assert killed.returncode == 2 and "killed by SIGKILL" in stderr, stderr[-3000:]
+    assert killed.returncode == 6 and "killed by SIGKILL" in stderr, stderr[-3000:]
+    assert f"continue with heterps run {plan}" in " ".join(stderr.split()) and "--resume" in stderr
     done = checkpoint.latest(str(cut), {})
     assert done is not None and 10 <= done[0] < 120
 

@@ -86,7 +86,7 @@ def _failure(process, rank: int, cfg: RunConfig, out: Path) -> tuple[int, str]:
     code = process.exitcode
     if code is not None and code < 0:
         name = signal.Signals(-code).name
-        why = " (the kernel kills so when memory runs out)" if name == "SIGKILL" else ""
+        why = " (as the kernel does a process when memory runs out)" if name == "SIGKILL" else ""
         return 0, f"{_describe(rank, cfg)} was killed by {name}{why}"
     return 0, f"{_describe(rank, cfg)} exited with code {code}"
 
