@@ -166,6 +166,7 @@ class ShardSizes(_Strict):
     weight_size: NonNegative
     activation_size: NonNegative = 0.0
     input_saved: NonNegative = 0.0
+    cast_size: NonNegative = 0.0
 
 
 class Layer(_Strict):
@@ -177,6 +178,7 @@ class Layer(_Strict):
     beta: Fraction | None = None
     activation_size: NonNegative = 0.0  # section 1b: bytes per sample kept for the backward pass
     input_saved: NonNegative = 0.0  # section 1b: of those, the bytes the layer before also keeps
+    cast_size: NonNegative = 0.0  # section 1b: bytes a replica keeps of half-precision weight copies
     sharded: bool = False  # section 1b: weights split across the stage's replicas
     times: Annotated[dict[Name, TimeEntry], Field(min_length=1)]
     tp: Annotated[dict[Degree, ShardSizes], Field(min_length=1)] | None = None  # section 1h: one unit's share
@@ -455,6 +457,7 @@ class Plan(_Strict):
     what_if: list[WhatIf] | None = None  # section 1e, plan --explain
     gap: Annotated[float, Field(ge=0), AfterValidator(_normal)] | None = None  # exact cut short by --time-limit
     solve_s: NonNegative
+    format: Annotated[int, Field(ge=1)] | None = None  # PLAN_FORMAT of the heterps that wrote it; none: older
     # Not written to plan files: they are for the run that made the plan.
     _units: dict[str, str] = PrivateAttr(default_factory=dict)  # the cluster's unit label per type
     _interrupted: bool = PrivateAttr(default=False)  # Ctrl-C cut the search short (the notes say so too)
@@ -526,6 +529,9 @@ class Plan(_Strict):
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)  # NaN/Infinity are not JSON
 
 
+# The plan file's format: a plan that states it gives every field that applies to it (heterps check holds
+# it to that); older plans, written before it, leave out the fields their heterps did not know.
+PLAN_FORMAT = 2
 PLAN_ONLY_WHERE_GIVEN = (
     "limits",
     "memory_gb",
@@ -541,6 +547,7 @@ PLAN_ONLY_WHERE_GIVEN = (
     "explanation",
     "what_if",
     "gap",
+    "format",
 )
 STAGE_ONLY_WHERE_GIVEN = (
     "transfer_s", "memory_gb", "update_s", "step_s", "in_flight", "nodes", "recompute", "tp", "joined", "samples",

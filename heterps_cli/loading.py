@@ -26,6 +26,7 @@ from heterps_cli.formats import (
     MAX_BATCH,
     MAX_MICRO_BATCHES,
     MAX_UNITS,
+    PLAN_FORMAT,
     BatchTime,
     Catalogue,
     Cluster,
@@ -572,10 +573,51 @@ def _joined_rules(doc: Document, plan: Plan, i: int, stage: Stage) -> list:
     return out
 
 
+def _placement_problems(doc: Document, plan: Plan) -> list[InputError]:
+    """Section 1e: every node a stage (or a mixed stage's part) places replicas on is one the plan rents,
+    ``KIND#i`` with ``i`` at most the rental's count of ``KIND``, and the replicas placed are the part's."""
+    rented = plan.rental or {}
+    out = []
+    for i, stage in enumerate(plan.stages):
+        parts = [(stage, ("stages", i))] + [(j, ("stages", i, "joined", n)) for n, j in enumerate(stage.joined or [])]
+        for part, where in parts:
+            if part.nodes is None:
+                continue
+            for node in part.nodes:
+                kind, _, index = node.rpartition("#")
+                if kind not in rented:
+                    said = f"the plan rents no {kind!r} nodes" + (f" (rental: {dict(rented)})" if rented else "")
+                    out.append(doc.error((*where, "nodes", node), f"stage {i} places replicas on {node}, but {said}"))
+                elif int(index) > rented[kind]:
+                    out.append(
+                        doc.error(
+                            (*where, "nodes", node),
+                            f"stage {i} places replicas on {node}, but the plan rents {rented[kind]} {kind} node"
+                            f"{'s' if rented[kind] > 1 else ''} ({kind}#1 to {kind}#{rented[kind]})",
+                        )
+                    )
+            if (placed := sum(part.nodes.values())) != part.replicas:
+                out.append(
+                    doc.error(
+                        (*where, "nodes"),
+                        f"stage {i} places {placed} {part.resource} replicas on nodes but has {part.replicas}",
+                    )
+                )
+    return out
+
+
 def _plan_of(doc: Document) -> Plan:
     """A plan file, with the rules between its fields that the schema cannot state."""
     plan: Plan = _validate(Plan, doc, "plan")
     problems = []
+    if plan.format is not None and plan.format > PLAN_FORMAT:
+        problems.append(
+            doc.error(
+                ("format",),
+                f"plan format {plan.format} is a newer heterps's (this one reads up to {PLAN_FORMAT}): upgrade "
+                "heterps, or re-plan with this one",
+            )
+        )
     if plan.gap is not None and plan.optimal:
         problems.append(
             doc.error(("gap",), "a gap says exact stopped before proving the plan optimal, yet it says optimal: true")
@@ -596,6 +638,7 @@ def _plan_of(doc: Document) -> Plan:
             )
     for i, stage in enumerate(plan.stages):
         problems += _joined_rules(doc, plan, i, stage)
+    problems += _placement_problems(doc, plan)
     for i, stage in enumerate(plan.stages):  # docs/spec.md section 1: a replica trains whole samples
         if stage.replicas > plan.batch_size:
             problems.append(

@@ -109,7 +109,9 @@ def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, d: int, 
     fixed, split = view.state_parts
     activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]
     held = activations_held(float(st.in_flight[r, s]), activations)
-    return float(fixed[a : b + 1].sum() + problem.reserved_bytes[t]), float(split[a : b + 1].sum()), float(held)
+    casts = activations_held(float(st.in_flight[r, s]), view.cast_bytes[a : b + 1].sum())  # a replica's whole
+    own = fixed[a : b + 1].sum() + casts + problem.reserved_bytes[t]
+    return float(own), float(split[a : b + 1].sum()), float(held)
 
 
 def _measured_cap(problem: Problem, t: int, d: int, a: int, b: int) -> float:

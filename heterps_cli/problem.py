@@ -74,6 +74,7 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
     # section 1b: of each layer's activation_size, the bytes the layer before it also saves (a ReLU's
     # output, the next layer's input): held once in a stage that has both, again by a stage it starts.
     input_saved: np.ndarray | None = None  # [n] bytes per sample
+    cast_size: np.ndarray | None = None  # [n] section 1b: bytes a batch keeps whatever its samples (weight copies)
     # section 1: neighbouring stages may share a type, unless the papers' maximal runs are asked for
     maximal_stages: bool = False
     precision: str | None = None  # section 2: what the profile's times assume the model trains at
@@ -181,7 +182,7 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
 PER_DEGREE = frozenset(
     {
         "oct", "odt", "alpha", "beta", "runnable", "update", "forward", "weight_size", "activation_size",
-        "input_saved", "measured", "tensor", "degree", "share_cap",
+        "input_saved", "cast_size", "measured", "tensor", "degree", "share_cap",
     }
 )  # fmt: skip
 
@@ -370,7 +371,7 @@ def _per_degree(profile: Profile, types: tuple[str, ...]) -> dict:
         "update": update if update.any() else None,
         "measured": table,
         "forward": _given(table.forward[table.sizes.index(profile.batch_size)]),
-        **{field: sizes[field] for field in ("weight_size", "activation_size", "input_saved")},
+        **{field: sizes[field] for field in ("weight_size", "activation_size", "input_saved", "cast_size")},
     }
 
 
@@ -534,6 +535,11 @@ def _layers(profile: Profile) -> dict:
             if any(layer.input_saved for layer in layers)
             else None
         ),
+        "cast_size": (
+            np.array([layer.cast_size for layer in layers], dtype=float)
+            if any(layer.cast_size for layer in layers)
+            else None
+        ),
         "sharded": np.array([layer.sharded for layer in layers], dtype=bool),
         "ties": _ties(profile),
     }
@@ -580,6 +586,7 @@ def _check_sizes(problem: Problem, pdoc: Document) -> None:
                 "input_size": (2.0 * B0 * view.input_size, "2 x batch_size x input_size"),
                 "activation_size": (B0 * view.activation_size, "batch_size x activation_size"),
                 "weight_size": (view.state_factor * view.weight_size, "state_factor x weight_size"),
+                "cast_size": (float(B0) * view.cast_bytes, "batch_size x cast_size (a copy per micro-batch held)"),
             }
         for field, (values, product) in scaled.items():
             bad = np.flatnonzero(~np.isfinite(values))

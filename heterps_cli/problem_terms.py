@@ -113,14 +113,15 @@ class MemoryTerms:
 
     @cached_property
     def memory_parts(self: Problem) -> tuple[np.ndarray, np.ndarray]:
-        """Per layer, bytes every replica holds whatever ``k`` (unsharded training state) and bytes
-        split across ``k`` replicas (sharded state and one batch of activations): section 1b's
+        """Per layer, bytes every replica holds whatever ``k`` (unsharded training state and one batch's
+        weight copies) and bytes split across ``k`` replicas (sharded state and one batch of
+        activations): section 1b's
         ``MEM(k) = fixed + split / k`` summed over a stage. Under section 1d a stage holds the
         activations of up to ``M`` micro-batches at once: :attr:`state_parts` and
         :attr:`activation_bytes` are the two halves of ``split``."""
         fixed, sharded = self.state_parts
         with np.errstate(over="ignore"):
-            return fixed, sharded + self.activation_bytes
+            return fixed + self.cast_bytes, sharded + self.activation_bytes
 
     @cached_property
     def state_parts(self: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -134,6 +135,13 @@ class MemoryTerms:
         tied parameters its layers' ``weight_size`` leaves out (zeros without ties)."""
         with np.errstate(over="ignore"):
             return self.state_factor * copy_bytes(self.ties, first, last)
+
+    @cached_property
+    def cast_bytes(self: Problem) -> np.ndarray:
+        """Per layer, the bytes a (micro-)batch keeps for its backward pass whatever its samples
+        (autocast's half-precision weight copies): every replica holds them for each micro-batch it
+        holds, and they are not split across the replicas."""
+        return self.cast_size if self.cast_size is not None else np.zeros(self.n_layers)
 
     @cached_property
     def activation_bytes(self: Problem) -> np.ndarray:

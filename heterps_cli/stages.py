@@ -153,7 +153,12 @@ def _memory(
             activations = np.where(
                 recompute, activations_held(in_flight, activations, inputs), activations_held(in_flight, activations)
             )
-        mem_fixed = summed(pick(lambda v: v.state_parts[0]))
+        # half-precision weight copies: a replica's whole, for each micro-batch it holds (rebuilt one at
+        # a time where it recomputes)
+        casts = summed(pick(lambda v: v.cast_bytes))
+        if problem.pipelined:
+            casts = np.where(recompute, casts, activations_held(in_flight, casts))
+        mem_fixed = summed(pick(lambda v: v.state_parts[0])) + casts
         if problem.ties:  # section 1j: a stage's own copy of a tied parameter its first holder counts
             mem_fixed = mem_fixed + np.where(valid, problem.tie_state(first, np.where(valid, last, 0)), 0.0)
         mem_split = summed(pick(lambda v: v.state_parts[1])) + activations

@@ -66,6 +66,8 @@ def instance_dicts(
             entry["activation_size"] = float(hardware["activation_size"][layer])
             if hardware.get("input_saved") is not None:
                 entry["input_saved"] = float(hardware["input_saved"][layer])
+            if hardware.get("cast_size") is not None and hardware["cast_size"][layer]:
+                entry["cast_size"] = float(hardware["cast_size"][layer])
             entry["sharded"] = bool(hardware["sharded"][layer])
         layers.append(entry)
     profile = {
@@ -112,9 +114,12 @@ def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None):
     # layer's input): half of the smaller of the two on every other layer, without drawing from rng.
     input_saved = np.zeros(n)
     input_saved[1::2] = 0.5 * np.minimum(activation[1::2], activation[:-1:2][: len(activation[1::2])])
+    # Autocast's half-precision copy of a layer's weights, on every third layer (no draw from rng).
+    cast_size = np.where(np.arange(n) % 3 == 2, weight / 2, 0.0)
     return {
         "input_size": input_size,
         "weight_size": weight,
+        "cast_size": cast_size,
         "activation_size": activation,
         "input_saved": input_saved,
         "sharded": sharded,

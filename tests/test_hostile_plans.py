@@ -105,6 +105,40 @@ def test_a_gap_beside_optimal_is_refused(tmp_path):
     assert code == 2 and "gap: a gap says exact stopped before proving the plan optimal" in shown
 
 
+@pytest.mark.parametrize("field", ["link_gbps", "idle_units", "bandwidth_gbps", "rate_usd_per_hour"])
+def test_a_field_the_plan_leaves_out_fails_check(tmp_path, field):
+    """The gate cannot tell an edit from an older heterps's plan: either way the file no longer says
+    what the files give, and `check` says which field and that `heterps plan` writes it."""
+    code, shown = _check_after(tmp_path, lambda p: p.pop(field))
+    assert code == 1 and f"{field} none ->" in shown and "the plan leaves it out" in shown, shown
+
+
+def test_a_stage_field_left_out_fails_check(tmp_path):
+    code, shown = _check_after(tmp_path, lambda p: p["stages"][0].pop("memory_gb"))
+    assert code == 1 and "stages[0].memory_gb none ->" in shown, shown
+
+
+@pytest.mark.parametrize(
+    "nodes, said",
+    [
+        ({"g6.24xlarge#2": 4}, "on g6.24xlarge#2, but the plan rents 1 g6.24xlarge node (g6.24xlarge#1"),
+        ({"p3.8xlarge#1": 4}, "the plan rents no 'p3.8xlarge' nodes"),
+        ({"g6.24xlarge#1": 3}, "places 3 l4 replicas on nodes but has 4"),
+    ],
+)
+def test_a_plan_placed_on_nodes_it_does_not_rent_is_refused_by_validate_and_launch(tmp_path, nodes, said):
+    plan = yaml.safe_load(VGG.read_text())
+    plan["stages"][-1]["nodes"] = nodes
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan, sort_keys=False, allow_unicode=True))
+    for args in (["validate", str(path)], ["launch", str(path), "-o", str(tmp_path / "out")]):
+        result = runner.invoke(app, args)
+        shown = " ".join(result.output.split())
+        assert result.exit_code == 2 and said in shown and "plan.yaml:" in shown, (args, shown)
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_every_recorded_field_edited_fails_check_but_how_it_was_found(tmp_path):
     plan = yaml.safe_load(VGG.read_text())

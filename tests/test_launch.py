@@ -112,7 +112,7 @@ def test_placed_is_for_torchrun_and_a_plan_placed_on_nodes(tmp_path):
     path.write_text(yaml.safe_dump(broken))
     result = runner.invoke(app, ["launch", str(path), "-o", str(tmp_path / "out"), *PLACED_MAP])
     shown = " ".join(result.output.split())
-    assert result.exit_code == 2 and "does not place every replica on a node" in shown
+    assert result.exit_code == 2 and "stage 0 places 1 l4 replicas on nodes but has" in shown, shown
     assert not (tmp_path / "out").exists()
 
 

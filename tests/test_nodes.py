@@ -247,12 +247,17 @@ def test_a_node_priced_plan_says_what_it_rents_and_check_recomputes_it(tmp_path)
     assert all(sum(s["nodes"].values()) == s["replicas"] for s in written["stages"])
     check = ["check", str(out), "--profile", profile, "--cluster", cluster]
     assert runner.invoke(app, check).exit_code == 0
-    written["rental"] = {"p3.2xlarge": 1}
-    written["stages"][0]["nodes"] = {"p3.2xlarge#1": written["stages"][0]["replicas"]}
+    rented = dict(written["rental"])
+    written["rental"] = {"p3.2xlarge": 2, "c5.18xlarge": 1}  # a node more than its stages use
     out.write_text(yaml.safe_dump(written, sort_keys=False))
     stale = runner.invoke(app, check)
     shown = " ".join(stale.output.split())
-    assert stale.exit_code == 1 and "rental {'p3.2xlarge': 1} ->" in shown and "stages[0].nodes" in shown
+    assert stale.exit_code == 1 and "rate_usd_per_hour 6.12 -> 9.18" in shown, shown
+    written["rental"] = {"p3.2xlarge": 1}  # its stages still on a c5.18xlarge: no file to check
+    out.write_text(yaml.safe_dump(written, sort_keys=False))
+    refused = runner.invoke(app, check)
+    shown = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "the plan rents no 'c5.18xlarge' nodes" in shown and rented, shown
 
 
 def test_validate_shows_the_node_kinds(tmp_path):

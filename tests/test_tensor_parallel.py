@@ -236,6 +236,7 @@ def test_check_fails_a_tp_plan_edited_to_more_units_than_its_rental_holds(tmp_pa
     held = 4 * sum(plan["rental"].values())
     stage = plan["stages"][0]
     stage["replicas"] += (held - plan["resources"]["gpu"]) // stage["tp"] + 1
+    stage["nodes"] = {next(iter(stage["nodes"])): stage["replicas"]}  # placed on a node it rents, too many
     more = yaml.safe_load(open(cluster))
     more["nodes"]["box"]["available"] = 8  # 32 GPUs: the edited plan's units fit the cluster
     write_yaml(tmp_path / "c.yaml", more)

@@ -214,6 +214,8 @@ def recompute(problem: Problem, plan: Plan) -> tuple[Plan | None, list[str]]:
             f"stages {i - 1} and {i} both run on {plan.stages[i].resource}: with --maximal-stages they are one stage"
             for i in merged
         ]
+    if problem.max_cost != plan.max_cost:  # its explanation and feasibility under its own budget; the gate's apart
+        problem = problem.replace(max_cost=plan.max_cost)
     schedule = schedule_of_stages(problem, plan.stages)  # each of the plan's stages one of its own
     replicas = [s.replicas for s in plan.stages]
     fresh = make_plan(
@@ -275,22 +277,23 @@ HOW_FOUND = frozenset({"scheduler", "seed", "evaluations", "solve_s", "notes", "
 # The job: job_changes compares these with the files and flags, so they are not stale figures.
 JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "batch_size", "precision"})
 # Compared below in their own words, or judged by their own gates (feasible: limits, budget, throughput).
-OWN_RULES = frozenset({"explanation", "what_if", "feasible"})
+OWN_RULES = frozenset({"explanation", "what_if", "feasible", "format"})
 
 
-# Where a plan on a cluster of nodes runs: never an older heterps's omission, since it is what launch and run
-# place by; a plan that drops them (and so would run on one machine) is stale.
-PLACEMENT = frozenset({"nodes"})
+# A field left out that the files give: in a plan that states its format, an edit (its heterps wrote every
+# field that applies); in one that does not, an older heterps's omission, compared only for where the plan
+# runs (what it rents, where its replicas go), which launch and run place by.
+LEFT_OUT = "the plan leaves it out: heterps plan writes it"
+PLACEMENT = {"rental": "a plan on a cluster of nodes says what it rents", "nodes": "where its replicas run"}
 
 
 def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     """Each field the plan file records that the files no longer give, as 'field: written -> recomputed'.
 
     Every field is compared, at any depth (a stage's figures, each type's memory_gb, the rental),
-    except how the plan was found (:data:`HOW_FOUND`) and its job (:func:`job_changes`). A field the
-    file leaves out is one an older heterps did not write, and is not compared, but for where it runs
-    (its ``rental``, its stages' ``nodes``: :data:`PLACEMENT`); one it adds that the recomputation does
-    not give is stale."""
+    except how the plan was found (:data:`HOW_FOUND`) and its job (:func:`job_changes`); one the file
+    adds that the recomputation does not give is stale, and so is one it leaves out
+    (:func:`left_out`: every such field where the plan states its ``format``, else :data:`PLACEMENT`)."""
     mine, theirs = written.written(), fresh.to_dict()
     out = []
     skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
@@ -298,12 +301,29 @@ def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     for key in sorted(mine, key=lambda k: headline.index(k) if k in headline else len(headline)):
         if key not in skip:
             out += _changes(key, mine[key], theirs.get(key))
-    if "rental" not in mine and theirs.get("rental") is not None:  # PLACEMENT: what to rent is the plan
-        out.append(f"rental none -> {_shown(theirs['rental'])} (a plan on a cluster of nodes says what it rents)")
+    missing = left_out(written, fresh, None if written.format is not None else frozenset(PLACEMENT))
+    out += [f"{where} none -> {_shown(value)} ({PLACEMENT.get(key, LEFT_OUT)})" for where, key, value in missing]
     if written.explanation is not None and written.explanation != fresh.explanation:
         out.append("explanation: the files now give another (heterps plan writes it)")
     if written.what_if is not None and not _same_what_if(written.what_if, fresh.what_if):
         out.append("what_if: one node more or fewer now gives other figures (heterps plan --explain writes them)")
+    return out
+
+
+def left_out(written: Plan, fresh: Plan, only: frozenset[str] | None = None) -> list[tuple[str, str, Any]]:
+    """The fields, the plan's and its stages', that the recomputation gives and the file leaves out
+    (``only`` those keys, where given): where each is, its key, and its recomputed value."""
+    mine, theirs = written.written(), fresh.to_dict()
+    skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
+
+    def missing(where: str, a: dict, b: dict) -> list[tuple[str, str, Any]]:
+        keys = sorted(k for k in b.keys() - a.keys() - skip if b[k] is not None and (only is None or k in only))
+        return [(f"{where}{k}", k, b[k]) for k in keys]
+
+    out = missing("", mine, theirs)
+    if len(mine["stages"]) == len(theirs["stages"]):
+        for i, (a, b) in enumerate(zip(mine["stages"], theirs["stages"])):
+            out += missing(f"stages[{i}].", a, b)
     return out
 
 
@@ -321,14 +341,8 @@ def _changes(where: str, mine: Any, theirs: Any) -> list[str]:
 
 
 def _stage_changes(i: int, mine: dict, theirs: dict) -> list[str]:
-    """A stage's fields: those it writes must match; those it leaves out are an older heterps's."""
-    out = []
-    for key, value in mine.items():
-        out += _changes(f"stages[{i}].{key}", value, theirs.get(key))
-    for key in PLACEMENT - mine.keys():
-        if theirs.get(key) is not None:
-            out.append(f"stages[{i}].{key} none -> {_shown(theirs[key])} (where its replicas run)")
-    return out
+    """The fields a stage writes, against the recomputed stage's (those it leaves out: :func:`left_out`)."""
+    return [c for key, value in mine.items() for c in _changes(f"stages[{i}].{key}", value, theirs.get(key))]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -486,7 +500,7 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
             Finding("feasible", False, "the plan file itself says it is infeasible", g.replan_fix("re-plan"))
         )
     stale = stale_fields(g.plan, fresh)
-    findings += [_fresh(g, stale), _limits(g, fresh)]
+    findings += [_fresh(g, stale, fresh), _limits(g, fresh)]
     findings += [
         f
         for f in (
@@ -499,6 +513,15 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
     ]
     if g.replan is not None:
         findings += _replan(g, fresh, progress)
+    if g.plan.optimal and not any(f.gate == "optimal" for f in findings):  # a file's word is no proof
+        findings.append(
+            Finding(
+                "optimal",
+                True,
+                "the plan says it is optimal: not verified here (--replan exact verifies it)",
+                warn=True,
+            )
+        )
     return findings
 
 
@@ -519,8 +542,19 @@ def _job(g: Gate, at: Problem) -> Finding:
     )
 
 
-def _fresh(g: Gate, stale: list[str]) -> Finding:
+def _fresh(g: Gate, stale: list[str], fresh: Plan) -> Finding:
     if not stale:
+        unchecked = left_out(g.plan, fresh) if g.plan.format is None else []
+        if unchecked:  # an older heterps's plan, or one edited down to look like one
+            return Finding(
+                "fresh",
+                True,
+                f"every figure the plan gives matches a recomputation, but it states no format (an older "
+                f"heterps's plan) and leaves out {plural(len(unchecked), 'field')} the files give, not compared: "
+                f"{', '.join(where for where, _, _ in unchecked[:6])}{' …' if len(unchecked) > 6 else ''}",
+                g.replan_fix("refresh it"),
+                warn=True,
+            )
         return Finding("fresh", True, "every figure in the plan matches a recomputation from the files")
     return Finding(
         "fresh",
@@ -658,10 +692,10 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
     ok = saving <= g.tolerance / 100 + 1e-12
     adopt = f"adopt it: {g.command(name)}"
     findings = [Finding("replan", ok, found, "" if ok else adopt, warn=saving > 1e-9)]
-    if g.plan.optimal and name == "exact" and saving > 1e-9:  # a false claim, whatever the tolerance
-        findings.append(
-            Finding(
-                "optimal", False, f"the plan says it is optimal, but exact finds one {100 * saving:.2g}% better", adopt
-            )
-        )
+    if g.plan.optimal and name == "exact":  # a claim exact now verifies, whatever the tolerance
+        if saving > 1e-9:
+            said = f"the plan says it is optimal, but exact finds one {100 * saving:.2g}% better"
+            findings.append(Finding("optimal", False, said, adopt))
+        elif better.optimal:
+            findings.append(Finding("optimal", True, "the plan says it is optimal, and exact proves no plan better"))
     return findings

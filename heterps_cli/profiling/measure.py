@@ -25,7 +25,9 @@
 * **activation_size** (docs/spec.md section 1b): the bytes per sample a layer keeps for
   its backward pass, counted with ``torch.autograd.graph.saved_tensors_hooks``
   around one forward of the layer alone, each storage once, its own parameters
-  left out (they are training state, counted from ``weight_size``).
+  left out (they are training state, counted from ``weight_size``), and apart from
+  what autograd made of the parameters alone (autocast's half-precision weight
+  copies: ``cast_size``, bytes a replica holds whatever its batch).
 * **sharded**: a module with the attribute ``heterps_sharded = True`` (the zoo's
   CTR embedding tables, which live on parameter servers) is marked ``sharded``.
 * **alpha**: a least-squares fit of T(k) = T1 (1 - a + a/k) to each layer's median over
@@ -134,6 +136,7 @@ class LayerProfile:
     activation_size: float = 0.0  # bytes per sample kept for backward (docs/spec.md section 1b)
     sharded: bool = False  # docs/spec.md section 1b: the module says its weights are split across replicas
     input_saved: float = 0.0  # of activation_size, bytes per sample the layer before also keeps (section 1b)
+    cast_size: float = 0.0  # bytes a replica keeps of copies of its weights (autocast's), per replica (section 1b)
     update: float = 0.0  # docs/spec.md section 1d: seconds of the optimiser step on the layer's weights
     forward: float | None = None  # docs/spec.md section 1g: the forward pass's part of oct, where measured
 
@@ -425,6 +428,7 @@ def layer_profile(
     """A layer's profile from its time and alpha: its sizes and section 1b fields from the recorded call,
     odt its gradient all-reduce (as big as its weights) over ``bandwidth`` bytes/s, beta 0 (derived)."""
     weights = weight_bytes(call.module)
+    per_batch, copies = saved_bytes(call, device)
     return LayerProfile(
         call.name,
         kind(call.module),
@@ -437,7 +441,8 @@ def layer_profile(
         cv,
         estimated or {},
         residual,
-        activation_size=saved_bytes(call, device) / B0,
+        activation_size=per_batch / B0,
+        cast_size=copies,
         sharded=bool(getattr(call.module, "heterps_sharded", False)),
         update=update_time(call.module, device) if update is None else update,
         forward=forward,

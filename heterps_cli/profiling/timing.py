@@ -406,7 +406,7 @@ def shared_with_previous(model: Model, calls: list[Call], device: str) -> list[f
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         key = storage_key(tensor)
-        if at["inside"] and 0 <= at["call"] < len(calls) and key not in params:
+        if at["inside"] and 0 <= at["call"] < len(calls) and key not in params and not from_parameters(tensor, params):
             kept[at["call"]].setdefault(key, tensor.untyped_storage().nbytes())
         return tensor
 
@@ -425,20 +425,43 @@ def shared_with_previous(model: Model, calls: list[Call], device: str) -> list[f
     return [0.0] + [float(sum(n for ptr, n in kept[i].items() if ptr in kept[i - 1])) for i in range(1, len(calls))]
 
 
-def saved_bytes(call: Call, device: str) -> float:
+def from_parameters(tensor: torch.Tensor, params: set[int], depth: int = 8) -> bool:
+    """Whether autograd made ``tensor`` from parameters alone (in ``params``, by storage), as autocast's
+    half-precision copy of a weight: no input of the layer reaches it, so its bytes do not grow with
+    the batch. Casts, transposes and views are a few nodes deep; deeper graphs count as data."""
+    node, todo = tensor.grad_fn, [(tensor.grad_fn, 0)]
+    if node is None:
+        return False
+    while todo:
+        node, level = todo.pop()
+        if node is None or level > depth:
+            return False
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            if storage_key(variable) not in params:
+                return False
+            continue
+        todo.extend((following, level + 1) for following, _ in node.next_functions)
+    return True
+
+
+def saved_bytes(call: Call, device: str) -> tuple[float, float]:
     """Bytes the layer keeps for its backward pass on one batch: the tensors autograd saves during
-    one forward on fresh copies of its inputs, each storage once, its own parameters left out."""
+    one forward on fresh copies of its inputs, each storage once, its own parameters left out; and,
+    apart, those made from its parameters alone (docs/spec.md section 1b's ``cast_size``: autocast's
+    half-precision weight copies, the same bytes whatever the batch)."""
     params = {storage_key(p) for p in call.module.parameters()}
     seen: dict[int, int] = {}
+    copies: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         key = storage_key(tensor)
         if key not in params:
-            seen.setdefault(key, tensor.untyped_storage().nbytes())
+            (copies if from_parameters(tensor, params) else seen).setdefault(key, tensor.untyped_storage().nbytes())
         return tensor
 
     args, kwargs = call.fresh(device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         out = call.module(*args, **kwargs)
     del out
-    return float(sum(seen.values()))
+    return float(sum(seen.values())), float(sum(copies.values()))

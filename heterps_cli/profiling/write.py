@@ -48,6 +48,7 @@ class ShardRow:
     weight_size: float
     activation_size: float
     input_saved: float
+    cast_size: float = 0.0  # docs/spec.md section 1b
 
 
 @dataclass
@@ -61,6 +62,7 @@ class LayerRow:
     sharded: bool = False
     input_saved: float = 0.0  # docs/spec.md section 1b
     tp: dict[int, ShardRow] | None = None  # docs/spec.md section 1h
+    cast_size: float = 0.0  # docs/spec.md section 1b: half-precision weight copies, bytes per replica
 
 
 def _number(x: float) -> str:
@@ -109,6 +111,7 @@ def render(
             f"    weight_size: {_number(row.weight_size)}",
             f"    activation_size: {_number(row.activation_size)}",
             *([f"    input_saved: {_number(row.input_saved)}"] if row.input_saved else []),
+            *([f"    cast_size: {_number(row.cast_size)}"] if row.cast_size else []),
             *(["    sharded: true"] if row.sharded else []),
             "    times:",
         ]
@@ -120,7 +123,8 @@ def render(
             lines.append("    tp:")
             lines += [
                 f"      {d}: {{weight_size: {_number(x.weight_size)}, activation_size: {_number(x.activation_size)}"
-                + (f", input_saved: {_number(x.input_saved)}}}" if x.input_saved else "}")
+                + (f", input_saved: {_number(x.input_saved)}" if x.input_saved else "")
+                + (f", cast_size: {_number(x.cast_size)}}}" if x.cast_size else "}")
                 for d, x in sorted(row.tp.items())
             ]
     return "\n".join(lines) + "\n"
@@ -194,7 +198,9 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         f"odt: gradient all-reduce bytes per batch (as big as the weights) / link bandwidth; bandwidth "
         f"{p.bandwidth_how}; activations move at stage boundaries (spec section 1b: input_size over bandwidth_gbps)",
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once); "
-        "input_saved: of those, the bytes the layer before also keeps, in one forward of the whole model",
+        "input_saved: of those, the bytes the layer before also keeps, in one forward of the whole model; "
+        "cast_size: what it saves that autograd made from its weights alone (autocast's half-precision copies), "
+        "bytes a replica holds whatever its batch",
         f"update: median of the optimiser step ({p.optimizer}) and the gradients' reset on the layer's weights, "
         "each after a step-order backward pass, s per step (spec section 1d)",
         "fixed: pass_start, the median time from the backward call to its first layer (given to no layer); "
@@ -252,7 +258,9 @@ def _row(layer: LayerProfile, resource: str, comment: str, degrees: dict[int, La
         layer.activation_size,
         layer.sharded,
         layer.input_saved,
-        {d: ShardRow(x.weight_size, x.activation_size, x.input_saved) for d, x in (degrees or {}).items()} or None,
+        {d: ShardRow(x.weight_size, x.activation_size, x.input_saved, x.cast_size) for d, x in (degrees or {}).items()}
+        or None,
+        layer.cast_size,
     )
 
 
@@ -390,6 +398,7 @@ def merge_profiles(paths: list[str], said: list[str] | None = None) -> str:
             layer.activation_size,
             layer.sharded,
             layer.input_saved,
+            cast_size=layer.cast_size,
         )
         for layer in first.layers
     ]
@@ -509,7 +518,7 @@ def _take_shard_sizes(
     (its activations per sample may differ, measured at another batch, as at tp 1)."""
     for i, (layer, row) in enumerate(zip(prof.layers, rows)):
         for d, x in (layer.tp or {}).items():
-            taken = ShardRow(x.weight_size, x.activation_size, x.input_saved)
+            taken = ShardRow(x.weight_size, x.activation_size, x.input_saved, x.cast_size)
             given = (row.tp or {}).get(d)
             if given is None:
                 row.tp = (row.tp or {}) | {d: taken}

@@ -45,6 +45,7 @@ def spec_figures(profile: dict, cluster: dict, plan: dict) -> dict:
         mem = sf * copies
         for i, layer in enumerate(layers[a_ : b_ + 1]):
             w = sf * layer["weight_size"]
+            mem += layer.get("cast_size", 0.0)  # a half-precision copy of the weights, whole on each replica
             held = layer.get("activation_size", 0.0) - (layer.get("input_saved", 0.0) if i else 0.0)
             mem += (w / k if layer.get("sharded") else w) + share(B0, k) * held
         ct.append(c)
@@ -235,13 +236,14 @@ def _section_1b(hw, B0, n, t, ls, k, c, d):
     fit = np.ones_like(k, dtype=bool)
     if hw["memory_gb"][t] is not None:
         sf = hw["state_factor"]
-        unsharded = sum(hw["weight_size"][i] for i in ls if not hw["sharded"][i])
-        sharded = sum(hw["weight_size"][i] for i in ls if hw["sharded"][i])
+        casts = hw.get("cast_size") or [0.0] * n
+        unsharded = sum(sf * hw["weight_size"][i] + casts[i] for i in ls if not hw["sharded"][i])
+        sharded = sum(sf * hw["weight_size"][i] for i in ls if hw["sharded"][i])
         shared = hw.get("input_saved")
         activations = sum(hw["activation_size"][i] for i in ls) - (
             sum(shared[i] for i in ls[1:]) if shared is not None else 0.0
         )
-        mem = sf * (unsharded + sharded / k) + share(B0, k) * activations
+        mem = unsharded + sharded / k + share(B0, k) * activations
         fit = mem <= hw["memory_gb"][t] * 1e9 * (1 + 1e-12)
     return c, d, fit
 

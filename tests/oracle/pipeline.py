@@ -96,6 +96,7 @@ def pipeline_figures(
         for layer in ls:
             size = at[layer][1]
             w = sf * size["weight_size"]
+            mem += (1 if recompute[s] else held) * size.get("cast_size", 0.0)  # a whole copy per micro-batch held
             kept = size.get("activation_size", 0.0)
             if layer != ls[0]:  # a stage holds once what a layer and the one before it both save
                 kept -= size.get("input_saved", 0.0)

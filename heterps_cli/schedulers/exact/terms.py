@@ -152,7 +152,7 @@ def stage_table(problem: Problem) -> Table:
     min_k = np.ones((n + 1, n + 1, T))
     if np.isfinite(problem.memory).any():
         fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
-        fixed = fixed + tied_state
+        fixed = fixed + tied_state + spans(problem.cast_bytes[:, None])  # one batch's weight copies
         activations = activation_spans(problem)
         with np.errstate(over="ignore", invalid="ignore"):
             split = state_split + activations
@@ -241,7 +241,7 @@ def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) ->
         state_fixed, state_split = (spans(part[:, None]) for part in problem.state_parts)
         state_fixed = state_fixed + tie_spans(problem)[0]
         fixed = state_fixed + problem.reserved_bytes[None, None, :] if problem.reserved is not None else state_fixed
-        terms = (fixed, state_split, activation_spans(problem))
+        terms = (fixed, state_split, activation_spans(problem), spans(problem.cast_bytes[:, None]))
         for h in missing:
             memo[again, h] = _fewest(problem, terms, h, again)
     return np.stack([memo[again, float(h)] for h in held], axis=2)
@@ -250,13 +250,15 @@ def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) ->
 def _fewest(problem: Problem, terms: tuple, held: float, again: bool) -> np.ndarray:
     """``[i, j, t]``: :func:`_memory_replicas` at one count of micro-batches held (``terms``: the stages'
     fixed and split training state and their activations, ``[i, j, t]`` each)."""
-    fixed, state_split, activations = terms
+    fixed, state_split, activations, casts = terms
     with np.errstate(over="ignore", invalid="ignore"):
-        if again:  # by the stage's first layer j
+        if again:  # by the stage's first layer j; weight copies are rebuilt one micro-batch at a time
             inputs = np.append(problem.stage_inputs, 0.0)[None, :, None]
             held_bytes = activations_held(held, activations, inputs)
+            fixed = fixed + casts
         else:
             held_bytes = activations_held(held, activations)
+            fixed = fixed + activations_held(held, casts)
         split = state_split + held_bytes
     fixed, split, held_bytes = np.broadcast_arrays(fixed, split, held_bytes)
     digest = hashlib.blake2b(str((problem.batch_size, fixed.shape)).encode())
