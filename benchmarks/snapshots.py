@@ -102,6 +102,9 @@ def main() -> None:
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args()
     if args.compare:
+        missing = [str(p) for p in args.compare if not p.is_dir()]
+        if missing:
+            parser.error(f"--compare: {', '.join(missing)}: no such folder of snapshots (--out FOLDER writes one)")
         sys.exit(compare(*args.compare))
     if args.out is None:
         parser.error("--out FOLDER or --compare BEFORE AFTER")

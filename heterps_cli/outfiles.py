@@ -11,8 +11,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -227,7 +229,11 @@ def write_set(directory: str | os.PathLike, files: Mapping[str, OutFile], field:
     try:
         fresh = {name: _write_new(staging, ".new.", data, mode) for name, (data, mode) in everything.items()}
         old = [name for name in before if name not in everything]
-        _swap(folder, staging / "previous", fresh, old)
+        with signals_held():  # a Ctrl-C or SIGTERM lands after the swap and its clean-up, not between them
+            try:
+                _swap(folder, staging / "previous", fresh, old)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:
         raise _cannot(shown, field, exc, "cannot write the files (the folder is as it was)") from None
     finally:
@@ -301,6 +307,27 @@ def _refuse_directories(folder: Path, files: Mapping[str, object], field: str) -
             raise InputError(
                 str(folder / name), None, field, "exists and is a directory: refusing to replace it (nothing written)"
             )
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs (in the main thread, where Python handles
+    them), and delivered when it ends: a step that must finish whole once begun."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # Python's handlers, not the thread's signal mask: another thread (torch's) would take a masked signal.
+    pending: list[int] = []
+    before = {
+        s: signal.signal(s, lambda signum, _frame: pending.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 def _swap(folder: Path, aside: Path, fresh: dict[str, Path], old: list[str]) -> None:

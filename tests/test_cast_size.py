@@ -27,9 +27,17 @@ def _estimate(tmp_path, model, batch, precision, *extra):
 
 
 @pytest.mark.parametrize(
-    "model, extra", [("mlp", ()), ("transformer", ("--tp", "2", "--input-shape", "16"))], ids=["mlp", "transformer-tp2"]
+    "model, extra, precision",
+    [
+        ("mlp", (), "bf16"),
+        ("mlp", (), "fp32"),
+        pytest.param("mlp", (), "fp16", marks=pytest.mark.slow),
+        *(
+            pytest.param("transformer", ("--tp", "2", "--input-shape", "16"), p, marks=pytest.mark.slow)
+            for p in ("bf16", "fp16", "fp32")
+        ),
+    ],
 )
-@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
 def test_sizes_per_sample_do_not_depend_on_the_batch_measured(tmp_path, model, extra, precision):
     small, large = (_estimate(tmp_path, model, b, precision, *extra) for b in (8, 32))
     for a, b in zip(small, large):

@@ -387,6 +387,7 @@ def test_a_global_batch_no_size_nor_multiple_divides_is_refused_as_input(tmp_pat
         assert ("--global-batch:" if where else "job.global_batch:") in shown and "internal" not in shown
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @settings(max_examples=40, **SETTINGS)
 @given(several_sizes(), st.integers(0, 2**32 - 1))
 def test_on_whole_nodes_the_fastest_micro_batch_is_found_though_others_only_seek_a_faster_plan(inst, seed):

@@ -150,6 +150,7 @@ def _mixed_plan(profile, cluster, objective="time"):
     return problem, solve("exact", problem, options=SolveOptions(mixed_stages=True))
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @settings(max_examples=100, **SETTINGS)
 @given(mixable(), st.sampled_from(["time", "cost"]), st.sampled_from([0.0, 0.5, 0.9]))
 def test_mixed_plans_are_within_brute_force_and_their_figures_are_the_specs(inst, objective, floor):

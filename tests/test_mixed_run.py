@@ -29,6 +29,7 @@ def _mixed_plan(tmp_path, shares: tuple[int, int], replicas=(2, 1), degrees=(1, 
     return path
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @pytest.mark.parametrize("shares", [(10, 6), (4, 12)])
 def test_a_mixed_stage_trains_with_the_losses_of_one_process(tmp_path, shares):
     from heterps_cli.runtime import single_process_losses
@@ -48,6 +49,7 @@ def test_a_mixed_stage_trains_with_the_losses_of_one_process(tmp_path, shares):
     ("shares", "replicas", "degrees"),
     [((10, 6), (1, 2), (2, 1)), pytest.param((6, 10), (2, 1), (1, 4), marks=pytest.mark.slow)],
 )
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_stage_whose_types_run_at_different_degrees_trains_with_the_losses_of_one_process(
     tmp_path, shares, replicas, degrees
 ):
@@ -82,6 +84,7 @@ def test_a_stage_mixing_a_gpu_and_the_cpu_trains_with_the_losses_of_one_process(
     assert max(abs(a - b) for a, b in zip(json.loads(out.read_text())["losses"], reference)) < 1e-4
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_mixed_stage_whose_shares_miss_the_batch_is_refused_naming_it(tmp_path):
     plan = _mixed_plan(tmp_path, (10, 5))
     done = heterps("run", str(plan), "--map", "cpu=cpu", "--map", "cpu2=cpu", "--steps", "1")
@@ -90,6 +93,7 @@ def test_a_mixed_stage_whose_shares_miss_the_batch_is_refused_naming_it(tmp_path
     assert "stages[0].samples" in said and "15 samples" in said and "Traceback" not in said
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_joined_part_at_a_degree_with_nothing_to_shard_is_refused_naming_it(tmp_path):
     """Stage 1 holds one ReLU: its joined cpu2 replica at tp 2 has no pair of linear layers to shard."""
     plan = _mixed_plan(tmp_path, (10, 6), (2, 1), (1, 2))
@@ -106,6 +110,7 @@ def test_a_joined_part_at_a_degree_with_nothing_to_shard_is_refused_naming_it(tm
     assert done.returncode == 2 and "stages[1].joined[0].tp" in said and "no pair of linear layers" in said, said
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_launch_starts_every_replica_of_a_mixed_stage(tmp_path):
     """One machine: torchrun starts the joined replica too (4 processes), and maps each type's device."""
     plan = _mixed_plan(tmp_path, (10, 6))

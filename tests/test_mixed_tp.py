@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,6 +122,7 @@ def sharded_mixable(draw):
     return {"model": "m", "batch_size": B, "job": job, "layers": layers}, {"cluster": "c", "resources": resources}
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @settings(max_examples=60, **SETTINGS)
 @given(sharded_mixable())
 def test_the_dp_over_mixed_degrees_is_the_enumerations_best(inst):
@@ -175,6 +177,7 @@ TP_PROFILE = {
 TP_CLUSTER = {"cluster": "c", "resources": {"a": {"price": 0.5, "limit": 3}, "b": {"price": 1.0, "limit": 2}}}
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_three_whole_a_replicas_joined_by_a_b_replica_at_tp_2_beat_every_one_degree_stage(tmp_path):
     """Three a units and two b: the optimum is one stage of three a replicas at tp 1 training 3 samples of
     each micro-batch of 4 beside one b replica of two units at tp 2 training 1 (17.3 samples/s, the best

@@ -75,6 +75,7 @@ def test_the_pace_ceiling_is_reached_where_nothing_else_slows_a_plan(tmp_path):
 @pytest.mark.parametrize(
     "extra", [[], ["--mixed-stages"], ["-s", "rl"], ["--objective", "cost", "--min-throughput", "1"]]
 )
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_micro_batch_no_plan_can_win_is_not_searched_and_the_note_says_so(tmp_path, extra):
     """Half the layer's time is serial: a replica of micro-batch 1 takes 4.5 s a sample, so no plan there
     passes 0.22 samples/s, while micro-batch 8 reaches 1.78 (8 replicas of one sample, 4.5 s a micro-batch)."""

@@ -8,6 +8,7 @@ import multiprocessing
 import queue
 import time
 
+import pytest
 import torch
 
 from heterps_cli.profiling.links import free_port
@@ -59,6 +60,7 @@ def _latencies(together: int) -> dict[int, float | None]:
     return got
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_pair_charges_its_all_reduce_and_the_wait_for_the_partner_and_an_odd_one_out_has_none():
     """Process 1 reaches every all-reduce 30 ms before process 0 and waits there: a step of the pair then
     spends 30 ms more in the all-reduce on one of the two, 15 ms on the mean of both, beyond the

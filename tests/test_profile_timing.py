@@ -50,18 +50,36 @@ def test_alpha_fit_recovers_a_known_fraction_and_refuses_nonsense():
     assert fitted == pytest.approx(0.31, abs=0.02) and residual < 0.10
 
 
-class _Sleeps(torch.nn.Module):
-    """A layer whose time is known: ``fixed`` seconds, plus ``per_sample`` seconds per sample of its input."""
+class _Clock:
+    """The host clock timing reads (``timing.time``), moved only by the layers below: a layer's measured
+    time is what it says it takes, whatever the machine's load."""
 
-    def __init__(self, fixed: float, per_sample: float, needs: int | None = None):
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+CLOCK = _Clock()  # the known times below move it; the tests that read it put it in timing's place
+
+
+class _Takes(torch.nn.Module):
+    """A layer whose time is known: ``fixed`` seconds, plus ``per_sample`` seconds per sample of its input,
+    on ``clock``."""
+
+    def __init__(self, clock: _Clock, fixed: float, per_sample: float, needs: int | None = None):
         super().__init__()
-        self.fixed, self.per_sample, self.needs = fixed, per_sample, needs
+        self.clock, self.fixed, self.per_sample, self.needs = clock, fixed, per_sample, needs
         self.weight = torch.nn.Parameter(torch.ones(2))
 
     def forward(self, x):
         if self.needs is not None and x.shape[0] != self.needs:
             raise ValueError(f"this layer takes batches of {self.needs}")
-        time.sleep(self.fixed + self.per_sample * x.shape[0])
+        self.clock.now += self.fixed + self.per_sample * x.shape[0]
         return x * self.weight
 
 
@@ -71,16 +89,15 @@ def _alpha_of(layer: torch.nn.Module, batch: int) -> measure.LayerProfile:
     return measure._layer(call, batch, [0.02], 1e9, "cpu", {k: times[0] for k, times in shares.items()})
 
 
-def test_alpha_is_fitted_over_the_batch_shares_that_replicas_run():
+def test_alpha_is_fitted_over_the_batch_shares_that_replicas_run(monkeypatch):
+    clock = CLOCK
+    monkeypatch.setattr(timing, "time", clock)
     # T(b) = 4 ms + 1 ms per sample: at 16 samples 20 ms, of which 16 ms divide between replicas
-    fitted = _alpha_of(_Sleeps(0.004, 0.001), 16)
-    # A sleep overshoots by a fixed amount on a loaded machine, which the fit reads as serial time
-    # (0.746 seen once with the other core busy); that the figure was fitted, not the default, is
-    # what `estimated` says.
-    assert fitted.alpha == pytest.approx(0.8, abs=0.08) and "alpha" not in fitted.estimated
-    odd = _alpha_of(_Sleeps(0.004, 0.001), 3)  # 3 samples: no share of 2 or 4 replicas
+    fitted = _alpha_of(_Takes(clock, 0.004, 0.001), 16)
+    assert fitted.alpha == pytest.approx(0.8, abs=1e-6) and "alpha" not in fitted.estimated
+    odd = _alpha_of(_Takes(clock, 0.004, 0.001), 3)  # 3 samples: no share of 2 or 4 replicas
     assert odd.alpha == measure.ALPHA_OTHER and "cannot be split" in odd.estimated["alpha"]
-    fixed = _alpha_of(_Sleeps(0.004, 0.001, needs=16), 16)  # the user's layer refuses a smaller batch
+    fixed = _alpha_of(_Takes(clock, 0.004, 0.001, needs=16), 16)  # the user's layer refuses a smaller batch
     assert "failed on a share of the batch (ValueError)" in fixed.estimated["alpha"]
 
 
@@ -127,7 +144,7 @@ class _SlowBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(0.03)
+        CLOCK.now += 0.03
         return grad * 2
 
 
@@ -136,8 +153,9 @@ class _Slow(torch.nn.Module):
         return _SlowBackward.apply(x)
 
 
-def test_one_backward_call_gives_each_layer_its_own_backward_time():
+def test_one_backward_call_gives_each_layer_its_own_backward_time(monkeypatch):
     """All layers' backwards run in one call, as in a step; each layer's share is where its nodes ran."""
+    monkeypatch.setattr(timing, "time", CLOCK)
     calls = [models.Call(n, _Slow() if n == "b" else torch.nn.Linear(2, 2), (torch.ones(8, 2),), {}) for n in "abc"]
     times = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0)
     assert all(len(t) == 2 for t in times)
@@ -150,19 +168,20 @@ class _SleepyLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y):
-        time.sleep(0.02)
+        CLOCK.now += 0.02
         ctx.shape = y.shape
         return y.sum()
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(0.03)
+        CLOCK.now += 0.03
         return grad.expand(ctx.shape)
 
 
-def test_the_loss_a_step_takes_of_the_output_is_the_last_layers_time_and_not_its_forward():
+def test_the_loss_a_step_takes_of_the_output_is_the_last_layers_time_and_not_its_forward(monkeypatch):
     """The run's last stage computes the loss and its backward every micro-batch: the profile charges
     both to the last layer, once (not again as a recomputed forward), and to no other layer."""
+    monkeypatch.setattr(timing, "time", CLOCK)
     calls = [models.Call(n, torch.nn.Linear(2, 2), (torch.ones(8, 2),), {}) for n in "abc"]
     forwards: list[list[float]] = [[] for _ in calls]
     times = timing.step_order_times(calls, "cpu", repetitions=2, warmup=0, forwards=forwards, loss=_SleepyLoss.apply)

@@ -93,6 +93,7 @@ def model(batch_size=64):
 """
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_an_lstm_language_model_is_priced_from_its_flops_differently_on_two_gpus(tmp_path):
     path = tmp_path / "lstm_lm.py"
     path.write_text(LSTM_LM)
@@ -108,6 +109,7 @@ def test_an_lstm_language_model_is_priced_from_its_flops_differently_on_two_gpus
     assert times["v100-16gb"] > 1.3 * times["a100-40gb"]  # its products and its weights' reads, not a floor
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_an_operator_with_no_flop_formula_is_named(tmp_path):
     path = tmp_path / "spectral.py"
     path.write_text(
@@ -151,6 +153,7 @@ def model(batch_size=8):
 """
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_plan_can_cut_between_the_layers_of_a_stacked_lstm(tmp_path):
     path = tmp_path / "split.py"
     path.write_text(SPLIT_LSTM)

@@ -384,6 +384,7 @@ def test_a_batch_past_this_machines_memory_is_bad_input(runner, tmp_path):
     assert result.exit_code == 2 and "this machine can hold" in result.stderr, result.output
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_every_search_has_a_guard_linear_in_the_model(runner, monkeypatch):
     # plan (rl) on a 50,000-layer profile gave no answer after 15 minutes; exact refuses in seconds.
     from heterps_cli import schedulers

@@ -42,6 +42,7 @@ def _close(measured: list[float], reference: list[float]) -> None:
     assert worst < 1e-6, (worst, measured, reference)
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_tied_embedding_split_across_two_stages_trains_as_one_process(tmp_path):
     report, _ = _run(_plan(tmp_path), "--steps", "10")
     reference, _ = task_losses(TIED, B * M, 10)
@@ -79,6 +80,7 @@ def test_a_plan_that_shards_a_tied_weight_is_refused_before_any_process_starts(t
     assert "tied parameter 0.tok.weight" in said and "layers '0', '3'" in said and "stage 1 runs it at tp 2" in said
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_a_profile_records_the_tie_and_counts_the_weight_once(tmp_path):
     out = tmp_path / "tied.yaml"
     result = heterps("profile", "estimate", TIED_MODEL, "a100-40gb", "--as", "a100-40gb", "--batch-size", "8",

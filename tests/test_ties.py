@@ -53,6 +53,7 @@ def _solved(profile, cluster, objective):
         return None
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @settings(max_examples=80, **SETTINGS)
 @given(tied(), st.sampled_from(["cost", "time"]))
 def test_exact_is_the_optimum_of_enumeration_when_layers_share_tensors(inst, objective):

@@ -119,6 +119,7 @@ def _given(monkeypatch) -> list:
     return given
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @pytest.mark.parametrize("name", ["rl", "random"])
 def test_the_default_budget_is_a_count_shared_over_the_micro_batches(tmp_path, monkeypatch, name):
     """A wall-clock default made rl stop at 76-100 of its 120 steps on a slow day: plans that depended
@@ -146,6 +147,7 @@ def test_the_default_budget_is_a_count_shared_over_the_micro_batches(tmp_path, m
     assert given[0].time_limit > guard / 2  # the guard is the whole plan's, not shared out
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 def test_the_default_budget_gives_the_plan_its_count_gives_on_any_machine(runner):
     """Without --time-limit the plan is the one its default count of steps gives: the same on a machine
     of any speed (the guard, ten minutes, is far off)."""

@@ -105,6 +105,7 @@ def test_a_size_measured_only_at_tp_2_is_offered_and_charged_as_measured():
         assert all(s.replicas >= math.ceil(size / LARGEST[s.tp or 1]) for s in plan.stages)
 
 
+@pytest.mark.slow  # over a second here: the slow suite, which CI runs too
 @pytest.mark.parametrize("scheduler", ["rl", "greedy", "tapp"])
 def test_the_searches_plan_at_a_size_only_tp_2_measured(tmp_path, scheduler):
     profile, cluster = write_yaml(tmp_path / "p.yaml", PROFILE), write_yaml(tmp_path / "c.yaml", CLUSTER)

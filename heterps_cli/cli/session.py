@@ -72,16 +72,21 @@ def exit_codes():
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except typer.Exit:
         raise
+    except RecursionError as exc:  # where no caller named the user's code: a model that calls itself, say
+        print_error(
+            "error: ",
+            [
+                f"the work recursed deeper than Python allows ({exc}): a model whose forward calls itself "
+                "without end, or an input nested that deep"
+            ],
+        )
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     except Exception as exc:  # a bug: one line and its own exit code, the traceback on request
         if isinstance(exc, OSError) and exc.errno == errno.EPIPE:  # the reader left (| head): as rich's output
             silence_stdout()
             return
         if isinstance(exc, OSError) and exc.errno in STDOUT_ERRNOS:
-            silence_stdout()
-            print_error(
-                "error: ",
-                [f"cannot write standard output ({exc.strerror or exc}): what heterps printed there is incomplete"],
-            )
+            print_error("error: ", [_write_failure(exc)])
             raise typer.Exit(EXIT_BAD_INPUT) from None
         if DEBUG["on"]:
             raise
@@ -95,9 +100,29 @@ def exit_codes():
         raise typer.Exit(EXIT_INTERNAL) from None
 
 
-# Write failures only standard output can still raise here: files are read through yamlio and
-# written through outfiles, which turn every OSError into an InputError naming the file.
+# Write failures: files are read through yamlio and written through outfiles, which turn every OSError
+# into an InputError naming the file, so one that reaches here is standard output's, unless it says
+# whose it is or standard output still takes a write.
 STDOUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def _write_failure(exc: OSError) -> str:
+    """What failed to be written: the file the error names, else standard output, unless its file system
+    has room left where the error says there is none (then a write heterps cannot name)."""
+    why = exc.strerror or str(exc)
+    if exc.filename is not None:
+        return f"cannot write {printable(str(exc.filename))} ({why})"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) and _has_room(sys.stdout):
+        return f"a write failed ({why}), not to standard output, which has room: free space where heterps writes"
+    silence_stdout()
+    return f"cannot write standard output ({why}): what heterps printed there is incomplete"
+
+
+def _has_room(stream) -> bool:
+    try:
+        return os.fstatvfs(stream.fileno()).f_bavail > 0
+    except (OSError, ValueError, AttributeError):  # closed, or no file behind it
+        return False
 
 
 def users_prints_to_stderr():

@@ -127,8 +127,11 @@ def locked(root: Path) -> Iterator[None]:
                 f"another heterps run ({holder}) is writing checkpoints here: wait for it to end, or give "
                 "another --checkpoint-dir",
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:  # a full or read-only file system: no checkpoint could be written either
+            raise InputError(str(path), None, FIELD, f"cannot write the folder's lock: {exc.strerror or exc}") from None
         for entry in root.iterdir():
             if _LEFTOVER.fullmatch(entry.name):
                 _remove(entry)

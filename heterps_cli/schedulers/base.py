@@ -46,6 +46,8 @@ class SolveOptions:
     # The time limit is the guard of a search without --time-limit (schedulers.guard_time_limit): the
     # whole search's, not shared out over the micro-batches, as a limit the user sets is.
     guard: bool = False
+    # The --time-limit the user gave, where ``time_limit`` is a share of it (one micro-batch's): what notes name
+    whole_limit: float | None = None
 
 
 @dataclass(frozen=True)

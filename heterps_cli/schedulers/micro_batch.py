@@ -50,7 +50,8 @@ def best_micro_batch(
             out_of_time = True
             break
         share = None if left is None else max(0.0, left) / (1 if options.guard else len(choices) - i)
-        asked = dataclasses.replace(options, time_limit=share, started=time.perf_counter())
+        whole = options.whole_limit if options.whole_limit is not None else options.time_limit
+        asked = dataclasses.replace(options, time_limit=share, started=time.perf_counter(), whole_limit=whole)
         fastest = max((p.throughput for p in found.values() if p.feasible), default=0.0)
         if exact and problem.objective is Objective.TIME and problem.max_cost is None and fastest > 0:
             asked = ExactOptions(**{**vars(asked), "at_least": fastest})

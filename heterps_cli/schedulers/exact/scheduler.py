@@ -196,7 +196,10 @@ def solve(
             best = None
     if best is None:
         raise infeasible_error(problem, solver)
-    why = f"exact stopped at the --time-limit of {limit or 0:g} s before proving this plan optimal"
+    whole = options.whole_limit if options is not None else None
+    share = f" ({limit or 0:.3g} s of it at micro-batch {problem.batch_size:,})" if whole is not None else ""
+    said = whole if whole is not None else limit or 0
+    why = f"exact stopped at the --time-limit of {said:g} s{share} before proving this plan optimal"
     if not best.within:
         best, why = _within_every_limit(problem, solver)
     gap, words = within(problem.objective, best.cost, best.throughput, bound)
