@@ -89,7 +89,7 @@ def instance_dicts(
     return profile, cluster
 
 
-def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None):
+def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None, casts=False):
     """Section 1b fields for a random instance: sizes, sharded layers, and per type a memory that
     binds (needs more replicas, or rules the type out) or not, and a bandwidth that makes the
     boundary transfer matter or not."""
@@ -98,8 +98,11 @@ def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None):
     activation = np.where(rng.random(n) < 0.3, 0.0, np.exp(rng.uniform(np.log(1e3), np.log(1e7), n)))
     sharded = rng.random(n) < 0.25
     state_factor = float(rng.choice([1.0, 2.0, 4.0]))
+    # With ``casts``, autocast's half-precision copy of a layer's weights on every third layer (no draw
+    # from rng, so that the instances are those without it but for these bytes).
+    cast_size = np.where((np.arange(n) % 3 == 2) & casts, weight / 2, 0.0)
     # One layer's need with one replica, as the scale a memory is drawn around.
-    need = state_factor * weight + B0 * activation
+    need = state_factor * weight + cast_size + B0 * activation
     memory = []
     for _ in range(T):
         factor = tightness if tightness is not None else rng.choice([None, 0.3, 0.8, 1.5, 4.0])
@@ -114,8 +117,6 @@ def random_hardware(rng: np.random.Generator, oct_, B0=32, tightness=None):
     # layer's input): half of the smaller of the two on every other layer, without drawing from rng.
     input_saved = np.zeros(n)
     input_saved[1::2] = 0.5 * np.minimum(activation[1::2], activation[:-1:2][: len(activation[1::2])])
-    # Autocast's half-precision copy of a layer's weights, on every third layer (no draw from rng).
-    cast_size = np.where(np.arange(n) % 3 == 2, weight / 2, 0.0)
     return {
         "input_size": input_size,
         "weight_size": weight,

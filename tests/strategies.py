@@ -32,7 +32,7 @@ def hardware_instances(draw, **options):
     """As :func:`instances` (with the same options), plus docs/spec.md section 1b's memory and bandwidth fields."""
     arrays, B0, min_throughput = draw(instances(**options))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    return arrays, B0, min_throughput, random_hardware(rng, arrays[0], B0)
+    return arrays, B0, min_throughput, random_hardware(rng, arrays[0], B0, casts=draw(st.booleans()))
 
 
 @st.composite

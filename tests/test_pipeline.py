@@ -25,7 +25,7 @@ def pipelined(draw, batches=(32,), max_limit=3):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     arrays = random_instance(rng, n, T, max_limit=max_limit)
     B0 = draw(st.sampled_from(batches))
-    hardware = random_hardware(rng, arrays[0], B0)
+    hardware = random_hardware(rng, arrays[0], B0, casts=True)
     profile, cluster = instance_dicts(*arrays, B0=B0, hardware=hardware)
     M = draw(st.sampled_from([1, 2, 3, 8]))
     profile["job"]["global_batch"] = M * B0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -119,8 +120,11 @@ def _write_failure(exc: OSError) -> str:
 
 
 def _has_room(stream) -> bool:
+    """Whether ``stream`` is a file on a file system with blocks free (a device, as /dev/full, or a pipe
+    cannot say: then it is the one that failed)."""
     try:
-        return os.fstatvfs(stream.fileno()).f_bavail > 0
+        fd = stream.fileno()
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.fstatvfs(fd).f_bavail > 0
     except (OSError, ValueError, AttributeError):  # closed, or no file behind it
         return False
 

@@ -236,8 +236,9 @@ def _section_1b(hw, B0, n, t, ls, k, c, d):
     fit = np.ones_like(k, dtype=bool)
     if hw["memory_gb"][t] is not None:
         sf = hw["state_factor"]
-        casts = hw.get("cast_size") or [0.0] * n
-        unsharded = sum(sf * hw["weight_size"][i] + casts[i] for i in ls if not hw["sharded"][i])
+        casts = hw["cast_size"] if hw.get("cast_size") is not None else [0.0] * n
+        # a weight's half-precision copy is whole on every replica, sharded or not (spec 1b's C_s)
+        unsharded = sum(sf * hw["weight_size"][i] for i in ls if not hw["sharded"][i]) + sum(casts[i] for i in ls)
         sharded = sum(sf * hw["weight_size"][i] for i in ls if hw["sharded"][i])
         shared = hw.get("input_saved")
         activations = sum(hw["activation_size"][i] for i in ls) - (
