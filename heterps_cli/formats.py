@@ -178,7 +178,7 @@ class Layer(_Strict):
     beta: Fraction | None = None
     activation_size: NonNegative = 0.0  # section 1b: bytes per sample kept for the backward pass
     input_saved: NonNegative = 0.0  # section 1b: of those, the bytes the layer before also keeps
-    cast_size: NonNegative = 0.0  # section 1b: bytes a replica keeps of half-precision weight copies
+    cast_size: NonNegative = 0.0  # section 1b: bytes a batch keeps whatever its samples (weight copies)
     sharded: bool = False  # section 1b: weights split across the stage's replicas
     times: Annotated[dict[Name, TimeEntry], Field(min_length=1)]
     tp: Annotated[dict[Degree, ShardSizes], Field(min_length=1)] | None = None  # section 1h: one unit's share

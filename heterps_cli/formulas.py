@@ -110,6 +110,13 @@ def activations_held(in_flight, activations, inputs=None):
     return in_flight * inputs + activations
 
 
+def copies_held(in_flight, copies, recompute=False):
+    """Section 1b's weight copies ``C_s`` a replica holds: one set per micro-batch in flight (section 1d),
+    or, where the stage recomputes (section 1g), the one set its rebuilt micro-batch makes; never split
+    across replicas. Elementwise over arrays."""
+    return np.where(recompute, copies, in_flight * copies)
+
+
 def run_cost(work, throughput, rate):
     """USD of ``work`` samples at ``throughput`` samples/s on units that cost ``rate`` USD an hour:
     ``W / X / 3600 · rate`` (docs/spec.md section 1's COST)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterps_cli.costmodel import Scores, replicas_keep_rules, scores_of
-from heterps_cli.formulas import activations_held, mixed_step, share
+from heterps_cli.formulas import activations_held, copies_held, mixed_step, share
 from heterps_cli.problem import Problem
 from heterps_cli.stages import Stages, split_stages, stage_ids, stage_label
 
@@ -109,7 +109,7 @@ def _memory_terms(problem: Problem, st: Stages, r: int, s: int, t: int, d: int, 
     fixed, split = view.state_parts
     activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]
     held = activations_held(float(st.in_flight[r, s]), activations)
-    casts = activations_held(float(st.in_flight[r, s]), view.cast_bytes[a : b + 1].sum())  # a replica's whole
+    casts = copies_held(float(st.in_flight[r, s]), view.cast_bytes[a : b + 1].sum())
     own = fixed[a : b + 1].sum() + casts + problem.reserved_bytes[t]
     return float(own), float(split[a : b + 1].sum()), float(held)
 

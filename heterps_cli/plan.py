@@ -15,7 +15,7 @@ import numpy as np
 from heterps_cli.costmodel import score
 from heterps_cli.explain import explanation
 from heterps_cli.formats import PLAN_FORMAT, Joined, Plan, Stage
-from heterps_cli.formulas import activations_held, amdahl, ring_allreduce, whole_samples
+from heterps_cli.formulas import activations_held, amdahl, copies_held, ring_allreduce, whole_samples
 from heterps_cli.mixed import MixedStage, mixed_scores, mixed_stage, with_own
 from heterps_cli.nodes import place
 from heterps_cli.objective import Objective
@@ -253,11 +253,11 @@ def _stage(problem: Problem, stages, k: np.ndarray, sc, s: int) -> Stage:
     # a stage holds once what two of its layers save; its first layer's share is its own copy
     activations = view.held_once[a : b + 1].sum() + view.shared_entry[a]
     again = bool(stages.recompute[0, s])  # section 1g
-    casts = view.cast_bytes[a : b + 1].sum()  # section 1b: a replica's whole, per micro-batch held
+    casts = view.cast_bytes[a : b + 1].sum()  # section 1b
     if problem.pipelined:
         in_flight = int(stages.in_flight[0, s])
         held = activations_held(in_flight, activations, problem.stage_inputs[a] if again else None)
-        own += casts if again else activations_held(in_flight, casts)
+        own += copies_held(in_flight, casts, again)
         memory = float(amdahl(own + reserved[t], whole(state_split[a : b + 1].sum() + held, held), kk))
         micro = stages.micro_parallel[0, s]
         compute = float(amdahl(stages.micro_serial[0, s], whole(micro, micro), kk)) - transfer

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterps_cli.formulas import activations_held, pipeline_step
+from heterps_cli.formulas import activations_held, copies_held, pipeline_step
 from heterps_cli.problem import Problem
 from heterps_cli.replica_counts import min_memory_replicas, share_floor
 
@@ -153,11 +153,9 @@ def _memory(
             activations = np.where(
                 recompute, activations_held(in_flight, activations, inputs), activations_held(in_flight, activations)
             )
-        # half-precision weight copies: a replica's whole, for each micro-batch it holds (rebuilt one at
-        # a time where it recomputes)
         casts = summed(pick(lambda v: v.cast_bytes))
         if problem.pipelined:
-            casts = np.where(recompute, casts, activations_held(in_flight, casts))
+            casts = copies_held(in_flight, casts, recompute)
         mem_fixed = summed(pick(lambda v: v.state_parts[0])) + casts
         if problem.ties:  # section 1j: a stage's own copy of a tied parameter its first holder counts
             mem_fixed = mem_fixed + np.where(valid, problem.tie_state(first, np.where(valid, last, 0)), 0.0)

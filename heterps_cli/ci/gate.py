@@ -301,7 +301,7 @@ def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     for key in sorted(mine, key=lambda k: headline.index(k) if k in headline else len(headline)):
         if key not in skip:
             out += _changes(key, mine[key], theirs.get(key))
-    missing = left_out(written, fresh, None if written.format is not None else frozenset(PLACEMENT))
+    missing = left_out(mine, theirs, None if written.format is not None else frozenset(PLACEMENT))
     out += [f"{where} none -> {_shown(value)} ({PLACEMENT.get(key, LEFT_OUT)})" for where, key, value in missing]
     if written.explanation is not None and written.explanation != fresh.explanation:
         out.append("explanation: the files now give another (heterps plan writes it)")
@@ -310,10 +310,10 @@ def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     return out
 
 
-def left_out(written: Plan, fresh: Plan, only: frozenset[str] | None = None) -> list[tuple[str, str, Any]]:
-    """The fields, the plan's and its stages', that the recomputation gives and the file leaves out
-    (``only`` those keys, where given): where each is, its key, and its recomputed value."""
-    mine, theirs = written.written(), fresh.to_dict()
+def left_out(mine: dict, theirs: dict, only: frozenset[str] | None = None) -> list[tuple[str, str, Any]]:
+    """The fields, the plan's and its stages', that the recomputation gives (``theirs``: its file's mapping)
+    and the file leaves out (``mine``), ``only`` those keys where given: where each is, its key, and its
+    recomputed value."""
     skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
 
     def missing(where: str, a: dict, b: dict) -> list[tuple[str, str, Any]]:
@@ -544,7 +544,7 @@ def _job(g: Gate, at: Problem) -> Finding:
 
 def _fresh(g: Gate, stale: list[str], fresh: Plan) -> Finding:
     if not stale:
-        unchecked = left_out(g.plan, fresh) if g.plan.format is None else []
+        unchecked = left_out(g.plan.written(), fresh.to_dict()) if g.plan.format is None else []
         if unchecked:  # an older heterps's plan, or one edited down to look like one
             return Finding(
                 "fresh",

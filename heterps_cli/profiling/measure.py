@@ -27,7 +27,7 @@
   around one forward of the layer alone, each storage once, its own parameters
   left out (they are training state, counted from ``weight_size``), and apart from
   what autograd made of the parameters alone (autocast's half-precision weight
-  copies: ``cast_size``, bytes a replica holds whatever its batch).
+  copies: ``cast_size``, bytes a batch keeps whatever its samples).
 * **sharded**: a module with the attribute ``heterps_sharded = True`` (the zoo's
   CTR embedding tables, which live on parameter servers) is marked ``sharded``.
 * **alpha**: a least-squares fit of T(k) = T1 (1 - a + a/k) to each layer's median over
@@ -136,7 +136,7 @@ class LayerProfile:
     activation_size: float = 0.0  # bytes per sample kept for backward (docs/spec.md section 1b)
     sharded: bool = False  # docs/spec.md section 1b: the module says its weights are split across replicas
     input_saved: float = 0.0  # of activation_size, bytes per sample the layer before also keeps (section 1b)
-    cast_size: float = 0.0  # bytes a replica keeps of copies of its weights (autocast's), per replica (section 1b)
+    cast_size: float = 0.0  # bytes a batch keeps of copies of its weights (autocast's), whatever its samples (1b)
     update: float = 0.0  # docs/spec.md section 1d: seconds of the optimiser step on the layer's weights
     forward: float | None = None  # docs/spec.md section 1g: the forward pass's part of oct, where measured
 

@@ -62,7 +62,7 @@ class LayerRow:
     sharded: bool = False
     input_saved: float = 0.0  # docs/spec.md section 1b
     tp: dict[int, ShardRow] | None = None  # docs/spec.md section 1h
-    cast_size: float = 0.0  # docs/spec.md section 1b: half-precision weight copies, bytes per replica
+    cast_size: float = 0.0  # docs/spec.md section 1b: half-precision weight copies, bytes a batch keeps
 
 
 def _number(x: float) -> str:
@@ -200,7 +200,7 @@ def measured_text(p: Profiled, note: str | None = None) -> str:
         "activation_size: bytes per sample the layer keeps for backward (tensors autograd saves, each storage once); "
         "input_saved: of those, the bytes the layer before also keeps, in one forward of the whole model; "
         "cast_size: what it saves that autograd made from its weights alone (autocast's half-precision copies), "
-        "bytes a replica holds whatever its batch",
+        "bytes a batch keeps whatever its samples",
         f"update: median of the optimiser step ({p.optimizer}) and the gradients' reset on the layer's weights, "
         "each after a step-order backward pass, s per step (spec section 1d)",
         "fixed: pass_start, the median time from the backward call to its first layer (given to no layer); "

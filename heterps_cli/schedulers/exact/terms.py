@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heterps_cli.errors import TooLarge
-from heterps_cli.formulas import activations_held, pipeline_step
+from heterps_cli.formulas import activations_held, copies_held, pipeline_step
 from heterps_cli.problem import Problem
 from heterps_cli.replica_counts import min_memory_replicas, share_floor_spans
 from heterps_cli.schedulers.exact.kernel import Chain
@@ -249,16 +249,15 @@ def _memory_replicas(problem: Problem, held: np.ndarray, again: bool = False) ->
 
 def _fewest(problem: Problem, terms: tuple, held: float, again: bool) -> np.ndarray:
     """``[i, j, t]``: :func:`_memory_replicas` at one count of micro-batches held (``terms``: the stages'
-    fixed and split training state and their activations, ``[i, j, t]`` each)."""
+    fixed and split training state, their activations and their weight copies, ``[i, j, t]`` each)."""
     fixed, state_split, activations, casts = terms
     with np.errstate(over="ignore", invalid="ignore"):
-        if again:  # by the stage's first layer j; weight copies are rebuilt one micro-batch at a time
+        if again:  # by the stage's first layer j
             inputs = np.append(problem.stage_inputs, 0.0)[None, :, None]
             held_bytes = activations_held(held, activations, inputs)
-            fixed = fixed + casts
         else:
             held_bytes = activations_held(held, activations)
-            fixed = fixed + activations_held(held, casts)
+        fixed = fixed + copies_held(held, casts, again)
         split = state_split + held_bytes
     fixed, split, held_bytes = np.broadcast_arrays(fixed, split, held_bytes)
     digest = hashlib.blake2b(str((problem.batch_size, fixed.shape)).encode())
