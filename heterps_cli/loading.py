@@ -593,7 +593,7 @@ def _placement_problems(doc: Document, plan: Plan) -> list[InputError]:
                         doc.error(
                             (*where, "nodes", node),
                             f"stage {i} places replicas on {node}, but the plan rents {rented[kind]} {kind} node"
-                            f"{'s' if rented[kind] > 1 else ''} ({kind}#1 to {kind}#{rented[kind]})",
+                            + (f"s ({kind}#1 to {kind}#{rented[kind]})" if rented[kind] > 1 else f" (only {kind}#1)"),
                         )
                     )
             if (placed := sum(part.nodes.values())) != part.replicas:

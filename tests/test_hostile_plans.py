@@ -121,7 +121,7 @@ def test_a_stage_field_left_out_fails_check(tmp_path):
 @pytest.mark.parametrize(
     "nodes, said",
     [
-        ({"g6.24xlarge#2": 4}, "on g6.24xlarge#2, but the plan rents 1 g6.24xlarge node (g6.24xlarge#1"),
+        ({"g6.24xlarge#2": 4}, "on g6.24xlarge#2, but the plan rents 1 g6.24xlarge node (only g6.24xlarge#1)"),
         ({"p3.8xlarge#1": 4}, "the plan rents no 'p3.8xlarge' nodes"),
         ({"g6.24xlarge#1": 3}, "places 3 l4 replicas on nodes but has 4"),
     ],
