@@ -4,6 +4,7 @@ last layer, and the fallback to real tensors."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from collections import Counter
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from heterps_cli.cli.app import app
-from heterps_cli.loading import load_profile
+from heterps_cli.loading import load_catalogue, load_profile
 from heterps_cli.profiling import estimate as est
 from heterps_cli.profiling.counting import abstract
 from heterps_cli.profiling.models import Call
@@ -276,3 +277,34 @@ def test_fused_attention_is_counted_as_its_products_and_a_causal_mask_keeps_half
             "_scaled_dot_product_flash_attention_for_cpu_backward": 2.5 * products * kept,
         }
     )
+
+
+def test_fp32_fused_attention_runs_as_three_tf32_products_where_the_gpu_has_tf32():
+    """Issue 81 case 4: PyTorch's fp32 attention on compute capability 8.0+ is the memory-efficient
+    kernel, whose fp32 products are CUTLASS's 3xTF32 (three TF32 tensor-core products each): an A100's
+    fp32 attention at a third of its TF32 peak (156 / 3 = 52 TFLOPs, not the 19.5 of fp32), under
+    --precision fp32 and tf32 alike; a V100 (no TF32) at its fp32 peak; a bf16 one at the bf16 peak."""
+    catalogue = load_catalogue(str(est.CATALOGUE))
+    a100, v100 = catalogue.devices["a100-80gb"], catalogue.devices["v100-16gb"]
+    fused = est.Op("_scaled_dot_product_flash_attention_for_cpu", 1e12, 1.0, "fp32", attention=True)
+    product = est.Op("mm", 1e12, 1.0, "fp32")
+    for precision in ("fp32", "tf32"):
+        pricer = est.Pricer(a100, catalogue, precision)
+        efficiency = pricer.reached(fused, "attention")
+        assert pricer.core(fused, "attention") == pytest.approx(1e12 / (156e12 / 3 * efficiency))
+    fp32 = est.Pricer(a100, catalogue, "fp32")
+    assert fp32.core(product, "fc") == pytest.approx(1e12 / (19.5e12 * fp32.reached(product, "fc")))
+    on_v100 = est.Pricer(v100, catalogue, "fp32")
+    assert on_v100.core(fused, "attention") == pytest.approx(
+        1e12 / (v100.tflops.fp32 * 1e12 * on_v100.reached(fused, "attention"))
+    )
+    half = dataclasses.replace(fused, dtype="bf16")
+    at_bf16 = a100.tflops.bf16 * 1e12 * fp32.reached(half, "attention")
+    assert fp32.core(half, "attention") == pytest.approx(1e12 / at_bf16)
+    with abstract():  # the recorder marks the fused kernel, and nothing else
+        q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+        w = est.work(Call("attention", _Fused(False), (q, k, v), {}, ((True, True, True), {})), loss="none")
+    assert {op.name for op in w.ops if op.attention} == {
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    }

@@ -181,3 +181,35 @@ def test_a_search_is_not_run_where_the_exact_solver_proves_no_plan_fits(runner, 
     for name in ("rl", "tapp", "genetic", "greedy", "random"):
         result = runner.invoke(app, ["plan", str(ROOT / "profiles/ctr.yaml"), str(cluster), "-s", name])
         assert result.exit_code == 3 and "memory" in result.stderr, result.output
+
+
+def test_held_back_starts_share_the_commands_clock_and_none_begins_past_it(tmp_path, monkeypatch):
+    """Issue 81 case 5: each held-back start of ``from_reserved`` is a whole exact solve, which builds its
+    tables before it can read a clock; they run under the command's --time-limit, and one whose last
+    solve's time exceeds what is left is not begun (a 2,000-layer plan took 33 s for a limit of 20)."""
+    import time
+
+    import heterps_cli.schedulers.exact as exact_module
+    from heterps_cli.schedulers import solve
+    from heterps_cli.schedulers.base import Clock
+    from heterps_cli.schedulers.mixing import from_reserved
+    from tests.helpers import problem_from_dicts
+    from tests.test_mixed import CLUSTER, TINY
+
+    problem = problem_from_dicts(TINY, CLUSTER)
+    plan = solve("exact", problem)
+    seen: list = []
+    real = exact_module.solve
+
+    def recording(sub, *, seed=0, progress=None, options=None):
+        seen.append(options)
+        return real(sub, seed=seed, progress=progress, options=options)
+
+    monkeypatch.setattr(exact_module, "solve", recording)
+    now = time.perf_counter()
+    from_reserved(problem, plan, Clock(now, 3600.0))
+    assert seen and all(o is not None and o.time_limit == 3600.0 and o.started == now for o in seen)
+    seen.clear()
+    # one second left, and the plan's own solve took ten: no start is begun
+    from_reserved(problem, plan.but(solve_s=10.0), Clock(now - 3599.0, 3600.0))
+    assert seen == []

@@ -75,6 +75,7 @@ class Op:
     conv: bool = False  # a cuDNN kernel (a convolution, a recurrent layer's): TF32 under fp32 (estimate.peak_of)
     kind: str | None = None  # the layer kind whose efficiency a product reaches, where not its layer's
     unpriced: bool = False  # it computes, but no formula counts its FLOPs (:data:`COMPUTES`)
+    attention: bool = False  # fused attention: at fp32 a GPU with TF32 runs it as 3xTF32 (estimate.peak_of)
 
 
 @dataclass(frozen=True)
@@ -205,15 +206,17 @@ class Recorder(TorchDispatchMode):
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         counter = flop_registry.get(func.overloadpacket)
+        fused = False
         if counter is not None:
             flops = float(counter(*args, **kwargs, out_val=out))
         else:
             flops = _fused_attention_flops(name, args, kwargs)
+            fused = flops > 0
         dims, conv = _dims(name, args, out) if flops else (None, False)
         # a *_like operator reads its input's shape, not its values
         moved = (0.0 if name.endswith("_like") else sum(_bytes(t) for t in inputs)) + sum(_bytes(t) for t in outputs)
         unpriced = not flops and counter is None and bool(COMPUTES.search(name))
-        self.ops.append(Op(name, flops, moved, _dtype(inputs), dims, conv, unpriced=unpriced))
+        self.ops.append(Op(name, flops, moved, _dtype(inputs), dims, conv, unpriced=unpriced, attention=fused))
         return out
 
 

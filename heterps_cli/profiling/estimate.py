@@ -15,7 +15,11 @@ product's dimensions. Each operator is priced on a device of the catalogue
   operator (``--precision bf16``/``fp16``: autocast) at the half peak, an fp32
   product at the TF32 peak under ``--precision tf32``, an fp32 convolution at
   it by default too (cuDNN allows TF32 for convolutions; PyTorch's default keeps
-  products at fp32);
+  products at fp32); fused attention at fp32 on a device with a TF32 peak at a
+  third of it: PyTorch's memory-efficient kernel, the one fp32 attention runs
+  on compute capability 8.0 and later, does each fp32 product as three TF32
+  tensor-core products (CUTLASS's ``OpMultiplyAddFastF32``, "3xTF32"),
+  whatever ``--precision`` says of TF32;
 * ``efficiency`` is what the device reaches on a large product at that
   precision (the device's ``matmul_efficiency``, measured or fitted, see the
   catalogue), else the catalogue's default per layer kind;
@@ -118,9 +122,21 @@ def peak_of(op: Op, precision: str, device: DeviceSpec) -> str:
     precision, else TF32 for an fp32 product under ``tf32`` and for an fp32 convolution by default,
     else fp32; a peak the device lacks falls back on fp32."""
     wanted = op.dtype if op.dtype in ("bf16", "fp16") else "fp32"
-    if wanted == "fp32" and (precision == "tf32" or (op.conv and precision == "fp32")):
+    if wanted == "fp32" and (precision == "tf32" or (op.conv and precision == "fp32") or op.attention):
         wanted = "tf32"
     return wanted if getattr(device.tflops, wanted) is not None else "fp32"
+
+
+# PyTorch's fp32 fused attention on a GPU with TF32 splits each fp32 product into three TF32 ones
+# (big x big + big x small + small x big: fp32's accuracy on tensor cores), so it runs at a third of the
+# TF32 peak (the module docstring).
+TF32X3 = 3.0
+
+
+def products_per_flop(op: Op, peak: str) -> float:
+    """How many products at ``peak`` one of the operator's FLOPs takes: 3 for fp32 fused attention run
+    as 3xTF32, else 1."""
+    return TF32X3 if op.attention and peak == "tf32" and op.dtype not in ("bf16", "fp16") else 1.0
 
 
 def shape_factor(dims: tuple[int, int, int, int] | None, half: float | None) -> float:
@@ -160,7 +176,8 @@ class Pricer:
         memory = op.bytes / (self.device.memory_gbps * 1e9 * memory_efficiency(self.device, self.catalogue))
         if not op.flops:
             return memory
-        tflops = getattr(self.device.tflops, peak_of(op, self.precision, self.device))
+        peak = peak_of(op, self.precision, self.device)
+        tflops = getattr(self.device.tflops, peak) / products_per_flop(op, peak)
         return max(op.flops / (tflops * 1e12 * self.reached(op, layer_kind)), memory)
 
     def seconds(self, w: Work, layer_kind: str) -> float:

@@ -11,6 +11,8 @@ gives up some of its own, kept where the plan gets cheaper and still meets its t
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from heterps_cli.costmodel import score
@@ -19,7 +21,7 @@ from heterps_cli.mixed import Joined, Splits, balanced, mixed_scores, mixed_stag
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Clock
+from heterps_cli.schedulers.base import Clock, SolveOptions
 from heterps_cli.stages import schedule_of_stages, split_stages
 
 MOST_STEPS = 64  # joins of the slowest stage; each step tries every type, count and source
@@ -213,8 +215,6 @@ def _mixed_there(there: Problem, plan: Plan) -> Plan:
     """The best plan on ``there`` by the exact DP over mixed stages where it runs (so that one unit more
     never reads as slower), else the exact solver's one-type optimum climbed as :func:`mix` climbs;
     named for ``plan``'s scheduler and seed. InfeasibleError where no plan meets the job."""
-    import time
-
     from heterps_cli.errors import InfeasibleError
     from heterps_cli.schedulers.exact import solve as exact
     from heterps_cli.schedulers.mixed_optimum import optimum, why_not
@@ -240,24 +240,34 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
 
     if problem.nodes is not None:  # limits are the nodes' there: holding units back is renting fewer nodes
         return plan
+    if can_mix(problem) is not None:  # no start would mix: each would be an exact solve for nothing
+        return plan
     problem = problem.at_micro_batch(plan.batch_size)
     best, said = plan, ""
+    # Each start is a whole exact solve of these layers under the command's clock; it builds its stage
+    # tables before it can look at the clock, so one is begun only where what is left covers the last
+    # solve's time (the first: the plan's own).
+    options = None if clock is None else SolveOptions(time_limit=clock.limit, started=clock.started)
+    took = plan.solve_s or 0.0
     for t, name in enumerate(problem.types):
         start: Plan | None = None
         for e in _powers(int(problem.limits[t]) - 1):  # section 1i: a power of two, never all the units
-            if clock is not None and clock.out_of_time():
+            if clock is not None and clock.out_of_time(ahead=took):
                 return best if not said else best.but(notes=[*best.notes, said])
             limits = problem.limits.copy()
             limits[t] -= e
             if start is not None and start.units_of(name) <= limits[t]:
                 continue
+            began = time.perf_counter()
             try:
-                start = exact(problem.replace(limits=limits))
-            except InfeasibleError:  # none with e held back: none with more
+                start = exact(problem.replace(limits=limits), options=options)
+            except InfeasibleError:  # none with e held back: none with more (or none found in time)
                 break
             except TooLarge:
                 start = None
                 continue
+            finally:
+                took = time.perf_counter() - began
             mixed, words = mix(problem, start.but(scheduler=plan.scheduler, seed=plan.seed), clock)
             if mixed.feasible and _better(
                 problem, (mixed.throughput, mixed.cost_usd), (best.throughput, best.cost_usd)
