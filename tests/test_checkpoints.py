@@ -39,15 +39,16 @@ def test_the_newest_complete_checkpoint_is_taken_and_another_runs_refused(tmp_pa
         _checkpoint(root, steps)
     staged = checkpoint.staging(root, 8, "b" * 32)  # a save that was killed: never renamed into place
     checkpoint.save({"x": torch.zeros(1)}, staged / "stage-0.pt", "b" * 32, 8)
-    assert checkpoint.latest(root, META) == (6, checkpoint.folder(root, 6))
+    assert checkpoint.latest(root, META) == (6, checkpoint.folder(root, 6), False)
     assert sorted(p.name for p in root.iterdir()) == [staged.name, "step-000004", "step-000006"]  # two kept
-    with pytest.raises(InputError, match="written by another run"):
+    with pytest.raises(InputError, match="written by another job"):
         checkpoint.latest(root, {**META, "seed": 1})
-    with pytest.raises(InputError, match=r"tp \[1\] there, \[2\] now"):
+    # another plan of the same job, from a checkpoint without the whole model: refused, naming what differs
+    with pytest.raises(InputError, match=r"another plan \(tp \[1\] there, \[2\] now\).*model.pt"):
         checkpoint.latest(root, {**META, "tp": [2]})
     old = {k: v for k, v in META.items() if k != "tp"}  # written before degrees were kept: at tp 1
     (root / "step-000006" / "complete.json").write_text(json.dumps({**old, "steps_done": 6}))
-    assert checkpoint.latest(root, META) == (6, checkpoint.folder(root, 6))
+    assert checkpoint.latest(root, META) == (6, checkpoint.folder(root, 6), False)
     assert checkpoint.latest(tmp_path / "none", META) is None
     with checkpoint.locked(root):  # what a killed run left staged goes once the folder is held
         assert not staged.exists()
@@ -60,8 +61,29 @@ def test_a_task_named_by_another_path_to_the_same_file_is_the_same_task(tmp_path
     monkeypatch.chdir(tmp_path)
     _checkpoint(root, 2, meta={**META, "model": "t.py:task"})  # as run --task t.py:task wrote it
     assert checkpoint.latest(root, {**META, "model": checkpoint.spec_identity(f"{tmp_path}/t.py:task")})
-    with pytest.raises(InputError, match="written by another run"):
+    with pytest.raises(InputError, match="written by another job"):
         checkpoint.latest(root, {**META, "model": f"{tmp_path}/u.py:task"})
+
+
+def test_a_checkpoint_with_the_whole_model_resumes_under_another_plan_of_the_same_job_only(tmp_path):
+    """Another cut, degree or micro-batch of the same job: resumed from model.pt; another seed, model or
+    number of samples a step: refused, naming it, the folder as it was."""
+    root = tmp_path / "ck"
+    root.mkdir()
+    where = checkpoint.staging(root, 2, "a" * 32)
+    checkpoint.save({"model": {}, "optimizer": {}}, where / NAMES[0], "a" * 32, 2)
+    checkpoint.save({"cpu": torch.get_rng_state()}, where / NAMES[1], "a" * 32, 2)
+    for name in ("model.pt", "optimizer.pt"):
+        checkpoint.save({}, where / name, "a" * 32, 2, stamped=False)
+    checkpoint.complete(str(root), 2, "a" * 32, [*NAMES, "model.pt", "optimizer.pt"], META)
+    before = sorted((p.name, p.stat().st_size) for p in (root / "step-000002").iterdir())
+    other = {**META, "stages": [["cpu", 2, ["0"]]], "tp": [2], "batch_size": 2, "micro_batches": 4}
+    assert checkpoint.latest(root, other) == (2, checkpoint.folder(root, 2), True)
+    with pytest.raises(InputError, match=r"trained 8 samples a step \(2 x 4\), this plan 16 \(4 x 4\)"):
+        checkpoint.latest(root, {**META, "micro_batches": 4})
+    with pytest.raises(InputError, match="seed 0 there, 3 now"):
+        checkpoint.latest(root, {**other, "seed": 3})
+    assert sorted((p.name, p.stat().st_size) for p in (root / "step-000002").iterdir()) == before
 
 
 @pytest.mark.parametrize(
@@ -151,7 +173,7 @@ def test_nothing_is_written_through_links_planted_where_checkpoint_files_go(tmp_
     _checkpoint(root, 2)
     _checkpoint(root, 4)
     assert victim.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["ck", "victim"]
-    assert checkpoint.latest(root, META) == (4, checkpoint.folder(root, 4))
+    assert checkpoint.latest(root, META) == (4, checkpoint.folder(root, 4), False)
     assert not checkpoint.folder(root, 4).is_symlink()
 
 
@@ -228,4 +250,4 @@ def test_what_someone_put_where_a_step_folder_goes_is_replaced_and_removed(tmp_p
     (root / "step-000002").write_text("a file, not a checkpoint")
     _checkpoint(root, 2)
     assert sorted(p.name for p in root.iterdir()) == ["step-000002"]  # nothing left aside
-    assert checkpoint.latest(root, META) == (2, checkpoint.folder(root, 2))
+    assert checkpoint.latest(root, META) == (2, checkpoint.folder(root, 2), False)

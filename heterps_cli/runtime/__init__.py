@@ -194,7 +194,7 @@ def run_plan(
     total = steps if task is not None else warmup + steps
     shape = _shape(plan)
     meta = _checkpoint_meta(shape, M, seed, checkpoint.spec_identity(model))
-    with _checkpoints(root, resume, meta, total, coordinating, report) as (start, resume_from):
+    with _checkpoints(root, resume, meta, total, coordinating, report) as (start, resume_from, replanned):
         cfg = RunConfig(
             model=model,
             input_shape=input_shape,
@@ -213,6 +213,7 @@ def run_plan(
             checkpoint_dir=os.path.abspath(root) if root is not None else None,
             checkpoint_every=checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
             resume_from=resume_from,
+            resume_replanned=replanned,
             checkpoint_meta=tuple(meta.items()),
         )
         result = run_torchrun(cfg, order, report) if under_torchrun else launch_local(cfg, report)
@@ -251,26 +252,29 @@ def _parts(stage) -> tuple[tuple[str, int, int, int], ...]:
 @contextmanager
 def _checkpoints(
     root: Path | None, resume: bool, meta: dict, total: int, coordinating: bool, report: Progress
-) -> Iterator[tuple[int, str | None]]:
+) -> Iterator[tuple[int, str | None, bool]]:
     """Where the run starts (steps done, the checkpoint folder to resume from) while the checkpoint folder's
     lock is held (by the launcher, or rank 0 under torchrun): the newest checkpoint with ``resume``,
     else a folder without checkpoints (:func:`.checkpoint.refuse_fresh`)."""
     import heterps_cli.runtime.checkpoint as checkpoint
+    from heterps_cli.runtime.whole import MODEL_FILE
 
     if root is None:
-        yield 0, None
+        yield 0, None, False
         return
     with checkpoint.locked(root) if coordinating else nullcontext():
         if not resume:
             if coordinating:
                 checkpoint.refuse_fresh(root)
-            yield 0, None
+            yield 0, None, False
             return
         found = checkpoint.latest(root, meta)
         if found is None:
             report(f"no complete checkpoint in {root}: starting at step 1")
-            yield 0, None
+            yield 0, None, False
             return
+        if found[2]:
+            report(f"resuming {found[1]} under this plan: its weights and optimiser state re-cut from {MODEL_FILE}")
         if found[0] >= total:
             raise InputError(
                 str(found[1]),
@@ -279,7 +283,7 @@ def _checkpoints(
                 f"the checkpoint has done {found[0]} steps, and the run trains {total} in all: nothing left to "
                 "train (raise --steps to train further)",
             )
-        yield found[0], str(found[1])
+        yield found[0], str(found[1]), found[2]
 
 
 def single_process_losses(

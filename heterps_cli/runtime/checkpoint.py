@@ -155,11 +155,18 @@ def refuse_fresh(root: Path) -> None:
         )
 
 
-def latest(root: str | Path, expected: dict) -> tuple[int, Path] | None:
-    """The newest checkpoint under ``root`` as (steps done, its folder), or None where there is none.
-    Exit 2 where its ``complete.json`` is damaged, where a file it lists is missing or of another size,
-    or where another run wrote it (``expected``: the plan's stages and their tensor-parallel degrees,
-    batch, micro-batches, task, seed)."""
+# What a run under another plan must share with the checkpoint's: the job (its model or task, its seed, the
+# samples a step trains). The rest of complete.json's run (stages, degrees, parts, micro-batch) is the plan.
+JOB = ("model", "seed")
+
+
+def latest(root: str | Path, expected: dict) -> tuple[int, Path, bool] | None:
+    """The newest checkpoint under ``root`` as (steps done, its folder, whether it was written under another
+    plan than ``expected`` says), or None where there is none. Exit 2 where its ``complete.json`` is
+    damaged, where a file it lists is missing or of another size, or where another job wrote it
+    (``expected``: the plan's stages and their tensor-parallel degrees, batch, micro-batches, task, seed);
+    one of another plan of the same job is resumed from its :data:`~.whole.MODEL_FILE` (refused where it
+    has none: written before checkpoints held the whole model)."""
     found = _inventory(Path(root))
     if not found:
         return None
@@ -172,19 +179,55 @@ def latest(root: str | Path, expected: dict) -> tuple[int, Path] | None:
             f"{meta.message}: remove the folder {step_dir.name} to resume from the checkpoint before it",
         )
     meta = {"tp": [1] * len(meta.get("stages", [])), **meta}  # written before degrees were kept: all at tp 1
+    differs = {}
     for key, value in expected.items():
         there = meta.get(key)
         if there != value and not (key == "model" and isinstance(there, str) and same_spec(there, value)):
+            differs[key] = (there, value)
+    if differs:
+        _of_the_job(step_dir, meta, expected, differs)
+    for name in meta.get("files", {}):
+        _listed(step_dir / name, meta)
+    return steps, step_dir, bool(differs)
+
+
+def _of_the_job(step_dir: Path, meta: dict, expected: dict, differs: dict) -> None:
+    """A checkpoint whose run differs from ``expected`` in ``differs`` (key -> (there, now)) is resumed only
+    where it is another plan of the same job, with the whole model: else exit 2, naming what differs."""
+    from heterps_cli.runtime.whole import MODEL_FILE
+
+    for key in JOB:
+        if key in differs:
+            there, value = differs[key]
             raise InputError(
                 str(step_dir / MARK),
                 None,
                 key,
-                f"the checkpoint was written by another run ({key} {there!r} there, {value!r} now): "
-                "resume with the plan, task, micro-batches and seed that wrote it, or give another --checkpoint-dir",
+                f"the checkpoint was written by another job ({key} {there!r} there, {value!r} now): resume with the "
+                "task and seed that wrote it (the plan may differ), or give another --checkpoint-dir",
             )
-    for name in meta.get("files", {}):
-        _listed(step_dir / name, meta)
-    return steps, step_dir
+    if "batch_size" in expected:
+        step_now = expected["batch_size"] * expected.get("micro_batches", 1)
+        step_there = meta.get("batch_size", 0) * meta.get("micro_batches", 1)
+        if step_there != step_now:
+            raise InputError(
+                str(step_dir / MARK),
+                None,
+                "global_batch",
+                f"the checkpoint's run trained {step_there:,} samples a step ({meta.get('micro_batches')} x "
+                f"{meta.get('batch_size')}), this plan {step_now:,} ({expected.get('micro_batches')} x "
+                f"{expected['batch_size']}): a plan resumed in its place trains the same samples a step, so give "
+                "--micro-batches to make them equal, or give another --checkpoint-dir",
+            )
+        if MODEL_FILE not in meta.get("files", {}):
+            said = ", ".join(f"{key} {there!r} there, {value!r} now" for key, (there, value) in differs.items())
+            raise InputError(
+                str(step_dir / MARK),
+                None,
+                next(iter(differs)),
+                f"the checkpoint was written under another plan ({said}) by a heterps whose checkpoints did not hold "
+                f"the whole model ({MODEL_FILE}): resume it with the plan that wrote it",
+            )
 
 
 def spec_identity(spec: str) -> str:
@@ -277,9 +320,10 @@ class _Recorded:
         self.fh.flush()
 
 
-def save(obj: dict, path: Path, run: str, steps_done: int) -> None:
-    """``obj`` with the run's id and step as ``path``, in a staging folder (:func:`staging`): written
-    under an exclusive temporary name, synced, renamed. A failure raises naming the file, leaving nothing."""
+def save(obj: dict, path: Path, run: str, steps_done: int, stamped: bool = True) -> None:
+    """``obj`` with the run's id and step (``stamped``; a file the user loads as it is, not) as ``path``, in
+    a staging folder (:func:`staging`): written under an exclusive temporary name, synced, renamed. A
+    failure raises naming the file, leaving nothing."""
     folder_ = path.parent
     try:
         folder_.mkdir(exist_ok=True)
@@ -288,7 +332,7 @@ def save(obj: dict, path: Path, run: str, steps_done: int) -> None:
         with new_file(folder_, f".{path.name}.") as (fh, tmp):
             recorded = _Recorded(fh)
             try:
-                torch.save({**obj, "run": run, "steps_done": steps_done}, cast(BinaryIO, recorded))
+                torch.save({**obj, "run": run, "steps_done": steps_done} if stamped else obj, cast(BinaryIO, recorded))
             except RuntimeError:
                 if recorded.error is None:
                     raise
@@ -405,7 +449,7 @@ def set_generators(generators: dict, device: torch.device, path: Path) -> None:
         ) from None
 
 
-def read(path: Path, mark: dict | None = None) -> dict:
+def read(path: Path, mark: dict | None = None, stamped: bool = True) -> dict:
     """A file of a complete checkpoint, tensors only (``weights_only``), in host memory; a file that is
     missing, is not one heterps wrote, or was written by another run or step than ``mark`` (its
     ``complete.json``) says, stops the run with the file's name (a process's error becomes the run's exit 2).
@@ -426,7 +470,7 @@ def read(path: Path, mark: dict | None = None) -> dict:
         raise RuntimeError(f"{path}: not a checkpoint file this run can read ({type(exc).__name__}); {again}") from None
     if not isinstance(state, dict):
         raise RuntimeError(f"{path}: not a checkpoint file this run can read (a {type(state).__name__})")
-    if mark is not None and "run" in mark:
+    if mark is not None and "run" in mark and stamped:
         said = (state.get("run"), state.get("steps_done"))
         if said != (mark["run"], mark["steps_done"]):
             raise RuntimeError(

@@ -51,6 +51,7 @@ from heterps_cli.runtime.layout import Layout, layout
 from heterps_cli.runtime.sharding import block_dims, boundary_parts, local_of, part_length, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 from heterps_cli.runtime.tied import ReplicaBuffers, TiedSums, drop_copies, fill_copies
+from heterps_cli.runtime.whole import MODEL_FILE, OPTIMIZER_FILE, Names, gather, names_of, stage_part
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class RunConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 100
     resume_from: str | None = None  # the checkpoint folder to start from
+    resume_replanned: bool = False  # written under another plan: resumed from its model.pt (runtime.whole)
     checkpoint_meta: tuple[tuple[str, object], ...] = ()  # what complete.json says of the run
     progress_file: str | None = None  # locally: where the reporting rank writes its line per step
 
@@ -418,6 +420,14 @@ class _Checkpoints:
         self.cfg, self.lay, self.rank, self.stage, self.replica, self.tp_rank = cfg, lay, rank, stage, replica, tp_rank
         self.width, self.device, self.crossing = stage.width(replica), device, crossing
         self.run_id = _run_id() if cfg.checkpoint_dir else None
+        self.names: Names | None = None  # the model's own names of every stage's tensors (:meth:`resume`)
+
+    def resume(self, module: nn.Module, optimiser, names: Names) -> None:
+        """Kept: the model's names of every stage's tensors, for the saves; restored: the run's checkpoint,
+        where it resumes."""
+        self.names = names
+        if self.cfg.resume_from is not None:
+            self.restore(module, optimiser, Path(self.cfg.resume_from))
 
     def save(self, module: nn.Module, optimiser, steps_done: int) -> None:
         """A checkpoint after ``steps_done`` steps: the stage's first replica writes its weights and
@@ -434,14 +444,44 @@ class _Checkpoints:
         checkpoint.save(_generators(self.device), checkpoint.rng_file(where, self.rank), run, steps_done)
         dist.barrier()
         if self.rank == 0:
-            names = checkpoint.file_names(self.lay)
+            names = [*checkpoint.file_names(self.lay), MODEL_FILE, OPTIMIZER_FILE]
+            self._save_whole(where, run, steps_done)
             checkpoint.complete(root, steps_done, run, names, dict(self.cfg.checkpoint_meta))
+
+    def _save_whole(self, where: Path, run: str, steps_done: int) -> None:
+        """Rank 0, once every stage's files are staged: the model's state in its own names and the optimiser's
+        by parameter name (:mod:`.whole`), joined from them."""
+        import heterps_cli.runtime.checkpoint as checkpoint
+
+        assert self.names is not None
+
+        def first_holder(index: int) -> dict:  # section 1j: a tied tensor is in its first holder's stage file
+            return checkpoint.read(checkpoint.stage_file(where, self.lay.stages[index], 1, 0))
+
+        stages = []
+        for s in self.lay.stages:
+            d = s.degrees[0]
+            files = [checkpoint.stage_file(where, s, d, r) for r in range(d)]
+            stages.append([fill_copies(checkpoint.read(f), first_holder) for f in files])
+        model, optimizer = gather(stages, self.names)
+        checkpoint.save(model, where / MODEL_FILE, run, steps_done, stamped=False)
+        checkpoint.save(optimizer, where / OPTIMIZER_FILE, run, steps_done, stamped=False)
 
     def restore(self, module: nn.Module, optimiser, where: Path) -> None:
         """The weights, optimiser state and generators of checkpoint folder ``where``."""
         import heterps_cli.runtime.checkpoint as checkpoint
 
         mark = checkpoint.read_mark(where)
+        if self.cfg.resume_replanned:  # another plan's: this stage's part of the whole model
+            assert self.names is not None
+            model = checkpoint.read(where / MODEL_FILE, mark, stamped=False)
+            optimizer = checkpoint.read(where / OPTIMIZER_FILE, mark, stamped=False)
+            names = self.names.stages[self.stage.index]
+            state = stage_part(module, names, model, optimizer, where / MODEL_FILE)
+            checkpoint.load_stage_state(module, optimiser, state, where / MODEL_FILE)
+            # each process's generators were another plan's processes': drawn afresh from the seed and step
+            torch.manual_seed(self.cfg.seed + mark["steps_done"])
+            return
         path = checkpoint.stage_file(where, self.stage, self.width, self.tp_rank)
 
         def stage_state(index: int) -> dict:  # section 1j: a tied tensor is in its first holder's stage file
@@ -502,6 +542,7 @@ class _Replica:
         self.baseline = baseline_memory(self.device)
         self.task, model, samples = _model_of(cfg, lay)
         chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
+        names = names_of(model.module, [chain.stage(s.layers) for s in lay.stages])  # before any is moved or sharded
         self.module = chain.stage(stage.layers).to(self.device).train()
         dims = block_dims(self.module, stage.blocks) if stage.uneven else {}  # of the weights whole
         shard_group = shard_groups.get((stage.index, self.replica))
@@ -519,8 +560,7 @@ class _Replica:
         self.data = _data_of(samples, chain, model, cfg, lay, stage, self.replica, self.device)
         self.reporting = self.last and self.replica == 0 and self.tp_rank == 0
         self.checkpoints = _Checkpoints(cfg, lay, rank, stage, self.replica, self.tp_rank, self.device, tied.crossing)
-        if cfg.resume_from is not None:
-            self.checkpoints.restore(self.module, self.optimiser, Path(cfg.resume_from))
+        self.checkpoints.resume(self.module, self.optimiser, names)
         self.M = lay.micro_batches
         self.warm = min(len(lay.stages) - 1 - stage.index, self.M)  # 1F1B: forwards before the first backward
         self.times = Times()
