@@ -98,14 +98,6 @@ def launch_for(
     ``slurm``: what the batch script asks of Slurm, and the setup and shared paths every script checks."""
     needs = needs or NodeNeeds()
     placed = all(s.nodes is not None for s in plan.stages)
-    if placed and any(p.tp for s in plan.stages for p in s.parts):
-        raise InputError(
-            plan_path,
-            None,
-            "stages",
-            "the plan places tensor-parallel replicas (tp) on nodes, which heterps launch does not lay out yet: "
-            "run it under torchrun with heterps run (a process per shard), or plan at tp 1",
-        )
     counts = per_node(plan.stages) if placed else {"this machine": plan.processes}
     run: list[Word] = ["-m", "heterps_cli", "run", os.path.abspath(plan_path), *(["--placed"] if placed else [])]
     run += run_args

@@ -179,6 +179,35 @@ def test_the_two_node_launch_scripts_train_a_task_as_two_nodes_and_match_one_pro
     assert all(torch.allclose(saved[k], weights[k], atol=1e-5) for k in weights)
 
 
+@pytest.mark.slow  # two torchrun "nodes" on this machine, three processes
+def test_a_tensor_parallel_stage_launched_on_a_node_trains_as_one_process(tmp_path):
+    """Section 1h on nodes: stage 0 at tp 2, its two shards on box#1 (gloo here, NCCL on GPUs), stage 1 on
+    box#2, each node's script as launch writes it: the losses of one process within 1e-5, and the checkpoint's
+    model.pt is the one process's weights, its shards joined."""
+    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])], 32)
+    plan = json.loads(plan_path.read_text())
+    plan["rental"] = {"box": 2}
+    plan["stages"][0].update(tp=2, nodes={"box#1": 1})
+    plan["stages"][1]["nodes"] = {"box#2": 1}
+    plan_path.write_text(json.dumps(plan))
+    port = free_port()
+    out, report = tmp_path / "launch", tmp_path / "report.json"
+    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--task", f"{CLASSIFY}:task", "--map",
+                               "cpu2=cpu", "--steps", "6", "--warmup", "0", "--master-port", str(port),
+                               "--checkpoint-dir", str(tmp_path / "ck"), "--report", str(report)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert "--nproc-per-node 2" in (out / "node-0.sh").read_text()
+    run_node_scripts(out, 2, {"CLASSIFY_DATA": str(tmp_path / "data")})
+    measured = json.loads(report.read_text())
+    assert measured["processes"] == 3
+    reference, weights = _task_reference(tmp_path / "data", 32 * 16, 6)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(measured["losses"], reference))
+    assert len(measured["losses"]) == 6 and worst < 1e-5, (measured["losses"], reference)
+    saved = torch.load(tmp_path / "ck/step-000006/model.pt", weights_only=True)
+    assert saved.keys() == weights.keys()
+    assert all(torch.allclose(saved[k], weights[k], rtol=1e-4, atol=1e-5) for k in weights)
+
+
 def run_node_scripts(out, count: int, env: dict) -> list[tuple[str, str]]:
     """Start node scripts 0..count-1 that `heterps launch` wrote in ``out``, each as its own "node" on this
     machine (MASTER_ADDR=127.0.0.1, ``env`` added), wait for all, end every process they left, and

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
-from tests.helpers import exact_against, plan_and_check, write_yaml
+from tests.helpers import exact_against, plan_and_check, write_plan, write_yaml
 from tests.oracle import assert_figures_are_the_oracles, pipeline_optimum, pipeline_optimum_on_nodes
 from tests.strategies import SETTINGS
 from tests.test_pipeline import pipelined
@@ -383,13 +383,37 @@ def test_a_degree_that_is_no_degree_is_refused_naming_it(tmp_path, where, degree
     assert field in said and "tensor-parallel degree" in said and "Traceback" not in said
 
 
-def test_launch_refuses_a_plan_that_places_tensor_parallel_replicas_on_nodes(tmp_path):
-    profile, cluster = big_layers(tmp_path, nodes=True)
-    plan = plan_and_check(profile, cluster, tmp_path / "plan.yaml")
-    assert all(s.get("tp") and s.get("nodes") for s in plan["stages"])
-    args = ["launch", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "launch"), "--model", "mlp"]
+def test_launch_lays_each_tensor_parallel_replica_on_one_node_a_process_per_shard(tmp_path):
+    """Section 1h: a replica at degree d is d processes on the node it is placed on; each node's torchrun
+    starts replicas x d processes there, and the plan's ranks go replica by replica, shards together."""
+    from heterps_cli.loading import load_plan
+    from heterps_cli.runtime.placement import processes
+
+    stages = [("gpu", 3, ["0", "1", "2"]), ("gpu", 2, ["3", "4", "5", "6"])]
+    path = write_plan(tmp_path / "plan.yaml", stages, 8)
+    plan = json.loads(path.read_text())
+    plan["rental"] = {"box": 3}
+    plan["stages"][0].update(tp=2, nodes={"box#1": 2, "box#2": 1})
+    plan["stages"][1].update(tp=4, nodes={"box#2": 1, "box#3": 1})
+    path.write_text(json.dumps(plan))
+    args = ["launch", str(path), "-o", str(tmp_path / "launch"), "--model", "mlp"]
     result = runner.invoke(app, [*args, "--map", "gpu=cuda"])
-    assert result.exit_code == 2
-    said = " ".join(result.output.split())
-    assert "tensor-parallel" in said and "Traceback" not in said
-    assert not (tmp_path / "launch").exists()
+    assert result.exit_code == 0, result.output
+    expected: dict[str, int] = {}  # from the plan file alone: processes per node
+    for s in plan["stages"]:
+        for node, k in s["nodes"].items():
+            expected[node] = expected.get(node, 0) + k * s["tp"]
+    scripts = sorted((tmp_path / "launch").glob("node-*.sh"))
+    assert len(scripts) == len(expected)
+    for script, (node, n) in zip(scripts, expected.items()):
+        assert f"--nproc-per-node {n}" in script.read_text(), (node, script.read_text())
+    order = processes(load_plan(str(path))[0].stages)
+    assert sorted(p.rank for p in order) == list(range(sum(expected.values())))
+    first = 0
+    for s in plan["stages"]:  # each replica's shards: consecutive ranks, one node, GPUs of their own
+        for r in range(s["replicas"]):
+            shards = [p for p in order if first + r * s["tp"] <= p.rank < first + (r + 1) * s["tp"]]
+            assert len({p.node for p in shards}) == 1
+        first += s["replicas"] * s["tp"]
+    for node in expected:
+        assert sorted(p.device_index for p in order if p.node == node) == list(range(expected[node]))

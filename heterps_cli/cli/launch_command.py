@@ -120,6 +120,7 @@ def launch_command(
         from heterps_cli.launchfiles import launch_for, node_needs
         from heterps_cli.loading import load_plan
         from heterps_cli.runtime import DEFAULT_WARMUP, check_options, check_runnable, mapped, parse_map
+        from heterps_cli.runtime.precision import check_devices
         from heterps_cli.slurm import SlurmOptions, check_feature, check_time
 
         ck = str(checkpoint_dir) if checkpoint_dir is not None else None
@@ -132,6 +133,7 @@ def launch_command(
         plan, doc = load_plan(str(plan_file))
         mapping = parse_map(device_map or [])
         devices = mapped(plan.types_used, mapping, strict=True)
+        check_devices(plan.precision, devices, str(plan_file))  # as run refuses it on every node
         run_args = [*(["--model", _absolute(model)] if model else []), *(["--task", _absolute(task)] if task else [])]
         run_args += [a for t, d in mapping.items() for a in ("--map", f"{t}={d}")]
         run_args += _run_options(steps, warmup, threads, ck, checkpoint_every, resume, report)

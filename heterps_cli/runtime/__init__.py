@@ -176,6 +176,7 @@ def run_plan(
     import heterps_cli.runtime.checkpoint as checkpoint
     from heterps_cli.loading import load_plan
     from heterps_cli.runtime.launch import launch_local, run_torchrun, torchrun_env
+    from heterps_cli.runtime.precision import check_devices
     from heterps_cli.runtime.report import build_report
     from heterps_cli.runtime.worker import RunConfig
 
@@ -184,6 +185,7 @@ def run_plan(
     plan, doc = load_plan(plan_path)
     model = task or model or plan.model  # a measured profile names its model as --model spells it
     devices = devices_for(plan.types_used, mapping or {})
+    check_devices(plan.precision, devices, plan_path)  # the plan's precision, on every device a stage runs on
     env = torchrun_env()
     under_torchrun, coordinating = env is not None, env is None or env[0] == 0
     order = _processes(plan, plan_path, devices, placed, max_processes, under_torchrun)
@@ -214,6 +216,7 @@ def run_plan(
             checkpoint_every=checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
             resume_from=resume_from,
             resume_replanned=replanned,
+            precision=plan.precision,
             checkpoint_meta=tuple(meta.items()),
         )
         result = run_torchrun(cfg, order, report) if under_torchrun else launch_local(cfg, report)
@@ -313,11 +316,18 @@ def single_process_losses(
     return losses
 
 
-def task_losses(task: str, samples: int, steps: int, *, seed: int = 0) -> tuple[list[float], dict]:
+def task_losses(
+    task: str, samples: int, steps: int, *, seed: int = 0, precision: str | None = None
+) -> tuple[list[float], dict]:
     """The task trained in one process, the whole model at once, ``samples`` per step in the run's data
-    order (:class:`~.task.Samples`): the losses a run must match, and the final weights."""
+    order (:class:`~.task.Samples`): the losses a run must match, and the final weights. At ``precision``
+    bf16 or fp16 as PyTorch's own mixed precision trains on the CPU: the forward and the loss under
+    autocast, fp16's loss scaled by ``torch.amp.GradScaler``."""
+    import contextlib
+
     import torch
 
+    from heterps_cli.profiling.precision import HALF
     from heterps_cli.runtime.task import Samples, load_task
 
     torch.manual_seed(seed)
@@ -325,13 +335,17 @@ def task_losses(task: str, samples: int, steps: int, *, seed: int = 0) -> tuple[
     data = Samples(loaded.data, samples, seed, loaded.shuffle)
     module = loaded.model.train()
     optimiser = loaded.optimizer(module.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
     losses = []
     for step in range(steps):
         x, y = data.take(step, 0, samples)
-        loss = loaded.loss(module(x), y)
+        half = torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else contextlib.nullcontext()
+        with half:
+            loss = loaded.loss(module(x), y)
         optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimiser)
+        scaler.update()
         losses.append(float(loss.detach()))
     return losses, module.state_dict()
 
@@ -441,10 +455,6 @@ def _processes(
     if not under_torchrun and any(d.startswith("cuda") for d in devices.values()):
         check_gpus_unshared([list(s.units_by_type.items()) for s in plan.stages], devices, torch.cuda.device_count())
     order = None
-    if placed and any(p.tp for s in plan.stages for p in s.parts):
-        raise InputError(
-            plan_path, None, "--placed", "--placed does not place tensor-parallel replicas (tp in the plan) yet"
-        )
     if placed:
         from heterps_cli.runtime.placement import processes
 

@@ -3,9 +3,11 @@
 A plan's ranks go stage by stage (:mod:`.layout`); ``torchrun`` numbers its processes node by node,
 each node's contiguous. With ``heterps run --placed`` every process turns its torchrun rank into
 the plan rank the placement puts there: the nodes in the order the plan names them (``KIND#i``),
-and on each node the replicas the plan places on it, stage by stage. A replica's GPU is its
-place among that node's replicas of its type, not its torchrun local rank, since a node may run
-CPU replicas beside GPU ones.
+and on each node the replicas the plan places on it, stage by stage. A replica at tensor-parallel
+degree ``d`` is ``d`` processes, its shards, all on the node it is placed on (section 1h: its
+shards gather inside the node), each on a unit of its own. A process's GPU is its place among that
+node's processes of its type, not its torchrun local rank, since a node may run CPU replicas
+beside GPU ones.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ def processes(stages) -> list[Process]:
         raise ValueError("the plan does not place every replica on a node")
     on_node: dict[str, list[tuple[int, str]]] = {node: [] for node in nodes_in_order(stages)}
     rank = 0
-    for p in parts:  # ranks go stage by stage, and part by part within a stage
+    for p in parts:  # ranks go stage by stage, part by part within a stage, a replica's shards together
+        width = p.tp or 1
         for node, count in p.nodes.items():
-            on_node[node] += [(r, p.resource) for r in range(rank, rank + count)]
-            rank += count
+            on_node[node] += [(r, p.resource) for r in range(rank, rank + count * width)]
+            rank += count * width
     out = []
     for node, ranks in on_node.items():
         seen: dict[str, int] = {}

@@ -60,6 +60,8 @@ class RunReport:
     # section 1j: per tensor that several stages hold, how many processes hold a copy, and how many
     # distinct values those copies had at the end (1: bit-equal, one tensor)
     tied: dict[str, dict[str, int]] | None = None
+    precision: str = "fp32"  # what it trained at: the plan's (autocast for bf16 and fp16)
+    skipped_steps: int = 0  # fp16: steps skipped for gradients that were not finite (the loss scale halved)
 
     @property
     def ratio(self) -> float:
@@ -153,6 +155,8 @@ def build_report(
         stages=stages,
         first_step=ranks[0].get("first_step", 0),
         task=task,
+        precision=ranks[0].get("precision", "fp32"),
+        skipped_steps=ranks[0].get("skipped_steps", 0),
         tied=_tied_copies(ranks),
     )
 

@@ -48,6 +48,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from heterps_cli.runtime.layout import Layout, layout
+from heterps_cli.runtime.precision import Precision
 from heterps_cli.runtime.sharding import block_dims, boundary_parts, local_of, part_length, shardable, whole_of
 from heterps_cli.runtime.synthetic import per_sample_loss, target_for
 from heterps_cli.runtime.tied import ReplicaBuffers, TiedSums, drop_copies, fill_copies
@@ -82,6 +83,7 @@ class RunConfig:
     checkpoint_every: int = 100
     resume_from: str | None = None  # the checkpoint folder to start from
     resume_replanned: bool = False  # written under another plan: resumed from its model.pt (runtime.whole)
+    precision: str | None = None  # the plan's (runtime.precision): autocast for bf16 and fp16, TF32 for tf32
     checkpoint_meta: tuple[tuple[str, object], ...] = ()  # what complete.json says of the run
     progress_file: str | None = None  # locally: where the reporting rank writes its line per step
 
@@ -221,7 +223,7 @@ def train(rank: int, cfg: RunConfig, local_rank: int | None = None) -> dict:
             replica.sums.tied.check_equal()
             replica.checkpoints.save(replica.module, replica.optimiser, step + 1)
     dist.barrier()
-    return {**replica.result(), "tied": replica.sums.tied.digests()}  # section 1j: is each tied tensor one?
+    return {**_result(replica), "tied": replica.sums.tied.digests()}  # section 1j: is each tied tensor one?
 
 
 def _process_groups(lay: Layout, devices: dict[str, str]) -> tuple[dict, dict, dict]:
@@ -541,7 +543,9 @@ class _Replica:
         torch.manual_seed(cfg.seed)
         self.baseline = baseline_memory(self.device)
         self.task, model, samples = _model_of(cfg, lay)
-        chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
+        self.precision = Precision(cfg.precision, self.device)
+        with Precision(cfg.precision, torch.device("cpu")).autocast():  # the boundaries' types as trained
+            chain = trace_chain(use_layers(model, [name for *_, layers in cfg.stages for name in layers]))
         names = names_of(model.module, [chain.stage(s.layers) for s in lay.stages])  # before any is moved or sharded
         self.module = chain.stage(stage.layers).to(self.device).train()
         dims = block_dims(self.module, stage.blocks) if stage.uneven else {}  # of the weights whole
@@ -590,18 +594,20 @@ class _Replica:
                 x.requires_grad_(True)
         _synchronise(self.device)
         start = time.perf_counter()
-        y = checkpoint(self.module, x, use_reentrant=False) if self.recompute else self.module(x)
-        if self.last and self.task is not None:  # a mean over the shard, weighted to its share of the step
-            y = self.task.loss(y, target) * ((b - a) / self.lay.samples)
-        elif self.last:
-            assert target is not None
-            y = per_sample_loss(y, target, self.lay.samples)
+        with self.precision.autocast():
+            y = checkpoint(self.module, x, use_reentrant=False) if self.recompute else self.module(x)
+            if self.last and self.task is not None:  # a mean over the shard, weighted to its share of the step
+                y = self.task.loss(y, target) * ((b - a) / self.lay.samples)
+            elif self.last:
+                assert target is not None
+                y = per_sample_loss(y, target, self.lay.samples)
         _synchronise(self.device)
         self.acc["compute"] += time.perf_counter() - start
         if self.last:
             self.acc["loss"] += float(y.detach())
-        else:
-            self.boundaries.send(y, a, self.after, j, j)
+            y = self.precision.scaled(y)
+        else:  # in the type the chain was traced in (a GPU's autocast may choose otherwise than the CPU's)
+            self.boundaries.send(y.to(self.outgoing.dtype), a, self.after, j, j)
         self.kept[j] = (x, y, a)
 
     def backward(self, j: int) -> None:
@@ -613,7 +619,7 @@ class _Replica:
         _synchronise(self.device)
         start = time.perf_counter()
         if y.requires_grad and (self.last or gradient is not None):
-            y.backward(gradient)
+            y.backward(gradient.to(y.dtype) if gradient is not None else None)  # sent in the traced type
         _synchronise(self.device)
         self.acc["compute"] += time.perf_counter() - start
         if self.before is not None and x.is_floating_point():
@@ -640,7 +646,8 @@ class _Replica:
         # No barrier first, as a trainer has none: this also counts the wait for the stage's slowest
         # replica, which the report takes apart (report.split_sync).
         sync = _timed(self.device, self.sums.gradients)
-        update = _timed(self.device, self.optimiser.step, lambda: self.optimiser.zero_grad(set_to_none=False))
+        step = lambda: self.precision.step(self.optimiser)  # noqa: E731
+        update = _timed(self.device, step, lambda: self.optimiser.zero_grad(set_to_none=False))
         self.losses.append(self.acc["loss"])
         wall = time.perf_counter() - began
         if measured:
@@ -660,21 +667,25 @@ class _Replica:
                 f"{self.lay.samples / wall:,.1f} samples/s at the last stage",
             )
 
-    def result(self) -> dict:
-        peak, how = peak_memory(self.device)
-        return {
-            "peak_memory": peak,
-            "baseline_memory": self.baseline,
-            "peak_memory_how": how,
-            "rank": self.rank,
-            "stage": self.stage.index,
-            "replica": self.replica,
-            "tp_rank": self.tp_rank,
-            "device": str(self.device),
-            "losses": self.losses,
-            **dataclasses.asdict(self.times),
-            "first_step": self.cfg.start_step,
-        }
+
+def _result(replica: _Replica) -> dict:
+    """What one rank measured, for the report."""
+    peak, how = peak_memory(replica.device)
+    return {
+        "peak_memory": peak,
+        "baseline_memory": replica.baseline,
+        "peak_memory_how": how,
+        "rank": replica.rank,
+        "stage": replica.stage.index,
+        "replica": replica.replica,
+        "tp_rank": replica.tp_rank,
+        "device": str(replica.device),
+        "losses": replica.losses,
+        **dataclasses.asdict(replica.times),
+        "first_step": replica.cfg.start_step,
+        "precision": replica.precision.name,
+        "skipped_steps": replica.precision.skipped,
+    }
 
 
 def run_rank(rank: int, world_size: int, init_method: str | None, cfg: RunConfig, local_rank: int | None) -> dict:
