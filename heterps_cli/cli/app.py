@@ -14,6 +14,7 @@ from rich.text import Text
 from heterps_cli import STARTED, __version__
 from heterps_cli.cli.ci_commands import check, diff, validate
 from heterps_cli.cli.cluster_command import cluster_command
+from heterps_cli.cli.export_command import export_command
 from heterps_cli.cli.launch_command import launch_command
 from heterps_cli.cli.options import (
     DEFAULT_SCHEDULER,
@@ -472,6 +473,7 @@ def compare(
 app.add_typer(profile_app, name="profile")
 app.command(name="run")(run_command)
 app.command(name="launch")(launch_command)
+app.command(name="export")(export_command)
 app.command(name="cluster")(cluster_command)
 app.command()(check)
 app.command()(diff)

@@ -1,0 +1,126 @@
+"""A plan as a ``torch.distributed.pipelining`` script (``heterps export PLAN --to pipelining``).
+
+The script is the plan in PyTorch's own pipeline: one process per stage (``torchrun --nproc-per-node S``),
+each building its stage from the model's chain of layers as ``heterps run`` cuts it (the plan's layers,
+in its order), a :class:`~torch.distributed.pipelining.PipelineStage` of it, and PyTorch's
+``Schedule1F1B`` (the schedule section 1d charges) over the plan's micro-batches, each of the plan's
+``batch_size``; the loss is the task's, over each micro-batch, the schedule averaging the gradients
+over them (its ``scale_grads``), so a step trains what one process trains on the whole global batch.
+
+What the engine cannot express is refused, naming the stage: replicas (pipelining alone runs one
+process per stage; data parallelism is a second mesh dimension, not this export), tensor-parallel
+degrees, mixed stages, and recomputation (set per stage in the plan).
+"""
+
+from __future__ import annotations
+
+from heterps_cli.errors import InputError
+from heterps_cli.formats import Plan
+
+
+def unfit(plan: Plan) -> list[str]:
+    """What in ``plan`` the pipelining export cannot express, one phrase each."""
+    out = []
+    for i, s in enumerate(plan.stages):
+        if s.replicas != 1:
+            out.append(f"stage {i} has {s.replicas} replicas (the export runs one process per stage)")
+        if (s.tp or 1) > 1:
+            out.append(f"stage {i} runs at tp {s.tp}")
+        if s.joined:
+            out.append(f"stage {i} mixes types")
+        if s.recompute:
+            out.append(f"stage {i} recomputes its activations")
+    return out
+
+
+def script(plan: Plan, plan_path: str, micro_batches: int) -> str:
+    """The script's text (exit 2 where :func:`unfit` finds anything)."""
+    problems = unfit(plan)
+    if problems:
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            "torch.distributed.pipelining cannot run this plan as it is: " + "; ".join(problems) + ". Re-plan with "
+            "one replica per stage at tp 1, of one type each, without recomputation, or train it with heterps run",
+        )
+    stages = [list(s.layers) for s in plan.stages]
+    return _TEMPLATE.format(
+        plan=plan_path,
+        stages=repr(stages),
+        count=len(stages),
+        batch=plan.batch_size,
+        micro_batches=micro_batches,
+        splits=", ".join(repr(layers[0]) for layers in stages[1:]) or "none",
+    )
+
+
+_TEMPLATE = '''"""{plan} as torch.distributed.pipelining: {count} stages (split before layers {splits}),
+PyTorch's Schedule1F1B over {micro_batches} micro-batches of {batch} samples a step. Written by heterps export.
+
+    torchrun --standalone --nproc-per-node {count} THIS.py --task FILE.py:FACTORY --steps N [--device cuda]
+
+Rank 0 prints each step's loss (the mean over the step's samples) as JSON lines: {{"step": k, "loss": x}}.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from heterps_cli.profiling.granularity import use_layers
+from heterps_cli.runtime.chain import trace_chain
+from heterps_cli.runtime.task import load_task_model
+
+STAGES = {stages}  # each stage's layers, as the plan names them
+BATCH, MICRO_BATCHES = {batch}, {micro_batches}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", required=True, help="FILE.py:FACTORY, the heterps task the plan trains")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, a GPU per process)")
+    args = parser.parse_args()
+    cuda = args.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != len(STAGES):
+        raise SystemExit(f"the plan has {{len(STAGES)}} stages: run it with --nproc-per-node {{len(STAGES)}}")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    torch.manual_seed(args.seed)
+    samples_per_step = BATCH * MICRO_BATCHES
+    task, model, samples = load_task_model(args.task, BATCH, samples_per_step, args.seed)
+    chain = trace_chain(use_layers(model, [name for layers in STAGES for name in layers]))
+    module = chain.stage(STAGES[rank]).to(device).train()
+    stage = PipelineStage(module, rank, world, device)
+    schedule = Schedule1F1B(stage, MICRO_BATCHES, loss_fn=task.loss)
+    optimiser = task.optimizer(module.parameters())
+    for step in range(args.steps):
+        x, y = samples.take(step, 0, samples_per_step)
+        optimiser.zero_grad()
+        losses = []
+        if rank == 0:
+            schedule.step(x.to(device))
+        elif rank == world - 1:
+            schedule.step(target=y.to(device), losses=losses)
+        else:
+            schedule.step()
+        optimiser.step()
+        if rank == world - 1:
+            loss = torch.stack([l.detach().float() for l in losses]).mean().reshape(1).cpu()
+        else:
+            loss = torch.zeros(1)
+        dist.broadcast(loss, src=world - 1)
+        if rank == 0:
+            print(json.dumps({{"step": step + 1, "loss": float(loss)}}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''

@@ -1,0 +1,88 @@
+"""heterps export --to pipelining (docs/guide/engines.md): the script runs the plan under torchrun with
+PyTorch's own PipelineStage and Schedule1F1B and gives one process's losses; what pipelining cannot express
+is refused, naming it. Known answers come from one process (runtime.task_losses)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from heterps_cli.cli.app import app
+from heterps_cli.runtime import task_losses
+from tests.helpers import ROOT, runner, session_processes, write_plan
+from tests.test_launch import free_port
+
+CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
+
+
+def _two_stages(tmp_path):
+    return write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])], 32)
+
+
+def test_the_script_names_the_plans_split_and_schedule(tmp_path):
+    result = runner.invoke(app, ["export", str(_two_stages(tmp_path)), "--to", "pipelining", "--micro-batches", "4"])
+    assert result.exit_code == 0, result.output
+    tree = ast.parse(result.stdout)  # a whole Python file
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+              if isinstance(t, ast.Name)}  # fmt: skip
+    assert ast.literal_eval(values["STAGES"]) == [["0", "1", "2"], ["3", "4"]]
+    assert "Schedule1F1B(stage, MICRO_BATCHES" in result.stdout and "PipelineStage(module, rank, world" in result.stdout
+    assert "BATCH, MICRO_BATCHES = 32, 4" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda s: s.update(replicas=2), "stage 0 has 2 replicas"),
+        (lambda s: s.update(tp=2), "stage 0 runs at tp 2"),
+        (lambda s: s.update(recompute=True), "stage 0 recomputes"),
+    ],
+)
+def test_what_pipelining_cannot_express_is_refused_naming_it(tmp_path, edit, said):
+    path = _two_stages(tmp_path)
+    plan = json.loads(path.read_text())
+    edit(plan["stages"][0])
+    path.write_text(json.dumps(plan))
+    out = tmp_path / "pipe.py"
+    result = runner.invoke(app, ["export", str(path), "--to", "pipelining", "--out", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and said in text and "plan.json" in text and "Traceback" not in text
+    assert not out.exists()
+
+
+@pytest.mark.slow  # torchrun and two processes
+def test_the_pipelining_script_trains_as_one_process_and_as_heterps_run(tmp_path):
+    plan = _two_stages(tmp_path)
+    script = tmp_path / "pipe.py"
+    made = runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--micro-batches", "4", "-o", str(script)])
+    assert made.exit_code == 0, made.output
+    env = {**os.environ, "CLASSIFY_DATA": str(tmp_path / "data")}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "--master-port", str(free_port()), str(script), "--task", CLASSIFY, "--steps", "6"]  # fmt: skip
+    started = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = started.communicate(timeout=300)
+    finally:
+        for pid in session_processes(started.pid) if os.path.exists("/proc") else []:
+            os.kill(pid, signal.SIGKILL)
+    assert started.returncode == 0, stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in stdout.splitlines() if line.startswith("{")]
+    os.environ["CLASSIFY_DATA"], before = str(tmp_path / "data"), os.environ.get("CLASSIFY_DATA")
+    try:
+        reference, _ = task_losses(CLASSIFY, 32 * 4, 6)
+    finally:
+        os.environ.pop("CLASSIFY_DATA") if before is None else os.environ.update(CLASSIFY_DATA=before)
+    assert len(losses) == 6 and max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5
+    ran = subprocess.run([sys.executable, "-m", "heterps_cli", "run", str(plan), "--task", CLASSIFY, "--map",
+                          "cpu2=cpu", "--micro-batches", "4", "--steps", "6", "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    theirs = json.loads(ran.stdout)["losses"]
+    assert max(abs(a - b) / abs(b) for a, b in zip(losses, theirs)) < 1e-5
