@@ -14,6 +14,7 @@ from heterps_cli.cli.session import exit_codes, not_an_input, out, write_output
 
 class Engine(str, Enum):
     pipelining = "pipelining"
+    megatron = "megatron"
 
 
 def export_command(
@@ -22,8 +23,19 @@ def export_command(
     ],
     to: Annotated[
         Engine,
-        typer.Option(help="The engine: pipelining (torch.distributed.pipelining, a torchrun script)."),
+        typer.Option(
+            help="The engine: pipelining (torch.distributed.pipelining, a torchrun script) or megatron (Megatron-LM's "
+            "pretrain_gpt.py arguments; needs --profile)."
+        ),
     ] = Engine.pipelining,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="The profile the plan was made from: which layer is the embedding, a decoder layer, the "
+            "output (megatron).",
+            show_default=False,
+        ),  # fmt: skip
+    ] = None,
     micro_batches: Annotated[
         int | None,
         typer.Option(
@@ -38,6 +50,7 @@ def export_command(
     """Write the plan as an engine runs it: its stages, split points, micro-batches and schedule in the
     engine's own names; what the engine cannot express is refused (exit 2), naming it."""
     with exit_codes():
+        from heterps_cli.errors import InputError
         from heterps_cli.exports.pipelining import script
         from heterps_cli.loading import load_plan
         from heterps_cli.runtime import default_micro_batches
@@ -46,9 +59,19 @@ def export_command(
             not_an_input(Path(out_file), plan_file, field="--out")
         plan, _ = load_plan(str(plan_file))
         M = micro_batches or plan.micro_batches or default_micro_batches(len(plan.stages))
-        text = script(plan, str(plan_file), M)
+        if to is Engine.megatron:
+            from heterps_cli.exports.megatron import arguments
+            from heterps_cli.loading import load_profile
+
+            if profile is None:
+                raise InputError(None, None, "--profile", "--to megatron needs the plan's profile (--profile FILE)")
+            text = arguments(plan, load_profile(str(profile))[0], str(plan_file), str(profile), M)
+        else:
+            text = script(plan, str(plan_file), M)
         write_output(out_file, text)
-        if out_file != "-":
+        if out_file != "-" and to is Engine.megatron:
+            out.print(Text(f"wrote {out_file}: Megatron-LM's arguments for pretrain_gpt.py"))
+        elif out_file != "-":
             count = len(plan.stages)
             said = f"wrote {out_file}: torchrun --standalone --nproc-per-node {count} {out_file} --task FILE.py:FACTORY"
             out.print(Text(said))

@@ -1,0 +1,95 @@
+"""A plan as Megatron-LM's arguments (``heterps export PLAN --to megatron --profile PROFILE``).
+
+Megatron-LM builds a GPT as an embedding, ``--num-layers`` decoder layers and an output layer with the
+loss, and cuts it into ``--pipeline-model-parallel-size`` stages; ``--pipeline-model-parallel-layout``
+says which of them each stage holds, in its documented notation (``E`` the embedding, ``t`` a decoder
+layer, ``L`` the output layer and loss, stages split by ``|``, ``X*n`` for ``n`` of ``X``, commas
+cosmetic), so an uneven split is written as it is, never rounded. The profile's layer types say which
+of the plan's layers is which: the first is the embedding, the last the output layer, every other one
+of one type, a decoder layer.
+
+Megatron runs every stage at one tensor-parallel degree and one data-parallel degree (the replicas),
+each replica at ``--micro-batch-size`` samples of a micro-batch; ``--global-batch-size`` is a step's
+samples. Recomputation is one setting for every stage. What does not fit is refused, naming the stage.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from heterps_cli.errors import InputError
+from heterps_cli.formats import Plan, Profile
+
+
+def layout(plan: Plan, profile: Profile, plan_path: str, profile_path: str) -> str:
+    """``--pipeline-model-parallel-layout`` of the plan's stages (exit 2 where a layer is neither)."""
+    types = {layer.name: layer.type for layer in profile.layers}
+    names = [name for s in plan.stages for name in s.layers]
+    if len(names) < 3 or any(n not in types for n in names):
+        missing = [n for n in names if n not in types][:3]
+        raise InputError(profile_path, None, "layers", f"does not give the plan's layers {missing or names}: "
+                         "give the profile the plan was made from")  # fmt: skip
+    middle = {types[n] for n in names[1:-1]}
+    if len(middle) != 1:
+        raise InputError(
+            plan_path,
+            None,
+            "stages",
+            "Megatron-LM builds an embedding, decoder layers of one kind and an output layer; this plan's layers "
+            f"between its first and last are of the types {sorted(middle)}: train it with heterps run",
+        )
+    stages = []
+    for s in plan.stages:
+        symbols = ["E" if n == names[0] else "L" if n == names[-1] else "t" for n in s.layers]
+        head = "E," if symbols[0] == "E" else ""
+        tail = ",L" if symbols[-1] == "L" else ""
+        count = sum(1 for x in symbols if x == "t")
+        body = f"t*{count}" if count > 1 else "t" * count
+        stages.append((head + body + tail).strip(","))
+    return "|".join(stages)
+
+
+def unfit(plan: Plan) -> list[str]:
+    """What in ``plan`` Megatron-LM cannot express, one phrase each."""
+    out = []
+    first = plan.stages[0]
+    for i, s in enumerate(plan.stages):
+        if s.joined:
+            out.append(f"stage {i} mixes types")
+        if s.replicas != first.replicas:
+            out.append(f"stage {i} has {s.replicas} replicas, stage 0 {first.replicas} (one data-parallel degree)")
+        if (s.tp or 1) != (first.tp or 1):
+            out.append(f"stage {i} runs at tp {s.tp or 1}, stage 0 at {first.tp or 1} (one tensor-parallel degree)")
+        if bool(s.recompute) != bool(first.recompute):
+            out.append(f"stage {i} {'recomputes' if s.recompute else 'does not recompute'} (one setting for all)")
+    if plan.batch_size % first.replicas:
+        out.append(f"the batch of {plan.batch_size} does not split evenly over {first.replicas} replicas")
+    return out
+
+
+def arguments(plan: Plan, profile: Profile, plan_path: str, profile_path: str, micro_batches: int) -> str:
+    """The arguments, one flag a line, ready to paste after ``pretrain_gpt.py`` (exit 2 where :func:`unfit`
+    finds anything)."""
+    problems = unfit(plan)
+    if problems:
+        raise InputError(plan_path, None, "stages", "Megatron-LM cannot run this plan as it is: " + "; ".join(problems)
+                         + ". Re-plan within its rules, or train it with heterps run")  # fmt: skip
+    first = plan.stages[0]
+    decoders = sum(len(s.layers) for s in plan.stages) - 2
+    flags = [
+        ("--tensor-model-parallel-size", first.tp or 1),
+        ("--pipeline-model-parallel-size", len(plan.stages)),
+        ("--num-layers", decoders),
+        ("--pipeline-model-parallel-layout", layout(plan, profile, plan_path, profile_path)),
+        ("--micro-batch-size", plan.batch_size // first.replicas),
+        ("--global-batch-size", plan.batch_size * micro_batches),
+    ]
+    if first.recompute:
+        flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    precision = {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(plan.precision or "", [])
+    names = [name for s in plan.stages for name in s.layers]
+    tied = any({names[0], names[-1]} <= set(t.layers) for t in profile.ties or [])
+    untied = [] if tied else ["--untie-embeddings-and-output-weights"]  # Megatron ties them by default
+    lines = [f"{flag} {shlex.quote(str(value))}" for flag, value in flags] + precision + untied
+    said = f"# {plan_path}: {len(plan.stages)} stages x {first.replicas} data-parallel x tp {first.tp or 1}"
+    return said + "\n" + " \\\n".join(lines) + "\n"
