@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -310,6 +311,19 @@ def write_plan(path: Path, stages: list[tuple[str, int, list[str]]], batch_size:
     }
     path.write_text(json.dumps(plan))
     return path
+
+
+def run_in_session(argv: list[str], *, env: dict, cwd: str | Path, timeout: float = 240) -> tuple[int, str, str]:
+    """``argv`` in a session of its own, waited on; every process it left in that session ended, on success,
+    failure and timeout alike: its (exit code, stdout, stderr)."""
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        for pid in session_processes(process.pid) if os.path.exists("/proc") else []:
+            os.kill(pid, signal.SIGKILL)
+    return process.returncode, stdout, stderr
 
 
 def session_processes(session: int) -> list[int]:

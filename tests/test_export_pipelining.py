@@ -7,16 +7,14 @@ from __future__ import annotations
 import ast
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
 from heterps_cli.cli.app import app
-from heterps_cli.runtime import task_losses
-from tests.helpers import ROOT, runner, session_processes, write_plan
-from tests.test_launch import free_port
+from tests.helpers import ROOT, run_in_session, runner, write_plan
+from tests.test_launch import _task_reference, free_port
 
 CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
 
@@ -65,20 +63,10 @@ def test_the_pipelining_script_trains_as_one_process_and_as_heterps_run(tmp_path
     env = {**os.environ, "CLASSIFY_DATA": str(tmp_path / "data")}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "--master-port", str(free_port()), str(script), "--task", CLASSIFY, "--steps", "6"]  # fmt: skip
-    started = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
-    try:
-        stdout, stderr = started.communicate(timeout=300)
-    finally:
-        for pid in session_processes(started.pid) if os.path.exists("/proc") else []:
-            os.kill(pid, signal.SIGKILL)
-    assert started.returncode == 0, stderr[-3000:]
+    code, stdout, stderr = run_in_session(argv, env=env, cwd=tmp_path, timeout=300)
+    assert code == 0, stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in stdout.splitlines() if line.startswith("{")]
-    os.environ["CLASSIFY_DATA"], before = str(tmp_path / "data"), os.environ.get("CLASSIFY_DATA")
-    try:
-        reference, _ = task_losses(CLASSIFY, 32 * 4, 6)
-    finally:
-        os.environ.pop("CLASSIFY_DATA") if before is None else os.environ.update(CLASSIFY_DATA=before)
+    reference, _ = _task_reference(tmp_path / "data", 32 * 4, 6)
     assert len(losses) == 6 and max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5
     ran = subprocess.run([sys.executable, "-m", "heterps_cli", "run", str(plan), "--task", CLASSIFY, "--map",
                           "cpu2=cpu", "--micro-batches", "4", "--steps", "6", "--json"], env=env,

@@ -20,7 +20,17 @@ from heterps_cli.cli.app import app
 from heterps_cli.loading import load_plan
 from heterps_cli.runtime import single_process_losses
 from heterps_cli.runtime.placement import per_node, processes
-from tests.helpers import MLP_LAYERS, PLACED, PLACED_MAP, ROOT, VGG16_TASK, runner, session_processes, write_plan
+from tests.helpers import (
+    MLP_LAYERS,
+    PLACED,
+    PLACED_MAP,
+    ROOT,
+    VGG16_TASK,
+    run_in_session,
+    runner,
+    session_processes,
+    write_plan,
+)
 
 BUNDLED = PLACED
 CLASSIFY = ROOT / "docs/guide/classify.py"
@@ -133,16 +143,8 @@ def test_the_single_node_launch_file_runs_under_torchrun_and_matches_one_process
     assert "torchrun --standalone --nnodes 1 --nproc-per-node 2 -m heterps_cli run" in script
     assert "MASTER_ADDR:?" not in script  # one node: no address to give
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
-    process = subprocess.Popen(
-        ["sh", str(out / "node-0.sh")], cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = process.communicate(timeout=240)
-    finally:
-        for pid in session_processes(process.pid) if os.path.exists("/proc") else []:
-            os.kill(pid, signal.SIGKILL)
-    assert process.returncode == 0, stderr[-3000:]
+    code, _, stderr = run_in_session(["sh", str(out / "node-0.sh")], env=env, cwd="/")
+    assert code == 0, stderr[-3000:]
     measured = json.loads(report.read_text())
     assert measured["processes"] == 2 and len(measured["stages"]) == 2
     reference = single_process_losses("mlp", 64 * 16, 3)  # the plan's default of 16 micro-batches for 2 stages
@@ -154,17 +156,7 @@ def test_the_two_node_launch_scripts_train_a_task_as_two_nodes_and_match_one_pro
     """Each node's script, as `heterps launch` writes it, started whole as its own "node" on this machine
     (MASTER_ADDR=127.0.0.1, node 0 hosting the rendezvous): the user's task trains to completion, with
     the losses of one process training the same model on the same data in the same order."""
-    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])], 32)
-    plan = json.loads(plan_path.read_text())
-    plan["rental"] = {"box": 2}
-    plan["stages"][0]["nodes"], plan["stages"][1]["nodes"] = {"box#1": 1}, {"box#2": 1}
-    plan_path.write_text(json.dumps(plan))
-    port = free_port()
-    out, report = tmp_path / "launch", tmp_path / "report.json"
-    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--task", f"{CLASSIFY}:task", "--map",
-                               "cpu2=cpu", "--steps", "6", "--warmup", "0", "--master-port", str(port),
-                               "--checkpoint-dir", str(tmp_path / "ck"), "--report", str(report)])  # fmt: skip
-    assert made.exit_code == 0, made.output
+    out, report = _two_node_launch(tmp_path, first_tp=None)
     outputs = run_node_scripts(out, 2, {"CLASSIFY_DATA": str(tmp_path / "data")})
     measured = json.loads(report.read_text())  # written by plan rank 0, on node 0
     assert measured["processes"] == 2 and measured["task"] == f"{CLASSIFY}:task"
@@ -184,18 +176,7 @@ def test_a_tensor_parallel_stage_launched_on_a_node_trains_as_one_process(tmp_pa
     """Section 1h on nodes: stage 0 at tp 2, its two shards on box#1 (gloo here, NCCL on GPUs), stage 1 on
     box#2, each node's script as launch writes it: the losses of one process within 1e-5, and the checkpoint's
     model.pt is the one process's weights, its shards joined."""
-    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])], 32)
-    plan = json.loads(plan_path.read_text())
-    plan["rental"] = {"box": 2}
-    plan["stages"][0].update(tp=2, nodes={"box#1": 1})
-    plan["stages"][1]["nodes"] = {"box#2": 1}
-    plan_path.write_text(json.dumps(plan))
-    port = free_port()
-    out, report = tmp_path / "launch", tmp_path / "report.json"
-    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--task", f"{CLASSIFY}:task", "--map",
-                               "cpu2=cpu", "--steps", "6", "--warmup", "0", "--master-port", str(port),
-                               "--checkpoint-dir", str(tmp_path / "ck"), "--report", str(report)])  # fmt: skip
-    assert made.exit_code == 0, made.output
+    out, report = _two_node_launch(tmp_path, first_tp=2)
     assert "--nproc-per-node 2" in (out / "node-0.sh").read_text()
     run_node_scripts(out, 2, {"CLASSIFY_DATA": str(tmp_path / "data")})
     measured = json.loads(report.read_text())
@@ -206,6 +187,25 @@ def test_a_tensor_parallel_stage_launched_on_a_node_trains_as_one_process(tmp_pa
     saved = torch.load(tmp_path / "ck/step-000006/model.pt", weights_only=True)
     assert saved.keys() == weights.keys()
     assert all(torch.allclose(saved[k], weights[k], rtol=1e-4, atol=1e-5) for k in weights)
+
+
+def _two_node_launch(tmp_path, first_tp: int | None):
+    """The classify task's two-stage plan placed on box#1 and box#2 (its first stage at ``first_tp``), and
+    `heterps launch`'s scripts of it for 6 steps with checkpoints and a report: (the scripts' folder, the
+    report's path)."""
+    plan_path = write_plan(tmp_path / "plan.json", [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])], 32)
+    plan = json.loads(plan_path.read_text())
+    plan["rental"] = {"box": 2}
+    plan["stages"][0]["nodes"], plan["stages"][1]["nodes"] = {"box#1": 1}, {"box#2": 1}
+    if first_tp is not None:
+        plan["stages"][0]["tp"] = first_tp
+    plan_path.write_text(json.dumps(plan))
+    out, report = tmp_path / "launch", tmp_path / "report.json"
+    made = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--task", f"{CLASSIFY}:task", "--map",
+                               "cpu2=cpu", "--steps", "6", "--warmup", "0", "--master-port", str(free_port()),
+                               "--checkpoint-dir", str(tmp_path / "ck"), "--report", str(report)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    return out, report
 
 
 def run_node_scripts(out, count: int, env: dict) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from heterps_cli.cli.app import app
 from heterps_cli.runtime import checkpoint, task_losses
 from heterps_cli.runtime.task import Samples
-from tests.helpers import ROOT, guide_commands, runner, session_processes, write_plan
+from tests.helpers import ROOT, guide_commands, run_in_session, runner, session_processes, write_plan
 
 CLASSIFY = f"{ROOT / 'docs/guide/classify.py'}:task"
 TWO_STAGES = [("cpu", 1, ["0", "1", "2"]), ("cpu2", 1, ["3", "4"])]
@@ -332,15 +332,7 @@ def test_the_training_guide_runs_in_order(tmp_path, monkeypatch):
     assert f"--task {tmp_path}/docs/guide/classify.py:task" in script and f"--checkpoint-dir {tmp_path}/ck" in script
     assert commands[-1] == "sh launch/node-0.sh"  # the launch scripts resume what run --task wrote
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
-    launched = subprocess.Popen(
-        ["sh", "launch/node-0.sh"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = launched.communicate(timeout=240)
-    finally:
-        for pid in session_processes(launched.pid):
-            os.kill(pid, signal.SIGKILL)
-    assert launched.returncode == 0, stderr[-3000:]
+    code, stdout, stderr = run_in_session(["sh", "launch/node-0.sh"], env=env, cwd=tmp_path)
+    assert code == 0, stderr[-3000:]
     assert "resumed after step 400" in stdout and "at step 600" in stdout
     assert sorted(p.name for p in (tmp_path / "ck").glob("step-*")) == ["step-000500", "step-000600"]
