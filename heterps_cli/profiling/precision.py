@@ -22,10 +22,20 @@ from heterps_cli.errors import InputError
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_precision(precision: str | None, device: str) -> None:
-    """Exit 2 where this machine cannot train at ``precision``: TF32 is a GPU's format, and a GPU without
-    bf16 (a V100, a T4) cannot run bf16 autocast."""
+def lacks(precision: str | None, device: str) -> str | None:
+    """The format ``device`` (``cpu`` or ``cuda``, this machine's) has not for ``precision``: ``TF32`` off a GPU,
+    ``bf16`` on a GPU without it (a V100, a T4); None where it can train at it."""
     if precision == "tf32" and device != "cuda":
+        return "TF32"
+    if precision == "bf16" and device == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        return "bf16"
+    return None
+
+
+def check_precision(precision: str | None, device: str) -> None:
+    """Exit 2 where this machine cannot measure at ``precision`` (:func:`lacks`)."""
+    missing = lacks(precision, device)
+    if missing == "TF32":
         raise InputError(
             None,
             None,
@@ -33,7 +43,7 @@ def check_precision(precision: str | None, device: str) -> None:
             "tf32 is an NVIDIA GPU's tensor-core format: the cpu has none, so nothing would be measured at it "
             "(measure at fp32, bf16 or fp16 here, or on a GPU with --device cuda)",
         )
-    if precision == "bf16" and device == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+    if missing == "bf16":
         raise InputError(
             None,
             None,

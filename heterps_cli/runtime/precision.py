@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from heterps_cli.errors import InputError
-from heterps_cli.profiling.precision import HALF
+from heterps_cli.profiling.precision import HALF, lacks
 
 INITIAL_SCALE, BACKOFF, GROWTH, GROWTH_INTERVAL = 2.0**16, 0.5, 2.0, 2000  # GradScaler's defaults
 
@@ -28,14 +28,13 @@ def check_devices(precision: str | None, devices: dict[str, str], plan_path: str
     """Exit 2, before any process starts, where a stage's device cannot train at the plan's ``precision``
     (TF32 on a CPU, bf16 on a GPU without it), naming the type."""
     for kind, device in devices.items():
-        if precision == "tf32" and not device.startswith("cuda"):
-            why = f"type {kind} runs on {device}, which has no TF32 (an NVIDIA GPU's tensor-core format)"
-        elif precision == "bf16" and device.startswith("cuda") and torch.cuda.is_available():
-            if torch.cuda.is_bf16_supported():
-                continue
-            why = f"type {kind} runs on {torch.cuda.get_device_name()}, which has no bf16"
-        else:
+        missing = lacks(precision, "cuda" if device.startswith("cuda") else "cpu")
+        if missing is None:
             continue
+        if missing == "TF32":
+            why = f"type {kind} runs on {device}, which has no TF32 (an NVIDIA GPU's tensor-core format)"
+        else:
+            why = f"type {kind} runs on {torch.cuda.get_device_name()}, which has no bf16"
         raise InputError(
             plan_path,
             None,
