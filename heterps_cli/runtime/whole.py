@@ -77,8 +77,9 @@ def joined(parts: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def gather(stage_states: list[list[dict]], names: Names) -> tuple[dict, dict]:
-    """``model.pt``'s and ``optimizer.pt``'s contents from each stage's files (every shard's, in order;
-    their tied tensors filled in): the model's state_dict and the optimiser's state by parameter name."""
+    """``model.pt``'s and ``optimizer.pt``'s contents from each stage's files (every shard's, in order, stage
+    by stage: a tied tensor a later stage's file leaves out is taken from its first holder's, read before):
+    the model's state_dict and the optimiser's state by parameter name."""
     whole: dict[str, torch.Tensor] = {}
     state: dict[str, dict] = {}
     hyper: dict = {}
@@ -112,9 +113,10 @@ def stage_part(module: nn.Module, names: dict[str, str], model: dict, optimizer:
     A tensor the model lacks or of another shape stops the run, naming it."""
     from heterps_cli.runtime.sharding import local_of
 
-    cuts = {key: _cut_of(tensor) for key, tensor in module.state_dict().items()}
+    mine = module.state_dict()
+    cuts = {key: _cut_of(tensor) for key, tensor in mine.items()}
     part: dict[str, torch.Tensor] = {}
-    for key, tensor in module.state_dict().items():
+    for key, tensor in mine.items():
         canon = names[key]
         if canon not in model:
             raise RuntimeError(f"{path}: holds no {canon!r}, which this plan's stage holds as {key}")

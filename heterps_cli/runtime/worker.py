@@ -456,15 +456,12 @@ class _Checkpoints:
         import heterps_cli.runtime.checkpoint as checkpoint
 
         assert self.names is not None
-
-        def first_holder(index: int) -> dict:  # section 1j: a tied tensor is in its first holder's stage file
-            return checkpoint.read(checkpoint.stage_file(where, self.lay.stages[index], 1, 0))
-
+        # A tied tensor another stage's file leaves out (section 1j) is in its first holder's, an earlier
+        # stage's, which gather reads first: the files are read as they are.
         stages = []
         for s in self.lay.stages:
             d = s.degrees[0]
-            files = [checkpoint.stage_file(where, s, d, r) for r in range(d)]
-            stages.append([fill_copies(checkpoint.read(f), first_holder) for f in files])
+            stages.append([checkpoint.read(checkpoint.stage_file(where, s, d, r)) for r in range(d)])
         model, optimizer = gather(stages, self.names)
         checkpoint.save(model, where / MODEL_FILE, run, steps_done, stamped=False)
         checkpoint.save(optimizer, where / OPTIMIZER_FILE, run, steps_done, stamped=False)
