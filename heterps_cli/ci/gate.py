@@ -278,6 +278,7 @@ HOW_FOUND = frozenset({"scheduler", "seed", "evaluations", "solve_s", "notes", "
 JOB_FIELDS = frozenset({*diff.JOB_FIELDS, "batch_size", "precision"})
 # Compared below in their own words, or judged by their own gates (feasible: limits, budget, throughput).
 OWN_RULES = frozenset({"explanation", "what_if", "feasible", "format"})
+NOT_COMPARED = HOW_FOUND | JOB_FIELDS | OWN_RULES  # field by field, written against recomputed
 
 
 # A field left out that the files give: in a plan that states its format, an edit (its heterps wrote every
@@ -296,10 +297,9 @@ def stale_fields(written: Plan, fresh: Plan) -> list[str]:
     (:func:`left_out`: every such field where the plan states its ``format``, else :data:`PLACEMENT`)."""
     mine, theirs = written.written(), fresh.to_dict()
     out = []
-    skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
     headline = ("throughput", "time_s", "cost_usd", "bottleneck")  # shown first: the message lists four
     for key in sorted(mine, key=lambda k: headline.index(k) if k in headline else len(headline)):
-        if key not in skip:
+        if key not in NOT_COMPARED:
             out += _changes(key, mine[key], theirs.get(key))
     missing = left_out(mine, theirs, None if written.format is not None else frozenset(PLACEMENT))
     out += [f"{where} none -> {_shown(value)} ({PLACEMENT.get(key, LEFT_OUT)})" for where, key, value in missing]
@@ -314,10 +314,9 @@ def left_out(mine: dict, theirs: dict, only: frozenset[str] | None = None) -> li
     """The fields, the plan's and its stages', that the recomputation gives (``theirs``: its file's mapping)
     and the file leaves out (``mine``), ``only`` those keys where given: where each is, its key, and its
     recomputed value."""
-    skip = HOW_FOUND | JOB_FIELDS | OWN_RULES
 
     def missing(where: str, a: dict, b: dict) -> list[tuple[str, str, Any]]:
-        keys = sorted(k for k in b.keys() - a.keys() - skip if b[k] is not None and (only is None or k in only))
+        keys = sorted(k for k in b.keys() - a.keys() - NOT_COMPARED if b[k] is not None and (only is None or k in only))
         return [(f"{where}{k}", k, b[k]) for k in keys]
 
     out = missing("", mine, theirs)
