@@ -101,3 +101,11 @@ def test_layers_between_the_ends_of_two_kinds_are_refused(tmp_path):
     write_yaml(tmp_path / "profile.yaml", data)
     result = runner.invoke(app, ["export", str(plan), "--to", "megatron", "--profile", profile])
     assert result.exit_code == 2 and "['block', 'conv']" in " ".join(result.output.split())
+
+
+def test_the_output_is_never_the_profile_it_reads(tmp_path):
+    plan, profile = _files(tmp_path, [("gpu", 1, ["0", "1"]), ("gpu", 1, ["2", "3"])])
+    before = open(profile).read()
+    result = runner.invoke(app, ["export", str(plan), "--to", "megatron", "--profile", profile, "-o", profile])
+    assert result.exit_code == 2 and "an input of this command" in " ".join(result.output.split())
+    assert open(profile).read() == before

@@ -56,7 +56,7 @@ def export_command(
         from heterps_cli.runtime import default_micro_batches
 
         if out_file != "-":
-            not_an_input(Path(out_file), plan_file, field="--out")
+            not_an_input(Path(out_file), plan_file, profile, field="--out")
         plan, _ = load_plan(str(plan_file))
         M = micro_batches or plan.micro_batches or default_micro_batches(len(plan.stages))
         if to is Engine.megatron:
