@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from heterps_cli.frontier import Frontier
     from heterps_cli.problem import Problem
     from heterps_cli.profiling.measure import Profiled
+    from heterps_cli.shape import Shape
 
 # Each function imports what it uses when it runs: `heterps validate` loads no numpy, and only
 # `measure` loads torch (start-up time is measured in benchmarks/bench_startup.py).
@@ -71,22 +72,63 @@ def plan(
     options: SolveOptions | None = None,
     progress: Progress | None = None,
     explain: bool = False,
+    shape: Shape | None = None,
+    engine: str | None = None,
 ) -> Plan:
     """``heterps plan``: the plan ``scheduler`` finds for the job on these files; with ``explain``, also
     what one node more or fewer of each kind would give (a cluster with nodes, docs/spec.md section
-    1e), or one unit more or fewer of each type's limit."""
+    1e), or one unit more or fewer of each type's limit. ``shape`` (section 1k): only plans keeping it,
+    by the exact solver; ``engine``: the best plan that engine runs (:mod:`heterps_cli.engines`)."""
     from heterps_cli.explain import split_notes
 
     problem = _problem(job, profile_path, cluster_path)
-    try:
-        found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
-    except TooLarge as exc:
-        if scheduler != "exact" or exc.field != "exact scheduler":
-            raise
-        found = _beyond_exact(problem, seed, progress, options, exc)
+    if engine is not None or (shape is not None and not shape.free):
+        from heterps_cli.shape import Shape
+
+        shape = shape or Shape()
+        found = _shaped(problem, shape, engine, seed, progress, options, explain)
+        explain = False  # the engine's notes say what binds; what a unit more gives is the free plan's question
+    else:
+        try:
+            found = solve(scheduler, problem, seed=seed, progress=progress, options=options)
+        except TooLarge as exc:
+            if scheduler != "exact" or exc.field != "exact scheduler":
+                raise
+            found = _beyond_exact(problem, seed, progress, options, exc)
     if said := split_notes(problem.at_micro_batch(found.batch_size), found):
         found = found.but(notes=[*found.notes, *said])
     return with_what_if(problem, found) if explain and (problem.nodes is None or found.rental) else found
+
+
+def _shaped(
+    problem: Problem,
+    shape: Shape,
+    engine: str | None,
+    seed: int,
+    progress: Progress | None,
+    options: SolveOptions | None,
+    explain: bool,
+) -> Plan:
+    """Section 1k: the exact plan keeping ``shape``, or the best ``engine`` runs within it, beside heterps
+    run's best (within the shape alone); the plan is checked to keep both."""
+    from heterps_cli.engines import ENGINES, against_free, best_within, unfit
+    from heterps_cli.errors import InfeasibleError
+    from heterps_cli.shape import breaks, constrained
+
+    if engine is None:
+        found = solve("exact", constrained(problem, shape), seed=seed, progress=progress, options=options)
+        found = found.but(notes=[*found.notes, f"shape: {shape.said()} (docs/spec.md section 1k)"])
+    else:
+        rules = ENGINES[engine]
+        found = best_within(problem, rules, shape, seed=seed, progress=progress, options=options)
+        assert not unfit(found, rules), unfit(found, rules)
+        try:
+            free = solve("exact", constrained(problem, shape), seed=seed, options=options)
+        except InfeasibleError:
+            free = None
+        found = found.but(notes=[*found.notes, *against_free(found, free, rules, problem.objective, explain)])
+    assert not breaks(found, shape, problem.layer_names), breaks(found, shape, problem.layer_names)
+    return found
 
 
 def frontier(

@@ -21,7 +21,7 @@ from heterps_cli.formulas import SECONDS_PER_HOUR, run_cost
 from heterps_cli.loading import check_pair, load_pair, micro_batches, usable_types
 from heterps_cli.nodes import Nodes
 from heterps_cli.objective import Objective
-from heterps_cli.problem_terms import DegreeViews, MemoryTerms, RentalQuestions, TransferTerms
+from heterps_cli.problem_terms import DegreeViews, Fixed, MemoryTerms, RentalQuestions, TransferTerms
 from heterps_cli.ties import Held
 from heterps_cli.yamlio import Document
 
@@ -97,6 +97,7 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
     shared_link: np.ndarray | None = None
     # section 1j: tensors several layers hold, each counted in its first holder's weight_size
     ties: tuple[Held, ...] = ()
+    fixed: Fixed = Fixed()  # section 1k: what the user or an engine fixes of a plan's shape
 
     @property
     def pipelined(self) -> bool:
@@ -129,7 +130,7 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
         if self.tensor:  # each degree at the same micro-batch, from its own measured sizes
             out = dataclasses.replace(out, tensor={d: p.at_micro_batch(batch) for d, p in self.tensor.items()})
             _check_covered(out)
-        return out
+        return _where_allowed(out)
 
     @property
     def can_recompute(self) -> bool:
@@ -176,6 +177,13 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
         if self.tensor and shared and "tensor" not in changes:
             out = dataclasses.replace(out, tensor={d: p.replace(**shared) for d, p in self.tensor.items()})
         return out
+
+
+def _where_allowed(problem: Problem) -> Problem:
+    """Section 1k: ``problem`` with its layers runnable only where a shape's layer ranges allow."""
+    if (allowed := problem.fixed.layer_allowed) is None:
+        return problem
+    return problem.each_degree(lambda view: {"runnable": view.runnable & allowed})
 
 
 # Section 1h: the fields each tensor-parallel degree has its own of (Problem.replace keeps them apart).

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,21 @@ from heterps_cli.ties import copy_bytes, split_terms
 
 if TYPE_CHECKING:
     from heterps_cli.problem import Problem
+
+
+@dataclass(frozen=True, eq=False)
+class Fixed:
+    """Section 1k: what the user or an engine fixes of a plan's shape (heterps_cli/shape.py); None: free.
+    Every stage's replicas (one data-parallel degree), the tensor-parallel degrees a stage may take,
+    whether every stage recomputes or none does, the number of stages, each stage's type (-1: any), and
+    ``[n, T]`` where each layer may run (kept at every micro-batch)."""
+
+    replicas: int | None = None
+    degrees: tuple[int, ...] | None = None
+    recompute: bool | None = None
+    stages: int | None = None
+    stage_types: tuple[int, ...] | None = None
+    layer_allowed: np.ndarray | None = None
 
 
 class DegreeViews:
@@ -42,8 +58,13 @@ class DegreeViews:
     def stage_ways(self: Problem) -> tuple[tuple[int, bool], ...]:
         """Each way a stage may run: the index of its tensor-parallel degree (section 1h), and whether it
         recomputes its activations (section 1g) where that degree can."""
+        degrees, rule = self.fixed.degrees, self.fixed.recompute
         return tuple(
-            (j, again) for j, view in enumerate(self.views) for again in (False, True)[: 1 + view.can_recompute]
+            (j, again)
+            for j, view in enumerate(self.views)
+            if degrees is None or self.degrees[j] in degrees  # section 1k: the degrees a shape allows
+            for again in (False, True)[: 1 + view.can_recompute]
+            if rule is None or again is rule
         )
 
     def view_at(self: Problem, degree: int) -> Problem:

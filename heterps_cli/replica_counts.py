@@ -87,6 +87,16 @@ def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0, ps=None, batc
     return _whole(real, reaches_whole, batch)
 
 
+def fixed_replicas(sc, pc, sd, pd, batch_size, target, at_least, ps, batch, d):
+    """Section 1k: ``d`` where ``d`` replicas reach ``target`` within memory (``at_least <= d``) and
+    ``batch`` (``d <= batch``), inf elsewhere: every stage's replicas fixed at one data-parallel degree."""
+    with np.errstate(invalid="ignore"):
+        reached = stage_throughput(sc, pc, sd, pd, batch_size, float(d), ps, batch) >= target
+    return np.where(
+        reached & (np.asarray(at_least) <= d) & (batch is None or (d <= batch and batch % d == 0)), float(d), np.inf
+    )
+
+
 def memory_need(fixed, split, k, activations=None, batch=None):
     """Bytes one replica of ``k`` holds: ``fixed + split / k`` (section 1b), with ``batch`` the part of
     ``split`` that is ``activations`` charged at the replica's whole-sample share."""

@@ -17,7 +17,6 @@ from heterps_cli.cli.cluster_command import cluster_command
 from heterps_cli.cli.export_command import export_command
 from heterps_cli.cli.launch_command import launch_command
 from heterps_cli.cli.options import (
-    DEFAULT_SCHEDULER,
     FRONTIER_TIME_LIMIT,
     BatchOpt,
     ClusterArg,
@@ -55,6 +54,18 @@ from heterps_cli.cli.session import (
     progress_bar,
     say_interrupted,
     write_output,
+)
+from heterps_cli.cli.shape_options import (
+    EngineOpt,
+    LayerTypeOpt,
+    MaxTpOpt,
+    RecomputeOpt,
+    ReplicasOpt,
+    StagesOpt,
+    StageTypesOpt,
+    TpOpt,
+    refuse_other_scheduler,
+    shape_from,
 )
 from heterps_cli.errors import (
     InputError,
@@ -105,11 +116,13 @@ def _root(
 
 
 _PlanSchedulerOpt = Annotated[
-    SchedulerName,
+    SchedulerName | None,
     typer.Option(
         "--scheduler",
         "-s",
-        help="How to search. " + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items()),
+        help="How to search (default rl; exact with --engine or a shape option). "
+        + " ".join(f"[bold]{k}[/]: {v}." for k, (_, v) in SCHEDULERS.items()),
+        show_default=False,
     ),
 ]
 _PlanAsJsonOpt = Annotated[
@@ -157,7 +170,7 @@ _PlanPolicyOutOpt = Annotated[
 def plan(
     profile: ProfileArg,
     cluster: ClusterArg,
-    scheduler: _PlanSchedulerOpt = DEFAULT_SCHEDULER,
+    scheduler: _PlanSchedulerOpt = None,
     objective: PlanObjectiveOpt = None,
     min_throughput: MinThroughputOpt = None,
     samples: SamplesOpt = None,
@@ -177,20 +190,28 @@ def plan(
     evaluations: _PlanEvaluationsOpt = None,
     policy_in: _PlanPolicyInOpt = None,
     policy_out: _PlanPolicyOutOpt = None,
+    engine: EngineOpt = None,
+    stages: StagesOpt = None,
+    tp: TpOpt = None,
+    max_tp: MaxTpOpt = None,
+    replicas: ReplicasOpt = None,
+    recompute: RecomputeOpt = None,
+    layer_type: LayerTypeOpt = None,
+    stage_types: StageTypesOpt = None,
 ) -> None:
     """Plan which layers run on which resource, with replica counts, throughput and cost."""
     with exit_codes():
         from heterps_cli import api
-        from heterps_cli.cli.render import print_plan
         from heterps_cli.schedulers import options_for
-        from heterps_cli.yamlio import dump_yaml
 
         not_an_input(out_file, profile, cluster, policy_in)
         not_an_input(policy_out, profile, cluster, policy_in, field="--policy-out")
+        shape = shape_from(stages, tp, max_tp, replicas, recompute, layer_type, stage_types)
+        name = refuse_other_scheduler(scheduler.value if scheduler else None, shape, engine)
         if objective is None:
-            objective = Objective.TIME if scheduler.value == "tapp" else Objective.COST
+            objective = Objective.TIME if name == "tapp" else Objective.COST
         options = options_for(
-            scheduler.value,
+            name,
             strict=True,
             steps=steps,
             batch=batch,
@@ -205,7 +226,7 @@ def plan(
             result = api.plan(
                 str(profile),
                 str(cluster),
-                scheduler.value,
+                name,
                 job_from(
                     objective, samples, epochs, min_throughput, max_cost, global_batch, maximal_stages, micro_batch
                 ),
@@ -213,23 +234,34 @@ def plan(
                 options=options,
                 progress=report,
                 explain=explain,
+                shape=shape,
+                engine=engine.value if engine else None,
             )
-        write_failed = None
-        if out_file is not None:
-            try:
-                write_output(out_file, dump_yaml(result.to_dict()))
-            except InputError as exc:  # the run is done: show its plan all the same, then fail
-                write_failed = exc
-        if as_json:
-            print(result.to_json())
-        elif out_file != "-":
-            print_plan(out, result)
-            if out_file is not None and write_failed is None:
-                out.print(Text(f"wrote {out_file}"))
-        if write_failed is not None:
-            raise write_failed
+        _show_plan(result, out_file, as_json)
     if result.interrupted:
         say_interrupted("the plan above is the best found before Ctrl-C (exit 130)")
+
+
+def _show_plan(result, out_file: str | None, as_json: bool) -> None:
+    """Write the plan to ``out_file`` (atomically) and show it, or its JSON; a failed write is raised
+    after the plan is shown (the run is done)."""
+    from heterps_cli.cli.render import print_plan
+    from heterps_cli.yamlio import dump_yaml
+
+    write_failed = None
+    if out_file is not None:
+        try:
+            write_output(out_file, dump_yaml(result.to_dict()))
+        except InputError as exc:
+            write_failed = exc
+    if as_json:
+        print(result.to_json())
+    elif out_file != "-":
+        print_plan(out, result)
+        if out_file is not None and write_failed is None:
+            out.print(Text(f"wrote {out_file}"))
+    if write_failed is not None:
+        raise write_failed
 
 
 _FrontierMinThroughputOpt = Annotated[

@@ -15,6 +15,15 @@ from heterps_cli.cli.session import exit_codes, not_an_input, out, write_output
 class Engine(str, Enum):
     pipelining = "pipelining"
     megatron = "megatron"
+    torchtitan = "torchtitan"
+    deepspeed = "deepspeed"
+
+
+WROTE = {
+    "megatron": "Megatron-LM's arguments for pretrain_gpt.py",
+    "torchtitan": "torchtitan's job config (--job.config_file)",
+    "deepspeed": "DeepSpeed's config (--deepspeed_config) with the PipelineModule's parts",
+}
 
 
 def export_command(
@@ -24,8 +33,9 @@ def export_command(
     to: Annotated[
         Engine,
         typer.Option(
-            help="The engine: pipelining (torch.distributed.pipelining, a torchrun script) or megatron (Megatron-LM's "
-            "pretrain_gpt.py arguments; needs --profile)."
+            help="The engine: pipelining (torch.distributed.pipelining, a torchrun script), megatron (Megatron-LM's "
+            "pretrain_gpt.py arguments; needs --profile), torchtitan (its TOML job config) or deepspeed (its JSON "
+            "config with the PipelineModule's parts)."
         ),
     ] = Engine.pipelining,
     profile: Annotated[
@@ -66,11 +76,19 @@ def export_command(
             if profile is None:
                 raise InputError(None, None, "--profile", "--to megatron needs the plan's profile (--profile FILE)")
             text = arguments(plan, load_profile(str(profile))[0], str(plan_file), str(profile), M)
+        elif to is Engine.torchtitan:
+            from heterps_cli.exports import torchtitan
+
+            text = torchtitan.config(plan, str(plan_file), M)
+        elif to is Engine.deepspeed:
+            from heterps_cli.exports import deepspeed
+
+            text = deepspeed.config(plan, str(plan_file), M)
         else:
             text = script(plan, str(plan_file), M)
         write_output(out_file, text)
-        if out_file != "-" and to is Engine.megatron:
-            out.print(Text(f"wrote {out_file}: Megatron-LM's arguments for pretrain_gpt.py"))
+        if out_file != "-" and to.value in WROTE:
+            out.print(Text(f"wrote {out_file}: {WROTE[to.value]}"))
         elif out_file != "-":
             count = len(plan.stages)
             said = f"wrote {out_file}: torchrun --standalone --nproc-per-node {count} {out_file} --task FILE.py:FACTORY"

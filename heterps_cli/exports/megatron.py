@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shlex
 
+from heterps_cli.engines import ENGINES, unfit
 from heterps_cli.errors import InputError
 from heterps_cli.formats import Plan, Profile
 
@@ -49,31 +50,13 @@ def layout(plan: Plan, profile: Profile, plan_path: str, profile_path: str) -> s
     return "|".join(stages)
 
 
-def unfit(plan: Plan) -> list[str]:
-    """What in ``plan`` Megatron-LM cannot express, one phrase each."""
-    out = []
-    first = plan.stages[0]
-    for i, s in enumerate(plan.stages):
-        if s.joined:
-            out.append(f"stage {i} mixes types")
-        if s.replicas != first.replicas:
-            out.append(f"stage {i} has {s.replicas} replicas, stage 0 {first.replicas} (one data-parallel degree)")
-        if (s.tp or 1) != (first.tp or 1):
-            out.append(f"stage {i} runs at tp {s.tp or 1}, stage 0 at {first.tp or 1} (one tensor-parallel degree)")
-        if bool(s.recompute) != bool(first.recompute):
-            out.append(f"stage {i} {'recomputes' if s.recompute else 'does not recompute'} (one setting for all)")
-    if plan.batch_size % first.replicas:
-        out.append(f"the batch of {plan.batch_size} does not split evenly over {first.replicas} replicas")
-    return out
-
-
 def arguments(plan: Plan, profile: Profile, plan_path: str, profile_path: str, micro_batches: int) -> str:
     """The arguments, one flag a line, ready to paste after ``pretrain_gpt.py`` (exit 2 where :func:`unfit`
     finds anything)."""
-    problems = unfit(plan)
+    problems = unfit(plan, ENGINES["megatron"])
     if problems:
         raise InputError(plan_path, None, "stages", "Megatron-LM cannot run this plan as it is: " + "; ".join(problems)
-                         + ". Re-plan within its rules, or train it with heterps run")  # fmt: skip
+                         + ". Re-plan with heterps plan --engine megatron, or train it with heterps run")  # fmt: skip
     first = plan.stages[0]
     decoders = sum(len(s.layers) for s in plan.stages) - 2
     flags = [

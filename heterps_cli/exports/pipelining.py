@@ -14,35 +14,22 @@ degrees, mixed stages, and recomputation (set per stage in the plan).
 
 from __future__ import annotations
 
+from heterps_cli.engines import ENGINES, unfit
 from heterps_cli.errors import InputError
 from heterps_cli.formats import Plan
 
 
-def unfit(plan: Plan) -> list[str]:
-    """What in ``plan`` the pipelining export cannot express, one phrase each."""
-    out = []
-    for i, s in enumerate(plan.stages):
-        if s.replicas != 1:
-            out.append(f"stage {i} has {s.replicas} replicas (the export runs one process per stage)")
-        if (s.tp or 1) > 1:
-            out.append(f"stage {i} runs at tp {s.tp}")
-        if s.joined:
-            out.append(f"stage {i} mixes types")
-        if s.recompute:
-            out.append(f"stage {i} recomputes its activations")
-    return out
-
-
 def script(plan: Plan, plan_path: str, micro_batches: int) -> str:
     """The script's text (exit 2 where :func:`unfit` finds anything)."""
-    problems = unfit(plan)
+    problems = unfit(plan, ENGINES["pipelining"])
     if problems:
         raise InputError(
             plan_path,
             None,
             "stages",
             "torch.distributed.pipelining cannot run this plan as it is: " + "; ".join(problems) + ". Re-plan with "
-            "one replica per stage at tp 1, of one type each, without recomputation, or train it with heterps run",
+            "heterps plan --engine pipelining (one replica a stage at tp 1, of one type each, without recomputation), "
+            "or train it with heterps run",
         )
     stages = [list(s.layers) for s in plan.stages]
     return _TEMPLATE.format(

@@ -153,10 +153,12 @@ def pipeline_optimum(
     min_throughput: float = 0.0,
     max_cost: float | None = None,
     fewest=None,
+    keep=None,
 ):
     """(cost, throughput) of the best plan under section 1d by enumerating every schedule and every
     replica vector within the limits (and the budget, when given); None when no plan is feasible.
-    ``fewest(type, layers)``: the fewest replicas a stage of them may take (section 1f), if any."""
+    ``fewest(type, layers)``: the fewest replicas a stage of them may take (section 1f), if any.
+    ``keep(stages, replicas, degrees, recomputes)``: only the plans it keeps (section 1k's shapes)."""
     types = list(cluster["resources"])
     layers = profile["layers"]
     best = None
@@ -168,6 +170,8 @@ def pipeline_optimum(
             if fewest is not None and any(k < fewest(t, ls) for (t, ls), k in zip(stages, ks)):
                 continue
             for again in _recomputes(layers, stages, ds):
+                if keep is not None and not keep(stages, ks, ds, again):
+                    continue
                 f = pipeline_figures(profile, cluster, list(sched), list(ks), stages, list(again), list(ds))
                 if not f["feasible"] or f["throughput"] < min_throughput * (1 - 1e-12):
                     continue

@@ -14,7 +14,7 @@ import numpy as np
 from heterps_cli.costmodel import cost_lower_bound
 from heterps_cli.formulas import stage_throughput
 from heterps_cli.problem import Problem
-from heterps_cli.replica_counts import min_replicas
+from heterps_cli.replica_counts import fixed_replicas, min_replicas
 from heterps_cli.schedulers.exact.kernel import Chain
 from heterps_cli.schedulers.exact.terms import Table
 
@@ -102,7 +102,7 @@ class ReplicaGrid:
     def _limit_free(self, target: float) -> tuple[np.ndarray, ...]:
         """The four arrays at ``target`` with no type's limit applied, kept on the table for the solvers
         that share it."""
-        key = (target, self.p.step_samples, self.p.batch_size, self.price.tobytes())
+        key = (target, self.p.step_samples, self.p.batch_size, self.price.tobytes(), self.p.fixed.replicas)
         fills = self.tab.fills
         assert fills is not None, "only a table that keeps fills is filled limit-free"
         if key not in fills:
@@ -117,17 +117,7 @@ class ReplicaGrid:
         """``K``, ``reach``, ``rate`` and ``bound`` of the stages ending at ``rows``, at most ``limit``
         replicas of each DP type."""
         t = self.tab
-        K = min_replicas(
-            t.sc[rows],
-            t.pc[rows],
-            t.sd[rows],
-            t.pd[rows],
-            self.p.step_samples,
-            target,
-            t.min_k[rows],
-            t.ps[rows],
-            self.p.batch_size,
-        )
+        K = self._counts(t.sc[rows], t.pc[rows], t.sd[rows], t.pd[rows], target, t.min_k[rows], t.ps[rows])
         K = np.where(t.ok[rows] & (K <= limit[None, None, :]), K, np.inf)
         lo = range(t.sc.shape[0])[rows].start
         cells = np.arange(lo * K.shape[1] * K.shape[2], lo * K.shape[1] * K.shape[2] + K.size)
@@ -138,12 +128,20 @@ class ReplicaGrid:
         t = self.tab
         types = cells % len(self.chain.base)
         sc, pc, sd, pd, ps = (a.ravel()[cells] for a in (t.sc, t.pc, t.sd, t.pd, t.ps))
-        k = min_replicas(sc, pc, sd, pd, self.p.step_samples, target, t.min_k.ravel()[cells], ps, self.p.batch_size)
+        k = self._counts(sc, pc, sd, pd, target, t.min_k.ravel()[cells], ps)
         k = np.where(k <= self.unit_limit[types], k, np.inf)
         self.K.ravel()[cells] = k
         self.reach.ravel()[cells] = self._throughput(cells, k)
         self.rate.ravel()[cells] = self._priced(k, types)
         self.bound.ravel()[cells] = self._per_stage_bound(k, self.reach.ravel()[cells], types)
+
+    def _counts(self, sc, pc, sd, pd, target, at_least, ps) -> np.ndarray:
+        """The fewest replicas reaching ``target``; under a shape fixing every stage's (section 1k), those
+        where they reach it."""
+        p = self.p
+        if p.fixed.replicas is not None:
+            return fixed_replicas(sc, pc, sd, pd, p.step_samples, target, at_least, ps, p.batch_size, p.fixed.replicas)
+        return min_replicas(sc, pc, sd, pd, p.step_samples, target, at_least, ps, p.batch_size)
 
     def _throughput(self, cells: np.ndarray, k: np.ndarray) -> np.ndarray:
         """The throughput of each cell with ``k`` replicas; inf where it has none (it never changes again)."""

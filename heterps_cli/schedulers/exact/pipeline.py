@@ -99,12 +99,17 @@ class PipelineSolver(StepSolver):
         ``(M + S - 1)`` micro-batches of its slowest layer on all of its type's units."""
         M, step = self.p.micro_batches, self.p.step_samples
         if target <= 0 or self.slowest_layer <= 0:
-            return range(1, self.most + 1)
+            return self.of_shape(range(1, self.most + 1))
         with np.errstate(divide="ignore", over="ignore"):
             slots = step / (target * self.slowest_layer) * (1 + 1e-9)  # (M + S - 1) at most, rounding spared
         if not np.isfinite(slots):
-            return range(1, self.most + 1)
-        return range(1, min(self.most, int(slots) - M + 1) + 1)
+            return self.of_shape(range(1, self.most + 1))
+        return self.of_shape(range(1, min(self.most, int(slots) - M + 1) + 1))
+
+    def of_shape(self, counts: range) -> range:
+        """Section 1k: of ``counts``, the shape's stage count alone where it fixes one."""
+        S = self.p.fixed.stages
+        return counts if S is None else range(S, S + 1) if S in counts else range(0)
 
     def slot_bound(self, S: int) -> float:
         """No plan of ``S`` stages or more, nor any plan of grid ``S``, is faster than this: each stage
@@ -226,7 +231,18 @@ def scored(problem: Problem, sub: StepSolver, cand: Candidate) -> tuple[Candidat
     true = Candidate(
         stages, list(cand.replicas), float(figures.throughput[0]), float(figures.cost[0]), cand.rate, cand.within
     )
-    return true, bool(figures.within_limits[0])
+    return true, bool(figures.within_limits[0]) and _keeps_shape(
+        problem, [int(sub.chain.base[t]) for *_, t in cand.stages]
+    )
+
+
+def _keeps_shape(problem: Problem, types: list[int]) -> bool:
+    """Section 1k: a plan on ``types`` (each stage's) has the shape's stage count and stage types: a plan
+    of a relaxation, which knows neither, is no witness otherwise."""
+    if problem.fixed.stages is not None and len(types) != problem.fixed.stages:
+        return False
+    wanted = problem.fixed.stage_types or ()
+    return all(w < 0 or w == t for w, t in zip(wanted, types))
 
 
 def walking(solver: PipelineSolver, S: int) -> StepSolver:

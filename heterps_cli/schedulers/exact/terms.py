@@ -325,7 +325,20 @@ def stage_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:
     if problem.maximal_stages:  # the papers' space: never one type twice in a row
         follows &= base[:, None] != base[None, :]
     label, width = np.tile(_labels(problem), stages), np.tile(_widths(problem), stages)
-    return table, Chain(base, follows, np.ones(T * V * stages, dtype=bool), place == 1, label, width)
+    allowed = _shape_allows(problem, base, stages - place)
+    starts = allowed if problem.fixed.stages is None else allowed & (place == stages)  # section 1k: exactly S
+    return table, Chain(
+        base, follows & allowed[:, None] & allowed[None, :], starts, allowed & (place == 1), label, width
+    )
+
+
+def _shape_allows(problem: Problem, base: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """Section 1k: which DP types the shape's type of each stage allows (``stage``: its index from the
+    first, where the plan has the grid's stage count)."""
+    if problem.fixed.stage_types is None:
+        return np.ones(len(base), dtype=bool)
+    wanted = np.array(problem.fixed.stage_types)[np.minimum(stage, len(problem.fixed.stage_types) - 1)]
+    return (wanted < 0) | (wanted == base)
 
 
 def at_least_grid(problem: Problem, stages: int) -> tuple[Table, Chain]:

@@ -1,0 +1,166 @@
+"""The rules of the engines a plan exports to (``heterps export``, ``heterps plan --engine``; docs/spec.md
+section 1k, docs/guide/engines.md).
+
+Each engine runs a pipeline whose stages all take one tensor-parallel degree and one data-parallel
+degree (the replicas, which split each micro-batch evenly), with recomputation set once for every stage
+where it sets it so, and no stage mixing types. :func:`best_within` plans within an engine's rules: the
+exact optimum under each shape its rules leave open (every degree the profile times, every replica count
+that splits the micro-batch, recomputation on and off), the best of them by the objective; exact over
+the engine's plans since every plan it runs has one of those shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from heterps_cli.errors import InfeasibleError, InputError
+from heterps_cli.formats import Plan
+from heterps_cli.formulas import SLACK
+from heterps_cli.objective import Objective
+from heterps_cli.problem import Problem
+from heterps_cli.schedulers.base import Progress, SolveOptions
+from heterps_cli.shape import Shape, breaks, constrained
+
+
+@dataclass(frozen=True)
+class Rules:
+    name: str
+    title: str
+    one_degree: bool = True  # every stage at one tensor-parallel degree
+    one_replicas: bool = True  # every stage at one data-parallel degree
+    one_recompute: bool = True  # recomputation on for every stage or for none
+    tp: bool = True  # tensor parallelism at all (above 1)
+    replicas: bool = True  # data parallelism at all (above 1)
+    recompute: bool = True  # recomputation at all
+
+
+ENGINES = {
+    "megatron": Rules("megatron", "Megatron-LM"),
+    "torchtitan": Rules("torchtitan", "torchtitan"),
+    # DeepSpeed's PipelineModule has no tensor parallelism of its own (Megatron-DeepSpeed adds it)
+    "deepspeed": Rules("deepspeed", "DeepSpeed", tp=False),
+    # the export runs one process per stage, the stage as it is
+    "pipelining": Rules("pipelining", "torch.distributed.pipelining", tp=False, replicas=False, recompute=False),
+}
+
+
+def unfit(plan: Plan, rules: Rules) -> list[str]:
+    """What in ``plan`` the engine cannot express, one phrase each."""
+    out = []
+    first = plan.stages[0]
+    for i, s in enumerate(plan.stages):
+        if s.joined:
+            out.append(f"stage {i} mixes types")
+        if not rules.tp and (s.tp or 1) > 1:
+            out.append(f"stage {i} runs at tp {s.tp}")
+        elif rules.one_degree and (s.tp or 1) != (first.tp or 1):
+            out.append(f"stage {i} runs at tp {s.tp or 1}, stage 0 at {first.tp or 1} (one tensor-parallel degree)")
+        if not rules.replicas and s.replicas > 1:
+            out.append(f"stage {i} has {s.replicas} replicas (one process a stage)")
+        elif rules.one_replicas and s.replicas != first.replicas:
+            out.append(f"stage {i} has {s.replicas} replicas, stage 0 {first.replicas} (one data-parallel degree)")
+        if not rules.recompute and s.recompute:
+            out.append(f"stage {i} recomputes its activations")
+        elif rules.one_recompute and bool(s.recompute) != bool(first.recompute):
+            out.append(f"stage {i} {'recomputes' if s.recompute else 'does not recompute'} (one setting for all)")
+    if rules.one_replicas and plan.batch_size % first.replicas:
+        out.append(f"the micro-batch of {plan.batch_size} does not split evenly over {first.replicas} replicas")
+    return out
+
+
+def shapes(problem: Problem, rules: Rules, shape: Shape) -> list[Shape]:
+    """Every shape within ``shape`` that the engine's rules leave open: one degree, one replica count
+    (dividing a micro-batch the plan may take) and recomputation on or off for every stage."""
+    degrees = [d for d in problem.degrees if (rules.tp or d == 1) and d <= (shape.max_tp or d)]
+    if shape.tp is not None:
+        degrees = [shape.tp]
+    batches = problem.micro_batch_choices
+    units = int(problem.limits.sum())
+    if shape.replicas is not None:
+        counts = [shape.replicas]
+    elif rules.replicas:
+        counts = [k for k in range(1, min(max(batches), units) + 1) if any(b % k == 0 for b in batches)]
+    else:
+        counts = [1]
+    if shape.recompute is not None:
+        again: list[bool | None] = [shape.recompute]
+    elif not rules.recompute:
+        again = [False]
+    else:
+        again = [False, True] if problem.can_recompute else [None]
+    return [shape.but(tp=d, replicas=k, recompute=a) for d in degrees for k in counts if d * k <= units for a in again]
+
+
+def best_within(
+    problem: Problem,
+    rules: Rules,
+    shape: Shape,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+    options: SolveOptions | None = None,
+) -> Plan:
+    """The exact optimum among the plans the engine runs (within ``shape``), its notes saying which shape
+    it has; InfeasibleError where the engine runs none."""
+    from heterps_cli.schedulers import solve
+
+    best: Plan | None = None
+    tried = shapes(problem, rules, shape)
+    proven = True
+    start = time.perf_counter()
+    for i, each in enumerate(tried):
+        if progress:
+            progress(f"{rules.title}: {each.said()}", i, len(tried))
+        try:
+            found = solve("exact", constrained(problem, each), seed=seed, options=options)
+        except InfeasibleError:
+            continue
+        except InputError:
+            continue  # a shape the profile cannot run (no layer timed at that degree, or recomputing)
+        proven = proven and bool(found.optimal)
+        if best is None or _better(problem.objective, found, best):
+            best = found
+    if best is None:
+        raise InfeasibleError(f"{rules.title} runs no plan that meets the job on this cluster within its rules "
+                              f"(one tensor-parallel and one data-parallel degree for every stage; {len(tried)} "
+                              "shapes tried): see docs/guide/engines.md")  # fmt: skip
+    assert not unfit(best, rules), unfit(best, rules)
+    said = f"--engine {rules.name}: the best plan {rules.title} runs ({len(tried)} shapes searched exactly"
+    said += ")" if proven else "; some within a time limit, so not proven the best)"
+    took = time.perf_counter() - start
+    return best.but(optimal=best.optimal and proven, notes=[*best.notes, said], solve_s=took)
+
+
+def _better(objective: Objective, a: Plan, b: Plan) -> bool:
+    if objective is Objective.TIME:
+        return (-a.throughput, a.cost_usd) < (-b.throughput, b.cost_usd)
+    return (a.cost_usd, -a.throughput) < (b.cost_usd, -b.throughput)
+
+
+def against_free(engine_plan: Plan, free: Plan | None, rules: Rules, objective: Objective, explain: bool) -> list[str]:
+    """The notes that say how far the engine's best plan is from heterps's own best (``free``, None where
+    heterps's runner has none either), and with ``explain`` which of the engine's rules bind: those
+    heterps's best plan breaks."""
+    from heterps_cli.figures import count, usd
+
+    if free is None:
+        return []
+    if objective is Objective.TIME:
+        gap = free.throughput / engine_plan.throughput - 1 if engine_plan.throughput > 0 else float("inf")
+        said = (f"{rules.title}'s best plan trains {count(engine_plan.throughput, 1)} samples/s, heterps run's best "
+                f"{count(free.throughput, 1)} ({gap:+.1%} faster)")  # fmt: skip
+    else:
+        gap = engine_plan.cost_usd / free.cost_usd - 1 if free.cost_usd > 0 else 0.0
+        said = (f"{rules.title}'s best plan costs {usd(engine_plan.cost_usd)}, heterps run's best "
+                f"{usd(free.cost_usd)} (the engine's rules cost {gap:+.1%})")  # fmt: skip
+    notes = [f"--engine {rules.name}: {said}"]
+    if explain:
+        bind = unfit(free, rules) if gap > SLACK else []
+        what = "the rules that bind, as heterps run's best plan breaks them: " + "; ".join(bind)
+        notes.append(f"--engine {rules.name}: " + (what if bind else "no rule binds: the engine runs a plan as good "
+                                                   "as heterps run's best"))  # fmt: skip
+    return notes
+
+
+__all__ = ["ENGINES", "Rules", "against_free", "best_within", "breaks", "unfit"]
