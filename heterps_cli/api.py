@@ -140,16 +140,25 @@ def frontier(
     progress: Progress | None = None,
     mixed_stages: bool = False,
     resolution: float = 0.0,
+    shape: Shape | None = None,
+    engine: str | None = None,
 ) -> Frontier:
     """``heterps frontier``: every Pareto-optimal plan from the cheapest meeting ``job.min_throughput``
     to the fastest (within ``job.max_cost``); ``job.objective`` plays no part. ``time_limit``
     (seconds) stops the walk where it is, with the frontier exact up to there. ``mixed_stages``: over
     mixed stages too (docs/spec.md section 1i), where the exact DP over them runs. ``resolution`` > 0:
     for every plan, one at most that fraction slower and dearer, rather than every Pareto-optimal plan
-    (docs/spec.md section 1c)."""
-    from heterps_cli.frontier import pareto_frontier
+    (docs/spec.md section 1c). ``engine``: the frontier of the plans that engine runs; ``shape``: of the
+    plans keeping it (section 1k)."""
+    from heterps_cli.frontier import engine_frontier, pareto_frontier
 
     problem = _problem(job, profile_path, cluster_path)
+    if engine is not None:
+        return engine_frontier(problem, engine, shape, progress=progress, time_limit=time_limit, resolution=resolution)
+    if shape is not None and not shape.free:
+        from heterps_cli.shape import constrained
+
+        problem = constrained(problem, shape)
     return pareto_frontier(
         problem, progress=progress, time_limit=time_limit, mixed_stages=mixed_stages, resolution=resolution
     )
@@ -217,10 +226,12 @@ def check(
     tolerance: str = "1%",
     seed: int = 0,
     progress: Progress | None = None,
+    engine: str | None = None,
 ) -> list[Finding]:
     """``heterps check``: the findings of every gate on a committed plan (all ``ok``: it still holds).
 
-    ``job.max_cost`` and ``job.min_throughput``, when given, are also gates the plan must meet."""
+    ``job.max_cost`` and ``job.min_throughput``, when given, are also gates the plan must meet; ``engine``
+    (section 1k): the plan must keep that engine's rules, and ``replan`` (exact) finds the best it runs."""
     from heterps_cli.ci.gate import Gate, Increase, gate, percent
     from heterps_cli.loading import load_plan
 
@@ -245,6 +256,7 @@ def check(
             replan=replan,
             tolerance=percent(tolerance, "tolerance"),
             seed=seed,
+            engine=engine,
         ),
         progress,
     )

@@ -11,6 +11,7 @@ the engine's plans since every plan it runs has one of those shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -69,6 +70,16 @@ def unfit(plan: Plan, rules: Rules) -> list[str]:
     return out
 
 
+def placement(plan: Plan) -> list[str]:
+    """Which ranks run which stage on which type, where the stages' types differ: the engines' meshes put
+    the pipeline outermost, so stage ``s`` holds ranks ``s * R`` to ``(s + 1) * R - 1``, ``R`` its replicas
+    times its degree (docs/spec.md section 1k)."""
+    if len({s.resource for s in plan.stages}) == 1:
+        return []
+    width = plan.stages[0].replicas * (plan.stages[0].tp or 1)
+    return [f"stage {i}: ranks {i * width}-{(i + 1) * width - 1} on {s.resource}" for i, s in enumerate(plan.stages)]
+
+
 def shapes(problem: Problem, rules: Rules, shape: Shape) -> list[Shape]:
     """Every shape within ``shape`` that the engine's rules leave open: one degree, one replica count
     (dividing a micro-batch the plan may take) and recomputation on or off for every stage."""
@@ -104,17 +115,26 @@ def best_within(
     """The exact optimum among the plans the engine runs (within ``shape``), its notes saying which shape
     it has; InfeasibleError where the engine runs none."""
     from heterps_cli.schedulers import solve
+    from heterps_cli.schedulers.base import Clock
 
     best: Plan | None = None
     tried = shapes(problem, rules, shape)
     proven = True
     start = time.perf_counter()
+    options = dataclasses.replace(options or SolveOptions(), mixed_stages=False)  # no engine mixes a stage
+    clock = Clock.of(options, start)
+    searched = 0
     for i, each in enumerate(tried):
         if progress:
             progress(f"{rules.title}: {each.said()}", i, len(tried))
+        if best is not None and clock.out_of_time():
+            proven = False  # the shapes left are not searched: the plan is the best of those that were
+            break
+        searched += 1
         try:
             found = solve("exact", constrained(problem, each), seed=seed, options=options)
         except InfeasibleError:
+            proven = proven and not clock.out_of_time()  # none in time is not none at all
             continue
         except InputError:
             continue  # a shape the profile cannot run (no layer timed at that degree, or recomputing)
@@ -127,9 +147,9 @@ def best_within(
                               "shapes tried): see docs/guide/engines.md")  # fmt: skip
     assert not unfit(best, rules), unfit(best, rules)
     said = f"--engine {rules.name}: the best plan {rules.title} runs ({len(tried)} shapes searched exactly"
-    said += ")" if proven else "; some within a time limit, so not proven the best)"
+    said += ")" if proven else f"; {searched} of them within the time limit: not proven the best of its plans)"
     took = time.perf_counter() - start
-    return best.but(optimal=best.optimal and proven, notes=[*best.notes, said], solve_s=took)
+    return best.but(optimal=proven, gap=best.gap if proven else None, notes=[*best.notes, said], solve_s=took)
 
 
 def _better(objective: Objective, a: Plan, b: Plan) -> bool:
@@ -145,7 +165,8 @@ def against_free(engine_plan: Plan, free: Plan | None, rules: Rules, objective: 
     from heterps_cli.figures import count, usd
 
     if free is None:
-        return []
+        return [f"--engine {rules.name}: heterps run's best plan was not found to set beside it (none meets the "
+                "job, or none within the time limit)"]  # fmt: skip
     if objective is Objective.TIME:
         gap = free.throughput / engine_plan.throughput - 1 if engine_plan.throughput > 0 else float("inf")
         said = (f"{rules.title}'s best plan trains {count(engine_plan.throughput, 1)} samples/s, heterps run's best "
@@ -163,4 +184,4 @@ def against_free(engine_plan: Plan, free: Plan | None, rules: Rules, objective: 
     return notes
 
 
-__all__ = ["ENGINES", "Rules", "against_free", "best_within", "breaks", "unfit"]
+__all__ = ["ENGINES", "Rules", "against_free", "best_within", "breaks", "placement", "unfit"]

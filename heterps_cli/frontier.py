@@ -59,6 +59,7 @@ from heterps_cli.schedulers.exact.step import StepSolver, schedule_of
 
 if TYPE_CHECKING:
     from heterps_cli.schedulers.mixed_optimum import Finals
+    from heterps_cli.shape import Shape
 
 PROBE_STEP = 0.02  # probes every 2% of throughput (chosen by measurement: benchmarks/bench_frontier.py)
 PROBE_AHEAD = 1.0  # ... up to twice the walk's throughput ahead of it
@@ -541,3 +542,64 @@ def write_plans(frontier: Frontier, directory: str | Path) -> list[Path]:
     names = [f"plan-{position + 1:0{width}d}.yaml" for position in frontier.positions]
     files = {name: OutFile(dump_yaml(plan.to_dict())) for name, plan in zip(names, frontier.plans)}
     return write_set(directory, files, "--out", "frontier")
+
+
+@dataclass(frozen=True)
+class _Held:
+    plan: Plan
+
+    @property
+    def throughput(self) -> float:
+        return self.plan.throughput
+
+    @property
+    def cost(self) -> float:
+        return self.plan.cost_usd
+
+
+def engine_frontier(
+    problem: Problem,
+    engine: str,
+    shape: Shape | None = None,
+    *,
+    progress: Progress | None = None,
+    time_limit: float | None = None,
+    resolution: float = 0.0,
+) -> Frontier:
+    """Section 1k: the frontier of the plans ``engine`` runs (within ``shape``): the Pareto set of the
+    frontiers of every shape its rules leave open, together (each exact, so their union's is too)."""
+    from heterps_cli.engines import ENGINES, shapes
+    from heterps_cli.shape import Shape, constrained
+
+    start = time.perf_counter()
+    tried = shapes(problem, ENGINES[engine], shape or Shape())
+    points: list[_Held] = []
+    steps, cut_at, failed = 0, None, None
+    for i, each in enumerate(tried):
+        left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start)) / (len(tried) - i)
+        try:
+            part = pareto_frontier(
+                constrained(problem, each), progress=progress, time_limit=left, resolution=resolution
+            )
+        except InputError:
+            continue  # a shape the profile cannot run
+        except InfeasibleError as exc:
+            failed = failed or exc
+            continue
+        points += [_Held(p) for p in part.plans]
+        steps += part.steps
+        if part.cut_at is not None:
+            cut_at = part.cut_at if cut_at is None else min(cut_at, part.cut_at)
+    if not points:
+        raise failed or InfeasibleError(f"{ENGINES[engine].title} runs no plan that meets the job within its rules")
+    if cut_at is not None:  # exact up to where the first walk stopped, for every shape
+        points = [p for p in points if p.throughput <= cut_at]
+    kept = [p.plan for p in _pareto(points)]
+    said = f"--engine {engine}: a plan {ENGINES[engine].title} runs ({len(tried)} shapes' frontiers together)"
+    plans = tuple(
+        _as_point(p.but(notes=[*(n for n in p.notes if not n.startswith("point ")), said]), i, len(kept), p.throughput)
+        for i, p in enumerate(kept)
+    )
+    knee_at = knee([p.throughput for p in plans], [p.cost_usd for p in plans])
+    solve_s = time.perf_counter() - start
+    return Frontier(problem, plans, tuple(range(len(plans))), len(plans), knee_at, steps, solve_s, cut_at, resolution)

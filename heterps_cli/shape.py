@@ -82,7 +82,9 @@ def constrained(problem: Problem, shape: Shape) -> Problem:
         raise InputError(None, None, "--tp" if shape.tp else "--recompute", f"no stage can run as {shape.said()} "
                          "asks: the profile times no layer that way (sections 1g and 1h)")  # fmt: skip
     if shape.max_tp is not None and problem.tensor:  # every scheduler then sees only the degrees allowed
-        out = dataclasses.replace(out, tensor={d: p for d, p in (out.tensor or {}).items() if d <= shape.max_tp} or None)
+        out = dataclasses.replace(
+            out, tensor={d: p for d, p in (out.tensor or {}).items() if d <= shape.max_tp} or None
+        )
     if mask is not None:
         out = out.each_degree(lambda view: {"runnable": view.runnable & mask})
     return out

@@ -145,3 +145,69 @@ def test_shapes_it_cannot_plan_are_refused_naming_the_option(flags, field):
     result = runner.invoke(app, ["plan", PROFILE, CLUSTER, *flags])
     assert result.exit_code == 2, result.output
     assert field in result.output and "Traceback" not in result.output
+
+
+def test_check_fails_a_plan_the_engine_cannot_run_and_passes_its_best(tmp_path):
+    free = tmp_path / "free.yaml"
+    assert runner.invoke(app, ["plan", PROFILE, CLUSTER, "-s", "exact", "-o", str(free)]).exit_code == 0
+    flags = ["--profile", PROFILE, "--cluster", CLUSTER, "--engine", "megatron"]
+    failed = runner.invoke(app, ["check", str(free), *flags, "--format", "json"])
+    assert failed.exit_code == 1, failed.output
+    engine = next(f for f in json.loads(failed.output)["findings"] if f["gate"] == "engine")
+    assert engine["status"] == "fail" and "stage 1 has 3 replicas" in engine["message"]
+    assert "--engine megatron" in engine["fix"] and "--scheduler exact" in engine["fix"]
+    path, _ = _engine_plan(tmp_path, "megatron")
+    passed = runner.invoke(app, ["check", path, *flags, "--replan", "exact"])
+    assert passed.exit_code == 0, passed.output
+    refused = runner.invoke(app, ["check", path, *flags, "--replan", "greedy"])
+    assert refused.exit_code == 2 and "--replan exact" in refused.output
+
+
+def test_the_engines_frontier_holds_its_cheapest_plan_at_each_throughput():
+    made = runner.invoke(app, ["frontier", PROFILE, CLUSTER, "--engine", "deepspeed", "--json"])
+    assert made.exit_code == 0, made.output
+    plans = json.loads(made.output)["plans"]
+    assert len(plans) >= 2
+    for point in plans[:: max(1, len(plans) // 3)]:
+        assert len({s["replicas"] for s in point["stages"]}) == 1
+        floor = ["--min-throughput", repr(point["throughput"] * (1 - 1e-9))]
+        best = runner.invoke(app, ["plan", PROFILE, CLUSTER, "--engine", "deepspeed", *floor, "--json"])
+        assert best.exit_code == 0, best.output
+        assert math.isclose(json.loads(best.output)["cost_usd"], point["cost_usd"], rel_tol=1e-9)
+
+
+@pytest.mark.slow  # estimates two profiles and plans for three engines: about 5 s
+def test_the_engines_pages_journey_runs_in_order_and_each_file_reads_back(tmp_path, monkeypatch):
+    import re
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    from tests.test_export_megatron import expand, megatron_parser
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs/guide/engines.md").read_text().split("## The journey", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", page, flags=re.S)
+    lines = [line for block in blocks for line in block.splitlines() if line.strip()]
+    shutil.copytree(root / "clusters", tmp_path / "clusters")
+    monkeypatch.chdir(tmp_path)
+    written: list[str] = []
+    for line in lines:
+        if not line.startswith("heterps "):  # the engine's own command: it takes the file just written
+            assert written[-1] in line, line
+            continue
+        words = shlex.split(line)
+        result = runner.invoke(app, words[1:])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+        written.append(words[words.index("-o") + 1])
+    engines = {w.split("-", 1)[1].removesuffix(".yaml"): w for w in written if w.startswith("plan-")}
+    assert sorted(engines) == ["deepspeed", "megatron", "torchtitan"]
+    for path in engines.values():
+        plan = yaml.safe_load(Path(path).read_text())
+        assert "heterps run's best" in " ".join(plan["notes"]) and len({s["replicas"] for s in plan["stages"]}) == 1
+    args_text = [x.removesuffix("\\") for x in Path("megatron-args.txt").read_text().splitlines() if x[:1] != "#"]
+    args = megatron_parser().parse_args(shlex.split(" ".join(args_text)))
+    symbols = expand(args.pipeline_model_parallel_layout)
+    assert len(symbols) == args.pipeline_model_parallel_size and sum(s.count("t") for s in symbols) == args.num_layers
+    assert tomllib.loads(Path("job.toml").read_text())["parallelism"]["module_fqns_per_model_part"]
+    assert json.loads(Path("ds_config.json").read_text())["pipeline"]["parts"][0] == 0

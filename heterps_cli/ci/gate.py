@@ -34,9 +34,9 @@ FIGURE_TOL = 1e-6  # written figures are rounded by no writer of ours; 1e-6 forg
 
 @dataclass(frozen=True)
 class Finding:
-    gate: (
-        str  # fits, job, feasible, fresh, limits, plan-throughput, max-cost, min-throughput, baseline, replan, optimal
-    )
+    # fits, job, feasible, fresh, limits, engine, plan-throughput, max-cost, min-throughput, baseline, replan,
+    # optimal
+    gate: str
     ok: bool
     message: str
     fix: str = ""  # what to run when it failed
@@ -380,6 +380,7 @@ def plan_command(
     plan_path: str,
     scheduler: str | None = None,
     seed: int = 0,
+    engine: str | None = None,
 ) -> str:
     """The ``heterps plan`` command that plans this job (the files' and flags', not the plan's) into the plan's file.
 
@@ -399,10 +400,12 @@ def plan_command(
         job += f" --micro-batch {problem.batch_size}"
     if problem.maximal_stages:
         job += " --maximal-stages"
-    if plan.mixes:  # section 1i: re-planned without it, the plan would lose its mixed stages
+    if plan.mixes and engine is None:  # section 1i: re-planned without it, the plan would lose its mixed stages
         job += " --mixed-stages"
     name = scheduler or plan.scheduler
-    name = name if name in SCHEDULERS else "exact"
+    name = name if name in SCHEDULERS and engine is None else "exact"  # plan --engine plans with exact
+    if engine is not None:
+        job += f" --engine {engine}"
     stochastic = f" --seed {seed}" if seed and name not in ("exact", "greedy") else ""
     explain = " --explain" if plan.what_if is not None else ""  # the refreshed plan keeps its what-if
     return (
@@ -440,6 +443,7 @@ class Gate:
     replan: str | None = None
     tolerance: float = 1.0  # percent
     seed: int = 0
+    engine: str | None = None  # section 1k: the plan must keep this engine's rules, and --replan finds its best
 
     @property
     def replan_command(self) -> str:
@@ -473,8 +477,9 @@ class Gate:
     def command(self, scheduler: str | None = None) -> str:
         """:func:`plan_command` for this job, with ``scheduler`` (default: the plan's) and the check's seed."""
         return plan_command(
-            self.profile_path, self.cluster_path, self.problem, self.plan, self.plan_path, scheduler, self.seed
-        )
+            self.profile_path, self.cluster_path, self.problem, self.plan, self.plan_path, scheduler, self.seed,
+            self.engine,
+        )  # fmt: skip
 
 
 def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
@@ -500,6 +505,8 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
         )
     stale = stale_fields(g.plan, fresh)
     findings += [_fresh(g, stale, fresh), _limits(g, fresh)]
+    if g.engine is not None:
+        findings.append(_engine(g))
     findings += [
         f
         for f in (
@@ -522,6 +529,18 @@ def gate(g: Gate, progress: Progress | None = None) -> list[Finding]:
             )
         )
     return findings
+
+
+def _engine(g: Gate) -> Finding:
+    """Section 1k: whether the engine runs the plan as it is."""
+    from heterps_cli.engines import ENGINES, unfit
+
+    rules = ENGINES[g.engine or ""]
+    problems = unfit(g.plan, rules)
+    if not problems:
+        return Finding("engine", True, f"{rules.title} runs the plan as it is (heterps export --to {rules.name})")
+    said = f"{rules.title} cannot run the plan as it is: {'; '.join(problems)}"
+    return Finding("engine", False, said, g.replan_fix("plan within its rules"))
 
 
 def _job(g: Gate, at: Problem) -> Finding:
@@ -662,8 +681,14 @@ def _replan(g: Gate, fresh: Plan, progress: Progress | None) -> list[Finding]:
     name, problem = g.replan, g.problem
     assert name is not None
     try:
-        options = SolveOptions(mixed_stages=g.plan.mixes)  # the plan's own space
-        better = solve(name, problem, seed=g.seed, progress=progress, options=options)
+        if g.engine is not None:  # the best plan the engine runs (section 1k)
+            from heterps_cli.engines import ENGINES, best_within
+            from heterps_cli.shape import Shape
+
+            better = best_within(problem, ENGINES[g.engine], Shape(), seed=g.seed, progress=progress)
+        else:
+            options = SolveOptions(mixed_stages=g.plan.mixes)  # the plan's own space
+            better = solve(name, problem, seed=g.seed, progress=progress, options=options)
     except InfeasibleError as exc:
         return [Finding("replan", True, f"{name} finds no feasible plan ({exc}); the committed plan stands")]
     if better.interrupted:  # a search cut short proves nothing either way: the gate must not pass

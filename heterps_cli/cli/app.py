@@ -64,6 +64,7 @@ from heterps_cli.cli.shape_options import (
     StagesOpt,
     StageTypesOpt,
     TpOpt,
+    refuse_mixed,
     refuse_other_scheduler,
     shape_from,
 )
@@ -208,6 +209,7 @@ def plan(
         not_an_input(policy_out, profile, cluster, policy_in, field="--policy-out")
         shape = shape_from(stages, tp, max_tp, replicas, recompute, layer_type, stage_types)
         name = refuse_other_scheduler(scheduler.value if scheduler else None, shape, engine)
+        refuse_mixed(engine, shape, mixed_stages)
         if objective is None:
             objective = Objective.TIME if name == "tapp" else Objective.COST
         options = options_for(
@@ -345,6 +347,14 @@ def frontier(
     time_limit: _FrontierTimeLimitOpt = FRONTIER_TIME_LIMIT,
     mixed_stages: MixedStagesOpt = False,
     resolution: _FrontierResolutionOpt = 0.0,
+    engine: EngineOpt = None,
+    stages: StagesOpt = None,
+    tp: TpOpt = None,
+    max_tp: MaxTpOpt = None,
+    replicas: ReplicasOpt = None,
+    recompute: RecomputeOpt = None,
+    layer_type: LayerTypeOpt = None,
+    stage_types: StageTypesOpt = None,
 ) -> None:
     """Every plan no other plan beats on both cost and throughput, from the cheapest to the fastest (exact,
     or within --resolution)."""
@@ -357,6 +367,8 @@ def frontier(
 
         not_an_input(plot, profile, cluster, field="--plot")
         not_a_folder_for_files(out_dir)
+        shape = shape_from(stages, tp, max_tp, replicas, recompute, layer_type, stage_types)
+        refuse_mixed(engine, shape, mixed_stages)
 
         with progress_bar() as report:
             whole = api.frontier(
@@ -369,6 +381,8 @@ def frontier(
                 progress=report,
                 mixed_stages=mixed_stages,
                 resolution=resolution,
+                shape=shape,
+                engine=engine.value if engine else None,
             )
         kept = whole if points is None else thin(whole, points)
         if plot is not None:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from heterps_cli.errors import (
     EXIT_CHECK_FAILED,
+    InputError,
 )
 from heterps_cli.objective import Objective
 
@@ -33,6 +34,7 @@ from heterps_cli.cli.options import (
     tolerance_rule,
 )
 from heterps_cli.cli.session import err, exit_codes, out, progress_bar, say_interrupted
+from heterps_cli.cli.shape_options import EngineOpt
 from heterps_cli.cli.terminal import write_stdout
 from heterps_cli.outfiles import append_text
 
@@ -132,6 +134,7 @@ def check(
     tolerance: _CheckToleranceOpt = "1%",
     seed: SeedOpt = 0,
     fmt: _CheckFmtOpt = Format.table,
+    engine: EngineOpt = None,
 ) -> None:
     """A cost gate for CI: recompute a committed plan from the current files and fail (exit 1) when it no longer holds.
 
@@ -142,6 +145,9 @@ def check(
         from heterps_cli.ci.report import findings_json, findings_markdown, github_annotations
         from heterps_cli.cli.render_ci import findings_view
 
+        if engine is not None and replan is not None and replan.value != "exact":
+            raise InputError(None, None, "--replan", "with --engine the replan gate is exact's (the best plan the "
+                             "engine runs): give --replan exact")  # fmt: skip
         with progress_bar() as report:
             findings = api.check(
                 str(plan_file),
@@ -156,6 +162,7 @@ def check(
                 tolerance=tolerance,
                 seed=seed,
                 progress=report,
+                engine=engine.value if engine else None,
             )
         shown = str(plan_file)
         if not emit_report(

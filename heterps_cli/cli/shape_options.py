@@ -133,3 +133,11 @@ def refuse_other_scheduler(scheduler: str | None, shape: Shape | None, engine: E
                          "the exact solver (its rules are constraints of the exact search): drop --scheduler, "
                          "or give -s exact")  # fmt: skip
     return "exact"
+
+
+def refuse_mixed(engine: EngineName | None, shape: Shape | None, mixed_stages: bool) -> None:
+    """An engine never mixes types in a stage, and a shape is a space of one-type stages (exit 2)."""
+    if mixed_stages and (engine is not None or shape is not None):
+        said = f"--engine {engine.value}: the engine never mixes types in a stage" if engine else (
+            "a shape option plans stages of one type each (section 1k)")  # fmt: skip
+        raise InputError(None, None, "--mixed-stages", f"{said}: drop --mixed-stages")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from heterps_cli.engines import ENGINES, unfit
+from heterps_cli.engines import ENGINES, placement, unfit
 from heterps_cli.errors import InputError
 from heterps_cli.formats import Plan
 
@@ -46,7 +46,7 @@ def config(plan: Plan, plan_path: str, micro_batches: int) -> str:
         "parts": parts,
         "layers": [list(s.layers) for s in plan.stages],
         "activation_checkpoint_interval": 1 if first.recompute else 0,
-        "placement": [f"stage {i}: {s.replicas} replicas on {s.resource}" for i, s in enumerate(plan.stages)],
+        "placement": placement(plan) or [f"every stage on {first.resource}"],
         "from": f"{plan_path}, by heterps export",
     }
     return json.dumps(out, indent=2) + "\n"

@@ -5,8 +5,9 @@ loss, and cuts it into ``--pipeline-model-parallel-size`` stages; ``--pipeline-m
 says which of them each stage holds, in its documented notation (``E`` the embedding, ``t`` a decoder
 layer, ``L`` the output layer and loss, stages split by ``|``, ``X*n`` for ``n`` of ``X``, commas
 cosmetic), so an uneven split is written as it is, never rounded. The profile's layer types say which
-of the plan's layers is which: the first is the embedding, the last the output layer, every other one
-of one type, a decoder layer.
+of the plan's layers is which: the first is the embedding, the last the output layer and the loss (with
+the ``norm`` layers right before it: Megatron's final layer norm is part of ``L``), every other one of one
+type, a decoder layer.
 
 Megatron runs every stage at one tensor-parallel degree and one data-parallel degree (the replicas),
 each replica at ``--micro-batch-size`` samples of a micro-batch; ``--global-batch-size`` is a step's
@@ -15,10 +16,12 @@ samples. Recomputation is one setting for every stage. What does not fit is refu
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from heterps_cli.engines import ENGINES, unfit
+from heterps_cli.engines import ENGINES, placement, unfit
 from heterps_cli.errors import InputError
+from heterps_cli.figures import plural
 from heterps_cli.formats import Plan, Profile
 
 
@@ -30,23 +33,31 @@ def layout(plan: Plan, profile: Profile, plan_path: str, profile_path: str) -> s
         missing = [n for n in names if n not in types][:3]
         raise InputError(profile_path, None, "layers", f"does not give the plan's layers {missing or names}: "
                          "give the profile the plan was made from")  # fmt: skip
-    middle = {types[n] for n in names[1:-1]}
+    tail = 1  # L: the output layer and the loss, with the final layer norm before it (Megatron's post-process)
+    while tail < len(names) - 2 and types[names[-1 - tail]] == "norm":
+        tail += 1
+    ends = {"E": {names[0]}, "L": set(names[-tail:])}
+    middle = {types[n] for n in names[1:-tail]}
     if len(middle) != 1:
         raise InputError(
             plan_path,
             None,
             "stages",
-            "Megatron-LM builds an embedding, decoder layers of one kind and an output layer; this plan's layers "
-            f"between its first and last are of the types {sorted(middle)}: train it with heterps run",
+            "Megatron-LM builds an embedding, decoder layers of one kind and an output layer (after a final norm); "
+            f"this plan's layers between those are of the types {sorted(middle)}: train it with heterps run",
         )
+    if not set(names[-tail:]) <= set(plan.stages[-1].layers):
+        held = ", ".join(names[-tail:])
+        raise InputError(plan_path, None, "stages", f"the last stage must hold the final norm and the output layer "
+                         f"({held}), as Megatron-LM's L does: re-plan, or train it with heterps run")  # fmt: skip
     stages = []
     for s in plan.stages:
-        symbols = ["E" if n == names[0] else "L" if n == names[-1] else "t" for n in s.layers]
+        symbols = ["E" if n in ends["E"] else "L" if n in ends["L"] else "t" for n in s.layers]
         head = "E," if symbols[0] == "E" else ""
-        tail = ",L" if symbols[-1] == "L" else ""
+        last = ",L" if symbols[-1] == "L" else ""
         count = sum(1 for x in symbols if x == "t")
         body = f"t*{count}" if count > 1 else "t" * count
-        stages.append((head + body + tail).strip(","))
+        stages.append((head + body + last).strip(","))
     return "|".join(stages)
 
 
@@ -58,12 +69,13 @@ def arguments(plan: Plan, profile: Profile, plan_path: str, profile_path: str, m
         raise InputError(plan_path, None, "stages", "Megatron-LM cannot run this plan as it is: " + "; ".join(problems)
                          + ". Re-plan with heterps plan --engine megatron, or train it with heterps run")  # fmt: skip
     first = plan.stages[0]
-    decoders = sum(len(s.layers) for s in plan.stages) - 2
+    split = layout(plan, profile, plan_path, profile_path)
+    decoders = sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", split))
     flags = [
         ("--tensor-model-parallel-size", first.tp or 1),
         ("--pipeline-model-parallel-size", len(plan.stages)),
         ("--num-layers", decoders),
-        ("--pipeline-model-parallel-layout", layout(plan, profile, plan_path, profile_path)),
+        ("--pipeline-model-parallel-layout", split),
         ("--micro-batch-size", plan.batch_size // first.replicas),
         ("--global-batch-size", plan.batch_size * micro_batches),
     ]
@@ -74,5 +86,6 @@ def arguments(plan: Plan, profile: Profile, plan_path: str, profile_path: str, m
     tied = any({names[0], names[-1]} <= set(t.layers) for t in profile.ties or [])
     untied = [] if tied else ["--untie-embeddings-and-output-weights"]  # Megatron ties them by default
     lines = [f"{flag} {shlex.quote(str(value))}" for flag, value in flags] + precision + untied
-    said = f"# {plan_path}: {len(plan.stages)} stages x {first.replicas} data-parallel x tp {first.tp or 1}"
-    return said + "\n" + " \\\n".join(lines) + "\n"
+    said = f"# {plan_path}: {plural(len(plan.stages), 'stage')} x {first.replicas} data-parallel x tp {first.tp or 1}"
+    where = "".join(f"# {line}\n" for line in placement(plan))
+    return said + "\n" + where + " \\\n".join(lines) + "\n"

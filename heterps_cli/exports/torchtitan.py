@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from heterps_cli.engines import ENGINES, unfit
+from heterps_cli.engines import ENGINES, placement, unfit
 from heterps_cli.errors import InputError
 from heterps_cli.formats import Plan
 
@@ -38,7 +38,7 @@ def config(plan: Plan, plan_path: str, micro_batches: int) -> str:
     lines = [
         f"# {plan_path} as torchtitan's job config: {len(parts)} stages x {first.replicas} data-parallel x tp "
         f"{first.tp or 1}. Written by heterps export.",
-        *_placement(plan),
+        *(f"# {line}" for line in placement(plan)),
         "",
         "[training]",
         f"local_batch_size = {share * micro_batches}",
@@ -60,15 +60,3 @@ def config(plan: Plan, plan_path: str, micro_batches: int) -> str:
         f'mode = "{"full" if first.recompute else "none"}"',
     ]
     return "\n".join(lines) + "\n"
-
-
-def _placement(plan: Plan) -> list[str]:
-    """Comment lines saying which ranks run which stage on which type, where the stages' types differ
-    (torchtitan's mesh puts the pipeline outermost: stage ``s`` holds ranks ``s * R`` to ``(s + 1) * R - 1``,
-    ``R`` its replicas times its degree)."""
-    if len({s.resource for s in plan.stages}) == 1:
-        return []
-    width = plan.stages[0].replicas * (plan.stages[0].tp or 1)
-    return [
-        f"# stage {i}: ranks {i * width}-{(i + 1) * width - 1} on {s.resource} nodes" for i, s in enumerate(plan.stages)
-    ]
