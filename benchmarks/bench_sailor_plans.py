@@ -374,6 +374,43 @@ def every_tp_table(folder: Path, fixed: dict) -> None:
 
 
 LONG = (("gh200", 4), ("gh200", 8), ("gh200", 16), ("a100_40", 16))  # (GPU, nodes of four)
+ENGINES = ("megatron", "torchtitan", "deepspeed", "pipelining")
+
+
+def engine_table(folder: Path, profiles: dict) -> None:
+    """Issue 83's table: each engine's best plan (``plan --engine``: one tensor-parallel and one data-parallel
+    degree for every stage; DeepSpeed at tp 1; the pipelining export one GPU a stage) beside heterps run's
+    best (each stage its own degree and replicas; on mixed clusters ``--mixed-stages`` too) and the peer's,
+    on the profile of one GPU with every degree: what the engine's rules cost."""
+    profile, entries, path = profiles[EVERY]
+    peer_profile, peer_entries, _ = profiles[1]
+    print("\nEach engine's best plan beside heterps run's best and the peer's (issue 83; samples/s, and / heterps):\n")
+    columns = ("cluster", "GPUs", "heterps run", *ENGINES, "peer", "engines' command s")
+    print(header([(c, "l") for c in columns]))
+    rows = [(f"gh200 x{n}", {"gh200": n}, None, True) for n in PEER]
+    rows += [(name, nodes, peer, False) for name, nodes, _, peer in MIXED]
+    for name, nodes, peer, on_nodes in rows:
+        if on_nodes:
+            cluster = nodes_cluster(name, nodes, entries)
+            more: tuple[str, ...] = ()
+            figure, _ = peer_figure(peer_profile, cluster_of(name, nodes, peer_entries, 1), PEER[nodes["gh200"]])
+            peer = figure
+        else:
+            cluster = cluster_of(name, nodes, entries, 1)
+            more = ("--global-batch", str(MIXED_BATCH))
+        cluster_path = folder / f"{cluster['cluster']}-engines.yaml"
+        cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+        free, _ = plan_command(path, cluster_path, *more, *(() if on_nodes else ("--mixed-stages",)))
+        best = free.get("throughput", 0.0)
+        cells = [name, str(sum(nodes.values()) * GPUS_PER_NODE), f"{best:,.1f}" if best else "none fits"]
+        walls = []
+        for engine in ENGINES:
+            plan, wall = plan_command(path, cluster_path, *more, "--engine", engine)
+            walls.append(f"{wall:.1f}")
+            got = plan.get("throughput")
+            cells.append(f"{got:,.1f} ({got / best:.3f})" if got and best else "none fits")
+        cells += [f"{peer:,.1f}" if peer else "—", " / ".join(walls)]
+        print(row(cells))
 
 
 def long_sequence_table(folder: Path, profile: dict, entries: dict) -> None:
@@ -420,11 +457,11 @@ def _without_forward(profile: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", type=Path, help="keep the profiles and clusters in this folder")
+    parser.add_argument("--engines", action="store_true", help="only the engines' table (issue 83)")
     args = parser.parse_args()
     reserved = measured_reserved()
     print(f"memory_reserved_gb {reserved:.2f} per GPU ({CALIBRATION})")
     columns = ("cluster", "tp", "GPUs", "heterps samples/s", "micro-batch", "plan", "command s")
-    print(header([(c, "l") for c in (*columns, "peer samples/s", "heterps / peer")]))
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -439,6 +476,10 @@ def main() -> None:
         path = folder / f"{every['model']}.yaml"
         path.write_text(yaml.safe_dump(every, sort_keys=False))
         profiles[EVERY] = every, entries, path
+        if args.engines:
+            engine_table(folder, profiles)
+            return
+        print(header([(c, "l") for c in (*columns, "peer samples/s", "heterps / peer")]))
         for name, nodes, tp in CLUSTERS:
             profile, entries, profile_path = profiles[tp]
             cluster = cluster_of(name, nodes, entries, tp)
@@ -462,6 +503,7 @@ def main() -> None:
             print(row(cells + peer_cells))
         mixed_table(folder, profiles)
         every_tp_table(folder, fixed)
+        engine_table(folder, profiles)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ ENGINES = {
     "torchtitan": Rules("torchtitan", "torchtitan"),
     # DeepSpeed's PipelineModule has no tensor parallelism of its own (Megatron-DeepSpeed adds it)
     "deepspeed": Rules("deepspeed", "DeepSpeed", tp=False),
-    # the export runs one process per stage, the stage as it is
-    "pipelining": Rules("pipelining", "torch.distributed.pipelining", tp=False, replicas=False, recompute=False),
+    # the export's script: a pipeline per replica, each stage its replicas' gradients averaged; no tp, no recompute
+    "pipelining": Rules("pipelining", "torch.distributed.pipelining", tp=False, recompute=False),
 }
 
 

@@ -30,14 +30,14 @@ def test_the_script_names_the_plans_split_and_schedule(tmp_path):
     values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
               if isinstance(t, ast.Name)}  # fmt: skip
     assert ast.literal_eval(values["STAGES"]) == [["0", "1", "2"], ["3", "4"]]
-    assert "Schedule1F1B(stage, MICRO_BATCHES" in result.stdout and "PipelineStage(module, rank, world" in result.stdout
+    assert "Schedule1F1B(stage, MICRO_BATCHES" in result.stdout and "PipelineStage(module, index, count" in result.stdout
     assert "BATCH, MICRO_BATCHES = 32, 4" in result.stdout
 
 
 @pytest.mark.parametrize(
     ("edit", "said"),
     [
-        (lambda s: s.update(replicas=2), "stage 0 has 2 replicas"),
+        (lambda s: s.update(replicas=2), "stage 1 has 1 replicas, stage 0 2 (one data-parallel degree)"),
         (lambda s: s.update(tp=2), "stage 0 runs at tp 2"),
         (lambda s: s.update(recompute=True), "stage 0 recomputes"),
     ],
@@ -52,6 +52,22 @@ def test_what_pipelining_cannot_express_is_refused_naming_it(tmp_path, edit, sai
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and said in text and "plan.json" in text and "Traceback" not in text
     assert not out.exists()
+
+
+@pytest.mark.slow  # torchrun and four processes
+def test_two_replicas_a_stage_train_as_one_process(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 2, ["0", "1", "2"]), ("cpu2", 2, ["3", "4"])], 32)
+    script = tmp_path / "pipe.py"
+    made = runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--micro-batches", "4", "-o", str(script)])
+    assert made.exit_code == 0, made.output
+    env = {**os.environ, "CLASSIFY_DATA": str(tmp_path / "data")}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+            "--master-port", str(free_port()), str(script), "--task", CLASSIFY, "--steps", "6"]  # fmt: skip
+    code, stdout, stderr = run_in_session(argv, env=env, cwd=tmp_path, timeout=300)
+    assert code == 0, stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in stdout.splitlines() if line.startswith("{")]
+    reference, _ = _task_reference(tmp_path / "data", 32 * 4, 6)
+    assert len(losses) == 6 and max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5
 
 
 @pytest.mark.slow  # torchrun and two processes
