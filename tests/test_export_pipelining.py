@@ -30,7 +30,8 @@ def test_the_script_names_the_plans_split_and_schedule(tmp_path):
     values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
               if isinstance(t, ast.Name)}  # fmt: skip
     assert ast.literal_eval(values["STAGES"]) == [["0", "1", "2"], ["3", "4"]]
-    assert "Schedule1F1B(stage, MICRO_BATCHES" in result.stdout and "PipelineStage(module, index, count" in result.stdout
+    assert "Schedule1F1B(stage, MICRO_BATCHES" in result.stdout
+    assert "PipelineStage(module, index, count" in result.stdout
     assert "BATCH, MICRO_BATCHES = 32, 4" in result.stdout
 
 
