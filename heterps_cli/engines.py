@@ -12,12 +12,15 @@ the engine's plans since every plan it runs has one of those shapes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.formats import Plan
-from heterps_cli.formulas import SLACK
+from heterps_cli.formulas import SLACK, amdahl
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
@@ -103,6 +106,28 @@ def shapes(problem: Problem, rules: Rules, shape: Shape) -> list[Shape]:
     return [shape.but(tp=d, replicas=k, recompute=a) for d in degrees for k in counts if d * k <= units for a in again]
 
 
+def speed_bound(problem: Problem, shape: Shape) -> float:
+    """No plan of ``shape`` (its degree and replicas fixed) is faster than this, at any micro-batch it may
+    take. Each layer's micro-batch takes at least its compute on the shape's replicas of its fastest type,
+    ``c = serial + parallel / k`` (sections 1, 1d and 1h); a stage runs each of its layers, so no plan is
+    faster than ``B / max c``; and the stages, at most ``S`` (each ``k x tp`` units of one type), share all
+    of them, so the slowest takes at least ``sum c / S``: none is faster than ``B S / sum c`` either."""
+    if shape.replicas is None or shape.tp is None:
+        return math.inf
+    best = 0.0
+    for batch in problem.micro_batch_choices:
+        try:
+            view = problem.at_micro_batch(batch).view_at(shape.tp)
+        except ValueError:
+            continue
+        serial, parallel, _, _ = view.parts
+        stages = float((problem.limits // (shape.replicas * shape.tp)).sum())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            least = np.where(view.runnable, amdahl(serial, parallel, float(shape.replicas)), np.inf).min(axis=1)
+            best = max(best, float(np.float64(batch) * min(1.0 / least.max(), stages / least.sum())))
+    return best
+
+
 def best_within(
     problem: Problem,
     rules: Rules,
@@ -119,6 +144,8 @@ def best_within(
 
     best: Plan | None = None
     tried = shapes(problem, rules, shape)
+    bounds = {each: speed_bound(problem, each) for each in tried}
+    tried.sort(key=lambda each: -bounds[each])  # the fastest shapes first: the rest are often passed over
     proven = True
     start = time.perf_counter()
     options = dataclasses.replace(options or SolveOptions(), mixed_stages=False)  # no engine mixes a stage
@@ -127,6 +154,10 @@ def best_within(
     for i, each in enumerate(tried):
         if progress:
             progress(f"{rules.title}: {each.said()}", i, len(tried))
+        if bounds[each] < problem.min_throughput * (1 - SLACK):
+            continue  # no plan of this shape reaches the job's throughput
+        if best is not None and problem.objective is Objective.TIME and bounds[each] < best.throughput * (1 - SLACK):
+            break  # none of this shape, nor of any after it, is as fast as the best found
         if best is not None and clock.out_of_time():
             proven = False  # the shapes left are not searched: the plan is the best of those that were
             break
@@ -146,8 +177,9 @@ def best_within(
                               f"(one tensor-parallel and one data-parallel degree for every stage; {len(tried)} "
                               "shapes tried): see docs/guide/engines.md")  # fmt: skip
     assert not unfit(best, rules), unfit(best, rules)
-    said = f"--engine {rules.name}: the best plan {rules.title} runs ({len(tried)} shapes searched exactly"
-    said += ")" if proven else f"; {searched} of them within the time limit: not proven the best of its plans)"
+    said = f"--engine {rules.name}: the best plan {rules.title} runs (of its {len(tried)} shapes, {searched} searched "
+    said += "exactly, no plan of the others as good by a bound)" if proven else (
+        "within the time limit: not proven the best of its plans)")  # fmt: skip
     took = time.perf_counter() - start
     return best.but(optimal=proven, gap=best.gap if proven else None, notes=[*best.notes, said], solve_s=took)
 

@@ -97,7 +97,7 @@ def _check(problem: Problem, shape: Shape) -> None:
         return InputError(None, None, field_of.get(what, what), message)
 
     if (shape.stages is not None or shape.stage_types) and not problem.pipelined:
-        raise refuse("stages", "a plan's number of stages is fixed under a pipeline schedule (docs/spec.md "
+        raise refuse("stages", "--stages and --stage-types fix a plan's stages under a pipeline schedule (docs/spec.md "
                      "section 1d): give the profile's job micro_batches, or --global-batch")  # fmt: skip
     if shape.stages is not None and shape.stages > (most := int(min(problem.n_layers, problem.limits.sum()))):
         raise refuse("stages", f"{shape.stages} stages: no plan has more than {most} (one layer and one unit each)")
@@ -128,6 +128,9 @@ def _layer_mask(problem: Problem, shape: Shape) -> np.ndarray:
             raise InputError(None, None, "--layer-type", f"{name!r} is none of the cluster's types: "
                              + ", ".join(problem.types))  # fmt: skip
         t = problem.types.index(name)
+        if not mask[a : b + 1].all():
+            raise InputError(None, None, "--layer-type", f"{first}..{last}={name}: these layers already have a type "
+                             "from another --layer-type")  # fmt: skip
         cannot = [problem.layer_names[i] for i in range(a, b + 1) if not problem.runnable[i, t]]
         if cannot:
             raise InputError(None, None, "--layer-type", f"layer {cannot[0]} cannot run on {name} (the profile "

@@ -139,6 +139,8 @@ def test_deepspeed_config_holds_the_plan_in_its_own_keys(tmp_path, monkeypatch):
         (["--layer-type", "0..3=h100"], "--layer-type"),
         (["--tp", "2"], "--tp"),
         (["--tp", "1", "--max-tp", "1"], "--max-tp"),
+        (["--layer-type", "0..9=cpu", "--layer-type", "3=v100"], "--layer-type"),
+        (["--engine", "megatron", "--mixed-stages"], "--mixed-stages"),
     ],
 )
 def test_shapes_it_cannot_plan_are_refused_naming_the_option(flags, field):
