@@ -111,7 +111,7 @@ def _shaped(
 ) -> Plan:
     """Section 1k: the exact plan keeping ``shape``, or the best ``engine`` runs within it, beside heterps
     run's best (within the shape alone); the plan is checked to keep both."""
-    from heterps_cli.engines import ENGINES, against_free, best_within, unfit
+    from heterps_cli.engines import ENGINES, against_free, best_within
     from heterps_cli.errors import InfeasibleError
     from heterps_cli.shape import breaks, constrained
 
@@ -121,7 +121,6 @@ def _shaped(
     else:
         rules = ENGINES[engine]
         found = best_within(problem, rules, shape, seed=seed, progress=progress, options=options)
-        assert not unfit(found, rules), unfit(found, rules)
         try:
             free = solve("exact", constrained(problem, shape), seed=seed, options=options)
         except InfeasibleError:

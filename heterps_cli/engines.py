@@ -24,7 +24,7 @@ from heterps_cli.formulas import SLACK, amdahl
 from heterps_cli.objective import Objective
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Progress, SolveOptions
-from heterps_cli.shape import Shape, breaks, constrained
+from heterps_cli.shape import Shape, constrained
 
 
 @dataclass(frozen=True)
@@ -185,9 +185,10 @@ def best_within(
 
 
 def _better(objective: Objective, a: Plan, b: Plan) -> bool:
-    if objective is Objective.TIME:
-        return (-a.throughput, a.cost_usd) < (-b.throughput, b.cost_usd)
-    return (a.cost_usd, -a.throughput) < (b.cost_usd, -b.throughput)
+    """``a`` beats ``b`` by the objective, ties to the faster (cost) or the cheaper (time)."""
+    tie = a.cost_usd if objective is Objective.TIME else -a.throughput
+    theirs = b.cost_usd if objective is Objective.TIME else -b.throughput
+    return (objective.key(a.cost_usd, a.throughput), tie) < (objective.key(b.cost_usd, b.throughput), theirs)
 
 
 def against_free(engine_plan: Plan, free: Plan | None, rules: Rules, objective: Objective, explain: bool) -> list[str]:
@@ -216,4 +217,4 @@ def against_free(engine_plan: Plan, free: Plan | None, rules: Rules, objective: 
     return notes
 
 
-__all__ = ["ENGINES", "Rules", "against_free", "best_within", "breaks", "placement", "unfit"]
+__all__ = ["ENGINES", "Rules", "against_free", "best_within", "placement", "shapes", "speed_bound", "unfit"]
