@@ -24,6 +24,10 @@ class Objective(StrEnum):
         """What this objective minimises: the cost, or minus the throughput (numbers or arrays)."""
         return -throughput if self is Objective.TIME else cost
 
+    def key_of(self, plan) -> float:
+        """:meth:`key` of a plan (anything with ``cost_usd`` and ``throughput``)."""
+        return self.key(plan.cost_usd, plan.throughput)
+
     def gap(self, figure: float, best: float) -> float:
         """How much worse ``figure`` is than ``best`` (both :meth:`figure`s): the relative extra cost,
         or the relative lost throughput; 0 against a best of 0."""
@@ -41,3 +45,11 @@ class Objective(StrEnum):
     def shown(self, cost: float, throughput: float) -> str:
         """The plan's figure as people read it: ``$1.99`` or ``1,234.5 samples/s``."""
         return f"{count(throughput, 1)} samples/s" if self is Objective.TIME else usd(cost)
+
+
+def meets(key: float, target: float | None) -> bool:
+    """Whether a plan of objective key ``key`` (:meth:`Objective.key`) meets a proven optimum's ``target``
+    key, within the model's SLACK (None: there is none to meet)."""
+    from heterps_cli.formulas import SLACK  # numpy, which the command line loads only where it plans
+
+    return target is not None and key <= target + SLACK * abs(target)

@@ -72,7 +72,8 @@ def test_ctrl_c_while_loading_is_one_line_and_exit_130(tmp_path):
 
 def test_ctrl_c_in_rl_training_prints_and_writes_the_best_plan_then_exits_130(runner, tmp_path, interrupt_evaluations):
     interrupt_evaluations(4)  # the pool, then a few training batches
-    result = runner.invoke(app, ["plan", CTR, PAPER, "--out", str(tmp_path / "p.yaml")])
+    # --steps: the default training would stop at once, its pool's best at the proven optimum
+    result = runner.invoke(app, ["plan", CTR, PAPER, "--steps", "40", "--out", str(tmp_path / "p.yaml")])
     assert result.exit_code == 130, result.output
     assert "training interrupted (Ctrl-C)" in result.stdout and "cost" in result.stdout
     assert "interrupted: the plan above is the best found before Ctrl-C" in result.stderr
@@ -81,7 +82,7 @@ def test_ctrl_c_in_rl_training_prints_and_writes_the_best_plan_then_exits_130(ru
 
 def test_ctrl_c_in_compare_marks_the_row_and_exits_130_at_the_end(runner, interrupt_evaluations):
     interrupt_evaluations(4)
-    result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "rl,greedy,exact"])
+    result = runner.invoke(app, ["compare", CTR, PAPER, "--schedulers", "rl,greedy,exact", "--steps", "40"])
     assert result.exit_code == 130, result.output
     assert re.search(r"^ ?rl\* +yes", result.stdout, flags=re.M), result.stdout
     assert "* interrupted (Ctrl-C)" in result.stdout and re.search(r"^ ?exact +yes", result.stdout, flags=re.M)

@@ -61,9 +61,13 @@ def solve(
     (docs/spec.md section 1f), the best of the plans it finds at each choice."""
     choices = problem.micro_batch_choices
     options = options or SolveOptions()
-    guard = None
+    guard, optimum = None, None
     if name != "exact" and options.time_limit is None:  # exact refuses what it cannot finish
+        if name in ("rl", "tapp") and getattr(options, "steps", None) is None and not options.mixed_stages:
+            optimum = _proven_optimum(problem, seed)
         options, guard = _default_budget(name, problem, options)
+        if optimum is not None and isinstance(options, TrainingOptions):  # it stops where its plan meets it
+            options = dataclasses.replace(options, stop_at=problem.objective.key_of(optimum))
     mixing = options.mixed_stages
     if mixing and name == "exact" and (found := _exact_mixed(problem, options, seed)) is not None:
         return found
@@ -83,7 +87,8 @@ def solve(
         from heterps_cli.schedulers.micro_batch import best_micro_batch
 
         # with mixed stages a micro-batch whose one-type plans are slower may mix faster: every one is asked
-        plan = best_micro_batch(problem, choices, one, progress, options, exact=name == "exact" and not mixing)
+        exact = name == "exact" and not mixing
+        plan = best_micro_batch(problem, choices, one, progress, options, exact=exact, optimum=optimum)
     if mixing:
         if name == "exact":  # other starts for the climb: the optimum with some units of a type held back
             from heterps_cli.schedulers.mixed_optimum import why_not
@@ -93,7 +98,43 @@ def solve(
             if (why := why_not(problem)) is not None:
                 plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
         plan = _mixed_certificate(problem, plan)
+    if optimum is not None:
+        plan = _met(problem, plan, optimum)
     return _said_guard(plan, problem, guard)
+
+
+# The exact solver proves the optimum first for rl's and tapp's default training where its largest grid
+# holds at most this many cells (a 34-layer, 4-type chain under a pipeline takes about a second): a
+# count, not seconds, so that the plan is the same on any machine.
+PROVEN_CELLS = 2_000_000
+
+
+def _proven_optimum(problem: Problem, seed: int) -> Plan | None:
+    """The optimum the exact solver proves, where that is cheap (:data:`PROVEN_CELLS`); None elsewhere."""
+    from heterps_cli.errors import TooLarge
+    from heterps_cli.schedulers.exact.terms import grid_cells
+
+    if grid_cells(problem) > PROVEN_CELLS:
+        return None
+    try:
+        found = solve("exact", problem, seed=seed)
+    except (InfeasibleError, TooLarge):
+        return None
+    return found if found.optimal and found.feasible else None
+
+
+def _met(problem: Problem, plan: Plan, optimum: Plan) -> Plan:
+    """``plan`` proven optimal where it meets the exact solver's optimum; else said how far it is."""
+    from heterps_cli.objective import meets
+
+    objective = problem.objective
+    if plan.feasible and meets(objective.key_of(plan), objective.key_of(optimum)):
+        said = "proven optimal: it meets the optimum the exact solver proves (docs/schedulers/rl.md)"
+        return plan.but(optimal=True, notes=[*plan.notes, said], solve_s=plan.solve_s + optimum.solve_s)
+    figure, best = (objective.figure(p.cost_usd, p.throughput) for p in (plan, optimum))
+    shown = objective.shown(optimum.cost_usd, optimum.throughput)
+    said = f"{100 * objective.gap(figure, best):.2f}% from the optimum the exact solver proves ({shown})"
+    return plan.but(notes=[*plan.notes, said], solve_s=plan.solve_s + optimum.solve_s)
 
 
 def _joined(problem: Problem, plan: Plan, clock: Clock) -> Plan:

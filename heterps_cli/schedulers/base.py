@@ -72,6 +72,9 @@ class TrainingOptions(SolveOptions):
 
     steps: int | None = None  # training steps (None: the scheduler's default)
     batch: int | None = None  # schedules sampled per step
+    # The objective key (cost, or minus throughput) of the optimum the exact solver proved: a training
+    # of the default budget stops once its plan meets it (None: it trains its steps)
+    stop_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import InfeasibleError, SearchGaveUp
 from heterps_cli.figures import count, usd
 from heterps_cli.formats import Plan
-from heterps_cli.objective import Objective
+from heterps_cli.objective import Objective, meets
 from heterps_cli.pace import pace_ceiling, units_short
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
@@ -30,24 +30,23 @@ def best_micro_batch(
     progress: Progress | None,
     options: SolveOptions | None,
     exact: bool = False,
+    optimum: Plan | None = None,
 ) -> Plan:
-    """The best of ``solve_one``'s plans at each of ``choices`` (by the problem's objective, a feasible
-    plan before any other); InfeasibleError, naming every choice, when there is none. A time limit is
-    shared out: each choice gets an equal part of what is left."""
+    """The best of ``solve_one``'s plans at each of ``choices`` (by the objective, a feasible one first);
+    InfeasibleError, naming every choice, where there is none. Each choice gets an equal part of the time
+    left. ``optimum``, a proven one: its micro-batch first, and none other once a plan meets it."""
     options = options or SolveOptions()
     start = time.perf_counter()
     clock = Clock.of(options, start)
     found: dict[int, Plan] = {}
     failed: dict[int, InfeasibleError] = {}
     beaten: set[int] = set()  # asked only for a plan faster than the best so far
-    # Largest first: where the exact solver asks only for a plan faster than the best so far, the
-    # largest micro-batches, which run a sample fastest, leave the others least to search.
-    out_of_time = False
+    unasked = "interrupted"  # why the choices not asked were not
     unsearched: list[tuple[int, Problem, SolveOptions, Progress | None]] = []  # proven short of the job's floor
-    for i, batch in enumerate(sorted(choices, reverse=True)):
+    for i, batch in enumerate(_order(choices, optimum)):
         left = clock.left()
         if left is not None and left <= 0 and (found or failed):  # the rest unasked: the limit holds
-            out_of_time = True
+            unasked = "the time limit ran out"
             break
         share = None if left is None else max(0.0, left) / (1 if options.guard else len(choices) - i)
         whole = options.whole_limit if options.whole_limit is not None else options.time_limit
@@ -73,6 +72,9 @@ def best_micro_batch(
         found[batch] = plan
         if plan.interrupted:  # Ctrl-C: the best so far, the other sizes unasked
             break
+        if optimum is not None and plan.feasible and meets(*map(problem.objective.key_of, (plan, optimum))):
+            unasked = f"the plan at micro-batch {batch:,} meets the optimum the exact solver proves"
+            break
     if not found:
         _search_after_all(unsearched, solve_one, found, failed)
     if not found:
@@ -80,8 +82,17 @@ def best_micro_batch(
         gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
         raise (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed)) from None
     best = _best(problem, found)
-    unasked = "the time limit ran out" if out_of_time else "interrupted"
     return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
+
+
+def _order(choices: tuple[int, ...], optimum: Plan | None) -> list[int]:
+    """Largest first: where the exact solver asks only for a plan faster than the best so far, the largest
+    micro-batches, which run a sample fastest, leave the others least to search; a proven optimum's first."""
+    order = sorted(choices, reverse=True)
+    if optimum is not None and optimum.batch_size in order:
+        order.remove(optimum.batch_size)
+        order.insert(0, optimum.batch_size)
+    return order
 
 
 def _search_after_all(unsearched: list, solve_one: SolveOne, found: dict, failed: dict) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from heterps_cli.objective import Objective
+from heterps_cli.objective import Objective, meets
 from heterps_cli.plan import Plan
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, Progress, SolveOptions, TrainingOptions, quiet
@@ -61,6 +61,7 @@ class Config:
     pretrain_steps: int = 20
     time_limit: float | None = None
     started: float | None = None  # SolveOptions.started
+    stop_at: float | None = None  # TrainingOptions.stop_at: a proven optimum's key, where training may stop
     polish_starts: int = 5  # local searches at the end, one per distinct stage-type sequence
     kicks: int = 20  # then perturb-and-descend rounds from the best plan (iterated local search)
     extra_kicks: int = 60  # more of them when no feasible plan was sampled (learning failed)
@@ -125,6 +126,7 @@ def configured(cfg, options: SolveOptions | None):
         batch=batch if batch is not None else cfg.batch,
         time_limit=options.time_limit,
         started=options.started,
+        stop_at=options.stop_at if isinstance(options, TrainingOptions) else None,
     )
 
 
@@ -161,7 +163,8 @@ def train(
     report = progress or quiet
     training = _Training(problem, cfg, make_agent, name, seed, start, pretrain, report, on_step)
     training.learn()
-    _polish(problem, cfg, training.agent, training.run, training.cutter, report, name)
+    if not meets(training.best.key, cfg.stop_at):  # a plan at the proven optimum has nothing to polish
+        _polish(problem, cfg, training.agent, training.run, training.cutter, report, name)
     return training.agent, training.run
 
 
@@ -259,6 +262,10 @@ class _Training:
             took = self.pretrain_on_pool()
             self.begin()
             for step in range(cfg.steps):
+                if meets(self.best.key, cfg.stop_at):
+                    self.run.notes.append(f"training stopped after {step} of {cfg.steps} steps (and the pre-training "
+                                          "pool): its plan meets the optimum the exact solver proves")  # fmt: skip
+                    break
                 if self.run.out_of_time(took):
                     self.run.notes.append(f"training stopped at the time limit after {step} of {cfg.steps} steps")
                     break
