@@ -89,7 +89,9 @@ def test_a_micro_batch_no_plan_can_win_is_not_searched_and_the_note_says_so(tmp_
     if "cost" in extra:  # none at micro-batch 1 reaches the floor of 1 sample/s
         assert "1: no plan" in chosen
         return
-    assert plan["throughput"] == pytest.approx(8 / 4.5) and "1: none as fast" in chosen
+    assert plan["throughput"] == pytest.approx(8 / 4.5)
+    # rl asks the proven optimum's micro-batch first, and then no other (tests/test_rl_stops.py)
+    assert "1: none as fast" in chosen or "rl" in extra and "1: not asked (the plan at micro-batch 8 meets" in chosen
     alone = CliRunner().invoke(app, [*args, "--micro-batch", "1"])  # asked alone, it has a plan, slower
     assert alone.exit_code == 0 and json.loads(alone.output)["throughput"] == pytest.approx(1 / 4.5)
 

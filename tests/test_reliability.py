@@ -20,8 +20,11 @@ PLAN = str(ROOT / "docs/plans/ctr.yaml")
 
 @pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
-def test_a_gate_whose_replan_was_interrupted_does_not_pass(runner, interrupt_evaluations, fmt):
+def test_a_gate_whose_replan_was_interrupted_does_not_pass(runner, interrupt_evaluations, fmt, monkeypatch):
     # SIGINT after 5 s of `check --replan rl` once gave exit 0 and "all checks passed".
+    from heterps_cli import schedulers
+
+    monkeypatch.setattr(schedulers, "PROVEN_CELLS", 0)  # rl trains: it would stop at ctr's proven optimum first
     interrupt_evaluations(4)
     result = runner.invoke(
         app, ["check", PLAN, "--profile", CTR, "--cluster", PAPER, "--replan", "rl", "--format", fmt]
@@ -391,6 +394,7 @@ def test_every_search_has_a_guard_linear_in_the_model(runner, monkeypatch):
 
     assert schedulers.guard_time_limit(50_000) == 3100.0 and schedulers.guard_time_limit(0) == 600.0
     monkeypatch.setattr(schedulers, "GUARD_S", 0.05)
+    monkeypatch.setattr(schedulers, "PROVEN_CELLS", 0)  # else the training stops at the proven optimum first
     for name in ("rl", "tapp"):  # genetic and random end sooner on ctr, by convergence or by its few schedules
         result = runner.invoke(app, ["plan", CTR, PAPER, "-s", name, "--json"])
         assert result.exit_code == 0, result.output

@@ -128,6 +128,7 @@ def test_the_default_budget_is_a_count_shared_over_the_micro_batches(tmp_path, m
     from heterps_cli import schedulers
     from heterps_cli.schedulers import names
 
+    monkeypatch.setattr(schedulers, "PROVEN_CELLS", 0)  # no proven optimum to stop at: the whole budget
     monkeypatch.setattr(names, "TRAINING_CELLS", 6 * 8 * 10 * 37 + 5)  # 37 steps of 8 schedules fit
     monkeypatch.setattr(names, "EVALUATION_CELLS", 6 * 10 * 333 + 5)
     given = _given(monkeypatch)
@@ -148,9 +149,13 @@ def test_the_default_budget_is_a_count_shared_over_the_micro_batches(tmp_path, m
 
 
 @pytest.mark.slow  # over a second here: the slow suite, which CI runs too
-def test_the_default_budget_gives_the_plan_its_count_gives_on_any_machine(runner):
+def test_the_default_budget_gives_the_plan_its_count_gives_on_any_machine(runner, monkeypatch):
     """Without --time-limit the plan is the one its default count of steps gives: the same on a machine
-    of any speed (the guard, ten minutes, is far off)."""
+    of any speed (the guard, ten minutes, is far off). Where no proven optimum stops it early (that stop
+    is a count too, tests/test_rl_stops.py)."""
+    from heterps_cli import schedulers
+
+    monkeypatch.setattr(schedulers, "PROVEN_CELLS", 0)
     args = ["plan", str(ROOT / "profiles/ctr.yaml"), str(ROOT / "clusters/paper.yaml"), "-s", "tapp", "--json"]
     default = runner.invoke(app, args)
     counted = runner.invoke(app, [*args, "--steps", "120", "--time-limit", "1e6"])
