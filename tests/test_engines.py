@@ -213,3 +213,12 @@ def test_the_engines_pages_journey_runs_in_order_and_each_file_reads_back(tmp_pa
     assert len(symbols) == args.pipeline_model_parallel_size and sum(s.count("t") for s in symbols) == args.num_layers
     assert tomllib.loads(Path("job.toml").read_text())["parallelism"]["module_fqns_per_model_part"]
     assert json.loads(Path("ds_config.json").read_text())["pipeline"]["parts"][0] == 0
+
+
+def test_torchtitan_refuses_an_fp16_plan_naming_the_precision(tmp_path):
+    path, plan = _engine_plan(tmp_path, "torchtitan")
+    plan["precision"] = "fp16"
+    (tmp_path / "fp16.yaml").write_text(yaml.safe_dump(plan))
+    result = runner.invoke(app, ["export", str(tmp_path / "fp16.yaml"), "--to", "torchtitan"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "precision: the plan trains at fp16" in said and "Traceback" not in said

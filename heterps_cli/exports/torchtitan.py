@@ -26,9 +26,11 @@ PRECISION = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32", None: "fl
 
 def config(plan: Plan, plan_path: str, micro_batches: int) -> str:
     """The TOML text (exit 2 where the engine's rules or its precisions do not fit the plan)."""
-    problems = unfit(plan, ENGINES["torchtitan"])
     if plan.precision not in PRECISION:
-        problems.append(f"the plan trains at {plan.precision} (torchtitan's parameters are bfloat16 or float32)")
+        raise InputError(plan_path, None, "precision", f"the plan trains at {plan.precision}; torchtitan trains "
+                         "at bfloat16 or float32: plan from a profile at bf16, fp32 or tf32 (heterps profile "
+                         "--precision), or train it with heterps run")  # fmt: skip
+    problems = unfit(plan, ENGINES["torchtitan"])
     if problems:
         raise InputError(plan_path, None, "stages", "torchtitan cannot run this plan as it is: " + "; ".join(problems)
                          + ". Re-plan with heterps plan --engine torchtitan, or train it with heterps run")  # fmt: skip
