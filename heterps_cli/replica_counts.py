@@ -43,21 +43,27 @@ def _whole(k, holds, batch):
         k = np.where(pending, next_whole(batch, np.where(finite, k, 1.0)), k)
 
 
-def _whole_monotone(k, holds, batch):
-    """As :func:`_whole`, for a ``holds`` that never fails again once it holds (memory): bisected, as the
-    fewest may fall between :func:`next_whole`'s counts."""
-    lo = np.where(k <= batch, k, np.inf)
-    top = holds(np.full(np.shape(lo), float(batch)))
-    lo = np.where(np.isfinite(lo) & ~top, np.inf, lo)
-    hi = np.where(np.isfinite(lo), float(batch), lo)
-    while True:
-        open_ = np.isfinite(lo) & (lo < hi)
-        if not open_.any():
-            return lo
-        mid = np.where(open_, np.floor((lo + hi) / 2), 1.0)
-        ok = holds(mid)
-        hi = np.where(open_ & ok, mid, hi)
-        lo = np.where(open_ & ~ok, mid + 1, lo)
+def _whole_monotone(k, holds_at, batch):
+    """As :func:`_whole`, for a test that never fails again once it holds (memory): bisected, as the
+    fewest may fall between :func:`next_whole`'s counts. ``holds_at(cells, counts)`` tests the flat
+    ``cells`` at ``counts``: each round tests only the cells still open (on a 2,000-layer grid most are
+    settled at once, by the count under real division)."""
+    lo = np.where(k <= batch, k, np.inf).ravel()
+    cells = np.flatnonzero(np.isfinite(lo))
+    top = holds_at(cells, np.full(len(cells), float(batch)))
+    lo[cells[~top]] = np.inf
+    cells = cells[top]
+    at_once = holds_at(cells, lo[cells])  # where the count under real division holds, it is the fewest
+    cells = cells[~at_once]
+    low, high = lo[cells], np.full(len(cells), float(batch))
+    while cells.size:
+        mid = np.floor((low + high) / 2)
+        ok = holds_at(cells, mid)
+        high, low = np.where(ok, mid, high), np.where(ok, low, mid + 1)
+        done = low >= high
+        lo[cells[done]] = low[done]
+        cells, low, high = cells[~done], low[~done], high[~done]
+    return lo.reshape(np.shape(k))
 
 
 def min_replicas(sc, pc, sd, pd, batch_size, target, at_least=1.0, ps=None, batch=None):
@@ -142,7 +148,15 @@ def min_memory_replicas(fixed, split, memory, activations=None, batch=None):
     real = _least(_need(fixed, split, memory * (1 + SLACK)), lambda k: memory_fits(fixed, split, memory, k))
     if batch is None:
         return real
-    return _whole_monotone(real, lambda k: memory_fits(fixed, split, memory, k, activations, batch), batch)
+    shape = np.shape(real)
+    given = activations is not None
+    operands = [np.broadcast_to(x, shape) for x in (fixed, split, memory, activations if given else 0.0)]
+
+    def holds_at(cells, k):
+        f, s, m, a = (x[np.unravel_index(cells, shape)] for x in operands)
+        return memory_fits(f, s, m, k, a if given else None, batch)
+
+    return _whole_monotone(real, holds_at, batch)
 
 
 def _least(closed_form, holds, at_least=1.0):
