@@ -93,6 +93,7 @@ class PipelineSolver(StepSolver):
         self.dropped_found: list[tuple[StepSolver, Candidate]] = []
         self.fastest: tuple[Candidate | None, float] | None = None  # max_throughput's, once finished
         self.slowest_layer = _slowest_layer(problem)
+        self.refused: str | None = None  # why a walk stopped short of a stage count's grid (TooLarge's words)
 
     def stage_counts(self, target: float) -> range:
         """The stage counts ``S`` whose plans can reach ``target``: a stage's step is at least

@@ -200,6 +200,8 @@ def solve(
     share = f" ({limit or 0:.3g} s of it at micro-batch {problem.batch_size:,})" if whole is not None else ""
     said = whole if whole is not None else limit or 0
     why = f"exact stopped at the --time-limit of {said:g} s{share} before proving this plan optimal"
+    if (refused := getattr(solver, "refused", None)) is not None:  # a stage count's grid did not fit
+        why = f"exact searched every plan of fewer stages, but {refused.split(';')[0]}"
     if not best.within:
         best, why = _within_every_limit(problem, solver)
     gap, words = within(problem.objective, best.cost, best.throughput, bound)

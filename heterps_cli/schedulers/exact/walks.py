@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from heterps_cli.costmodel import throughput_floor
+from heterps_cli.errors import TooLarge
 from heterps_cli.formulas import SLACK
 from heterps_cli.schedulers.exact.kernel import Candidate
 from heterps_cli.schedulers.exact.pipeline import PipelineSolver, scored, true_candidate, walking
@@ -203,7 +204,13 @@ def min_cost_by_stages(
             if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
                 keep(witness)
                 break
-        sub = walking(solver, S)
+        try:
+            sub = walking(solver, S)
+        except TooLarge as exc:  # grid S does not fit: the best of fewer stages, its gap by the relaxation's
+            if best is None:
+                raise
+            solver.refused = exc.message
+            return best, min(best.cost, bound)
         found, proven = _min_cost(sub, out_of_time, incumbent=best)
         if found is not None and found is not best:
             keep(true_candidate(solver.p, sub, found))
@@ -232,7 +239,13 @@ def max_throughput_by_stages(
             break  # none of S stages or more is as fast
         if best is not None and out_of_time():
             return best, max(best.throughput, solver.slot_bound(S))
-        sub = walking(solver, S)
+        try:
+            sub = walking(solver, S)
+        except TooLarge as exc:  # grid S does not fit: the best of fewer stages, none of S or more faster than
+            if best is None:  # its slots allow
+                raise
+            solver.refused = exc.message
+            return best, max(best.throughput, solver.slot_bound(S))
         lo = sub.reaching(target)  # the bisection's exact finish finds the cheapest of a tie
         if lo is not None:
             found, hi = bisect(sub, lo, out_of_time, solver.slot_bound(S))
