@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heterps_cli.costmodel import better
 from heterps_cli.errors import InfeasibleError, InputError
 from heterps_cli.formats import Plan
 from heterps_cli.formulas import SLACK, amdahl
@@ -170,7 +171,7 @@ def best_within(
         except InputError:
             continue  # a shape the profile cannot run (no layer timed at that degree, or recomputing)
         proven = proven and bool(found.optimal)
-        if best is None or _better(problem.objective, found, best):
+        if best is None or better(problem, found.cost_usd, found.throughput, best.cost_usd, best.throughput):
             best = found
     if best is None:
         raise InfeasibleError(f"{rules.title} runs no plan that meets the job on this cluster within its rules "
@@ -182,13 +183,6 @@ def best_within(
         "within the time limit: not proven the best of its plans)")  # fmt: skip
     took = time.perf_counter() - start
     return best.but(optimal=proven, gap=best.gap if proven else None, notes=[*best.notes, said], solve_s=took)
-
-
-def _better(objective: Objective, a: Plan, b: Plan) -> bool:
-    """``a`` beats ``b`` by the objective, ties to the faster (cost) or the cheaper (time)."""
-    tie = a.cost_usd if objective is Objective.TIME else -a.throughput
-    theirs = b.cost_usd if objective is Objective.TIME else -b.throughput
-    return (objective.key(a.cost_usd, a.throughput), tie) < (objective.key(b.cost_usd, b.throughput), theirs)
 
 
 def against_free(engine_plan: Plan, free: Plan | None, rules: Rules, objective: Objective, explain: bool) -> list[str]:

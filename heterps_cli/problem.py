@@ -130,7 +130,7 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
         if self.tensor:  # each degree at the same micro-batch, from its own measured sizes
             out = dataclasses.replace(out, tensor={d: p.at_micro_batch(batch) for d, p in self.tensor.items()})
             _check_covered(out)
-        return _where_allowed(out)
+        return where_allowed(out)
 
     @property
     def can_recompute(self) -> bool:
@@ -179,7 +179,7 @@ class Problem(DegreeViews, MemoryTerms, TransferTerms, RentalQuestions):
         return out
 
 
-def _where_allowed(problem: Problem) -> Problem:
+def where_allowed(problem: Problem) -> Problem:
     """Section 1k: ``problem`` with its layers runnable only where a shape's layer ranges allow."""
     if (allowed := problem.fixed.layer_allowed) is None:
         return problem

@@ -17,7 +17,7 @@ import numpy as np
 
 from heterps_cli.errors import InputError
 from heterps_cli.formats import Plan
-from heterps_cli.problem import Problem
+from heterps_cli.problem import Problem, where_allowed
 from heterps_cli.problem_terms import Fixed
 
 ANY = "*"  # a stage of any type, in --stage-types
@@ -85,9 +85,7 @@ def constrained(problem: Problem, shape: Shape) -> Problem:
         out = dataclasses.replace(
             out, tensor={d: p for d, p in (out.tensor or {}).items() if d <= shape.max_tp} or None
         )
-    if mask is not None:
-        out = out.each_degree(lambda view: {"runnable": view.runnable & mask})
-    return out
+    return where_allowed(out)
 
 
 def _check(problem: Problem, shape: Shape) -> None:

@@ -55,36 +55,33 @@ def test_what_pipelining_cannot_express_is_refused_naming_it(tmp_path, edit, sai
     assert not out.exists()
 
 
-@pytest.mark.slow  # torchrun and four processes
-def test_two_replicas_a_stage_train_as_one_process(tmp_path):
-    plan = write_plan(tmp_path / "plan.json", [("cpu", 2, ["0", "1", "2"]), ("cpu2", 2, ["3", "4"])], 32)
+def _trains_as_one_process(tmp_path, plan, processes: int) -> tuple[list[float], dict]:
+    """The plan's pipelining script under torchrun on ``processes`` processes, 6 steps of 4 micro-batches of
+    32: its losses, each within 1e-5 of one process's; and the environment it ran in."""
     script = tmp_path / "pipe.py"
     made = runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--micro-batches", "4", "-o", str(script)])
     assert made.exit_code == 0, made.output
     env = {**os.environ, "CLASSIFY_DATA": str(tmp_path / "data")}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
             "--master-port", str(free_port()), str(script), "--task", CLASSIFY, "--steps", "6"]  # fmt: skip
     code, stdout, stderr = run_in_session(argv, env=env, cwd=tmp_path, timeout=300)
     assert code == 0, stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in stdout.splitlines() if line.startswith("{")]
     reference, _ = _task_reference(tmp_path / "data", 32 * 4, 6)
     assert len(losses) == 6 and max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5
+    return losses, env
+
+
+@pytest.mark.slow  # torchrun and four processes
+def test_two_replicas_a_stage_train_as_one_process(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", [("cpu", 2, ["0", "1", "2"]), ("cpu2", 2, ["3", "4"])], 32)
+    _trains_as_one_process(tmp_path, plan, 4)
 
 
 @pytest.mark.slow  # torchrun and two processes
 def test_the_pipelining_script_trains_as_one_process_and_as_heterps_run(tmp_path):
     plan = _two_stages(tmp_path)
-    script = tmp_path / "pipe.py"
-    made = runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--micro-batches", "4", "-o", str(script)])
-    assert made.exit_code == 0, made.output
-    env = {**os.environ, "CLASSIFY_DATA": str(tmp_path / "data")}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--master-port", str(free_port()), str(script), "--task", CLASSIFY, "--steps", "6"]  # fmt: skip
-    code, stdout, stderr = run_in_session(argv, env=env, cwd=tmp_path, timeout=300)
-    assert code == 0, stderr[-3000:]
-    losses = [json.loads(line)["loss"] for line in stdout.splitlines() if line.startswith("{")]
-    reference, _ = _task_reference(tmp_path / "data", 32 * 4, 6)
-    assert len(losses) == 6 and max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5
+    losses, env = _trains_as_one_process(tmp_path, plan, 2)
     ran = subprocess.run([sys.executable, "-m", "heterps_cli", "run", str(plan), "--task", CLASSIFY, "--map",
                           "cpu2=cpu", "--micro-batches", "4", "--steps", "6", "--json"], env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip

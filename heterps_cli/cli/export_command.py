@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,14 +9,7 @@ import typer
 from rich.text import Text
 
 from heterps_cli.cli.session import exit_codes, not_an_input, out, write_output
-
-
-class Engine(str, Enum):
-    pipelining = "pipelining"
-    megatron = "megatron"
-    torchtitan = "torchtitan"
-    deepspeed = "deepspeed"
-
+from heterps_cli.cli.shape_options import EngineName as Engine
 
 WROTE = {
     "megatron": "Megatron-LM's arguments for pretrain_gpt.py",
