@@ -27,7 +27,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.generate import chain  # noqa: E402
 from benchmarks.tables import markdown  # noqa: E402
 
-# layers, types, tight limits, scheduler, --time-limit (None: none), spec section 1b (None, "memory", "bandwidth")
+# layers, types, tight limits, scheduler, --time-limit (None: none), spec section 1b (None, "memory", "bandwidth"),
+# then any further options of `heterps plan`
+PIPELINED = ("--global-batch", "1024", "--min-throughput", "2")  # a plan of 1 to 4 micro-batches meets it
 CASES = [
     (500, 3, False, "exact", None, None),
     (500, 3, False, "rl", 30, None),
@@ -47,6 +49,10 @@ CASES = [
     (2000, 3, False, "greedy", 20, None),
     (2000, 3, False, "random", 20, None),
     (2000, 3, False, "rl", None, None),  # the default budgets, no time limit
+    # issue 84 item 4: the limit held for the whole command under a pipeline and mixed stages
+    (2000, 3, False, "exact", 20, None, *PIPELINED, "--mixed-stages"),
+    (2000, 3, False, "rl", 20, None, *PIPELINED, "--mixed-stages"),
+    (2000, 3, False, "exact", 20, "memory", "--global-batch", "1024"),  # no plan found in time
     (10000, 2, False, "rl", 30, None),
     (10000, 2, False, "tapp", 30, None),
     (10000, 2, False, "greedy", 30, None),
@@ -71,9 +77,9 @@ def files(n: int, T: int, tight: bool, hardware: str | None, folder: Path) -> tu
 
 
 def run(case, folder: Path) -> dict:
-    n, T, tight, scheduler, limit, hardware = case
+    n, T, tight, scheduler, limit, hardware, *extra = case
     profile, cluster = files(n, T, tight, hardware, folder)
-    command = ["heterps", "plan", profile, cluster, "--scheduler", scheduler, "--json"]
+    command = ["heterps", "plan", profile, cluster, "--scheduler", scheduler, "--json", *extra]
     if limit is not None:
         command += ["--time-limit", str(limit)]
     timed = ["/usr/bin/time", "-f", "%e %M", *command]
@@ -82,7 +88,7 @@ def run(case, folder: Path) -> dict:
     row = {
         "layers": n,
         "types": T,
-        "limits": ("tight" if tight else "loose") + (f", {hardware}" if hardware else ""),
+        "limits": ("tight" if tight else "loose") + (f", {hardware}" if hardware else "") + _said(extra),
         "scheduler": scheduler,
         "time_limit": limit,
         "seconds": float(wall),
@@ -101,6 +107,12 @@ def run(case, folder: Path) -> dict:
         file=sys.stderr,
     )
     return row
+
+
+def _said(extra: list[str]) -> str:
+    """The further options in a few words (the global batch, mixed stages)."""
+    words = [f"global batch {extra[extra.index('--global-batch') + 1]}"] if "--global-batch" in extra else []
+    return "".join(f", {w}" for w in words + (["mixed"] if "--mixed-stages" in extra else []))
 
 
 def table(rows: list[dict]) -> str:

@@ -293,7 +293,8 @@ def _beyond_exact(problem, seed: int, progress, options, exc: TooLarge) -> Plan:
     from heterps_cli.bounds import by_micro_batch, proven
 
     given = options or SolveOptions()  # exact's own fields are for exact: greedy reads the time limit alone
-    plan = solve("greedy", problem, seed=seed, progress=progress, options=SolveOptions(given.time_limit, given.started))
+    asked = SolveOptions(given.time_limit, given.started, whole_limit=given.whole_limit)
+    plan = solve("greedy", problem, seed=seed, progress=progress, options=asked)
     said = f"the exact solver cannot hold this problem ({exc.message.split(';')[0]}): this is the greedy search's plan"
     if (found := proven(problem, plan)) is None:
         return plan.but(notes=[said, *plan.notes])

@@ -217,9 +217,49 @@ def test_held_back_starts_share_the_commands_clock_and_none_begins_past_it(tmp_p
 
     monkeypatch.setattr(exact_module, "solve", recording)
     now = time.perf_counter()
-    from_reserved(problem, plan, Clock(now, 3600.0))
+    from_reserved(problem, plan, Clock(now, 3600.0, 7200.0))
     assert seen and all(o is not None and o.time_limit == 3600.0 and o.started == now for o in seen)
+    assert all(o.whole_limit == 7200.0 for o in seen)  # their notes name the user's limit, not the share
     seen.clear()
     # one second left, and the plan's own solve took ten: no start is begun
     from_reserved(problem, plan.but(solve_s=10.0), Clock(now - 3599.0, 3600.0))
     assert seen == []
+
+
+def test_the_paced_clock_stops_where_a_step_as_long_as_the_longest_would_end_past_the_limit():
+    from heterps_cli.schedulers.base import Clock
+
+    now = [0.0]
+    out_of_time = Clock(0.0, 10.0).paced(lambda: now[0])
+    seen = []
+    for step in (1.0, 4.0, 1.0, 1.0, 1.0):  # after 7 s, 3 s are left: less than the 4 s step
+        now[0] += step
+        seen.append(out_of_time())
+    assert seen == [False, False, False, True, True]
+    assert Clock(0.0, None).paced(lambda: 1e9)() is False  # no limit
+
+
+def test_exact_out_of_time_before_it_has_a_plan_says_so_and_searches_no_further(monkeypatch):
+    """Out of time with no plan, exact said why none exists by a search without the limit (a 2,000-layer
+    chain: 29 s for a limit of 20); it now says that the limit ran out, naming the user's limit."""
+    import heterps_cli.schedulers.exact.scheduler as scheduler
+    import heterps_cli.schedulers.exact.walks as walks
+    from heterps_cli.errors import SearchGaveUp
+    from heterps_cli.schedulers.base import SolveOptions
+
+    problem = load_problem(str(ROOT / "profiles/vgg16.yaml"), str(ROOT / "clusters/three-type.yaml"), global_batch=256)
+    problem = problem.at_micro_batch(256)
+    monkeypatch.setattr(walks, "scored", lambda p, sub, cand: (cand, False))  # no relaxation's plan is one
+    monkeypatch.setattr(scheduler, "infeasible_error", lambda *a: pytest.fail("searched on to say why"))
+    with pytest.raises(SearchGaveUp, match="exact found no plan before the --time-limit of 20 s ran out"):
+        scheduler.solve(problem, options=SolveOptions(time_limit=1e-9, whole_limit=20.0))
+
+
+def test_mixed_stages_where_none_can_mix_say_why_once(runner):
+    """The note that the DP over mixed stages does not run said so beside the note that no stage can mix."""
+    args = ["plan", str(ROOT / "profiles/vgg16.yaml"), str(ROOT / "clusters/three-type.yaml"), "-s", "exact"]
+    result = runner.invoke(app, [*args, "--mixed-stages", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert any("mixed stages need a pipeline schedule" in n for n in notes), notes
+    assert not any("no exact search over mixed stages" in n for n in notes), notes

@@ -92,10 +92,10 @@ def solve(
     if mixing:
         if name == "exact":  # other starts for the climb: the optimum with some units of a type held back
             from heterps_cli.schedulers.mixed_optimum import why_not
-            from heterps_cli.schedulers.mixing import from_reserved
+            from heterps_cli.schedulers.mixing import can_mix, from_reserved
 
             plan = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
-            if (why := why_not(problem)) is not None:
+            if can_mix(problem) is None and (why := why_not(problem)) is not None:  # else that note says why
                 plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
         plan = _mixed_certificate(problem, plan)
     if optimum is not None:

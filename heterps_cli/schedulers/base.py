@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -120,6 +121,7 @@ class Clock:
 
     started: float
     limit: float | None = None
+    whole: float | None = None  # the --time-limit the user gave, where ``limit`` is a share of it
 
     @classmethod
     def of(cls, options: SolveOptions | None, start: float) -> Clock:
@@ -127,7 +129,28 @@ class Clock:
         (the command line does, at start-up), else from ``start``, when the scheduler started."""
         if options is None:
             return cls(start)
-        return cls(start if options.started is None else options.started, options.time_limit)
+        return cls(start if options.started is None else options.started, options.time_limit, options.whole_limit)
+
+    def options(self) -> SolveOptions:
+        """Options for a search run under this clock (its notes name the user's limit, not the share)."""
+        return SolveOptions(time_limit=self.limit, started=self.started, whole_limit=self.whole)
+
+    def paced(self, now: Callable[[], float] = time.perf_counter) -> Callable[[], bool]:
+        """``out_of_time`` for a loop of steps of a size: also true once the time left is less than the
+        longest gap between two of its calls so far (from now on), so that the next step, if as long
+        as the longest before it, does not end past the limit. The exact solver's steps range from
+        milliseconds to the seconds a stage table takes to build; asking only whether the limit has
+        passed let a 20 s limit end at 23 s (docs/exact.md, "Time limit")."""
+        last, longest = now(), 0.0
+
+        def out_of_time() -> bool:
+            nonlocal last, longest
+            at = now()
+            last, longest = at, max(longest, at - last)
+            left = None if self.limit is None else self.limit - (at - self.started)
+            return left is not None and longest > left
+
+        return out_of_time
 
     def left(self) -> float | None:
         """Seconds left (None: no limit)."""

@@ -21,7 +21,7 @@ from heterps_cli.mixed import Joined, Splits, balanced, mixed_scores, mixed_stag
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
 from heterps_cli.problem import Problem
-from heterps_cli.schedulers.base import Clock, SolveOptions
+from heterps_cli.schedulers.base import Clock
 from heterps_cli.stages import schedule_of_stages, split_stages
 
 MOST_STEPS = 64  # joins of the slowest stage; each step tries every type, count and source
@@ -247,7 +247,7 @@ def from_reserved(problem: Problem, plan: Plan, clock: Clock | None = None) -> P
     # Each start is a whole exact solve of these layers under the command's clock; it builds its stage
     # tables before it can look at the clock, so one is begun only where what is left covers the last
     # solve's time (the first: the plan's own).
-    options = None if clock is None else SolveOptions(time_limit=clock.limit, started=clock.started)
+    options = None if clock is None else clock.options()
     took = plan.solve_s or 0.0
     for t, name in enumerate(problem.types):
         start: Plan | None = None

@@ -177,7 +177,8 @@ def solve(
         return solve_rented(problem, seed=seed, progress=progress, options=options)
     start = time.perf_counter()
     limit = options.time_limit if options is not None else None
-    out_of_time = Clock.of(options, start).out_of_time
+    clock = Clock.of(options, start)
+    out_of_time = clock.paced()
     solver = solver_for(problem, progress)
     if problem.objective is Objective.COST:
         best, bound = walks.min_cost(solver, out_of_time)
@@ -194,6 +195,8 @@ def solve(
         best, bound = search(solver, out_of_time)
         if best is not None and best.throughput < throughput_floor(problem):
             best = None
+    if best is None and clock.out_of_time():  # no proof that none exists: saying why would search on
+        raise SearchGaveUp(_none_in_time(clock))
     if best is None:
         raise infeasible_error(problem, solver)
     whole = options.whole_limit if options is not None else None
@@ -219,6 +222,14 @@ def solve(
     )
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan if proved else plan.but(gap=gap)
+
+
+def _none_in_time(clock: Clock) -> str:
+    """Why exact answers nothing: its time ran out before it found a plan (none is proven not to exist)."""
+    return (
+        f"exact found no plan before the --time-limit of {clock.whole or clock.limit or 0:g} s ran out: give "
+        "it more time to find one or to prove that none exists, or use --scheduler greedy or rl"
+    )
 
 
 def _within_every_limit(problem: Problem, solver: StepSolver) -> tuple[Candidate, str]:

@@ -191,19 +191,22 @@ def min_cost_by_stages(
         if best is None or (found.cost, -found.throughput) < (best.cost, -best.throughput):
             best = found
 
-    for S in solver.stage_counts(floor):
+    bound = 0.0  # on every plan of S stages or more: nothing yet
+    for n, S in enumerate(solver.stage_counts(floor)):
+        if n and out_of_time():  # before grid S's tables, which take seconds to build on thousands of layers
+            return best, (min(best.cost, bound) if best is not None else math.inf)
         relaxed = solver.at_least(S)
-        least, bound = _min_cost(relaxed, out_of_time, incumbent=best)  # bound: on every plan of S stages or more
+        least, bound = _min_cost(relaxed, out_of_time, incumbent=best)
         if least is None or least is best:
             break  # none of S stages or more reaches the floor, or beats the best
-        if bound < least.cost * (1 - SLACK):  # out of time
-            if best is not None:
-                return best, min(best.cost, bound)
-        else:
-            witness, real = scored(solver.p, relaxed, least)
-            if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
+        witness, real = scored(solver.p, relaxed, least)
+        if bound < least.cost * (1 - SLACK):  # out of time: the relaxation's plan, where it is one, unproven
+            if real and witness.throughput >= floor:
                 keep(witness)
-                break
+            return best, (min(best.cost, bound) if best is not None else math.inf)
+        if real and witness.cost <= least.cost and witness.throughput >= least.throughput:
+            keep(witness)
+            break
         try:
             sub = walking(solver, S)
         except TooLarge as exc:  # grid S does not fit: the best of fewer stages, its gap by the relaxation's
@@ -237,8 +240,8 @@ def max_throughput_by_stages(
         target = at_least if best is None else best.throughput
         if not solver.at_least(S).reachable(target):
             break  # none of S stages or more is as fast
-        if best is not None and out_of_time():
-            return best, max(best.throughput, solver.slot_bound(S))
+        if out_of_time():  # before grid S's tables (None: no plan found in time)
+            return best, (max(best.throughput, solver.slot_bound(S)) if best is not None else 0.0)
         try:
             sub = walking(solver, S)
         except TooLarge as exc:  # grid S does not fit: the best of fewer stages, none of S or more faster than
