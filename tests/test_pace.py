@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
-from heterps_cli.pace import pace_ceiling, speed_bound, units_short
+from heterps_cli.pace import pace_ceiling, speed_bound
+from heterps_cli.units_bound import units_short
 from tests.helpers import problem_from_dicts, write_yaml
 from tests.oracle import pipeline_optimum
 from tests.strategies import SETTINGS
 from tests.test_mixed import brute_force as mixed_optimum
 from tests.test_mixed import mixable
 from tests.test_pipeline import pipelined
+from tests.test_recompute import recomputable
 from tests.test_tensor_parallel import sharded
 
 
@@ -37,10 +39,10 @@ def _within_the_ceiling(profile, cluster, optimum) -> None:
 
 
 @settings(max_examples=60, **SETTINGS)
-@given(st.one_of(pipelined(batches=(1, 2, 3)), pipelined(), sharded()))
+@given(st.one_of(pipelined(batches=(1, 2, 3)), pipelined(), sharded(), recomputable()))
 def test_no_plan_passes_the_pace_ceiling_or_needs_more_units_than_the_cluster_has(inst):
     """Every replica trains a sample of each micro-batch: no plan is faster (micro-batches of 1-3 samples
-    among them, where the replicas a stage may take bind)."""
+    among them, where the replicas a stage may take bind; memory in flight, recomputation)."""
     profile, cluster = inst
     _within_the_ceiling(profile, cluster, pipeline_optimum(profile, cluster, "time", 0.0))
 
@@ -149,7 +151,9 @@ def test_a_throughput_needing_more_units_than_the_cluster_has_is_out_of_reach(tm
     assert pace_ceiling(one) == pytest.approx(1.0)
     short = units_short(one, 2 / 3)  # 1.5 s a sample: one layer a stage, three units
     assert short is not None and short.need == pytest.approx(3.0) and short.have == pytest.approx(2.0)
-    assert units_short(one, 0.5) is None  # 2 s: two stages of two layers and one, two units
+    # two stages of two layers and one, two units: 2 s a micro-batch over 64 + 1 slots, 64 samples a step
+    assert units_short(one, 64 / 130) is None
+    assert units_short(one, 0.5) is not None  # not within the pipeline's fill and drain (it was before)
     args = ["plan", write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)]
     args += ["-s", "exact", "--objective", "time", "--json"]
     done = CliRunner().invoke(app, args)

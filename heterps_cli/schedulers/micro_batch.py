@@ -16,9 +16,10 @@ from heterps_cli.errors import InfeasibleError, SearchGaveUp
 from heterps_cli.figures import count, usd
 from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective, meets
-from heterps_cli.pace import pace_ceiling, units_short
+from heterps_cli.pace import pace_ceiling
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
+from heterps_cli.units_bound import units_short
 
 SolveOne = Callable[[Problem, SolveOptions, Progress | None], Plan]
 
@@ -118,13 +119,15 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
             f"no plan at micro-batch {B} passes {count(ceiling, 1)} samples/s (each replica trains at least one "
             f"sample of a micro-batch, at its slowest layer's pace), short of {count(need, 1)}"
         )
-    if (short := units_short(problem, need * (1 - 1e-9))) is None:
+    if (short := units_short(problem, need * (1 - 1e-9), by_stages=False)) is None:  # the cheap DP: it prunes
         return None
     weighed = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
+    stages = "its stages need" if short.stages == "any number of" else f"a plan of {short.stages} stages needs"
     return (
-        f"no plan at micro-batch {B} reaches {count(need, 1)} samples/s: each replica trains at most what it can "
-        f"in {B} / {count(need, 1)} s and at least one sample, so its stages need at least {count(short.need, 1)} "
-        f"units, the cluster has {count(short.have, 1)} (each type's units weighed: {weighed})"
+        f"no plan at micro-batch {B} reaches {count(need, 1)} samples/s: each replica trains at least one sample "
+        f"and at most what it can and holds within a step of {count(problem.step_samples, 1)} / {count(need, 1)} s "
+        f"(its pipeline's slots, its stage's optimiser step and all-reduce), so {stages} at least "
+        f"{count(short.need, 1)} units, the cluster has {count(short.have, 1)} (each type's units weighed: {weighed})"
     )
 
 

@@ -1,0 +1,275 @@
+"""The units a throughput needs, proven without a search (docs/exact.md section 5, "the units needed"): where
+every plan at one micro-batch reaching a throughput holds more units than the cluster has, weighed per type,
+no plan there reaches it. The bound counts what every plan pays, mixed stages (docs/spec.md section 1i) and
+whole nodes (section 1e) included: each replica trains at least one sample of each micro-batch at its
+type's and degree's pace, waits ``M + S - 1`` slots in a pipeline of ``S`` stages, pays its stage's
+optimiser step and, beside another replica, the gradients' all-reduce, and holds its training state, its
+weight copies and its share of the activations in flight within its unit's memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterps_cli.formulas import pipeline_slots
+from heterps_cli.problem import Problem
+
+# A relaxation of every type's limit: its units weighed by these factors (a ratio to the others'), each
+# tried for every type; the first, all types alike, is the plain count of units.
+WEIGHTS = (1.0, *np.geomspace(1 / 16, 16, 17))
+WINDOW_LAYERS = 2048  # the units bound runs where the model has at most this many layers (its work is n²)
+# Stage counts are bounded in classes [S, next): a plan of S' >= S stages waits at least S's slots and holds
+# at least S's micro-batches in flight at each place. Each class is one DP over exactly that many stages;
+# above these counts one class holds every plan of that many stages or more.
+EXACT_STAGES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+STAGE_CELLS = 4_000_000  # the DPs' work (layers² x stage counts) up to which classes past one are asked
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Units weighed by ``weights`` (one per type): every plan reaching the throughput with ``stages``
+    stages (the class of stage counts that came closest to fitting) needs at least ``need`` of them, the
+    cluster has ``have``."""
+
+    weights: np.ndarray
+    need: float
+    have: float
+    stages: str = "any number of"  # the class's stage counts, in words
+
+
+def units_short(problem: Problem, throughput: float, by_stages: bool = True) -> Shortfall | None:
+    """Why no plan at the problem's micro-batch ``B`` reaches ``throughput`` ``X`` within its units (None
+    where this bound cannot tell; pipelined problems of up to :data:`WINDOW_LAYERS` layers).
+
+    A plan of ``S`` stages reaching ``X`` has every stage's step within ``G / X`` (``G = M B``): each
+    replica's time a micro-batch times ``M + S - 1``, plus its stage's optimiser step ``U`` and, where the
+    stage has two replicas or more, ``2 Y (1 - 1/K) >= Y`` of all-reduce (its own part's, section 1i: the
+    ring runs at its slowest). So a replica of a stage trains at most the ``m`` samples it can in that time
+    and holds in its memory, ``m >= 1``, and a stage ``a..b`` whose replicas train the ``B`` samples holds
+    ``Σ w d >= B min w d / m`` weighed units (or one replica's ``w d``, where one alone trains them all
+    within its time without the all-reduce). The fewest weighed units over every cut into ``S`` stages is a
+    shortest path over the layer boundaries; where it exceeds the weighed units the cluster has, for some
+    weights, at every stage count, no plan reaches ``X``. ``by_stages=False``: one DP at one stage's slots
+    alone (about a tenth of the time where it does not rule ``X`` out; a search's pruning asks it)."""
+    n = problem.n_layers
+    if not problem.pipelined or not n or n > WINDOW_LAYERS or not throughput > 0:
+        return None
+    kinds = _kinds(problem)
+    weights = _weight_rows(problem.n_types)
+    have = weights @ problem.limits.astype(float)
+    # every plan has one stage or more: one DP at one stage's slots rules out at once what it can
+    for classes in ([(1, None)], _classes(problem))[: 2 if by_stages else 1]:
+        fewest = _fewest(problem, kinds, weights, throughput, classes)  # [C, W]
+        excess = (fewest - have[None]) / weights.sum(axis=1)[None]
+        rows = np.argmax(excess, axis=1)
+        ruled = fewest[np.arange(len(classes)), rows] > have[rows] * (1 + 1e-9)
+        if ruled.all():
+            c = int(np.argmin(excess[np.arange(len(classes)), rows]))  # the class closest to fitting
+            row = int(rows[c])
+            lo, hi = classes[c]
+            said = "any number of" if (lo, hi) == (1, None) else f"{lo} or more" if hi is None else (
+                f"{lo}" if hi == lo + 1 else f"{lo} to {hi - 1}")  # fmt: skip
+            return Shortfall(weights[row], float(fewest[c, row]), float(have[row]), said)
+    return None
+
+
+def layer_pace(problem: Problem) -> np.ndarray:
+    """``[n]``: each layer's least time per micro-batch on a replica training one sample, any type and
+    degree (inf where none runs it)."""
+    pace = np.full(problem.n_layers, np.inf)
+    for view in problem.views:
+        serial, parallel, _, _ = view.parts
+        pace = np.minimum(pace, np.where(view.runnable, serial + parallel / problem.batch_size, np.inf).min(axis=1))
+    return pace
+
+
+def _classes(problem: Problem) -> list[tuple[int, int | None]]:
+    """The stage-count classes ``[lo, hi)`` (``hi`` None: every count from ``lo``) that cover every plan."""
+    n = problem.n_layers
+    most = int(min(n, problem.limits.sum()))
+    counts = [s for s in EXACT_STAGES if s <= most]
+    while len(counts) > 1 and n * n * sum(counts) > STAGE_CELLS:
+        counts.pop()
+    return [(lo, hi) for lo, hi in zip(counts, counts[1:])] + [(counts[-1], None)]
+
+
+@dataclass(frozen=True)
+class _States:
+    """The DP's states, every class's at once: class ``c`` counts its stages ``k = 0..top`` (``top``: the
+    class's last count, or "``lo`` or more" where it has no end), each stage charged ``lo``'s slots and
+    the micro-batches in flight its place holds at least (``k``-th from the first of at least ``lo``)."""
+
+    cls: np.ndarray  # [S] the class
+    held: np.ndarray  # [S] micro-batches in flight of the stage added from this state
+    step: np.ndarray  # [S] the state a stage more leads to (-1: past the class's counts)
+    final: np.ndarray  # [S] a state whose plans the class holds (its count at least lo)
+
+    @classmethod
+    def of(cls, classes: list[tuple[int, int | None]], M: int) -> _States:
+        rows: dict[str, list] = {"cls": [], "held": [], "step": [], "final": []}
+        for c, (lo, hi) in enumerate(classes):
+            top, first = (lo if hi is None else hi - 1), len(rows["cls"])
+            for k in range(top + 1):
+                rows["cls"].append(c)
+                rows["held"].append(min(max(lo - k, 1), M))
+                rows["step"].append(first + k + 1 if k < top else (first + k if hi is None else -1))
+                rows["final"].append(k >= lo)
+        return cls(*(np.array(rows[f]) for f in ("cls", "held", "step", "final")))
+
+
+def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, classes: list) -> np.ndarray:
+    """``[C, W]``: per class of stage counts, the fewest weighed units of a cut into as many stages."""
+    n, B, M = problem.n_layers, problem.batch_size, problem.micro_batches
+    states = _States.of(classes, M)
+    slots = np.array([pipeline_slots(M, lo) for lo, _ in classes], dtype=float)[:, None, None]
+    step = problem.step_samples / X
+    scaled = weights[:, kinds.type] * kinds.degree[None, :]  # [W, K]: a replica's weighed units
+    pairs, which = np.unique(np.stack([states.cls, states.held], axis=1), axis=0, return_inverse=True)
+    helds, held_of = np.unique(pairs[:, 1], return_inverse=True)
+    moves = states.step >= 0
+    fewest = np.full((len(weights), len(states.cls), n + 1), np.inf)
+    fewest[:, [np.flatnonzero(states.cls == c)[0] for c in range(len(classes))], 0] = 0.0
+    reach = np.concatenate([[0.0], np.cumsum(layer_pace(problem))])
+    budget = step / float(slots.min())  # a micro-batch's time at the fewest slots, before U and Y
+    for a in range(n):
+        live = np.isfinite(fewest[:, :, a]).any(axis=0)  # [S] states some cut reaches at a
+        if not live.any():
+            continue
+        # a stage a..b whose one-sample pace passes the most time a micro-batch may take fits no replica
+        end = int(np.searchsorted(reach, reach[a] + budget * (1 + 1e-9), side="right"))
+        b1 = np.arange(a + 1, min(end, n + 1))
+        if not b1.size:
+            continue
+        overhead = kinds.update[:, b1] - kinds.update[:, a, None]
+        ring = kinds.sync[:, b1] - kinds.sync[:, a, None] + kinds.latency[:, None]
+        many = kinds.most_samples(problem, a, b1, (step - overhead - ring)[None] / slots)  # [C, K, nb]
+        alone = kinds.most_samples(problem, a, b1, (step - overhead)[None] / slots) >= B
+        going = moves & live
+        if not going.any():  # every state reached here has its class's most stages
+            continue
+        asked = np.unique(which[going])  # the (class, in flight) pairs of the states that move
+        where = np.zeros(len(pairs), dtype=int)
+        where[asked] = np.arange(len(asked))
+        fits = kinds.fitting(problem, a, b1, helds)[held_of[asked]]  # [P, K, nb]
+        m = np.minimum(many[pairs[asked, 0]], fits)
+        per = np.where(m > 0, 1.0 / np.maximum(m, 1), np.inf)
+        spread = B * (scaled[:, None, :, None] * per[None]).min(axis=2)  # [W, P, nb]
+        alone_fits = alone[pairs[asked, 0]] & (fits >= B)
+        one = np.where(alone_fits[None], scaled[:, None, :, None], np.inf).min(axis=2)
+        units = np.minimum(spread, one)[:, where[which]]  # [W, S, nb], valid where the state moves
+        reached = fewest[:, :, a, None] + units  # a stage more after each state
+        into = states.step[going]
+        once = into != np.flatnonzero(going)  # into another state; else a class's "lo or more" stays
+        for sel in (once, ~once):  # each target once per assignment
+            src, dst = np.flatnonzero(going)[sel], into[sel]
+            fewest[:, dst[:, None], b1[None, :]] = np.minimum(fewest[:, dst[:, None], b1[None, :]], reached[:, src])
+    final = np.where(states.final[None, :], fewest[:, :, n], np.inf)  # [W, S]
+    return np.stack([final[:, states.cls == c].min(axis=1) for c in range(len(classes))])
+
+
+def _weight_rows(T: int) -> np.ndarray:
+    """``[W, T]``: every type's units alike, then each type's weighed by each of :data:`WEIGHTS`."""
+    rows = [np.ones(T)]
+    for t in range(T if T > 1 else 0):
+        for w in WEIGHTS[1:]:
+            row = np.ones(T)
+            row[t] = w
+            rows.append(row)
+    return np.array(rows)
+
+
+@dataclass(frozen=True)
+class _Kinds:
+    """Every (type, degree) a replica may be, ``K`` of them: prefix sums of each's per-layer terms."""
+
+    type: np.ndarray  # [K]
+    degree: np.ndarray  # [K]
+    serial: np.ndarray  # [K, n + 1] sums of oct (1 - alpha) over layers 0..i-1
+    parallel: np.ndarray  # [K, n + 1] of oct alpha
+    unrunnable: np.ndarray  # [K, n + 1] layers 0..i-1 it cannot run
+    cap: np.ndarray  # [K, n] the most samples a replica may train of each layer (section 1f)
+    start: np.ndarray  # [K] pass start
+    message: np.ndarray  # [K] latency a message across a boundary
+    rate: np.ndarray  # [K] seconds a byte across a boundary
+    sync: np.ndarray  # [K, n + 1] sums of odt: the all-reduce between two replicas
+    update: np.ndarray  # [K, n + 1] sums of the optimiser step
+    latency: np.ndarray  # [K] all-reduce latency
+    memory: np.ndarray  # [K] a unit's bytes
+    fixed: np.ndarray  # [K, n + 1] sums of the training state every replica holds, whatever its share
+    casts: np.ndarray  # [K, n + 1] sums of the weight copies held per micro-batch in flight
+    held: np.ndarray  # [K, n + 1] sums of a batch's activations (each layer's own, less what it shares)
+    entry: np.ndarray  # [K, n + 1] what a stage's first layer holds of its input besides (section 1b)
+    inputs: np.ndarray  # [K, n + 1] a batch's input bytes of a stage starting at each layer (section 1g)
+    recompute: bool  # section 1g may apply: a stage holds the least of both ways' bytes
+
+    def most_samples(self, problem: Problem, a: int, b1: np.ndarray, tau) -> np.ndarray:
+        """``[K, nb]``: the most samples a replica of each kind trains of a stage on layers ``a..b1-1``
+        within ``tau`` a micro-batch (a scalar, or ``[K, nb]``; 0 where it cannot run them, or not one
+        sample in time)."""
+        B = problem.batch_size
+        messages, bytes_ = problem.boundary_messages, problem.boundary_bytes
+        fixed = self.serial[:, b1] - self.serial[:, a, None] + self.start[:, None]
+        fixed = fixed + self.message[:, None] * (messages[a] + messages[b1])[None, :]
+        per = self.parallel[:, b1] - self.parallel[:, a, None] + self.rate[:, None] * (bytes_[a] + bytes_[b1])[None, :]
+        room = tau * (1 + 1e-9) - fixed
+        with np.errstate(divide="ignore", invalid="ignore"):
+            m = np.where(per > 0, np.floor(room * B / per * (1 + 1e-9) + 1e-9), np.where(room >= 0, B, 0))
+        m = np.minimum(np.minimum(m, B), np.minimum.accumulate(self.cap[:, a:], axis=1)[:, b1 - a - 1])
+        runs = self.unrunnable[:, b1] == self.unrunnable[:, a, None]
+        return np.where(runs & (room >= 0), np.maximum(m, 0), 0)
+
+    def fitting(self, problem: Problem, a: int, b1: np.ndarray, in_flight: np.ndarray) -> np.ndarray:
+        """``[H, K, nb]``: at each count ``in_flight[h]`` of micro-batches in flight, the most samples of each
+        micro-batch whose activations a replica of each kind holds, beside its training state and weight
+        copies (sections 1b, 1d; the state sharded over a stage's replicas counted as none; with
+        recomputation, section 1g, the fewer of both ways' bytes). ``B`` where memory is not limited."""
+        B = problem.batch_size
+        state = self.fixed[:, b1] - self.fixed[:, a, None]
+        casts = self.casts[:, b1] - self.casts[:, a, None]
+        held = self.held[:, b1] - self.held[:, a, None] + self.entry[:, a, None]
+        h = np.asarray(in_flight, dtype=float)[:, None, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            per, fixed = h * held, state + h * casts
+            if self.recompute:  # the inputs of every micro-batch in flight and one micro-batch's activations
+                per = np.minimum(per, h * self.inputs[None, :, a, None] + held)
+                fixed = np.minimum(fixed, state + casts)
+            room = (self.memory[:, None] - fixed * (1 - 1e-9)) * B
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m = np.where(per > 0, np.floor(room / (per * (1 - 1e-9))), np.where(room >= 0, B, 0))
+        return np.where(np.isfinite(self.memory)[:, None], np.clip(np.nan_to_num(m, posinf=B), 0, B), B)
+
+
+def _prefix(per_layer: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(per_layer)])
+
+
+def _kinds(problem: Problem) -> _Kinds:
+    start, latency, message = problem.fixed_costs
+    rows: dict[str, list] = {f: [] for f in _Kinds.__dataclass_fields__ if f != "recompute"}
+    for view in problem.views:
+        serial, parallel, _, _ = view.parts
+        cap = view.share_cap if view.share_cap is not None else np.full(serial.shape, np.inf)
+        state, _ = view.state_parts
+        for t in range(problem.n_types):
+            runs = view.runnable[:, t]
+            rows["type"].append(t)
+            rows["degree"].append(view.degree)
+            rows["serial"].append(_prefix(np.where(runs, serial[:, t], 0.0)))
+            rows["parallel"].append(_prefix(np.where(runs, parallel[:, t], 0.0)))
+            rows["unrunnable"].append(_prefix(~runs))
+            rows["cap"].append(cap[:, t])
+            rows["start"].append(float(start[t]))
+            rows["message"].append(float(message[t]))
+            rows["rate"].append(float(view.boundary_rate[t]))
+            rows["sync"].append(_prefix(np.where(runs, view.odt[:, t], 0.0)))
+            rows["update"].append(_prefix(np.where(runs, view.update_times[:, t], 0.0)))
+            rows["latency"].append(float(latency[t]))
+            rows["memory"].append(float(problem.memory[t] - problem.reserved_bytes[t]))
+            rows["fixed"].append(_prefix(state))
+            rows["casts"].append(_prefix(view.cast_bytes))
+            rows["held"].append(_prefix(view.held_once))
+            rows["entry"].append(view.shared_entry)
+            rows["inputs"].append(np.append(view.stage_inputs, 0.0))
+    found = {name: np.array(values) for name, values in rows.items()}
+    return _Kinds(**found, recompute=problem.can_recompute)
