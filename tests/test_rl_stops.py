@@ -46,3 +46,15 @@ def test_the_optimums_micro_batch_is_asked_first_and_no_other_once_it_is_met():
     assert mine["batch_size"] == exact["batch_size"] and math.isclose(mine["cost_usd"], exact["cost_usd"])
     said = " ".join(mine["notes"])
     assert f"not asked (the plan at micro-batch {exact['batch_size']} meets the optimum" in said
+
+
+def test_training_stops_where_the_exact_cut_of_its_plans_runs_meets_the_optimum():
+    """chain16x3: rl's own samples stay 0.2% above the optimum through its 120 steps (9.7 s), and the exact cut
+    of its plan's runs, the step its plan takes after training, meets it: it now stops as soon as that cut does."""
+    instances = ROOT / "benchmarks/instances"
+    files = [str(instances / "chain16x3.profile.yaml"), str(instances / "chain16x3.cluster.yaml")]
+    exact = _plan(*files, "-s", "exact")
+    mine = _plan(*files, "-s", "rl")
+    assert math.isclose(mine["cost_usd"], exact["cost_usd"], rel_tol=1e-9) and mine["optimal"] is True
+    stopped = next(n for n in mine["notes"] if n.startswith("training stopped"))
+    assert "the exact cut of its plan's runs meets the optimum" in stopped and "of 120 steps" in stopped
