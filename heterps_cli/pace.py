@@ -61,8 +61,16 @@ def speed_bound(problem: Problem, reached: float, cap: float) -> float:
         if top <= lo or units_short(sub, lo) is not None:  # none at this choice passes top, or lo
             proven = max(proven, min(top, lo))
             continue
-        while top > lo * (1 + BISECTION):  # top is ruled out (or the cap), lo is not
-            mid = float(np.sqrt(lo * top))
-            lo, top = (lo, mid) if units_short(sub, mid) is not None else (mid, top)
+        # the one-DP form first (a tenth of the time): what it rules out the full bound does too
+        top = _least_ruled_out(sub, lo, _least_ruled_out(sub, lo, top, by_stages=False), by_stages=True)
         proven = max(proven, top)
     return proven
+
+
+def _least_ruled_out(problem: Problem, lo: float, top: float, by_stages: bool) -> float:
+    """Between ``lo``, which the units bound does not rule out, and ``top``, which it does (or a cap), the
+    least throughput it rules out, to within :data:`BISECTION`."""
+    while top > lo * (1 + BISECTION):
+        mid = float(np.sqrt(lo * top))
+        lo, top = (lo, mid) if units_short(problem, mid, by_stages) is not None else (mid, top)
+    return top

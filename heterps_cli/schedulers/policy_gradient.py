@@ -264,7 +264,7 @@ class _Training:
             took = self.pretrain_on_pool()
             self.begin()
             for step in range(cfg.steps):
-                if (why := self.meets_optimum()) is not None:
+                if (why := _meets_optimum(self)) is not None:
                     self.met = True
                     self.run.notes.append(f"training stopped after {step} of {cfg.steps} steps (and the pre-training "
                                           f"pool): {why} the optimum the exact solver proves")  # fmt: skip
@@ -284,24 +284,6 @@ class _Training:
         except KeyboardInterrupt:
             self.run.interrupted = True
             self.run.notes.append("training interrupted (Ctrl-C): the best plan found so far")
-
-    def meets_optimum(self) -> str | None:
-        """Where training has a proven optimum to stop at: whether its best plan meets it, or the exact cut
-        of that plan's runs into stages does (:func:`~.cuts.cut_exactly`, the step the search's plan takes
-        after training; 18 ms on 16 layers, asked once each time the best plan changes); None where not."""
-        target, best = self.cfg.stop_at, self.best
-        if target is None or best.schedule is None:
-            return None
-        if meets(best.key, target):
-            return "its plan meets"
-        if best.key == self.cut_key:
-            return None
-        self.cut_key = best.key
-        plan = make_plan(self.problem, best.schedule, best.replicas, scheduler=self.name)
-        cut = cut_exactly(self.problem, plan, None)
-        if cut.feasible and meets(self.problem.objective.key_of(cut), target):
-            return "the exact cut of its plan's runs meets"
-        return None
 
     def reinforce(self, step: int) -> None:
         """One REINFORCE step on a batch of the agent's samples."""
@@ -386,6 +368,25 @@ def _policy_loss(
         loss = -(torch.from_numpy(rank_advantage(reward)).float() * logp).mean()
     beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * step / max(cfg.steps - 1, 1)
     return loss - beta * entropy.mean()
+
+
+def _meets_optimum(training: _Training) -> str | None:
+    """Where training has a proven optimum to stop at: whether its best plan meets it, or the exact cut
+    of that plan's runs into stages does (:func:`~.cuts.cut_exactly`, the step the search's plan takes
+    after training; 18 ms on 16 layers, asked once each time the best plan changes); None where not."""
+    target, best = training.cfg.stop_at, training.best
+    if target is None or best.schedule is None:
+        return None
+    if meets(best.key, target):
+        return "its plan meets"
+    if best.key == training.cut_key:
+        return None
+    training.cut_key = best.key
+    plan = make_plan(training.problem, best.schedule, best.replicas, scheduler=training.name)
+    cut = cut_exactly(training.problem, plan, None)
+    if cut.feasible and meets(training.problem.objective.key_of(cut), target):
+        return "the exact cut of its plan's runs meets"
+    return None
 
 
 def finish(problem: Problem, run: Run, *, name: str, seed: int) -> Plan:
