@@ -236,11 +236,11 @@ def max_throughput_by_stages(
         found = solver.fastest[0]
         return solver.fastest if found is None or found.throughput >= at_least else (None, 0.0)
     best: Candidate | None = None
-    for S in solver.of_shape(range(1, solver.most + 1)):
+    for n, S in enumerate(solver.of_shape(range(1, solver.most + 1))):
         target = at_least if best is None else best.throughput
         if not solver.at_least(S).reachable(target):
             break  # none of S stages or more is as fast
-        if out_of_time():  # before grid S's tables (None: no plan found in time)
+        if n and out_of_time():  # before grid S's tables (None: no plan found in time)
             return best, (max(best.throughput, solver.slot_bound(S)) if best is not None else 0.0)
         try:
             sub = walking(solver, S)
