@@ -156,14 +156,17 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
         per = np.where(m > 0, 1.0 / np.maximum(m, 1), np.inf)
         spread = B * (scaled[:, None, :, None] * per[None]).min(axis=2)  # [W, P, nb]
         alone_fits = alone[pairs[asked, 0]] & (fits >= B)
-        one = np.where(alone_fits[None], scaled[:, None, :, None], np.inf).min(axis=2)
-        units = np.minimum(spread, one)[:, where[which]]  # [W, S, nb], valid where the state moves
+        if (cols := np.flatnonzero(alone_fits.any(axis=(0, 1)))).size:  # one replica may train a micro-batch
+            one = np.where(alone_fits[None][..., cols], scaled[:, None, :, None], np.inf).min(axis=2)
+            spread[:, :, cols] = np.minimum(spread[:, :, cols], one)
+        units = spread[:, where[which]]  # [W, S, nb], valid where the state moves
         reached = fewest[:, :, a, None] + units  # a stage more after each state
         into = states.step[going]
         once = into != np.flatnonzero(going)  # into another state; else a class's "lo or more" stays
         for sel in (once, ~once):  # each target once per assignment
             src, dst = np.flatnonzero(going)[sel], into[sel]
-            fewest[:, dst[:, None], b1[None, :]] = np.minimum(fewest[:, dst[:, None], b1[None, :]], reached[:, src])
+            span = slice(int(b1[0]), int(b1[-1]) + 1)
+            fewest[:, dst, span] = np.minimum(fewest[:, dst, span], reached[:, src])
     final = np.where(states.final[None, :], fewest[:, :, n], np.inf)  # [W, S]
     return np.stack([final[:, states.cls == c].min(axis=1) for c in range(len(classes))])
 
