@@ -18,7 +18,10 @@ from heterps_cli.problem import Problem
 # A relaxation of every type's limit: its units weighed by these factors (a ratio to the others'), each
 # tried for every type; the first, all types alike, is the plain count of units.
 WEIGHTS = (1.0, *np.geomspace(1 / 16, 16, 17))
-WINDOW_LAYERS = 2048  # the units bound runs where the model has at most this many layers (its work is n²)
+# The units bound runs where the model has at most this many layers: its work is n². A question took 2.6 s
+# on 2,000 layers (1.6 s before it counted the pipeline's terms), and a 20 s --time-limit there ended at 25-29 s
+# with the pruning and the certificate asking it (benchmarks/bench_scale.py); 1,000 layers: a quarter.
+WINDOW_LAYERS = 1024
 # Stage counts are bounded in classes [S, next): a plan of S' >= S stages waits at least S's slots and holds
 # at least S's micro-batches in flight at each place. Each class is one DP over exactly that many stages;
 # above these counts one class holds every plan of that many stages or more.
