@@ -8,6 +8,7 @@ weight copies and its share of the activations in flight within its unit's memor
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ WINDOW_LAYERS = 1024
 # above these counts one class holds every plan of that many stages or more.
 EXACT_STAGES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 STAGE_CELLS = 4_000_000  # the DPs' work (layers² x stage counts) up to which classes past one are asked
+EVERY_COUNT: tuple[int, int | None] = (1, None)  # the class of every plan: one stage or more
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,15 @@ class Shortfall:
     weights: np.ndarray
     need: float
     have: float
-    stages: str = "any number of"  # the class's stage counts, in words
+    stages: tuple[int, int | None] = (1, None)  # the class [lo, hi) of stage counts (hi None: lo or more)
+
+    @property
+    def stage_words(self) -> str:
+        """The class's stage counts in words."""
+        lo, hi = self.stages
+        if self.stages == EVERY_COUNT:
+            return "any number of"
+        return f"{lo} or more" if hi is None else f"{lo}" if hi == lo + 1 else f"{lo} to {hi - 1}"
 
 
 def units_short(problem: Problem, throughput: float, by_stages: bool = True) -> Shortfall | None:
@@ -62,7 +72,10 @@ def units_short(problem: Problem, throughput: float, by_stages: bool = True) -> 
     weights = _weight_rows(problem.n_types)
     have = weights @ problem.limits.astype(float)
     # every plan has one stage or more: one DP at one stage's slots rules out at once what it can
-    for classes in ([(1, None)], _classes(problem))[: 2 if by_stages else 1]:
+    passes = [[EVERY_COUNT]]
+    if by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
+        passes.append(classes)
+    for classes in passes:
         fewest = _fewest(problem, kinds, weights, throughput, classes)  # [C, W]
         excess = (fewest - have[None]) / weights.sum(axis=1)[None]
         rows = np.argmax(excess, axis=1)
@@ -70,10 +83,7 @@ def units_short(problem: Problem, throughput: float, by_stages: bool = True) -> 
         if ruled.all():
             c = int(np.argmin(excess[np.arange(len(classes)), rows]))  # the class closest to fitting
             row = int(rows[c])
-            lo, hi = classes[c]
-            said = "any number of" if (lo, hi) == (1, None) else f"{lo} or more" if hi is None else (
-                f"{lo}" if hi == lo + 1 else f"{lo} to {hi - 1}")  # fmt: skip
-            return Shortfall(weights[row], float(fewest[c, row]), float(have[row]), said)
+            return Shortfall(weights[row], float(fewest[c, row]), float(have[row]), classes[c])
     return None
 
 
@@ -133,14 +143,13 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
     moves = states.step >= 0
     fewest = np.full((len(weights), len(states.cls), n + 1), np.inf)
     fewest[:, [np.flatnonzero(states.cls == c)[0] for c in range(len(classes))], 0] = 0.0
-    reach = np.concatenate([[0.0], np.cumsum(layer_pace(problem))])
     budget = step / float(slots.min())  # a micro-batch's time at the fewest slots, before U and Y
     for a in range(n):
-        live = np.isfinite(fewest[:, :, a]).any(axis=0)  # [S] states some cut reaches at a
-        if not live.any():
+        going = moves & np.isfinite(fewest[:, :, a]).any(axis=0)  # [S] states some cut reaches at a, to move on
+        if not going.any():  # none, or every one reached here has its class's most stages
             continue
         # a stage a..b whose one-sample pace passes the most time a micro-batch may take fits no replica
-        end = int(np.searchsorted(reach, reach[a] + budget * (1 + 1e-9), side="right"))
+        end = int(np.searchsorted(kinds.reach, kinds.reach[a] + budget * (1 + 1e-9), side="right"))
         b1 = np.arange(a + 1, min(end, n + 1))
         if not b1.size:
             continue
@@ -148,9 +157,6 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
         ring = kinds.sync[:, b1] - kinds.sync[:, a, None] + kinds.latency[:, None]
         many = kinds.most_samples(problem, a, b1, (step - overhead - ring)[None] / slots)  # [C, K, nb]
         alone = kinds.most_samples(problem, a, b1, (step - overhead)[None] / slots) >= B
-        going = moves & live
-        if not going.any():  # every state reached here has its class's most stages
-            continue
         asked = np.unique(which[going])  # the (class, in flight) pairs of the states that move
         where = np.zeros(len(pairs), dtype=int)
         where[asked] = np.arange(len(asked))
@@ -208,6 +214,7 @@ class _Kinds:
     entry: np.ndarray  # [K, n + 1] what a stage's first layer holds of its input besides (section 1b)
     inputs: np.ndarray  # [K, n + 1] a batch's input bytes of a stage starting at each layer (section 1g)
     recompute: bool  # section 1g may apply: a stage holds the least of both ways' bytes
+    reach: np.ndarray  # [n + 1] sums of :func:`layer_pace`: no replica of any kind is faster on layers 0..i-1
 
     def most_samples(self, problem: Problem, a: int, b1: np.ndarray, tau) -> np.ndarray:
         """``[K, nb]``: the most samples a replica of each kind trains of a stage on layers ``a..b1-1``
@@ -250,9 +257,19 @@ def _prefix(per_layer: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(per_layer)])
 
 
+# The kinds by problem: a certificate's bisection asks one micro-batch's problem a dozen times.
+_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _kinds(problem: Problem) -> _Kinds:
+    if (kept := _KINDS.get(problem)) is None:
+        kept = _KINDS[problem] = _kinds_of(problem)
+    return kept
+
+
+def _kinds_of(problem: Problem) -> _Kinds:
     start, latency, message = problem.fixed_costs
-    rows: dict[str, list] = {f: [] for f in _Kinds.__dataclass_fields__ if f != "recompute"}
+    rows: dict[str, list] = {f: [] for f in _Kinds.__dataclass_fields__ if f not in ("recompute", "reach")}
     for view in problem.views:
         serial, parallel, _, _ = view.parts
         cap = view.share_cap if view.share_cap is not None else np.full(serial.shape, np.inf)
@@ -278,4 +295,4 @@ def _kinds(problem: Problem) -> _Kinds:
             rows["entry"].append(view.shared_entry)
             rows["inputs"].append(np.append(view.stage_inputs, 0.0))
     found = {name: np.array(values) for name, values in rows.items()}
-    return _Kinds(**found, recompute=problem.can_recompute)
+    return _Kinds(**found, recompute=problem.can_recompute, reach=_prefix(layer_pace(problem)))

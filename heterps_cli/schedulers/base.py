@@ -131,6 +131,11 @@ class Clock:
             return cls(start)
         return cls(start if options.started is None else options.started, options.time_limit, options.whole_limit)
 
+    @property
+    def named(self) -> float:
+        """The limit a note names: the user's --time-limit, not a micro-batch's share of it (0: none)."""
+        return self.whole if self.whole is not None else self.limit or 0.0
+
     def options(self) -> SolveOptions:
         """Options for a search run under this clock (its notes name the user's limit, not the share)."""
         return SolveOptions(time_limit=self.limit, started=self.started, whole_limit=self.whole)

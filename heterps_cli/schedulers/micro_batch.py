@@ -19,7 +19,7 @@ from heterps_cli.objective import Objective, meets
 from heterps_cli.pace import pace_ceiling
 from heterps_cli.problem import Problem
 from heterps_cli.schedulers.base import Clock, ExactOptions, Progress, SolveOptions
-from heterps_cli.units_bound import units_short
+from heterps_cli.units_bound import EVERY_COUNT, units_short
 
 SolveOne = Callable[[Problem, SolveOptions, Progress | None], Plan]
 
@@ -122,7 +122,7 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
     if (short := units_short(problem, need * (1 - 1e-9), by_stages=False)) is None:  # the cheap DP: it prunes
         return None
     weighed = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
-    stages = "its stages need" if short.stages == "any number of" else f"a plan of {short.stages} stages needs"
+    stages = "its stages need" if short.stages == EVERY_COUNT else f"a plan of {short.stage_words} stages needs"
     return (
         f"no plan at micro-batch {B} reaches {count(need, 1)} samples/s: each replica trains at least one sample "
         f"and at most what it can and holds within a step of {count(problem.step_samples, 1)} / {count(need, 1)} s "

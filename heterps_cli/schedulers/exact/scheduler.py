@@ -176,7 +176,6 @@ def solve(
     if problem.nodes is not None:
         return solve_rented(problem, seed=seed, progress=progress, options=options)
     start = time.perf_counter()
-    limit = options.time_limit if options is not None else None
     clock = Clock.of(options, start)
     out_of_time = clock.paced()
     solver = solver_for(problem, progress)
@@ -199,10 +198,9 @@ def solve(
         raise SearchGaveUp(_none_in_time(clock))
     if best is None:
         raise infeasible_error(problem, solver)
-    whole = options.whole_limit if options is not None else None
-    share = f" ({limit or 0:.3g} s of it at micro-batch {problem.batch_size:,})" if whole is not None else ""
-    said = whole if whole is not None else limit or 0
-    why = f"exact stopped at the --time-limit of {said:g} s{share} before proving this plan optimal"
+    shared = clock.whole is not None  # the user's limit shared out over the micro-batches
+    share = f" ({clock.limit or 0:.3g} s of it at micro-batch {problem.batch_size:,})" if shared else ""
+    why = f"exact stopped at the --time-limit of {clock.named:g} s{share} before proving this plan optimal"
     if (refused := getattr(solver, "refused", None)) is not None:  # a stage count's grid did not fit
         why = f"exact searched every plan of fewer stages, but {refused.split(';')[0]}"
     if not best.within:
@@ -227,7 +225,7 @@ def solve(
 def _none_in_time(clock: Clock) -> str:
     """Why exact answers nothing: its time ran out before it found a plan (none is proven not to exist)."""
     return (
-        f"exact found no plan before the --time-limit of {clock.whole or clock.limit or 0:g} s ran out: give "
+        f"exact found no plan before the --time-limit of {clock.named:g} s ran out: give "
         "it more time to find one or to prove that none exists, or use --scheduler greedy or rl"
     )
 
