@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from heterps_cli.problem import Problem
-from heterps_cli.units_bound import layer_pace, units_short
+from heterps_cli.units_bound import layer_pace, several_sets, units_short
 
 
 def pace_ceiling(problem: Problem) -> float:
@@ -44,6 +44,10 @@ def _around(problem: Problem, pace: np.ndarray) -> np.ndarray:
 
 
 BISECTION = 1e-3  # how close the units bound's least ruled-out throughput is found
+# The units bound's forms (by_stages, by_sets) the certificate bisects in turn, cheapest and loosest first, each
+# but the last to within BRACKET: it only narrows the next one's range
+FORMS = ((False, False), (True, False), (True, True))
+BRACKET = 1e-2
 
 
 def speed_bound(problem: Problem, reached: float, cap: float) -> float:
@@ -61,16 +65,18 @@ def speed_bound(problem: Problem, reached: float, cap: float) -> float:
         if top <= lo or units_short(sub, lo) is not None:  # none at this choice passes top, or lo
             proven = max(proven, min(top, lo))
             continue
-        # the one-DP form first (a tenth of the time): what it rules out the full bound does too
-        top = _least_ruled_out(sub, lo, _least_ruled_out(sub, lo, top, by_stages=False), by_stages=True)
+        # the cheaper forms first, each narrowing the next one's range: what they rule out the full bound does too
+        forms = FORMS if several_sets(sub) else FORMS[:2]
+        for i, form in enumerate(forms):
+            top = _least_ruled_out(sub, lo, top, *form, BISECTION if i == len(forms) - 1 else BRACKET)
         proven = max(proven, top)
     return proven
 
 
-def _least_ruled_out(problem: Problem, lo: float, top: float, by_stages: bool) -> float:
+def _least_ruled_out(problem: Problem, lo: float, top: float, by_stages: bool, by_sets: bool, within: float) -> float:
     """Between ``lo``, which the units bound does not rule out, and ``top``, which it does (or a cap), the
-    least throughput it rules out, to within :data:`BISECTION`."""
-    while top > lo * (1 + BISECTION):
+    least throughput it rules out, to within ``within`` (a ratio)."""
+    while top > lo * (1 + within):
         mid = float(np.sqrt(lo * top))
-        lo, top = (lo, mid) if units_short(problem, mid, by_stages) is not None else (mid, top)
+        lo, top = (lo, mid) if units_short(problem, mid, by_stages, by_sets) is not None else (mid, top)
     return top

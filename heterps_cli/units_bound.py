@@ -3,11 +3,13 @@ every plan at one micro-batch reaching a throughput holds more units than the cl
 no plan there reaches it. The bound counts what every plan pays, mixed stages (docs/spec.md section 1i) and
 whole nodes (section 1e) included: each replica trains at least one sample of each micro-batch at its
 type's and degree's pace, waits ``M + S - 1`` slots in a pipeline of ``S`` stages, pays its stage's
-optimiser step and, beside another replica, the gradients' all-reduce, and holds its training state, its
-weight copies and its share of the activations in flight within its unit's memory."""
+optimiser step and, beside other replicas, the gradients' all-reduce among as many replicas as its stage
+needs, and holds its training state, its weight copies and its share of the activations in flight within its
+unit's memory."""
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass
 
@@ -29,6 +31,15 @@ WINDOW_LAYERS = 1024
 EXACT_STAGES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 STAGE_CELLS = 4_000_000  # the DPs' work (layers² x stage counts) up to which classes past one are asked
 EVERY_COUNT: tuple[int, int | None] = (1, None)  # the class of every plan: one stage or more
+# Rounds of the fixed point of a stage's least replicas (_spread): each a pass over its kinds; GPT-Neo's stages
+# settle in two to four.
+RING_ROUNDS = 12
+# Sets of kinds a stage may hold (one degree of each type: 3 degrees on 3 types make 27, and 9 that recompute)
+# asked one by one up to this many; past it, every kind at once, a floor on each set's.
+MOST_SETS = 64
+# The weighings per class of stage counts that came closest to ruling a throughput out with every kind at once,
+# asked again with one degree of each type a stage (several times the work a weighing).
+CLOSEST = 2
 
 
 @dataclass(frozen=True)
@@ -51,40 +62,66 @@ class Shortfall:
         return f"{lo} or more" if hi is None else f"{lo}" if hi == lo + 1 else f"{lo} to {hi - 1}"
 
 
-def units_short(problem: Problem, throughput: float, by_stages: bool = True) -> Shortfall | None:
+def units_short(problem: Problem, throughput: float, by_stages: bool = True, by_sets: bool = True) -> Shortfall | None:
     """Why no plan at the problem's micro-batch ``B`` reaches ``throughput`` ``X`` within its units (None
     where this bound cannot tell; pipelined problems of up to :data:`WINDOW_LAYERS` layers).
 
     A plan of ``S`` stages reaching ``X`` has every stage's step within ``G / X`` (``G = M B``): each
     replica's time a micro-batch times ``M + S - 1``, plus its stage's optimiser step ``U`` and, where the
-    stage has two replicas or more, ``2 Y (1 - 1/K) >= Y`` of all-reduce (its own part's, section 1i: the
-    ring runs at its slowest). So a replica of a stage trains at most the ``m`` samples it can in that time
-    and holds in its memory, ``m >= 1``, and a stage ``a..b`` whose replicas train the ``B`` samples holds
-    ``Σ w d >= B min w d / m`` weighed units (or one replica's ``w d``, where one alone trains them all
-    within its time without the all-reduce). The fewest weighed units over every cut into ``S`` stages is a
-    shortest path over the layer boundaries; where it exceeds the weighed units the cluster has, for some
-    weights, at every stage count, no plan reaches ``X``. ``by_stages=False``: one DP at one stage's slots
-    alone (about a tenth of the time where it does not rule ``X`` out; a search's pruning asks it)."""
+    stage has ``K >= 2`` replicas, ``2 Y (1 - 1/K)`` of all-reduce (at least its own part's, section 1i: the
+    ring runs at its slowest). So a replica of a stage trains at most the ``m(K)`` samples it can in that
+    time and holds in its memory, ``m >= 1``, and a stage ``a..b`` whose replicas train the ``B`` samples
+    holds at least the replicas and weighed units :func:`_spread` counts (or one replica's ``w d``, where
+    one alone trains them all within its time without the all-reduce). The fewest weighed units over every
+    cut into ``S`` stages is a shortest path over the layer boundaries; where it exceeds the weighed units
+    the cluster has, for some weights, at every stage count, no plan reaches ``X``. ``by_stages=False``: one
+    DP at one stage's slots alone (about a tenth of the time where it does not rule ``X`` out; a search's
+    pruning asks it).
+    ``by_sets=False``: a stage's replicas of any kinds, not one degree of each type (a third of the time)."""
     n = problem.n_layers
     if not problem.pipelined or not n or n > WINDOW_LAYERS or not throughput > 0:
         return None
     kinds = _kinds(problem)
     weights = _weight_rows(problem.n_types)
-    have = weights @ problem.limits.astype(float)
     # every plan has one stage or more: one DP at one stage's slots rules out at once what it can
     passes = [[EVERY_COUNT]]
     if by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
         passes.append(classes)
     for classes in passes:
-        fewest = _fewest(problem, kinds, weights, throughput, classes)  # [C, W]
-        excess = (fewest - have[None]) / weights.sum(axis=1)[None]
-        rows = np.argmax(excess, axis=1)
-        ruled = fewest[np.arange(len(classes)), rows] > have[rows] * (1 + 1e-9)
-        if ruled.all():
-            c = int(np.argmin(excess[np.arange(len(classes)), rows]))  # the class closest to fitting
-            row = int(rows[c])
-            return Shortfall(weights[row], float(fewest[c, row]), float(have[row]), classes[c])
+        # every kind at once first, every weighing; then, for the classes of stage counts left, one degree of each
+        # type a stage at their closest weighings
+        found = _ruled_out(problem, kinds, weights, throughput, classes, (np.arange(len(kinds.type)),))
+        if isinstance(found, Shortfall):
+            return found
+        if by_sets and len(kinds.sets) > 1:
+            left = [classes[c] for c in np.flatnonzero(~found[0])]
+            closest = np.unique(found[1][~found[0]][:, :CLOSEST])
+            if isinstance(
+                again := _ruled_out(problem, kinds, weights[closest], throughput, left, kinds.sets), Shortfall
+            ):
+                return again
     return None
+
+
+def _ruled_out(
+    problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, classes: list, sets
+) -> Shortfall | tuple[np.ndarray, np.ndarray]:
+    """The :class:`Shortfall` where every class of stage counts needs more weighed units than the cluster has,
+    for some weighing; else which classes some weighing rules out, and each class's weighings, closest first."""
+    have = weights @ problem.limits.astype(float)
+    fewest = _fewest(problem, kinds, weights, X, classes, sets)  # [C, W]
+    excess = (fewest - have[None]) / weights.sum(axis=1)[None]
+    rows = np.argmax(excess, axis=1)
+    ruled = fewest[np.arange(len(classes)), rows] > have[rows] * (1 + 1e-9)
+    if ruled.all():
+        c = int(np.argmin(excess[np.arange(len(classes)), rows]))  # the class closest to fitting
+        return Shortfall(weights[rows[c]], float(fewest[c, rows[c]]), float(have[rows[c]]), classes[c])
+    return ruled, np.argsort(-excess, axis=1)
+
+
+def several_sets(problem: Problem) -> bool:
+    """Whether ``by_sets`` tells :func:`units_short` more: a stage may hold several sets of kinds."""
+    return len(_kinds(problem).sets) > 1
 
 
 def layer_pace(problem: Problem) -> np.ndarray:
@@ -131,8 +168,9 @@ class _States:
         return cls(*(np.array(rows[f]) for f in ("cls", "held", "step", "final")))
 
 
-def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, classes: list) -> np.ndarray:
-    """``[C, W]``: per class of stage counts, the fewest weighed units of a cut into as many stages."""
+def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, classes: list, sets) -> np.ndarray:
+    """``[C, W]``: per class of stage counts, the fewest weighed units of a cut into as many stages, each
+    stage's kinds one of ``sets``."""
     n, B, M = problem.n_layers, problem.batch_size, problem.micro_batches
     states = _States.of(classes, M)
     slots = np.array([pipeline_slots(M, lo) for lo, _ in classes], dtype=float)[:, None, None]
@@ -155,15 +193,13 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
             continue
         overhead = kinds.update[:, b1] - kinds.update[:, a, None]
         ring = kinds.sync[:, b1] - kinds.sync[:, a, None] + kinds.latency[:, None]
-        many = kinds.most_samples(problem, a, b1, (step - overhead - ring)[None] / slots)  # [C, K, nb]
         alone = kinds.most_samples(problem, a, b1, (step - overhead)[None] / slots) >= B
         asked = np.unique(which[going])  # the (class, in flight) pairs of the states that move
         where = np.zeros(len(pairs), dtype=int)
         where[asked] = np.arange(len(asked))
         fits = kinds.fitting(problem, a, b1, helds)[held_of[asked]]  # [P, K, nb]
-        m = np.minimum(many[pairs[asked, 0]], fits)
-        per = np.where(m > 0, 1.0 / np.maximum(m, 1), np.inf)
-        spread = B * (scaled[:, None, :, None] * per[None]).min(axis=2)  # [W, P, nb]
+        budgets = (step - overhead)[None] / slots[pairs[asked, 0]]  # [P, K, nb] before the all-reduce
+        spread = _spread(problem, kinds, a, b1, (budgets, ring / slots[pairs[asked, 0]], fits), scaled, sets)
         alone_fits = alone[pairs[asked, 0]] & (fits >= B)
         if (cols := np.flatnonzero(alone_fits.any(axis=(0, 1)))).size:  # one replica may train a micro-batch
             one = np.where(alone_fits[None][..., cols], scaled[:, None, :, None], np.inf).min(axis=2)
@@ -180,14 +216,72 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
     return np.stack([final[:, states.cls == c].min(axis=1) for c in range(len(classes))])
 
 
+def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, scaled, sets) -> np.ndarray:
+    """``[W, P, nb]``: the fewest weighed units of a stage ``a..b`` of two replicas or more, each within
+    ``budget - 2 (1 - 1/K) ring`` a micro-batch (``[P, K, nb]``, ``K`` the stage's replicas) and ``fits``
+    (``within``: the three), its kinds one of ``sets``.
+
+    ``K`` replicas of kind ``k`` training at most ``m_k(K)`` samples each train the ``B`` only where
+    ``K m_k(K) >= B``; ``m`` shrinks as ``K`` grows, so the least such ``K`` is ``K_k``, the least fixed
+    point of ``K = ceil(B / m_k(K))`` from 2 up (none past ``B``: each replica trains a sample). A stage
+    holds each type at one degree (section 1i: each type is one part), a set ``C`` of kinds, so it holds at
+    least ``K_C = min_{k in C} K_k`` replicas, each weighing at least the lightest of ``C`` that trains a
+    sample at ``K_C``, and its ``B`` samples at the least weight a sample there. Stopped short, the counts
+    reached are still floors."""
+    B = problem.batch_size
+    budget, ring, fits = within
+    K = np.full(fits.shape, 2.0)  # [P, K, nb]: each kind's count so far
+    for _ in range(RING_ROUNDS):
+        m = np.minimum(kinds.most_samples(problem, a, b1, budget - 2 * (1 - 1 / K) * ring), fits)
+        with np.errstate(divide="ignore"):
+            least = np.maximum(K, np.ceil(B / m * (1 - 1e-12)))  # inf where it trains no sample
+        grown = np.where(least <= B, least, K)
+        if np.array_equal(grown, K):
+            break
+        K = grown
+    count = np.where(least <= B, K, np.inf)
+    # a set's count is one of its kinds' own: with several sets, every kind's samples at each kind's count at once
+    at = _at_counts(problem, kinds, a, b1, within, count) if len(sets) > 1 else None
+    fewest = np.full((len(scaled), *fits.shape[::2]), np.inf)
+    for kept in sets:
+        own = count[:, kept]  # [P, C, nb]
+        least_count = own.min(axis=1)
+        if at is None:
+            m = _at_counts(problem, kinds, a, b1, within, least_count[:, None])[0][:, kept]
+        else:  # the samples at the count of the kind whose count is the set's
+            j = kept[np.argmin(own, axis=1)]  # [P, nb]
+            m = np.take_along_axis(at[:, :, kept], j[None, :, None, :], axis=0)[0]  # [P, C, nb]
+        weigh = np.where(m[None] > 0, scaled[:, None, kept, None], np.inf)  # [W, P, C, nb]
+        samples = B * (weigh / np.maximum(m, 1)[None]).min(axis=2)
+        replicas = weigh.min(axis=2) * least_count[None]
+        fewest = np.minimum(fewest, np.where(np.isfinite(least_count)[None], np.maximum(samples, replicas), np.inf))
+    return fewest
+
+
+def _at_counts(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, counts) -> np.ndarray:
+    """``[J, P, K, nb]``: every kind's samples (:func:`_spread`'s ``m``) in a stage of each ``counts[:, j]``
+    replicas (``[P, J, nb]``; inf: none)."""
+    budget, ring, fits = within
+    counted = np.moveaxis(np.where(np.isfinite(counts), counts, 2.0), 1, 0)[:, :, None, :]  # [J, P, 1, nb]
+    return np.minimum(kinds.most_samples(problem, a, b1, budget[None] - 2 * (1 - 1 / counted) * ring[None]), fits)
+
+
 def _weight_rows(T: int) -> np.ndarray:
-    """``[W, T]``: every type's units alike, then each type's weighed by each of :data:`WEIGHTS`."""
+    """``[W, T]``: every type's units alike, then each type's weighed by each of :data:`WEIGHTS`; with three
+    types or more, also each type weighed at the lightest while each other one is weighed by each factor
+    (the best weights may price a type few plans can use near nothing and the others apart)."""
     rows = [np.ones(T)]
     for t in range(T if T > 1 else 0):
         for w in WEIGHTS[1:]:
             row = np.ones(T)
             row[t] = w
             rows.append(row)
+    for light in range(T if T > 2 else 0):
+        for t in [u for u in range(T) if u != light]:
+            for w in WEIGHTS[1:]:
+                row = np.ones(T)
+                row[light], row[t] = WEIGHTS[1], w
+                rows.append(row)
     return np.array(rows)
 
 
@@ -213,8 +307,9 @@ class _Kinds:
     held: np.ndarray  # [K, n + 1] sums of a batch's activations (each layer's own, less what it shares)
     entry: np.ndarray  # [K, n + 1] what a stage's first layer holds of its input besides (section 1b)
     inputs: np.ndarray  # [K, n + 1] a batch's input bytes of a stage starting at each layer (section 1g)
-    recompute: bool  # section 1g may apply: a stage holds the least of both ways' bytes
+    again: np.ndarray  # [K] it recomputes (section 1g): its passes hold the forward twice, it holds fewer bytes
     reach: np.ndarray  # [n + 1] sums of :func:`layer_pace`: no replica of any kind is faster on layers 0..i-1
+    sets: tuple[np.ndarray, ...]  # the kinds a stage may hold: one of each type (all at once past MOST_SETS)
 
     def most_samples(self, problem: Problem, a: int, b1: np.ndarray, tau) -> np.ndarray:
         """``[K, nb]``: the most samples a replica of each kind trains of a stage on layers ``a..b1-1``
@@ -235,18 +330,18 @@ class _Kinds:
     def fitting(self, problem: Problem, a: int, b1: np.ndarray, in_flight: np.ndarray) -> np.ndarray:
         """``[H, K, nb]``: at each count ``in_flight[h]`` of micro-batches in flight, the most samples of each
         micro-batch whose activations a replica of each kind holds, beside its training state and weight
-        copies (sections 1b, 1d; the state sharded over a stage's replicas counted as none; with
-        recomputation, section 1g, the fewer of both ways' bytes). ``B`` where memory is not limited."""
+        copies (sections 1b, 1d; the state sharded over a stage's replicas counted as none; a kind that
+        recomputes, section 1g, holds the inputs of every micro-batch in flight, one micro-batch's activations
+        and one set of copies). ``B`` where memory is not limited."""
         B = problem.batch_size
         state = self.fixed[:, b1] - self.fixed[:, a, None]
         casts = self.casts[:, b1] - self.casts[:, a, None]
         held = self.held[:, b1] - self.held[:, a, None] + self.entry[:, a, None]
         h = np.asarray(in_flight, dtype=float)[:, None, None]
         with np.errstate(over="ignore", invalid="ignore"):
-            per, fixed = h * held, state + h * casts
-            if self.recompute:  # the inputs of every micro-batch in flight and one micro-batch's activations
-                per = np.minimum(per, h * self.inputs[None, :, a, None] + held)
-                fixed = np.minimum(fixed, state + casts)
+            again = self.again[:, None]
+            per = np.where(again, h * self.inputs[None, :, a, None] + held, h * held)
+            fixed = np.where(again, state + casts, state + h * casts)
             room = (self.memory[:, None] - fixed * (1 - 1e-9)) * B
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             m = np.where(per > 0, np.floor(room / (per * (1 - 1e-9))), np.where(room >= 0, B, 0))
@@ -269,14 +364,15 @@ def _kinds(problem: Problem) -> _Kinds:
 
 def _kinds_of(problem: Problem) -> _Kinds:
     start, latency, message = problem.fixed_costs
-    rows: dict[str, list] = {f: [] for f in _Kinds.__dataclass_fields__ if f not in ("recompute", "reach")}
-    for view in problem.views:
-        serial, parallel, _, _ = view.parts
+    rows: dict[str, list] = {f: [] for f in _Kinds.__dataclass_fields__ if f not in ("reach", "sets")}
+    for view, again in [(v, again) for v in problem.views for again in (False, True)[: 1 + problem.can_recompute]]:
+        serial, parallel = view.recompute_parts if again else view.parts[:2]
         cap = view.share_cap if view.share_cap is not None else np.full(serial.shape, np.inf)
         state, _ = view.state_parts
         for t in range(problem.n_types):
             runs = view.runnable[:, t]
             rows["type"].append(t)
+            rows["again"].append(again)
             rows["degree"].append(view.degree)
             rows["serial"].append(_prefix(np.where(runs, serial[:, t], 0.0)))
             rows["parallel"].append(_prefix(np.where(runs, parallel[:, t], 0.0)))
@@ -295,4 +391,14 @@ def _kinds_of(problem: Problem) -> _Kinds:
             rows["entry"].append(view.shared_entry)
             rows["inputs"].append(np.append(view.stage_inputs, 0.0))
     found = {name: np.array(values) for name, values in rows.items()}
-    return _Kinds(**found, recompute=problem.can_recompute, reach=_prefix(layer_pace(problem)))
+    return _Kinds(**found, reach=_prefix(layer_pace(problem)), sets=_sets(found["type"], found["again"]))
+
+
+def _sets(types: np.ndarray, again: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The sets of kinds (by index) a stage may hold: one kind that recomputes (a stage that recomputes is
+    of one type, section 1i's parts never do), or one of each type of those that do not (fewer types only
+    take replicas to choose from away, so only whole sets are asked); every kind at once past
+    :data:`MOST_SETS`."""
+    by_type = [np.flatnonzero((types == t) & ~again) for t in np.unique(types)]
+    sets = [np.array(s) for s in itertools.product(*by_type)] + [np.array([k]) for k in np.flatnonzero(again)]
+    return tuple(sets) if len(sets) <= MOST_SETS else (np.arange(len(types)),)

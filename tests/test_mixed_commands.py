@@ -60,7 +60,9 @@ def test_past_the_dp_a_floor_only_mixing_reaches_is_met_not_called_infeasible(tm
 def test_the_climb_starts_from_the_optima_with_a_power_of_two_of_a_types_units_held_back(tmp_path, monkeypatch):
     """The DP switched off, as past its reach: on TINY with 2 fast units and 12 slow ones the exact solver
     is asked for the one-type optimum with 1 fast unit held back, and with 1, 2, 4 and 8 slow ones (never
-    11, all but one: section 1i), each at most once."""
+    11, all but one: section 1i), each at most once, where the certificate leaves room for a better plan;
+    where it proves the plan within its bisection's precision, none is asked."""
+    from heterps_cli import bounds
     from heterps_cli.schedulers import exact, mixed_optimum
 
     monkeypatch.setattr(mixed_optimum, "MOST_WORK", 0)
@@ -74,7 +76,14 @@ def test_the_climb_starts_from_the_optima_with_a_power_of_two_of_a_types_units_h
     monkeypatch.setattr(exact, "solve", recorded)
     more = {**CLUSTER, "resources": {**CLUSTER["resources"], "slow": {"price": 1.0, "limit": 12}}}
     profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", more)
-    done = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--mixed-stages"])
+    args = ["plan", profile, cluster, "-s", "exact", "--objective", "time", "--mixed-stages", "--json"]
+    done = runner.invoke(app, args)
+    assert done.exit_code == 0, done.output
+    notes = json.loads(done.output)["notes"]
+    assert any("no other starts climbed" in n for n in notes) and set(asked) == {(2, 12)}
+    monkeypatch.setattr(bounds, "proven", lambda problem, plan: None)  # no certificate: room everywhere
+    asked.clear()
+    done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output
     held = [limits for limits in asked if limits != (2, 12)]
     assert len(held) == len(set(held)) and (1, 12) in held and (2, 11) in held

@@ -22,6 +22,8 @@ from tests.oracle import pipeline_optimum
 from tests.strategies import SETTINGS
 from tests.test_mixed import brute_force as mixed_optimum
 from tests.test_mixed import mixable
+from tests.test_mixed_tp import brute_force as mixed_tp_optimum
+from tests.test_mixed_tp import sharded_mixable
 from tests.test_pipeline import pipelined
 from tests.test_recompute import recomputable
 from tests.test_tensor_parallel import sharded
@@ -52,6 +54,16 @@ def test_no_plan_passes_the_pace_ceiling_or_needs_more_units_than_the_cluster_ha
 def test_no_mixed_plan_passes_the_pace_ceiling_or_needs_more_units_than_the_cluster_has(inst):
     profile, cluster = inst
     _within_the_ceiling(profile, cluster, mixed_optimum(profile, cluster))
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(sharded_mixable())
+def test_no_plan_whose_mixed_parts_take_their_own_degrees_needs_more_units_than_the_cluster_has(inst):
+    """The bound takes a stage's kinds one degree of each type (section 1i): no plan of brute force's
+    enumeration over every part at every degree passes it."""
+    profile, cluster = inst
+    best = mixed_tp_optimum(profile, cluster)
+    _within_the_ceiling(profile, cluster, (0.0, best) if best > 0 else None)
 
 
 def paced(tmp_path, alpha: float = 1.0):
@@ -163,3 +175,24 @@ def test_a_throughput_needing_more_units_than_the_cluster_has_is_out_of_reach(tm
     assert "1: none as fast" in next(note for note in plan["notes"] if "chosen" in note)
     alone = CliRunner().invoke(app, [*args, "--micro-batch", "1"])  # asked alone: two stages, 2 s a sample
     assert alone.exit_code == 0 and json.loads(alone.output)["throughput"] == pytest.approx(0.5 * 64 / 65)
+
+
+def test_the_units_bound_charges_the_all_reduce_of_as_many_replicas_as_the_stage_needs(tmp_path):
+    """One layer of 1 s a sample, 1 s of all-reduce between two replicas, micro-batch 8 (one a step): 8 replicas
+    of a sample take 1 + 2 (7/8) = 2.75 s (8/2.75 samples/s, brute force's optimum). No stage of fewer
+    replicas trains the 8 samples that fast, so the bound charges 8 replicas' ring, not two's (it allowed
+    8 / (1 + 1) = 4 before)."""
+    times = {"oct": 8.0, "odt": 1.0, "alpha": 1.0, "beta": 0.0, "batches": {1: {"oct": 1.0, "odt": 1.0}}}
+    layer = {"name": "l", "type": "fc", "input_size": 1.0, "weight_size": 1.0, "times": {"gpu": times}}
+    profile = {
+        "model": "m",
+        "batch_size": 8,
+        "job": {"samples": 64.0, "epochs": 1, "global_batch": 8},
+        "layers": [layer],
+    }
+    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 8}}}
+    optimum = pipeline_optimum(profile, cluster, "time", 0.0)
+    assert optimum is not None and optimum[1] == pytest.approx(8 / 2.75)
+    problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=8)
+    assert units_short(problem, optimum[1] * (1 + 1e-3)) is not None
+    assert speed_bound(problem, optimum[1] / 4, math.inf) == pytest.approx(optimum[1], rel=2e-3)

@@ -90,14 +90,7 @@ def solve(
         exact = name == "exact" and not mixing
         plan = best_micro_batch(problem, choices, one, progress, options, exact=exact, optimum=optimum)
     if mixing:
-        if name == "exact":  # other starts for the climb: the optimum with some units of a type held back
-            from heterps_cli.schedulers.mixed_optimum import why_not
-            from heterps_cli.schedulers.mixing import can_mix, from_reserved
-
-            plan = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
-            if can_mix(problem) is None and (why := why_not(problem)) is not None:  # else that note says why
-                plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
-        plan = _mixed_certificate(problem, plan)
+        plan = _held_back(problem, plan, options) if name == "exact" else _mixed_certificate(problem, plan)
     if optimum is not None:
         plan = _met(problem, plan, optimum)
     return _said_guard(plan, problem, guard)
@@ -227,10 +220,34 @@ def _against_one_type(problem: Problem, plan: Plan, options: SolveOptions, seed:
     return f"--mixed-stages: mixing costs {usd(plan.cost_usd)}, the best plan of one-type stages {usd(one.cost_usd)}"
 
 
-def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
+def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
+    """The exact plan with mixed stages offered, its certificate over them: first the climb's other starts
+    (:func:`~heterps_cli.schedulers.mixing.from_reserved`, the optimum with some units of a type held back),
+    except where the certificate leaves no room for a plan better by more than its bisection's precision."""
+    from heterps_cli.bounds import proven
+    from heterps_cli.pace import BISECTION
+    from heterps_cli.schedulers.mixed_optimum import why_not
+    from heterps_cli.schedulers.mixing import can_mix, from_reserved
+
+    if can_mix(problem) is not None:
+        return _mixed_certificate(problem, plan)
+    found = proven(problem, plan)
+    if found is not None and found[0] <= BISECTION * (1 + 1e-6):  # the bisection stops within it
+        said = f"no other starts climbed: no plan is more than {100 * BISECTION:g}% better (the certificate below)"
+        plan = plan.but(notes=[*plan.notes, f"--mixed-stages: {said}"])
+    else:
+        climbed = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
+        found = found if climbed is plan else None
+        plan = climbed
+    if (why := why_not(problem)) is not None:  # else that note says why
+        plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
+    return _mixed_certificate(problem, plan, found)
+
+
+def _mixed_certificate(problem: Problem, plan: Plan, found: tuple[float, str] | None = None) -> Plan:
     """What is proven of a plan in the space of mixed stages: the exact solver's certificate covers stages
-    of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s; and why no stage mixes, where
-    the problem cannot."""
+    of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s (``found``: already known); and
+    why no stage mixes, where the problem cannot."""
     from heterps_cli.bounds import proven
     from heterps_cli.schedulers.mixing import can_mix
 
@@ -241,7 +258,7 @@ def _mixed_certificate(problem: Problem, plan: Plan) -> Plan:
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
         return plan.but(notes=notes)
-    if (found := proven(problem, plan)) is None:
+    if found is None and (found := proven(problem, plan)) is None:
         return plan.but(optimal=None, notes=notes)
     gap, words = found
     said = f"the exact solver proves its plans over stages of one type; with mixed stages, {words}"

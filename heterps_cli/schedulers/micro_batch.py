@@ -6,6 +6,7 @@ certificate is the weakest of theirs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -123,11 +124,16 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
         return None
     weighed = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
     stages = "its stages need" if short.stages == EVERY_COUNT else f"a plan of {short.stage_words} stages needs"
-    return (
+    within = (
         f"no plan at micro-batch {B} reaches {count(need, 1)} samples/s: each replica trains at least one sample "
         f"and at most what it can and holds within a step of {count(problem.step_samples, 1)} / {count(need, 1)} s "
-        f"(its pipeline's slots, its stage's optimiser step and all-reduce), so {stages} at least "
-        f"{count(short.need, 1)} units, the cluster has {count(short.have, 1)} (each type's units weighed: {weighed})"
+        "(its pipeline's slots, its stage's optimiser step and the all-reduce among as many replicas as it needs)"
+    )
+    if not math.isfinite(short.need):
+        return f"{within}, and no cut into stages has every stage within that"
+    return (
+        f"{within}, so {stages} at least {count(short.need, 1)} units, the cluster has {count(short.have, 1)} "
+        f"(each type's units weighed: {weighed})"
     )
 
 
