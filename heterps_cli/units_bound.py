@@ -25,6 +25,10 @@ WEIGHTS = (1.0, *np.geomspace(1 / 16, 16, 17))
 # on 2,000 layers (1.6 s before it counted the pipeline's terms), and a 20 s --time-limit there ended at 25-29 s
 # with the pruning and the certificate asking it (benchmarks/bench_scale.py); 1,000 layers: a quarter.
 WINDOW_LAYERS = 1024
+# With three types or more, a type weighed near nothing beside each weighing of another triples the weighings
+# (52 to 154 on three types), and the DP's work with them: asked on models of up to this many layers (a question
+# on a 256-layer three-type chain took 4.2 s with them, 0.8 s before issue 84's counts).
+LIGHT_LAYERS = 128
 # Stage counts are bounded in classes [S, next): a plan of S' >= S stages waits at least S's slots and holds
 # at least S's micro-batches in flight at each place. Each class is one DP over exactly that many stages;
 # above these counts one class holds every plan of that many stages or more.
@@ -82,7 +86,7 @@ def units_short(problem: Problem, throughput: float, by_stages: bool = True, by_
     if not problem.pipelined or not n or n > WINDOW_LAYERS or not throughput > 0:
         return None
     kinds = _kinds(problem)
-    weights = _weight_rows(problem.n_types)
+    weights = _weight_rows(problem.n_types, light=n <= LIGHT_LAYERS)
     # every plan has one stage or more: one DP at one stage's slots rules out at once what it can
     passes = [[EVERY_COUNT]]
     if by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
@@ -266,21 +270,21 @@ def _at_counts(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, 
     return np.minimum(kinds.most_samples(problem, a, b1, budget[None] - 2 * (1 - 1 / counted) * ring[None]), fits)
 
 
-def _weight_rows(T: int) -> np.ndarray:
+def _weight_rows(T: int, light: bool = True) -> np.ndarray:
     """``[W, T]``: every type's units alike, then each type's weighed by each of :data:`WEIGHTS`; with three
-    types or more, also each type weighed at the lightest while each other one is weighed by each factor
-    (the best weights may price a type few plans can use near nothing and the others apart)."""
+    types or more and ``light``, also each type weighed at the lightest while each other one is weighed by
+    each factor (the best weights may price a type few plans can use near nothing and the others apart)."""
     rows = [np.ones(T)]
     for t in range(T if T > 1 else 0):
         for w in WEIGHTS[1:]:
             row = np.ones(T)
             row[t] = w
             rows.append(row)
-    for light in range(T if T > 2 else 0):
-        for t in [u for u in range(T) if u != light]:
+    for cheap in range(T if T > 2 and light else 0):
+        for t in [u for u in range(T) if u != cheap]:
             for w in WEIGHTS[1:]:
                 row = np.ones(T)
-                row[light], row[t] = WEIGHTS[1], w
+                row[cheap], row[t] = WEIGHTS[1], w
                 rows.append(row)
     return np.array(rows)
 
