@@ -203,7 +203,7 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
         where[asked] = np.arange(len(asked))
         fits = kinds.fitting(problem, a, b1, helds)[held_of[asked]]  # [P, K, nb]
         budgets = (step - overhead)[None] / slots[pairs[asked, 0]]  # [P, K, nb] before the all-reduce
-        spread = _spread(problem, kinds, a, b1, (budgets, ring / slots[pairs[asked, 0]], fits), scaled, sets)
+        spread = _spread(problem, kinds, a, b1, (budgets, ring / slots[pairs[asked, 0]], fits), weights, sets)
         alone_fits = alone[pairs[asked, 0]] & (fits >= B)
         if (cols := np.flatnonzero(alone_fits.any(axis=(0, 1)))).size:  # one replica may train a micro-batch
             one = np.where(alone_fits[None][..., cols], scaled[:, None, :, None], np.inf).min(axis=2)
@@ -220,7 +220,7 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
     return np.stack([final[:, states.cls == c].min(axis=1) for c in range(len(classes))])
 
 
-def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, scaled, sets) -> np.ndarray:
+def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, weights, sets) -> np.ndarray:
     """``[W, P, nb]``: the fewest weighed units of a stage ``a..b`` of two replicas or more, each within
     ``budget - 2 (1 - 1/K) ring`` a micro-batch (``[P, K, nb]``, ``K`` the stage's replicas) and ``fits``
     (``within``: the three), its kinds one of ``sets``.
@@ -246,7 +246,7 @@ def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, sca
     count = np.where(least <= B, K, np.inf)
     # a set's count is one of its kinds' own: with several sets, every kind's samples at each kind's count at once
     at = _at_counts(problem, kinds, a, b1, within, count) if len(sets) > 1 else None
-    fewest = np.full((len(scaled), *fits.shape[::2]), np.inf)
+    fewest = np.full((len(weights), *fits.shape[::2]), np.inf)
     for kept in sets:
         own = count[:, kept]  # [P, C, nb]
         least_count = own.min(axis=1)
@@ -255,9 +255,16 @@ def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, sca
         else:  # the samples at the count of the kind whose count is the set's
             j = kept[np.argmin(own, axis=1)]  # [P, nb]
             m = np.take_along_axis(at[:, :, kept], j[None, :, None, :], axis=0)[0]  # [P, C, nb]
-        weigh = np.where(m[None] > 0, scaled[:, None, kept, None], np.inf)  # [W, P, C, nb]
-        samples = B * (weigh / np.maximum(m, 1)[None]).min(axis=2)
-        replicas = weigh.min(axis=2) * least_count[None]
+        # a kind's weight is its type's times its degree: the least over a type's kinds first, then over types
+        d = kinds.degree[kept][None, :, None]
+        per, lightest = (np.full((m.shape[0], weights.shape[1], m.shape[2]), np.inf) for _ in range(2))  # [P, T, nb]
+        for t in np.unique(kinds.type[kept]):
+            of = kinds.type[kept] == t
+            trains = m[:, of] > 0
+            per[:, t] = np.where(trains, d[:, of] / np.maximum(m[:, of], 1), np.inf).min(axis=1)
+            lightest[:, t] = np.where(trains, d[:, of], np.inf).min(axis=1)
+        samples = B * (weights[:, None, :, None] * per[None]).min(axis=2)  # [W, P, nb]
+        replicas = (weights[:, None, :, None] * lightest[None]).min(axis=2) * least_count[None]
         fewest = np.minimum(fewest, np.where(np.isfinite(least_count)[None], np.maximum(samples, replicas), np.inf))
     return fewest
 
