@@ -55,7 +55,7 @@ class Shortfall:
     weights: np.ndarray
     need: float
     have: float
-    stages: tuple[int, int | None] = (1, None)  # the class [lo, hi) of stage counts (hi None: lo or more)
+    stages: tuple[int, int | None] = EVERY_COUNT  # the class [lo, hi) of stage counts (hi None: lo or more)
 
     @property
     def stage_words(self) -> str:
@@ -97,7 +97,7 @@ def units_short(problem: Problem, throughput: float, by_stages: bool = True, by_
         found = _ruled_out(problem, kinds, weights, throughput, classes, (np.arange(len(kinds.type)),))
         if isinstance(found, Shortfall):
             return found
-        if by_sets and len(kinds.sets) > 1:
+        if by_sets and several_sets(problem):
             left = [classes[c] for c in np.flatnonzero(~found[0])]
             closest = np.unique(found[1][~found[0]][:, :CLOSEST])
             if isinstance(
