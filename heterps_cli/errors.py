@@ -76,6 +76,11 @@ class InfeasibleError(Exception):
     """No plan meets the constraints (exit 3); the message states the best reachable figure."""
 
 
+class Unexplained(InfeasibleError):
+    """The exact solver proved that no plan meets the job and, asked not to (``SolveOptions.explain``), did
+    not search on for why: the caller asks again where it shows the reason."""
+
+
 class SearchFailed(InfeasibleError):
     """A search (rl, tapp, genetic, greedy, random) found no feasible plan, which does not say
     that none exists: :func:`heterps_cli.schedulers.solve` asks the exact solver why."""

@@ -68,7 +68,8 @@ class Shortfall:
 
 def units_short(problem: Problem, throughput: float, by_stages: bool = True, by_sets: bool = True) -> Shortfall | None:
     """Why no plan at the problem's micro-batch ``B`` reaches ``throughput`` ``X`` within its units (None
-    where this bound cannot tell; pipelined problems of up to :data:`WINDOW_LAYERS` layers).
+    where this bound cannot tell; pipelined problems of up to :data:`WINDOW_LAYERS` layers). ``X = 0``: why
+    no plan fits at all (its stages' memory within the units, whatever their time).
 
     A plan of ``S`` stages reaching ``X`` has every stage's step within ``G / X`` (``G = M B``): each
     replica's time a micro-batch times ``M + S - 1``, plus its stage's optimiser step ``U`` and, where the
@@ -82,29 +83,53 @@ def units_short(problem: Problem, throughput: float, by_stages: bool = True, by_
     DP at one stage's slots alone (about a tenth of the time where it does not rule ``X`` out; a search's
     pruning asks it).
     ``by_sets=False``: a stage's replicas of any kinds, not one degree of each type (a third of the time)."""
-    n = problem.n_layers
-    if not problem.pipelined or not n or n > WINDOW_LAYERS or not throughput > 0:
+    if not _asks(problem, throughput):
         return None
-    kinds = _kinds(problem)
-    weights = _weight_rows(problem.n_types, light=n <= LIGHT_LAYERS)
     # every plan has one stage or more: one DP at one stage's slots rules out at once what it can
-    passes = [[EVERY_COUNT]]
-    if by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
-        passes.append(classes)
-    for classes in passes:
-        # every kind at once first, every weighing; then, for the classes of stage counts left, one degree of each
-        # type a stage at their closest weighings
-        found = _ruled_out(problem, kinds, weights, throughput, classes, (np.arange(len(kinds.type)),))
-        if isinstance(found, Shortfall):
-            return found
-        if by_sets and several_sets(problem):
-            left = [classes[c] for c in np.flatnonzero(~found[0])]
-            closest = np.unique(found[1][~found[0]][:, :CLOSEST])
-            if isinstance(
-                again := _ruled_out(problem, kinds, weights[closest], throughput, left, kinds.sets), Shortfall
-            ):
-                return again
-    return None
+    found = _left(problem, throughput, [EVERY_COUNT], by_sets)
+    if not isinstance(found, Shortfall) and by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
+        found = _left(problem, throughput, classes, by_sets)
+    return found if isinstance(found, Shortfall) else None
+
+
+def counts_left(problem: Problem, throughput: float) -> list[tuple[int, int | None]] | None:
+    """The classes of stage counts (``[lo, hi)``, ``hi`` None: ``lo`` or more) in which a plan may reach
+    ``throughput`` by :func:`units_short`'s bound (``0``: may fit at all), ``[]`` where it rules out every
+    one; None where the bound cannot tell (every count may). Its cheaper form, for a search to prune by: every
+    kind at once, without the three-type weighings (a third of the full form's time or less)."""
+    if not _asks(problem, throughput):
+        return None
+    found = _left(problem, throughput, [EVERY_COUNT], False, False)  # the cheap DP first: it may rule out every count
+    if not isinstance(found, Shortfall):
+        found = _left(problem, throughput, _classes(problem), False, False)
+    return [] if isinstance(found, Shortfall) else found
+
+
+def may_have(classes: list[tuple[int, int | None]] | None, stages: int) -> bool:
+    """Whether :func:`counts_left`'s ``classes`` hold plans of ``stages`` stages."""
+    return classes is None or any(lo <= stages and (hi is None or stages < hi) for lo, hi in classes)
+
+
+def _asks(problem: Problem, throughput: float) -> bool:
+    n = problem.n_layers
+    return problem.pipelined and 0 < n <= WINDOW_LAYERS and throughput >= 0
+
+
+def _left(problem: Problem, X: float, classes: list, by_sets: bool, light: bool = True) -> Shortfall | list:
+    """The :class:`Shortfall` where every class is ruled out, else the classes left: every kind at once at every
+    weighing first; then, for the classes left, one degree of each type a stage at their closest weighings.
+    ``light``: the three-type weighings too (:data:`LIGHT_LAYERS`)."""
+    kinds = _kinds(problem)
+    weights = _weight_rows(problem.n_types, light=light and problem.n_layers <= LIGHT_LAYERS)
+    found = _ruled_out(problem, kinds, weights, X, classes, (np.arange(len(kinds.type)),))
+    if isinstance(found, Shortfall):
+        return found
+    left = [classes[c] for c in np.flatnonzero(~found[0])]
+    if not (by_sets and several_sets(problem)):
+        return left
+    closest = np.unique(found[1][~found[0]][:, :CLOSEST])
+    again = _ruled_out(problem, kinds, weights[closest], X, left, kinds.sets)
+    return again if isinstance(again, Shortfall) else [left[c] for c in np.flatnonzero(~again[0])]
 
 
 def _ruled_out(
@@ -178,7 +203,7 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
     n, B, M = problem.n_layers, problem.batch_size, problem.micro_batches
     states = _States.of(classes, M)
     slots = np.array([pipeline_slots(M, lo) for lo, _ in classes], dtype=float)[:, None, None]
-    step = problem.step_samples / X
+    step = problem.step_samples / X if X > 0 else np.inf  # X = 0: memory alone
     scaled = weights[:, kinds.type] * kinds.degree[None, :]  # [W, K]: a replica's weighed units
     pairs, which = np.unique(np.stack([states.cls, states.held], axis=1), axis=0, return_inverse=True)
     helds, held_of = np.unique(pairs[:, 1], return_inverse=True)

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from heterps_cli.cli.app import app
+from heterps_cli.errors import Unexplained
 from heterps_cli.pace import pace_ceiling, speed_bound
-from heterps_cli.units_bound import units_short
+from heterps_cli.schedulers.base import SolveOptions
+from heterps_cli.units_bound import counts_left, may_have, units_short
 from tests.helpers import problem_from_dicts, write_yaml
 from tests.oracle import pipeline_optimum
 from tests.strategies import SETTINGS
@@ -64,6 +66,21 @@ def test_no_plan_whose_mixed_parts_take_their_own_degrees_needs_more_units_than_
     profile, cluster = inst
     best = mixed_tp_optimum(profile, cluster)
     _within_the_ceiling(profile, cluster, (0.0, best) if best > 0 else None)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.one_of(pipelined(batches=(1, 2, 3)), sharded(), recomputable()))
+def test_no_stage_count_the_units_bound_rules_out_has_a_plan_that_fast(inst):
+    """The exact search skips the stage counts the bound rules out at the best throughput so far
+    (walks.CountsLeft), and at throughput 0 those where no plan fits: brute force's best plan of each stage
+    count is within what the bound leaves."""
+    profile, cluster = inst
+    problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
+    for S in range(1, len(profile["layers"]) + 1):
+        best = pipeline_optimum(profile, cluster, "time", 0.0, keep=lambda stages, *_, S=S: len(stages) == S)
+        if best is not None:
+            assert may_have(counts_left(problem, 0.0), S)
+            assert may_have(counts_left(problem, best[1] * (1 - 1e-9)), S)
 
 
 def paced(tmp_path, alpha: float = 1.0):
@@ -196,3 +213,48 @@ def test_the_units_bound_charges_the_all_reduce_of_as_many_replicas_as_the_stage
     problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=8)
     assert units_short(problem, optimum[1] * (1 + 1e-3)) is not None
     assert speed_bound(problem, optimum[1] / 4, math.inf) == pytest.approx(optimum[1], rel=2e-3)
+
+
+def _held(tmp_path, memory_gb: float):
+    """One layer of 1 s a sample (measured at 1 and 8, global batch 64) on 2 units of ``memory_gb``, each
+    sample's activations 1 GB: a replica holds at most one sample in flight, so micro-batch 8 needs 8 replicas
+    and has no plan on 2 units; micro-batch 1 has one where a unit holds a sample (``memory_gb`` over 1)."""
+    times = {"oct": 8.0, "odt": 0.0, "alpha": 1.0, "beta": 0.0, "batches": {1: {"oct": 1.0, "odt": 0.0}}}
+    layer = {"name": "l", "type": "fc", "input_size": 1.0, "weight_size": 1.0, "activation_size": 1e9}
+    profile = {"model": "m", "batch_size": 8, "job": {"samples": 640.0, "global_batch": 64}}
+    profile["layers"] = [{**layer, "times": {"gpu": times}}]
+    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 2, "memory_gb": memory_gb}}}
+    return write_yaml(tmp_path / "p.yaml", profile), write_yaml(tmp_path / "c.yaml", cluster)
+
+
+@pytest.mark.parametrize("objective", ["time", "cost"])
+def test_a_micro_batch_no_plan_fits_is_not_searched_and_the_error_is_the_searchs_own(tmp_path, monkeypatch, objective):
+    """The units bound at throughput 0 proves micro-batch 8 holds no plan without a search; where no size has
+    one, the error is the exact search's own (memory, section 1b), asked once it is shown."""
+    import heterps_cli.schedulers.exact as exact
+
+    searched: list[int] = []
+    search = exact.solve
+
+    def recorded(problem, **kw):
+        searched.append(problem.batch_size)
+        return search(problem, **kw)
+
+    monkeypatch.setattr(exact, "solve", recorded)
+    profile, cluster = _held(tmp_path, memory_gb=1.5)
+    args = ["plan", profile, cluster, "-s", "exact", "--objective", objective, "--json"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    plan = json.loads(done.output)
+    assert plan["batch_size"] == 1 and plan["optimal"]
+    assert "8: no plan" in next(note for note in plan["notes"] if "chosen" in note)
+    assert 8 not in searched and 1 in searched
+    profile, cluster = _held(tmp_path, memory_gb=0.5)  # not one sample fits: no plan at any size
+    done = CliRunner().invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", objective])
+    assert done.exit_code == 3
+    said = " ".join(done.output.split())  # one sample of micro-batch 1 on one replica: no sharing it
+    assert "at micro-batch 1: layer l needs 1 GB per replica on gpu (memory 0.5 GB) even on all 2 units" in said
+    # asked at one size not to say why, the search says only that it found none
+    problem = problem_from_dicts(yaml.safe_load(open(profile)), yaml.safe_load(open(cluster)), objective=objective)
+    with pytest.raises(Unexplained, match="no plan at micro-batch 1 meets the job"):
+        search(problem.at_micro_batch(1), options=SolveOptions(explain=False))

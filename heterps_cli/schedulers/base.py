@@ -49,6 +49,9 @@ class SolveOptions:
     guard: bool = False
     # The --time-limit the user gave, where ``time_limit`` is a share of it (one micro-batch's): what notes name
     whole_limit: float | None = None
+    # exact: where no plan meets the job, say why (the fastest figure reachable, what binds), which may search
+    # as long again; False raises Unexplained (the micro-batch choice asks again only where no size has a plan)
+    explain: bool = True
 
 
 @dataclass(frozen=True)

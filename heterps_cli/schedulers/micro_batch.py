@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from heterps_cli.costmodel import throughput_floor
-from heterps_cli.errors import InfeasibleError, SearchGaveUp
+from heterps_cli.errors import InfeasibleError, SearchGaveUp, Unexplained
 from heterps_cli.figures import count, usd
 from heterps_cli.formats import Plan
 from heterps_cli.objective import Objective, meets
@@ -50,9 +50,7 @@ def best_micro_batch(
         if left is not None and left <= 0 and (found or failed):  # the rest unasked: the limit holds
             unasked = "the time limit ran out"
             break
-        share = None if left is None else max(0.0, left) / (1 if options.guard else len(choices) - i)
-        whole = options.whole_limit if options.whole_limit is not None else options.time_limit
-        asked = dataclasses.replace(options, time_limit=share, started=time.perf_counter(), whole_limit=whole)
+        asked = _share(options, None if left is None else max(0.0, left) / (1 if options.guard else len(choices) - i))
         fastest = max((p.throughput for p in found.values() if p.feasible), default=0.0)
         if exact and problem.objective is Objective.TIME and problem.max_cost is None and fastest > 0:
             asked = ExactOptions(**{**vars(asked), "at_least": fastest})
@@ -70,6 +68,8 @@ def best_micro_batch(
             plan = solve_one(sub, asked, report)
         except InfeasibleError as exc:
             failed[batch] = exc
+            if isinstance(exc, Unexplained):
+                unsearched.append((batch, sub, asked, report))
             continue
         found[batch] = plan
         if plan.interrupted:  # Ctrl-C: the best so far, the other sizes unasked
@@ -87,6 +87,13 @@ def best_micro_batch(
     return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
 
 
+def _share(options: SolveOptions, share: float | None) -> SolveOptions:
+    """One choice's options: its share of the time left, the user's limit named in notes, and a search finding
+    no plan not saying why (said only where no choice has one, :func:`_search_after_all`)."""
+    whole = options.whole_limit if options.whole_limit is not None else options.time_limit
+    return dataclasses.replace(options, time_limit=share, started=time.perf_counter(), whole_limit=whole, explain=False)
+
+
 def _order(choices: tuple[int, ...], optimum: Plan | None) -> list[int]:
     """Largest first: where the exact solver asks only for a plan faster than the best so far, the largest
     micro-batches, which run a sample fastest, leave the others least to search; a proven optimum's first."""
@@ -98,11 +105,12 @@ def _order(choices: tuple[int, ...], optimum: Plan | None) -> list[int]:
 
 
 def _search_after_all(unsearched: list, solve_one: SolveOne, found: dict, failed: dict) -> None:
-    """Where no choice has a plan, the choices a bound proved short of the job's floor are searched after
-    all, so that the error says what the fastest plan there reaches and what caps it, not only the bound."""
+    """Where no choice has a plan, the choices a bound proved short of the job's floor, and those the exact
+    search found none at without saying why, are searched (again) after all, so that the error says what the
+    fastest plan there reaches and what caps it, not only the bound."""
     for batch, sub, asked, report in unsearched:
-        try:  # the bound says it raises
-            found[batch] = solve_one(sub, dataclasses.replace(asked, started=None), report)
+        try:  # the bound, or the search, says it raises
+            found[batch] = solve_one(sub, dataclasses.replace(asked, started=None, explain=True), report)
         except InfeasibleError as exc:
             failed[batch] = exc
 
@@ -112,9 +120,9 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
     search: none reaches the throughput the job needs or, under objective time, passes ``fastest`` (a plan
     already found); None where one may."""
     need = max(throughput_floor(problem), fastest if problem.objective is Objective.TIME else 0.0)
-    if not need > 0:
-        return None
     B = f"{problem.batch_size:,}"
+    if not need > 0:
+        return _fits_nowhere(problem)
     if (ceiling := pace_ceiling(problem)) < need * (1 - 1e-9):
         return (
             f"no plan at micro-batch {B} passes {count(ceiling, 1)} samples/s (each replica trains at least one "
@@ -122,7 +130,6 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
         )
     if (short := units_short(problem, need * (1 - 1e-9), by_stages=False)) is None:  # the cheap DP: it prunes
         return None
-    weighed = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
     stages = "its stages need" if short.stages == EVERY_COUNT else f"a plan of {short.stage_words} stages needs"
     within = (
         f"no plan at micro-batch {B} reaches {count(need, 1)} samples/s: each replica trains at least one sample "
@@ -133,8 +140,30 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
         return f"{within}, and no cut into stages has every stage within that"
     return (
         f"{within}, so {stages} at least {count(short.need, 1)} units, the cluster has {count(short.have, 1)} "
-        f"(each type's units weighed: {weighed})"
+        f"({_weighed(problem, short)})"
     )
+
+
+def _fits_nowhere(problem: Problem) -> str | None:
+    """Why no plan at this micro-batch fits its units' memory, whatever its time (the units bound at
+    throughput 0); None where one may."""
+    if (short := units_short(problem, 0.0, by_stages=False, by_sets=False)) is None:
+        return None
+    within = (
+        f"no plan at micro-batch {problem.batch_size:,} fits: a replica holds its training state and weight copies "
+        "and, of each micro-batch in flight, the activations of the samples it trains"
+    )
+    if not math.isfinite(short.need):
+        return f"{within}, and no cut into stages has every stage within its units' memory"
+    return (
+        f"{within}, so its stages need at least {count(short.need, 1)} units, the cluster has "
+        f"{count(short.have, 1)} ({_weighed(problem, short)})"
+    )
+
+
+def _weighed(problem: Problem, short) -> str:
+    weights = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
+    return f"each type's units weighed: {weights}"
 
 
 def _best(problem: Problem, found: dict[int, Plan]) -> int:

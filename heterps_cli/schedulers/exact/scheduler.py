@@ -16,7 +16,7 @@ import numpy as np
 import heterps_cli.schedulers.exact.walks as walks
 from heterps_cli.bounds import within
 from heterps_cli.costmodel import meets_targets, throughput_floor
-from heterps_cli.errors import InfeasibleError, SearchGaveUp, TooLarge
+from heterps_cli.errors import InfeasibleError, SearchGaveUp, TooLarge, Unexplained
 from heterps_cli.figures import count, number, usd
 from heterps_cli.objective import Objective
 from heterps_cli.plan import Plan, make_plan
@@ -66,7 +66,7 @@ def _nothing_fits(problem: Problem) -> str:
 
     def fits(p: Problem) -> bool:
         loose = p.replace(objective=Objective.TIME, min_throughput=0.0, max_cost=None)
-        return walks.max_throughput(solver_for(loose, None))[0] is not None
+        return solver_for(loose, None).reachable(0.0)  # any plan at all: the first stage count with one
 
     if np.isfinite(problem.memory).any() and fits(
         problem.replace(memory=np.full(problem.n_types, np.inf), reserved=None)
@@ -117,7 +117,8 @@ def _memory_blocked(problem: Problem) -> str | None:
     fixed, split = problem.memory_parts
     limits = problem.limits.astype(float)
     for layer in np.flatnonzero(~problem.fits_alone.any(axis=1)):
-        need = fixed[layer] + split[layer] / limits  # per replica on every unit of each type
+        # per replica on every unit of each type, and no more replicas than samples (section 1f)
+        need = fixed[layer] + split[layer] / np.minimum(limits, problem.batch_size)
         ratio = np.where(problem.runnable[layer], need / problem.memory, np.inf)
         t = int(np.argmin(ratio))
         largest = float(np.max(np.where(np.isfinite(problem.memory), problem.memory, 0.0)))
@@ -196,6 +197,8 @@ def solve(
             best = None
     if best is None and clock.out_of_time():  # no proof that none exists: saying why would search on
         raise SearchGaveUp(_none_in_time(clock))
+    if best is None and options is not None and not options.explain:
+        raise Unexplained(f"no plan at micro-batch {problem.batch_size:,} meets the job (the exact search)")
     if best is None:
         raise infeasible_error(problem, solver)
     shared = clock.whole is not None  # the user's limit shared out over the micro-batches

@@ -9,6 +9,7 @@ not monotone in the throughput."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -19,6 +20,11 @@ from heterps_cli.formulas import SLACK
 from heterps_cli.schedulers.exact.kernel import Candidate
 from heterps_cli.schedulers.exact.pipeline import PipelineSolver, scored, true_candidate, walking
 from heterps_cli.schedulers.exact.step import StepSolver
+from heterps_cli.units_bound import counts_left, may_have
+
+# Seconds of searching before the units bound is first asked which stage counts to skip: about one question's
+# time on a 50-layer chain of two types (0.1-0.2 s; its grids take 0.01-0.15 s each).
+FIRST_QUESTION = 0.1
 
 
 def min_cost(
@@ -192,9 +198,12 @@ def min_cost_by_stages(
             best = found
 
     bound = 0.0  # on every plan of S stages or more: nothing yet
+    left = CountsLeft(solver.p)
     for n, S in enumerate(solver.stage_counts(floor)):
         if n and out_of_time():  # before grid S's tables, which take seconds to build on thousands of layers
             return best, (min(best.cost, bound) if best is not None else math.inf)
+        if not left.may(S, floor):
+            continue  # the units bound: no plan of S stages reaches the floor (or fits)
         relaxed = solver.at_least(S)
         least, bound = _min_cost(relaxed, out_of_time, incumbent=best)
         if least is None or least is best:
@@ -236,12 +245,15 @@ def max_throughput_by_stages(
         found = solver.fastest[0]
         return solver.fastest if found is None or found.throughput >= at_least else (None, 0.0)
     best: Candidate | None = None
+    left = CountsLeft(solver.p)
     for n, S in enumerate(solver.of_shape(range(1, solver.most + 1))):
         target = at_least if best is None else best.throughput
         if not solver.at_least(S).reachable(target):
             break  # none of S stages or more is as fast
         if n and out_of_time():  # before grid S's tables (None: no plan found in time)
             return best, (max(best.throughput, solver.slot_bound(S)) if best is not None else 0.0)
+        if not left.may(S, target):
+            continue  # the units bound: no plan of S stages is as fast
         try:
             sub = walking(solver, S)
         except TooLarge as exc:  # grid S does not fit: the best of fewer stages, none of S or more faster than
@@ -263,3 +275,29 @@ def max_throughput_by_stages(
         return best, (best.throughput if best is not None else 0.0)
     solver.fastest = best, (best.throughput if best is not None else 0.0)
     return solver.fastest
+
+
+class CountsLeft:
+    """The stage counts in which a plan may reach a target by the units bound (:func:`counts_left`). A count
+    ruled out at a lower target stays ruled out, so the bound is asked again only where a count it leaves is
+    about to be searched at a higher target, and only once the search has taken as long as the last question
+    on a problem of its size did (:data:`FIRST_QUESTION` before any), so that it never costs much more than
+    the search it prunes: a search that ends sooner never asks it. What it skips has no plan as fast, so the
+    plan found does not depend on when it is asked."""
+
+    def __init__(self, problem) -> None:
+        self.p, self.at = problem, -1.0
+        self.left: list[tuple[int, int | None]] | None = None  # None: every count may
+        self.size = (problem.n_layers, problem.n_types)
+        self.asked, self.took = time.perf_counter(), _TOOK.get(self.size, FIRST_QUESTION)
+
+    def may(self, S: int, target: float) -> bool:
+        now = time.perf_counter()
+        if now - self.asked >= self.took and target > self.at and may_have(self.left, S):
+            self.at, self.left = target, counts_left(self.p, target * (1 - 1e-9))
+            self.asked = time.perf_counter()
+            self.took = _TOOK[self.size] = self.asked - now
+        return may_have(self.left, S)
+
+
+_TOOK: dict[tuple[int, int], float] = {}  # the last question's seconds, by (layers, types)
