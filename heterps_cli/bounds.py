@@ -108,13 +108,14 @@ def by_micro_batch(problem: Problem) -> bool:
     return problem.objective is Objective.TIME and problem.pipelined
 
 
-def proven(problem: Problem, plan) -> tuple[float, str] | None:
+def proven(problem: Problem, plan, out_of_time=lambda: False) -> tuple[float, str] | None:
     """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
     where the bound has no answer. Under objective time and a pipeline, the bound is also held to each
-    micro-batch's pace ceiling and the units its throughput needs (:func:`~heterps_cli.pace.speed_bound`)."""
+    micro-batch's pace ceiling and the units its throughput needs (:func:`~heterps_cli.pace.speed_bound`; a
+    looser bound once ``out_of_time()``)."""
     best = bound(problem.at_micro_batch(plan.batch_size))
     if best is None:
         return None
     if by_micro_batch(problem) and plan.throughput > 0:
-        best = max(plan.throughput, min(best, speed_bound(problem, plan.throughput, best)))
+        best = max(plan.throughput, min(best, speed_bound(problem, plan.throughput, best, out_of_time)))
     return within(problem.objective, plan.cost_usd, plan.throughput, best)

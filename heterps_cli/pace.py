@@ -7,6 +7,8 @@ bounds hold for every plan, mixed stages (section 1i) and whole nodes (section 1
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from heterps_cli.problem import Problem
@@ -50,10 +52,11 @@ FORMS = ((False, False), (True, False), (True, True))
 BRACKET = 1e-2
 
 
-def speed_bound(problem: Problem, reached: float, cap: float) -> float:
+def speed_bound(problem: Problem, reached: float, cap: float, out_of_time: Callable[[], bool] = lambda: False) -> float:
     """No plan at any micro-batch the problem may choose is faster than this: at each choice the least of
     ``cap`` (a bound known already), its pace ceiling and the least throughput its units bound rules out
-    (found to within :data:`BISECTION`). ``reached``: a plan's throughput, where the search starts."""
+    (found to within :data:`BISECTION`; once ``out_of_time()``, the least ruled out so far, still a bound).
+    ``reached``: a plan's throughput, where the search starts."""
     if not reached > 0:
         return cap
     proven, start = 0.0, reached * (1 + BISECTION)
@@ -68,15 +71,17 @@ def speed_bound(problem: Problem, reached: float, cap: float) -> float:
         # the cheaper forms first, each narrowing the next one's range: what they rule out the full bound does too
         forms = FORMS if several_sets(sub) else FORMS[:2]
         for i, form in enumerate(forms):
-            top = _least_ruled_out(sub, lo, top, *form, BISECTION if i == len(forms) - 1 else BRACKET)
+            top = _least_ruled_out(sub, (lo, top), form, BISECTION if i == len(forms) - 1 else BRACKET, out_of_time)
         proven = max(proven, top)
     return proven
 
 
-def _least_ruled_out(problem: Problem, lo: float, top: float, by_stages: bool, by_sets: bool, within: float) -> float:
+def _least_ruled_out(problem: Problem, between, form, within: float, out_of_time: Callable[[], bool]) -> float:
     """Between ``lo``, which the units bound does not rule out, and ``top``, which it does (or a cap), the
-    least throughput it rules out, to within ``within`` (a ratio)."""
-    while top > lo * (1 + within):
+    least throughput it rules out (its ``form``: by_stages, by_sets), to within ``within`` (a ratio), or
+    the least so far once ``out_of_time()``."""
+    (lo, top), (by_stages, by_sets) = between, form
+    while top > lo * (1 + within) and not out_of_time():
         mid = float(np.sqrt(lo * top))
         lo, top = (lo, mid) if units_short(problem, mid, by_stages, by_sets) is not None else (mid, top)
     return top

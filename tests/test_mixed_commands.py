@@ -81,7 +81,7 @@ def test_the_climb_starts_from_the_optima_with_a_power_of_two_of_a_types_units_h
     assert done.exit_code == 0, done.output
     notes = json.loads(done.output)["notes"]
     assert any("no other starts climbed" in n for n in notes) and set(asked) == {(2, 12)}
-    monkeypatch.setattr(bounds, "proven", lambda problem, plan: None)  # no certificate: room everywhere
+    monkeypatch.setattr(bounds, "proven", lambda problem, plan, late=None: None)  # no certificate: room everywhere
     asked.clear()
     done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output

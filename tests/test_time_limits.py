@@ -9,7 +9,7 @@ import yaml
 
 from heterps_cli.cli.app import app
 from heterps_cli.problem import load_problem
-from tests.helpers import ROOT
+from tests.helpers import ROOT, problem_from_dicts, write_yaml
 
 INSTANCES = ROOT / "benchmarks" / "instances"
 PROFILE, CLUSTER = str(INSTANCES / "chain64x3.profile.yaml"), str(INSTANCES / "chain64x3.cluster.yaml")
@@ -263,3 +263,48 @@ def test_mixed_stages_where_none_can_mix_say_why_once(runner):
     notes = json.loads(result.stdout)["notes"]
     assert any("mixed stages need a pipeline schedule" in n for n in notes), notes
     assert not any("no exact search over mixed stages" in n for n in notes), notes
+
+
+def test_a_search_its_paced_clock_stopped_proves_nothing(monkeypatch):
+    """The paced clock may say "out of time" before the limit itself has passed (the next step, as long as
+    the longest, would end past it): a search it stopped before any plan says it found none in time (exit
+    5), not that none exists, nor does it search on to say why (it had raised an internal error)."""
+    from heterps_cli.errors import SearchGaveUp
+    from heterps_cli.schedulers import exact
+    from heterps_cli.schedulers.base import Clock, SolveOptions
+
+    # two layers whose training state fits a unit one at a time, not both: no plan of one stage, one of two
+    times = {"oct": 1.0, "odt": 0.0, "alpha": 1.0, "beta": 0.0}
+    layer = {"type": "fc", "input_size": 1.0, "weight_size": 1e9, "times": {"gpu": times}}
+    profile = {"model": "m", "batch_size": 1, "job": {"samples": 64.0, "global_batch": 4}}
+    profile["layers"] = [{"name": f"l{i}", **layer} for i in (0, 1)]
+    cluster = {"cluster": "c", "resources": {"gpu": {"price": 1.0, "limit": 2, "memory_gb": 7.2}}}  # 4 GB a layer
+    problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=1)
+    assert len(exact.solve(problem).stages) == 2
+    monkeypatch.setattr(Clock, "paced", lambda self: lambda: True)
+    with pytest.raises(SearchGaveUp, match="found no plan before the --time-limit"):
+        exact.solve(problem, options=SolveOptions(time_limit=1e6))
+
+
+def test_a_micro_batch_out_of_time_is_shown_so_and_proves_nothing_over_every_choice(runner, tmp_path, monkeypatch):
+    """Where the search at one micro-batch ran out of time, the note says "none found in time" there (not
+    "no plan"), and the plan is not proven within a gap over every micro-batch."""
+    from heterps_cli.errors import SearchGaveUp
+    from heterps_cli.schedulers import exact
+    from tests.test_pace import scarce
+
+    profile, cluster = scarce()  # micro-batches 1, 8, 16, 32 and 64; 8 or 16 the fastest (2/3 samples/s)
+    search = exact.solve
+
+    def stopped_at_8(problem, **kw):
+        if problem.batch_size == 8:
+            raise SearchGaveUp("exact found no plan before the --time-limit of 1 s ran out")
+        return search(problem, **kw)
+
+    monkeypatch.setattr(exact, "solve", stopped_at_8)
+    paths = [str(write_yaml(tmp_path / "p.yaml", profile)), str(write_yaml(tmp_path / "c.yaml", cluster))]
+    result = runner.invoke(app, ["plan", *paths, "-s", "exact", "--objective", "time", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert "8: none found in time" in next(note for note in plan["notes"] if "chosen" in note)
+    assert plan["optimal"] is False and plan.get("gap") is None

@@ -91,7 +91,8 @@ def solve(
         plan = best_micro_batch(problem, choices, one, progress, options, exact=exact, optimum=optimum)
     if mixing:  # the certificate's time is the solve's too
         began = time.perf_counter()
-        plan = _held_back(problem, plan, options) if name == "exact" else _mixed_certificate(problem, plan)
+        late = Clock.of(options, began).out_of_time
+        plan = _held_back(problem, plan, options) if name == "exact" else _mixed_certificate(problem, plan, late)
         plan = plan.but(solve_s=plan.solve_s + time.perf_counter() - began)
     if optimum is not None:
         plan = _met(problem, plan, optimum)
@@ -231,9 +232,10 @@ def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
     from heterps_cli.schedulers.mixed_optimum import why_not
     from heterps_cli.schedulers.mixing import can_mix, from_reserved
 
+    late = Clock.of(options, time.perf_counter()).out_of_time
     if can_mix(problem) is not None:
-        return _mixed_certificate(problem, plan)
-    found = proven(problem, plan)
+        return _mixed_certificate(problem, plan, late)
+    found = proven(problem, plan, late)
     if found is not None and found[0] <= BISECTION * (1 + 1e-6):  # the bisection stops within it
         said = f"no other starts climbed: no plan is more than {100 * BISECTION:g}% better (the certificate below)"
         plan = plan.but(notes=[*plan.notes, f"--mixed-stages: {said}"])
@@ -243,13 +245,13 @@ def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
         plan = climbed
     if (why := why_not(problem)) is not None:  # else that note says why
         plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
-    return _mixed_certificate(problem, plan, found)
+    return _mixed_certificate(problem, plan, late, found)
 
 
-def _mixed_certificate(problem: Problem, plan: Plan, found: tuple[float, str] | None = None) -> Plan:
+def _mixed_certificate(problem: Problem, plan: Plan, late, found: tuple[float, str] | None = None) -> Plan:
     """What is proven of a plan in the space of mixed stages: the exact solver's certificate covers stages
-    of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s (``found``: already known); and
-    why no stage mixes, where the problem cannot."""
+    of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s (``found``: already known; a looser
+    one once ``late()``, past the time limit); and why no stage mixes, where the problem cannot."""
     from heterps_cli.bounds import proven
     from heterps_cli.schedulers.mixing import can_mix
 
@@ -260,7 +262,7 @@ def _mixed_certificate(problem: Problem, plan: Plan, found: tuple[float, str] | 
         notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
         return plan.but(notes=notes)
-    if found is None and (found := proven(problem, plan)) is None:
+    if found is None and (found := proven(problem, plan, late)) is None:
         return plan.but(optimal=None, notes=notes)
     gap, words = found
     said = f"the exact solver proves its plans over stages of one type; with mixed stages, {words}"

@@ -78,7 +78,7 @@ def best_micro_batch(
             unasked = f"the plan at micro-batch {batch:,} meets the optimum the exact solver proves"
             break
     if not found:
-        _search_after_all(unsearched, solve_one, found, failed)
+        _search_after_all(unsearched, solve_one, found, failed, clock)
     if not found:
         # a search that gave up where a plan may exist says so (exit 5), as at one micro-batch
         gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
@@ -104,13 +104,21 @@ def _order(choices: tuple[int, ...], optimum: Plan | None) -> list[int]:
     return order
 
 
-def _search_after_all(unsearched: list, solve_one: SolveOne, found: dict, failed: dict) -> None:
+def _search_after_all(unsearched: list, solve_one: SolveOne, found: dict, failed: dict, clock: Clock) -> None:
     """Where no choice has a plan, the choices a bound proved short of the job's floor, and those the exact
     search found none at without saying why, are searched (again) after all, so that the error says what the
-    fastest plan there reaches and what caps it, not only the bound."""
-    for batch, sub, asked, report in unsearched:
+    fastest plan there reaches and what caps it, not only the bound: each in its share of the time left, none
+    once it has run out (they keep the bound's words, or the search's)."""
+    for i, (batch, sub, asked, report) in enumerate(unsearched):
+        left = clock.left()
+        if left is not None and left <= 0:
+            return
+        share = None if left is None else left / (len(unsearched) - i)
         try:  # the bound, or the search, says it raises
-            found[batch] = solve_one(sub, dataclasses.replace(asked, started=None, explain=True), report)
+            again = dataclasses.replace(asked, time_limit=share, started=None, explain=True)
+            found[batch] = solve_one(sub, again, report)
+        except SearchGaveUp:  # out of time: what the bound or the search proved stands
+            continue
         except InfeasibleError as exc:
             failed[batch] = exc
 
@@ -194,7 +202,7 @@ def _chosen(
             f"{problem.objective.shown(found[b].cost_usd, found[b].throughput)}"
             + ("" if found[b].feasible else " (breaks a constraint)")
             if b in found
-            else ("none as fast" if b in beaten else "no plan")
+            else _no_plan(failed[b], b in beaten)
             if b in failed
             else f"not asked ({unasked})"
         )
@@ -219,15 +227,22 @@ def _chosen(
     return plan.but(**changes).of_run(plan.units, plan.interrupted)
 
 
+def _no_plan(failure: InfeasibleError, beaten: bool) -> str:
+    return "none found in time" if isinstance(failure, SearchGaveUp) else "none as fast" if beaten else "no plan"
+
+
 def _certificate(
     problem: Problem, choices: tuple[int, ...], found: dict[int, Plan], failed: dict[int, InfeasibleError], plan: Plan
 ) -> dict:
     """``optimal`` and ``gap`` over every choice: the bound on the optimum is the weakest of each
     choice's (its plan where proven optimal, its plan with its gap where cut short, none where it was
-    neither); a choice with no plan is proven to have none by the exact solver."""
+    neither); a choice with no plan is proven to have none by the exact solver, unless it ran out of time there
+    (then nothing is proven over every choice)."""
     objective = problem.objective
     bounds = []
     for b in choices:
+        if isinstance(failed.get(b), SearchGaveUp):  # out of time: nothing proven there
+            return {"optimal": False, "gap": None, "bound": None}
         if b in failed:
             continue
         other = found.get(b)

@@ -178,7 +178,7 @@ def solve(
         return solve_rented(problem, seed=seed, progress=progress, options=options)
     start = time.perf_counter()
     clock = Clock.of(options, start)
-    out_of_time = clock.paced()
+    out_of_time = _Stopping(clock.paced())
     solver = solver_for(problem, progress)
     if problem.objective is Objective.COST:
         best, bound = walks.min_cost(solver, out_of_time)
@@ -195,7 +195,7 @@ def solve(
         best, bound = search(solver, out_of_time)
         if best is not None and best.throughput < throughput_floor(problem):
             best = None
-    if best is None and clock.out_of_time():  # no proof that none exists: saying why would search on
+    if best is None and (out_of_time.said or clock.out_of_time()):  # no proof that none exists: nor why
         raise SearchGaveUp(_none_in_time(clock))
     if best is None and options is not None and not options.explain:
         raise Unexplained(f"no plan at micro-batch {problem.batch_size:,} meets the job (the exact search)")
@@ -223,6 +223,19 @@ def solve(
     )
     assert plan.feasible, "the exact solver produced a plan that breaks a constraint"
     return plan if proved else plan.but(gap=gap)
+
+
+class _Stopping:
+    """A search's ``out_of_time`` that remembers whether it ever said so: a search it stopped short of finding
+    a plan proves nothing, even where the limit itself has not yet passed (the clock is paced)."""
+
+    def __init__(self, paced: Callable[[], bool]) -> None:
+        self.paced, self.said = paced, False
+
+    def __call__(self) -> bool:
+        now = self.paced()
+        self.said = self.said or now
+        return now
 
 
 def _none_in_time(clock: Clock) -> str:
