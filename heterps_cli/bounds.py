@@ -14,6 +14,8 @@ memory, the pipeline's bubble and whole samples, so its optimum bounds every pla
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from heterps_cli.figures import count, usd
@@ -108,7 +110,7 @@ def by_micro_batch(problem: Problem) -> bool:
     return problem.objective is Objective.TIME and problem.pipelined
 
 
-def proven(problem: Problem, plan, out_of_time=lambda: False) -> tuple[float, str] | None:
+def proven(problem: Problem, plan, out_of_time: Callable[[], bool] = lambda: False) -> tuple[float, str] | None:
     """``plan``'s gap to :func:`bound` at its micro-batch, and the words saying so (:func:`within`); None
     where the bound has no answer. Under objective time and a pipeline, the bound is also held to each
     micro-batch's pace ceiling and the units its throughput needs (:func:`~heterps_cli.pace.speed_bound`; a

@@ -175,9 +175,10 @@ def _classes(problem: Problem) -> list[tuple[int, int | None]]:
 
 @dataclass(frozen=True)
 class _States:
-    """The DP's states, every class's at once: class ``c`` counts its stages ``k = 0..top`` (``top``: the
-    class's last count, or "``lo`` or more" where it has no end), each stage charged ``lo``'s slots and
-    the micro-batches in flight its place holds at least (``k``-th from the first of at least ``lo``)."""
+    """The DP's states, every class's at once. The DP cuts from the pipeline's end, so class ``c`` counts the
+    stages after the one it adds, ``j = 0..top`` (``top``: the class's last count, or "``lo`` or more" where
+    it has no end), each stage charged ``lo``'s slots and exactly the micro-batches in flight its place holds,
+    ``min(j + 1, M)`` (1F1B: the ``k``-th of ``S`` stages holds ``S - k``; at least that past ``top``)."""
 
     cls: np.ndarray  # [S] the class
     held: np.ndarray  # [S] micro-batches in flight of the stage added from this state
@@ -189,11 +190,11 @@ class _States:
         rows: dict[str, list] = {"cls": [], "held": [], "step": [], "final": []}
         for c, (lo, hi) in enumerate(classes):
             top, first = (lo if hi is None else hi - 1), len(rows["cls"])
-            for k in range(top + 1):
+            for j in range(top + 1):
                 rows["cls"].append(c)
-                rows["held"].append(min(max(lo - k, 1), M))
-                rows["step"].append(first + k + 1 if k < top else (first + k if hi is None else -1))
-                rows["final"].append(k >= lo)
+                rows["held"].append(min(j + 1, M))
+                rows["step"].append(first + j + 1 if j < top else (first + j if hi is None else -1))
+                rows["final"].append(j >= lo)
         return cls(*(np.array(rows[f]) for f in ("cls", "held", "step", "final")))
 
 
@@ -209,19 +210,20 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
     helds, held_of = np.unique(pairs[:, 1], return_inverse=True)
     moves = states.step >= 0
     fewest = np.full((len(weights), len(states.cls), n + 1), np.inf)
-    fewest[:, [np.flatnonzero(states.cls == c)[0] for c in range(len(classes))], 0] = 0.0
+    fewest[:, [np.flatnonzero(states.cls == c)[0] for c in range(len(classes))], n] = 0.0
     budget = step / float(slots.min())  # a micro-batch's time at the fewest slots, before U and Y
-    for a in range(n):
-        going = moves & np.isfinite(fewest[:, :, a]).any(axis=0)  # [S] states some cut reaches at a, to move on
+    for b in range(n, 0, -1):  # from the pipeline's end: each stage a..b-1 before the cuts after it
+        going = moves & np.isfinite(fewest[:, :, b]).any(axis=0)  # [S] states some cut reaches at b, to move on
         if not going.any():  # none, or every one reached here has its class's most stages
             continue
         # a stage a..b whose one-sample pace passes the most time a micro-batch may take fits no replica
-        end = int(np.searchsorted(kinds.reach, kinds.reach[a] + budget * (1 + 1e-9), side="right"))
-        b1 = np.arange(a + 1, min(end, n + 1))
-        if not b1.size:
+        first = int(np.searchsorted(kinds.reach, kinds.reach[b] - budget * (1 + 1e-6), side="left"))
+        a = np.arange(first, b)
+        if not a.size:
             continue
-        overhead = kinds.update[:, b1] - kinds.update[:, a, None]
-        ring = kinds.sync[:, b1] - kinds.sync[:, a, None] + kinds.latency[:, None]
+        b1 = np.full(a.size, b)
+        overhead = kinds.update[:, b1] - kinds.update[:, a]
+        ring = kinds.sync[:, b1] - kinds.sync[:, a] + kinds.latency[:, None]
         alone = kinds.most_samples(problem, a, b1, (step - overhead)[None] / slots) >= B
         asked = np.unique(which[going])  # the (class, in flight) pairs of the states that move
         where = np.zeros(len(pairs), dtype=int)
@@ -234,18 +236,18 @@ def _fewest(problem: Problem, kinds: _Kinds, weights: np.ndarray, X: float, clas
             one = np.where(alone_fits[None][..., cols], scaled[:, None, :, None], np.inf).min(axis=2)
             spread[:, :, cols] = np.minimum(spread[:, :, cols], one)
         units = spread[:, where[which]]  # [W, S, nb], valid where the state moves
-        reached = fewest[:, :, a, None] + units  # a stage more after each state
+        reached = fewest[:, :, b, None] + units  # a stage more before each state
         into = states.step[going]
         once = into != np.flatnonzero(going)  # into another state; else a class's "lo or more" stays
         for sel in (once, ~once):  # each target once per assignment
             src, dst = np.flatnonzero(going)[sel], into[sel]
-            span = slice(int(b1[0]), int(b1[-1]) + 1)
+            span = slice(int(a[0]), int(a[-1]) + 1)
             fewest[:, dst, span] = np.minimum(fewest[:, dst, span], reached[:, src])
-    final = np.where(states.final[None, :], fewest[:, :, n], np.inf)  # [W, S]
+    final = np.where(states.final[None, :], fewest[:, :, 0], np.inf)  # [W, S]
     return np.stack([final[:, states.cls == c].min(axis=1) for c in range(len(classes))])
 
 
-def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, weights, sets) -> np.ndarray:
+def _spread(problem: Problem, kinds: _Kinds, a: np.ndarray, b1: np.ndarray, within, weights, sets) -> np.ndarray:
     """``[W, P, nb]``: the fewest weighed units of a stage ``a..b`` of two replicas or more, each within
     ``budget - 2 (1 - 1/K) ring`` a micro-batch (``[P, K, nb]``, ``K`` the stage's replicas) and ``fits``
     (``within``: the three), its kinds one of ``sets``.
@@ -288,13 +290,21 @@ def _spread(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, wei
             trains = m[:, of] > 0
             per[:, t] = np.where(trains, d[:, of] / np.maximum(m[:, of], 1), np.inf).min(axis=1)
             lightest[:, t] = np.where(trains, d[:, of], np.inf).min(axis=1)
-        samples = B * (weights[:, None, :, None] * per[None]).min(axis=2)  # [W, P, nb]
-        replicas = (weights[:, None, :, None] * lightest[None]).min(axis=2) * least_count[None]
+        samples = B * _weighed(weights, per).min(axis=2)  # [W, P, nb]
+        with np.errstate(invalid="ignore"):  # 0 x inf where no set trains a sample, masked below
+            replicas = _weighed(weights, lightest).min(axis=2) * least_count[None]
         fewest = np.minimum(fewest, np.where(np.isfinite(least_count)[None], np.maximum(samples, replicas), np.inf))
     return fewest
 
 
-def _at_counts(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, counts) -> np.ndarray:
+def _weighed(weights: np.ndarray, per: np.ndarray) -> np.ndarray:
+    """``[W, P, T, nb]``: each type's ``per`` (``[P, T, nb]``, inf where it trains none) by its weight, still inf
+    there where the weight is 0 (a type free to take, not one that trains a sample at no cost)."""
+    with np.errstate(invalid="ignore"):  # 0 x inf, masked
+        return np.where(np.isfinite(per)[None], weights[:, None, :, None] * per[None], np.inf)
+
+
+def _at_counts(problem: Problem, kinds: _Kinds, a: np.ndarray, b1: np.ndarray, within, counts) -> np.ndarray:
     """``[J, P, K, nb]``: every kind's samples (:func:`_spread`'s ``m``) in a stage of each ``counts[:, j]``
     replicas (``[P, J, nb]``; inf: none)."""
     budget, ring, fits = within
@@ -303,11 +313,14 @@ def _at_counts(problem: Problem, kinds: _Kinds, a: int, b1: np.ndarray, within, 
 
 
 def _weight_rows(T: int, light: bool = True) -> np.ndarray:
-    """``[W, T]``: every type's units alike, then each type's weighed by each of :data:`WEIGHTS`; with three
-    types or more and ``light``, also each type weighed at the lightest while each other one is weighed by
-    each factor (the best weights may price a type few plans can use near nothing and the others apart)."""
+    """``[W, T]``: every type's units alike, then each type's weighed by each of :data:`WEIGHTS`, and each at 0
+    (any number of its units: where the others' are too few even then, no plan fits, which a weighing of 1/16
+    misses once that type's units weigh as much as the shortfall); with three types or more and ``light``,
+    also each type weighed at the lightest while each other one is weighed by each factor (the best weights
+    may price a type few plans can use near nothing and the others apart)."""
     rows = [np.ones(T)]
     for t in range(T if T > 1 else 0):
+        rows.append(np.where(np.arange(T) == t, 0.0, 1.0))
         for w in WEIGHTS[1:]:
             row = np.ones(T)
             row[t] = w
@@ -347,36 +360,44 @@ class _Kinds:
     reach: np.ndarray  # [n + 1] sums of :func:`layer_pace`: no replica of any kind is faster on layers 0..i-1
     sets: tuple[np.ndarray, ...]  # the kinds a stage may hold: one of each type (all at once past MOST_SETS)
 
-    def most_samples(self, problem: Problem, a: int, b1: np.ndarray, tau) -> np.ndarray:
-        """``[K, nb]``: the most samples a replica of each kind trains of a stage on layers ``a..b1-1``
-        within ``tau`` a micro-batch (a scalar, or ``[K, nb]``; 0 where it cannot run them, or not one
+    def most_samples(self, problem: Problem, a: np.ndarray, b1: np.ndarray, tau) -> np.ndarray:
+        """``[K, nb]``: the most samples a replica of each kind trains of each stage on layers ``a..b1-1``
+        (``[nb]`` each) within ``tau`` a micro-batch (a scalar, or ``[K, nb]``; 0 where it cannot run them, or not one
         sample in time)."""
         B = problem.batch_size
         messages, bytes_ = problem.boundary_messages, problem.boundary_bytes
-        fixed = self.serial[:, b1] - self.serial[:, a, None] + self.start[:, None]
+        fixed = self.serial[:, b1] - self.serial[:, a] + self.start[:, None]
         fixed = fixed + self.message[:, None] * (messages[a] + messages[b1])[None, :]
-        per = self.parallel[:, b1] - self.parallel[:, a, None] + self.rate[:, None] * (bytes_[a] + bytes_[b1])[None, :]
+        per = self.parallel[:, b1] - self.parallel[:, a] + self.rate[:, None] * (bytes_[a] + bytes_[b1])[None, :]
         room = tau * (1 + 1e-9) - fixed
         with np.errstate(divide="ignore", invalid="ignore"):
             m = np.where(per > 0, np.floor(room * B / per * (1 + 1e-9) + 1e-9), np.where(room >= 0, B, 0))
-        m = np.minimum(np.minimum(m, B), np.minimum.accumulate(self.cap[:, a:], axis=1)[:, b1 - a - 1])
-        runs = self.unrunnable[:, b1] == self.unrunnable[:, a, None]
+        m = np.minimum(np.minimum(m, B), self._least_cap(a, b1))
+        runs = self.unrunnable[:, b1] == self.unrunnable[:, a]
         return np.where(runs & (room >= 0), np.maximum(m, 0), 0)
 
-    def fitting(self, problem: Problem, a: int, b1: np.ndarray, in_flight: np.ndarray) -> np.ndarray:
+    def _least_cap(self, a: np.ndarray, b1: np.ndarray) -> np.ndarray:
+        """``[K, nb]``: the least of :attr:`cap` over each stage's layers ``a..b1-1``, the stages all of one
+        start or all of one end (the DP's)."""
+        if (a == a[0]).all():
+            return np.minimum.accumulate(self.cap[:, a[0] :], axis=1)[:, b1 - a[0] - 1]
+        end = int(b1[0])
+        return np.minimum.accumulate(self.cap[:, :end][:, ::-1], axis=1)[:, end - 1 - a]
+
+    def fitting(self, problem: Problem, a: np.ndarray, b1: np.ndarray, in_flight: np.ndarray) -> np.ndarray:
         """``[H, K, nb]``: at each count ``in_flight[h]`` of micro-batches in flight, the most samples of each
         micro-batch whose activations a replica of each kind holds, beside its training state and weight
         copies (sections 1b, 1d; the state sharded over a stage's replicas counted as none; a kind that
         recomputes, section 1g, holds the inputs of every micro-batch in flight, one micro-batch's activations
         and one set of copies). ``B`` where memory is not limited."""
         B = problem.batch_size
-        state = self.fixed[:, b1] - self.fixed[:, a, None]
-        casts = self.casts[:, b1] - self.casts[:, a, None]
-        held = self.held[:, b1] - self.held[:, a, None] + self.entry[:, a, None]
+        state = self.fixed[:, b1] - self.fixed[:, a]
+        casts = self.casts[:, b1] - self.casts[:, a]
+        held = self.held[:, b1] - self.held[:, a] + self.entry[:, a]
         h = np.asarray(in_flight, dtype=float)[:, None, None]
         with np.errstate(over="ignore", invalid="ignore"):
             again = self.again[:, None]
-            per = np.where(again, h * self.inputs[None, :, a, None] + held, h * held)
+            per = np.where(again, h * self.inputs[:, a][None] + held, h * held)
             fixed = np.where(again, state + casts, state + h * casts)
             room = (self.memory[:, None] - fixed * (1 - 1e-9)) * B
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -83,6 +83,28 @@ def test_no_stage_count_the_units_bound_rules_out_has_a_plan_that_fast(inst):
             assert may_have(counts_left(problem, best[1] * (1 - 1e-9)), S)
 
 
+@settings(max_examples=40, **SETTINGS)
+@given(st.one_of(pipelined(batches=(1, 2, 3)), recomputable()))
+def test_classes_of_several_stage_counts_hold_their_plans(inst):
+    """Past 8 layers the bound's stage counts come in classes [lo, hi), each charged its least count's slots
+    and each stage exactly the micro-batches in flight its place holds, counted from the pipeline's end: with
+    classes of 1-2 and 3 or more stages on these small instances, brute force's best plan of each count is
+    still within what the bound leaves (and the optimum within the units)."""
+    from unittest import mock
+
+    import heterps_cli.units_bound as bound
+
+    profile, cluster = inst
+    problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
+    with mock.patch.object(bound, "EXACT_STAGES", (1, 3)):
+        for S in range(1, len(profile["layers"]) + 1):
+            best = pipeline_optimum(profile, cluster, "time", 0.0, keep=lambda stages, *_, S=S: len(stages) == S)
+            if best is not None:
+                assert may_have(counts_left(problem, 0.0), S)
+                assert may_have(counts_left(problem, best[1] * (1 - 1e-9)), S)
+                assert units_short(problem, best[1] * (1 - 1e-9)) is None
+
+
 def paced(tmp_path, alpha: float = 1.0):
     """One layer on one type measured at 1 and 8 samples (global batch 8): with ``alpha`` 1 and nothing to
     synchronise, 8 replicas each training a sample of micro-batch 8 reach the ceiling exactly."""

@@ -29,6 +29,8 @@ from heterps_cli.schedulers.base import (
 from heterps_cli.schedulers.names import SCHEDULERS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from heterps_cli.plan import Plan
     from heterps_cli.problem import Problem
 
@@ -248,7 +250,9 @@ def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
     return _mixed_certificate(problem, plan, late, found)
 
 
-def _mixed_certificate(problem: Problem, plan: Plan, late, found: tuple[float, str] | None = None) -> Plan:
+def _mixed_certificate(
+    problem: Problem, plan: Plan, late: Callable[[], bool], found: tuple[float, str] | None = None
+) -> Plan:
     """What is proven of a plan in the space of mixed stages: the exact solver's certificate covers stages
     of one type, so the plan's gap is :func:`~heterps_cli.bounds.bound`'s (``found``: already known; a looser
     one once ``late()``, past the time limit); and why no stage mixes, where the problem cannot."""
