@@ -9,7 +9,6 @@ not monotone in the throughput."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,13 +17,8 @@ from heterps_cli.costmodel import throughput_floor
 from heterps_cli.errors import TooLarge
 from heterps_cli.formulas import SLACK
 from heterps_cli.schedulers.exact.kernel import Candidate
-from heterps_cli.schedulers.exact.pipeline import PipelineSolver, scored, true_candidate, walking
+from heterps_cli.schedulers.exact.pipeline import CountsLeft, PipelineSolver, scored, true_candidate, walking
 from heterps_cli.schedulers.exact.step import StepSolver
-from heterps_cli.units_bound import counts_left, may_have
-
-# Seconds of searching before the units bound is first asked which stage counts to skip: about one question's
-# time on a 50-layer chain of two types (0.1-0.2 s; its grids take 0.01-0.15 s each).
-FIRST_QUESTION = 0.1
 
 
 def min_cost(
@@ -275,29 +269,3 @@ def max_throughput_by_stages(
         return best, (best.throughput if best is not None else 0.0)
     solver.fastest = best, (best.throughput if best is not None else 0.0)
     return solver.fastest
-
-
-class CountsLeft:
-    """The stage counts in which a plan may reach a target by the units bound (:func:`counts_left`). A count
-    ruled out at a lower target stays ruled out, so the bound is asked again only where a count it leaves is
-    about to be searched at a higher target, and only once the search has taken as long as the last question
-    on a problem of its size did (:data:`FIRST_QUESTION` before any), so that it never costs much more than
-    the search it prunes: a search that ends sooner never asks it. What it skips has no plan as fast, so the
-    plan found does not depend on when it is asked."""
-
-    def __init__(self, problem) -> None:
-        self.p, self.at = problem, -1.0
-        self.left: list[tuple[int, int | None]] | None = None  # None: every count may
-        self.size = (problem.n_layers, problem.n_types)
-        self.asked, self.took = time.perf_counter(), _TOOK.get(self.size, FIRST_QUESTION)
-
-    def may(self, S: int, target: float) -> bool:
-        now = time.perf_counter()
-        if now - self.asked >= self.took and target > self.at and may_have(self.left, S):
-            self.at, self.left = target, counts_left(self.p, target * (1 - 1e-9))
-            self.asked = time.perf_counter()
-            self.took = _TOOK[self.size] = self.asked - now
-        return may_have(self.left, S)
-
-
-_TOOK: dict[tuple[int, int], float] = {}  # the last question's seconds, by (layers, types)
