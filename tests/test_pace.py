@@ -72,7 +72,7 @@ def test_no_plan_whose_mixed_parts_take_their_own_degrees_needs_more_units_than_
 @given(st.one_of(pipelined(batches=(1, 2, 3)), sharded(), recomputable()))
 def test_no_stage_count_the_units_bound_rules_out_has_a_plan_that_fast(inst):
     """The exact search skips the stage counts the bound rules out at the best throughput so far
-    (walks.CountsLeft), and at throughput 0 those where no plan fits: brute force's best plan of each stage
+    (pipeline.CountsLeft), and at throughput 0 those where no plan fits: brute force's best plan of each stage
     count is within what the bound leaves."""
     profile, cluster = inst
     problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
