@@ -94,7 +94,7 @@ class PipelineSolver(StepSolver):
         self.fastest: tuple[Candidate | None, float] | None = None  # max_throughput's, once finished
         self.slowest_layer = _slowest_layer(problem)
         self.refused: str | None = None  # why a walk stopped short of a stage count's grid (TooLarge's words)
-        self.left = CountsLeft(problem)  # the stage counts the units bound leaves, for cheapest's questions
+        self.left: CountsLeft | None = None  # where set (the budget walk), cheapest skips the counts it rules out
 
     def stage_counts(self, target: float) -> range:
         """The stage counts ``S`` whose plans can reach ``target``: a stage's step is at least
@@ -183,7 +183,7 @@ class PipelineSolver(StepSolver):
                 least = max(chain_dp(floor.grid.rate, floor.chain)[0], S * float(floor.grid.rate.min()))
                 if least * (1 - SLACK) > best.rate:
                     break
-            if not self.left.may(S, target):
+            if self.left is not None and not self.left.may(S, target):
                 continue  # the units bound: no plan of S stages reaches the target
             sub = self.sub(S)
             cand = sub.cheapest(target)

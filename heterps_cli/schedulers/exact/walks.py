@@ -162,6 +162,8 @@ def max_throughput_within_budget(
 ) -> tuple[Candidate | None, float]:
     """The fastest plan within max_cost, and an upper bound on the fastest throughput."""
     best, target, budget = None, 0.0, solver.p.max_cost
+    if isinstance(solver, PipelineSolver):  # its targets only rise: the units bound may skip stage counts
+        solver.left = CountsLeft(solver.p)
     assert budget is not None, "a budget search needs max_cost"
     while (cand := solver.cheapest(target)) is not None:
         if cand.cost <= budget * (1 + SLACK):
