@@ -85,10 +85,7 @@ def units_short(problem: Problem, throughput: float, by_stages: bool = True, by_
     ``by_sets=False``: a stage's replicas of any kinds, not one degree of each type (a third of the time)."""
     if not _asks(problem, throughput):
         return None
-    # every plan has one stage or more: one DP at one stage's slots rules out at once what it can
-    found = _left(problem, throughput, [EVERY_COUNT], by_sets)
-    if not isinstance(found, Shortfall) and by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
-        found = _left(problem, throughput, classes, by_sets)
+    found = _passes(problem, throughput, by_stages, by_sets)
     return found if isinstance(found, Shortfall) else None
 
 
@@ -99,9 +96,7 @@ def counts_left(problem: Problem, throughput: float) -> list[tuple[int, int | No
     kind at once, without the three-type weighings (a third of the full form's time or less)."""
     if not _asks(problem, throughput):
         return None
-    found = _left(problem, throughput, [EVERY_COUNT], False, False)  # the cheap DP first: it may rule out every count
-    if not isinstance(found, Shortfall):
-        found = _left(problem, throughput, _classes(problem), False, False)
+    found = _passes(problem, throughput, True, False, light=False)
     return [] if isinstance(found, Shortfall) else found
 
 
@@ -113,6 +108,15 @@ def may_have(classes: list[tuple[int, int | None]] | None, stages: int) -> bool:
 def _asks(problem: Problem, throughput: float) -> bool:
     n = problem.n_layers
     return problem.pipelined and 0 < n <= WINDOW_LAYERS and throughput >= 0
+
+
+def _passes(problem: Problem, X: float, by_stages: bool, by_sets: bool, light: bool = True) -> Shortfall | list:
+    """:func:`_left` over every plan at one stage's slots first (one DP: every plan has one stage or more, and
+    it rules out at once what it can), then, ``by_stages``, over the classes of stage counts."""
+    found = _left(problem, X, [EVERY_COUNT], by_sets, light)
+    if not isinstance(found, Shortfall) and by_stages and (classes := _classes(problem)) != [EVERY_COUNT]:
+        found = _left(problem, X, classes, by_sets, light)
+    return found
 
 
 def _left(problem: Problem, X: float, classes: list, by_sets: bool, light: bool = True) -> Shortfall | list:
@@ -378,9 +382,7 @@ class _Kinds:
 
     def _least_cap(self, a: np.ndarray, b1: np.ndarray) -> np.ndarray:
         """``[K, nb]``: the least of :attr:`cap` over each stage's layers ``a..b1-1``, the stages all of one
-        start or all of one end (the DP's)."""
-        if (a == a[0]).all():
-            return np.minimum.accumulate(self.cap[:, a[0] :], axis=1)[:, b1 - a[0] - 1]
+        end (the DP cuts from the pipeline's end)."""
         end = int(b1[0])
         return np.minimum.accumulate(self.cap[:, :end][:, ::-1], axis=1)[:, end - 1 - a]
 

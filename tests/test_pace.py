@@ -74,13 +74,19 @@ def test_no_stage_count_the_units_bound_rules_out_has_a_plan_that_fast(inst):
     """The exact search skips the stage counts the bound rules out at the best throughput so far
     (pipeline.CountsLeft), and at throughput 0 those where no plan fits: brute force's best plan of each stage
     count is within what the bound leaves."""
-    profile, cluster = inst
+    _each_count_within_the_bound(*inst)
+
+
+def _each_count_within_the_bound(profile: dict, cluster: dict) -> None:
+    """Brute force's best plan of each stage count: the bound leaves its count at throughput 0 and at its
+    throughput, and does not rule its throughput out."""
     problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
     for S in range(1, len(profile["layers"]) + 1):
         best = pipeline_optimum(profile, cluster, "time", 0.0, keep=lambda stages, *_, S=S: len(stages) == S)
         if best is not None:
             assert may_have(counts_left(problem, 0.0), S)
             assert may_have(counts_left(problem, best[1] * (1 - 1e-9)), S)
+            assert units_short(problem, best[1] * (1 - 1e-9)) is None
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -94,15 +100,8 @@ def test_classes_of_several_stage_counts_hold_their_plans(inst):
 
     import heterps_cli.units_bound as bound
 
-    profile, cluster = inst
-    problem = problem_from_dicts(profile, cluster, objective="time", micro_batch=profile["batch_size"])
     with mock.patch.object(bound, "EXACT_STAGES", (1, 3)):
-        for S in range(1, len(profile["layers"]) + 1):
-            best = pipeline_optimum(profile, cluster, "time", 0.0, keep=lambda stages, *_, S=S: len(stages) == S)
-            if best is not None:
-                assert may_have(counts_left(problem, 0.0), S)
-                assert may_have(counts_left(problem, best[1] * (1 - 1e-9)), S)
-                assert units_short(problem, best[1] * (1 - 1e-9)) is None
+        _each_count_within_the_bound(*inst)
 
 
 def paced(tmp_path, alpha: float = 1.0):

@@ -93,8 +93,9 @@ def solve(
         plan = best_micro_batch(problem, choices, one, progress, options, exact=exact, optimum=optimum)
     if mixing:  # the certificate's time is the solve's too
         began = time.perf_counter()
-        late = Clock.of(options, began).out_of_time
-        plan = _held_back(problem, plan, options) if name == "exact" else _mixed_certificate(problem, plan, late)
+        clock = Clock.of(options, began)
+        held = name == "exact"
+        plan = _held_back(problem, plan, clock) if held else _mixed_certificate(problem, plan, clock.out_of_time)
         plan = plan.but(solve_s=plan.solve_s + time.perf_counter() - began)
     if optimum is not None:
         plan = _met(problem, plan, optimum)
@@ -225,7 +226,7 @@ def _against_one_type(problem: Problem, plan: Plan, options: SolveOptions, seed:
     return f"--mixed-stages: mixing costs {usd(plan.cost_usd)}, the best plan of one-type stages {usd(one.cost_usd)}"
 
 
-def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
+def _held_back(problem: Problem, plan: Plan, clock: Clock) -> Plan:
     """The exact plan with mixed stages offered, its certificate over them: first the climb's other starts
     (:func:`~heterps_cli.schedulers.mixing.from_reserved`, the optimum with some units of a type held back),
     except where the certificate leaves no room for a plan better by more than its bisection's precision."""
@@ -234,7 +235,7 @@ def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
     from heterps_cli.schedulers.mixed_optimum import why_not
     from heterps_cli.schedulers.mixing import can_mix, from_reserved
 
-    late = Clock.of(options, time.perf_counter()).out_of_time
+    late = clock.out_of_time
     if can_mix(problem) is not None:
         return _mixed_certificate(problem, plan, late)
     found = proven(problem, plan, late)
@@ -242,7 +243,7 @@ def _held_back(problem: Problem, plan: Plan, options: SolveOptions) -> Plan:
         said = f"no other starts climbed: no plan is more than {100 * BISECTION:g}% better (the certificate below)"
         plan = plan.but(notes=[*plan.notes, f"--mixed-stages: {said}"])
     else:
-        climbed = from_reserved(problem, plan, Clock.of(options, time.perf_counter()))
+        climbed = from_reserved(problem, plan, clock)
         found = found if climbed is plan else None
         plan = climbed
     if (why := why_not(problem)) is not None:  # else that note says why

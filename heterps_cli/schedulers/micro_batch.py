@@ -144,12 +144,7 @@ def _out_of_reach(problem: Problem, fastest: float) -> str | None:
         f"and at most what it can and holds within a step of {count(problem.step_samples, 1)} / {count(need, 1)} s "
         "(its pipeline's slots, its stage's optimiser step and the all-reduce among as many replicas as it needs)"
     )
-    if not math.isfinite(short.need):
-        return f"{within}, and no cut into stages has every stage within that"
-    return (
-        f"{within}, so {stages} at least {count(short.need, 1)} units, the cluster has {count(short.have, 1)} "
-        f"({_weighed(problem, short)})"
-    )
+    return _shortfall_words(problem, short, within, stages, "that")
 
 
 def _fits_nowhere(problem: Problem) -> str | None:
@@ -161,17 +156,19 @@ def _fits_nowhere(problem: Problem) -> str | None:
         f"no plan at micro-batch {problem.batch_size:,} fits: a replica holds its training state and weight copies "
         "and, of each micro-batch in flight, the activations of the samples it trains"
     )
+    return _shortfall_words(problem, short, within, "its stages need", "its units' memory")
+
+
+def _shortfall_words(problem: Problem, short, within: str, stages: str, bound: str) -> str:
+    """``within``, then what the units bound's :class:`~heterps_cli.units_bound.Shortfall` counts: the
+    weighed units ``stages`` ("its stages need", ...), or that no cut has every stage within ``bound``."""
     if not math.isfinite(short.need):
-        return f"{within}, and no cut into stages has every stage within its units' memory"
-    return (
-        f"{within}, so its stages need at least {count(short.need, 1)} units, the cluster has "
-        f"{count(short.have, 1)} ({_weighed(problem, short)})"
-    )
-
-
-def _weighed(problem: Problem, short) -> str:
+        return f"{within}, and no cut into stages has every stage within {bound}"
     weights = ", ".join(f"{problem.types[t]} x{w:.3g}" for t, w in enumerate(short.weights))
-    return f"each type's units weighed: {weights}"
+    return (
+        f"{within}, so {stages} at least {count(short.need, 1)} units, the cluster has {count(short.have, 1)} "
+        f"(each type's units weighed: {weights})"
+    )
 
 
 def _best(problem: Problem, found: dict[int, Plan]) -> int:
