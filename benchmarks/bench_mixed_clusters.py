@@ -118,7 +118,7 @@ def main() -> None:
             cluster_path.write_text(yaml.safe_dump(cluster_of(name, nodes, entries, 1), sort_keys=False))
             more = ("--global-batch", str(batch))
             mixed, mixed_s = plan_command(profile_path, cluster_path, *more, "--mixed-stages")
-            one, one_s = plan_command(profile_path, cluster_path, *more)
+            one, one_s = plan_command(profile_path, cluster_path, *more, "--no-mixed-stages")
             mixes = "error" not in mixed and any(s.get("joined") for s in mixed["stages"])
             gpus = sum(nodes.values()) * GPUS_PER_NODE
             row = [name, kind, str(gpus), str(batch), *_figures(mixed), "yes" if mixes else "no", f"{mixed_s:.1f}"]

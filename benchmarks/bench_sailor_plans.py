@@ -334,7 +334,7 @@ def mixed_table(folder: Path, profiles: dict) -> None:
             cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
             batch = ("--global-batch", str(MIXED_BATCH))
             plan, wall = plan_command(profile_path, cluster_path, *batch, "--mixed-stages")
-            single, single_wall = plan_command(profile_path, cluster_path, *batch)
+            single, single_wall = plan_command(profile_path, cluster_path, *batch, "--no-mixed-stages")
             gpus = sum(nodes.values()) * GPUS_PER_NODE
             if "error" in plan:
                 cells = [name, str(tp), str(gpus), "none fits", "—", "—", " ".join(plan["error"].split())[:120]]
@@ -485,7 +485,7 @@ def main() -> None:
             cluster = cluster_of(name, nodes, entries, tp)
             cluster_path = folder / f"{cluster['cluster']}.yaml"
             cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
-            plan, wall = plan_command(profile_path, cluster_path)
+            plan, wall = plan_command(profile_path, cluster_path, "--no-mixed-stages")  # the mixed table offers them
             gpus = sum(nodes.values()) * GPUS_PER_NODE
             if "error" in plan:
                 why = " ".join(plan["error"].split())

@@ -115,6 +115,7 @@ def _shaped(
     from heterps_cli.errors import InfeasibleError
     from heterps_cli.shape import breaks, constrained
 
+    options = dataclasses.replace(options or SolveOptions(), mixed_stages=False)  # a shape is of one-type stages
     if engine is None:
         found = solve("exact", constrained(problem, shape), seed=seed, progress=progress, options=options)
         found = found.but(notes=[*found.notes, f"shape: {shape.said()} (docs/spec.md section 1k)"])

@@ -204,12 +204,14 @@ def refused(args: list[str], *expected: str, code: int = 2) -> str:
     return result.stderr
 
 
-def plan_and_check(profile: str, cluster: str, out: Path, *flags: str) -> dict:
+def plan_and_check(profile: str, cluster: str, out: Path, *flags: str, planning: tuple[str, ...] = ()) -> dict:
     """``heterps plan -s exact --objective time`` into ``out``, then ``heterps check`` of it with the
-    same job: both must pass; the plan file's mapping."""
+    same job: both must pass; the plan file's mapping. ``planning``: flags of ``plan`` alone."""
     from heterps_cli.cli.app import app
 
-    made = runner.invoke(app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", *flags, "-o", str(out)])
+    made = runner.invoke(
+        app, ["plan", profile, cluster, "-s", "exact", "--objective", "time", *flags, *planning, "-o", str(out)]
+    )
     assert made.exit_code == 0, made.output
     checked = runner.invoke(
         app, ["check", str(out), "--profile", profile, "--cluster", cluster, "--objective", "time", *flags]

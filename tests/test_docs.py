@@ -58,7 +58,7 @@ COMMANDS = [
     for line in block.splitlines()
     if line.startswith("heterps ")
 ]
-SLOW = (" compare ", "heterps profile ", "heterps run ")  # trainings and measurements: seconds each
+SLOW = (" compare ", "heterps profile ", "heterps run ", " --steps ")  # trainings and measurements: seconds each
 
 
 @pytest.mark.parametrize(

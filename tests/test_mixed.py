@@ -228,8 +228,8 @@ def test_leftover_fast_replicas_join_the_slow_stage_and_check_passes(tmp_path):
     any one-type plan, and check recomputes every figure from the files."""
     profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
     args = ["plan", profile, cluster, "-s", "exact", "--objective", "time"]
-    one = runner.invoke(app, [*args, "--json"])
-    mixed = runner.invoke(app, [*args, "--mixed-stages", "-o", str(tmp_path / "plan.yaml")])
+    one = runner.invoke(app, [*args, "--no-mixed-stages", "--json"])
+    mixed = runner.invoke(app, [*args, "-o", str(tmp_path / "plan.yaml")])  # mixed stages by default
     assert one.exit_code == 0 and mixed.exit_code == 0, mixed.output
     plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     stage = next(s for s in plan["stages"] if s.get("joined"))
@@ -431,10 +431,10 @@ def test_diff_of_two_micro_batches_of_one_global_batch_is_one_job(tmp_path):
     no warning (the micro-batch is the plan's choice, section 1f); another global batch warns."""
     profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
     args = ["plan", profile, cluster, "-s", "exact", "--objective", "time"]
-    runner.invoke(app, [*args, "-o", str(tmp_path / "one.yaml")])
-    runner.invoke(app, [*args, "--mixed-stages", "-o", str(tmp_path / "mixed.yaml")])
+    runner.invoke(app, [*args, "--no-mixed-stages", "-o", str(tmp_path / "one.yaml")])
+    runner.invoke(app, [*args, "-o", str(tmp_path / "mixed.yaml")])
     same = runner.invoke(app, ["diff", str(tmp_path / "one.yaml"), str(tmp_path / "mixed.yaml")])
     assert same.exit_code == 0 and "different jobs" not in same.output and "+41.8%" in same.output
-    runner.invoke(app, [*args, "--global-batch", "96", "-o", str(tmp_path / "other.yaml")])
+    runner.invoke(app, [*args, "--no-mixed-stages", "--global-batch", "96", "-o", str(tmp_path / "other.yaml")])
     other = runner.invoke(app, ["diff", str(tmp_path / "one.yaml"), str(tmp_path / "other.yaml")])
     assert other.exit_code == 0 and "global_batch 48 vs 96" in " ".join(other.output.split())

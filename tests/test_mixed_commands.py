@@ -48,7 +48,10 @@ def test_past_the_dp_a_floor_only_mixing_reaches_is_met_not_called_infeasible(tm
     monkeypatch.setattr(mixed_optimum, "MOST_WORK", 0)
     profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
     args = ["plan", profile, cluster, "-s", scheduler, "--objective", "cost", "--min-throughput", "30"]
-    assert runner.invoke(app, args).exit_code == 3  # one type a stage: none
+    unasked = runner.invoke(app, args)  # one type a stage: none; past the DP, under cost, not offered by default
+    said = " ".join(unasked.output.split())
+    assert unasked.exit_code == 3 and "Mixed stages were not offered (under objective cost" in said
+    assert said.endswith("--mixed-stages may meet it.")
     done = runner.invoke(app, [*args, "--mixed-stages", "--json"])
     assert done.exit_code == 0, done.output
     plan = json.loads(done.output)

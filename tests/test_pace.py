@@ -42,6 +42,7 @@ def _within_the_ceiling(profile, cluster, optimum) -> None:
         assert speed_bound(problem, optimum[1] / 4, math.inf) >= optimum[1] * (1 - 1e-9)
 
 
+@pytest.mark.slow  # over 3 s of the fast run
 @settings(max_examples=60, **SETTINGS)
 @given(st.one_of(pipelined(batches=(1, 2, 3)), pipelined(), sharded(), recomputable()))
 def test_no_plan_passes_the_pace_ceiling_or_needs_more_units_than_the_cluster_has(inst):
@@ -58,6 +59,7 @@ def test_no_mixed_plan_passes_the_pace_ceiling_or_needs_more_units_than_the_clus
     _within_the_ceiling(profile, cluster, mixed_optimum(profile, cluster))
 
 
+@pytest.mark.slow  # over 3 s of the fast run
 @settings(max_examples=40, **SETTINGS)
 @given(sharded_mixable())
 def test_no_plan_whose_mixed_parts_take_their_own_degrees_needs_more_units_than_the_cluster_has(inst):

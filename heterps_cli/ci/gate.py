@@ -400,8 +400,13 @@ def plan_command(
         job += f" --micro-batch {problem.batch_size}"
     if problem.maximal_stages:
         job += " --maximal-stages"
-    if plan.mixes and engine is None:  # section 1i: re-planned without it, the plan would lose its mixed stages
-        job += " --mixed-stages"
+    if engine is None:  # section 1i: the plan's own space, as --replan's (plan offers mixed stages by default)
+        from heterps_cli.schedulers.mixing import can_mix
+
+        if plan.mixes:
+            job += " --mixed-stages"
+        elif can_mix(problem) is None:
+            job += " --no-mixed-stages"
     name = scheduler or plan.scheduler
     name = name if name in SCHEDULERS and engine is None else "exact"  # plan --engine plans with exact
     if engine is not None:

@@ -26,6 +26,7 @@ from heterps_cli.cli.options import (
     MaximalStagesOpt,
     MicroBatchOpt,
     MinThroughputOpt,
+    MixedStagesAutoOpt,
     MixedStagesOpt,
     ObjectiveOpt,
     OutOpt,
@@ -178,7 +179,7 @@ def plan(
     epochs: EpochsOpt = None,
     global_batch: GlobalBatchOpt = None,
     maximal_stages: MaximalStagesOpt = False,
-    mixed_stages: MixedStagesOpt = False,
+    mixed_stages: MixedStagesAutoOpt = None,
     micro_batch: MicroBatchOpt = None,
     max_cost: MaxCostOpt = None,
     seed: SeedOpt = 0,
@@ -222,7 +223,7 @@ def plan(
             policy_out=policy_out,
             evaluations=evaluations,
             started=STARTED if time_limit is not None else None,  # loading the files counts too
-            mixed_stages=mixed_stages or None,
+            mixed_stages=mixed_stages,
         )
         with progress_bar() as report:
             result = api.plan(
@@ -458,7 +459,7 @@ def compare(
     batch: BatchOpt = None,
     time_limit: TimeLimitOpt = None,
     evaluations: _CompareEvaluationsOpt = None,
-    mixed_stages: MixedStagesOpt = False,
+    mixed_stages: MixedStagesAutoOpt = None,
 ) -> None:
     """Run several schedulers on one problem with the same budget and seed, against the exact optimum."""
     _one_stdout(as_json, plot)
@@ -469,7 +470,7 @@ def compare(
         from heterps_cli.schedulers import Budget
 
         not_an_input(plot, profile, cluster, field="--plot")
-        budget = Budget(time_limit, steps, batch, evaluations, mixed_stages or None)
+        budget = Budget(time_limit, steps, batch, evaluations, mixed_stages)
 
         def done(entry) -> None:
             figure = (

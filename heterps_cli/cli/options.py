@@ -120,6 +120,20 @@ MixedStagesOpt = Annotated[
     ),
 ]
 
+# plan and compare offer mixed stages wherever the problem's types can share a stage (section 1i)
+MixedStagesAutoOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--mixed-stages/--no-mixed-stages",
+        show_default=False,
+        help="Whether replicas of other types may join a stage, each type training its own share of every "
+        "micro-batch at its own tensor-parallel degree (docs/spec.md section 1i). Default: they may wherever "
+        "the cluster has several types, a global batch gives a pipeline schedule, no --engine or shape "
+        "option is given, and a bound proves the plan over them (objective time without --max-cost, or a "
+        "problem small enough for the exact DP over them); --no-mixed-stages plans stages of one type each.",
+    ),
+]
+
 GlobalBatchOpt = Annotated[
     int | None,
     typer.Option(

@@ -135,7 +135,7 @@ def refuse_other_scheduler(scheduler: str | None, shape: Shape | None, engine: E
     return "exact"
 
 
-def refuse_mixed(engine: EngineName | None, shape: Shape | None, mixed_stages: bool) -> None:
+def refuse_mixed(engine: EngineName | None, shape: Shape | None, mixed_stages: bool | None) -> None:
     """An engine never mixes types in a stage, and a shape is a space of one-type stages (exit 2)."""
     if mixed_stages and (engine is not None or shape is not None):
         said = f"--engine {engine.value}: the engine never mixes types in a stage" if engine else (

@@ -13,7 +13,7 @@ import importlib
 import time
 from typing import TYPE_CHECKING
 
-from heterps_cli.errors import InfeasibleError, SearchFailed
+from heterps_cli.errors import InfeasibleError, SearchFailed, SearchGaveUp
 from heterps_cli.objective import Objective
 from heterps_cli.schedulers.base import (
     Budget,
@@ -60,17 +60,41 @@ def solve(
 ) -> Plan:
     """The plan scheduler ``name`` finds; when a search finds none, the exact solver says why
     (no plan exists, or one does and the error names it). Where the plan chooses its micro-batch
-    (docs/spec.md section 1f), the best of the plans it finds at each choice."""
+    (docs/spec.md section 1f), the best of the plans it finds at each choice. Mixed stages (section 1i) as
+    ``options.mixed_stages`` says: None offers them where :func:`~.mixing.offered` does, and says why not
+    where the problem could mix (in the plan's notes, or in the error where no plan meets the job)."""
+    options, unoffered = _mixing(problem, options or SolveOptions())
+    if unoffered is None:
+        return _solve(name, problem, seed, progress, options)
+    said = f"mixed stages not offered: {unoffered} (--mixed-stages offers them, with the linear bound's gap)"
+    try:
+        plan = _solve(name, problem, seed, progress, options)
+    except (SearchGaveUp, InfeasibleError) as exc:
+        if type(exc) not in (SearchGaveUp, InfeasibleError) or not _mixing_may_meet(problem):
+            raise
+        raise type(exc)(f"{exc} Mixed stages were not offered ({unoffered}): --mixed-stages may meet it.") from None
+    return plan.but(notes=[*plan.notes, said])
+
+
+def _mixing_may_meet(problem: Problem) -> bool:
+    """Whether a plan over mixed stages may meet the job's floor: the units bound, which holds for them too,
+    does not rule it out at every micro-batch (a budget it cannot tell)."""
+    from heterps_cli.units_bound import units_short
+
+    floor = problem.min_throughput
+    return not floor or any(units_short(problem.at_micro_batch(b), floor) is None for b in problem.micro_batch_choices)
+
+
+def _solve(name: str, problem: Problem, seed: int, progress: Progress | None, options: SolveOptions) -> Plan:
+    """:func:`solve`, mixed stages decided."""
     choices = problem.micro_batch_choices
-    options = options or SolveOptions()
-    guard, optimum = None, None
+    mixing, guard, optimum = bool(options.mixed_stages), None, None
     if name != "exact" and options.time_limit is None:  # exact refuses what it cannot finish
-        if name in ("rl", "tapp") and getattr(options, "steps", None) is None and not options.mixed_stages:
-            optimum = _proven_optimum(problem, seed)
+        if name in ("rl", "tapp") and getattr(options, "steps", None) is None:
+            optimum = _proven_optimum(problem, seed, mixing)
         options, guard = _default_budget(name, problem, options)
         if optimum is not None and isinstance(options, TrainingOptions):  # it stops where its plan meets it
             options = dataclasses.replace(options, stop_at=problem.objective.key_of(optimum))
-    mixing = options.mixed_stages
     if mixing and name == "exact" and (found := _exact_mixed(problem, options, seed)) is not None:
         return found
 
@@ -102,6 +126,17 @@ def solve(
     return _said_guard(plan, problem, guard)
 
 
+def _mixing(problem: Problem, options: SolveOptions) -> tuple[SolveOptions, str | None]:
+    """``options`` with ``mixed_stages`` decided: where it is None (the command line's default), offered
+    where :func:`~.mixing.offered` says so; and why not, where the problem could mix but they are not."""
+    if options.mixed_stages is not None:
+        return options, None
+    from heterps_cli.schedulers.mixing import offered
+
+    offer, why = offered(problem)
+    return dataclasses.replace(options, mixed_stages=offer), why
+
+
 # The exact solver proves the optimum first for rl's and tapp's default training where its largest grid
 # holds at most this many cells: a count, not seconds, so that the plan is the same on any machine. A
 # 34-layer, 4-type chain at 4 micro-batches (166,600 cells) took 3.4 s to prove, its rl 23.6 s in all
@@ -109,31 +144,36 @@ def solve(
 PROVEN_CELLS = 2_000_000
 
 
-def _proven_optimum(problem: Problem, seed: int) -> Plan | None:
-    """The optimum the exact solver proves, where that is cheap (:data:`PROVEN_CELLS`); None elsewhere."""
+def _proven_optimum(problem: Problem, seed: int, mixing: bool) -> Plan | None:
+    """The exact solver's plan where that is cheap (:data:`PROVEN_CELLS`) and proven: optimal, or with mixed
+    stages offered within its certificate's gap; None elsewhere."""
     from heterps_cli.errors import TooLarge
     from heterps_cli.schedulers.exact.terms import grid_cells
 
     if grid_cells(problem) > PROVEN_CELLS:
         return None
     try:
-        found = solve("exact", problem, seed=seed)
+        found = solve("exact", problem, seed=seed, options=SolveOptions(mixed_stages=mixing))
     except (InfeasibleError, TooLarge):
         return None
-    return found if found.optimal and found.feasible else None
+    return found if found.feasible and (found.optimal or (mixing and found.gap is not None)) else None
 
 
 def _met(problem: Problem, plan: Plan, optimum: Plan) -> Plan:
-    """``plan`` proven optimal where it meets the exact solver's optimum; else said how far it is."""
+    """``plan`` proven as the exact solver's plan is (optimal, or within its gap) where it meets it; else
+    said how far it is."""
     from heterps_cli.objective import meets
+    from heterps_cli.schedulers.micro_batch import proven_words
 
     objective = problem.objective
     if plan.feasible and meets(objective.key_of(plan), objective.key_of(optimum)):
-        said = "proven optimal: it meets the optimum the exact solver proves (docs/schedulers/rl.md)"
-        return plan.but(optimal=True, notes=[*plan.notes, said], solve_s=plan.solve_s + optimum.solve_s)
+        said = f"it meets {proven_words(optimum)} (docs/schedulers/rl.md)"
+        said = f"proven optimal: {said}" if optimum.optimal else said
+        proof = {"optimal": True} if optimum.optimal else {"optimal": False, "gap": optimum.gap}
+        return plan.but(**proof, notes=[*plan.notes, said], solve_s=plan.solve_s + optimum.solve_s)
     figure, best = (objective.figure(p.cost_usd, p.throughput) for p in (plan, optimum))
     shown = objective.shown(optimum.cost_usd, optimum.throughput)
-    said = f"{100 * objective.gap(figure, best):.2f}% from the optimum the exact solver proves ({shown})"
+    said = f"{100 * objective.gap(figure, best):.2f}% from {proven_words(optimum)} ({shown})"
     return plan.but(notes=[*plan.notes, said], solve_s=plan.solve_s + optimum.solve_s)
 
 
@@ -176,7 +216,7 @@ def _rescued(name: str, problem: Problem, seed: int, options: SolveOptions) -> P
     said = "no plan of one-type stages meets the job; the fastest, with replicas of other types joined, does"
     if problem.objective is Objective.COST:
         plan, _ = mix(problem, plan, clock)
-    return plan.but(notes=[*plan.notes, f"--mixed-stages: {said} (section 1i)"], solve_s=fastest.solve_s)
+    return plan.but(notes=[*plan.notes, f"mixed stages: {said} (section 1i)"], solve_s=fastest.solve_s)
 
 
 def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | None:
@@ -203,10 +243,10 @@ def _exact_mixed(problem: Problem, options: SolveOptions, seed: int) -> Plan | N
         sizes = ", ".join(map(str, choices))
         notes.append(f"micro-batch {found.batch_size} chosen: the DP searched every size the plan may take ({sizes})")
     if not found.mixes:
-        notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
+        notes.append("mixed stages: no stage is better by the objective with replicas of another type joining it")
     else:
         notes.append(_against_one_type(problem, found, dataclasses.replace(options, mixed_stages=False), seed))
-    notes.append("--mixed-stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)")
+    notes.append("mixed stages: optimal over mixed and one-type stages (a DP over every type's units, docs/exact.md)")
     return found.but(solve_s=time.perf_counter() - start, notes=[*found.notes, *notes])
 
 
@@ -217,13 +257,13 @@ def _against_one_type(problem: Problem, plan: Plan, options: SolveOptions, seed:
     try:
         one = solve("exact", problem, seed=seed, options=options)
     except InfeasibleError:
-        return "--mixed-stages: no plan of one-type stages meets the job; mixing does"
+        return "mixed stages: no plan of one-type stages meets the job; mixing does"
     if problem.objective is Objective.TIME:
         return (
-            f"--mixed-stages: mixing reaches {count(plan.throughput, 1)} samples/s, the best plan of one-type stages "
+            f"mixed stages: mixing reaches {count(plan.throughput, 1)} samples/s, the best plan of one-type stages "
             f"{count(one.throughput, 1)}"
         )
-    return f"--mixed-stages: mixing costs {usd(plan.cost_usd)}, the best plan of one-type stages {usd(one.cost_usd)}"
+    return f"mixed stages: mixing costs {usd(plan.cost_usd)}, the best plan of one-type stages {usd(one.cost_usd)}"
 
 
 def _held_back(problem: Problem, plan: Plan, clock: Clock) -> Plan:
@@ -241,13 +281,13 @@ def _held_back(problem: Problem, plan: Plan, clock: Clock) -> Plan:
     found = proven(problem, plan, late)
     if found is not None and found[0] <= BISECTION * (1 + 1e-6):  # the bisection stops within it
         said = f"no other starts climbed: no plan is more than {100 * BISECTION:g}% better (the certificate below)"
-        plan = plan.but(notes=[*plan.notes, f"--mixed-stages: {said}"])
+        plan = plan.but(notes=[*plan.notes, f"mixed stages: {said}"])
     else:
         climbed = from_reserved(problem, plan, clock)
         found = found if climbed is plan else None
         plan = climbed
     if (why := why_not(problem)) is not None:  # else that note says why
-        plan = plan.but(notes=[*plan.notes, f"--mixed-stages: no exact search over mixed stages: {why}"])
+        plan = plan.but(notes=[*plan.notes, f"mixed stages: no exact search over mixed stages: {why}"])
     return _mixed_certificate(problem, plan, late, found)
 
 
@@ -264,7 +304,7 @@ def _mixed_certificate(
     if (why := can_mix(problem)) is not None:
         return plan.but(notes=[*notes, f"--mixed-stages: {why}"])
     if not plan.mixes:
-        notes.append("--mixed-stages: no stage is better by the objective with replicas of another type joining it")
+        notes.append("mixed stages: no stage is better by the objective with replicas of another type joining it")
     if plan.scheduler != "exact":
         return plan.but(notes=notes)
     if found is None and (found := proven(problem, plan, late)) is None:

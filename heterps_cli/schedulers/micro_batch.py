@@ -75,7 +75,7 @@ def best_micro_batch(
         if plan.interrupted:  # Ctrl-C: the best so far, the other sizes unasked
             break
         if optimum is not None and plan.feasible and meets(*map(problem.objective.key_of, (plan, optimum))):
-            unasked = f"the plan at micro-batch {batch:,} meets the optimum the exact solver proves"
+            unasked = f"the plan at micro-batch {batch:,} meets {proven_words(optimum)}"
             break
     if not found:
         _search_after_all(unsearched, solve_one, found, failed, clock)
@@ -85,6 +85,14 @@ def best_micro_batch(
         raise (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed)) from None
     best = _best(problem, found)
     return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
+
+
+def proven_words(optimum: Plan) -> str:
+    """What the exact solver proves of ``optimum``, the plan a search stops at: optimal, or within its gap
+    (mixed stages offered: a bound over mixed plans)."""
+    if optimum.optimal or optimum.gap is None:
+        return "the optimum the exact solver proves"
+    return f"the exact solver's plan, proven within {100 * optimum.gap:.2f}% of the optimum"
 
 
 def _share(options: SolveOptions, share: float | None) -> SolveOptions:

@@ -1,4 +1,4 @@
-"""Section 1i's exact optimum over mixed stages, where the space is small (``plan -s exact --mixed-stages``).
+"""Section 1i's exact optimum over mixed stages, where the space is small (``plan -s exact``, mixed stages offered).
 
 A stage's step depends only on its layers, its place ``s`` among ``S`` stages, the micro-batch and the units
 it holds of each type (a one-type stage: at its best degree and recomputation; a mixed one: at its best
