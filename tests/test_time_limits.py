@@ -308,3 +308,29 @@ def test_a_micro_batch_out_of_time_is_shown_so_and_proves_nothing_over_every_cho
     plan = json.loads(result.stdout)
     assert "8: none found in time" in next(note for note in plan["notes"] if "chosen" in note)
     assert plan["optimal"] is False and plan.get("gap") is None
+
+
+def test_micro_batches_left_unasked_by_the_time_limit_prove_nothing():
+    """The limit ran out after the first choice had no plan: the others, never searched, may hold one, so
+    the answer is "no plan found" (exit 5) naming them, not "no plan at any micro-batch" (exit 3, which the
+    OPT-30-sized row under --time-limit 1 had said, though its micro-batches 2 and 4 hold plans)."""
+    from heterps_cli.errors import InfeasibleError, SearchGaveUp
+    from heterps_cli.schedulers.base import SolveOptions
+    from heterps_cli.schedulers.micro_batch import best_micro_batch
+    from tests.test_pace import scarce
+
+    problem = problem_from_dicts(*scarce(), objective="time")
+    asked = []
+
+    def none_here(sub, options, report):
+        asked.append(sub.batch_size)
+        raise InfeasibleError(f"no plan at micro-batch {sub.batch_size}")
+
+    choices = problem.micro_batch_choices
+    with pytest.raises(SearchGaveUp) as raised:
+        best_micro_batch(problem, choices, none_here, None, SolveOptions(time_limit=1e-9))
+    left = sorted(set(choices) - set(asked))
+    assert len(asked) == 1 and str(raised.value).startswith(
+        f"the time limit ran out before micro-batches {', '.join(map(str, left))} were searched"
+    )
+    assert f"of those searched: at micro-batch {asked[0]}: no plan at micro-batch {asked[0]}" in str(raised.value)

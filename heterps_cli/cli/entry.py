@@ -15,8 +15,7 @@ def main() -> None:
     import signal
     import sys
 
-    from heterps_cli.cli import terminal
-    from heterps_cli.errors import EXIT_INTERRUPTED, Terminated
+    from heterps_cli.errors import EXIT_INTERRUPTED, Terminated  # no import of a library before the handlers
 
     def terminate(signum, frame):
         sys.stderr.write("terminated\n")
@@ -37,9 +36,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, interrupt)
     sys.unraisablehook = unraisable
-    terminal.install()
-    _refuse_bytes_that_are_not_utf8(sys.argv[1:])
     try:
+        from heterps_cli.cli import terminal  # rich: a Ctrl-C while it loads is caught below
+
+        terminal.install()
+        _refuse_bytes_that_are_not_utf8(sys.argv[1:])
         from heterps_cli.cli.app import app
 
         app(prog_name="heterps")

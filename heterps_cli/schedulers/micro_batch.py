@@ -45,10 +45,11 @@ def best_micro_batch(
     beaten: set[int] = set()  # asked only for a plan faster than the best so far
     unasked = "interrupted"  # why the choices not asked were not
     unsearched: list[tuple[int, Problem, SolveOptions, Progress | None]] = []  # proven short of the job's floor
-    for i, batch in enumerate(_order(choices, optimum)):
+    order, left_out = _order(choices, optimum), []
+    for i, batch in enumerate(order):
         left = clock.left()
         if left is not None and left <= 0 and (found or failed):  # the rest unasked: the limit holds
-            unasked = "the time limit ran out"
+            unasked, left_out = "the time limit ran out", order[i:]
             break
         asked = _share(options, None if left is None else max(0.0, left) / (1 if options.guard else len(choices) - i))
         fastest = max((p.throughput for p in found.values() if p.feasible), default=0.0)
@@ -80,11 +81,20 @@ def best_micro_batch(
     if not found:
         _search_after_all(unsearched, solve_one, found, failed, clock)
     if not found:
-        # a search that gave up where a plan may exist says so (exit 5), as at one micro-batch
-        gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
-        raise (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed)) from None
+        raise _none_found(problem, failed, left_out)
     best = _best(problem, found)
     return _chosen(problem, choices, found, failed, beaten, best, time.perf_counter() - start, unasked)
+
+
+def _none_found(problem: Problem, failed: dict[int, InfeasibleError], left_out: list[int]) -> InfeasibleError:
+    """The error where no choice has a plan: proven (exit 3) only where every choice was asked and none gave
+    up; a search that gave up, or a choice the time limit left unasked, may hide a plan (exit 5)."""
+    if left_out:
+        sizes = ", ".join(f"{b:,}" for b in sorted(left_out))
+        searched = f" (of those searched: {_reasons(failed)})" if failed else ""
+        return SearchGaveUp(f"the time limit ran out before micro-batches {sizes} were searched{searched}")
+    gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
+    return (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed))
 
 
 def proven_words(optimum: Plan) -> str:
@@ -275,18 +285,22 @@ def _gap_note(problem: Problem, gap: float, bound: float) -> str:
 
 
 def _none_at_any(problem: Problem, failed: dict[int, InfeasibleError]) -> str:
-    """One message for a plan that no micro-batch has: each reason once, with the choices it holds at."""
-    reasons: dict[str, list[int]] = {}
-    for b, exc in failed.items():
-        reasons.setdefault(str(exc), []).append(b)
-    said = "; ".join(
-        f"at micro-batch{'es' if len(bs) > 1 else ''} {', '.join(f'{b:,}' for b in sorted(bs))}: {why}"
-        for why, bs in reasons.items()
-    )
+    """One message for a plan that no micro-batch has (of those asked): each reason once, with the choices it
+    holds at."""
     return (
         f"no plan at any micro-batch the plan may choose (a measured size or a multiple of the largest) that "
         f"divides the global batch "
-        f"{problem.step_samples:,} ({said})"
+        f"{problem.step_samples:,} ({_reasons(failed)})"
+    )
+
+
+def _reasons(failed: dict[int, InfeasibleError]) -> str:
+    reasons: dict[str, list[int]] = {}
+    for b, exc in failed.items():
+        reasons.setdefault(str(exc), []).append(b)
+    return "; ".join(
+        f"at micro-batch{'es' if len(bs) > 1 else ''} {', '.join(f'{b:,}' for b in sorted(bs))}: {why}"
+        for why, bs in reasons.items()
     )
 
 
