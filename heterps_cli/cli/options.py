@@ -125,6 +125,7 @@ MixedStagesAutoOpt = Annotated[
     bool | None,
     typer.Option(
         "--mixed-stages/--no-mixed-stages",
+        metavar="",
         show_default=False,
         help="Whether replicas of other types may join a stage, each type training its own share of every "
         "micro-batch at its own tensor-parallel degree (docs/spec.md section 1i). Default: they may wherever "
