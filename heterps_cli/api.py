@@ -183,6 +183,17 @@ class Comparison:
         }
 
 
+def _frontier_mixes(problem: Problem, budget: Budget) -> bool:
+    """Whether compare's frontier is over mixed stages: where asked, and by default where the schedulers' plans
+    may mix and the exact DP over mixed stages runs (else its points would be climbed, not proven)."""
+    if budget.mixed_stages is not None:
+        return budget.mixed_stages
+    from heterps_cli.schedulers.mixed_optimum import why_not
+    from heterps_cli.schedulers.mixing import offered
+
+    return offered(problem)[0] and why_not(problem) is None
+
+
 def compare(
     profile_path: str,
     cluster_path: str,
@@ -206,7 +217,7 @@ def compare(
     curve = None
     if with_frontier:
         try:
-            curve = pareto_frontier(problem, progress=progress, mixed_stages=bool(budget.mixed_stages))
+            curve = pareto_frontier(problem, progress=progress, mixed_stages=_frontier_mixes(problem, budget))
         except TooLarge:  # no exact frontier over mixed stages here: the one-type frontier
             curve = pareto_frontier(problem, progress=progress)
         except InfeasibleError:  # every scheduler's row already says why

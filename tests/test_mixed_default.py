@@ -80,3 +80,20 @@ def test_checks_re_plan_command_keeps_a_one_type_plan_in_its_own_space(tmp_path)
                                 "--samples", "24000"])  # fmt: skip
     said = " ".join(stale.output.split())
     assert stale.exit_code == 1 and "--no-mixed-stages --out" in said, stale.output
+
+
+def test_compares_frontier_is_over_mixed_stages_where_the_schedulers_plans_are(tmp_path):
+    """compare --plot's frontier: over mixed stages where the plans may mix and the DP over them runs, so that
+    the exact plan (36.3 samples/s on TINY) is its fastest point, not beyond a one-type frontier (25.6)."""
+    from heterps_cli import api
+    from heterps_cli.formats import Job
+    from heterps_cli.schedulers import Budget
+
+    profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
+    done = api.compare(str(profile), str(cluster), ["exact"], Job(objective="time"), with_frontier=True)
+    exact = done.entries[0].plan
+    assert exact is not None and exact.mixes
+    assert abs(done.frontier.plans[-1].throughput - exact.throughput) <= 1e-9 * exact.throughput
+    one = api.compare(str(profile), str(cluster), ["exact"], Job(objective="time"), budget=Budget(mixed_stages=False),
+                      with_frontier=True)  # fmt: skip
+    assert round(one.frontier.plans[-1].throughput, 1) == 25.6
