@@ -138,7 +138,7 @@ def frontier(
     *,
     time_limit: float | None = None,
     progress: Progress | None = None,
-    mixed_stages: bool = False,
+    mixed_stages: bool | None = False,
     resolution: float = 0.0,
     shape: Shape | None = None,
     engine: str | None = None,
@@ -146,7 +146,8 @@ def frontier(
     """``heterps frontier``: every Pareto-optimal plan from the cheapest meeting ``job.min_throughput``
     to the fastest (within ``job.max_cost``); ``job.objective`` plays no part. ``time_limit``
     (seconds) stops the walk where it is, with the frontier exact up to there. ``mixed_stages``: over
-    mixed stages too (docs/spec.md section 1i), where the exact DP over them runs. ``resolution`` > 0:
+    mixed stages too (docs/spec.md section 1i), exact where the DP over them runs; None (the command line's
+    default): only there. ``resolution`` > 0:
     for every plan, one at most that fraction slower and dearer, rather than every Pareto-optimal plan
     (docs/spec.md section 1c). ``engine``: the frontier of the plans that engine runs; ``shape``: of the
     plans keeping it (section 1k)."""
@@ -159,9 +160,20 @@ def frontier(
         from heterps_cli.shape import constrained
 
         problem = constrained(problem, shape)
+        mixed_stages = bool(mixed_stages)  # a shape is of one-type stages
+    if mixed_stages is None:
+        mixed_stages = _mixed_dp_runs(problem)
     return pareto_frontier(
         problem, progress=progress, time_limit=time_limit, mixed_stages=mixed_stages, resolution=resolution
     )
+
+
+def _mixed_dp_runs(problem: Problem) -> bool:
+    """Whether the problem's plans may mix types in a stage and the exact DP over them runs."""
+    from heterps_cli.schedulers.mixed_optimum import why_not
+    from heterps_cli.schedulers.mixing import can_mix
+
+    return can_mix(problem) is None and why_not(problem) is None
 
 
 @dataclass(frozen=True)
@@ -188,10 +200,9 @@ def _frontier_mixes(problem: Problem, budget: Budget) -> bool:
     may mix and the exact DP over mixed stages runs (else its points would be climbed, not proven)."""
     if budget.mixed_stages is not None:
         return budget.mixed_stages
-    from heterps_cli.schedulers.mixed_optimum import why_not
     from heterps_cli.schedulers.mixing import offered
 
-    return offered(problem)[0] and why_not(problem) is None
+    return offered(problem)[0] and _mixed_dp_runs(problem)
 
 
 def compare(

@@ -32,8 +32,8 @@ def _matched(plan: dict, by: list[dict]) -> bool:
 
 def test_where_the_mixed_dp_does_not_run_the_one_type_frontier_is_climbed(tmp_path, monkeypatch):
     profile, cluster = write_yaml(tmp_path / "p.yaml", TINY), write_yaml(tmp_path / "c.yaml", CLUSTER)
-    exact = _frontier(profile, cluster, "--mixed-stages")["plans"]  # the DP runs on these limits
-    one_type = _frontier(profile, cluster)["plans"]
+    exact = _frontier(profile, cluster)["plans"]  # the DP runs on these limits: mixed stages by default
+    one_type = _frontier(profile, cluster, "--no-mixed-stages")["plans"]
     monkeypatch.setattr(mixed_optimum, "MOST_WORK", 1)  # now it does not
     found = _frontier(profile, cluster, "--mixed-stages", "--out", str(tmp_path / "plans"))
     plans = found["plans"]

@@ -90,7 +90,7 @@ def test_tapp_finds_the_brute_force_fastest_plan_on_small_instances(seed):
     assert expected[1] * (1 - 1e-9) <= cut.throughput <= best[1] * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("example", ["vgg16", pytest.param("transformer", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("example", [pytest.param(e, marks=pytest.mark.slow) for e in ("vgg16", "transformer")])
 def test_tapp_defaults_to_objective_time_on_the_bundled_examples(runner, example):
     profile = str(ROOT / f"profiles/{example}.yaml")
     cluster = str(ROOT / "clusters/three-type.yaml")

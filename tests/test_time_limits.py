@@ -162,6 +162,7 @@ def test_the_default_budget_gives_the_plan_its_count_gives_on_any_machine(runner
     assert default.exit_code == counted.exit_code == 0, default.output + counted.output
     fields = ("stages", "cost_usd", "throughput", "evaluations")
     assert [json.loads(default.stdout)[k] for k in fields] == [json.loads(counted.stdout)[k] for k in fields]
+    assert json.loads(default.stdout)["objective"] == "time"  # tapp's own default (the seeds' objective)
 
 
 def test_micro_batches_left_when_the_time_limit_has_run_out_are_not_asked_and_the_plan_says_so(runner, tmp_path):

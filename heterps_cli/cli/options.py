@@ -108,18 +108,6 @@ MaximalStagesOpt = Annotated[
     ),
 ]
 
-MixedStagesOpt = Annotated[
-    bool,
-    typer.Option(
-        "--mixed-stages",
-        metavar="",
-        help="Let replicas of other types join a stage, each type training its own share of every "
-        "micro-batch, each type at its own tensor-parallel degree (docs/spec.md section 1i; a global "
-        "batch). Default: a stage "
-        "runs on one type.",
-    ),
-]
-
 # plan and compare offer mixed stages wherever the problem's types can share a stage (section 1i)
 MixedStagesAutoOpt = Annotated[
     bool | None,
@@ -132,6 +120,20 @@ MixedStagesAutoOpt = Annotated[
         "the cluster has several types, a global batch gives a pipeline schedule, no --engine or shape "
         "option is given, and a bound proves the plan over them (objective time without --max-cost, or a "
         "problem small enough for the exact DP over them); --no-mixed-stages plans stages of one type each.",
+    ),
+]
+
+# frontier offers them where the exact DP over mixed stages runs, so that every point stays proven
+FrontierMixedStagesOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--mixed-stages/--no-mixed-stages",
+        metavar="",
+        show_default=False,
+        help="Whether replicas of other types may join a stage (docs/spec.md section 1i). Default: they may "
+        "where the cluster has several types, a global batch gives a pipeline schedule and the problem is "
+        "small enough for the exact DP over mixed stages (every point then proven); --mixed-stages also past "
+        "it (the one-type frontier's points, each climbed: not proven); --no-mixed-stages: one type a stage.",
     ),
 ]
 
