@@ -332,10 +332,10 @@ def test_a_profile_at_one_size_chooses_among_its_multiples(tmp_path):
 @pytest.mark.slow  # 2 s or more of the fast suite on 2 cores; .ci/run runs it
 def test_the_frontier_spans_every_micro_batch_and_its_ends_are_the_plans(tmp_path):
     profile, cluster = gpt_like(tmp_path)
-    result = runner.invoke(app, ["frontier", profile, cluster, "--json"])
+    result = runner.invoke(app, ["frontier", profile, cluster, "--no-mixed-stages", "--json"])  # one-type sizes
     assert result.exit_code == 0, result.output
     plans = json.loads(result.output)["plans"]
-    one_type = ["-s", "exact", "--no-mixed-stages", "--json"]  # the frontier offers mixed stages only if asked
+    one_type = ["-s", "exact", "--no-mixed-stages", "--json"]
     cheapest = json.loads(runner.invoke(app, ["plan", profile, cluster, *one_type]).output)
     fastest = json.loads(runner.invoke(app, ["plan", profile, cluster, *one_type, "--objective", "time"]).output)
     assert math.isclose(plans[0]["cost_usd"], cheapest["cost_usd"], rel_tol=1e-9)

@@ -69,7 +69,7 @@ def solve(
     said = f"mixed stages not offered: {unoffered} (--mixed-stages offers them, with the linear bound's gap)"
     try:
         plan = _solve(name, problem, seed, progress, options)
-    except (SearchGaveUp, InfeasibleError) as exc:
+    except InfeasibleError as exc:  # SearchGaveUp too; not its subclasses that carry more than a message
         if type(exc) not in (SearchGaveUp, InfeasibleError) or not _mixing_may_meet(problem):
             raise
         raise type(exc)(f"{exc} Mixed stages were not offered ({unoffered}): --mixed-stages may meet it.") from None
