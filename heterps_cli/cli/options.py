@@ -108,7 +108,7 @@ MaximalStagesOpt = Annotated[
     ),
 ]
 
-# plan and compare offer mixed stages wherever the problem's types can share a stage (section 1i)
+# plan and compare offer mixed stages where the problem's types can share a stage and a bound proves the plan
 MixedStagesAutoOpt = Annotated[
     bool | None,
     typer.Option(

@@ -42,8 +42,8 @@ class SolveOptions:
     # When the time limit's clock started (time.perf_counter()); None: when the scheduler starts.
     # The command line starts it with the process, so that loading the files counts too.
     started: float | None = None
-    # section 1i: replicas of other types may join a stage; None: wherever the problem's may (mixing.can_mix),
-    # the command line's default (--mixed-stages / --no-mixed-stages say True / False)
+    # section 1i: replicas of other types may join a stage; None: where mixing.offered says (the command line's
+    # default; --mixed-stages / --no-mixed-stages say True / False)
     mixed_stages: bool | None = False
     # The time limit is the guard of a search without --time-limit (schedulers.guard_time_limit): the
     # whole search's, not shared out over the micro-batches, as a limit the user sets is.

@@ -91,8 +91,9 @@ def _none_found(problem: Problem, failed: dict[int, InfeasibleError], left_out: 
     up; a search that gave up, or a choice the time limit left unasked, may hide a plan (exit 5)."""
     if left_out:
         sizes = ", ".join(f"{b:,}" for b in sorted(left_out))
+        which = f"micro-batches {sizes} were" if len(left_out) > 1 else f"micro-batch {sizes} was"
         searched = f" (of those searched: {_reasons(failed)})" if failed else ""
-        return SearchGaveUp(f"the time limit ran out before micro-batches {sizes} were searched{searched}")
+        return SearchGaveUp(f"the time limit ran out before {which} searched{searched}")
     gave_up = any(isinstance(exc, SearchGaveUp) for exc in failed.values())
     return (SearchGaveUp if gave_up else InfeasibleError)(_none_at_any(problem, failed))
 
@@ -100,8 +101,10 @@ def _none_found(problem: Problem, failed: dict[int, InfeasibleError], left_out: 
 def proven_words(optimum: Plan) -> str:
     """What the exact solver proves of ``optimum``, the plan a search stops at: optimal, or within its gap
     (mixed stages offered: a bound over mixed plans)."""
-    if optimum.optimal or optimum.gap is None:
+    if optimum.optimal:
         return "the optimum the exact solver proves"
+    if optimum.gap is None:
+        return "the exact solver's plan"
     return f"the exact solver's plan, proven within {100 * optimum.gap:.2f}% of the optimum"
 
 
