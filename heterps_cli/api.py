@@ -162,18 +162,12 @@ def frontier(
         problem = constrained(problem, shape)
         mixed_stages = bool(mixed_stages)  # a shape is of one-type stages
     if mixed_stages is None:
-        mixed_stages = _mixed_dp_runs(problem)
+        from heterps_cli.schedulers.mixing import proven_over_mixed
+
+        mixed_stages = proven_over_mixed(problem)
     return pareto_frontier(
         problem, progress=progress, time_limit=time_limit, mixed_stages=mixed_stages, resolution=resolution
     )
-
-
-def _mixed_dp_runs(problem: Problem) -> bool:
-    """Whether the problem's plans may mix types in a stage and the exact DP over them runs."""
-    from heterps_cli.schedulers.mixed_optimum import why_not
-    from heterps_cli.schedulers.mixing import can_mix
-
-    return can_mix(problem) is None and why_not(problem) is None
 
 
 @dataclass(frozen=True)
@@ -196,13 +190,13 @@ class Comparison:
 
 
 def _frontier_mixes(problem: Problem, budget: Budget) -> bool:
-    """Whether compare's frontier is over mixed stages: where asked, and by default where the schedulers' plans
-    may mix and the exact DP over mixed stages runs (else its points would be climbed, not proven)."""
+    """Whether compare's frontier is over mixed stages: where asked, and by default where the exact DP over
+    them runs, as frontier's default (past it its points would be climbed, not proven)."""
     if budget.mixed_stages is not None:
         return budget.mixed_stages
-    from heterps_cli.schedulers.mixing import offered
+    from heterps_cli.schedulers.mixing import proven_over_mixed
 
-    return offered(problem)[0] and _mixed_dp_runs(problem)
+    return proven_over_mixed(problem)
 
 
 def compare(

@@ -54,6 +54,14 @@ def offered(problem: Problem) -> tuple[bool, str | None]:
     return False, f"{what}, on a problem past the exact DP over them, no bound proves a plan over them within 1%"
 
 
+def proven_over_mixed(problem: Problem) -> bool:
+    """Whether the problem's plans may mix types in a stage and the exact DP over them runs (frontier's default:
+    every point over mixed stages then proven)."""
+    from heterps_cli.schedulers.mixed_optimum import why_not
+
+    return can_mix(problem) is None and why_not(problem) is None
+
+
 def mix(problem: Problem, plan: Plan, clock: Clock | None = None) -> tuple[Plan, str]:
     """``plan`` with replicas of other types joining its stages where that makes it better by the
     objective, and what was done, in words."""
